@@ -1,0 +1,286 @@
+"""Workspace consumers' shapes, and the reservation that sizes them up front.
+
+The lesson of the bug in code: each workspace buffer's shape formula lives in
+exactly one function below. The TurboQuant attention backend
+(``tqlab/attention.py``) calls these functions when it asks the workspace for
+memory, and the reservation (vLLM PR #44053, ``_reserve_workspace`` in
+``TurboQuantMetadataBuilder``, ``vllm/v1/attention/backends/turboquant_attn.py``)
+calls the very same functions with worst-case arguments. A consumer whose
+formula changes cannot drift away from its reservation.
+
+Consumers (per attention layer call, on one tensor-parallel rank):
+
+* split-KV decode — :func:`decode_workspace_shapes`:
+  ``(B, Hq, S, D+1) float32`` partial outputs + log-sum-exp per split,
+  ``(B, Hq, D) model dtype`` output, ``(B, Hq) float32`` final log-sum-exp.
+* continuation prefill (a chunk with cached tokens and more than
+  ``CONTINUATION_DECODE_THRESHOLD`` new tokens) — :func:`continuation_workspace_shapes`:
+  two ``(1, Hk, round_up(cached_len, block_size), D) float16`` buffers that
+  receive the dequantized cached K and V.
+
+A continuation chunk of at most 128 new tokens takes the decode kernel instead,
+one synthetic decode row per new token (``B = q_len``), as vLLM does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from .workspace import (
+    MiB,
+    WorkspaceManager,
+    compute_layout,
+    current_workspace_manager,
+    round_up,
+    ubatch_context,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import EngineConfig
+
+__all__ = [
+    "CONTINUATION_DECODE_THRESHOLD",
+    "ChunkRequest",
+    "Shapes",
+    "chunk_workspace_request",
+    "continuation_workspace_shapes",
+    "decode_workspace_shapes",
+    "first_failing_prompt",
+    "plan_bytes",
+    "prompt_chunks",
+    "reservation_plan",
+    "reserve_workspace",
+    "workspace_bytes_for_prompt",
+]
+
+CONTINUATION_DECODE_THRESHOLD = 128
+"""vLLM's ``_CONTINUATION_DECODE_THRESHOLD``: continuation chunks of at most this
+many new tokens use the split-KV decode kernel; longer ones dequantize the cache."""
+
+Shapes = tuple[tuple[tuple[int, ...], torch.dtype], ...]
+"""One ``get_simultaneous`` call: a tuple of ``(shape, dtype)`` pairs."""
+
+
+def _pos_int(name: str, v: object, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+def decode_workspace_shapes(
+    batch_size: int,
+    num_heads: int,
+    head_dim: int,
+    num_kv_splits: int,
+    output_dtype: torch.dtype,
+) -> Shapes:
+    """Workspace views of one split-KV decode call.
+
+    Args:
+        batch_size: decode rows ``B`` (requests, or new tokens of a short
+            continuation chunk).
+        num_heads: query heads on this rank ``Hq``.
+        head_dim: ``D``.
+        num_kv_splits: ``S``, vLLM's ``tq_max_kv_splits_for_cuda_graph``.
+        output_dtype: the model dtype.
+
+    Returns:
+        ``(((B, Hq, S, D + 1), float32), ((B, Hq, D), output_dtype), ((B, Hq), float32))``:
+        per-split partial outputs with their log-sum-exp in the last column,
+        the reduced output, and the final log-sum-exp.
+    """
+    b = _pos_int("batch_size", batch_size, 0)
+    h = _pos_int("num_heads", num_heads)
+    d = _pos_int("head_dim", head_dim)
+    s = _pos_int("num_kv_splits", num_kv_splits)
+    if not isinstance(output_dtype, torch.dtype):
+        raise TypeError(f"output_dtype must be a torch.dtype, got {output_dtype!r}")
+    return (
+        ((b, h, s, d + 1), torch.float32),
+        ((b, h, d), output_dtype),
+        ((b, h), torch.float32),
+    )
+
+
+def continuation_workspace_shapes(cached_len: int, num_kv_heads: int, head_dim: int, block_size: int) -> Shapes:
+    """Workspace views of one continuation-prefill dequant.
+
+    Args:
+        cached_len: tokens already in the KV cache before this chunk.
+        num_kv_heads: KV heads on this rank ``Hk``.
+        head_dim: ``D``.
+        block_size: the attention block (page) size in use; hybrid models use
+            large pages (e.g. 2080 tokens), so this is not always 16.
+
+    Returns:
+        Two ``((1, Hk, round_up(cached_len, block_size), D), float16)`` pairs:
+        dequantized cached K and V.
+    """
+    c = _pos_int("cached_len", cached_len, 0)
+    hk = _pos_int("num_kv_heads", num_kv_heads)
+    d = _pos_int("head_dim", head_dim)
+    bs = _pos_int("block_size", block_size)
+    shape = (1, hk, round_up(c, bs), d)
+    return ((shape, torch.float16), (shape, torch.float16))
+
+
+@dataclass(frozen=True)
+class ChunkRequest:
+    """What one prefill chunk asks of the workspace.
+
+    ``path`` is ``"prefill"`` (no cached tokens: no workspace), ``"decode_kernel"``
+    (short continuation: decode views with ``B = q_len``) or ``"continuation"``
+    (dequant buffers sized by ``cached_len``). ``shapes`` is the call, or None.
+    """
+
+    cached_len: int
+    q_len: int
+    path: str
+    shapes: Shapes | None
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.shapes is None else compute_layout(self.shapes).total_bytes
+
+
+def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int) -> ChunkRequest:
+    """The workspace call a prefill chunk of ``q_len`` new tokens after ``cached_len`` cached ones makes.
+
+    The attention backend decides its path with this function, so the
+    predictor and the real run cannot disagree.
+    """
+    if cached_len == 0:
+        return ChunkRequest(cached_len, q_len, "prefill", None)
+    if q_len <= CONTINUATION_DECODE_THRESHOLD:
+        shapes = decode_workspace_shapes(
+            q_len, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype
+        )
+        return ChunkRequest(cached_len, q_len, "decode_kernel", shapes)
+    shapes = continuation_workspace_shapes(cached_len, config.num_kv_heads_per_rank, config.head_dim, config.block_size)
+    return ChunkRequest(cached_len, q_len, "continuation", shapes)
+
+
+def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None) -> list[Shapes]:
+    """The ``get_simultaneous`` calls the fix makes before CUDA graph capture.
+
+    Mirrors ``TurboQuantMetadataBuilder._reserve_workspace`` (vLLM PR #44053):
+
+    1. decode views at ``max_num_seqs`` rows (``decode_batch`` overrides:
+       later vLLM reserves ``max(max_num_seqs, 128)`` so that short
+       continuation chunks, which run the decode kernel with one row per new
+       token, fit too);
+    2. only if chunked prefill is on and ``max_num_batched_tokens > 128``:
+       continuation buffers at ``cached_len = max_model_len - 1`` (rounded up
+       to ``block_size`` by the consumer's own formula).
+
+    Returns an empty list for ``kv_cache_dtype="auto"`` (no TurboQuant consumer).
+    For ``pr-44053-unit-test``: ``[((16,8,4,129) f32, (16,8,128) f16, (16,8) f32),
+    ((1,4,8192,128) f16, (1,4,8192,128) f16)]``.
+    """
+    if not config.is_turboquant:
+        return []
+    batch = config.max_num_seqs if decode_batch is None else _pos_int("decode_batch", decode_batch)
+    plan = [
+        decode_workspace_shapes(
+            batch, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype
+        )
+    ]
+    if config.enable_chunked_prefill and config.max_num_batched_tokens > CONTINUATION_DECODE_THRESHOLD:
+        plan.append(
+            continuation_workspace_shapes(
+                max(0, config.max_model_len - 1), config.num_kv_heads_per_rank, config.head_dim, config.block_size
+            )
+        )
+    return plan
+
+
+def plan_bytes(plan: list[Shapes]) -> int:
+    """Bytes one workspace slot needs to serve every call of ``plan`` (the largest call)."""
+    return max((compute_layout(call).total_bytes for call in plan), default=0)
+
+
+def reserve_workspace(
+    config: "EngineConfig", manager: WorkspaceManager | None = None, *, decode_batch: int | None = None
+) -> list[Shapes]:
+    """Make the reservation calls on every ubatch slot of ``manager`` (default: the current one).
+
+    Every DBO slot is sized: a reservation made in slot 0 alone leaves slot 1
+    empty, and slot 1's first request after the lock would fail.
+
+    Returns the plan. Raises ``WorkspaceLockedError`` if the manager is locked
+    and too small (reserve before locking).
+    """
+    m = current_workspace_manager() if manager is None else manager
+    plan = reservation_plan(config, decode_batch=decode_batch)
+    for slot in range(m.num_ubatches):
+        with ubatch_context(slot):
+            for call in plan:
+                m.get_simultaneous(*call)
+    return plan
+
+
+# --------------------------------------------------------------------------- #
+# Predictions for one request alone in the engine                             #
+# --------------------------------------------------------------------------- #
+
+
+def prompt_chunks(prompt_tokens: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
+    """``(cached_len, q_len)`` of each prefill chunk of a request running alone.
+
+    With chunked prefill, each step takes at most ``max_num_batched_tokens`` tokens.
+    """
+    n = _pos_int("prompt_tokens", prompt_tokens)
+    m = _pos_int("max_num_batched_tokens", max_num_batched_tokens)
+    return [(start, min(m, n - start)) for start in range(0, n, m)]
+
+
+def workspace_bytes_for_prompt(config: "EngineConfig", prompt_tokens: int) -> int:
+    """Largest workspace call (bytes) a prompt of ``prompt_tokens`` makes while prefilling alone."""
+    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else prompt_tokens
+    return max(
+        (chunk_workspace_request(config, c, q).nbytes for c, q in prompt_chunks(prompt_tokens, budget)),
+        default=0,
+    )
+
+
+def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | None:
+    """The shortest prompt whose prefill needs more than ``locked_bytes``, or None if none up to ``max_model_len``.
+
+    Every prompt shorter than the returned length survives a workspace locked at
+    ``locked_bytes``. Exact, without simulating every length: within the region
+    of the ``k``-th chunk the need is the larger of the earlier full chunks'
+    and the last chunk's, and the last chunk's is monotone in ``q_len`` up to
+    128 (decode rows) and constant above (dequant buffers for ``cached_len``).
+    """
+    if not config.enable_chunked_prefill or not config.is_turboquant:
+        return None
+    m = config.max_num_batched_tokens
+    prefix_need = 0
+    for start in range(m, config.max_model_len, m):
+        # region: prompts of start+1 .. start+m tokens; last chunk has cached=start
+        if prefix_need > locked_bytes:
+            return start + 1
+        top = min(m, config.max_model_len - start)
+        lo, hi = 1, min(top, CONTINUATION_DECODE_THRESHOLD)
+        if chunk_workspace_request(config, start, hi).nbytes > locked_bytes:
+            while lo < hi:  # smallest q in [1, hi] that does not fit
+                mid = (lo + hi) // 2
+                if chunk_workspace_request(config, start, mid).nbytes > locked_bytes:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return start + lo
+        if top > CONTINUATION_DECODE_THRESHOLD and (
+            chunk_workspace_request(config, start, CONTINUATION_DECODE_THRESHOLD + 1).nbytes > locked_bytes
+        ):
+            return start + CONTINUATION_DECODE_THRESHOLD + 1
+        prefix_need = max(prefix_need, chunk_workspace_request(config, start, m).nbytes)
+    return None
+
+
+def mib(nbytes: int) -> float:
+    """Bytes to MiB (2**20 bytes)."""
+    return nbytes / MiB

@@ -1,0 +1,584 @@
+"""The workspace: one flat byte buffer per ubatch slot, carved into typed views.
+
+Mirrors ``vllm/v1/worker/workspace.py`` (``WorkspaceManager``, introduced by vLLM
+PR #40941) as described in seed 002, written from scratch:
+
+* ``get_simultaneous((shape, dtype), ...)`` returns views into one ``uint8``
+  buffer. View *i* starts at ``offset_i = sum(round_up(nbytes_j, 256) for j < i)``
+  and the call needs ``sum(round_up(nbytes_j, 256))`` bytes. Views stay valid
+  until the next call, which reuses (overwrites) the same bytes.
+* Growth frees the old buffer *before* allocating the new one, so the peak is
+  the new size, not old + new. Only the slot that asked grows (vLLM today;
+  ``grow_all_slots=True`` gives the all-slots behaviour seed 002 describes).
+* ``lock()`` freezes the size: a request that does not fit raises
+  :class:`WorkspaceLockedError` (an ``AssertionError``, as vLLM raises), naming
+  the first caller outside this module and both sizes in MB (2**20 bytes).
+* DBO: ``num_ubatches`` independent slots; the current slot comes from
+  :func:`ubatch_context` (a ``contextvars`` variable, so each thread has its own).
+* Every resize, lock, unlock and violation is appended to ``manager.events``
+  and logged when ``TQLAB_DEBUG_WORKSPACE=1`` (vLLM: ``VLLM_DEBUG_WORKSPACE``).
+
+Module helpers keep vLLM's names: :func:`init_workspace_manager`,
+:func:`current_workspace_manager`, :func:`is_workspace_manager_initialized`,
+:func:`lock_workspace`, :func:`unlock_workspace`, :func:`reset_workspace_manager`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import operator
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+__all__ = [
+    "ALIGNMENT",
+    "MiB",
+    "WorkspaceEvent",
+    "WorkspaceLayout",
+    "WorkspaceLockedError",
+    "WorkspaceManager",
+    "compute_layout",
+    "current_ubatch_id",
+    "current_workspace_manager",
+    "format_mb",
+    "init_workspace_manager",
+    "is_workspace_manager_initialized",
+    "lock_workspace",
+    "reset_workspace_manager",
+    "rewarm_workspace",
+    "round_up",
+    "ubatch_context",
+    "unlock_workspace",
+]
+
+ALIGNMENT = 256
+"""Every view starts at a multiple of this many bytes (as vLLM)."""
+
+MiB = 1 << 20
+"""vLLM's messages say "MB" but divide by 2**20; so do we."""
+
+logger = logging.getLogger(__name__)
+
+
+def round_up(x: int, multiple: int) -> int:
+    """Smallest multiple of ``multiple`` that is >= ``x`` (both ints, multiple > 0)."""
+    return -(-x // multiple) * multiple
+
+
+def format_mb(nbytes: int) -> str:
+    """``nbytes`` as vLLM prints it: bytes / 2**20 with two decimals, e.g. ``'2.00'``."""
+    return f"{nbytes / MiB:.2f}"
+
+
+# --------------------------------------------------------------------------- #
+# Layout: pure arithmetic, validated, cached per request signature            #
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class WorkspaceLayout:
+    """Where each requested view lives inside the flat buffer.
+
+    Attributes:
+        shapes: the validated shapes, as tuples of ints.
+        dtypes: the requested ``torch.dtype`` of each view.
+        nbytes: bytes each view really uses (``numel * itemsize``).
+        offsets: byte offset of each view; every offset is a multiple of 256.
+        total_bytes: bytes the call needs, ``sum(round_up(nbytes_i, 256))``.
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[torch.dtype, ...]
+    nbytes: tuple[int, ...]
+    offsets: tuple[int, ...]
+    total_bytes: int
+
+    @property
+    def padding(self) -> tuple[int, ...]:
+        """Alignment padding after each view, in bytes."""
+        return tuple(round_up(n, ALIGNMENT) - n for n in self.nbytes)
+
+
+def _validate_shape(index: int, shape: object) -> tuple[int, ...]:
+    if not isinstance(shape, (tuple, list, torch.Size)):
+        raise TypeError(
+            f"request {index}: shape must be a tuple or list of ints, got "
+            f"{type(shape).__name__} {shape!r}"
+        )
+    dims = []
+    for d in shape:
+        if isinstance(d, bool):
+            raise TypeError(f"request {index}: dimension {d!r} in shape {tuple(shape)!r} is a bool, not an int")
+        try:
+            v = operator.index(d)
+        except TypeError:
+            raise TypeError(
+                f"request {index}: dimension {d!r} in shape {tuple(shape)!r} is not an integer"
+            ) from None
+        if v < 0:
+            raise ValueError(f"request {index}: dimension {v} in shape {tuple(shape)!r} is negative")
+        dims.append(v)
+    return tuple(dims)
+
+
+def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], torch.dtype]]) -> WorkspaceLayout:
+    """Validate ``(shape, dtype)`` requests and compute their byte layout.
+
+    Pure function: allocates nothing. Raises ``TypeError`` for a request that
+    is not a ``(shape, dtype)`` pair, a shape that is not a tuple/list, a
+    non-integer dimension or a dtype that is not a ``torch.dtype``;
+    ``ValueError`` for a negative dimension. The message names the request
+    index and the bad value.
+    """
+    shapes, dtypes, nbytes, offsets = [], [], [], []
+    offset = 0
+    for i, req in enumerate(shapes_and_dtypes):
+        if not isinstance(req, (tuple, list)) or len(req) != 2:
+            raise TypeError(f"request {i}: expected a (shape, dtype) pair, got {req!r}")
+        shape, dtype = req
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"request {i}: dtype must be a torch.dtype, got {dtype!r}")
+        dims = _validate_shape(i, shape)
+        numel = 1
+        for d in dims:
+            numel *= d
+        n = numel * dtype.itemsize
+        shapes.append(dims)
+        dtypes.append(dtype)
+        nbytes.append(n)
+        offsets.append(offset)
+        offset += round_up(n, ALIGNMENT)
+    return WorkspaceLayout(tuple(shapes), tuple(dtypes), tuple(nbytes), tuple(offsets), offset)
+
+
+# --------------------------------------------------------------------------- #
+# DBO ubatch slots                                                            #
+# --------------------------------------------------------------------------- #
+
+_UBATCH: contextvars.ContextVar[int] = contextvars.ContextVar("tqlab_ubatch_id", default=0)
+
+
+def current_ubatch_id() -> int:
+    """The ubatch slot the calling thread/task works in (0 outside DBO).
+
+    Mirrors ``dbo_current_ubatch_id()`` in ``vllm/v1/worker/ubatching.py``,
+    which maps thread ids to slots; we use a ``contextvars`` variable, so every
+    thread starts in slot 0 and :func:`ubatch_context` changes only its own.
+    """
+    return _UBATCH.get()
+
+
+@contextlib.contextmanager
+def ubatch_context(ubatch_id: int) -> Iterator[int]:
+    """Run the body with ``ubatch_id`` as the current DBO slot (this thread only).
+
+    Raises ``TypeError``/``ValueError`` for a non-int or negative id; the
+    manager checks the upper bound when it is asked for memory.
+    """
+    if isinstance(ubatch_id, bool) or not isinstance(ubatch_id, int):
+        raise TypeError(f"ubatch id must be an int, got {ubatch_id!r}")
+    if ubatch_id < 0:
+        raise ValueError(f"ubatch id must be >= 0, got {ubatch_id}")
+    token = _UBATCH.set(ubatch_id)
+    try:
+        yield ubatch_id
+    finally:
+        _UBATCH.reset(token)
+
+
+# --------------------------------------------------------------------------- #
+# Errors, events, caller attribution                                          #
+# --------------------------------------------------------------------------- #
+
+
+class WorkspaceLockedError(AssertionError):
+    """A locked workspace was asked to grow.
+
+    Subclasses ``AssertionError`` because vLLM raises a bare ``AssertionError``
+    here (``_ensure_workspace_size`` in ``vllm/v1/worker/workspace.py``); code
+    that catches vLLM's error catches ours. The text has vLLM's exact shape.
+
+    Attributes: ``caller`` (``'file.py:line:function'``), ``required_bytes``,
+    ``current_bytes``, ``ubatch``.
+    """
+
+    def __init__(self, caller: str, required_bytes: int, current_bytes: int, ubatch: int = 0):
+        self.caller = caller
+        self.required_bytes = required_bytes
+        self.current_bytes = current_bytes
+        self.ubatch = ubatch
+        super().__init__(
+            f"Workspace is locked but allocation from '{caller}' requires "
+            f"{format_mb(required_bytes)} MB, current size is "
+            f"{format_mb(current_bytes)} MB. Workspace growth is not allowed after locking."
+        )
+
+
+@dataclass(frozen=True)
+class WorkspaceEvent:
+    """One entry of ``WorkspaceManager.events``.
+
+    ``kind`` is ``"resize"``, ``"lock"``, ``"unlock"``, ``"violation"`` or
+    ``"alloc_failed"``; ``old_bytes``/``new_bytes`` are the slot's size before
+    and after (for a violation: current and required); ``live_bytes`` is the sum
+    of all slots after the event and ``peak_bytes`` the most live workspace
+    bytes that existed at once during it; ``t`` is ``time.monotonic()``.
+    """
+
+    kind: str
+    caller: str
+    old_bytes: int
+    new_bytes: int
+    ubatch: int
+    live_bytes: int
+    peak_bytes: int
+    t: float
+
+
+_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+
+
+def _caller_info() -> str:
+    """``'file.py:line:function'`` of the first frame outside this module."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
+        if fname != _THIS_FILE and not fname.endswith(os.path.normcase("contextlib.py")):
+            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def _debug_enabled() -> bool:
+    return os.environ.get("TQLAB_DEBUG_WORKSPACE", "0") not in ("", "0", "false", "False")
+
+
+# --------------------------------------------------------------------------- #
+# The manager                                                                 #
+# --------------------------------------------------------------------------- #
+
+_GROWTH_POLICIES = ("free_then_allocate", "allocate_then_free")
+
+
+def _is_exact_signature(reqs: tuple) -> bool:
+    for req in reqs:
+        if type(req) is not tuple or len(req) != 2 or type(req[0]) is not tuple:
+            return False
+        for d in req[0]:
+            if type(d) is not int:
+                return False
+    return True
+
+
+class WorkspaceManager:
+    """Flat ``uint8`` workspace buffers, one per ubatch slot, handed out as views.
+
+    Args:
+        device: where the buffers live (``"cpu"``, ``"cuda"``, ``"cuda:1"``,
+            ``"meta"`` or a ``torch.device``).
+        num_ubatches: DBO slots (vLLM: 2 with ``--enable-dbo``, else 1).
+            ``None`` means 1.
+        grow_all_slots: if True, growth resizes every slot that is too small
+            (seed 002's description); default False grows only the requesting
+            slot (vLLM today).
+        growth_policy: ``"free_then_allocate"`` (vLLM; peak = new size) or
+            ``"allocate_then_free"`` (what ``resize_``/copy-growth costs:
+            peak = old + new). The second exists to measure the difference.
+
+    Raises:
+        TypeError/ValueError: bad device, slot count or policy.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        num_ubatches: int | None = None,
+        *,
+        grow_all_slots: bool = False,
+        growth_policy: str = "free_then_allocate",
+    ):
+        try:
+            self._device = torch.device(device)
+        except (TypeError, RuntimeError) as e:
+            raise ValueError(f"bad device {device!r}: {e}") from None
+        n = 1 if num_ubatches is None else num_ubatches
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"num_ubatches must be an int or None, got {num_ubatches!r}")
+        if n < 1:
+            raise ValueError(f"num_ubatches must be >= 1, got {num_ubatches}")
+        if growth_policy not in _GROWTH_POLICIES:
+            raise ValueError(f"growth_policy must be one of {_GROWTH_POLICIES}, got {growth_policy!r}")
+        self._num_ubatches = n
+        self._buffers: list[torch.Tensor | None] = [None] * n
+        self._locked = False
+        self.grow_all_slots = bool(grow_all_slots)
+        self.growth_policy = growth_policy
+        self.events: list[WorkspaceEvent] = []
+        self.peak_live_bytes = 0
+        # (request signature) -> layout, and (signature, slot) -> (buffer, views)
+        self._layouts: dict[tuple, WorkspaceLayout] = {}
+        self._views: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
+        self._empty = None  # zero-byte stand-in for an all-empty first request
+
+    # -- introspection ------------------------------------------------------ #
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def num_ubatches(self) -> int:
+        return self._num_ubatches
+
+    def is_locked(self) -> bool:
+        return self._locked
+
+    def _check_slot(self, ubatch: int) -> int:
+        if isinstance(ubatch, bool) or not isinstance(ubatch, int):
+            raise TypeError(f"ubatch slot must be an int, got {ubatch!r}")
+        if not 0 <= ubatch < self._num_ubatches:
+            raise ValueError(
+                f"ubatch slot {ubatch} is out of range: this workspace has "
+                f"{self._num_ubatches} slot(s) (0..{self._num_ubatches - 1})"
+            )
+        return ubatch
+
+    def size_bytes(self, ubatch: int = 0) -> int:
+        """Current size of slot ``ubatch``'s buffer in bytes (0 if never grown)."""
+        buf = self._buffers[self._check_slot(ubatch)]
+        return 0 if buf is None else buf.numel()
+
+    def sizes_bytes(self) -> list[int]:
+        """Sizes of every slot in bytes."""
+        return [0 if b is None else b.numel() for b in self._buffers]
+
+    def live_bytes(self) -> int:
+        """Bytes held by all slots together right now."""
+        return sum(self.sizes_bytes())
+
+    def buffer(self, ubatch: int = 0) -> torch.Tensor | None:
+        """The raw ``uint8`` buffer of a slot (None before its first growth)."""
+        return self._buffers[self._check_slot(ubatch)]
+
+    def data_ptrs(self) -> list[int]:
+        """``data_ptr()`` of each slot's buffer (0 for an empty slot)."""
+        return [0 if b is None else b.data_ptr() for b in self._buffers]
+
+    # -- the core call ------------------------------------------------------- #
+    def layout(self, *shapes_and_dtypes: tuple[Sequence[int], torch.dtype]) -> WorkspaceLayout:
+        """The layout ``get_simultaneous`` would use (validated; allocates nothing)."""
+        return self._layout_and_key(shapes_and_dtypes)[0]
+
+    def _layout_and_key(self, reqs: tuple) -> tuple[WorkspaceLayout, tuple | None]:
+        # Fast path: a signature seen before. Only exact-int tuple signatures are
+        # cached, and a hit is re-checked, because 4.0 == 4 and True == 1 hash alike.
+        try:
+            lay = self._layouts.get(reqs)
+        except TypeError:  # unhashable, e.g. list shapes
+            return compute_layout(reqs), None
+        exact = _is_exact_signature(reqs)
+        if lay is not None and exact:
+            return lay, reqs
+        lay = compute_layout(reqs)
+        if not exact:
+            return lay, None
+        if len(self._layouts) > 4096:
+            self._layouts.clear()
+        self._layouts[reqs] = lay
+        return lay, reqs
+
+    def get_simultaneous(self, *shapes_and_dtypes: tuple[Sequence[int], torch.dtype]) -> list[torch.Tensor]:
+        """Views for several tensors that are alive at the same time.
+
+        Args:
+            *shapes_and_dtypes: ``(shape, dtype)`` pairs; shape a tuple/list of
+                non-negative ints (zero-size shapes are allowed and give empty views).
+
+        Returns:
+            One tensor per request, with the requested shape and dtype, carved
+            from the current ubatch slot's buffer at 256-byte aligned offsets.
+            They are valid until the next ``get_simultaneous`` on this slot.
+            A repeated signature on an unchanged buffer returns the same view
+            objects again (that is what keeps this call at a few microseconds).
+
+        Raises:
+            TypeError/ValueError: a malformed request or an out-of-range ubatch
+                slot; nothing is allocated and the state is unchanged.
+            WorkspaceLockedError: the workspace is locked and the slot's buffer
+                is smaller than the request; buffer, contents and lock state
+                are unchanged, and a ``"violation"`` event is recorded.
+        """
+        slot = _UBATCH.get()
+        if slot >= self._num_ubatches:
+            self._check_slot(slot)
+        lay, key = self._layout_and_key(shapes_and_dtypes)
+        buf = self._buffers[slot]
+        if key is not None:
+            cached = self._views.get((key, slot))
+            if cached is not None and cached[0] is buf:
+                return list(cached[1])
+        if (0 if buf is None else buf.numel()) < lay.total_bytes:
+            buf = self._grow(slot, lay.total_bytes)
+        elif buf is None:  # every request is empty and nothing was ever allocated
+            if self._empty is None:
+                self._empty = torch.empty(0, dtype=torch.uint8, device=self._device)
+            buf = self._empty
+        views = [
+            buf[off : off + n].view(dt).view(shape)
+            for shape, dt, n, off in zip(lay.shapes, lay.dtypes, lay.nbytes, lay.offsets)
+        ]
+        if key is not None:
+            if len(self._views) > 4096:
+                self._views.clear()
+            self._views[(key, slot)] = (self._buffers[slot], views)
+        return list(views)
+
+    # -- growth --------------------------------------------------------------- #
+    def _record(self, kind: str, caller: str, old: int, new: int, slot: int, peak: int | None = None) -> None:
+        live = self.live_bytes()
+        peak = live if peak is None else peak
+        self.peak_live_bytes = max(self.peak_live_bytes, peak)
+        ev = WorkspaceEvent(kind, caller, old, new, slot, live, peak, time.monotonic())
+        self.events.append(ev)
+        if _debug_enabled():
+            if not logger.handlers and not logging.getLogger().handlers:
+                logging.basicConfig(level=logging.INFO)
+            logger.setLevel(logging.INFO)
+            sizes = ", ".join(format_mb(s) for s in self.sizes_bytes())
+            if kind == "resize":
+                logger.info(
+                    "[WORKSPACE DEBUG] Resized workspace from '%s': %s MB -> %s MB "
+                    "(slot %d of %d, total memory %s MB)",
+                    caller, format_mb(old), format_mb(new), slot, self._num_ubatches, format_mb(live),
+                )
+            elif kind in ("lock", "unlock"):
+                logger.info("[WORKSPACE DEBUG] Workspace %sed. Current sizes: [%s]", kind, sizes)
+            else:
+                logger.info(
+                    "[WORKSPACE DEBUG] %s from '%s' (slot %d): %s MB requested, %s MB held",
+                    kind, caller, slot, format_mb(new), format_mb(old),
+                )
+
+    def _grow(self, slot: int, required: int) -> torch.Tensor:
+        current = self.size_bytes(slot)
+        caller = _caller_info()
+        if self._locked:
+            self._record("violation", caller, current, required, slot)
+            raise WorkspaceLockedError(caller, required, current, slot)
+        targets = [slot]
+        if self.grow_all_slots:
+            targets = [i for i in range(self._num_ubatches) if self.size_bytes(i) < required]
+        capturing = self._device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        # Cached views pin the old buffers: forget them so the memory can go.
+        self._views.clear()
+        for i in targets:
+            old = self._buffers[i]
+            old_size = 0 if old is None else old.numel()
+            live_before = self.live_bytes()
+            try:
+                if self.growth_policy == "free_then_allocate":
+                    # Drop every reference first, so the allocator can reuse the
+                    # block: peak = live - old + new.
+                    self._buffers[i] = None
+                    del old
+                    if self._device.type == "cuda" and not capturing:
+                        torch.cuda.empty_cache()
+                    peak = live_before - old_size + required
+                    self._buffers[i] = torch.empty((required,), dtype=torch.uint8, device=self._device)
+                else:
+                    peak = live_before + required
+                    new = torch.empty((required,), dtype=torch.uint8, device=self._device)
+                    self._buffers[i] = new
+                    del old, new
+            except BaseException:
+                # With free-then-allocate the old block is gone: the slot is empty.
+                self._record("alloc_failed", caller, old_size, required, i)
+                raise
+            self._record("resize", caller, old_size, required, i, peak=peak)
+        return self._buffers[slot]
+
+    # -- lock ----------------------------------------------------------------- #
+    def lock(self) -> None:
+        """Freeze every slot's size (vLLM: after CUDA graph capture)."""
+        self._locked = True
+        self._record("lock", _caller_info(), self.live_bytes(), self.live_bytes(), _UBATCH.get())
+
+    def unlock(self) -> None:
+        """Allow growth again (vLLM: only elastic EP re-warm-up does this)."""
+        self._locked = False
+        self._record("unlock", _caller_info(), self.live_bytes(), self.live_bytes(), _UBATCH.get())
+
+    def __repr__(self) -> str:
+        sizes = ", ".join(format_mb(s) for s in self.sizes_bytes())
+        return (
+            f"WorkspaceManager(device={str(self._device)!r}, slots=[{sizes}] MB, "
+            f"locked={self._locked})"
+        )
+
+
+# --------------------------------------------------------------------------- #
+# Module-level singleton, with vLLM's helper names                            #
+# --------------------------------------------------------------------------- #
+
+_manager: WorkspaceManager | None = None
+
+
+def init_workspace_manager(device: torch.device | str, num_ubatches: int | None = None, **kwargs) -> WorkspaceManager:
+    """Create the process-wide manager (vLLM: ``GPUWorker.init_device()``) and return it.
+
+    Replaces any previous manager. ``kwargs`` go to :class:`WorkspaceManager`.
+    """
+    global _manager
+    _manager = WorkspaceManager(device, num_ubatches, **kwargs)
+    return _manager
+
+
+def current_workspace_manager() -> WorkspaceManager:
+    """The process-wide manager. Raises ``RuntimeError`` if none was initialized."""
+    if _manager is None:
+        raise RuntimeError(
+            "WorkspaceManager is not initialized: call tqlab.workspace.init_workspace_manager(device) first"
+        )
+    return _manager
+
+
+def is_workspace_manager_initialized() -> bool:
+    """True once :func:`init_workspace_manager` ran (and no reset since)."""
+    return _manager is not None
+
+
+def lock_workspace() -> None:
+    """Lock the process-wide manager (vLLM: end of ``capture_model()``)."""
+    current_workspace_manager().lock()
+
+
+def unlock_workspace() -> None:
+    """Unlock the process-wide manager (vLLM: elastic EP scaling only)."""
+    current_workspace_manager().unlock()
+
+
+def reset_workspace_manager() -> None:
+    """Forget the process-wide manager (tests and notebooks)."""
+    global _manager
+    _manager = None
+
+
+@contextlib.contextmanager
+def rewarm_workspace(manager: WorkspaceManager | None = None) -> Iterator[WorkspaceManager]:
+    """Unlock for a re-warm-up, and always lock again on exit, even if the body raises.
+
+    The elastic-EP sequence ``unlock_workspace(); warm_up(); lock_workspace()``
+    leaves the workspace unlocked forever if ``warm_up()`` raises; this does not.
+    """
+    m = current_workspace_manager() if manager is None else manager
+    m.unlock()
+    try:
+        yield m
+    finally:
+        m.lock()
