@@ -176,12 +176,11 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
        continuation buffers at ``cached_len = max_model_len - 1`` (rounded up
        to ``block_size`` by the consumer's own formula).
 
-    Returns an empty list for ``kv_cache_dtype="auto"`` (no TurboQuant consumer).
-    For ``pr-44053-unit-test``: ``[((16,8,4,129) f32, (16,8,128) f16, (16,8) f32),
+    tqlab's backend runs these consumers for every cache format (``auto``
+    copies instead of dequantizing), so the plan does too; in vLLM only the
+    TurboQuant backend has them. For ``pr-44053-unit-test``: ``[((16,8,4,129) f32, (16,8,128) f16, (16,8) f32),
     ((1,4,8192,128) f16, (1,4,8192,128) f16)]``.
     """
-    if not config.is_turboquant:
-        return []
     batch = config.max_num_seqs if decode_batch is None else _pos_int("decode_batch", decode_batch)
     plan = [
         decode_workspace_shapes(
@@ -255,7 +254,7 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     and the last chunk's, and the last chunk's is monotone in ``q_len`` up to
     128 (decode rows) and constant above (dequant buffers for ``cached_len``).
     """
-    if not config.enable_chunked_prefill or not config.is_turboquant:
+    if not config.enable_chunked_prefill:
         return None
     m = config.max_num_batched_tokens
     prefix_need = 0

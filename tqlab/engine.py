@@ -1,0 +1,271 @@
+"""The engine lifecycle, phase by phase, as vLLM walks it.
+
+``LLMEngine(config, fix=...)`` runs, in order (each phase is logged with the
+workspace size after it, in ``engine.phases``):
+
+1. ``init_workspace``  — ``init_workspace_manager(device, num_ubatches)`` (vLLM ``GPUWorker.init_device``)
+2. ``build_backend``   — attention backend + ``TurboQuantMetadataBuilder``; with the
+   fix its ``_reserve_workspace()`` grows the workspace here (vLLM PR #44053)
+3. ``profile_run``     — a dummy prefill of ``max_num_batched_tokens`` fresh tokens
+   (touches no workspace: this is the *undercount* of the bug report)
+4. ``capture``         — eager warm-up + capture of each decode bucket, largest first
+   (skipped with ``enforce_eager``); decode scratch grows the workspace to
+   ``max_num_seqs`` rows
+5. ``lock``            — ``lock_workspace()``; every start-up path locks, eager too
+6. serving             — ``add_request`` / ``step`` / ``generate``
+
+A request whose chunk needs more workspace than was locked raises
+:class:`~tqlab.workspace.WorkspaceLockedError` out of ``step()``; the engine is
+then dead, like vLLM's EngineCore, and every later call raises
+:class:`EngineDeadError` that says why.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
+from .config import EngineConfig
+from .model_runner import ModelRunner
+from .scheduler import Request, Scheduler
+from .workspace import WorkspaceLockedError, init_workspace_manager, lock_workspace
+
+__all__ = ["EngineDeadError", "LLMEngine", "PhaseRecord", "RequestOutput"]
+
+
+class EngineDeadError(RuntimeError):
+    """The engine hit a fatal error earlier; ``cause`` holds it (vLLM: "EngineCore encountered an issue")."""
+
+    def __init__(self, cause: BaseException):
+        self.cause = cause
+        super().__init__(
+            f"EngineCore encountered an issue and is dead; no further requests are served. "
+            f"Cause: {type(cause).__name__}: {cause}"
+        )
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    """One lifecycle phase: name, workspace bytes per ubatch slot after it, seconds it took, a note."""
+
+    name: str
+    workspace_bytes: tuple[int, ...]
+    seconds: float
+    note: str = ""
+
+
+@dataclass
+class RequestOutput:
+    request_id: int
+    prompt_len: int
+    output_token_ids: list[int] = field(default_factory=list)
+    finished: bool = False
+
+
+def _default_kv_tokens(config: EngineConfig, device: torch.device) -> int:
+    full = config.max_model_len * min(config.max_num_seqs, 4)
+    if device.type == "meta":
+        return full
+    return min(full, max(config.max_model_len, 1 << 15))
+
+
+class LLMEngine:
+    """A one-rank serving engine that walks vLLM's start-up lifecycle.
+
+    Args:
+        config: the deployment (:class:`~tqlab.config.EngineConfig`).
+        fix: ``True`` (default) reserves the worst case in the metadata builder
+            (PR #44053); ``False`` reproduces vLLM 0.20's crash.
+        device: ``"cpu"``, ``"cuda"`` or ``"meta"`` (shape-only dry run: same
+            code, no arithmetic, any length in about a second).
+        kv_cache_tokens: KV-cache capacity in tokens (default: enough for the
+            longest requests that fit in memory on this device).
+        seed: weights seed of the tiny model.
+        on_phase: optional callback ``(PhaseRecord) -> None``, e.g. to print.
+        use_cuda_graphs: on CUDA, capture real CUDA graphs (needs
+            ``tqlab.cuda_graphs``); ignored elsewhere.
+
+    Raises ``ValueError`` for a device that is not available.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        fix: bool = True,
+        device: str | torch.device = "cpu",
+        kv_cache_tokens: int | None = None,
+        seed: int = 0,
+        on_phase: Callable[[PhaseRecord], None] | None = None,
+        use_cuda_graphs: bool = True,
+        decode_batch_reservation: int | None = None,
+    ):
+        self.config = config
+        self.fix = fix
+        try:
+            self.device = torch.device(device)
+        except (TypeError, RuntimeError):
+            raise ValueError(f"bad device {device!r}; use 'cpu', 'cuda' or 'meta'") from None
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+        if self.device.type not in ("cpu", "cuda", "meta"):
+            raise ValueError(f"device must be cpu, cuda or meta, got {device!r}")
+        self.phases: list[PhaseRecord] = []
+        self._on_phase = on_phase
+        self.dead: BaseException | None = None
+        self.outputs: dict[int, RequestOutput] = {}
+        self._requests: dict[int, Request] = {}
+
+        with self._phase("init_workspace", f"{config.num_ubatches} ubatch slot(s) on {self.device}"):
+            self.workspace = init_workspace_manager(self.device, config.num_ubatches)
+        with self._phase("build_backend", "with _reserve_workspace() (PR #44053)" if fix else "no reservation (vLLM 0.20)"):
+            self.backend = TurboQuantAttentionBackend(config, self.workspace)
+            self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
+                                                     decode_batch=decode_batch_reservation)
+            bs = config.block_size
+            tokens = kv_cache_tokens if kv_cache_tokens is not None else _default_kv_tokens(config, self.device)
+            num_blocks = -(-tokens // bs) + 1  # + the null block
+            self.max_blocks_per_seq = -(-config.max_model_len // bs)
+            self.scheduler = Scheduler(config, num_blocks)
+            self.runner = ModelRunner(config, self.backend, self.device, num_blocks, self.max_blocks_per_seq, seed=seed)
+            if self.device.type == "cuda" and use_cuda_graphs and not config.enforce_eager:
+                self._install_cuda_graphs()
+        profile_tokens = min(config.max_num_batched_tokens, config.max_model_len)
+        with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
+            self.runner.profile_run(profile_tokens)
+        if config.enforce_eager:
+            with self._phase("capture", "skipped (enforce_eager)"):
+                self.captures = []
+        else:
+            sizes = config.capture_sizes()
+            with self._phase("capture", f"decode buckets {sizes[0]}..{sizes[-1]} ({len(sizes)}), largest first"):
+                self.captures = self.runner.capture_model(sizes)
+        with self._phase("lock", "lock_workspace(): growth is now an error"):
+            lock_workspace()
+
+    def _install_cuda_graphs(self) -> None:
+        try:
+            from .cuda_graphs import CUDAGraphDecodeRunner
+        except ImportError:  # pragma: no cover - module arrives with the CUDA-graphs work
+            return
+        self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)
+
+    # -- phases ------------------------------------------------------------- #
+    class _PhaseCtx:
+        def __init__(self, engine: "LLMEngine", name: str, note: str):
+            self.engine, self.name, self.note = engine, name, note
+
+        def __enter__(self):
+            self.t = time.perf_counter()
+
+        def __exit__(self, *exc):
+            e = self.engine
+            ws = getattr(e, "workspace", None)
+            rec = PhaseRecord(self.name, tuple(ws.sizes_bytes()) if ws else (0,), time.perf_counter() - self.t, self.note)
+            e.phases.append(rec)
+            if e._on_phase:
+                e._on_phase(rec)
+            return False
+
+    def _phase(self, name: str, note: str = "") -> "LLMEngine._PhaseCtx":
+        return LLMEngine._PhaseCtx(self, name, note)
+
+    @property
+    def locked_bytes(self) -> int:
+        """Size of ubatch slot 0 after the lock (bytes)."""
+        return self.workspace.size_bytes(0)
+
+    # -- serving ------------------------------------------------------------ #
+    def _check_alive(self) -> None:
+        if self.dead is not None:
+            raise EngineDeadError(self.dead)
+
+    def add_request(self, prompt: list[int] | torch.Tensor | int, max_tokens: int = 1) -> int:
+        """Queue a prompt (token ids, or a length on the meta device / for synthetic ids). Returns its id.
+
+        Raises ``ValueError`` for an empty prompt, ``max_tokens < 1``, or a request
+        longer than ``max_model_len`` or the KV cache; ``EngineDeadError`` if dead.
+        """
+        self._check_alive()
+        if isinstance(prompt, bool):
+            raise ValueError(f"prompt must be token ids or a positive length, got {prompt!r}")
+        if isinstance(prompt, int):
+            n = prompt
+            ids = None
+            if n >= 1 and self.device.type != "meta":
+                g = torch.Generator().manual_seed(1234 + n)
+                ids = torch.randint(0, self.runner.model.vocab_size, (n,), generator=g).tolist()
+        else:
+            ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+            n = len(ids)
+            bad = [t for t in ids if not 0 <= t < self.runner.model.vocab_size]
+            if bad:
+                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.runner.model.vocab_size})")
+        if n < 1:
+            raise ValueError(f"prompt must have at least 1 token, got {n}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        total = n + max_tokens
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {total} exceeds max_model_len ({self.config.max_model_len})"
+            )
+        blocks = -(-total // self.config.block_size)
+        if blocks > self.scheduler.pool.num_blocks - 1:
+            raise ValueError(
+                f"request needs {blocks} KV-cache blocks but the cache has {self.scheduler.pool.num_blocks - 1}; "
+                "pass a larger kv_cache_tokens"
+            )
+        rid = self.scheduler.new_request_id()
+        req = Request(rid, n, max_tokens, ids)
+        self._requests[rid] = req
+        self.outputs[rid] = RequestOutput(rid, n)
+        self.scheduler.add(req)
+        return rid
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule and run one step. Returns the outputs that changed.
+
+        Raises ``WorkspaceLockedError`` (the engine is then dead) or ``EngineDeadError``.
+        """
+        self._check_alive()
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        try:
+            sampled = self.runner.execute_model(sched)
+        except WorkspaceLockedError as e:
+            self.dead = e
+            raise
+        except Exception as e:  # any failure inside a step kills the engine core
+            self.dead = e
+            raise
+        changed = []
+        for r, c, q in sched.prefills:
+            r.num_computed_tokens = c + q
+        for r in sched.decodes:
+            r.num_computed_tokens += 1
+        for rid, tok in sampled.items():
+            req = self._requests[rid]
+            req.output_token_ids.append(tok)
+            out = self.outputs[rid]
+            out.output_token_ids.append(tok)
+            if len(req.output_token_ids) >= req.max_tokens:
+                self.scheduler.finish(req)
+                out.finished = True
+            changed.append(out)
+        return changed
+
+    def generate(self, prompt: list[int] | torch.Tensor | int, max_tokens: int = 1) -> RequestOutput:
+        """Add one request and step until it finishes. Returns its output."""
+        rid = self.add_request(prompt, max_tokens)
+        while not self.outputs[rid].finished:
+            self.step()
+        return self.outputs[rid]

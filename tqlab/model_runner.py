@@ -1,0 +1,257 @@
+"""A tiny attention-only model on one tensor-parallel rank, and the runner that executes steps.
+
+The model is real arithmetic with seeded random weights: embedding -> per layer
+(RMS norm, Q/K/V projections, attention through the backend, output projection,
+residual) -> logits -> greedy token. It has this rank's shard of the attention
+layers (``Hq = heads / TP`` query heads, ``Hk`` KV heads), which is exactly
+what the workspace consumers see. There is no MLP or RoPE: they never touch
+the workspace.
+
+The :class:`ModelRunner` mirrors ``GPUModelRunner``: ``profile_run`` (a dummy
+prefill), ``capture_model`` (eager warm-up then capture, one decode batch-size
+bucket at a time, largest first) and ``execute_model``. Capture goes through a
+*decode runner*: :class:`EagerDecodeRunner` on CPU/meta records what a capture
+would freeze (the workspace buffer pointers); ``tqlab.cuda_graphs`` provides a
+real ``torch.cuda.CUDAGraph`` runner on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .attention import TurboQuantAttentionBackend
+from .config import EngineConfig
+from .scheduler import SchedulerOutput
+
+__all__ = ["CaptureRecord", "EagerDecodeRunner", "ModelRunner", "TinyModel"]
+
+
+class TinyModel:
+    """Seeded attention-only transformer shard. Hidden size ``Hq * D``; vocabulary ``vocab_size``."""
+
+    def __init__(self, config: EngineConfig, device: torch.device, *, seed: int = 0, vocab_size: int = 512):
+        self.config = config
+        self.device = device
+        self.vocab_size = vocab_size
+        hq, hk, d = config.num_heads_per_rank, config.num_kv_heads_per_rank, config.head_dim
+        self.hidden = hq * d
+        # Weights and activations in the model dtype, except on CPU, where bf16/fp16
+        # matmuls are slow: float32 there (K/V are still stored in the cache format,
+        # and workspace views keep the model dtype).
+        dt = torch.float32 if device.type == "cpu" else config.dtype
+        self.compute_dtype = dt
+        g = torch.Generator().manual_seed(seed)
+
+        def w(*shape: int, scale: float) -> torch.Tensor:
+            if device.type == "meta":
+                return torch.empty(shape, dtype=dt, device=device)
+            return (torch.randn(shape, generator=g) * scale).to(device=device, dtype=dt)
+
+        s = 1.0 / math.sqrt(self.hidden)
+        self.embed = w(vocab_size, self.hidden, scale=1.0)
+        self.layers = [
+            dict(wq=w(self.hidden, hq * d, scale=s), wk=w(self.hidden, hk * d, scale=s),
+                 wv=w(self.hidden, hk * d, scale=s), wo=w(hq * d, self.hidden, scale=s))
+            for _ in range(config.num_hidden_layers)
+        ]
+
+    @staticmethod
+    def _norm(h: torch.Tensor) -> torch.Tensor:
+        hf = h.float()
+        return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
+
+    def qkv(self, layer: int, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``h`` ``(N, hidden)`` -> q ``(N, Hq, D)``, k, v ``(N, Hk, D)``."""
+        p, c, x = self.layers[layer], self.config, self._norm(h)
+        n = h.shape[0]
+        return (
+            (x @ p["wq"]).view(n, c.num_heads_per_rank, c.head_dim),
+            (x @ p["wk"]).view(n, c.num_kv_heads_per_rank, c.head_dim),
+            (x @ p["wv"]).view(n, c.num_kv_heads_per_rank, c.head_dim),
+        )
+
+    def out(self, layer: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        return h + attn.reshape(h.shape[0], -1).to(h.dtype) @ self.layers[layer]["wo"]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return self._norm(h).float() @ self.embed.float().T
+
+    def reference_forward(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Dense causal forward over a whole sequence without cache or chunking: logits ``(N, vocab)``.
+
+        The ground truth the engine's chunked, paged, workspace-backed path is checked against.
+        """
+        import torch.nn.functional as F
+
+        c = self.config
+        h = self.embed[token_ids]
+        group = c.num_heads_per_rank // c.num_kv_heads_per_rank
+        for i in range(c.num_hidden_layers):
+            q, k, v = self.qkv(i, h)
+            qt, kt, vt = (t.transpose(0, 1)[None].float() for t in (q, k, v))
+            kt, vt = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+            a = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=1.0 / math.sqrt(c.head_dim))
+            h = self.out(i, h, a[0].transpose(0, 1))
+        return self.logits(h)
+
+
+@dataclass
+class CaptureRecord:
+    """What capturing one decode bucket froze: batch size, workspace pointers and sizes at capture."""
+
+    batch_size: int
+    workspace_ptrs: list[int]
+    workspace_bytes: list[int]
+    graph: object | None = None
+
+
+class EagerDecodeRunner:
+    """Decode "capture" without CUDA graphs: run the step eagerly, record what a graph would freeze."""
+
+    kind = "eager"
+
+    def __init__(self, runner: "ModelRunner"):
+        self.runner = runner
+        self.records: dict[int, CaptureRecord] = {}
+
+    def capture(self, batch_size: int, num_warmups: int = 1) -> CaptureRecord:
+        for _ in range(num_warmups + 1):
+            self.runner.dummy_decode(batch_size)
+        ws = self.runner.workspace
+        rec = CaptureRecord(batch_size, ws.data_ptrs(), ws.sizes_bytes())
+        self.records[batch_size] = rec
+        return rec
+
+    def run(self, input_ids, slot_mapping, block_tables, seq_lens) -> torch.Tensor:
+        return self.runner.decode_forward(input_ids, slot_mapping, block_tables, seq_lens)
+
+
+@dataclass
+class StepResult:
+    sampled: dict[int, int] = field(default_factory=dict)  # request_id -> token
+
+
+class ModelRunner:
+    """Executes scheduler steps for one rank; owns the model, the KV cache and the backend."""
+
+    def __init__(self, config: EngineConfig, backend: TurboQuantAttentionBackend, device: torch.device,
+                 num_blocks: int, max_blocks_per_seq: int, *, seed: int = 0):
+        self.config = config
+        self.backend = backend
+        self.workspace = backend.workspace
+        self.device = device
+        self.is_meta = device.type == "meta"
+        self.model = TinyModel(config, device, seed=seed)
+        self.kv_caches = [backend.cache_format.allocate(num_blocks, device) for _ in range(config.num_hidden_layers)]
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.decode_runner = EagerDecodeRunner(self)
+
+    # -- forward pieces ------------------------------------------------------ #
+    def decode_forward(self, input_ids, slot_mapping, block_tables, seq_lens) -> torch.Tensor:
+        """A pure-decode batch through every layer: ``B`` tokens -> logits ``(B, vocab)``.
+
+        This is the function a CUDA graph captures: fixed shapes for a bucket,
+        inputs read from static tensors, workspace views requested inside.
+        """
+        h = self.model.embed[input_ids]
+        for i, cache in enumerate(self.kv_caches):
+            q, k, v = self.model.qkv(i, h)
+            self.backend.do_kv_cache_update(cache, k, v, slot_mapping)
+            h = self.model.out(i, h, self.backend.forward_decode(q, cache, block_tables, seq_lens))
+        return self.model.logits(h)
+
+    def dummy_decode(self, batch_size: int) -> torch.Tensor:
+        """Capture-time decode: ``batch_size`` rows of length 1 on the null block (vLLM fills seq_lens with 1)."""
+        ids = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        slots = torch.full((batch_size,), -1, dtype=torch.long, device=self.device)
+        bt = torch.zeros((batch_size, self.max_blocks_per_seq), dtype=torch.int32, device=self.device)
+        seq = torch.ones(batch_size, dtype=torch.int32, device=self.device)
+        return self.decode_forward(ids, slots, bt, seq)
+
+    def profile_run(self, num_tokens: int) -> None:
+        """vLLM's profile run: a dummy prefill of ``num_tokens`` fresh tokens (no cached tokens), not stored."""
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        h = self.model.embed[ids]
+        for i, cache in enumerate(self.kv_caches):
+            q, k, v = self.model.qkv(i, h)
+            bt = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32, device=self.device)
+            h = self.model.out(i, h, self.backend.forward_prefill(q, k, v, cache, bt, cached_len=0))
+
+    def capture_model(self, sizes: tuple[int, ...]) -> list[CaptureRecord]:
+        """Warm up and capture each decode bucket, largest first (as vLLM)."""
+        return [self.decode_runner.capture(b) for b in sorted(sizes, reverse=True)]
+
+    # -- one scheduler step -------------------------------------------------- #
+    def _block_table(self, block_ids: list[int]) -> torch.Tensor:
+        row = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
+        row[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        return row
+
+    def _slots(self, block_ids: list[int], start: int, n: int) -> torch.Tensor:
+        pos = torch.arange(start, start + n)
+        bs = self.config.block_size
+        return torch.tensor(block_ids, dtype=torch.long)[pos // bs] * bs + pos % bs
+
+    def execute_model(self, sched: SchedulerOutput) -> dict[int, int]:
+        """Run one step; returns ``request_id -> sampled token`` for rows that produce one."""
+        dev = self.device
+        sampled: dict[int, int] = {}
+        if sched.decodes and not sched.prefills:
+            ids = torch.tensor([r.token_at(r.num_tokens - 1) for r in sched.decodes], device=dev)
+            slots = torch.cat([self._slots(r.block_ids, r.num_tokens - 1, 1) for r in sched.decodes]).to(dev)
+            bt = torch.stack([self._block_table(r.block_ids) for r in sched.decodes]).to(dev)
+            seq = torch.tensor([r.num_tokens for r in sched.decodes], dtype=torch.int32, device=dev)
+            logits = self.decode_runner.run(ids, slots, bt, seq)
+            for r, tok in zip(sched.decodes, self._greedy(logits)):
+                sampled[r.request_id] = tok
+            return sampled
+        # Mixed or prefill-only step: eager (vLLM captures only uniform decode batches).
+        nd = len(sched.decodes)
+        toks, slots = [], []
+        for r in sched.decodes:
+            toks.append(r.token_at(r.num_tokens - 1))
+            slots.append(self._slots(r.block_ids, r.num_tokens - 1, 1))
+        for r, c, q in sched.prefills:
+            toks += [r.token_at(p) for p in range(c, c + q)] if not self.is_meta else [0] * q
+            slots.append(self._slots(r.block_ids, c, q))
+        ids = torch.tensor(toks, dtype=torch.long, device=dev)
+        slot_mapping = torch.cat(slots).to(dev)
+        if nd:
+            bt_dec = torch.stack([self._block_table(r.block_ids) for r in sched.decodes]).to(dev)
+            seq_dec = torch.tensor([r.num_tokens for r in sched.decodes], dtype=torch.int32, device=dev)
+        h = self.model.embed[ids]
+        for i, cache in enumerate(self.kv_caches):
+            q, k, v = self.model.qkv(i, h)
+            self.backend.do_kv_cache_update(cache, k, v, slot_mapping)
+            outs = []
+            if nd:
+                outs.append(self.backend.forward_decode(q[:nd], cache, bt_dec, seq_dec).clone())
+            start = nd
+            for r, c, qn in sched.prefills:
+                sl = slice(start, start + qn)
+                outs.append(self.backend.forward_prefill(q[sl], k[sl], v[sl], cache,
+                                                         self._block_table(r.block_ids).to(dev), cached_len=c))
+                start += qn
+            h = self.model.out(i, h, torch.cat(outs, dim=0))
+        # Sample for decodes and for prefills that reach the end of their prompt.
+        last_rows = list(range(nd))
+        owners = list(sched.decodes)
+        start = nd
+        for r, c, qn in sched.prefills:
+            start += qn
+            if c + qn == r.prompt_len:
+                last_rows.append(start - 1)
+                owners.append(r)
+        if owners:
+            logits = self.model.logits(h[torch.tensor(last_rows, device=dev)])
+            for r, tok in zip(owners, self._greedy(logits)):
+                sampled[r.request_id] = tok
+        return sampled
+
+    def _greedy(self, logits: torch.Tensor) -> list[int]:
+        if self.is_meta:
+            return [0] * logits.shape[0]
+        return logits.argmax(dim=-1).tolist()
