@@ -88,6 +88,10 @@ class LLMEngine:
         on_phase: optional callback ``(PhaseRecord) -> None``, e.g. to print.
         use_cuda_graphs: on CUDA, capture real CUDA graphs (needs
             ``tqlab.cuda_graphs``); ignored elsewhere.
+        decode_batch_reservation: decode rows the reservation covers
+            (default ``max_num_seqs``, as PR #44053).
+        before_lock: optional ``(engine) -> None`` run as its own phase just
+            before the lock (e.g. a long-context dummy run strategy).
 
     Raises ``ValueError`` for a device that is not available.
     """
@@ -103,6 +107,7 @@ class LLMEngine:
         on_phase: Callable[[PhaseRecord], None] | None = None,
         use_cuda_graphs: bool = True,
         decode_batch_reservation: int | None = None,
+        before_lock: Callable[["LLMEngine"], None] | None = None,
     ):
         self.config = config
         self.fix = fix
@@ -144,6 +149,9 @@ class LLMEngine:
             sizes = config.capture_sizes()
             with self._phase("capture", f"decode buckets {sizes[0]}..{sizes[-1]} ({len(sizes)}), largest first"):
                 self.captures = self.runner.capture_model(sizes)
+        if before_lock is not None:
+            with self._phase("before_lock", getattr(before_lock, "__name__", "hook")):
+                before_lock(self)
         with self._phase("lock", "lock_workspace(): growth is now an error"):
             lock_workspace()
 
