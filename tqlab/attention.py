@@ -389,3 +389,8 @@ class TurboQuantAttentionBackend:
             mask = kpos[None, :] <= qpos[:, None]
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return out[0].transpose(0, 1)
+
+
+def kv_cache_bytes_per_token(config: EngineConfig) -> int:
+    """KV-cache bytes one token costs on one rank, all layers, in the configured cache format."""
+    return make_kv_cache_format(config).bytes_per_token() * config.num_hidden_layers

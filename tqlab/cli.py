@@ -1,0 +1,206 @@
+"""``tqlab`` command line: ``repro``, ``plan``, ``presets`` (and ``python -m tqlab``).
+
+Every :class:`~tqlab.config.EngineConfig` field is an override flag
+(``--max-num-seqs 2``, ``--kv-cache-dtype auto``, ``--no-enable-chunked-prefill``),
+as vLLM's CLI takes every engine argument, so any reported deployment can be
+replayed without writing a preset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
+from .workspace import MiB, compute_layout, format_mb
+
+console = Console(highlight=False, soft_wrap=True)
+
+_SKIP = {"preset"}
+
+
+def _override_options(f):
+    """Decorate a command with one ``--field-name`` option per EngineConfig field."""
+    for fld in reversed(dataclasses.fields(EngineConfig)):
+        if fld.name in _SKIP:
+            continue
+        flag = "--" + fld.name.replace("_", "-")
+        if fld.type in ("bool", bool):
+            opt = click.option(f"{flag}/--no-{fld.name.replace('_', '-')}", fld.name, default=None,
+                               help=f"EngineConfig.{fld.name}")
+        elif fld.name == "kv_cache_dtype":
+            opt = click.option(flag, fld.name, type=click.Choice(KV_CACHE_DTYPES), default=None, help="KV-cache format")
+        elif fld.name == "dtype":
+            opt = click.option(flag, fld.name, type=str, default=None, help="model dtype: bfloat16, float16, float32")
+        elif fld.name == "cudagraph_capture_sizes":
+            opt = click.option(flag, fld.name, type=str, default=None, help="comma-separated decode batch sizes")
+        else:
+            opt = click.option(flag, fld.name, type=int, default=None, help=f"EngineConfig.{fld.name}")
+        f = opt(f)
+    return f
+
+
+def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig:
+    ov = {k: v for k, v in overrides.items() if v is not None}
+    if "cudagraph_capture_sizes" in ov:
+        try:
+            ov["cudagraph_capture_sizes"] = tuple(int(s) for s in ov["cudagraph_capture_sizes"].split(","))
+        except ValueError:
+            raise click.BadParameter(f"not a comma-separated list of ints: {ov['cudagraph_capture_sizes']!r}",
+                                     param_hint="--cudagraph-capture-sizes") from None
+    try:
+        if preset:
+            return EngineConfig.from_preset(preset, **ov)
+        missing = [n for n in ("num_attention_heads", "num_key_value_heads", "head_dim") if n not in ov]
+        if missing:
+            raise click.UsageError(
+                "give --preset NAME or all of --num-attention-heads, --num-key-value-heads, --head-dim "
+                f"(missing: {', '.join('--' + m.replace('_', '-') for m in missing)})"
+            )
+        return EngineConfig(**ov)
+    except (ValueError, TypeError) as e:
+        raise click.UsageError(str(e)) from None
+
+
+def _config_line(c: EngineConfig) -> str:
+    return (
+        f"{c.preset or 'custom'}: per rank Hq={c.num_heads_per_rank} Hk={c.num_kv_heads_per_rank} D={c.head_dim} "
+        f"layers={c.num_hidden_layers} (TP {c.tensor_parallel_size}), max_model_len={c.max_model_len}, "
+        f"max_num_seqs={c.max_num_seqs}, max_num_batched_tokens={c.max_num_batched_tokens}, "
+        f"chunked_prefill={c.enable_chunked_prefill}, block_size={c.block_size}, "
+        f"dtype={str(c.dtype).removeprefix('torch.')}, kv_cache_dtype={c.kv_cache_dtype}"
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def app() -> None:
+    """tqlab: vLLM's workspace, the TurboQuant locked-workspace crash, and its fix."""
+
+
+@app.command()
+def presets() -> None:
+    """List the presets in data/presets/ with their sources."""
+    t = Table("preset", "title")
+    for name in list_presets():
+        t.add_row(name, load_preset(name)["title"])
+    console.print(t)
+
+
+def _predicted_locked_bytes(config: EngineConfig, fix: bool) -> int:
+    from .reservation import decode_workspace_shapes, plan_bytes, reservation_plan
+
+    capture = 0 if config.enforce_eager else compute_layout(
+        decode_workspace_shapes(max(config.capture_sizes()), config.num_heads_per_rank, config.head_dim,
+                                config.tq_max_kv_splits_for_cuda_graph, config.dtype)
+    ).total_bytes
+    return max(capture, plan_bytes(reservation_plan(config)) if fix else 0)
+
+
+@app.command()
+@click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="prompt length (default: the preset's, e.g. 8192)")
+@click.option("--max-tokens", type=click.IntRange(min=1), default=1, show_default=True, help="tokens to generate")
+@click.option("--fix/--no-fix", default=False, show_default=True,
+              help="reserve the worst case before capture (vLLM PR #44053)")
+@click.option("--device", type=click.Choice(["cpu", "cuda", "meta"]), default="cpu", show_default=True)
+@_override_options
+def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
+    """Walk the engine lifecycle and send one prompt: crash without the fix, success with it.
+
+    Exit status 0 when the run behaves as predicted from the flags
+    (``--no-fix``: the locked-workspace assertion if the prompt is long enough;
+    ``--fix``: the request completes), 1 otherwise.
+    """
+    from .engine import EngineDeadError, LLMEngine
+    from .reservation import first_failing_prompt
+
+    config = _build_config(preset, overrides)
+    if prompt_tokens is None:
+        prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
+    console.print(f"[bold]config[/] {_config_line(config)}")
+    first_bad = first_failing_prompt(config, _predicted_locked_bytes(config, fix))
+    expect_crash = first_bad is not None and first_bad <= prompt_tokens
+    console.print(
+        f"[bold]prediction[/] prompt of {prompt_tokens} tokens, fix={'on' if fix else 'off'}: "
+        + ("locked-workspace assertion" if expect_crash else "completes")
+        + (f" (shortest failing prompt: {first_bad} tokens)" if first_bad is not None else " (no prompt up to max_model_len fails)")
+    )
+
+    def show(p) -> None:
+        sizes = ", ".join(f"{format_mb(b)} MB" for b in p.workspace_bytes)
+        console.print(f"  {p.name:<15} workspace [{sizes}]  {p.seconds * 1000:8.1f} ms  {p.note}")
+
+    console.print(f"[bold]lifecycle[/] on {device}")
+    try:
+        engine = LLMEngine(config, fix=fix, device=device, on_phase=show)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    console.print(f"[bold]request[/] {prompt_tokens}-token prompt, max_tokens={max_tokens}")
+    crashed = False
+    try:
+        out = engine.generate(prompt_tokens, max_tokens=max_tokens)
+        console.print(
+            f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
+            f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
+            f"paths used: {engine.backend.path_counts}"
+        )
+    except AssertionError as e:
+        crashed = True
+        console.print(f"[red]AssertionError:[/] {e}")
+        try:
+            engine.generate(16)
+        except EngineDeadError as dead:
+            console.print(f"[red]next request:[/] EngineDeadError: {dead}")
+    ok = crashed == expect_crash
+    console.print(f"[bold]{'as predicted' if ok else 'NOT as predicted'}[/]")
+    sys.exit(0 if ok else 1)
+
+
+@app.command()
+@click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
+@_override_options
+def plan(preset, **overrides) -> None:
+    """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit."""
+    from .attention import kv_cache_bytes_per_token
+    from .reservation import first_failing_prompt, plan_bytes, reservation_plan
+
+    config = _build_config(preset, overrides)
+    console.print(f"[bold]config[/] {_config_line(config)}")
+    calls = reservation_plan(config)
+    names = ["split-KV decode scratch (max_num_seqs rows)", "continuation-prefill dequant buffers (max_model_len - 1 cached)"]
+    t = Table("consumer", "views (shape dtype)", "bytes", "MiB")
+    for name, call in zip(names, calls):
+        views = "\n".join(f"{tuple(s)} {str(d).removeprefix('torch.')}" for s, d in call)
+        b = compute_layout(call).total_bytes
+        t.add_row(name, views, f"{b:,}", f"{b / MiB:.2f}")
+    console.print(t)
+    reserved = plan_bytes(calls)
+    slots = config.num_ubatches
+    kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
+    console.print(
+        f"workspace per rank after the reservation: {reserved:,} bytes = {reserved / MiB:.2f} MiB per ubatch slot "
+        f"x {slots} slot(s) (one buffer serves the largest call)"
+    )
+    console.print(
+        f"KV cache for max_num_seqs x max_model_len tokens on this rank ({config.kv_cache_dtype}, "
+        f"{kv_cache_bytes_per_token(config)} B/token over {config.num_hidden_layers} layers): {kv / MiB:,.1f} MiB; "
+        f"workspace share: {100 * reserved * slots / kv:.3f}%"
+    )
+    locked = _predicted_locked_bytes(config, fix=False)
+    bad = first_failing_prompt(config, locked)
+    console.print(
+        f"without the fix the workspace locks at {locked:,} bytes ({format_mb(locked)} MB, decode capture at "
+        f"{max(config.capture_sizes())} rows): "
+        + (f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
+           else "every prompt up to max_model_len survives")
+    )
+
+
+def main() -> None:  # pragma: no cover
+    app()
