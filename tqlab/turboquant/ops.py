@@ -1,0 +1,390 @@
+"""The three TurboQuant cache operations the attention backend calls.
+
+* :func:`store_kv` -- quantize new K/V and write their slots (vLLM: the TurboQuant
+  ``reshape_and_cache`` step).
+* :func:`dequant_kv` -- dequantize one request's cached K/V into the two fp16 continuation-prefill
+  workspace buffers ``(1, Hk, alloc_len, D)`` (vLLM: ``_continuation_prefill`` in
+  ``vllm/v1/attention/backends/turboquant_attn.py``; these are the buffers whose late growth
+  crashed a locked workspace, fixed by ``_reserve_workspace`` in PR #44053).
+* :func:`decode_attention` -- split-KV decode straight from the packed cache; per-split partial
+  outputs and log-sum-exp go into the decode workspace buffer ``(B, Hq, S, D+1)`` float32, then a
+  reduction writes ``output (B, Hq, D)`` and ``lse (B, Hq)``.
+
+Each has a torch reference (any device) and a Triton kernel (CUDA, or CPU under
+``TRITON_INTERPRET=1``), chosen by ``backend="auto" | "torch" | "triton"``; ``auto`` is Triton on
+CUDA when it imports, torch otherwise.  On ``meta`` tensors the shapes are checked and nothing
+else happens (the engine's dry run).
+
+Validation: wrong types/dtypes raise ``TypeError``, wrong shapes/values ``ValueError``, before any
+tensor is touched.  Index contents (slot ids, block ids, sequence lengths) are range-checked when
+the tensors live on the CPU; on CUDA that check would need a host sync (and would break CUDA graph
+capture), so there the kernels skip out-of-range slots/blocks instead of writing out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from .quant import decode_slots, encode_slots
+from .spec import TurboQuantSpec, get_spec
+
+__all__ = [
+    "store_kv",
+    "dequant_kv",
+    "decode_attention",
+    "triton_available",
+    "resolve_backend",
+    "FLOAT_DTYPES",
+    "split_bounds",
+]
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_INT_DTYPES = (torch.int32, torch.int64)
+_BACKENDS = ("auto", "torch", "triton")
+
+
+# ----------------------------------------------------------------------------- dispatch
+def triton_available() -> bool:
+    """True when ``import triton`` works in this process."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # pragma: no cover - depends on the environment
+        return False
+    return True
+
+
+def _interpret() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``"torch"`` or ``"triton"`` for this device.
+
+    Raises:
+        ValueError: unknown backend name, or ``"triton"`` where it cannot run (no triton, or a
+            non-CUDA device without ``TRITON_INTERPRET=1``).
+    """
+    if backend not in _BACKENDS:
+        raise ValueError(f"backend must be one of {_BACKENDS}, got {backend!r}")
+    dev = torch.device(device)
+    if backend == "torch" or dev.type == "meta":
+        return "torch"
+    if backend == "auto":
+        return "triton" if dev.type == "cuda" and triton_available() else "torch"
+    if not triton_available():
+        raise ValueError("backend='triton' asked for but triton is not installed")
+    if dev.type != "cuda" and not _interpret():
+        raise ValueError(f"backend='triton' on {dev.type} tensors needs TRITON_INTERPRET=1 (set before importing triton)")
+    return "triton"
+
+
+# ----------------------------------------------------------------------------- checks
+def _need_tensor(name: str, t) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    return t
+
+
+def _check_head_dim(d: int, spec: TurboQuantSpec) -> None:
+    if d < 16 or d > 512 or d & (d - 1):
+        raise ValueError(f"head_dim must be a power of two in [16, 512] (Hadamard rotation, Triton tiles), got {d}")
+
+
+def _check_cache(cache, spec: TurboQuantSpec, head_dim: int) -> tuple[int, int, int, int]:
+    _need_tensor("cache", cache)
+    if cache.dtype != torch.uint8:
+        raise TypeError(f"cache must be uint8 (packed TurboQuant slots), got {cache.dtype}")
+    if cache.dim() != 4:
+        raise ValueError(f"cache must be (num_blocks, num_kv_heads, block_size, slot_bytes), got shape {tuple(cache.shape)}")
+    if cache.shape[3] != spec.slot_bytes(head_dim):
+        raise ValueError(
+            f"cache slot size {cache.shape[3]} bytes != {spec.name}.slot_bytes({head_dim}) = {spec.slot_bytes(head_dim)}"
+        )
+    if not cache.is_contiguous():
+        raise ValueError("cache must be contiguous")
+    return tuple(cache.shape)  # type: ignore[return-value]
+
+
+def _same_device(**tensors: torch.Tensor) -> torch.device:
+    devs = {k: v.device for k, v in tensors.items()}
+    first = next(iter(devs.values()))
+    bad = {k: str(d) for k, d in devs.items() if d != first}
+    if bad:
+        raise ValueError(f"all tensors must be on one device; got {({k: str(d) for k, d in devs.items()})}")
+    return first
+
+
+def _is_meta(*ts: torch.Tensor) -> bool:
+    return any(t.device.type == "meta" for t in ts)
+
+
+def split_bounds(seq_len: int, num_splits: int) -> list[tuple[int, int]]:
+    """The ``[start, end)`` token range of each split for one request.
+
+    ``chunk = ceil(seq_len / num_splits)``; split ``s`` covers ``[s*chunk, min((s+1)*chunk, seq_len))``
+    (possibly empty: its partial is 0 with log-sum-exp ``-inf``).  Kernel and reference agree on this.
+    """
+    chunk = -(-seq_len // num_splits) if seq_len > 0 else 0
+    return [(min(s * chunk, seq_len), min((s + 1) * chunk, seq_len)) for s in range(num_splits)]
+
+
+# ----------------------------------------------------------------------------- store
+def store_kv(
+    cache: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    spec: TurboQuantSpec | str,
+    *,
+    backend: str = "auto",
+) -> None:
+    """Quantize ``key``/``value`` and write them into their cache slots (in place).
+
+    Args:
+        cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``, contiguous.
+        key, value: ``(N, Hk, D)`` float16/bfloat16/float32 (D a power of two, 16..512).
+        slot_mapping: ``(N,)`` int32/int64 flat slot ``block * block_size + offset``; negative
+            entries are padding and are skipped (vLLM's ``PAD_SLOT_ID = -1``).
+        spec: a :class:`TurboQuantSpec` or preset name.
+        backend: ``"auto" | "torch" | "triton"``.
+
+    Raises:
+        TypeError: wrong dtypes.  ValueError: shape/device mismatch, slot out of range (CPU).
+    """
+    spec = get_spec(spec)
+    _need_tensor("key", key), _need_tensor("value", value), _need_tensor("slot_mapping", slot_mapping)
+    if key.dtype not in FLOAT_DTYPES or value.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"key/value must be one of {FLOAT_DTYPES}, got {key.dtype}/{value.dtype}")
+    if key.dim() != 3 or key.shape != value.shape:
+        raise ValueError(f"key and value must both be (N, Hk, D); got {tuple(key.shape)} and {tuple(value.shape)}")
+    n, hk, d = key.shape
+    _check_head_dim(d, spec)
+    nb, chk, bs, _ = _check_cache(cache, spec, d)
+    if hk != chk:
+        raise ValueError(f"key has {hk} kv heads, cache has {chk}")
+    if slot_mapping.dtype not in _INT_DTYPES:
+        raise TypeError(f"slot_mapping must be int32/int64, got {slot_mapping.dtype}")
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] != n:
+        raise ValueError(f"slot_mapping must be ({n},), got {tuple(slot_mapping.shape)}")
+    dev = _same_device(cache=cache, key=key, value=value, slot_mapping=slot_mapping)
+    if _is_meta(cache, key, value, slot_mapping):
+        return
+    if dev.type == "cpu" and n:
+        hi = int(slot_mapping.max())
+        if hi >= nb * bs:
+            raise ValueError(f"slot_mapping holds slot {hi} but the cache has {nb * bs} slots ({nb} blocks x {bs})")
+    if n == 0:
+        return
+    if resolve_backend(backend, dev) == "triton":
+        from . import _triton_kernels as tk
+
+        tk.store_kv(cache, key, value, slot_mapping, spec)
+        return
+    valid = slot_mapping >= 0
+    slots = encode_slots(key[valid], value[valid], spec)  # (n_valid, Hk, slot_bytes)
+    sm = slot_mapping[valid].long()
+    cache[sm // bs, :, sm % bs] = slots
+
+
+# ----------------------------------------------------------------------------- dequant
+def _gather_request(cache, block_row: torch.Tensor, length: int) -> torch.Tensor:
+    """Slots of one request's first ``length`` tokens, uint8 ``(Hk, length, slot_bytes)``."""
+    nb, hk, bs, sb = cache.shape
+    nblk = -(-length // bs)
+    slots = cache[block_row[:nblk].long()]  # (nblk, Hk, bs, sb)
+    return slots.permute(1, 0, 2, 3).reshape(hk, nblk * bs, sb)[:, :length]
+
+
+def dequant_kv(
+    cache: torch.Tensor,
+    block_table_row: torch.Tensor,
+    cached_len: int,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    spec: TurboQuantSpec | str,
+    *,
+    backend: str = "auto",
+) -> None:
+    """Dequantize one request's first ``cached_len`` tokens into fp16 workspace buffers.
+
+    Args:
+        cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``.
+        block_table_row: ``(max_blocks,)`` int32/int64 block ids of this request.
+        cached_len: tokens already in the cache (python int, ``0 <= cached_len <= L``).
+        k_out, v_out: float16 ``(1, Hk, L, D)`` with ``L >= cached_len`` -- the continuation-prefill
+            workspace buffers (``L = round_up(cached_len, block_size)`` in vLLM).  Positions
+            ``>= cached_len`` are left untouched.
+        spec, backend: as in :func:`store_kv`.
+
+    Raises:
+        TypeError: wrong dtypes.  ValueError: shape/device mismatch, too few blocks in the row,
+            block id out of range (CPU).
+    """
+    spec = get_spec(spec)
+    for nm, t in (("block_table_row", block_table_row), ("k_out", k_out), ("v_out", v_out)):
+        _need_tensor(nm, t)
+    if isinstance(cached_len, bool) or not isinstance(cached_len, int) or cached_len < 0:
+        raise ValueError(f"cached_len must be a non-negative python int, got {cached_len!r}")
+    if k_out.dtype != torch.float16 or v_out.dtype != torch.float16:
+        raise TypeError(f"k_out/v_out must be float16 workspace buffers, got {k_out.dtype}/{v_out.dtype}")
+    if k_out.dim() != 4 or k_out.shape != v_out.shape or k_out.shape[0] != 1:
+        raise ValueError(f"k_out and v_out must both be (1, Hk, L, D); got {tuple(k_out.shape)} and {tuple(v_out.shape)}")
+    _, hk, length, d = k_out.shape
+    _check_head_dim(d, spec)
+    nb, chk, bs, _ = _check_cache(cache, spec, d)
+    if hk != chk:
+        raise ValueError(f"k_out has {hk} kv heads, cache has {chk}")
+    if cached_len > length:
+        raise ValueError(f"cached_len {cached_len} exceeds the workspace buffer length {length}")
+    if block_table_row.dtype not in _INT_DTYPES or block_table_row.dim() != 1:
+        raise TypeError(f"block_table_row must be a 1-D int32/int64 tensor, got {block_table_row.dtype} {tuple(block_table_row.shape)}")
+    need = -(-cached_len // bs)
+    if need > block_table_row.shape[0]:
+        raise ValueError(f"cached_len {cached_len} needs {need} blocks, block_table_row has {block_table_row.shape[0]}")
+    if k_out.stride(-1) != 1 or v_out.stride(-1) != 1:
+        raise ValueError("k_out/v_out must have a unit stride in the last (head_dim) dimension")
+    dev = _same_device(cache=cache, block_table_row=block_table_row, k_out=k_out, v_out=v_out)
+    if _is_meta(cache, block_table_row, k_out, v_out) or cached_len == 0:
+        return
+    if dev.type == "cpu":
+        used = block_table_row[:need]
+        if int(used.min()) < 0 or int(used.max()) >= nb:
+            raise ValueError(f"block_table_row[:{need}] holds block ids outside [0, {nb})")
+    if resolve_backend(backend, dev) == "triton":
+        from . import _triton_kernels as tk
+
+        tk.dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec)
+        return
+    k, v = decode_slots(_gather_request(cache, block_table_row, cached_len), spec, d)
+    k_out[0, :, :cached_len] = k.to(torch.float16)
+    v_out[0, :, :cached_len] = v.to(torch.float16)
+
+
+# ----------------------------------------------------------------------------- decode
+def decode_attention(
+    query: torch.Tensor,
+    cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    spec: TurboQuantSpec | str,
+    scale: float,
+    mid_out: torch.Tensor,
+    output: torch.Tensor,
+    lse: torch.Tensor,
+    *,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Split-KV decode attention (one query token per request) over the packed cache.
+
+    Args:
+        query: ``(B, Hq, D)`` float16/bfloat16/float32; ``Hq % Hk == 0`` (GQA).
+        cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``.
+        block_tables: ``(B, max_blocks)`` int32/int64.
+        seq_lens: ``(B,)`` int32/int64 context length per request (0 allowed: output 0, lse -inf).
+        spec: a :class:`TurboQuantSpec` or preset name.
+        scale: softmax scale (usually ``D**-0.5``).
+        mid_out: float32 ``(B, Hq, S, D+1)`` decode workspace; split ``s`` writes its normalized
+            partial output to ``[..., s, :D]`` and its log-sum-exp to ``[..., s, D]``.
+            ``S = mid_out.shape[2]`` splits, bounds from :func:`split_bounds`.
+        output: ``(B, Hq, D)`` float16/bfloat16/float32 (the model dtype), written in place.
+        lse: float32 ``(B, Hq)``, written in place (natural-log log-sum-exp of the scaled scores).
+        backend: ``"auto" | "torch" | "triton"``.
+
+    Returns:
+        ``output``.
+
+    Raises:
+        TypeError: wrong dtypes.  ValueError: shape/device mismatch, ``Hq % Hk != 0``, bad scale,
+            sequence longer than its block table row or block id out of range (CPU).
+    """
+    spec = get_spec(spec)
+    for nm, t in (("query", query), ("block_tables", block_tables), ("seq_lens", seq_lens),
+                  ("mid_out", mid_out), ("output", output), ("lse", lse)):
+        _need_tensor(nm, t)
+    if query.dtype not in FLOAT_DTYPES or output.dtype not in FLOAT_DTYPES:
+        raise TypeError(f"query/output must be one of {FLOAT_DTYPES}, got {query.dtype}/{output.dtype}")
+    if mid_out.dtype != torch.float32 or lse.dtype != torch.float32:
+        raise TypeError(f"mid_out and lse must be float32, got {mid_out.dtype}/{lse.dtype}")
+    if query.dim() != 3:
+        raise ValueError(f"query must be (B, Hq, D), got {tuple(query.shape)}")
+    b, hq, d = query.shape
+    _check_head_dim(d, spec)
+    nb, hk, bs, _ = _check_cache(cache, spec, d)
+    if hq % hk:
+        raise ValueError(f"num query heads {hq} is not a multiple of num kv heads {hk}")
+    if output.shape != query.shape:
+        raise ValueError(f"output must be {tuple(query.shape)}, got {tuple(output.shape)}")
+    if lse.shape != (b, hq):
+        raise ValueError(f"lse must be {(b, hq)}, got {tuple(lse.shape)}")
+    if mid_out.dim() != 4 or mid_out.shape[:2] != (b, hq) or mid_out.shape[3] != d + 1 or mid_out.shape[2] < 1:
+        raise ValueError(f"mid_out must be (B, Hq, S, D+1) = ({b}, {hq}, S>=1, {d + 1}), got {tuple(mid_out.shape)}")
+    if block_tables.dtype not in _INT_DTYPES or seq_lens.dtype not in _INT_DTYPES:
+        raise TypeError(f"block_tables/seq_lens must be int32/int64, got {block_tables.dtype}/{seq_lens.dtype}")
+    if block_tables.dim() != 2 or block_tables.shape[0] != b:
+        raise ValueError(f"block_tables must be ({b}, max_blocks), got {tuple(block_tables.shape)}")
+    if seq_lens.shape != (b,):
+        raise ValueError(f"seq_lens must be ({b},), got {tuple(seq_lens.shape)}")
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite float, got {scale!r}")
+    if query.stride(-1) != 1 or output.stride(-1) != 1 or mid_out.stride(-1) != 1:
+        raise ValueError("query/output/mid_out must have unit stride in the last dimension")
+    dev = _same_device(query=query, cache=cache, block_tables=block_tables, seq_lens=seq_lens,
+                       mid_out=mid_out, output=output, lse=lse)
+    if _is_meta(query, cache, block_tables, seq_lens, mid_out, output, lse):
+        return output
+    max_len = block_tables.shape[1] * bs
+    if dev.type == "cpu" and b:
+        if int(seq_lens.min()) < 0 or int(seq_lens.max()) > max_len:
+            raise ValueError(f"seq_lens must lie in [0, {max_len}] (max_blocks x block_size), got {seq_lens.tolist()}")
+        for i in range(b):
+            used = block_tables[i, : -(-int(seq_lens[i]) // bs)]
+            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= nb):
+                raise ValueError(f"block_tables[{i}] holds block ids outside [0, {nb}) within its sequence")
+    if b == 0:
+        return output
+    if resolve_backend(backend, dev) == "triton":
+        from . import _triton_kernels as tk
+
+        return tk.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
+    return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
+
+
+def _decode_reference(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse):
+    b, hq, d = query.shape
+    hk = cache.shape[1]
+    g = hq // hk
+    s_splits = mid_out.shape[2]
+    for i in range(b):
+        n = int(seq_lens[i])
+        if n == 0:
+            mid_out[i, :, :, :d] = 0.0
+            mid_out[i, :, :, d] = -math.inf
+            continue
+        k, v = decode_slots(_gather_request(cache, block_tables[i], n), spec, d)  # (Hk, n, D) f32
+        k = k.repeat_interleave(g, dim=0)
+        v = v.repeat_interleave(g, dim=0)
+        scores = torch.einsum("hd,hnd->hn", query[i].float(), k) * scale  # (Hq, n)
+        chunk = -(-n // s_splits)
+        pad = chunk * s_splits - n
+        sc = torch.nn.functional.pad(scores, (0, pad), value=-math.inf).view(hq, s_splits, chunk)
+        vv = torch.nn.functional.pad(v, (0, 0, 0, pad)).view(hq, s_splits, chunk, d)
+        part_lse = torch.logsumexp(sc, dim=-1)  # (Hq, S), -inf for empty splits
+        p = torch.where(torch.isfinite(part_lse)[..., None], torch.exp(sc - part_lse[..., None]), 0.0)
+        mid_out[i, :, :, :d] = torch.einsum("hsn,hsnd->hsd", p, vv)
+        mid_out[i, :, :, d] = part_lse
+    reduce_splits(mid_out, output, lse)
+    return output
+
+
+def reduce_splits(mid_out: torch.Tensor, output: torch.Tensor, lse: torch.Tensor) -> None:
+    """Torch reduction of split partials: ``lse = logsumexp_s(lse_s)``,
+    ``output = sum_s exp(lse_s - lse) * o_s`` (0 and ``-inf`` where every split is empty)."""
+    d = mid_out.shape[-1] - 1
+    part = mid_out[..., d]
+    tot = torch.logsumexp(part, dim=-1)  # (B, Hq)
+    w = torch.where(torch.isfinite(tot)[..., None], torch.exp(part - tot[..., None]), 0.0)
+    output.copy_(torch.einsum("bhs,bhsd->bhd", w, mid_out[..., :d]).to(output.dtype))
+    lse.copy_(tot)

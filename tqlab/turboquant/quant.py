@@ -1,0 +1,255 @@
+"""Torch reference: one K/V vector <-> the bytes of one slot.
+
+Everything here works on any device (cpu, cuda) and any leading shape ``(..., D)``; the cache
+operations in :mod:`tqlab.turboquant.ops` are built from these functions.
+
+Bit packing is an LSB-first bit stream: index ``j`` of width ``b`` occupies stream bits
+``[j*b, j*b + b)``; stream bit ``i`` is bit ``i % 8`` of byte ``i // 8``.  Eight indices fill
+exactly ``b`` bytes, which is how :func:`pack_indices` does it (one little-endian word per group
+of eight).
+
+Key path (MSE presets), for ``k`` of length ``D``:
+
+1. ``norm = ||k||`` (stored fp16, clamped to the fp16 range), ``u = k / norm``;
+2. ``y = H u`` with the orthonormal Sylvester Hadamard ``H`` -- coordinates ~ ``N(0, 1/D)``;
+3. ``idx_j = #{boundaries < y_j}`` -- Lloyd-Max for ``N(0, 1/D)`` with ``2**key_bits`` levels;
+4. bit-pack ``idx``.
+
+Back: ``y_hat = centroids[idx]``; with norm correction ``y_hat /= ||y_hat||``; ``k_hat = norm * H y_hat``.
+
+fp8 keys: ``k`` clamped to +-448 and cast to float8_e4m3fn, its bytes stored as they are.
+
+Value path: ``zero = min(v)``, ``scale = (max(v) - min(v)) / (2**value_bits - 1)``, both rounded to fp16
+first; ``code = clamp(floor((v - zero)/scale + 0.5), 0, 2**value_bits - 1)``; back: ``zero + scale*code``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .codebook import hadamard, lloyd_max
+from .spec import TurboQuantSpec
+
+__all__ = [
+    "pack_indices",
+    "unpack_indices",
+    "fp16_to_bytes",
+    "bytes_to_fp16",
+    "encode_keys",
+    "decode_keys",
+    "encode_values",
+    "decode_values",
+    "encode_slots",
+    "decode_slots",
+    "key_journey",
+    "FP16_MAX",
+    "FP8_E4M3_MAX",
+]
+
+FP16_MAX = 65504.0
+FP8_E4M3_MAX = 448.0
+
+_CONST_CACHE: dict = {}
+
+
+def _rotation(d: int, device: torch.device) -> torch.Tensor:
+    key = ("H", d, str(device))
+    if key not in _CONST_CACHE:
+        _CONST_CACHE[key] = hadamard(d, torch.float32, device)
+    return _CONST_CACHE[key]
+
+
+def _codebook(bits: int, d: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = ("cb", bits, d, str(device))
+    if key not in _CONST_CACHE:
+        cb = lloyd_max(bits, d)
+        _CONST_CACHE[key] = (
+            torch.tensor(cb.centroids, dtype=torch.float32, device=device),
+            torch.tensor(cb.boundaries, dtype=torch.float32, device=device),
+        )
+    return _CONST_CACHE[key]
+
+
+def _check_bits(bits: int) -> None:
+    if bits not in (1, 2, 3, 4, 5, 6, 7, 8):
+        raise ValueError(f"bits must be 1..8, got {bits!r}")
+
+
+def pack_indices(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Bit-pack integer codes ``(..., D)`` (each < 2**bits) into uint8 ``(..., D*bits/8)``.
+
+    Raises:
+        ValueError: ``D`` not a multiple of 8, bad ``bits``, or a code >= 2**bits (checked on CPU).
+    """
+    _check_bits(bits)
+    d = codes.shape[-1]
+    if d % 8:
+        raise ValueError(f"last dim must be a multiple of 8 to pack, got {d}")
+    if codes.device.type == "cpu" and codes.numel() and int(codes.max()) >= (1 << bits):
+        raise ValueError(f"code {int(codes.max())} does not fit in {bits} bits")
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], d // 8, 8)
+    shifts = torch.arange(8, device=codes.device, dtype=torch.int64) * bits
+    word = (c << shifts).sum(-1, keepdim=True)  # (..., D/8, 1), up to 64 bits
+    byte_shift = torch.arange(bits, device=codes.device, dtype=torch.int64) * 8
+    out = (word >> byte_shift) & 0xFF  # (..., D/8, bits)
+    return out.to(torch.uint8).reshape(*codes.shape[:-1], d * bits // 8)
+
+
+def unpack_indices(packed: torch.Tensor, bits: int, head_dim: int) -> torch.Tensor:
+    """Inverse of :func:`pack_indices`: uint8 ``(..., D*bits/8)`` -> uint8 codes ``(..., D)``.
+
+    Raises:
+        ValueError: wrong last-dim size for ``bits``/``head_dim``, or ``packed`` not uint8.
+    """
+    _check_bits(bits)
+    if packed.dtype != torch.uint8:
+        raise TypeError(f"packed must be uint8, got {packed.dtype}")
+    if head_dim % 8 or packed.shape[-1] != head_dim * bits // 8:
+        raise ValueError(
+            f"packed last dim {packed.shape[-1]} != head_dim*bits/8 = {head_dim}*{bits}/8 (head_dim % 8 == 0 required)"
+        )
+    p = packed.to(torch.int64).reshape(*packed.shape[:-1], head_dim // 8, bits)
+    byte_shift = torch.arange(bits, device=packed.device, dtype=torch.int64) * 8
+    word = (p << byte_shift).sum(-1, keepdim=True)
+    shifts = torch.arange(8, device=packed.device, dtype=torch.int64) * bits
+    codes = (word >> shifts) & ((1 << bits) - 1)
+    return codes.to(torch.uint8).reshape(*packed.shape[:-1], head_dim)
+
+
+def fp16_to_bytes(x: torch.Tensor) -> torch.Tensor:
+    """float tensor ``(...)`` -> its fp16 little-endian bytes, uint8 ``(..., 2)``."""
+    return x.to(torch.float16).contiguous().reshape(*x.shape, 1).view(torch.uint8)
+
+
+def bytes_to_fp16(b: torch.Tensor) -> torch.Tensor:
+    """uint8 ``(..., 2)`` -> float16 ``(...)``."""
+    if b.dtype != torch.uint8 or b.shape[-1] != 2:
+        raise ValueError(f"expected uint8 (..., 2), got {b.dtype} {tuple(b.shape)}")
+    return b.contiguous().view(torch.float16).squeeze(-1)
+
+
+# ----------------------------------------------------------------------------- keys
+def encode_keys(k: torch.Tensor, spec: TurboQuantSpec) -> torch.Tensor:
+    """Keys ``(..., D)`` float -> ``key_packed`` bytes, uint8 ``(..., spec.key_packed_bytes(D))``."""
+    d = k.shape[-1]
+    if spec.key_fp8:
+        spec.key_index_bytes(d)  # validates D
+        kf = k.float().clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(torch.float8_e4m3fn)
+        return kf.view(torch.uint8)
+    kf = k.float()
+    rot = _rotation(d, k.device)
+    _, bnd = _codebook(spec.key_bits, d, k.device)
+    norm = torch.linalg.vector_norm(kf, dim=-1, keepdim=True)
+    unit = torch.where(norm > 0, kf / norm.clamp_min(1e-30), torch.zeros_like(kf))
+    y = unit @ rot
+    idx = torch.bucketize(y.contiguous(), bnd, right=True).to(torch.uint8)
+    return torch.cat(
+        [pack_indices(idx, spec.key_bits), fp16_to_bytes(norm.squeeze(-1).clamp_max(FP16_MAX))], dim=-1
+    )
+
+
+def decode_keys(kp: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
+    """``key_packed`` bytes ``(..., key_packed_bytes)`` -> keys float32 ``(..., D)``."""
+    d = head_dim
+    if spec.key_fp8:
+        return kp[..., :d].contiguous().view(torch.float8_e4m3fn).float()
+    nb = spec.key_index_bytes(d)
+    idx = unpack_indices(kp[..., :nb], spec.key_bits, d)
+    norm = bytes_to_fp16(kp[..., nb : nb + 2]).float().unsqueeze(-1)
+    cent, _ = _codebook(spec.key_bits, d, kp.device)
+    yh = cent[idx.long()]
+    if spec.norm_correction:
+        yn = torch.linalg.vector_norm(yh, dim=-1, keepdim=True)
+        yh = yh / yn.clamp_min(1e-30)
+    return norm * (yh @ _rotation(d, kp.device))
+
+
+# ----------------------------------------------------------------------------- values
+def encode_values(v: torch.Tensor, spec: TurboQuantSpec) -> torch.Tensor:
+    """Values ``(..., D)`` float -> ``value_packed`` bytes, uint8 ``(..., value_packed_bytes(D))``."""
+    d = v.shape[-1]
+    spec.value_index_bytes(d)  # validates D
+    vf = v.float()
+    levels = (1 << spec.value_bits) - 1
+    vmin = vf.amin(-1, keepdim=True)
+    vmax = vf.amax(-1, keepdim=True)
+    scale = ((vmax - vmin) / levels).clamp_max(FP16_MAX).to(torch.float16).float()
+    zero = vmin.clamp(-FP16_MAX, FP16_MAX).to(torch.float16).float()
+    q = torch.where(scale > 0, torch.floor((vf - zero) / torch.where(scale > 0, scale, 1.0) + 0.5), 0.0)
+    q = q.clamp(0, levels).to(torch.uint8)
+    return torch.cat(
+        [pack_indices(q, spec.value_bits), fp16_to_bytes(scale.squeeze(-1)), fp16_to_bytes(zero.squeeze(-1))],
+        dim=-1,
+    )
+
+
+def decode_values(vp: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
+    """``value_packed`` bytes ``(..., value_packed_bytes)`` -> values float32 ``(..., D)``."""
+    nb = spec.value_index_bytes(head_dim)
+    q = unpack_indices(vp[..., :nb], spec.value_bits, head_dim).float()
+    scale = bytes_to_fp16(vp[..., nb : nb + 2]).float().unsqueeze(-1)
+    zero = bytes_to_fp16(vp[..., nb + 2 : nb + 4]).float().unsqueeze(-1)
+    return zero + scale * q
+
+
+# ----------------------------------------------------------------------------- slots
+def encode_slots(k: torch.Tensor, v: torch.Tensor, spec: TurboQuantSpec) -> torch.Tensor:
+    """K and V ``(..., D)`` -> whole slots, uint8 ``(..., spec.slot_bytes(D))`` (pad bytes zero).
+
+    Raises:
+        ValueError: shapes of ``k`` and ``v`` differ.
+    """
+    if k.shape != v.shape:
+        raise ValueError(f"key shape {tuple(k.shape)} != value shape {tuple(v.shape)}")
+    d = k.shape[-1]
+    parts = [encode_keys(k, spec), encode_values(v, spec)]
+    pad = spec.slot_bytes(d) - spec.key_packed_bytes(d) - spec.value_packed_bytes(d)
+    if pad:
+        parts.append(torch.zeros(*k.shape[:-1], pad, dtype=torch.uint8, device=k.device))
+    return torch.cat(parts, dim=-1)
+
+
+def decode_slots(slots: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots uint8 ``(..., slot_bytes)`` -> ``(k, v)`` float32 ``(..., D)`` each.
+
+    Raises:
+        ValueError: last dim is not ``spec.slot_bytes(head_dim)``.
+    """
+    if slots.shape[-1] != spec.slot_bytes(head_dim):
+        raise ValueError(
+            f"slot last dim {slots.shape[-1]} != {spec.name}.slot_bytes({head_dim}) = {spec.slot_bytes(head_dim)}"
+        )
+    kp = spec.key_packed_bytes(head_dim)
+    vp = spec.value_packed_bytes(head_dim)
+    return decode_keys(slots[..., :kp], spec, head_dim), decode_values(slots[..., kp : kp + vp], spec, head_dim)
+
+
+def key_journey(k: torch.Tensor, spec: TurboQuantSpec) -> dict[str, torch.Tensor]:
+    """Every intermediate of one key vector ``(D,)`` on its way to bytes and back (for drawing).
+
+    Returns a dict of CPU tensors: ``key``, ``norm``, ``unit``, ``rotated`` (``H u``), ``idx``,
+    ``packed`` (uint8 key bytes), ``centroid`` (``centroids[idx]``), ``corrected`` (after norm
+    correction, equal to ``centroid`` without it), ``unrotated`` (``H y_hat``), ``key_hat``.
+    fp8 presets get ``key``, ``packed`` and ``key_hat`` only.
+
+    Raises:
+        ValueError: ``k`` is not 1-D.
+    """
+    if k.dim() != 1:
+        raise ValueError(f"key_journey takes one vector (D,), got shape {tuple(k.shape)}")
+    k = k.detach().float().cpu()
+    d = k.shape[0]
+    packed = encode_keys(k, spec)
+    out = {"key": k, "packed": packed, "key_hat": decode_keys(packed, spec, d)}
+    if spec.key_fp8:
+        return out
+    rot = _rotation(d, k.device)
+    cent, bnd = _codebook(spec.key_bits, d, k.device)
+    norm = torch.linalg.vector_norm(k)
+    unit = k / norm.clamp_min(1e-30)
+    y = unit @ rot
+    idx = torch.bucketize(y, bnd, right=True)
+    yh = cent[idx]
+    corr = yh / torch.linalg.vector_norm(yh).clamp_min(1e-30) if spec.norm_correction else yh
+    out.update(norm=norm, unit=unit, rotated=y, idx=idx.to(torch.uint8), centroid=yh, corrected=corr, unrotated=corr @ rot)
+    return out

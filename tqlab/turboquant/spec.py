@@ -1,0 +1,205 @@
+"""TurboQuant presets and the byte layout of one cache slot.
+
+A *slot* holds one (position, kv-head) pair: ``[key_packed | value_packed | pad]``.
+
+* ``key_packed``: MSE keys (2..4 bits): ``ceil(D*key_bits/8)`` bytes of bit-packed Lloyd-Max
+  indices followed by the key's L2 norm as fp16 (2 bytes). fp8 keys (``key_bits == 8``):
+  ``D`` bytes of float8_e4m3fn, no norm.
+* ``value_packed``: ``ceil(D*value_bits/8)`` bytes of bit-packed uniform codes, then the
+  per-vector fp16 scale and fp16 zero point (4 bytes).
+* The slot is rounded up to an even number of bytes.
+
+The cache of one layer is a uint8 tensor ``(num_blocks, num_kv_heads, block_size, slot_bytes)``.
+
+The four presets are vLLM's ``--kv-cache-dtype`` TurboQuant choices (PR #38479 lineage,
+``vllm/v1/attention/backends/turboquant_attn.py``); ``_nc`` means norm correction.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "TurboQuantSpec",
+    "SlotField",
+    "TQ_PRESETS",
+    "get_spec",
+    "kv_cache_shape",
+    "fp16_slot_bytes",
+]
+
+_MSE_KEY_BITS = (2, 3, 4)
+_FP8_KEY_BITS = 8
+_VALUE_BITS = (2, 3, 4, 8)
+
+
+def fp16_slot_bytes(head_dim: int) -> int:
+    """Bytes an unquantized fp16 K+V pair costs per (position, kv-head): ``4 * head_dim``."""
+    return 4 * int(head_dim)
+
+
+@dataclass(frozen=True)
+class SlotField:
+    """One field of a slot: ``name``, byte ``offset`` inside the slot, ``nbytes``, ``kind``
+    (``"key_idx" | "key_fp8" | "key_norm" | "val_idx" | "val_scale" | "val_zero" | "pad"``)."""
+
+    name: str
+    offset: int
+    nbytes: int
+    kind: str
+
+
+@dataclass(frozen=True)
+class TurboQuantSpec:
+    """A TurboQuant KV-cache format.
+
+    Attributes:
+        name: the ``kv_cache_dtype`` string, e.g. ``"turboquant_3bit_nc"``.
+        key_bits: 2, 3 or 4 = Hadamard-rotated Lloyd-Max keys with an fp16 norm;
+            8 = float8_e4m3fn keys (no rotation, no norm).
+        value_bits: 2, 3, 4 or 8; per-vector asymmetric uniform quantization.
+        norm_correction: renormalize the dequantized rotated key to unit length before the
+            inverse rotation (only meaningful for MSE keys).
+
+    Raises:
+        ValueError: unsupported bit widths, or norm correction asked for fp8 keys.
+    """
+
+    name: str
+    key_bits: int
+    value_bits: int
+    norm_correction: bool
+
+    def __post_init__(self) -> None:
+        if self.key_bits not in _MSE_KEY_BITS + (_FP8_KEY_BITS,):
+            raise ValueError(
+                f"{self.name}: key_bits must be one of {_MSE_KEY_BITS + (_FP8_KEY_BITS,)}, "
+                f"got {self.key_bits!r}"
+            )
+        if self.value_bits not in _VALUE_BITS:
+            raise ValueError(f"{self.name}: value_bits must be one of {_VALUE_BITS}, got {self.value_bits!r}")
+        if self.key_fp8 and self.norm_correction:
+            raise ValueError(f"{self.name}: norm_correction needs MSE (rotated) keys, not fp8 keys")
+
+    # ----- derived facts -------------------------------------------------------------
+    @property
+    def key_fp8(self) -> bool:
+        """True when keys are stored as float8_e4m3fn (``key_bits == 8``)."""
+        return self.key_bits == _FP8_KEY_BITS
+
+    @staticmethod
+    def _check_dim(head_dim: int) -> int:
+        if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 8 or head_dim % 8:
+            raise ValueError(f"head_dim must be a positive multiple of 8, got {head_dim!r}")
+        return head_dim
+
+    def key_index_bytes(self, head_dim: int) -> int:
+        """Bytes of packed key indices (MSE) or of fp8 key elements (fp8)."""
+        d = self._check_dim(head_dim)
+        return d if self.key_fp8 else math.ceil(d * self.key_bits / 8)
+
+    def value_index_bytes(self, head_dim: int) -> int:
+        """Bytes of packed value codes: ``ceil(D * value_bits / 8)``."""
+        d = self._check_dim(head_dim)
+        return math.ceil(d * self.value_bits / 8)
+
+    def key_packed_bytes(self, head_dim: int) -> int:
+        """Key part of a slot: ``ceil(D*key_bits/8) + 2`` (fp16 norm), or ``D`` for fp8 keys."""
+        return self.key_index_bytes(head_dim) + (0 if self.key_fp8 else 2)
+
+    def value_packed_bytes(self, head_dim: int) -> int:
+        """Value part of a slot: ``ceil(D*value_bits/8) + 4`` (fp16 scale + fp16 zero)."""
+        return self.value_index_bytes(head_dim) + 4
+
+    def slot_bytes(self, head_dim: int) -> int:
+        """Whole slot (bytes) = key_packed + value_packed, rounded up to even."""
+        n = self.key_packed_bytes(head_dim) + self.value_packed_bytes(head_dim)
+        return n + (n & 1)
+
+    def compression_ratio(self, head_dim: int) -> float:
+        """fp16 K+V bytes (``4*D``) over ``slot_bytes(D)``; e.g. 512/102 = 5.02 for 3bit_nc, D=128."""
+        return fp16_slot_bytes(head_dim) / self.slot_bytes(head_dim)
+
+    def layout(self, head_dim: int) -> list[SlotField]:
+        """The slot's fields in byte order (offsets in bytes; they tile ``[0, slot_bytes)``)."""
+        d = self._check_dim(head_dim)
+        out: list[SlotField] = []
+        off = 0
+        if self.key_fp8:
+            out.append(SlotField("key fp8[D]", off, d, "key_fp8"))
+            off += d
+        else:
+            kb = self.key_index_bytes(d)
+            out.append(SlotField(f"key idx {self.key_bits}b x D", off, kb, "key_idx"))
+            off += kb
+            out.append(SlotField("key norm fp16", off, 2, "key_norm"))
+            off += 2
+        vb = self.value_index_bytes(d)
+        out.append(SlotField(f"value code {self.value_bits}b x D", off, vb, "val_idx"))
+        off += vb
+        out.append(SlotField("value scale fp16", off, 2, "val_scale"))
+        off += 2
+        out.append(SlotField("value zero fp16", off, 2, "val_zero"))
+        off += 2
+        if off < self.slot_bytes(d):
+            out.append(SlotField("pad", off, self.slot_bytes(d) - off, "pad"))
+        return out
+
+    def offsets(self, head_dim: int) -> dict[str, int]:
+        """Byte offsets used by the kernels: key_idx, key_norm (-1 for fp8), val_idx,
+        val_scale, val_zero, slot."""
+        d = self._check_dim(head_dim)
+        kp = self.key_packed_bytes(d)
+        vi = self.value_index_bytes(d)
+        return {
+            "key_idx": 0,
+            "key_norm": -1 if self.key_fp8 else self.key_index_bytes(d),
+            "val_idx": kp,
+            "val_scale": kp + vi,
+            "val_zero": kp + vi + 2,
+            "slot": self.slot_bytes(d),
+        }
+
+
+TQ_PRESETS: dict[str, TurboQuantSpec] = {
+    s.name: s
+    for s in (
+        TurboQuantSpec("turboquant_k8v4", key_bits=8, value_bits=4, norm_correction=False),
+        TurboQuantSpec("turboquant_4bit_nc", key_bits=4, value_bits=4, norm_correction=True),
+        TurboQuantSpec("turboquant_k3v4_nc", key_bits=3, value_bits=4, norm_correction=True),
+        TurboQuantSpec("turboquant_3bit_nc", key_bits=3, value_bits=3, norm_correction=True),
+    )
+}
+
+
+def get_spec(kv_cache_dtype: str | TurboQuantSpec) -> TurboQuantSpec:
+    """The preset for a ``kv_cache_dtype`` string (a spec passes through unchanged).
+
+    Raises:
+        ValueError: unknown name (``"auto"`` included: that is the fp16 cache, not TurboQuant).
+    """
+    if isinstance(kv_cache_dtype, TurboQuantSpec):
+        return kv_cache_dtype
+    try:
+        return TQ_PRESETS[kv_cache_dtype]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown TurboQuant kv_cache_dtype {kv_cache_dtype!r}; expected one of {sorted(TQ_PRESETS)}"
+        ) from None
+
+
+def kv_cache_shape(
+    num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int, spec: TurboQuantSpec | str
+) -> tuple[int, int, int, int]:
+    """Shape of one layer's packed cache, ``(num_blocks, num_kv_heads, block_size, slot_bytes)``,
+    dtype uint8.  Bytes = product of the shape.
+
+    Raises:
+        ValueError: non-positive sizes, bad ``head_dim`` or unknown spec name.
+    """
+    spec = get_spec(spec)
+    for name, v in (("num_blocks", num_blocks), ("num_kv_heads", num_kv_heads), ("block_size", block_size)):
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    return (num_blocks, num_kv_heads, block_size, spec.slot_bytes(head_dim))
