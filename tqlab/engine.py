@@ -92,6 +92,9 @@ class LLMEngine:
             (default ``max_num_seqs``, as PR #44053).
         before_lock: optional ``(engine) -> None`` run as its own phase just
             before the lock (e.g. a long-context dummy run strategy).
+        after_profile: optional ``(engine) -> None`` run as its own phase right
+            after the profile run, before capture (where vLLM's dummy runs are;
+            ``tqlab.strategies``' long-context dummy run uses it).
 
     Raises ``ValueError`` for a device that is not available.
     """
@@ -108,6 +111,7 @@ class LLMEngine:
         use_cuda_graphs: bool = True,
         decode_batch_reservation: int | None = None,
         before_lock: Callable[["LLMEngine"], None] | None = None,
+        after_profile: Callable[["LLMEngine"], None] | None = None,
     ):
         self.config = config
         self.fix = fix
@@ -142,6 +146,9 @@ class LLMEngine:
         profile_tokens = min(config.max_num_batched_tokens, config.max_model_len)
         with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
             self.runner.profile_run(profile_tokens)
+        if after_profile is not None:
+            with self._phase("after_profile", getattr(after_profile, "__name__", "hook")):
+                after_profile(self)
         if config.enforce_eager:
             with self._phase("capture", "skipped (enforce_eager)"):
                 self.captures = []
