@@ -1,0 +1,261 @@
+"""The explorers of tqlab/widgets.py: pure numbers, figures, and callbacks driven through widget values."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tqlab import widgets as W
+from tqlab.config import EngineConfig
+from tqlab.reservation import decode_workspace_shapes, workspace_bytes_for_prompt
+from tqlab.workspace import compute_layout
+
+PNG = b"\x89PNG\r\n\x1a\n"
+UNIT = "pr-44053-unit-test"
+
+
+# --------------------------------------------------------------------------- import hygiene
+def test_importing_tqlab_and_widgets_does_not_import_ipywidgets():
+    code = "import sys, tqlab, tqlab.widgets; sys.exit(1 if 'ipywidgets' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+# --------------------------------------------------------------------------- pure functions
+@pytest.mark.parametrize(
+    "text, shape",
+    [("16, 8, 4, 129", (16, 8, 4, 129)), ("(1,4,8192,128)", (1, 4, 8192, 128)), ("[3]", (3,)),
+     ("(4,)", (4,)), ("()", ()), ("  0 , 5 ", (0, 5))],
+)
+def test_parse_shape(text, shape):
+    assert W.parse_shape(text) == shape
+
+
+@pytest.mark.parametrize("text", ["a, b", "1.5, 2", "-1, 2", "1,,2", "1 2"])
+def test_parse_shape_rejects_bad_text_naming_it(text):
+    with pytest.raises(ValueError, match="bad shape"):
+        W.parse_shape(text)
+
+
+def test_parse_shape_rejects_non_str():
+    with pytest.raises(TypeError):
+        W.parse_shape((1, 2))
+
+
+def test_layout_rows_of_the_pr_unit_test_decode_call():
+    rows, lay = W.layout_rows(W._default_layout_requests())
+    assert [r.shape for r in rows] == [(16, 8, 4, 129), (16, 8, 128), (16, 8)]
+    assert [r.dtype for r in rows] == [torch.float32, torch.float16, torch.float32]
+    assert [r.nbytes for r in rows] == [264192, 32768, 512]
+    assert [r.offset for r in rows] == [0, 264192, 296960]
+    assert [r.padding for r in rows] == [0, 0, 0]
+    assert lay.total_bytes == 297472
+
+
+def test_unfixed_locked_bytes_is_the_decode_scratch_at_max_num_seqs():
+    for preset in ("pr-44053-unit-test", "nemotron-3-super-120b-a12b", "llama-3.1-8b"):
+        cfg = EngineConfig.from_preset(preset)
+        expect = compute_layout(decode_workspace_shapes(
+            cfg.max_num_seqs, cfg.num_heads_per_rank, cfg.head_dim, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype
+        )).total_bytes
+        assert W.unfixed_locked_bytes(cfg) == expect
+    assert W.unfixed_locked_bytes(EngineConfig.from_preset(UNIT)) == 297472
+    assert W.unfixed_locked_bytes(EngineConfig.from_preset(UNIT, enforce_eager=True)) == 0
+
+
+def test_plan_summary_of_the_pr_unit_test():
+    r = W.plan_summary(EngineConfig.from_preset(UNIT))
+    assert [b for _, _, b in r.consumers] == [297472, 16777216]  # decode scratch; 2 x (1,4,8192,128) f16
+    assert r.reserved_bytes == 16777216 and r.slots == 1
+    assert r.unfixed_locked_bytes == 297472
+    # 4096 + 17: the second chunk of 17 tokens runs the decode kernel with 17 rows > 16 captured
+    assert r.first_failing_unfixed == 4113 and r.longest_surviving_unfixed == 4112
+    assert r.first_failing_fixed is None
+    cfg = r.config
+    assert workspace_bytes_for_prompt(cfg, 4112) <= 297472 < workspace_bytes_for_prompt(cfg, 4113)
+    from tqlab.attention import kv_cache_bytes_per_token
+
+    assert r.kv_cache_bytes == kv_cache_bytes_per_token(cfg) * 8192 * 16
+    assert r.kv_share == pytest.approx(16777216 / r.kv_cache_bytes)
+
+
+def test_plan_summary_rejects_non_config():
+    with pytest.raises(TypeError):
+        W.plan_summary({"max_model_len": 8})
+
+
+def test_prompt_need_curve_matches_the_per_prompt_prediction():
+    cfg = EngineConfig.from_preset(UNIT, max_model_len=2048, max_num_batched_tokens=256, max_num_seqs=16)
+    lengths, need = W._prompt_need_curve(cfg, points=50)
+    assert lengths == sorted(set(lengths)) and lengths[0] == 1 and lengths[-1] == 2047
+    assert need == [workspace_bytes_for_prompt(cfg, p) for p in lengths]
+
+
+def test_figures_render_to_png():
+    cfg = EngineConfig.from_preset(UNIT)
+    assert W.figure_png(W.layout_figure(W._default_layout_requests())).startswith(PNG)
+    assert W.figure_png(W.layout_figure([((5, 7), torch.float16)], "equal")).startswith(PNG)
+    assert W.figure_png(W.planner_figure(W.plan_summary(cfg))).startswith(PNG)
+    traces = [W.lifecycle_trace(cfg, 8190, fix) for fix in (False, True)]
+    assert W.figure_png(W.lifecycle_figure(traces, 3)).startswith(PNG)
+    with pytest.raises(ValueError, match="scale"):
+        W.layout_figure(W._default_layout_requests(), "log")
+    with pytest.raises(ValueError):
+        W.lifecycle_figure([])
+
+
+def test_lifecycle_trace_without_and_with_the_fix():
+    cfg = EngineConfig.from_preset(UNIT)
+    off = W.lifecycle_trace(cfg, 8190, False)
+    on = W.lifecycle_trace(cfg, 8190, True)
+    phases = ["init_workspace", "build_backend", "profile_run", "capture", "lock"]
+    assert [s.name for s in off.steps][:5] == phases == [s.name for s in on.steps][:5]
+    # without the fix: decode capture grows the workspace, the lock freezes 0.28 MiB,
+    # the second chunk (4096 cached tokens, 4094 new) asks 8 MiB and crashes
+    assert [s.workspace_bytes for s in off.steps[:5]] == [(0,), (0,), (0,), (297472,), (297472,)]
+    assert off.locked_bytes == 297472 and off.crashed and len(off.steps) == 7
+    crash = off.steps[-1]
+    assert crash.name == "chunk 4,096+4,094" and crash.need_bytes == 8388608
+    assert crash.error.startswith("WorkspaceLockedError: Workspace is locked but allocation from ")
+    assert "requires 8.00 MB, current size is 0.28 MB" in crash.error
+    assert [e.kind for e in crash.events] == ["violation"]
+    assert [e.kind for e in off.steps[3].events] == ["resize"] and [e.kind for e in off.steps[4].events] == ["lock"]
+    # with the fix: the metadata builder reserves 16 MiB before capture; everything is served
+    assert on.steps[1].workspace_bytes == (16777216,)
+    assert [e.kind for e in on.steps[1].events] == ["resize", "resize"]
+    assert on.locked_bytes == 16777216 and not on.crashed
+    assert [s.name for s in on.steps[5:]] == ["chunk 0+4,096", "chunk 4,096+4,094", "decode @8,190"]
+    assert all(s.workspace_bytes == (16777216,) for s in on.steps[1:])
+    assert W.lifecycle_trace(cfg, 8190, True) is on  # cached
+
+
+def test_lifecycle_trace_rejects_prompts_that_do_not_fit():
+    cfg = EngineConfig.from_preset(UNIT)
+    with pytest.raises(ValueError, match="max_model_len"):
+        W.lifecycle_trace(cfg, 8191, True)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        W.lifecycle_trace(cfg, 0, True)
+
+
+# --------------------------------------------------------------------------- widgets, driven by .value
+ipywidgets = pytest.importorskip("ipywidgets")
+
+
+def test_layout_explorer_add_remove_and_bad_input():
+    ui = W.layout_explorer()
+    assert len(ui.requests) == 3 and bytes(ui.image.value).startswith(PNG)
+    assert "297,472" in ui.table.value
+    first_png = ui.image.value
+
+    ui.shape.value, ui.dtype.value = "5, 7", "float16"
+    ui.add_button.click()
+    assert ui.requests[-1] == ((5, 7), torch.float16)
+    assert "<td>70</td><td>297,472</td><td>186</td>" in ui.table.value  # bytes, offset, padding
+    assert "total 297,728 bytes" in ui.table.value
+    assert ui.listing.options[-1] == "3: (5, 7) float16"
+    assert ui.image.value != first_png
+
+    ui.shape.value = "5, x"
+    ui.add_button.click()
+    assert "not added" in ui.status.value and "'x'" in ui.status.value and len(ui.requests) == 4
+
+    ui.listing.value = None
+    ui.remove_button.click()
+    assert "select a view" in ui.status.value and len(ui.requests) == 4
+    ui.listing.value = "0: (16, 8, 4, 129) float32"
+    ui.remove_button.click()
+    assert [r[0] for r in ui.requests] == [(16, 8, 128), (16, 8), (5, 7)]
+    assert ui.listing.options[0] == "0: (16, 8, 128) float16"
+
+    png = ui.image.value
+    ui.scale.value = "equal"
+    assert ui.image.value != png
+
+
+def test_layout_explorer_rejects_bad_initial_requests():
+    with pytest.raises(TypeError):
+        W.layout_explorer([((2, 2), "float16")])
+
+
+def test_reservation_planner_follows_its_sliders():
+    ui = W.reservation_planner(UNIT)
+    assert ui.max_num_seqs.value == 16 and ui.max_model_len.value == 8192 and ui.block_size.value == 32
+    assert ui.result.first_failing_unfixed == 4113
+    assert "4,112 tokens" in ui.summary.value and "16.00 MiB" in ui.summary.value
+
+    png = ui.image.value
+    ui.max_num_seqs.value = 32  # twice the decode rows: locked without fix doubles, first failure moves
+    cfg = EngineConfig.from_preset(UNIT, max_num_seqs=32)
+    assert ui.result.config == cfg
+    assert ui.result.unfixed_locked_bytes == W.unfixed_locked_bytes(cfg) == 2 * 297472
+    assert ui.result.first_failing_unfixed == 4096 + 33
+    assert ui.image.value != png
+
+    ui.max_model_len.value = 16384  # continuation buffers double
+    assert ui.result.consumers[1][2] == 2 * 16777216
+
+    ui.tensor_parallel_size.value = 2
+    assert ui.result.config.num_heads_per_rank == 4 and ui.result.consumers[0][2] == W.unfixed_locked_bytes(
+        ui.result.config)
+
+    ui.kv_cache_dtype.value = "auto"
+    assert ui.result.config.kv_cache_dtype == "auto"
+    ui.block_size.value = 2080
+    assert ui.result.consumers[1][1][0][0] == (1, 2, 16640, 128)  # round_up(16383, 2080)
+
+    before = ui.result
+    ui.max_num_seqs.value = 1024  # > max_num_batched_tokens (4096)? no: 1024 <= 4096 is valid
+    assert ui.result is not before
+    ui.max_num_batched_tokens.value = 512  # < max_num_seqs 1024: invalid, state kept
+    kept = ui.result
+    assert "invalid configuration" in ui.status.value and "max_num_batched_tokens (512)" in ui.status.value
+    assert ui.result is kept
+    ui.max_num_batched_tokens.value = 4096
+    assert ui.status.value == "" and ui.result.config.max_num_batched_tokens == 4096
+
+
+def test_reservation_planner_preset_change_loads_every_slider():
+    ui = W.reservation_planner(UNIT)
+    ui.max_num_seqs.value = 64
+    ui.preset.value = "llama-3.1-8b"
+    cfg = EngineConfig.from_preset("llama-3.1-8b")
+    assert ui.result.config == cfg
+    assert (ui.max_model_len.value, ui.max_num_seqs.value, ui.max_num_batched_tokens.value) == (131072, 256, 8192)
+    assert ui.kv_cache_dtype.value == "turboquant_4bit_nc" and ui.block_size.value == 16
+    assert ui.result.first_failing_unfixed == 41089  # 5 x 8192 + 129: first dequant chunk past 131 MiB
+
+
+def test_reservation_planner_rejects_unknown_preset():
+    with pytest.raises(ValueError, match="known presets"):
+        W.reservation_planner("no-such-model")
+
+
+def test_lifecycle_stepper_steps_both_engines():
+    ui = W.lifecycle_stepper(UNIT)
+    assert ui.prompt_tokens.value == 8190 and ui.prompt_tokens.max == 8190
+    assert [len(t.steps) for t in ui.traces] == [7, 8] and ui.step.max == 7 and ui.step.value == 0
+    assert "init_workspace" in ui.detail.value
+    ui.next_button.click()
+    assert ui.step.value == 1 and "build_backend" in ui.detail.value
+    assert "resize 0.00 -&gt; 0.28 MiB" in ui.detail.value  # reservation, first call (decode views)
+    ui.step.value = 6
+    assert "VIOLATION" in ui.detail.value and "Workspace is locked" in ui.detail.value
+    ui.step.value = 7
+    assert "engine dead" in ui.detail.value and "decode @8,190" in ui.detail.value
+    ui.next_button.click()
+    assert ui.step.value == 7  # clamped
+    ui.back_button.click()
+    assert ui.step.value == 6
+
+    png = ui.image.value
+    ui.prompt_tokens.value = 4000  # one chunk: both engines serve it
+    assert ui.step.value == 0 and png != ui.image.value
+    assert [t.crashed for t in ui.traces] == [False, False]
+    assert "serves the prompt" in ui.status.value
+
+
+def test_lifecycle_stepper_rejects_out_of_range_prompt():
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        W.lifecycle_stepper(UNIT, prompt_tokens=8191)
