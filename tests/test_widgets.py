@@ -96,7 +96,7 @@ def test_prompt_need_curve_matches_the_per_prompt_prediction():
 def test_figures_render_to_png():
     cfg = EngineConfig.from_preset(UNIT)
     assert W.figure_png(W.layout_figure(W._default_layout_requests())).startswith(PNG)
-    assert W.figure_png(W.layout_figure([((5, 7), torch.float16)], "equal")).startswith(PNG)
+    assert W.figure_png(W.layout_figure([((5, 7), torch.float16)], "bytes")).startswith(PNG)
     assert W.figure_png(W.planner_figure(W.plan_summary(cfg))).startswith(PNG)
     traces = [W.lifecycle_trace(cfg, 8190, fix) for fix in (False, True)]
     assert W.figure_png(W.lifecycle_figure(traces, 3)).startswith(PNG)
@@ -170,7 +170,7 @@ def test_layout_explorer_add_remove_and_bad_input():
     assert ui.listing.options[0] == "0: (16, 8, 128) float16"
 
     png = ui.image.value
-    ui.scale.value = "equal"
+    ui.scale.value = "bytes"
     assert ui.image.value != png
 
 

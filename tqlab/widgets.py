@@ -73,6 +73,8 @@ __all__ = [
     "refresh_planner",
     "render_lifecycle",
     "reservation_planner",
+    "snapshot",
+    "default_layout_requests",
     "unfixed_locked_bytes",
 ]
 
@@ -185,50 +187,28 @@ def layout_rows(requests: Sequence[tuple[Sequence[int], torch.dtype]]) -> tuple[
     return rows, lay
 
 
-def layout_figure(requests: Sequence[tuple[Sequence[int], torch.dtype]], scale: str = "bytes"):
+def layout_figure(requests: Sequence[tuple[Sequence[int], torch.dtype]], scale: str = "schematic"):
     """Byte map of one ``get_simultaneous`` call: each view's bytes, then its padding to 256 bytes.
 
-    ``scale="bytes"`` draws every segment in proportion to its bytes (the truth:
-    tiny views vanish next to big ones); ``scale="equal"`` gives every view and
-    every non-empty padding the same width, so small ones and the padding can be
-    read. Returns a matplotlib ``Figure``. Raises ``ValueError`` for another scale.
+    Drawn by :func:`tqlab.viz.plot_layout`. ``scale="bytes"`` draws every
+    segment in proportion to its bytes (the truth: tiny views vanish next to
+    big ones); ``scale="schematic"`` gives small views and padding a readable
+    width (labels keep the true offsets). Returns a matplotlib ``Figure``.
+    Raises ``ValueError`` for another scale, and what ``compute_layout`` raises.
     """
-    if scale not in ("bytes", "equal"):
-        raise ValueError(f"scale must be 'bytes' or 'equal', got {scale!r}")
+    from matplotlib.figure import Figure
+
+    from .viz import plot_layout
+
+    if scale not in ("bytes", "schematic"):
+        raise ValueError(f"scale must be 'bytes' or 'schematic', got {scale!r}")
     rows, lay = layout_rows(requests)
-    fig, ax = _new_figure(9.0, 2.4)
-    colors = ["#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974", "#64b5cd", "#937860", "#da8bc3"]
-    x = 0.0
-    for r in rows:
-        w = float(r.nbytes) if scale == "bytes" else 1.0
-        c = colors[r.index % len(colors)]
-        ax.barh(0, w, left=x, height=0.6, color=c, edgecolor="black", linewidth=0.6)
-        label = f"#{r.index} {tuple(r.shape)} {_dtype_name(r.dtype)}\n{r.nbytes:,} B @ {r.offset:,}"
-        if scale == "equal" or (lay.total_bytes and r.nbytes / lay.total_bytes > 0.12):
-            ax.text(x + w / 2, 0, label, ha="center", va="center", fontsize=7, color="white", clip_on=True)
-        x += w
-        if r.padding:
-            pw = float(r.padding) if scale == "bytes" else 0.35
-            ax.barh(0, pw, left=x, height=0.6, color="white", edgecolor="grey", hatch="///", linewidth=0.6)
-            if scale == "equal":
-                ax.text(x + pw / 2, -0.42, f"pad {r.padding} B", ha="center", va="top", fontsize=7, color="grey")
-            x += pw
-    ax.set_ylim(-0.7, 0.55)
-    ax.set_yticks([])
-    ax.set_xlim(0, max(x, 1.0))
-    if scale == "bytes":
-        ax.set_xlabel("byte offset in the workspace buffer")
-    else:
-        ax.set_xticks([])
-        ax.set_xlabel("views in order (equal widths; hatched = padding to the next 256-byte boundary)")
+    fig = Figure(figsize=(10.0, 2.3), layout="constrained")
+    ax = fig.subplots()
     pad = sum(r.padding for r in rows)
-    ax.set_title(
-        f"get_simultaneous: {len(rows)} view(s), {lay.total_bytes:,} bytes = {_mib(lay.total_bytes):.3f} MiB "
-        f"(padding {pad:,} B; alignment {ALIGNMENT})",
-        fontsize=9,
-    )
-    for side in ("top", "right", "left"):
-        ax.spines[side].set_visible(False)
+    plot_layout(lay, [f"#{r.index}" for r in rows], schematic=(scale == "schematic"), ax=ax,
+                title=f"get_simultaneous: {len(rows)} view(s), {lay.total_bytes:,} bytes = "
+                      f"{_mib(lay.total_bytes):.3f} MiB (padding {pad:,} B)")
     return fig
 
 
@@ -268,7 +248,7 @@ class LayoutExplorer:
         self.add_button = w.Button(description="add view", icon="plus")
         self.listing = w.Select(options=[], rows=5, description="views", layout=w.Layout(width="420px"))
         self.remove_button = w.Button(description="remove selected", icon="minus")
-        self.scale = w.ToggleButtons(options=["bytes", "equal"], value="bytes", description="widths")
+        self.scale = w.ToggleButtons(options=["schematic", "bytes"], value="schematic", description="widths")
         self.status = w.HTML(value="")
         self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.table = w.HTML()
@@ -858,9 +838,10 @@ def _step_html(t: LifecycleTrace, i: int) -> str:
 class LifecycleStepper:
     """Controls and state of :func:`lifecycle_stepper` (see there)."""
 
-    def __init__(self, preset: str, prompt_tokens: int | None):
+    def __init__(self, preset: str, prompt_tokens: int | None, device: str = "meta"):
         w = _require_widgets()
         self._suspend = False
+        self.device = device
         self.traces: list[LifecycleTrace] = []
         self.preset = w.Dropdown(options=list_presets(), value=preset, description="preset")
         self.prompt_tokens = w.IntSlider(min=1, max=2, value=1, description="prompt tokens", continuous_update=False,
@@ -878,7 +859,7 @@ class LifecycleStepper:
         self.back_button.on_click(lambda _b: _move(self, -1))
         self.next_button.on_click(lambda _b: _move(self, +1))
         self.view = w.VBox(
-            [w.HTML("<b>Lifecycle stepper</b>: the engine on device='meta', with and without the fix"),
+            [w.HTML(f"<b>Lifecycle stepper</b>: the engine on device={device!r}, with and without the fix"),
              self.preset, self.prompt_tokens, w.HBox([self.back_button, self.next_button]), self.step,
              self.status, self.image, self.detail],
             layout=w.Layout(border="1px solid #ddd", padding="6px"),
@@ -921,8 +902,8 @@ def refresh_lifecycle(ui: LifecycleStepper) -> None:
     if ui._suspend:
         return
     cfg = ui.config()
-    ui.status.value = "building both engines on device='meta' ..."
-    ui.traces = [lifecycle_trace(cfg, ui.prompt_tokens.value, fix) for fix in (False, True)]
+    ui.status.value = f"building both engines on device={ui.device!r} ..."
+    ui.traces = [lifecycle_trace(cfg, ui.prompt_tokens.value, fix, device=ui.device) for fix in (False, True)]
     n = max(len(t.steps) for t in ui.traces)
     ui._suspend = True
     try:
@@ -946,17 +927,33 @@ def render_lifecycle(ui: LifecycleStepper) -> None:
     ui.detail.value = "".join(_step_html(t, i) for t in ui.traces)
 
 
-def lifecycle_stepper(preset: str = "pr-44053-unit-test", prompt_tokens: int | None = None) -> LifecycleStepper:
+def lifecycle_stepper(
+    preset: str = "pr-44053-unit-test", prompt_tokens: int | None = None, device: str = "meta"
+) -> LifecycleStepper:
     """Build the lifecycle stepper: step both engines (fix off / on) phase by phase, then serving step by step.
 
     ``prompt_tokens`` defaults to the preset's ``default_prompt_tokens`` (at
     most ``max_model_len - 2``: one prefill-sampled token plus one decode).
-    Each preset/prompt change builds two engines on ``device='meta'``
-    (under a second for the default preset; presets with many decode buckets,
-    e.g. ``max_num_seqs=256``, take several seconds).
+    Each preset/prompt change builds two engines on ``device`` (``"meta"``:
+    shapes only, under a second for the default preset; presets with many
+    decode buckets, e.g. ``max_num_seqs=256``, take several seconds).
 
-    Raises ``ValueError`` for an unknown preset or a prompt out of range,
-    ``ImportError`` without ipywidgets.
+    Raises ``ValueError`` for an unknown preset, a prompt out of range or a bad
+    device, ``ImportError`` without ipywidgets.
     """
     load_preset(preset)
-    return LifecycleStepper(preset, prompt_tokens)
+    if device not in ("meta", "cpu", "cuda"):
+        raise ValueError(f"device must be 'meta', 'cpu' or 'cuda', got {device!r}")
+    return LifecycleStepper(preset, prompt_tokens, device)
+
+
+def snapshot(fig):
+    """``IPython.display.Image`` of a figure: the static picture a notebook cell shows before its widget."""
+    from IPython.display import Image
+
+    return Image(data=figure_png(fig), format="png")
+
+
+def default_layout_requests() -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """The layout explorer's default call: split-KV decode views of the ``pr-44053-unit-test`` preset."""
+    return _default_layout_requests()

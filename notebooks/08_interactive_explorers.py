@@ -1,0 +1,109 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 08 · Interactive explorers: layout, reservation, lifecycle
+#
+# Three explorers to move sliders on, each built from the same functions the rest of tqlab uses:
+#
+# 1. **Layout explorer** — one `get_simultaneous` call, view by view: offsets, 256-byte padding, total
+#    (`tqlab.workspace.compute_layout`, mirroring `vllm/v1/worker/workspace.py`).
+# 2. **Reservation planner** — what `_reserve_workspace` (vLLM PR #44053) reserves per tensor-parallel rank
+#    for a deployment, its share of the KV cache, and the longest prompt that survives *without* the fix
+#    (`tqlab.reservation`).
+# 3. **Lifecycle stepper** — the small engine (`tqlab.engine.LLMEngine`) on `device="meta"`, stepped phase by
+#    phase (init workspace → metadata builder → profile run → CUDA graph capture → lock → serving), with and
+#    without the fix.
+#
+# Every explorer cell first shows a **static figure at the defaults** (what an HTML export or a headless run
+# shows), then the live widget below it. The widgets need a running kernel; nothing here needs a GPU.
+
+# %% tags=["parameters"]
+DEVICE = "meta"  # where the lifecycle stepper builds its engines ("meta" = shapes only, seconds)
+USE_RECORDED = False  # nothing in this notebook needs a GPU: every number is computed live
+PLANNER_PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/presets/)
+STEPPER_PRESET = "pr-44053-unit-test"  # small and fast on the meta device
+
+# %%
+from IPython.display import Markdown, display
+
+from tqlab import widgets as tw
+from tqlab.config import EngineConfig, load_preset
+
+# %% [markdown]
+# ## 1 · Layout explorer
+#
+# The default call is the split-KV decode scratch of the PR's unit-test configuration. Type a shape
+# (e.g. `5, 7`), pick a dtype and **add view**: a view whose bytes are not a multiple of 256 is followed
+# by padding up to the next 256-byte boundary, and the next view starts there. **schematic** widths make small views and padding readable; **bytes** is to scale.
+
+# %%
+display(tw.snapshot(tw.layout_figure(tw.default_layout_requests())))
+layout_ui = tw.layout_explorer()
+layout_ui
+
+# %% [markdown]
+# ## 2 · Reservation planner
+#
+# Pick a preset, then move the sliders. The left panel is what the fix reserves per consumer (one ubatch
+# slot, one rank); the right panel is the largest workspace call a prompt makes while it prefills alone in
+# chunks of `max_num_batched_tokens`, against the size the workspace is **locked** at without the fix
+# (the decode capture at `max_num_seqs` rows) and with it. Where the black line crosses the dashed orange one
+# is the first prompt that dies with *"Workspace is locked"*. An impossible combination (e.g. a TP that does
+# not divide the heads) is reported and the last valid numbers stay.
+
+# %%
+planner_defaults = tw.plan_summary(EngineConfig.from_preset(PLANNER_PRESET))
+display(tw.snapshot(tw.planner_figure(planner_defaults)))
+planner_ui = tw.reservation_planner(PLANNER_PRESET)
+planner_ui
+
+# %% [markdown]
+# ## 3 · Lifecycle stepper
+#
+# Two engines are built on the meta device from the same configuration — one without the reservation
+# (vLLM 0.20), one with it (PR #44053) — and the same prompt is served on both. **step** walks the
+# start-up phases, then one scheduler step per prefill chunk. Watch the workspace stay small until the lock
+# without the fix, and the second chunk (a continuation prefill that dequantizes every cached token) ask for
+# more than was locked.
+
+# %%
+stepper_cfg = EngineConfig.from_preset(STEPPER_PRESET)
+stepper_prompt = min(load_preset(STEPPER_PRESET)["default_prompt_tokens"], stepper_cfg.max_model_len - 2)
+traces = [tw.lifecycle_trace(stepper_cfg, stepper_prompt, fix, device=DEVICE) for fix in (False, True)]
+display(tw.snapshot(tw.lifecycle_figure(traces)))
+stepper_ui = tw.lifecycle_stepper(STEPPER_PRESET, stepper_prompt, device=DEVICE)
+stepper_ui
+
+# %% [markdown]
+# ## The planner and the stepper agree
+#
+# The planner predicts, without running anything, the shortest prompt that crashes without the fix; the
+# stepper ran the engine. Both come from the same shape functions, so they must agree:
+
+# %%
+plan = tw.plan_summary(stepper_cfg)
+off, on = traces
+crash = next(s for s in off.steps if s.error)
+predicted = plan.first_failing_unfixed
+assert off.locked_bytes == plan.unfixed_locked_bytes, (off.locked_bytes, plan.unfixed_locked_bytes)
+assert predicted is not None and stepper_prompt >= predicted and off.crashed and not on.crashed
+display(Markdown(
+    f"- without the fix the engine locked at **{off.locked_bytes / 2**20:.2f} MiB** (planner: "
+    f"{plan.unfixed_locked_bytes / 2**20:.2f} MiB); the planner's shortest failing prompt is "
+    f"**{predicted:,} tokens**, so the {stepper_prompt:,}-token prompt crashes — and it did, at step "
+    f"{crash.index} (`{crash.name}`), asking for {crash.need_bytes / 2**20:.2f} MiB.\n"
+    f"- with the fix the engine locked at **{on.locked_bytes / 2**20:.2f} MiB** = the planner's reservation "
+    f"({plan.reserved_bytes / 2**20:.2f} MiB) and served all {sum(s.kind == 'serve' for s in on.steps)} serving steps."
+))
