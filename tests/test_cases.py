@@ -1,0 +1,238 @@
+"""The §8 cases of issue 2: abstracted from public vLLM reports of the locked-workspace failure class.
+
+Each case is pinned to the exact numbers in the issue, and each *kind* of failure is
+also checked where it arises in the engine, not only in the manager.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tqlab.config import EngineConfig
+from tqlab.engine import LLMEngine
+from tqlab.reservation import (
+    chunk_workspace_request,
+    continuation_workspace_shapes,
+    decode_workspace_shapes,
+    plan_bytes,
+    reservation_plan,
+    reserve_workspace,
+)
+from tqlab.workspace import (
+    MiB,
+    WorkspaceLockedError,
+    WorkspaceManager,
+    compute_layout,
+    init_workspace_manager,
+    lock_workspace,
+    reset_workspace_manager,
+    rewarm_workspace,
+    ubatch_context,
+)
+
+u8 = torch.uint8
+PR_TEST = "pr-44053-unit-test"
+NEMOTRON = "nemotron-3-super-120b-a12b"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_workspace_singleton():
+    reset_workspace_manager()
+    yield
+    reset_workspace_manager()
+
+
+# --------------------------------------------------------------------------- #
+# Locked empty                                                                #
+# --------------------------------------------------------------------------- #
+
+
+def test_locked_empty_first_decode_needs_802048_bytes():
+    # 1 sequence, 24 query heads, 32 KV splits, head_dim 256, bf16
+    shapes = decode_workspace_shapes(1, 24, 256, 32, torch.bfloat16)
+    assert shapes == (((1, 24, 32, 257), torch.float32), ((1, 24, 256), torch.bfloat16), ((1, 24), torch.float32))
+    lay = compute_layout(shapes)
+    assert lay.nbytes == (789_504, 12_288, 96)
+    assert lay.offsets == (0, 789_504, 801_792)
+    assert lay.total_bytes == 802_048
+    ws = WorkspaceManager("cpu")
+    ws.lock()
+    with pytest.raises(WorkspaceLockedError) as ei:
+        ws.get_simultaneous(*shapes)
+    assert (ei.value.required_bytes, ei.value.current_bytes) == (802_048, 0)
+    assert "requires 0.76 MB, current size is 0.00 MB" in str(ei.value)
+    assert ws.sizes_bytes() == [0] and ws.buffer(0) is None and ws.is_locked()
+
+
+def test_locked_empty_kind_in_the_engine_eager_without_fix():
+    # eager mode + no reservation: nothing grows the workspace before the lock
+    c = EngineConfig(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1,
+                     max_model_len=1024, max_num_batched_tokens=1024, enforce_eager=True)
+    engine = LLMEngine(c, fix=False, device="meta")
+    assert engine.locked_bytes == 0 and engine.workspace.is_locked()
+    with pytest.raises(WorkspaceLockedError) as ei:
+        engine.generate(8, max_tokens=2)  # prefill needs nothing, the first decode needs 802,048 bytes
+    assert (ei.value.required_bytes, ei.value.current_bytes) == (802_048, 0)
+    assert "requires 0.76 MB, current size is 0.00 MB" in str(ei.value)
+    fixed = LLMEngine(c, fix=True, device="meta")
+    assert fixed.locked_bytes >= 802_048
+    assert fixed.generate(8, max_tokens=2).finished
+
+
+# --------------------------------------------------------------------------- #
+# Sibling slot                                                                #
+# --------------------------------------------------------------------------- #
+
+
+def test_sibling_slot_is_refused_and_compared_by_bytes():
+    ws = WorkspaceManager("cpu", 2)
+    ws.get_simultaneous(((4096,), u8))  # slot 0
+    ws.lock()
+    with ubatch_context(1), pytest.raises(WorkspaceLockedError) as ei:
+        ws.get_simultaneous(((512,), u8))
+    err = ei.value
+    # the text cannot tell 512 bytes from 0 bytes ...
+    assert "requires 0.00 MB, current size is 0.00 MB" in str(err)
+    # ... the bytes can
+    assert (err.required_bytes, err.current_bytes, err.ubatch) == (512, 0, 1)
+    assert ws.sizes_bytes() == [4096, 0]
+
+
+def test_slot_0_growth_never_reallocates_slot_1():
+    ws = WorkspaceManager("cpu", 2)
+    with ubatch_context(1):
+        (held,) = ws.get_simultaneous(((512,), u8))
+    held.fill_(7)
+    ptr = held.data_ptr()
+    for n in (4096, 64 * 1024, 1 << 20):
+        ws.get_simultaneous(((n,), u8))  # slot 0 grows three times
+    assert ws.sizes_bytes() == [1 << 20, 512]
+    assert held.data_ptr() == ptr == ws.data_ptrs()[1]
+    assert torch.all(held == 7)
+    assert {e.ubatch for e in ws.events if e.kind == "resize" and e.old_bytes > 0} == {0}
+
+
+def test_reservation_sizes_every_ubatch_slot():
+    c = EngineConfig.from_preset(PR_TEST, enable_dbo=True)
+    ws = WorkspaceManager("meta", c.num_ubatches)
+    reserve_workspace(c, ws)
+    ws.lock()
+    assert ws.sizes_bytes() == [16 * MiB, 16 * MiB]
+    with ubatch_context(1):
+        ws.get_simultaneous(((512,), u8))  # the case's request now fits
+        for call in reservation_plan(c):
+            ws.get_simultaneous(*call)
+    # and in the engine: DBO + fix sizes both slots at build_backend
+    engine = LLMEngine(c.replace(max_model_len=2048), fix=True, device="meta")
+    expected = plan_bytes(reservation_plan(engine.config))
+    assert engine.phases[1].workspace_bytes == (expected, expected)
+
+
+# --------------------------------------------------------------------------- #
+# Growth peak                                                                 #
+# --------------------------------------------------------------------------- #
+
+
+def test_growth_peak_64_to_128_mib_is_128_not_192():
+    ws = WorkspaceManager("meta")
+    ws.get_simultaneous(((64 * MiB,), u8))
+    ws.get_simultaneous(((128 * MiB,), u8))
+    grow = ws.events[-1]
+    assert (grow.kind, grow.old_bytes, grow.new_bytes) == ("resize", 64 * MiB, 128 * MiB)
+    assert grow.peak_bytes == 128 * MiB and grow.live_bytes == 128 * MiB
+    assert ws.peak_live_bytes == 128 * MiB
+    # the policy it replaces (allocate, then free) would peak at 192
+    naive = WorkspaceManager("meta", growth_policy="allocate_then_free")
+    naive.get_simultaneous(((64 * MiB,), u8))
+    naive.get_simultaneous(((128 * MiB,), u8))
+    assert naive.events[-1].peak_bytes == 192 * MiB
+
+
+def test_growth_peak_two_slots_192_not_256_and_slot_1_untouched():
+    ws = WorkspaceManager("meta", 2)
+    for slot in (0, 1):
+        with ubatch_context(slot):
+            ws.get_simultaneous(((64 * MiB,), u8))
+    slot1 = ws.buffer(1)
+    assert ws.live_bytes() == 128 * MiB
+    ws.get_simultaneous(((128 * MiB,), u8))  # slot 0 grows
+    grow = ws.events[-1]
+    assert (grow.ubatch, grow.old_bytes, grow.new_bytes) == (0, 64 * MiB, 128 * MiB)
+    assert grow.peak_bytes == 192 * MiB and grow.live_bytes == 192 * MiB
+    assert ws.peak_live_bytes == 192 * MiB
+    assert ws.sizes_bytes() == [128 * MiB, 64 * MiB]
+    assert ws.buffer(1) is slot1
+    assert sum(1 for e in ws.events if e.ubatch == 1) == 1  # only its own first growth
+
+
+# --------------------------------------------------------------------------- #
+# Every start-up path locks                                                   #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["capture", "eager"])
+@pytest.mark.parametrize("fix", [False, True], ids=["no-fix", "fix"])
+@pytest.mark.parametrize("dbo", [False, True], ids=["1-slot", "dbo"])
+def test_every_startup_path_locks_before_serving(enforce_eager, fix, dbo):
+    c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, max_num_seqs=4,
+                                 enforce_eager=enforce_eager, enable_dbo=dbo)
+    engine = LLMEngine(c, fix=fix, device="meta")
+    assert engine.phases[-1].name == "lock"
+    assert engine.workspace.is_locked()
+    locks = [i for i, e in enumerate(engine.workspace.events) if e.kind in ("lock", "unlock")]
+    assert [engine.workspace.events[i].kind for i in locks] == ["lock"]
+    # nothing grows after the lock: growth is now an error
+    assert all(e.kind == "resize" for e in engine.workspace.events[: locks[0]])
+    assert engine.workspace.events[locks[0]:][1:] == []
+    with pytest.raises(WorkspaceLockedError):
+        engine.workspace.get_simultaneous(((engine.locked_bytes + 1,), u8))
+
+
+# --------------------------------------------------------------------------- #
+# Re-lock is exception-safe                                                   #
+# --------------------------------------------------------------------------- #
+
+
+def test_relock_is_exception_safe():
+    m = init_workspace_manager("cpu")
+    m.get_simultaneous(((1024,), u8))
+    lock_workspace()
+
+    class ScaleUpFailed(RuntimeError):
+        pass
+
+    with pytest.raises(ScaleUpFailed):
+        with rewarm_workspace():  # elastic scaling: unlock -> regrow -> relock
+            assert not m.is_locked()
+            m.get_simultaneous(((4096,), u8))
+            raise ScaleUpFailed("new experts failed to load")
+    assert m.is_locked()
+    assert m.size_bytes() == 4096  # the regrowth that happened is kept
+    with pytest.raises(WorkspaceLockedError):
+        m.get_simultaneous(((8192,), u8))
+    assert [e.kind for e in m.events] == ["resize", "lock", "unlock", "resize", "lock", "violation"]
+    # and the normal path relocks too
+    with rewarm_workspace(m):
+        m.get_simultaneous(((8192,), u8))
+    assert m.is_locked() and m.size_bytes() == 8192
+
+
+# --------------------------------------------------------------------------- #
+# Rounding to the block size in use                                           #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("cached, rounded", [(2080, 2080), (2081, 4160)])
+def test_continuation_rounds_to_the_2080_token_page(cached, rounded):
+    (shape_k, dt_k), (shape_v, dt_v) = continuation_workspace_shapes(cached, 2, 128, 2080)
+    assert shape_k == shape_v == (1, 2, rounded, 128)
+    assert dt_k == dt_v == torch.float16
+    c = EngineConfig(num_attention_heads=16, num_key_value_heads=2, head_dim=128, block_size=2080,
+                     max_model_len=8320, max_num_seqs=1, max_num_batched_tokens=4096)
+    req = chunk_workspace_request(c, cached, 200)
+    assert req.path == "continuation" and req.shapes[0][0] == (1, 2, rounded, 128)
+    assert req.nbytes == 2 * rounded * 2 * 128 * 2
+    # the reservation rounds max_model_len - 1 = 8319 with the same block: 4 pages of 2080
+    assert reservation_plan(c)[1][0][0] == (1, 2, 8320, 128)
+    assert reservation_plan(c.replace(max_model_len=8322))[1][0][0] == (1, 2, 10400, 128)  # 8321 cached
