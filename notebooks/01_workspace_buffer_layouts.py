@@ -1,0 +1,699 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Workspace buffer layouts: one buffer, many views
+#
+# vLLM keeps the scratch memory of its hot path in a single `WorkspaceManager`
+# (`vllm/v1/worker/workspace.py`, added by vLLM PR #40941). Attention backends, fused MoE
+# and the sparse indexer all ask it for temporary tensors instead of calling `torch.empty`.
+# `tqlab.workspace` re-implements it in plain PyTorch so that every mechanism can be
+# watched on a laptop. This notebook walks through all of them, live:
+#
+# | you will see | section |
+# |---|---|
+# | where each view sits in the buffer: alignment, offsets, padding (a byte map) | 1 |
+# | views that share one buffer and overwrite each other — on purpose (FlashAttention DCP, fused MoE) | 2 |
+# | growth that frees the old buffer *before* allocating the new one, and what that saves at the peak | 3 |
+# | the lock, and an error that names the line that asked for too much | 4 |
+# | DBO: one buffer per ubatch slot, one slot per thread | 5 |
+# | the debug log (`TQLAB_DEBUG_WORKSPACE=1`, vLLM's `VLLM_DEBUG_WORKSPACE`) | 6 |
+# | the whole lifecycle: init → warm-up → lock → serve → re-warm | 7 |
+#
+# **Hardware.** CPU only. With `DEVICE = "cuda"` the live cells run on a GPU, and section 3
+# also measures the CUDA allocator's peak; without CUDA that cell shows a recorded GPU
+# run (under a banner) when `data/` has one.
+#
+# **Run time.** Seconds on a small CPU box; the last cell prints the measured time.
+#
+# Each section asks a question, draws a picture, answers it with a live cell, and ends
+# with a **predict, then run** check: an `assert` you can re-run after changing the numbers.
+
+# %%
+import platform
+import time
+
+_T0 = time.perf_counter()
+
+import torch
+
+import tqlab
+
+print(
+    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
+    f"CUDA available: {torch.cuda.is_available()}"
+)
+
+# %% tags=["parameters"]
+DEVICE = "cpu"  # "cpu", "cuda" or "meta" (meta: shapes only, no memory)
+USE_RECORDED = True  # without CUDA, show recorded GPU measurements from data/ under a banner
+
+# %%
+import math
+import threading
+
+import matplotlib.pyplot as plt
+
+from tqlab import recorded, viz
+from tqlab.config import EngineConfig
+from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes, reservation_plan
+from tqlab.viz import fmt_bytes, markdown_table, show_md
+from tqlab.workspace import (
+    ALIGNMENT,
+    MiB,
+    WorkspaceLockedError,
+    WorkspaceManager,
+    compute_layout,
+    current_ubatch_id,
+    current_workspace_manager,
+    format_mb,
+    init_workspace_manager,
+    is_workspace_manager_initialized,
+    lock_workspace,
+    reset_workspace_manager,
+    rewarm_workspace,
+    round_up,
+    ubatch_context,
+)
+
+device = recorded.pick_device(DEVICE)
+HAS_POINTERS = device != "meta"  # meta tensors have no memory, so no addresses to compare
+print(f"running on {device!r}; every view starts at a multiple of ALIGNMENT = {ALIGNMENT} bytes")
+
+# %% [markdown]
+# ## 1 · Where does each view live?
+#
+# **Question.** The split-KV decode kernel needs three scratch tensors at the same time:
+# the per-split partial outputs (with one extra column for each split's log-sum-exp),
+# the reduced output, and the final log-sum-exp. It asks for all three in **one**
+# `get_simultaneous` call. Where inside the flat `uint8` buffer does each one start?
+#
+# The rule (seed 002, §3.2): view *i* starts at the sum of the sizes of the views before
+# it, each size rounded up to `ALIGNMENT` bytes; the call needs the sum of all rounded
+# sizes. We use tiny shapes first so that the padding is visible.
+
+# %%
+names = ["mid_out", "output", "lse"]
+toy = decode_workspace_shapes(batch_size=2, num_heads=3, head_dim=5, num_kv_splits=4, output_dtype=torch.bfloat16)
+
+m = WorkspaceManager(device)
+views = m.get_simultaneous(*toy)
+lay = m.layout(*toy)
+
+rows = []
+for name, v, off, pad in zip(names, views, lay.offsets, lay.padding):
+    nbytes = v.numel() * v.element_size()
+    rows.append((name, tuple(v.shape), str(v.dtype).removeprefix("torch."), nbytes, pad, off, off % ALIGNMENT))
+show_md(markdown_table(("view", "shape", "dtype", "bytes used", "padding after", "offset", "offset % ALIGNMENT"), rows))
+show_md(f"The call needs **{lay.total_bytes:,} bytes**; the buffer is now **{m.size_bytes():,} bytes**.")
+
+# %%
+ax = viz.plot_layout(lay, names)
+plt.show()
+
+# %% [markdown]
+# **Predict, then run.** Before running the next cell, write down each offset from the
+# rule above, using only the shapes and the dtypes' item sizes. The cell recomputes them
+# from the returned tensors and checks them against the manager — and, on a device with
+# real memory, against the actual addresses of the views inside the buffer.
+
+# %%
+used = [v.numel() * v.element_size() for v in views]
+predicted = [sum(round_up(n, ALIGNMENT) for n in used[:i]) for i in range(len(used))]
+assert list(lay.offsets) == predicted
+assert all(off % ALIGNMENT == 0 for off in lay.offsets)
+assert m.size_bytes() == sum(round_up(n, ALIGNMENT) for n in used) == lay.total_bytes
+if HAS_POINTERS:
+    base = m.buffer().data_ptr()
+    assert [v.data_ptr() - base for v in views] == predicted
+print("offsets predicted:", predicted, "— all checks passed")
+
+# %% [markdown]
+# ### The same arithmetic at full size
+#
+# The bug report's deployment (preset `nemotron-3-super-120b-a12b`, one tensor-parallel
+# rank) runs the same three views with `max_num_seqs` rows. The schematic byte map gives
+# every segment a readable width; the labels carry the true offsets and sizes.
+
+# %%
+cfg = EngineConfig.from_preset("nemotron-3-super-120b-a12b")
+real = decode_workspace_shapes(
+    cfg.max_num_seqs, cfg.num_heads_per_rank, cfg.head_dim, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype
+)
+real_lay = compute_layout(real)
+ax = viz.plot_layout(real_lay, names, schematic=True)
+plt.show()
+show_md(
+    f"Decode scratch for {cfg.max_num_seqs} sequences × {cfg.num_heads_per_rank} query heads per rank × "
+    f"{cfg.tq_max_kv_splits_for_cuda_graph} KV splits × head_dim {cfg.head_dim}: **{real_lay.total_bytes:,} bytes "
+    f"= {format_mb(real_lay.total_bytes)} MB** (vLLM's \"MB\" is 2**20 bytes). Keep this number in mind: "
+    "notebook 02 finds it again."
+)
+
+# %% [markdown]
+# ## 2 · Views share one buffer — and the next call overwrites them
+#
+# **Question.** Every `get_simultaneous` call carves its views from offset 0 of the
+# *same* buffer. What happens to the tensors of the previous call?
+#
+# **The FlashAttention DCP pattern** (seed 002, §6.1). With decode context parallelism the
+# backend asks for a buffer for the context attention output, consumes it (the DCP
+# combine), and only then asks for a second buffer for the query attention output. The
+# second call reuses the first one's bytes: two large outputs never occupy memory at once.
+# The same holds for views a layer keeps as attributes after `__init__` (§6.4): they are
+# only valid inside that layer's compute window. Our own shapes:
+
+# %%
+heads, dcp_world, head_dim = 2, 2, 4
+n_context, n_query = 6, 3
+(context_out,) = m.get_simultaneous(((n_context, heads * dcp_world, head_dim), torch.bfloat16))
+context_out.fill_(1.0)  # "attention over the context" writes its output here
+combined = context_out.float().sum()  # ...and the combine consumes it before the next call
+
+(query_out,) = m.get_simultaneous(((n_query, heads, head_dim), torch.bfloat16))
+query_out.fill_(2.0)  # the query attention writes into the same bytes
+
+ax = viz.plot_byte_maps(
+    [
+        ("1st call: context_out", m.layout(((n_context, heads * dcp_world, head_dim), torch.bfloat16)), ["context_out"]),
+        ("2nd call: query_out", m.layout(((n_query, heads, head_dim), torch.bfloat16)), ["query_out"]),
+    ],
+    buffer_bytes=m.size_bytes(),
+    title="Two calls, one buffer: both start at offset 0",
+)
+plt.show()
+
+# %% [markdown]
+# **Predict, then run.** After `query_out.fill_(2.0)`, what does `context_out` hold?
+# Its first `query_out.numel()` elements now read 2 (they *are* `query_out`'s bytes);
+# the rest still read 1. The combine already ran, so nothing was lost.
+
+# %%
+flat = context_out.flatten()
+k = query_out.numel()
+if device != "meta":
+    assert bool((flat[:k] == 2).all()) and bool((flat[k:] == 1).all())
+    assert combined.item() == context_out.numel()  # computed before the overwrite
+if HAS_POINTERS:
+    assert query_out.data_ptr() == context_out.data_ptr() == m.buffer().data_ptr()
+print(f"context_out now holds {k} overwritten and {flat.numel() - k} original elements")
+
+# %% [markdown]
+# **The fused-MoE pattern** (seed 002, §6.2). A fused MoE layer needs three intermediate
+# buffers, but the first (`workspace13`) and the last (`fused_out`) are never alive at the
+# same time. So it asks for *two* views — a shared region big enough for either, and
+# `workspace2` — and reshapes the shared region twice. Three logical buffers, two
+# physical regions. Our own shapes: a few tokens, top-k experts, made-up widths.
+
+# %%
+tokens, top_k, inter, hidden = 5, 2, 16, 8
+ws13_shape = (tokens * top_k, max(2 * inter, hidden))
+ws2_shape = (tokens * top_k, inter)
+fused_out_shape = (tokens, hidden)
+dt = torch.bfloat16
+
+shared_numel = max(math.prod(ws13_shape), math.prod(fused_out_shape))
+common, workspace2 = m.get_simultaneous(((shared_numel,), dt), (ws2_shape, dt))
+workspace13 = common[: math.prod(ws13_shape)].view(ws13_shape)
+fused_out = common[: math.prod(fused_out_shape)].view(fused_out_shape)
+
+naive = compute_layout(((ws13_shape, dt), (ws2_shape, dt), (fused_out_shape, dt)))
+shared = compute_layout((((shared_numel,), dt), (ws2_shape, dt)))
+ax = viz.plot_byte_maps(
+    [
+        ("three separate views", naive, ["workspace13", "workspace2", "fused_out"]),
+        ("shared region + workspace2", shared, ["workspace13 / fused_out", "workspace2"]),
+    ],
+    title="Fused MoE: workspace13 and fused_out share one region",
+)
+plt.show()
+show_md(
+    f"Separate views need **{naive.total_bytes:,} bytes**; sharing needs **{shared.total_bytes:,} bytes** "
+    f"(saves {naive.total_bytes - shared.total_bytes:,} bytes, "
+    f"{100 * (naive.total_bytes - shared.total_bytes) / naive.total_bytes:.0f} %)."
+)
+
+# %% [markdown]
+# **Predict, then run.** `workspace13` and `fused_out` start at the same address as
+# `common`; `workspace2` starts right after the shared region, rounded up to `ALIGNMENT`.
+
+# %%
+assert shared.offsets[1] == round_up(shared_numel * dt.itemsize, ALIGNMENT)
+if HAS_POINTERS:
+    assert workspace13.data_ptr() == fused_out.data_ptr() == common.data_ptr()
+    assert workspace2.data_ptr() - common.data_ptr() == shared.offsets[1]
+print("shared region checks passed; workspace2 starts at byte", shared.offsets[1])
+
+# %% [markdown]
+# ## 3 · Growth: free first, then allocate
+#
+# **Question.** A request that does not fit makes the slot grow. How much workspace memory
+# exists at the worst moment of that growth?
+#
+# `resize_` (or "allocate the new buffer, then drop the old one") holds both at once:
+# old + new. vLLM drops its reference to the old buffer *first* (seed 002, §3.3.1), so the
+# peak is only the new size. `tqlab` can do either (`growth_policy=`), and every resize
+# event records `peak_bytes`. The accounting below uses the `meta` device, which allocates
+# nothing, so the sizes can be realistic. With two DBO slots, vLLM today grows only the
+# slot that asked; seed 002 describes growing every slot (`grow_all_slots=True`).
+
+# %%
+small, big = 64 * MiB, 128 * MiB
+
+
+def grow_scenario(slots: int, policy: str, grow_all: bool = False) -> dict:
+    """Every slot to `small`, then slot 0 to `big`; report the peak and what stays live."""
+    w = WorkspaceManager("meta", slots, growth_policy=policy, grow_all_slots=grow_all)
+    for s in range(slots):
+        with ubatch_context(s):
+            w.get_simultaneous(((small,), torch.uint8))
+    n_before = len(w.events)
+    w.get_simultaneous(((big,), torch.uint8))
+    growth = w.events[n_before:]
+    return {
+        "peak": max(e.peak_bytes for e in growth),
+        "live": w.live_bytes(),
+        "sizes": w.sizes_bytes(),
+    }
+
+
+scenarios = {
+    "1 slot, free then allocate (vLLM)": grow_scenario(1, "free_then_allocate"),
+    "1 slot, allocate then free (resize_)": grow_scenario(1, "allocate_then_free"),
+    "2 slots, free then allocate, requesting slot only (vLLM)": grow_scenario(2, "free_then_allocate"),
+    "2 slots, free then allocate, every slot (seed 002)": grow_scenario(2, "free_then_allocate", grow_all=True),
+}
+show_md(
+    markdown_table(
+        ("scenario", "peak during growth (MiB)", "live after (MiB)", "slot sizes after (MiB)"),
+        [
+            (k, f"{v['peak'] / MiB:.0f}", f"{v['live'] / MiB:.0f}", " / ".join(f"{s / MiB:.0f}" for s in v["sizes"]))
+            for k, v in scenarios.items()
+        ],
+    )
+)
+ax = viz.plot_bars(
+    list(scenarios),
+    [v["peak"] / MiB for v in scenarios.values()],
+    ylabel="peak workspace during growth (MiB)",
+    fmt="{:.0f} MiB",
+    hline=big / MiB,
+    hline_label="the new size",
+    title=f"Growing slot 0 from {small // MiB} MiB to {big // MiB} MiB",
+    horizontal=True,
+)
+plt.show()
+
+# %% [markdown]
+# **Predict, then run.** One slot, free-then-allocate: the peak equals the new size.
+# Allocate-then-free: old + new. Two slots, vLLM's way: slot 1 keeps its old size and the
+# peak is slot 1 + the new slot 0. Seed 002's way: both slots end at the new size.
+
+# %%
+one_vllm, one_resize, two_vllm, two_all = scenarios.values()
+assert one_vllm["peak"] == big
+assert one_resize["peak"] == small + big
+assert two_vllm["peak"] == two_vllm["live"] == small + big and two_vllm["sizes"] == [big, small]
+assert two_all["live"] == 2 * big and two_all["sizes"] == [big, big]
+print("growth accounting checks passed")
+
+# %% [markdown]
+# ### Growth moves the buffer — views taken before it go stale
+#
+# Growth allocates a *new* buffer. A view handed out before the growth still points into
+# the old one: writes through it never reach the workspace again. (It also keeps the old
+# memory alive: the free in "free then allocate" happens only when nobody holds a view.)
+# A CUDA graph captured with the old address would replay into that old memory — this is
+# why vLLM locks the workspace after capture (seed 002, §8).
+
+# %%
+g = WorkspaceManager(device)
+(early,) = g.get_simultaneous(((4096,), torch.uint8))
+g.get_simultaneous(((4 * 4096,), torch.uint8))  # grows
+if HAS_POINTERS:
+    old_addr = early.untyped_storage().data_ptr()
+    new_addr = g.buffer().untyped_storage().data_ptr()
+    print(f"view taken before growth lives at {old_addr:#x}; the workspace is now at {new_addr:#x}")
+    assert old_addr != new_addr  # the old storage is still alive (the view holds it), so the new one cannot be there
+else:
+    print("meta device: no addresses to compare")
+
+# %% [markdown]
+# ### On a GPU: the allocator's own peak
+#
+# The table above is bookkeeping. On CUDA, `torch.cuda.max_memory_allocated()` measures
+# it. Without CUDA this cell shows a recording from `data/workspace_growth_peak_cuda.json`
+# (with its provenance) when one exists.
+
+# %%
+REC = "workspace_growth_peak_cuda"
+if device.startswith("cuda"):
+    measured = {}
+    for policy in ("free_then_allocate", "allocate_then_free"):
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        w = WorkspaceManager(device, growth_policy=policy)
+        w.get_simultaneous(((small,), torch.uint8))
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated() - small  # memory that is not this workspace
+        torch.cuda.reset_peak_memory_stats()
+        w.get_simultaneous(((big,), torch.uint8))
+        torch.cuda.synchronize()
+        measured[policy] = torch.cuda.max_memory_allocated() - base
+        del w
+    show_md(
+        markdown_table(
+            ("growth policy", "measured peak (MiB)", "bookkeeping peak (MiB)"),
+            [
+                ("free_then_allocate", f"{measured['free_then_allocate'] / MiB:.0f}", f"{one_vllm['peak'] / MiB:.0f}"),
+                ("allocate_then_free", f"{measured['allocate_then_free'] / MiB:.0f}", f"{one_resize['peak'] / MiB:.0f}"),
+            ],
+        )
+    )
+    assert measured["free_then_allocate"] == one_vllm["peak"]
+    assert measured["allocate_then_free"] == one_resize["peak"]
+elif USE_RECORDED and recorded.has_recorded(REC):
+    rec = recorded.load_recorded(REC)
+    recorded.show_banner(rec.provenance)
+    show_md(
+        markdown_table(
+            ("growth policy", "measured peak (MiB)"),
+            [(k, f"{v / MiB:.0f}") for k, v in rec["peak_bytes"].items()],
+        )
+    )
+else:
+    show_md(
+        f"*No CUDA here and no recording `data/{REC}.json` yet "
+        f"(recordings available: {', '.join(recorded.list_recorded()) or 'none'}); the bookkeeping above stands.*"
+    )
+
+# %% [markdown]
+# ## 4 · The lock, and who asked
+#
+# **Question.** After warm-up and CUDA graph capture, vLLM calls `lock_workspace()`.
+# What happens when something then asks for more than the buffer holds — and how do you
+# find out *which* code asked?
+#
+# The manager walks the call stack to the first frame outside itself and puts
+# `file:line:function` into the error, along with both sizes in MB (2**20 bytes, two
+# decimals). Nothing changes: same buffer, same contents, still locked.
+
+# %%
+lk = WorkspaceManager(device)
+lk.get_simultaneous(*real)  # warm-up: the buffer grows to what the decode kernel needs
+lk.lock()
+
+
+def my_long_context_kernel(n_tokens: int):
+    """A stand-in consumer whose scratch grows with the context length."""
+    return lk.get_simultaneous(((n_tokens, cfg.head_dim), torch.float16))
+
+
+size_before, events_before = lk.size_bytes(), len(lk.events)
+ptr_before = lk.buffer().data_ptr() if HAS_POINTERS else None
+contents_before = lk.buffer().clone() if device != "meta" else None
+
+my_long_context_kernel(8)  # fits: served from the existing buffer, nothing recorded
+try:
+    my_long_context_kernel(4096)
+except WorkspaceLockedError as exc:
+    err = exc
+    viz.show_error(err, "WorkspaceLockedError (an AssertionError, as vLLM raises)")
+else:
+    raise AssertionError("a locked workspace accepted a larger request")
+
+show_md(
+    markdown_table(
+        ("attribute", "value"),
+        [
+            ("caller", f"`{err.caller}`"),
+            ("required_bytes", f"{err.required_bytes:,} ({format_mb(err.required_bytes)} MB)"),
+            ("current_bytes", f"{err.current_bytes:,} ({format_mb(err.current_bytes)} MB)"),
+            ("ubatch slot", err.ubatch),
+        ],
+    )
+)
+
+# %% [markdown]
+# **Predict, then run.** The required size is the request's bytes rounded up to
+# `ALIGNMENT`; the caller is our function, not the manager; the workspace is untouched and
+# the violation is in the event log.
+
+# %%
+assert isinstance(err, AssertionError)
+assert err.required_bytes == round_up(4096 * cfg.head_dim * torch.float16.itemsize, ALIGNMENT)
+assert err.current_bytes == size_before
+assert err.caller.endswith(":my_long_context_kernel")
+assert f"requires {format_mb(err.required_bytes)} MB, current size is {format_mb(size_before)} MB" in str(err)
+assert lk.is_locked() and lk.size_bytes() == size_before
+assert len(lk.events) == events_before + 1 and lk.events[-1].kind == "violation"
+if HAS_POINTERS:
+    assert lk.buffer().data_ptr() == ptr_before
+if contents_before is not None:
+    assert torch.equal(lk.buffer(), contents_before)
+print("lock checks passed")
+
+# %% [markdown]
+# **A workspace locked before anyone asked.** If a start-up path locks before any
+# consumer ran, the buffer is empty and the very first decode fails: the message then
+# reports a current size of zero. Predict the required size of the first decode request
+# below (one sequence of a wide model with a large head_dim) from section 1's rule, then run.
+
+# %%
+empty = WorkspaceManager(device)
+empty.lock()
+first_decode = decode_workspace_shapes(1, 24, 256, 32, torch.bfloat16)
+try:
+    empty.get_simultaneous(*first_decode)
+except WorkspaceLockedError as exc:
+    viz.show_error(exc)
+    assert exc.current_bytes == 0
+    assert exc.required_bytes == compute_layout(first_decode).total_bytes
+    print(f"needed {exc.required_bytes:,} bytes = {format_mb(exc.required_bytes)} MB")
+else:
+    raise AssertionError("an empty locked workspace accepted a request")
+
+# %% [markdown]
+# ### Reserve the maximum first, then slice (seed 002, §6.3)
+#
+# The sparse-attention indexer shows the healthy pattern: during profiling it asks once
+# for *all* its buffers at their largest; afterwards each path asks for a subset and
+# slices what it needs. After the lock nothing grows. This is exactly what the fix of
+# notebook 03 does for TurboQuant.
+
+# %%
+ix = WorkspaceManager(device)
+max_tokens, key_dim, topk_scratch = 64, 16, 512
+ix.get_simultaneous(  # profiling: everything at once, at the maximum
+    ((max_tokens, key_dim), torch.bfloat16), ((max_tokens, 4), torch.uint8), ((topk_scratch,), torch.uint8)
+)
+ix.lock()
+n_locked_events = len(ix.events)
+k_full, scale_full = ix.get_simultaneous(((max_tokens, key_dim), torch.bfloat16), ((max_tokens, 4), torch.uint8))
+for chunk in (10, 37, 64):  # prefill chunks use the first rows
+    k_chunk, s_chunk = k_full[:chunk], scale_full[:chunk]
+(topk_ws,) = ix.get_simultaneous(((topk_scratch,), torch.uint8))  # the decode path
+assert len(ix.events) == n_locked_events  # no growth, no violation after the lock
+print(f"after the lock: {len(ix.events) - n_locked_events} workspace events; buffer stays {ix.size_bytes():,} bytes")
+
+# %% [markdown]
+# ## 5 · DBO: one buffer per ubatch slot, one slot per thread
+#
+# **Question.** With dual-batch overlap (DBO), two threads run two micro-batches at the
+# same time. Do they trample each other's scratch?
+#
+# No: the manager keeps one buffer per ubatch slot, and each thread works in its own slot
+# (vLLM maps thread ids to slots; `tqlab` uses a context variable, `ubatch_context(i)`).
+
+# %%
+dbo = WorkspaceManager(device, num_ubatches=2)
+start = threading.Barrier(2)
+seen = {}
+
+
+def ubatch_worker(slot: int, nbytes: int) -> None:
+    with ubatch_context(slot):
+        start.wait()  # both threads ask at the same moment
+        (v,) = dbo.get_simultaneous(((nbytes,), torch.uint8))
+        seen[slot] = {"slot seen": current_ubatch_id(), "thread": threading.get_ident(),
+                      "storage": v.untyped_storage().data_ptr() if HAS_POINTERS else None}
+
+
+requests = {0: 4096, 1: 1024}
+threads = [threading.Thread(target=ubatch_worker, args=(s, n)) for s, n in requests.items()]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+
+show_md(
+    markdown_table(
+        ("slot", "thread id", "slot the thread saw", "slot size after (bytes)"),
+        [(s, seen[s]["thread"], seen[s]["slot seen"], dbo.size_bytes(s)) for s in sorted(seen)],
+    )
+)
+ax = viz.plot_workspace_timeline(dbo.events, title="Two ubatch slots grow independently")
+plt.show()
+
+# %% [markdown]
+# **Predict, then run.** Each thread saw its own slot; each slot grew to its own request
+# (rounded up); the main thread is still in slot 0; on real memory the two buffers differ.
+
+# %%
+assert all(seen[s]["slot seen"] == s for s in requests)
+assert dbo.sizes_bytes() == [round_up(n, ALIGNMENT) for n in requests.values()]
+assert current_ubatch_id() == 0
+if HAS_POINTERS:
+    assert seen[0]["storage"] != seen[1]["storage"]
+print("DBO slot checks passed")
+
+# %% [markdown]
+# **The sibling-slot trap.** Warm up only slot 0, lock, and slot 1's first request fails —
+# its buffer is still empty. The message prints both sizes with two decimals in MB, which
+# can read the same for a small request; the exception's byte counts tell them apart.
+
+# %%
+sib = WorkspaceManager(device, num_ubatches=2)
+sib.get_simultaneous(((4096,), torch.uint8))  # slot 0 only
+sib.lock()
+try:
+    with ubatch_context(1):
+        sib.get_simultaneous(((512,), torch.uint8))
+except WorkspaceLockedError as exc:
+    viz.show_error(exc)
+    print(f"bytes: required {exc.required_bytes}, current {exc.current_bytes} (slot {exc.ubatch})")
+    assert exc.ubatch == 1 and exc.current_bytes == 0 and exc.required_bytes == round_up(512, ALIGNMENT)
+else:
+    raise AssertionError("slot 1 grew after the lock")
+
+# %% [markdown]
+# ## 6 · The debug log
+#
+# vLLM prints every resize, lock and unlock when `VLLM_DEBUG_WORKSPACE=1`. `tqlab` does
+# the same with `TQLAB_DEBUG_WORKSPACE=1` (and logs violations too). `viz.debug_workspace_log()`
+# turns it on for a block and collects the lines.
+
+# %%
+dbg = WorkspaceManager(device, num_ubatches=2)
+with viz.debug_workspace_log() as log_lines:
+    dbg.get_simultaneous(*real)
+    with ubatch_context(1):
+        dbg.get_simultaneous(*real)
+    dbg.lock()
+    try:
+        dbg.get_simultaneous(((MiB,), torch.uint8))
+    except WorkspaceLockedError:
+        pass
+    dbg.unlock()
+_ = dbg.get_simultaneous(((MiB,), torch.uint8))  # outside the block: logged nowhere
+
+# %% [markdown]
+# **Predict, then run.** One line per event inside the block (resize, resize, lock,
+# violation, unlock), none for the resize after it, and the variable is restored.
+
+# %%
+import os
+
+kinds_inside = [e.kind for e in dbg.events[:-1]]
+assert len(log_lines) == len(kinds_inside) == 5
+assert all(line.startswith("[WORKSPACE DEBUG]") for line in log_lines)
+assert "Resized workspace" in log_lines[0] and "Resized workspace" in log_lines[1]
+assert "Workspace locked" in log_lines[2] and "violation" in log_lines[3] and "Workspace unlocked" in log_lines[4]
+assert os.environ.get("TQLAB_DEBUG_WORKSPACE") in (None, "0", "")
+print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize was not logged")
+
+# %% [markdown]
+# ## 7 · The lifecycle: init → warm-up → lock → serve → re-warm
+#
+# **Question.** How do the pieces fit together in an engine's life (seed 002, §4)?
+#
+# 1. **init** — `init_workspace_manager(device, num_ubatches)`: slots exist, empty.
+# 2. **warm-up / capture** — every consumer runs once; decode buckets go largest first,
+#    so the buffer grows once, to the largest decode batch.
+# 3. **lock** — `lock_workspace()`: sizes and addresses are frozen (CUDA graphs recorded them).
+# 4. **serve** — every call fits, nothing is allocated, addresses never change... until a
+#    request asks for more than warm-up ever did: a violation (the bug of notebook 02).
+# 5. **re-warm** — elastic EP scaling unlocks, warms up again and re-locks (seed 002, §6.5).
+#    `rewarm_workspace()` re-locks even when the warm-up raises.
+#
+# We drive the module-level helpers with vLLM's names, using the per-rank shapes of the
+# bug report's deployment.
+
+# %%
+reset_workspace_manager()
+phase_marks = []
+ws = init_workspace_manager(device, num_ubatches=1)
+phase_marks.append(("init", len(ws.events)))
+
+for batch in sorted(cfg.capture_sizes(), reverse=True):  # warm-up + capture, largest first
+    current_workspace_manager().get_simultaneous(
+        *decode_workspace_shapes(batch, cfg.num_heads_per_rank, cfg.head_dim, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype)
+    )
+phase_marks.append(("warm-up + capture", len(ws.events)))
+
+lock_workspace()
+phase_marks.append(("lock", len(ws.events)))
+ptrs_at_lock = ws.data_ptrs()
+
+for batch in (1, 3, cfg.max_num_seqs, 2):  # decode steps: every call fits
+    current_workspace_manager().get_simultaneous(
+        *decode_workspace_shapes(batch, cfg.num_heads_per_rank, cfg.head_dim, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype)
+    )
+assert ws.data_ptrs() == ptrs_at_lock  # the addresses CUDA graphs recorded are still right
+long_chunk = continuation_workspace_shapes(cfg.max_num_batched_tokens, cfg.num_kv_heads_per_rank, cfg.head_dim, cfg.block_size)
+try:  # a long prompt's continuation-prefill chunk
+    current_workspace_manager().get_simultaneous(*long_chunk)
+except WorkspaceLockedError as exc:
+    serve_error = exc
+phase_marks.append(("serve", len(ws.events)))
+
+with rewarm_workspace():  # elastic-EP style: unlock, warm up again (now with the reservation), re-lock
+    for call in reservation_plan(cfg):
+        current_workspace_manager().get_simultaneous(*call)
+phase_marks.append(("re-warm", len(ws.events)))
+
+ax = viz.plot_workspace_timeline(ws.events, phase_marks, title="One workspace's life, from its event log")
+plt.show()
+viz.show_error(serve_error, "The violation while serving (caught)")
+
+# %% [markdown]
+# **Predict, then run.** Warm-up grew the buffer once (largest bucket first) to the decode
+# layout of section 1; serving kept the addresses; the re-warm left it locked and big
+# enough for the long chunk. And `rewarm_workspace()` re-locks even if the warm-up raises.
+
+# %%
+resizes_in_warmup = [e for e in ws.events[: phase_marks[1][1]] if e.kind == "resize"]
+assert len(resizes_in_warmup) == 1 and resizes_in_warmup[0].new_bytes == real_lay.total_bytes
+assert ws.is_locked()
+current_workspace_manager().get_simultaneous(*long_chunk)  # fits now
+
+try:
+    with rewarm_workspace():
+        raise RuntimeError("warm-up failed half-way")
+except RuntimeError:
+    pass
+assert ws.is_locked()  # re-locked anyway
+
+reset_workspace_manager()
+assert not is_workspace_manager_initialized()
+print("lifecycle checks passed; the manager is reset")
+
+# %% [markdown]
+# ## What to take to notebook 02
+#
+# * One buffer per slot, views at `ALIGNMENT`-byte offsets from 0, overwritten by the next call.
+# * Growth happens only while unlocked; the lock turns growth into an error that names the caller.
+# * Warm-up decides the locked size. Anything warm-up never asked for fails after the lock.
+
+# %%
+show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s on `{device}`.*")
