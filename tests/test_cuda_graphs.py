@@ -490,7 +490,8 @@ def test_cuda_cases_a_b_c():
 @gpu
 def test_notebook_05_runs_every_live_cell_on_cuda(tmp_path):
     log = Path(os.environ.get("TQLAB_NB05_LOG") or tmp_path / "nb05_live.json")
-    env = dict(os.environ, DEVICE="cuda", TQLAB_NB05_LOG=str(log), MPLBACKEND="Agg")
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, DEVICE="cuda", TQLAB_NB05_LOG=str(log), MPLBACKEND="Agg", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, "05_cuda_graphs_live.py"], cwd=ROOT / "notebooks", env=env,
                           capture_output=True, text=True, timeout=480)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -95,12 +95,15 @@ __all__ = [
     "capture_order_demo",
     "check_workspace",
     "decode_shapes_for",
+    "format_table",
     "install_decode_runner",
+    "jsonable",
     "late_warmup_demo",
     "load_recorded",
     "make_demo_config",
     "make_engine",
     "make_graph_safe",
+    "plot_latency",
     "measure_decode_latency",
     "nonmonotonic_demo",
     "pointer_stability_demo",
@@ -1487,3 +1490,57 @@ def jsonable(obj):
     if isinstance(obj, float) and not math.isfinite(obj):
         return str(obj)
     return obj
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[str], *, hex_cols: Sequence[str] = ()) -> str:
+    """Plain-text table of ``rows`` (dicts) for notebook output; ``hex_cols`` are printed as ``0x...``."""
+
+    def fmt(col, v):
+        if v is None:
+            return "-"
+        if col in hex_cols and isinstance(v, int):
+            return f"0x{v:x}"
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        if isinstance(v, (list, tuple)):
+            return "[" + ", ".join(fmt(col, x) for x in v) + "]"
+        return str(v)
+
+    cells = [[fmt(c, r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
+    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
+    return "\n".join([line(list(columns)), line(["-" * w for w in widths])] + [line(r) for r in cells])
+
+
+def plot_latency(results: dict, *, title: str = "", ax=None):
+    """Eager vs replay vs summed kernel time (microseconds, log scale) against batch, one line set per model.
+
+    ``results``: ``{label: measure_decode_latency(...) result}``. Returns the matplotlib figure.
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        fig, axes = plt.subplots(1, max(1, len(results)), figsize=(5.5 * max(1, len(results)), 3.8), squeeze=False)
+        axes = list(axes[0])
+    else:
+        fig, axes = ax.figure, [ax] * len(results)
+    for a, (label, res) in zip(axes, results.items()):
+        rows = res["rows"]
+        xs = [r["batch"] for r in rows]
+        a.plot(xs, [r["eager_us"] for r in rows], "o-", label="eager step")
+        a.plot(xs, [r["replay_us"] for r in rows], "s-", label="graph replay")
+        a.plot(xs, [r["run_us"] for r in rows], "^--", label="runner step (copy+pad+guard+replay)")
+        ks = [r["kernel_sum_replay_us"] for r in rows]
+        if any(k for k in ks):
+            a.plot(xs, ks, "k:", label="summed kernel time (profiler)")
+        a.set_xscale("log", base=2)
+        a.set_yscale("log")
+        a.set_xlabel("decode batch (requests)")
+        a.set_ylabel("microseconds per decode step")
+        a.set_title(f"{label}: {res['num_hidden_layers']} layers, {res['kv_cache_dtype']}")
+        a.grid(True, which="both", alpha=0.3)
+        a.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    return fig

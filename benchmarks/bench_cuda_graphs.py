@@ -1,0 +1,105 @@
+"""Eager vs CUDA-graph replay latency of one decode step, recorded to ``data/cuda_graphs_latency.json``.
+
+Two models on one rank, TurboQuant KV cache, every decode bucket captured by
+the engine (``tqlab.cuda_graphs.CUDAGraphDecodeRunner``):
+
+* ``seed``  -- the bug report's deployment (``nemotron-3-super-120b-a12b`` preset,
+  TP 8): 4 query heads, 1 KV head, head_dim 128, 8 attention layers,
+  ``max_num_seqs`` 4; batches 1..4.
+* ``llama`` -- a 32-layer model (``llama-3.1-8b`` preset, TP 1): 32 query heads,
+  8 KV heads, head_dim 128, ``max_num_seqs`` 256; batches 1, 2, 4, ..., 256.
+
+Per batch: median of ``--iters`` CUDA-event timings after ``--warmup`` runs, for
+the eager step, a bare replay and the runner's full step (guard + copy into the
+static inputs + padding + replay), plus the summed device time of the replay's
+kernels under torch.profiler. Targets from issue 4: replay >= 5x faster than
+eager at batch 1; replay within 1.3x of the summed kernel time.
+
+Usage (needs CUDA; exits with status 2 and a message otherwise)::
+
+    python benchmarks/bench_cuda_graphs.py --out data/cuda_graphs_latency.json
+    python benchmarks/bench_cuda_graphs.py --models seed --iters 10 --out /tmp/x.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from tqlab import cuda_graphs as cg  # noqa: E402
+from tqlab.config import EngineConfig  # noqa: E402
+
+MODELS = {
+    "seed": dict(preset="nemotron-3-super-120b-a12b", batches=[1, 2, 3, 4], overrides={}),
+    "llama": dict(preset="llama-3.1-8b", batches=[1, 2, 4, 8, 16, 32, 64, 128, 256], overrides={}),
+}
+
+TARGETS = {"speedup_at_batch_1_min": 5.0, "replay_over_kernel_sum_max": 1.3}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "data" / "cuda_graphs_latency.json"))
+    ap.add_argument("--models", default="seed,llama", help="comma-separated: " + ",".join(MODELS))
+    ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--context-len", type=int, default=512)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_cuda_graphs.py needs a CUDA device (torch.cuda.is_available() is False); nothing recorded",
+              file=sys.stderr)
+        return 2
+    names = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in names if m not in MODELS]
+    if bad:
+        print(f"unknown model(s) {bad}; choose from {sorted(MODELS)}", file=sys.stderr)
+        return 2
+    cmd = "python benchmarks/bench_cuda_graphs.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    out = {"provenance": cg.provenance(cmd.strip()), "targets": TARGETS, "results": {}, "errors": {}}
+    for name in names:
+        spec = MODELS[name]
+        cfg = EngineConfig.from_preset(spec["preset"], **spec["overrides"])
+        t0 = time.perf_counter()
+        try:
+            res = cg.measure_decode_latency(cfg, "cuda", batch_sizes=spec["batches"], context_len=args.context_len,
+                                            iters=args.iters, warmup=args.warmup, label=name)
+        except Exception as e:  # record and go on with the next model
+            out["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
+            print(f"[{name}] FAILED: {e}", file=sys.stderr)
+            continue
+        res["wall_s"] = time.perf_counter() - t0
+        out["results"][name] = res
+        for r in res["rows"]:
+            ks = r["kernel_sum_replay_us"]
+            print(f"[{name}] batch {r['batch']:>3} (bucket {r['bucket']:>3}): eager {r['eager_us']:9.1f} us  "
+                  f"replay {r['replay_us']:8.1f} us  run {r['run_us']:8.1f} us  kernels {ks if ks is None else round(ks, 1)} us  "
+                  f"speedup {r['speedup']:5.1f}x  |diff| {r['max_abs_diff']:.2e}", flush=True)
+    summary = {}
+    for name, res in out["results"].items():
+        b1 = next((r for r in res["rows"] if r["batch"] == 1), None)
+        ratios = [r["replay_over_kernel_sum"] for r in res["rows"] if r["replay_over_kernel_sum"]]
+        summary[name] = {
+            "speedup_at_batch_1": b1["speedup"] if b1 else None,
+            "speedup_target_met": bool(b1 and b1["speedup"] >= TARGETS["speedup_at_batch_1_min"]),
+            "replay_over_kernel_sum": {"min": min(ratios), "max": max(ratios)} if ratios else None,
+            "kernel_sum_target_met_all_batches": bool(ratios) and max(ratios) <= TARGETS["replay_over_kernel_sum_max"],
+        }
+    out["summary"] = summary
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(cg.jsonable(out), indent=2))
+    print(json.dumps(summary, indent=2))
+    return 0 if not out["errors"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
