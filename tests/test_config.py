@@ -203,7 +203,7 @@ def _preset_params():
         yield pytest.param(name, marks=marks, id=name)
 
 
-@pytest.mark.parametrize("name", _preset_params())
+@pytest.mark.parametrize("name", list(_preset_params()))
 def test_every_preset_is_valid_and_cites_its_source(name):
     raw = json.loads((PRESET_DIR / f"{name}.json").read_text())
     assert raw == load_preset(name)

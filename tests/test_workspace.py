@@ -168,12 +168,29 @@ def test_repeated_signature_returns_the_same_views_without_growth():
     n = len(ws.events)
     again = ws.get_simultaneous(((8, 4), f32), ((3,), f16))
     assert [t.data_ptr() for t in again] == [t.data_ptr() for t in first]
-    assert all(x is y for x, y in zip(first, again))
+    assert [tuple(t.shape) for t in again] == [(8, 4), (3,)]
     assert len(ws.events) == n  # no resize
     # list shapes (unhashable) give equal views too
     listed = ws.get_simultaneous(([8, 4], f32), ([3], f16))
     assert [t.data_ptr() for t in listed] == [t.data_ptr() for t in first]
     assert [tuple(t.shape) for t in listed] == [(8, 4), (3,)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG tqlab/workspace.py: the per-signature view cache returns the same tensor objects, so an "
+    "in-place metadata op by one caller (t_, unsqueeze_, ...) changes the shape later callers get",
+)
+def test_views_have_the_requested_shape_even_after_a_caller_reshaped_one_in_place():
+    ws = WorkspaceManager("cpu")
+    (a,) = ws.get_simultaneous(((4, 8), f32))
+    a.t_()
+    (b,) = ws.get_simultaneous(((4, 8), f32))
+    assert tuple(b.shape) == (4, 8)
+    (c,) = ws.get_simultaneous(((2, 3), f32))
+    c.unsqueeze_(0)
+    (d,) = ws.get_simultaneous(((2, 3), f32))
+    assert tuple(d.shape) == (2, 3)
 
 
 def test_torch_size_and_integer_like_dims_are_accepted():
@@ -785,7 +802,7 @@ request_st = st.tuples(
 call_st = st.lists(request_st, min_size=0, max_size=8)
 
 
-@settings(max_examples=150)
+@settings(max_examples=100)
 @given(calls=st.lists(call_st, min_size=1, max_size=3), slots=st.integers(1, 2))
 def test_views_are_aligned_in_bounds_and_disjoint(calls, slots):
     ws = WorkspaceManager("cpu", slots)
