@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Install vLLM's Python package into a separate CPU-only venv for the parity suite.
+#
+#   bash parity/install.sh            # idempotent: a no-op when the venv already works
+#   PARITY_VENV=/path VLLM_VERSION=0.33.0 bash parity/install.sh
+#
+# What it does (see parity/README.md for why this works and its limits):
+#   1. creates $PARITY_VENV (default .venv-parity/ in the repo root) with python3;
+#   2. installs torch==2.13.0 (the CPU build from the machine's wheel cache) and
+#      the test tools (pytest, hypothesis, numpy);
+#   3. downloads the vLLM wheel (--no-deps), derives its runtime requirements from
+#      the wheel's METADATA with parity/derive_requirements.py (dropping torch,
+#      CUDA/kernel and codec packages) and installs them under a constraint that
+#      pins torch==2.13.0, so nothing can pull a CUDA torch;
+#   4. installs the vLLM wheel itself with --no-deps;
+#   5. checks that the modules the suite needs import, and writes a stamp.
+# Prints the wall time of each step and the total (minutes).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${PARITY_VENV:-$ROOT/.venv-parity}"
+VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
+PYTHON="${PYTHON:-python3}"
+STAMP="$VENV/.parity-installed"
+WANT="vllm==$VLLM_VERSION torch==$TORCH_VERSION"
+
+t0=$(date +%s)
+step() { echo "[parity/install] $(($(date +%s) - t0))s: $*"; }
+
+check_imports() {
+  "$VENV/bin/python" - <<'PY'
+import torch
+assert torch.version.cuda is None, f"parity venv must hold a CPU torch, found CUDA {torch.version.cuda}"
+import vllm.v1.worker.workspace as ws
+from vllm.v1.attention.backends import turboquant_attn as tq
+assert hasattr(tq.TurboQuantMetadataBuilder, "_reserve_workspace"), "vLLM lacks PR #44053"
+import vllm
+print(f"vllm {vllm.__version__} / torch {torch.__version__}: workspace + turboquant_attn import")
+PY
+}
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && check_imports; then
+  step "already installed ($WANT) in $VENV"
+  exit 0
+fi
+
+step "creating venv $VENV"
+"$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
+# pip warns once per package about the machine's optional local index folders; drop that noise only
+quiet() { "$@" 2> >(grep -v "^WARNING: Location 'file://" >&2 || true); }
+
+CONSTRAINTS="$VENV/parity-constraints.txt"
+printf 'torch==%s\n' "$TORCH_VERSION" > "$CONSTRAINTS"
+
+step "installing torch==$TORCH_VERSION (CPU) + test tools"
+quiet "${PIP[@]}" install -q -c "$CONSTRAINTS" "torch==$TORCH_VERSION" numpy pytest hypothesis packaging
+if ! "$VENV/bin/python" -c 'import sys, torch; sys.exit(torch.version.cuda is not None)'; then
+  echo "parity/install: torch==$TORCH_VERSION resolved to a CUDA build; a CPU wheel must be on pip's find-links" >&2
+  exit 1
+fi
+
+WHEELS="$VENV/wheels"
+mkdir -p "$WHEELS"
+step "downloading vllm==$VLLM_VERSION (--no-deps)"
+quiet "${PIP[@]}" download -q --no-deps -d "$WHEELS" "vllm==$VLLM_VERSION"
+WHEEL="$(ls "$WHEELS"/vllm-"$VLLM_VERSION"-*.whl | head -n1)"
+
+step "deriving runtime requirements from $(basename "$WHEEL")"
+"$VENV/bin/python" "$ROOT/parity/derive_requirements.py" "$WHEEL" > "$VENV/vllm-requirements.txt"
+grep -vc '^#' "$VENV/vllm-requirements.txt" | sed 's/^/  kept requirements: /'
+
+step "installing the derived requirements (torch pinned by constraint)"
+quiet "${PIP[@]}" install -q -c "$CONSTRAINTS" -r "$VENV/vllm-requirements.txt"
+
+step "installing the vLLM wheel --no-deps"
+quiet "${PIP[@]}" install -q --no-deps "$WHEEL"
+
+step "checking imports"
+check_imports
+echo "$WANT" > "$STAMP"
+rm -f "$WHEEL"
+t1=$(date +%s)
+echo "$((t1 - t0))" > "$VENV/.parity-install-seconds"
+echo "[parity/install] done in $((t1 - t0)) s ($(awk "BEGIN{printf \"%.1f\", ($t1-$t0)/60}") min)"
