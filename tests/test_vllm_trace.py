@@ -1,0 +1,386 @@
+"""tqlab.vllm_trace without vLLM: the tracer on tqlab's manager and on a vLLM-shaped stand-in,
+engine-argument parsing, config.json reading and the crash predictor.
+
+The same functions are checked against vLLM's own classes in parity/ (own venv).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tqlab.config import EngineConfig
+from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes, plan_bytes, reservation_plan
+from tqlab.vllm_trace import (
+    DEQUANT_CHUNK,
+    SHORT_CHUNK,
+    WorkspaceTracer,
+    chunk_shapes,
+    engine_config_from_vllm,
+    inspect_vllm,
+    locked_bytes_without_fix,
+    parse_engine_args,
+    predict,
+    run_seed_scenario,
+    safe_max_model_len,
+)
+from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
+
+MiB = 1 << 20
+SEED_TAIL = "requires 2.00 MB, current size is 0.26 MB. Workspace growth is not allowed after locking."
+SEED_CMD = (
+    "vllm serve /path/to/Nemotron-3-Super-120B-AWQ-4bit --tensor-parallel-size 8 --gpu-memory-utilization 0.92 "
+    "--max-num-seqs 4 --max-model-len 131072 --trust-remote-code --enable-expert-parallel "
+    "--mamba-ssm-cache-dtype float16 --kv-cache-dtype turboquant_3bit_nc"
+)
+NEMOTRON_CONFIG = {  # the attention fields of a Nemotron-H style config.json (hybrid: '*' = attention layer)
+    "architectures": ["NemotronHForCausalLM"],
+    "num_attention_heads": 32,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "hidden_size": 4096,
+    "num_hidden_layers": 88,
+    "hybrid_override_pattern": "MEMEMEM*E" * 8 + "MEMEMEMEMEMEMEMEM",
+    "torch_dtype": "bfloat16",
+    "max_position_embeddings": 262144,
+}
+
+
+def seed_config(**kw) -> EngineConfig:
+    return EngineConfig.from_preset("nemotron-3-super-120b-a12b", **kw)
+
+
+def _request(manager, reqs):
+    return manager.get_simultaneous(*reqs)
+
+
+# --------------------------------------------------------------------------- #
+# import hygiene                                                              #
+# --------------------------------------------------------------------------- #
+
+
+def test_import_does_not_import_vllm():
+    code = "import sys, tqlab.vllm_trace as t; assert 'vllm' not in sys.modules, sorted(m for m in sys.modules if m.startswith('vllm'))"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    subprocess.run([sys.executable, "-c", code], check=True, env=env)
+
+
+# --------------------------------------------------------------------------- #
+# tracer on tqlab's manager                                                   #
+# --------------------------------------------------------------------------- #
+
+
+def test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation():
+    m = WorkspaceManager("cpu")
+    tracer = WorkspaceTracer(m)
+    dec = decode_workspace_shapes(4, 4, 128, 32, torch.bfloat16)
+    _request(m, dec)
+    _request(m, decode_workspace_shapes(2, 4, 128, 32, torch.bfloat16))
+    m.get_simultaneous(((10,), torch.float32))  # a second caller: this test function
+    m.lock()
+    with pytest.raises(WorkspaceLockedError) as e:
+        _request(m, continuation_workspace_shapes(4096, 1, 128, 16))
+    # attaching did not change the caller the manager itself names
+    assert e.value.caller.endswith(":_request")
+    assert str(e.value).endswith(SEED_TAIL)
+    rep = tracer.report()
+    by = {c["caller"].rsplit(":", 1)[1]: c for c in rep["callers"]}
+    assert by["_request"] == {
+        "caller": by["_request"]["caller"],
+        "requests": 3,
+        "high_water_bytes": 2 * MiB,
+        "last_bytes": 2 * MiB,
+        "growths": 1,
+        "violations": 1,
+        "slots": [0],
+    }
+    assert by["test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation"]["high_water_bytes"] == 256
+    assert rep["size_at_lock_bytes"] == [268544]
+    (v,) = rep["violations"]
+    assert (v["required_bytes"], v["current_bytes"], v["slot"]) == (2 * MiB, 268544, 0)
+    assert v["message"] == str(e.value)
+    assert "VIOLATION slot 0" in tracer.format() and "0.26 MB" in tracer.format()
+    json.dumps(rep)  # JSON-ready
+
+
+def test_tracer_detach_restores_the_instance_and_keeps_records():
+    m = WorkspaceManager("cpu")
+    with WorkspaceTracer(m) as tracer:
+        assert tracer.attached and "get_simultaneous" in vars(m)
+        m.get_simultaneous(((64,), torch.float32))
+    assert not tracer.attached
+    assert not {"get_simultaneous", "lock", "unlock"} & set(vars(m))
+    m.get_simultaneous(((1024,), torch.float32))  # not recorded any more
+    assert tracer.total_requests == 1 and tracer.high_water_bytes() == 256
+
+
+def test_tracer_records_ubatch_slots_and_unlock():
+    m = WorkspaceManager("cpu", 2)
+    tracer = WorkspaceTracer(m)
+    with ubatch_context(1):
+        m.get_simultaneous(((100,), torch.float32))
+    m.lock()
+    m.unlock()
+    assert [r.kind for r in tracer.locks] == ["lock", "unlock"]
+    assert tracer.size_at_lock() == (0, 512)
+    (c,) = tracer.callers.values()
+    assert c.slots == [1]
+
+
+def test_tracer_bad_input_passes_through_to_the_manager():
+    m = WorkspaceManager("cpu")
+    tracer = WorkspaceTracer(m)
+    with pytest.raises(ValueError, match="negative"):
+        m.get_simultaneous(((-1, 4), torch.float32))
+    assert tracer.total_requests == 0 and m.sizes_bytes() == [0]
+
+
+def test_attach_errors():
+    with pytest.raises(TypeError, match="cannot trace"):
+        WorkspaceTracer(object())
+    m = WorkspaceManager("cpu")
+    t = WorkspaceTracer(m)
+    with pytest.raises(ValueError, match="already attached"):
+        t.attach(m)
+
+
+# --------------------------------------------------------------------------- #
+# tracer on a vLLM-shaped manager (the growth path the tracer wraps in vLLM)  #
+# --------------------------------------------------------------------------- #
+
+
+class WorkspaceManager_:  # renamed below to "WorkspaceManager", the name vLLM's caller rule keys on
+    """Stand-in with vLLM 0.33's private surface: ``_current_workspaces``,
+    ``_get_workspace_id()``, ``_ensure_workspace_size(required_bytes)`` (which
+    names the first frame whose qualified name is not ``WorkspaceManager.*``)."""
+
+    def __init__(self, slots=1):
+        self._current_workspaces = [None] * slots
+        self._locked = False
+        self.slot = 0
+
+    def _get_workspace_id(self):
+        return self.slot
+
+    def is_locked(self):
+        return self._locked
+
+    def lock(self):
+        self._locked = True
+
+    def unlock(self):
+        self._locked = False
+
+    def get_simultaneous(self, *reqs):
+        from tqlab.workspace import compute_layout
+
+        lay = compute_layout(reqs)
+        buf = self._ensure_workspace_size(lay.total_bytes)
+        return [buf[o : o + n].view(dt).view(s) for s, dt, n, o in zip(lay.shapes, lay.dtypes, lay.nbytes, lay.offsets)]
+
+    def _ensure_workspace_size(self, required):
+        cur = self._current_workspaces[self.slot]
+        size = 0 if cur is None else cur.numel()
+        if size < required:
+            if self._locked:
+                f = sys._getframe(1)
+                while f.f_code.co_qualname.startswith("WorkspaceManager."):
+                    f = f.f_back
+                raise AssertionError(f"locked; caller {f.f_code.co_name}; {required} > {size}")
+            self._current_workspaces[self.slot] = torch.empty(required, dtype=torch.uint8)
+        return self._current_workspaces[self.slot]
+
+
+WorkspaceManager_.__name__ = WorkspaceManager_.__qualname__ = "WorkspaceManager"
+for _name, _fn in list(vars(WorkspaceManager_).items()):
+    if callable(_fn) and hasattr(_fn, "__code__"):
+        _fn.__code__ = _fn.__code__.replace(co_qualname=f"WorkspaceManager.{_name}")
+VllmLike = WorkspaceManager_
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="co_qualname (vLLM's caller rule) needs Python 3.11")
+def test_tracer_on_vllm_shaped_manager_wraps_the_growth_path():
+    m = VllmLike(slots=2)
+    tracer = WorkspaceTracer(m)
+    assert "_ensure_workspace_size" in vars(m)
+    _request(m, (((100,), torch.float32),))
+    m.slot = 1
+    _request(m, (((10,), torch.float32),))
+    m.lock()
+    with pytest.raises(AssertionError) as e:
+        _request(m, (((1000,), torch.float32),))
+    assert "caller _request" in str(e.value)  # the wrapper frame is skipped like vLLM's own
+    assert tracer.size_at_lock() == (512, 256)
+    (c,) = tracer.callers.values()
+    assert (c.requests, c.high_water_bytes, c.growths, c.violations, c.slots) == (3, 4096, 2, 1, [0, 1])
+    assert tracer.violations[0].current_bytes == 256 and tracer.violations[0].slot == 1
+    tracer.detach()
+    assert "_ensure_workspace_size" not in vars(m)
+
+
+# --------------------------------------------------------------------------- #
+# the seed scenario on tqlab's manager                                        #
+# --------------------------------------------------------------------------- #
+
+
+def test_seed_scenario_tqlab_unfixed_and_fixed():
+    bad = run_seed_scenario(seed_config(), cached_len=4096, fixed=False)
+    assert bad.error is not None and bad.error.endswith(SEED_TAIL)
+    assert "_continuation_prefill" in bad.error
+    assert bad.size_at_lock == (268544,)
+    assert bad.trace["violations"][0]["required_bytes"] == 2 * MiB
+    good = run_seed_scenario(seed_config(), cached_len=4096, fixed=True)
+    assert good.error is None and good.size_at_lock == (64 * MiB,)
+    with pytest.raises(ValueError, match="backend"):
+        run_seed_scenario(backend="sglang")
+
+
+# --------------------------------------------------------------------------- #
+# engine args and config.json                                                 #
+# --------------------------------------------------------------------------- #
+
+
+def test_parse_seed_command_line():
+    args, ignored = parse_engine_args(SEED_CMD)
+    assert args == {
+        "model": "/path/to/Nemotron-3-Super-120B-AWQ-4bit",
+        "tensor_parallel_size": 8,
+        "max_num_seqs": 4,
+        "max_model_len": 131072,
+        "kv_cache_dtype": "turboquant_3bit_nc",
+    }
+    assert ignored == ["gpu_memory_utilization=0.92", "trust_remote_code", "enable_expert_parallel", "mamba_ssm_cache_dtype=float16"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--max-model-len", "128k"], {"max_model_len": 128000}),
+        (["--max-model-len=128K"], {"max_model_len": 131072}),
+        (["-tp", "2", "--no-enable-chunked-prefill"], {"tensor_parallel_size": 2, "enable_chunked_prefill": False}),
+        (["--attention-config", '{"tq_max_kv_splits_for_cuda_graph": 16}'], {"tq_max_kv_splits_for_cuda_graph": 16}),
+        ({"max-num-batched-tokens": "8192", "--enable-dbo": True}, {"max_num_batched_tokens": 8192, "enable_dbo": True}),
+        (None, {}),
+    ],
+)
+def test_parse_engine_args_forms(args, expected):
+    assert parse_engine_args(args)[0] == expected
+
+
+def test_parse_engine_args_bad_value_names_it():
+    with pytest.raises(ValueError, match="--max-model-len must be an integer.*'lots'"):
+        parse_engine_args("--max-model-len lots")
+    with pytest.raises(ValueError, match="--enable-dbo must be true or false"):
+        parse_engine_args({"enable_dbo": "maybe"})
+
+
+def test_engine_config_from_seed_deployment_matches_the_preset():
+    cfg, notes = engine_config_from_vllm(SEED_CMD + " --max-num-batched-tokens 4096", NEMOTRON_CONFIG)
+    preset = seed_config()
+    for f in ("num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers", "tensor_parallel_size",
+              "max_model_len", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype", "dtype", "block_size"):
+        assert getattr(cfg, f) == getattr(preset, f), f
+    assert any("hybrid model" in n for n in notes)
+
+
+def test_engine_config_defaults_and_text_config(tmp_path):
+    raw = {"text_config": {"num_attention_heads": 16, "hidden_size": 2048, "max_position_embeddings": 32768,
+                           "torch_dtype": "float32"}}
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    cfg, notes = engine_config_from_vllm("--kv-cache-dtype turboquant_4bit_nc", tmp_path)
+    assert (cfg.num_key_value_heads, cfg.head_dim, cfg.max_model_len) == (16, 128, 32768)
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.dtype) == (256, 2048, torch.bfloat16)
+    cfg, _ = engine_config_from_vllm({}, tmp_path, gpu_memory_gib=141, usage="llm")
+    assert (cfg.max_num_seqs, cfg.max_num_batched_tokens) == (1024, 16384)
+    with pytest.raises(ValueError, match="no such file"):
+        engine_config_from_vllm({}, tmp_path / "missing.json")
+    with pytest.raises(ValueError, match="num_attention_heads"):
+        engine_config_from_vllm({}, {"hidden_size": 10})
+
+
+# --------------------------------------------------------------------------- #
+# predictor                                                                   #
+# --------------------------------------------------------------------------- #
+
+
+def test_chunk_shapes_paths():
+    cfg = seed_config()
+    assert chunk_shapes(cfg, 0, 4096) == ("prefill", None)
+    assert chunk_shapes(cfg, 4096, 128) == (SHORT_CHUNK, None)  # vLLM 0.33: own buffers, no workspace
+    consumer, shapes = chunk_shapes(cfg, 4096, 128, short_chunks_use_workspace=True)
+    assert consumer == SHORT_CHUNK and shapes == decode_workspace_shapes(128, 4, 128, 32, torch.bfloat16)
+    assert chunk_shapes(cfg, 4096, 129) == (DEQUANT_CHUNK, continuation_workspace_shapes(4096, 1, 128, 16))
+
+
+def test_predict_seed_deployment():
+    cfg = seed_config()
+    p = predict(cfg, [4096, 4224, 4225, 8192])
+    assert p.locked_unfixed == locked_bytes_without_fix(cfg) == 268544
+    assert p.locked_fixed == plan_bytes(reservation_plan(cfg)) == 64 * MiB
+    verdicts = [(r.prompt_tokens, r.crashes_unfixed, r.crashes_fixed, r.need_bytes) for r in p.requests]
+    assert verdicts == [
+        (4096, False, False, 67328),  # one chunk, then decode: (1,4,32,129) f32 + (1,4,128) bf16 + (1,4) f32
+        (4224, False, False, 67328),  # second chunk has 128 new tokens: decode kernel, no workspace
+        (4225, True, False, 2 * MiB),  # 129 new tokens after 4096 cached: the seed's 2.00 MB
+        (8192, True, False, 2 * MiB),
+    ]
+    assert p.first_failing_prompt == 4225
+    assert p.safe_max_model_len_alone == 4224
+    # any chunking: dequant of c cached tokens needs 512*round_up(c, 16) bytes <= 268544 -> c <= 512
+    assert p.safe_max_model_len_any_schedule == 512 + 129
+    assert p.fixed_safe_any_schedule == cfg.max_model_len
+    text = p.format()
+    assert "CRASH without the fix, ok with it" in text and "4225 tokens" in text
+
+
+def test_predict_tqlab_engine_model_and_measured_lock():
+    cfg = seed_config()
+    p = predict(cfg, [4101], short_chunks_use_workspace=True)
+    # tqlab's engine: 5 decode rows for a 5-token continuation chunk exceed 4 rows' worth
+    assert p.requests[0].crashes_unfixed and p.first_failing_prompt == 4101
+    q = predict(cfg, [8192], locked_bytes=2 * MiB)
+    assert q.locked_source == "measured" and not q.requests[0].crashes_unfixed
+    assert q.safe_max_model_len_alone == 4096 * 2 + 128  # chunk 3 (cached 8192) needs 4.00 MB
+    with pytest.raises(ValueError, match="locked_bytes"):
+        predict(cfg, locked_bytes=-1)
+    with pytest.raises(ValueError, match="prompt_tokens"):
+        predict(cfg, [0])
+
+
+def test_predict_notes_for_reservation_gaps():
+    p = predict(seed_config(enable_chunked_prefill=False, max_num_batched_tokens=131072))
+    assert p.locked_fixed == p.locked_unfixed  # decode only: no continuation reservation
+    assert any("prefix-cache hit" in n for n in p.notes)
+    assert p.fixed_safe_any_schedule == 641  # a prefix-cache hit can still crash the fixed engine
+    d = predict(seed_config(enable_dbo=True))
+    assert any("DBO" in n for n in d.notes)
+    auto = predict(seed_config(kv_cache_dtype="auto"))
+    assert auto.requests == [] and auto.locked_unfixed == 0
+
+
+def test_safe_max_model_len_validation():
+    cfg = seed_config()
+    with pytest.raises(ValueError, match="schedule"):
+        safe_max_model_len(cfg, 0, schedule="sometimes")
+    assert safe_max_model_len(cfg, 0, schedule="any") == 129  # up to 129 tokens no chunk takes the dequant path
+    assert safe_max_model_len(cfg, 0, schedule="any", short_chunks_use_workspace=True) is None
+
+
+def test_inspect_vllm_text_json_and_sources(tmp_path):
+    buf = io.StringIO()
+    rep = inspect_vllm(SEED_CMD + " --max-num-batched-tokens 4096", NEMOTRON_CONFIG, prompt_tokens=[8192],
+                       json_path=tmp_path / "r.json", out=buf, demo=False)
+    assert "CRASH without the fix, ok with it" in buf.getvalue()
+    assert json.loads((tmp_path / "r.json").read_text())["prediction"]["first_failing_prompt"] == 4225
+    assert rep["prediction"]["requests"][0]["crashes_unfixed"] is True
+    rep2 = inspect_vllm("--max-num-batched-tokens 2048", preset="nemotron-3-super-120b-a12b", quiet=True)
+    assert rep2["prediction"]["first_failing_prompt"] == 2048 + 129
+    with pytest.raises(ValueError, match="exactly one"):
+        inspect_vllm("--max-model-len 10")
