@@ -66,6 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cmd = "python benchmarks/bench_cuda_graphs.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {"provenance": cg.provenance(cmd.strip()), "targets": TARGETS, "results": {}, "errors": {}}
+    dest = Path(args.out)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every model, so a run cut short keeps what it measured
+        dest.write_text(json.dumps(cg.jsonable(out), indent=2))
     for name in names:
         spec = MODELS[name]
         cfg = EngineConfig.from_preset(spec["preset"], **spec["overrides"])
@@ -76,9 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # record and go on with the next model
             out["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
             print(f"[{name}] FAILED: {e}", file=sys.stderr)
+            save()
             continue
         res["wall_s"] = time.perf_counter() - t0
         out["results"][name] = res
+        save()
         for r in res["rows"]:
             ks = r["kernel_sum_replay_us"]
             print(f"[{name}] batch {r['batch']:>3} (bucket {r['bucket']:>3}): eager {r['eager_us']:9.1f} us  "
@@ -95,8 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             "kernel_sum_target_met_all_batches": bool(ratios) and max(ratios) <= TARGETS["replay_over_kernel_sum_max"],
         }
     out["summary"] = summary
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(cg.jsonable(out), indent=2))
+    save()
     print(json.dumps(summary, indent=2))
     return 0 if not out["errors"] else 1
 

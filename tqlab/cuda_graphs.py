@@ -1297,17 +1297,12 @@ def _kernel_time_us(fn: Callable[[], Any], reps: int) -> tuple[float | None, int
             for _ in range(reps):
                 fn()
             torch.cuda.synchronize()
-        total_ns, count = 0, 0
         try:
-            for e in prof.profiler.kineto_results.events():
-                if e.device_type() == DeviceType.CUDA:
-                    total_ns += e.duration_ns()
-                    count += 1
+            evs = [e for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
+            total_ns, count = sum(e.duration_ns() for e in evs), len(evs)
         except Exception:
-            for e in prof.events():
-                if getattr(e, "device_type", None) == DeviceType.CUDA:
-                    total_ns += int(e.time_range.elapsed_us() * 1000)
-                    count += 1
+            evs = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
+            total_ns, count = sum(int(e.time_range.elapsed_us() * 1000) for e in evs), len(evs)
         if count == 0:
             return None, 0
         return total_ns / 1000.0 / reps, count // reps
