@@ -535,7 +535,7 @@ class ReservationPlanner:
         self.tensor_parallel_size = w.SelectionSlider(options=_TP_OPTIONS, description="tensor_parallel_size", **slider)
         self.block_size = w.SelectionSlider(options=_BLOCK_OPTIONS, description="block_size", **slider)
         self.kv_cache_dtype = w.Dropdown(options=list(KV_CACHE_DTYPES), description="kv_cache_dtype",
-                                         style={"description_width": "200px"})
+                                         style={"description_width": "200px"}, layout=w.Layout(width="420px"))
         self.status = w.HTML()
         self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
         self.summary = w.HTML()
@@ -756,7 +756,8 @@ def lifecycle_figure(traces: Sequence[LifecycleTrace], step: int | None = None):
 
     Serving steps also mark what their largest workspace call needs (black
     tick); a step that raised gets a red X at its need. The grey band is the
-    lock; ``step`` highlights that step index. Returns a matplotlib ``Figure``.
+    lock; ``step`` frames that step index and greys out the steps after it
+    (not taken yet). Returns a matplotlib ``Figure``.
     """
     if not traces:
         raise ValueError("lifecycle_figure needs at least one trace")
@@ -771,10 +772,11 @@ def lifecycle_figure(traces: Sequence[LifecycleTrace], step: int | None = None):
         color = _FIX_COLOR if t.fix else _NOFIX_COLOR
         xs = [s.index for s in t.steps]
         ys = [_mib(s.live_bytes) for s in t.steps]
-        ax.bar(xs, ys, width=0.7, color=color, alpha=0.85)
+        shown = [step is None or x <= step for x in xs]  # steps after the cursor: faded, not yet taken
+        ax.bar(xs, ys, width=0.7, color=[color if v else "#dddddd" for v in shown], alpha=0.85)
         prev = None
-        for x, y in zip(xs, ys):
-            if y != prev:
+        for x, y, v in zip(xs, ys, shown):
+            if y != prev and v:
                 ax.annotate(f"{y:.2f}", (x, y), ha="center", va="bottom", fontsize=7, xytext=(0, 1),
                             textcoords="offset points")
             prev = y
@@ -782,7 +784,7 @@ def lifecycle_figure(traces: Sequence[LifecycleTrace], step: int | None = None):
         ax.plot([s.index for s in serve], [_mib(s.need_bytes) for s in serve], "_", color="black", ms=14, mew=2,
                 label="what the step's largest call needs")
         for s in t.steps:
-            if s.error:
+            if s.error and (step is None or s.index <= step):
                 ax.plot([s.index], [_mib(s.need_bytes)], "x", color=_CRASH_COLOR, ms=11, mew=2.5)
                 ax.annotate(f"needs {_mib(s.need_bytes):.2f} MiB: Workspace is locked",
                             (s.index, _mib(s.need_bytes)), xytext=(-8, 0), textcoords="offset points",
