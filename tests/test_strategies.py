@@ -1,0 +1,343 @@
+"""The four candidate fixes (tqlab.strategies): who survives, who stays graph-safe, and the exact bytes.
+
+One tiny deployment runs every strategy for real on CPU (real arithmetic, a
+few seconds in all). Its numbers, per tensor-parallel rank:
+Hq=2, Hk=1, D=16, float32, 4 KV splits, block 16, max_num_seqs 2,
+max_num_batched_tokens 256, max_model_len 1024.
+
+* unfixed lock = decode views at 2 rows: (2,2,4,17) f32 1088 B -> 1280,
+  (2,2,16) f32 256 B, (2,2) f32 16 B -> 256: 1792 bytes.
+* continuation at cached_len c: 2 x (1,1,c,16) f16 = 64*c bytes.
+* PR #44053's reservation: max(decode at 2 rows, continuation at 1023 -> 1024)
+  = 65536 bytes.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+
+from tqlab import strategies as S
+from tqlab.config import EngineConfig
+from tqlab.engine import LLMEngine
+from tqlab.reservation import first_failing_prompt, workspace_bytes_for_prompt
+from tqlab.workspace import WorkspaceLockedError, format_mb, rewarm_workspace, ubatch_context
+
+TINY = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1, max_model_len=1024,
+            max_num_seqs=2, max_num_batched_tokens=256, block_size=16, dtype="float32",
+            tq_max_kv_splits_for_cuda_graph=4)
+SEED_PROMPT, LONG_PROMPT, DECODE_STEPS = 512, 1015, 8  # 512 = 2 chunks (the seed's 8K prompt, scaled); 1015+9 = 1024
+
+
+@pytest.fixture(scope="module")
+def tiny() -> EngineConfig:
+    return EngineConfig(**TINY)
+
+
+@pytest.fixture(scope="module")
+def nemotron() -> EngineConfig:
+    return EngineConfig.from_preset("nemotron-3-super-120b-a12b")
+
+
+@pytest.fixture(scope="module")
+def results(tiny):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", S.WorkspaceFallbackWarning)
+        return {s: S.run_strategy(tiny, s, device="cpu", prompts=(SEED_PROMPT, LONG_PROMPT), decode_steps=DECODE_STEPS)
+                for s in S.ALL_STRATEGIES}
+
+
+def _tokens(config, strategy, prompt, max_tokens=3):
+    e = S.make_engine(config, strategy, device="cpu")
+    return e, e.generate(prompt, max_tokens=max_tokens).output_token_ids
+
+
+# --------------------------------------------------------------------------- names and factory
+def test_strategy_names():
+    assert S.STRATEGIES == ("none", "dummy_run", "reserve", "replay_aware", "fallback")
+    assert S.ALL_STRATEGIES == S.STRATEGIES + ("grow_no_recapture",)
+    assert [S.STRATEGY_INFO[s]["seed_fix"] for s in S.STRATEGIES] == ["-", "1", "2", "3", "4"]
+
+
+def test_make_engine_refuses_bad_arguments(tiny):
+    with pytest.raises(ValueError, match="unknown strategy 'reserved'"):
+        S.make_engine(tiny, "reserved")
+    with pytest.raises(ValueError, match="fix= is chosen by the strategy"):
+        S.make_engine(tiny, "none", fix=True)
+    with pytest.raises(ValueError, match="after_profile= is chosen by the strategy"):
+        S.make_engine(tiny, "none", after_profile=lambda e: None)
+    with pytest.raises(TypeError, match="get_simultaneous"):
+        S.FallbackWorkspace(object())
+    e = S.make_engine(tiny, "none")
+    with pytest.raises(ValueError, match="growth_factor must be a number >= 1.0, got 0.5"):
+        S.ReplayAwareWorkspace(e, growth_factor=0.5)
+
+
+def test_make_engine_wires_each_strategy(tiny):
+    kinds = {}
+    for s in S.ALL_STRATEGIES:
+        e = S.make_engine(tiny, s)
+        assert e.strategy == s and e.workspace.is_locked()
+        kinds[s] = type(e.strategy_state).__name__
+        assert e.backend.workspace is (e.workspace if e.strategy_state is None else e.strategy_state)
+        assert e.runner.workspace is e.workspace  # captures keep recording the manager's pointers
+        assert [n for n, _ in e.phase_marks][0] == "start"
+    assert kinds == {"none": "NoneType", "dummy_run": "NoneType", "reserve": "NoneType",
+                     "replay_aware": "ReplayAwareWorkspace", "fallback": "FallbackWorkspace",
+                     "grow_no_recapture": "ReplayAwareWorkspace"}
+    assert S.make_engine(tiny, "grow_no_recapture").strategy_state.recapture is False
+
+
+# --------------------------------------------------------------------------- exact bytes
+def test_unfixed_lock_size_is_what_the_unfixed_engine_locks(tiny, nemotron):
+    assert S.unfixed_locked_bytes(tiny) == 1792
+    assert LLMEngine(tiny, fix=False, device="cpu").locked_bytes == 1792
+    assert S.unfixed_locked_bytes(tiny.replace(enforce_eager=True)) == 0
+    # the bug report's "current size is 0.26 MB"
+    assert S.unfixed_locked_bytes(nemotron) == 268544
+    assert format_mb(S.unfixed_locked_bytes(nemotron)) == "0.26"
+
+
+def test_dummy_run_chunks(tiny, nemotron):
+    assert S.dummy_run_chunks(nemotron) == [(130942, 129), (16, 128)]
+    assert S.dummy_run_chunks(tiny) == [(894, 129), (16, 128)]
+    no_chunking = tiny.replace(enable_chunked_prefill=False, max_num_batched_tokens=1024)
+    assert S.dummy_run_chunks(no_chunking) == []
+
+
+def test_dummy_run_grows_before_capture(tiny):
+    e = S.make_engine(tiny, "dummy_run")
+    names = [p.name for p in e.phases]
+    assert names == ["init_workspace", "build_backend", "profile_run", "after_profile", "capture", "lock"]
+    after = dict((p.name, p.workspace_bytes) for p in e.phases)
+    # decode-kernel chunk of 128 rows: (128,2,4,17) f32 69632 + (128,2,16) f32 16384 + (128,2) f32 1024
+    assert after["profile_run"] == (0,) and after["after_profile"] == (87040,) == after["lock"]
+    assert S.captured_graphs_valid(e)
+    assert e.backend.path_counts["continuation"] == 1 and e.backend.path_counts["decode_kernel"] == 1
+
+
+def test_workspace_vs_max_model_len_seed_deployment(nemotron):
+    (row,) = S.workspace_vs_max_model_len(nemotron, [131072])
+    # 2 x (1, 1, 131072, 128) f16; KV: 102-byte turboquant_3bit_nc slot x 1 KV head x 8 layers x 131072
+    assert row == dict(max_model_len=131072, reserved_bytes=67108864, unfixed_bytes=268544,
+                       kv_bytes=102 * 8 * 131072, share=67108864 / (102 * 8 * 131072))
+
+
+def test_workspace_vs_max_model_len_dbo_doubles(nemotron):
+    one = S.workspace_vs_max_model_len(nemotron, [8192])[0]
+    two = S.workspace_vs_max_model_len(nemotron.replace(enable_dbo=True), [8192])[0]
+    assert one["reserved_bytes"] == 2 * 1 * 8192 * 128 * 2 == 4194304
+    assert two["reserved_bytes"] == 2 * one["reserved_bytes"]
+    assert two["unfixed_bytes"] == 2 * 268544
+
+
+# --------------------------------------------------------------------------- threshold sweep
+def _brute_force_longest(config):
+    lb = S.unfixed_locked_bytes(config)
+    n = 0
+    while n + 1 < config.max_model_len and workspace_bytes_for_prompt(config, n + 1) <= lb:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("budget", [128, 256, 512])
+def test_threshold_sweep_matches_brute_force(tiny, budget):
+    (row,) = S.threshold_sweep(tiny, "max_num_batched_tokens", [budget], progress=False)
+    assert row["longest_prompt"] == _brute_force_longest(tiny.replace(max_num_batched_tokens=budget))
+
+
+def test_threshold_sweep_seed_deployment(nemotron):
+    # 4100 tokens survive: the 2nd chunk (cached 4096) of a 4101-token prompt has 5 new tokens and runs
+    # the decode kernel with 5 rows, one more than the 4 captured.
+    assert S.longest_surviving_prompt(nemotron) == 4100
+    rows = S.threshold_sweep(nemotron, "tensor_parallel_size", [1, 2, 3, 4, 8], progress=False)
+    assert [r["tensor_parallel_size"] for r in rows] == [1, 2, 4, 8]  # TP 3 does not divide 32 heads: skipped
+    rows = S.threshold_sweep(nemotron, "max_num_seqs", [4, 8192], progress=False)
+    assert [r["max_num_seqs"] for r in rows] == [4]  # 8192 > max_num_batched_tokens: invalid, skipped
+    with pytest.raises(ValueError, match="param must be"):
+        S.threshold_sweep(nemotron, "block_size", [16], progress=False)
+
+
+# --------------------------------------------------------------------------- the comparison on CPU
+def test_survival_and_graph_safety(results):
+    survived = {s: [p.survived for p in r.prompts] for s, r in results.items()}
+    assert survived == {
+        "none": [False, False],
+        "dummy_run": [True, True],
+        "reserve": [True, True],
+        "replay_aware": [True, True],
+        "fallback": [True, True],
+        "grow_no_recapture": [True, True],
+    }
+    assert {s: r.survives_max_model_len for s, r in results.items()} == {
+        "none": False, "dummy_run": True, "reserve": True, "replay_aware": True, "fallback": True,
+        "grow_no_recapture": True}
+    assert {s: r.graph_safe for s, r in results.items()} == {
+        "none": True, "dummy_run": True, "reserve": True, "replay_aware": True, "fallback": True,
+        "grow_no_recapture": False}
+
+
+def test_comparison_bytes_are_exact(results):
+    got = {s: (r.reserved_bytes, r.final_workspace_bytes, r.computed_peak_bytes) for s, r in results.items()}
+    # 1015 tokens: chunks at cached 0, 256, 512, 768; the largest continuation is 64 * 768 = 49152 bytes
+    assert got == {
+        "none": (1792, 1792, 1792),
+        "dummy_run": (87040, 87040, 87040),
+        "reserve": (65536, 65536, 65536),
+        "replay_aware": (1792, 49152, 49152),
+        "fallback": (1792, 1792, 1792 + 49152),
+        "grow_no_recapture": (1792, 49152, 49152),
+    }
+    assert all(r.peak_source == "computed" and r.peak_bytes == r.computed_peak_bytes for r in results.values())
+
+
+def test_unfixed_engine_dies_like_the_bug_report(results):
+    none = results["none"]
+    assert none.engines_built == 2  # the second prompt got a fresh engine, and died too
+    err = none.prompts[0].error
+    assert err.startswith("WorkspaceLockedError: Workspace is locked but allocation from 'attention.py:")
+    assert "_continuation_prefill' requires 0.02 MB, current size is 0.00 MB." in err  # 16384 vs 1792 bytes
+    assert none.prompts[0].ttft_s is None and none.prompts[1].engine_rebuilt
+
+
+def test_counters(results):
+    assert results["fallback"].fallback_calls == 1 + 3  # 1 continuation chunk, then 3
+    assert [p.fallback_calls for p in results["fallback"].prompts] == [1, 3]
+    assert [p.recaptures for p in results["replay_aware"].prompts] == [1, 2]  # 16384 -> 32768 -> 49152
+    assert results["replay_aware"].recaptures == 3
+    assert results["grow_no_recapture"].recaptures == 0
+    assert all(p.decode_steps_timed == DECODE_STEPS for r in results.values() for p in r.prompts if p.survived)
+
+
+def test_table_rows(results):
+    rows = S.strategy_table([results[s] for s in S.STRATEGIES])
+    assert [r["strategy"] for r in rows] == list(S.STRATEGIES)
+    assert rows[0]["TTFT 512-token"] == "dies" and rows[0]["survives max_model_len"] == "no"
+    assert rows[2]["reserved"] == "64.00 KiB" and rows[2]["graph-safe"] == "yes"
+    assert rows[3]["notes"] == "3 re-captures" and rows[4]["notes"] == "4 fallback calls"
+    md = S.format_table(rows)
+    assert md.splitlines()[0].startswith("| strategy | seed fix | start-up | reserved | peak (computed) |")
+    assert S.StrategyResult.from_dict(results["reserve"].to_dict()) == results["reserve"]
+
+
+# --------------------------------------------------------------------------- each fix in detail
+def test_reserve_as_merged_misses_a_short_continuation_chunk(tiny):
+    # PR #44053 reserves decode views for max_num_seqs (2) rows; a last chunk of 97 tokens runs the
+    # decode kernel with 97 rows: 97 * (544 + 128 + 8) bytes, aligned, > 65536.
+    n = first_failing_prompt(tiny, 65536)
+    assert n == 353 and workspace_bytes_for_prompt(tiny, n) > 65536 >= workspace_bytes_for_prompt(tiny, n - 1)
+    e = S.make_engine(tiny, "reserve")
+    with pytest.raises(WorkspaceLockedError, match="_decode_attention' requires"):
+        e.generate(n, max_tokens=1)
+    assert S.make_engine(tiny, "dummy_run").generate(n, max_tokens=1).finished  # its 128-row dummy chunk covers it
+
+
+def test_fallback_warns_once_completes_and_matches_reserve(tiny):
+    _, want = _tokens(tiny, "reserve", LONG_PROMPT)
+    e = S.make_engine(tiny, "fallback")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = e.generate(LONG_PROMPT, max_tokens=3).output_token_ids
+        e.generate(SEED_PROMPT, max_tokens=2)
+    fb = [w for w in caught if issubclass(w.category, S.WorkspaceFallbackWarning)]
+    assert len(fb) == 1
+    assert "needs 0.02 MiB but the locked workspace holds 0.00 MiB" in str(fb[0].message)
+    assert got == want
+    st = e.strategy_state
+    assert (st.fallback_calls, st.fallback_bytes_max, st.fallback_bytes_total) == (4, 49152, 16384 + 32768 + 49152 + 16384)
+    assert e.workspace.is_locked() and e.workspace.sizes_bytes() == [1792]  # the manager is untouched
+    assert Counter(ev.kind for ev in e.workspace.events)["violation"] == 4
+
+
+def test_replay_aware_relocks_recaptures_and_matches_reserve(tiny):
+    _, want = _tokens(tiny, "reserve", LONG_PROMPT)
+    e = S.make_engine(tiny, "replay_aware")
+    captured = []
+    real_capture = e.runner.decode_runner.capture
+    e.runner.decode_runner.capture = lambda b, *a, **k: captured.append(b) or real_capture(b, *a, **k)
+    got = e.generate(LONG_PROMPT, max_tokens=3).output_token_ids
+    assert got == want
+    st = e.strategy_state
+    assert [g["new_bytes"] for g in st.regrowths] == [16384, 32768, 49152]
+    assert (st.recaptures, st.recaptured_graphs) == (3, 6)
+    assert captured == [2, 1] * 3  # every bucket, largest first, after every growth
+    assert e.workspace.is_locked() and e.workspace.sizes_bytes() == [49152]
+    assert [r.workspace_bytes for r in e.captures] == [[49152], [49152]]
+    assert S.captured_graphs_valid(e)
+    serve = [r["kind"] for r in S.workspace_timeline(e) if r["phase"] == "serve"]
+    assert serve == ["violation", "unlock", "resize", "lock"] * 3
+
+
+def test_replay_aware_growth_factor(tiny):
+    e = S.make_engine(tiny, "replay_aware")
+    e.strategy_state.growth_factor = 4.0
+    e.generate(LONG_PROMPT, max_tokens=1)
+    # 1792 -> max(16384, 7168) = 16384 -> max(32768, 65536) = 65536: one growth covers the 49152 need
+    assert [g["new_bytes"] for g in e.strategy_state.regrowths] == [16384, 65536]
+
+
+def test_grow_without_recapture_leaves_stale_graphs(tiny):
+    e = S.make_engine(tiny, "grow_no_recapture")
+    ptrs_at_capture = [r.workspace_ptrs for r in e.captures]
+    e.generate(SEED_PROMPT, max_tokens=1)
+    assert [r.workspace_bytes for r in e.captures] == [[1792], [1792]]
+    assert e.workspace.sizes_bytes() == [16384]
+    assert [r.workspace_ptrs for r in e.captures] == ptrs_at_capture
+    assert not S.captured_graphs_valid(e)
+
+
+def test_timeline_phases_for_the_unfixed_engine(tiny):
+    e = S.make_engine(tiny, "none")
+    with pytest.raises(WorkspaceLockedError):
+        e.generate(SEED_PROMPT, max_tokens=1)
+    rows = S.workspace_timeline(e)
+    assert [(r["phase"], r["kind"], r["new_bytes"]) for r in rows] == [
+        ("capture", "resize", 1792), ("lock", "lock", 1792), ("serve", "violation", 16384)]
+    with pytest.raises(ValueError, match="make_engine"):
+        S.workspace_timeline(LLMEngine(tiny, fix=True))
+
+
+# --------------------------------------------------------------------------- chart helpers
+def test_growth_peak_computed_on_cpu():
+    sizes = [1 << 20, 2 << 20, 4 << 20]
+    got = {m: S.growth_peak(sizes, m) for m in ("resize_", "free_then_allocate", "allocate_then_free")}
+    assert {m: (g["final_bytes"], g["peak_bytes"]) for m, g in got.items()} == {
+        "resize_": (4 << 20, 6 << 20), "free_then_allocate": (4 << 20, 4 << 20),
+        "allocate_then_free": (4 << 20, 6 << 20)}
+    with pytest.raises(ValueError, match="increasing"):
+        S.growth_peak([4, 2], "resize_")
+    with pytest.raises(ValueError, match="method must be"):
+        S.growth_peak([4], "realloc")
+
+
+def test_dbo_slot_policies(tiny):
+    all_slots = S.dbo_memory_held(tiny, LONG_PROMPT, grow_all_slots=True)
+    requesting = S.dbo_memory_held(tiny, LONG_PROMPT, grow_all_slots=False)
+    # 1 decode row next to chunks of 255: continuation up to cached 765 -> 64 * 768 = 49152
+    assert all_slots["slot_bytes"] == [49152, 49152]
+    assert requesting["slot_bytes"] == [49152, 1280]  # slot 1 holds 1 decode row: 768 + 256 + 256
+    assert all_slots["final_bytes"] - requesting["final_bytes"] == 49152 - 1280
+
+
+def test_trace_and_replay(tiny):
+    trace = S.long_request_trace(tiny, LONG_PROMPT, decode_steps=2)
+    assert Counter(c.kind for c in trace) == {"continuation": 3, "decode": 2}
+    assert [c.step for c in trace] == [1, 2, 3, 4, 5]
+    for mode in ("workspace", "torch_empty"):
+        r = S.replay_trace(tiny, trace, mode)
+        assert len(r["per_call_us"]) == len(trace) and r["kinds"] == [c.kind for c in trace]
+    with pytest.raises(ValueError, match="mode must be"):
+        S.replay_trace(tiny, trace, "pool")
+    with pytest.raises(ValueError, match="must fit in max_model_len"):
+        S.long_request_trace(tiny, 1024, decode_steps=2)
+
+
+def test_captured_graphs_valid_ignores_slots_empty_at_capture(tiny):
+    e = S.make_engine(tiny.replace(enable_dbo=True), "none")
+    assert [r.workspace_bytes for r in e.captures] == [[1792, 0], [1792, 0]]
+    with rewarm_workspace(e.workspace), ubatch_context(1):
+        e.workspace.get_simultaneous(((4096,), torch.uint8))
+    assert S.captured_graphs_valid(e)  # slot 1 was never captured
