@@ -341,3 +341,28 @@ def test_captured_graphs_valid_ignores_slots_empty_at_capture(tiny):
     with rewarm_workspace(e.workspace), ubatch_context(1):
         e.workspace.get_simultaneous(((4096,), torch.uint8))
     assert S.captured_graphs_valid(e)  # slot 1 was never captured
+
+
+def test_replay_aware_recaptures_through_the_graph_decode_runner(tiny):
+    """The CUDA-graph decode runner (simulated graphs on CPU), with its pointer guard on every replay."""
+    cg = pytest.importorskip("tqlab.cuda_graphs")
+    out = {}
+    for strategy in ("reserve", "replay_aware", "grow_no_recapture"):
+        e = S.make_engine(tiny, strategy)
+        dr = cg.install_decode_runner(e, mode="simulated")
+        e.captures = e.runner.capture_model(tuple(r.batch_size for r in e.captures))
+        if e.strategy_state is not None:  # the capture restored the manager; wrap again, as make_engine does
+            e.backend.workspace = e.strategy_state
+        try:
+            out[strategy] = (e.generate(LONG_PROMPT, max_tokens=4).output_token_ids, dict(dr.stats))
+        except cg.StalePointerError as err:
+            assert e.dead is err
+            out[strategy] = ("stale", dict(dr.stats))
+        if strategy == "replay_aware":  # it re-captured through the graph runner and is still in place
+            assert e.strategy_state.recaptures == 3 and e.backend.workspace is e.strategy_state
+            assert dr.stale_buckets() == [] and sorted(dr.records) == [1, 2]
+    assert out["replay_aware"][0] == out["reserve"][0]
+    assert out["replay_aware"][1] == out["reserve"][1] == {
+        "replays": 3, "eager_fallbacks": 0, "guard_checks": 3, "guard_trips": 0}
+    assert out["grow_no_recapture"] == ("stale", {"replays": 0, "eager_fallbacks": 0, "guard_checks": 1,
+                                                  "guard_trips": 1})

@@ -274,8 +274,13 @@ class ReplayAwareWorkspace:
             with rewarm_workspace(m):
                 m.get_simultaneous(((target,), torch.uint8))  # grows the requesting slot
                 if self.recapture and sizes:
-                    with ubatch_context(0):
-                        self.engine.captures = self.engine.runner.capture_model(sizes)
+                    try:
+                        with ubatch_context(0):
+                            self.engine.captures = self.engine.runner.capture_model(sizes)
+                    finally:
+                        # a capture may swap backend.workspace for its own recorder and restore
+                        # the manager (tqlab.cuda_graphs does): put this wrapper back
+                        self.engine.backend.workspace = self
                     self.recaptures += 1
                     self.recaptured_graphs += len(sizes)
             _sync(m.device)
@@ -428,8 +433,11 @@ def captured_graphs_valid(engine: LLMEngine) -> bool:
     (``CaptureRecord.workspace_ptrs`` / ``workspace_bytes``). The manager never
     grows in place, so a slot whose size or pointer changed since was
     reallocated, and a CUDA graph replayed on it would read and write freed
-    memory. Slots empty at capture time are ignored. On ``meta`` every pointer
-    is 0 and sizes decide. No captures (``enforce_eager``): True.
+    memory. This is stricter than a pointer-only replay guard (the one in
+    ``tqlab.cuda_graphs``): if the allocator happens to hand the grown buffer
+    out at the old address, the graph works by luck; we count that as unsafe.
+    Slots empty at capture time are ignored. On ``meta`` every pointer is 0
+    and sizes decide. No captures (``enforce_eager``): True.
     """
     ws = engine.workspace
     ptrs, sizes = ws.data_ptrs(), ws.sizes_bytes()
