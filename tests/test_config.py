@@ -126,11 +126,6 @@ def test_bad_cudagraph_capture_sizes(bad):
         EngineConfig(**HEADS, cudagraph_capture_sizes=bad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG tqlab/config.py: cudagraph_capture_sizes=5 raises TypeError \"'int' object is not iterable\" "
-    "from tuple(5), which does not name the field",
-)
 def test_scalar_cudagraph_capture_sizes_names_the_field():
     with pytest.raises((ValueError, TypeError), match="cudagraph_capture_sizes"):
         EngineConfig(**HEADS, cudagraph_capture_sizes=5)
@@ -193,14 +188,7 @@ def test_required_presets_exist_with_at_least_four_real_models():
 
 def _preset_params():
     for name in list_presets():
-        marks = ()
-        if name == PR_TEST:
-            marks = pytest.mark.xfail(
-                strict=True,
-                reason="BUG data/presets/pr-44053-unit-test.json: default_prompt_tokens 8192 == max_model_len 8192, "
-                "so the default prompt + 1 output token exceeds max_model_len and add_request() rejects it",
-            )
-        yield pytest.param(name, marks=marks, id=name)
+        yield pytest.param(name, id=name)
 
 
 @pytest.mark.parametrize("name", list(_preset_params()))
@@ -291,11 +279,6 @@ def test_from_preset_unknown_name_lists_the_known_ones(bad):
         EngineConfig.from_preset(bad)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG tqlab/config.py load_preset: a name with a path ('../presets/<name>') is not in list_presets() "
-    "but is accepted because the file path resolves",
-)
 def test_from_preset_rejects_names_with_paths():
     with pytest.raises(ValueError, match="unknown preset"):
         EngineConfig.from_preset(f"../presets/{NEMOTRON}")

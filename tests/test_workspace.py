@@ -176,11 +176,6 @@ def test_repeated_signature_returns_the_same_views_without_growth():
     assert [tuple(t.shape) for t in listed] == [(8, 4), (3,)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG tqlab/workspace.py: the per-signature view cache returns the same tensor objects, so an "
-    "in-place metadata op by one caller (t_, unsqueeze_, ...) changes the shape later callers get",
-)
 def test_views_have_the_requested_shape_even_after_a_caller_reshaped_one_in_place():
     ws = WorkspaceManager("cpu")
     (a,) = ws.get_simultaneous(((4, 8), f32))
@@ -278,12 +273,6 @@ def test_allocate_then_free_policy_peaks_at_old_plus_new():
         pytest.param(
             "free_then_allocate",
             True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="BUG tqlab/workspace.py: get_simultaneous keeps the old buffer in its local `buf` while "
-                "_grow allocates, so the old block is still alive at allocation time (real peak old+new, "
-                "and torch.cuda.empty_cache() cannot release it)",
-            ),
         ),
         ("allocate_then_free", False),
     ],

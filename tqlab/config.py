@@ -145,6 +145,10 @@ class EngineConfig:
                 f">= max_model_len ({self.max_model_len}), as in vLLM"
             )
         if self.cudagraph_capture_sizes is not None:
+            if not isinstance(self.cudagraph_capture_sizes, (tuple, list)):
+                raise ValueError(
+                    f"cudagraph_capture_sizes must be a tuple/list of positive ints, got {self.cudagraph_capture_sizes!r}"
+                )
             sizes = tuple(self.cudagraph_capture_sizes)
             if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
                 raise ValueError(f"cudagraph_capture_sizes must be positive ints, got {self.cudagraph_capture_sizes!r}")
@@ -222,7 +226,6 @@ def list_presets() -> list[str]:
 
 def load_preset(name: str) -> dict[str, Any]:
     """The raw preset JSON: ``name``, ``title``, ``source``, ``default_prompt_tokens``, ``config``."""
-    path = PRESET_DIR / f"{name}.json"
-    if not isinstance(name, str) or not path.is_file():
+    if not isinstance(name, str) or name not in list_presets():
         raise ValueError(f"unknown preset {name!r}; known presets: {', '.join(list_presets())}")
-    return json.loads(path.read_text())
+    return json.loads((PRESET_DIR / f"{name}.json").read_text())

@@ -404,8 +404,8 @@ class WorkspaceManager:
             One tensor per request, with the requested shape and dtype, carved
             from the current ubatch slot's buffer at 256-byte aligned offsets.
             They are valid until the next ``get_simultaneous`` on this slot.
-            A repeated signature on an unchanged buffer returns the same view
-            objects again (that is what keeps this call at a few microseconds).
+            A repeated signature on an unchanged buffer reuses cached views
+            (fresh aliases each call), which keeps this call at a few microseconds.
 
         Raises:
             TypeError/ValueError: a malformed request or an out-of-range ubatch
@@ -422,8 +422,11 @@ class WorkspaceManager:
         if key is not None:
             cached = self._views.get((key, slot))
             if cached is not None and cached[0] is buf:
-                return list(cached[1])
+                # Fresh aliases of private views: callers may reshape theirs in place.
+                return [v.view(shape) for v, shape in zip(cached[1], lay.shapes)]
+            cached = None  # must not pin an old buffer across growth
         if (0 if buf is None else buf.numel()) < lay.total_bytes:
+            buf = None  # drop our reference too, so growth really frees first
             buf = self._grow(slot, lay.total_bytes)
         elif buf is None:  # every request is empty and nothing was ever allocated
             if self._empty is None:
@@ -437,7 +440,8 @@ class WorkspaceManager:
             if len(self._views) > 4096:
                 self._views.clear()
             self._views[(key, slot)] = (self._buffers[slot], views)
-        return list(views)
+            return [v.view(shape) for v, shape in zip(views, lay.shapes)]
+        return views
 
     # -- growth --------------------------------------------------------------- #
     def _record(self, kind: str, caller: str, old: int, new: int, slot: int, peak: int | None = None) -> None:
