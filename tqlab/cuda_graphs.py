@@ -224,6 +224,7 @@ class StaticDecodeInputs:
         self.slot_mapping = torch.full((max_batch,), PAD_SLOT, dtype=torch.long, device=dev)
         self.block_tables = torch.full((max_batch, max_blocks_per_seq), NULL_BLOCK, dtype=torch.int32, device=dev)
         self.seq_lens = torch.ones(max_batch, dtype=torch.int32, device=dev)
+        self.device = self.input_ids.device  # concrete ("cuda:0", not "cuda"), as the inputs' devices are
 
     def nbytes(self) -> int:
         """Bytes of the four static tensors."""
