@@ -251,7 +251,9 @@ def check_notebook(page, base: str, token: str, nb: Path, out: Path, timeout_s: 
     rep = NotebookReport(nb.name)
     t0 = time.monotonic()
     stem = nb.stem
-    page.goto(f"{base}/lab/tree/notebooks/{nb.name}?token={token}", wait_until="domcontentloaded", timeout=90_000)
+    # a workspace of its own per notebook: Lab must not reopen (and start kernels for) earlier notebooks
+    url = f"{base}/lab/workspaces/{stem.replace('_', '-')}/tree/notebooks/{nb.name}?token={token}&reset"
+    page.goto(url, wait_until="domcontentloaded", timeout=90_000)
     state = wait_until(page, lambda: (dismiss_dialogs(page), page.evaluate(JS_READY))[1] == "idle" or None, 120)
     if not state:
         rep.problems.append(f"notebook/kernel not ready within 120 s (state {page.evaluate(JS_READY)!r})")
@@ -329,6 +331,9 @@ def _check_widgets(page, rep: NotebookReport, out: Path, stem: str) -> None:
         h.scroll_into_view_if_needed(timeout=10_000)
         h.focus(timeout=5000)
         page.keyboard.press("ArrowRight")
+        page.wait_for_timeout(300)
+        if readout.count() and readout.inner_text(timeout=5000) == old_value:  # already at its maximum
+            page.keyboard.press("ArrowLeft")
         changed = wait_until(page, lambda: v.evaluate(JS_FINGERPRINT) != before, 60)
         if not changed:  # fall back to a mouse drag of the handle
             box = h.bounding_box()
