@@ -123,17 +123,17 @@ def pytest_sessionfinish(session, exitstatus):
         counts[outcome] = counts.get(outcome, 0) + 1
     dirty = _git("status", "--porcelain", "--", "parity", "tqlab")
     data = {
+        # the keys of tqlab.recorded.PROVENANCE_KEYS (device, date, commit, command, torch) + vLLM's
         "provenance": {
-            "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _git("rev-parse", "HEAD"),
-            "tree_dirty": bool(dirty),
+            "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+            "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
+            "commit": _git("rev-parse", "HEAD") or "unknown",
             "command": os.environ.get("PARITY_COMMAND", "pytest " + " ".join(sys.argv[1:])),
-            "device": "cpu",
-            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-            "python": platform.python_version(),
             "torch": torch.__version__,
-            "vllm": vllm_version(),
-            "install_seconds": float(os.environ["PARITY_INSTALL_SECONDS"]) if os.environ.get("PARITY_INSTALL_SECONDS") else None,
+            "vllm": vllm_version() or "unknown",
+            "python": platform.python_version(),
+            "tree_dirty": "yes" if dirty else "no",
+            "install_seconds": os.environ.get("PARITY_INSTALL_SECONDS", "unknown"),
         },
         "summary": counts,
         "exitstatus": int(exitstatus),

@@ -23,8 +23,8 @@ from tqlab.workspace import WorkspaceManager
 SEED_TAIL = "requires 2.00 MB, current size is 0.26 MB. Workspace growth is not allowed after locking."
 
 
-def seed_config() -> EngineConfig:
-    cfg = EngineConfig.from_preset("nemotron-3-super-120b-a12b")
+def seed_config(**overrides) -> EngineConfig:
+    cfg = EngineConfig.from_preset("nemotron-3-super-120b-a12b", **overrides)
     assert (cfg.num_heads_per_rank, cfg.num_kv_heads_per_rank, cfg.head_dim) == (4, 1, 128)
     assert (cfg.max_num_seqs, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype) == (4, 32, torch.bfloat16)
     return cfg
@@ -176,3 +176,37 @@ def test_zz_record_predictor_coverage(record):
         pytest.skip("the predictor test did not run in this session")
     assert True in _PRED and False in _PRED
     record("predictor_cases", {"compared": len(_PRED), "crashes": sum(_PRED), "fits": len(_PRED) - sum(_PRED)})
+
+
+def test_divergence_short_continuation_chunks(record):
+    """vLLM 0.33: a continuation chunk of <= 128 new tokens runs the decode kernel with its own
+    buffers (no workspace call). tqlab.reservation.chunk_workspace_request models it as decode
+    views with q_len rows. tqlab.vllm_trace.chunk_shapes follows vLLM by default."""
+    from tqlab.vllm_trace import chunk_shapes, vllm_prefill_chunk_requests
+
+    cfg = seed_config()
+    for q in (1, 5, 128):
+        assert vllm_prefill_chunk_requests(cfg, 4096, q) == []
+        assert chunk_shapes(cfg, 4096, q)[1] is None
+        assert chunk_workspace_request(cfg, 4096, q).path == "decode_kernel"
+        assert chunk_workspace_request(cfg, 4096, q).nbytes > 0
+    for q in (129, 4096):
+        ((caller, nbytes),) = vllm_prefill_chunk_requests(cfg, 4096, q)
+        assert caller.endswith(":_continuation_prefill")
+        assert nbytes == chunk_workspace_request(cfg, 4096, q).nbytes == 2 * 1024 * 1024
+    record("vllm_q128", "no workspace request")
+    record("tqlab_reservation_q128_bytes", chunk_workspace_request(cfg, 4096, 128).nbytes)
+
+
+def test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill(record):
+    """PR #44053 reserves continuation buffers only if chunked prefill is on (and the step budget
+    > 128). A prefix-cache hit makes a continuation chunk anyway: vLLM's own code, with the fix,
+    refuses it after lock. (Shown with vLLM's classes on CPU; not run end-to-end on a GPU.)"""
+    cfg = seed_config(enable_chunked_prefill=False, max_num_batched_tokens=131072)
+    res = run_vllm_seed_scenario(cfg, cached_len=4096, q_len=200, fixed=True)
+    assert res.error is not None and res.error.endswith(SEED_TAIL)
+    assert "_continuation_prefill" in res.error
+    from tqlab.vllm_trace import predict
+
+    assert predict(cfg).fixed_safe_any_schedule == 641
+    record("vllm", res.error)

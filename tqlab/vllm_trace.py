@@ -85,6 +85,10 @@ __all__ = [
     "locked_bytes_without_fix",
     "parse_engine_args",
     "chunk_shapes",
+    "compare_managers",
+    "compare_reservations",
+    "demo_steps",
+    "show_parity_banner",
     "predict",
     "run_seed_scenario",
     "run_vllm_seed_scenario",
@@ -806,6 +810,150 @@ def vllm_prefill_chunk_requests(config: EngineConfig, cached_len: int, q_len: in
         finally:
             tracer.detach()
             ws.reset_workspace_manager()
+
+
+def _request(manager: Any, reqs: tuple) -> list[torch.Tensor]:
+    """The one call site :func:`compare_managers` drives both managers through (their named caller)."""
+    return manager.get_simultaneous(*reqs)
+
+
+def demo_steps(config: EngineConfig | None = None) -> list[tuple]:
+    """A short call sequence for :func:`compare_managers`: the seed's calls plus DBO, empty views, unlock.
+
+    Steps are ``("get", slot, reqs)``, ``("lock",)`` or ``("unlock",)``.
+    """
+    c = EngineConfig.from_preset("nemotron-3-super-120b-a12b") if config is None else config
+    dec = decode_workspace_shapes(c.max_num_seqs, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
+    small = decode_workspace_shapes(1, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
+    cont = continuation_workspace_shapes(4096, c.num_kv_heads_per_rank, c.head_dim, c.block_size)
+    return [
+        ("get", 0, dec),
+        ("get", 1, small),
+        ("get", 0, (((0, c.head_dim), torch.float32), ((3,), torch.float16))),
+        ("lock",),
+        ("get", 0, small),
+        ("get", 0, cont),
+        ("get", 1, dec),
+        ("unlock",),
+        ("get", 0, cont),
+    ]
+
+
+def _describe(manager: Any, slot: int, fn: Callable[[], list[torch.Tensor]], sizes: Callable[[], list[int]]) -> str:
+    try:
+        views = fn()
+    except Exception as e:  # noqa: BLE001 - the outcome is the comparison
+        kind = "AssertionError" if isinstance(e, AssertionError) else type(e).__name__
+        return f"{kind}: {e}"
+    offs = [v.storage_offset() * v.element_size() for v in views]
+    return f"views at byte offsets {offs}; slot sizes {sizes()}"
+
+
+def compare_managers(steps: Sequence[tuple] | None = None, num_ubatches: int = 2) -> list[dict[str, Any]]:
+    """Run ``steps`` through vLLM's ``WorkspaceManager`` and tqlab's, side by side (CPU).
+
+    Both are driven through the same call site, so their refusal messages
+    (caller included) can be compared verbatim. Returns one row per step:
+    ``{"step", "op", "vllm", "tqlab", "same"}``, outcomes as text (byte
+    offsets of the views and each slot's size, or the error). Imports vLLM.
+    """
+    import importlib
+    import threading
+
+    ws = importlib.import_module(VLLM_WORKSPACE_MODULE)
+    ub = importlib.import_module("vllm.v1.worker.ubatching")
+    from .workspace import WorkspaceManager, ubatch_context
+
+    steps = demo_steps() if steps is None else steps
+    rows = []
+    with vllm_cpu_patches():
+        v = ws.WorkspaceManager(torch.device("cpu"), num_ubatches)
+        t = WorkspaceManager("cpu", num_ubatches)
+        v_sizes = lambda: [0 if b is None else b.numel() for b in v._current_workspaces]  # noqa: E731
+        tid = threading.get_ident()
+        for i, step in enumerate(steps):
+            if step[0] in ("lock", "unlock"):
+                getattr(v, step[0])()
+                getattr(t, step[0])()
+                a, b = f"locked={v.is_locked()}", f"locked={t.is_locked()}"
+                op = step[0]
+            else:
+                _, slot, reqs = step
+                op = f"slot {slot}: " + ", ".join(f"{tuple(sh)} {str(dt).removeprefix('torch.')}" for sh, dt in reqs)
+                ub._THREAD_ID_TO_CONTEXT[tid] = slot
+                try:
+                    a = _describe(v, slot, lambda: _request(v, reqs), v_sizes)
+                finally:
+                    ub._THREAD_ID_TO_CONTEXT.pop(tid, None)
+                with ubatch_context(slot):
+                    b = _describe(t, slot, lambda: _request(t, reqs), t.sizes_bytes)
+            rows.append({"step": i, "op": op, "vllm": a, "tqlab": b, "same": a == b})
+    return rows
+
+
+def compare_reservations(presets: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """vLLM's ``TurboQuantMetadataBuilder`` reservation calls vs :func:`tqlab.reservation.reservation_plan`, per preset.
+
+    Rows: ``{"preset", "vllm_calls", "tqlab_calls", "reserved_bytes", "same"}``,
+    calls as text. Imports vLLM.
+    """
+    from .config import list_presets
+
+    def fmt(calls):
+        return " | ".join(
+            ", ".join(f"{tuple(sh)} {str(dt).removeprefix('torch.')}" for sh, dt in call) for call in calls
+        )
+
+    rows = []
+    with vllm_cpu_patches():
+        for name in presets or list_presets():
+            cfg = EngineConfig.from_preset(name)
+            theirs = vllm_reservation_calls(cfg) if cfg.is_turboquant else []
+            ours = [tuple(c) for c in reservation_plan(cfg)]
+            rows.append(
+                {
+                    "preset": name,
+                    "vllm_calls": fmt(theirs),
+                    "tqlab_calls": fmt(ours),
+                    "reserved_bytes": plan_bytes(reservation_plan(cfg)),
+                    "same": theirs == ours,
+                }
+            )
+    return rows
+
+
+def show_parity_banner(provenance: Mapping[str, Any]) -> str:
+    """Display a banner over recorded parity results (vLLM not importable here) and return its text.
+
+    Validates the provenance like :func:`tqlab.recorded.validate_provenance`
+    (device, date, commit, command, torch) and adds the vLLM version. In a
+    Jupyter kernel it is an amber HTML box; elsewhere printed between rules.
+    """
+    import html as _html
+
+    from .recorded import _in_notebook, validate_provenance
+
+    p = validate_provenance(provenance)
+    sha = p["commit"][:12] if len(p["commit"]) == 40 else p["commit"]
+    first = (
+        f"Recorded parity results: vLLM {p.get('vllm', '?')} on {p['device']}, {p['date']}, commit {sha} "
+        "— vLLM is not importable here"
+    )
+    second = f"command: {p['command']} (torch {p['torch']})"
+    if _in_notebook():
+        from IPython.display import HTML, display
+
+        display(
+            HTML(
+                '<div style="border:2px solid #b7791f;background:#fffbeb;color:#744210;'
+                'padding:8px 12px;margin:6px 0;border-radius:4px;font-family:sans-serif">'
+                f"<b>&#9888; {_html.escape(first)}</b><br><code>{_html.escape(second)}</code></div>"
+            )
+        )
+    else:
+        rule = "=" * min(100, max(len(first), len(second)))
+        print(f"{rule}\n{first}\n{second}\n{rule}")
+    return f"{first}\n{second}"
 
 
 def _decode_attention(manager: Any, config: EngineConfig, batch: int) -> list[torch.Tensor]:
