@@ -121,7 +121,11 @@ def pytest_sessionfinish(session, exitstatus):
     counts: dict[str, int] = {}
     for outcome in _OUTCOMES.values():
         counts[outcome] = counts.get(outcome, 0) + 1
-    dirty = _git("status", "--porcelain", "--", "parity", "tqlab")
+    # the code the results depend on: this folder and the tqlab modules it compares
+    dirty = _git(
+        "status", "--porcelain", "--", "parity", "tqlab/workspace.py", "tqlab/reservation.py",
+        "tqlab/config.py", "tqlab/vllm_trace.py", "data/presets",
+    )
     data = {
         # the keys of tqlab.recorded.PROVENANCE_KEYS (device, date, commit, command, torch) + vLLM's
         "provenance": {
