@@ -9,7 +9,9 @@ What it measures (issue 3 targets in brackets):
   ``scaled_dot_product_attention`` on an unquantized fp16 cache of the same context
   [>= 1.5x faster at 32K], plus the accuracy of each decode against fp32 SDPA on the same K/V;
 * ``store_kv`` throughput (one 16K-token prefill chunk);
-* a small sweep of kernel tile sizes (block of tokens, warps) to pick the defaults.
+* first, a sweep of launch configs (tokens per tile, warps, pipeline stages, register cap) for
+  the decode and dequant kernels; the fastest becomes the default for the rest of the run
+  (recorded as ``chosen_defaults``; ``_triton_kernels.DEFAULTS`` is set from it).
 
 Shapes (per tensor-parallel rank): the seed model's ``Hq 4, Hk 1, D 128`` and Llama-3.1-8B's
 ``Hq 32, Hk 8, D 128``; block_size 16, bf16 model dtype, paged cache with shuffled blocks.
@@ -109,10 +111,23 @@ def time_graph(fn, target_ms: float = 2.0, replays: int = 15) -> float:
 
 
 def copy_bandwidth(nbytes: int) -> dict:
+    """Device copy bandwidth (bytes read + written per second), the best of a graph-replayed
+    ``copy_`` and an eager one (median of 20, CUDA events)."""
     x = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
     y = torch.empty_like(x)
-    ms = time_graph(lambda: y.copy_(x), target_ms=20.0)
-    return {"bytes_each_way": nbytes, "ms": ms, "GBps": 2 * nbytes / ms / 1e6}
+    ms_graph = time_graph(lambda: y.copy_(x), target_ms=20.0)
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(20):
+        s.record()
+        y.copy_(x)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e))
+    ms_eager = statistics.median(times)
+    ms = min(ms_graph, ms_eager)
+    return {"bytes_each_way": nbytes, "ms": ms, "GBps": 2 * nbytes / ms / 1e6,
+            "graph_GBps": 2 * nbytes / ms_graph / 1e6, "eager_GBps": 2 * nbytes / ms_eager / 1e6}
 
 
 def fill_paged(spec, k, v, bs=BLOCK, seed=0):
@@ -251,12 +266,25 @@ def bench_store(res: dict, presets, log, tokens=16384):
         log(row)
 
 
-def sweep(res: dict, log):
-    """Tile sizes for the two hot kernels on the 32K shapes (3bit_nc); defaults are block 64, 4 warps."""
+DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg)
+    (16, 4, 2, None), (16, 4, 2, 128), (16, 2, 2, None), (32, 4, 2, None),
+    (32, 8, 1, None), (32, 8, 2, None), (64, 8, 2, None), (64, 4, 1, None),
+]
+DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None), (128, 4, None, None), (128, 8, None, None)]
+
+
+def sweep(res: dict, log, quick: bool = False):
+    """Time candidate launch configs of decode and dequant on the 32K shapes, then make the
+    fastest (geometric mean over the cases) the default for the rest of the run."""
     from tqlab.turboquant import _triton_kernels as tk
 
-    spec = TQ_PRESETS["turboquant_3bit_nc"]
-    for shape_name, batch, ctx, s in (("llama3.1-8b", 16, 32768, 32), ("seed_per_rank", 1, 32768, 128)):
+    ctx = 4096 if quick else 32768
+    cases = [("llama3.1-8b", 16, 32, "turboquant_3bit_nc"), ("llama3.1-8b", 16, 32, "turboquant_k8v4"),
+             ("seed_per_rank", 1, 128, "turboquant_3bit_nc")]
+    dec_times: dict = {c: [] for c in DECODE_CANDIDATES}
+    deq_times: dict = {c: [] for c in DEQUANT_CANDIDATES}
+    for shape_name, batch, s, name in cases:
+        spec = TQ_PRESETS[name]
         sh = SHAPES[shape_name]
         hq, hk, d = sh["hq"], sh["hk"], sh["d"]
         k = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.float16)
@@ -266,27 +294,58 @@ def sweep(res: dict, log):
         mid = torch.empty(batch, hq, s, d + 1, device="cuda")
         out = torch.empty(batch, hq, d, device="cuda", dtype=MODEL_DTYPE)
         lse = torch.empty(batch, hq, device="cuda")
-        for bt_, nw in ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8)):
+        for cfg in DECODE_CANDIDATES:
+            bt_, nw, ns, mx = cfg
+            stats: dict = {}
             try:
+                tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, block_t=bt_, num_warps=nw,
+                                    num_stages=ns, maxnreg=mx, stats=stats)
                 ms = time_graph(lambda: tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse,
-                                                            block_t=bt_, num_warps=nw))
-                row = {"op": "decode", "shape": shape_name, "batch": batch, "context": ctx, "splits": s,
-                       "block_t": bt_, "num_warps": nw, "ms": ms}
+                                                            block_t=bt_, num_warps=nw, num_stages=ns, maxnreg=mx))
+                dec_times[cfg].append(ms)
+                row = {"op": "decode", "shape": shape_name, "preset": name, "batch": batch, "context": ctx, "splits": s,
+                       "block_t": bt_, "num_warps": nw, "num_stages": ns, "maxnreg": mx, "ms": ms, **stats}
             except Exception as exc:  # noqa: BLE001 - record and go on
-                row = {"op": "decode", "shape": shape_name, "block_t": bt_, "num_warps": nw, "error": repr(exc)[:300]}
+                dec_times[cfg].append(float("inf"))
+                row = {"op": "decode", "shape": shape_name, "preset": name, "block_t": bt_, "num_warps": nw,
+                       "num_stages": ns, "maxnreg": mx, "error": repr(exc)[:300]}
             res["sweep"].append(row)
             log(row)
-        k_out = torch.empty(1, hk, ctx, d, device="cuda", dtype=torch.float16)
+        if batch == 1:
+            continue
+        k_out = torch.empty(1, hk, ctx * batch, d, device="cuda", dtype=torch.float16)
         v_out = torch.empty_like(k_out)
-        for bt_, nw in ((32, 4), (64, 4), (64, 8), (128, 4), (128, 8)):
+        # one long request: all B rows of the block table back to back
+        row_all = bt.reshape(-1).contiguous()
+        for cfg in DEQUANT_CANDIDATES:
+            bt_, nw, ns, mx = cfg
+            stats = {}
             try:
-                ms = time_graph(lambda: tk.dequant_kv(cache, bt[0], ctx, k_out, v_out, spec, block_t=bt_, num_warps=nw))
-                row = {"op": "dequant", "shape": shape_name, "cached_len": ctx, "block_t": bt_, "num_warps": nw, "ms": ms}
+                tk.dequant_kv(cache, row_all, ctx * batch, k_out, v_out, spec, block_t=bt_, num_warps=nw,
+                              num_stages=ns, maxnreg=mx, stats=stats)
+                ms = time_graph(lambda: tk.dequant_kv(cache, row_all, ctx * batch, k_out, v_out, spec, block_t=bt_,
+                                                      num_warps=nw, num_stages=ns, maxnreg=mx))
+                deq_times[cfg].append(ms)
+                row = {"op": "dequant", "shape": shape_name, "preset": name, "cached_len": ctx * batch, "block_t": bt_,
+                       "num_warps": nw, "ms": ms, **stats}
             except Exception as exc:  # noqa: BLE001
-                row = {"op": "dequant", "shape": shape_name, "block_t": bt_, "num_warps": nw, "error": repr(exc)[:300]}
+                deq_times[cfg].append(float("inf"))
+                row = {"op": "dequant", "preset": name, "block_t": bt_, "num_warps": nw, "error": repr(exc)[:300]}
             res["sweep"].append(row)
             log(row)
-        del cache, k
+        del cache, k, k_out, v_out
+        torch.cuda.empty_cache()
+
+    def best(times):
+        def gm(v):
+            return math.exp(sum(math.log(x) for x in v) / len(v)) if all(math.isfinite(x) for x in v) else float("inf")
+        return min(times, key=lambda c: gm(times[c]))
+
+    for kind, times in (("decode", dec_times), ("dequant", deq_times)):
+        b = best(times)
+        tk.DEFAULTS[kind] = {"block_t": b[0], "num_warps": b[1], "num_stages": b[2], "maxnreg": b[3]}
+    res["chosen_defaults"] = {k: dict(v) for k, v in tk.DEFAULTS.items()}
+    log({"chosen": json.dumps(res["chosen_defaults"])})
 
 
 def main(argv=None) -> int:
@@ -295,7 +354,7 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default=None, help="git commit to record (the GPU box has no .git)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-sweep", action="store_true")
-    ap.add_argument("--sections", default="copy,store,dequant,decode,sweep")
+    ap.add_argument("--sections", default="copy,sweep,store,dequant,decode")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_turboquant: needs a CUDA device", file=sys.stderr)
@@ -328,9 +387,11 @@ def main(argv=None) -> int:
 
     if "copy" in sections:
         res["copy"] = copy_bandwidth((64 if args.quick else 1024) * 2**20)
-        log({"copy_GBps": res["copy"]["GBps"]})
+        log({"copy_GBps": res["copy"]["GBps"], "copy_eager_GBps": res["copy"]["eager_GBps"]})
         save()
     copy_gbps = res["copy"]["GBps"] if res["copy"] else 4300.0
+    if "sweep" in sections and not args.no_sweep:
+        guarded("sweep", sweep, res, log, args.quick)
     if "store" in sections:
         guarded("store", bench_store, res, presets, log, 2048 if args.quick else 16384)
     if "dequant" in sections:
@@ -343,8 +404,6 @@ def main(argv=None) -> int:
                 for ctx in ctxs:
                     splits = (32, 128) if batch == 1 else (32,)
                     guarded(f"decode {shape} B{batch} {ctx}", bench_decode, res, shape, batch, ctx, splits, presets, log)
-    if "sweep" in sections and not args.no_sweep and not args.quick:
-        guarded("sweep", sweep, res, log)
     save()
     print(f"wrote {out} in {time.time() - t0:.1f}s, errors: {len(res['errors'])}")
     return 0

@@ -6,10 +6,11 @@ wrappers here assume the inputs were already validated by ``ops``.  Written for 
 
 Tricks worth knowing:
 
-* Bit unpacking reads a group of 8 indices as ``bits`` bytes, glues them into one little-endian
-  word and shifts the 8 indices out of it (``bits`` byte loads per 8 coordinates).
-* fp16 fields (norm, scale, zero) sit at even byte offsets in even-sized slots, so they are read and
-  written through a float16 view of the same cache.
+* Every field sits at an even byte offset of an even-sized slot, so reads go through a 16-bit view
+  of the cache: fp16 fields (norm, scale, zero) directly, packed indices as 16-bit words, ``bits``
+  words per group of 16 indices, glued into one int64 and shifted apart.
+* Centroid values come from a compare/select chain over the (symmetric) codebook, not a gather:
+  a per-element gather needs a 64-bit address per element and made the decode loop spill.
 * Decode never rotates keys back: ``q . (H y_hat) = (H q) . y_hat`` (``H`` symmetric), so the query is
   rotated once per program and dotted with the centroid values directly.
 * ``H`` is used as its exact +-1 sign matrix in fp16 (tensor cores, no rounding) and the
@@ -28,6 +29,35 @@ from .codebook import hadamard_sign_matrix, lloyd_max
 from .spec import TurboQuantSpec
 
 _CONSTS: dict = {}
+
+# Launch configuration of the two hot kernels (tokens per tile, warps, software-pipeline stages,
+# register cap).  Chosen from the tile sweep recorded in data/turboquant_bench.json ("sweep").
+DEFAULTS: dict = {
+    "decode": {"block_t": 32, "num_warps": 4, "num_stages": 2, "maxnreg": None},
+    "dequant": {"block_t": 64, "num_warps": 4, "num_stages": None, "maxnreg": None},
+}
+
+
+def _launch_opts(kind: str, **override) -> tuple[int, dict]:
+    cfg = {**DEFAULTS[kind], **{k: v for k, v in override.items() if v is not None}}
+    opts = {"num_warps": cfg["num_warps"]}
+    if cfg.get("num_stages") is not None:
+        opts["num_stages"] = cfg["num_stages"]
+    if cfg.get("maxnreg") is not None:
+        opts["maxnreg"] = cfg["maxnreg"]
+    return cfg["block_t"], opts
+
+
+def _record(stats, kernel) -> None:
+    """Copy register / spill counts of a launched kernel into ``stats`` (GPU only)."""
+    if stats is None or kernel is None:
+        return
+    for attr in ("n_regs", "n_spills"):
+        if hasattr(kernel, attr):
+            stats[attr] = getattr(kernel, attr)
+    meta = getattr(kernel, "metadata", None)
+    if meta is not None and hasattr(meta, "shared"):
+        stats["shared_bytes"] = meta.shared
 
 
 def _consts(spec: TurboQuantSpec, d: int, device: torch.device):
@@ -48,20 +78,27 @@ def _consts(spec: TurboQuantSpec, d: int, device: torch.device):
 
 # ----------------------------------------------------------------------------- helpers
 @triton.jit
-def _load_codes(cache_ptr, base, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
-    """Codes (int32, [ROWS, D]) of the bit-packed field at byte ``base + OFF`` of each row."""
+def _load_codes(cache16_ptr, base, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+    """Codes (int32, [ROWS, D]) of the bit-packed field at byte ``base + OFF`` of each row.
+
+    Reads 16-bit words (every field starts at an even byte of an even-sized slot): a group of 16
+    indices is ``BITS`` words, glued into one little-endian int64 and shifted apart.  ``BITS == 8``
+    (fp8 keys) splits each word into its two bytes."""
     if BITS == 8:
-        cols = tl.arange(0, D)
-        codes = tl.load(cache_ptr + base[:, None] + OFF + cols[None, :], mask=mask[:, None], other=0).to(tl.int32)
+        w = tl.arange(0, D // 2)
+        v = tl.load(cache16_ptr + (base[:, None] + OFF) // 2 + w[None, :], mask=mask[:, None], other=0.0)
+        v = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+        codes = tl.reshape(tl.join(v & 255, v >> 8), (ROWS, D))
     else:
-        g = tl.arange(0, D // 8)
-        word = tl.zeros([ROWS, D // 8], dtype=tl.int32)
+        g = tl.arange(0, D // 16)
+        word = tl.zeros([ROWS, D // 16], dtype=tl.int64)
         for m in tl.static_range(BITS):
-            byte = tl.load(cache_ptr + base[:, None] + OFF + g[None, :] * BITS + m, mask=mask[:, None], other=0)
-            word = word | (byte.to(tl.int32) << (8 * m))
-        sh = tl.arange(0, 8) * BITS
+            h = tl.load(cache16_ptr + (base[:, None] + OFF) // 2 + g[None, :] * BITS + m, mask=mask[:, None], other=0.0)
+            h = h.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
+            word = word | (h << (16 * m))
+        sh = (tl.arange(0, 16) * BITS).to(tl.int64)
         c3 = (word[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1)
-        codes = tl.reshape(c3, (ROWS, D))
+        codes = tl.reshape(c3.to(tl.int32), (ROWS, D))
     return codes
 
 
@@ -102,6 +139,22 @@ def _fp8_e4m3_bits(x):
     code = tl.where(a >= 0.015625, normal, sub)
     code = code | tl.where(x.to(tl.int32, bitcast=True) < 0, 128, 0)  # sign bit, -0.0 too
     return code.to(tl.uint8)
+
+
+@triton.jit
+def _centroid(codes, cent_ptr, BITS: tl.constexpr):
+    """Lloyd-Max centroid value (float32) of int32 codes, without a per-element memory gather.
+
+    The codebook is symmetric, ``c[i] = -c[N-1-i]``: the top bit of the code is the sign and the
+    magnitude is one of the N/2 positive centroids, chosen with a short compare/select chain over
+    scalars (a [rows, D] gather would need a 64-bit address per element: register spills)."""
+    HALF: tl.constexpr = 1 << (BITS - 1)
+    neg = codes < HALF
+    j = tl.where(neg, (HALF - 1) - codes, codes - HALF)
+    mag = tl.zeros(codes.shape, dtype=tl.float32) + tl.load(cent_ptr + HALF)
+    for i in tl.static_range(1, HALF):
+        mag = tl.where(j >= i, tl.load(cent_ptr + HALF + i), mag)
+    return tl.where(neg, -mag, mag)
 
 
 # ----------------------------------------------------------------------------- store
@@ -193,14 +246,13 @@ def _load_kv_tile(
     """For ROWS token slots: (key operand fp16 [ROWS, D], per-token key factor f32 [ROWS],
     values fp16 [ROWS, D]).  MSE keys: operand = centroid values (rotated domain) and
     factor = norm / ||y_hat|| (norm correction) or norm; fp8 keys: operand = key, factor = 1."""
-    cols = tl.arange(0, D)
     if KEY_FP8:
-        kb = tl.load(cache_ptr + base[:, None] + cols[None, :], mask=tok_ok[:, None], other=0)
-        kop = kb.to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        kb = _load_codes(cache16_ptr, base, tok_ok, 0, 8, D, ROWS)
+        kop = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         kfac = tl.full([ROWS], 1.0, dtype=tl.float32)
     else:
-        kc = _load_codes(cache_ptr, base, tok_ok, 0, KBITS, D, ROWS)
-        yh = tl.load(cent_ptr + kc)
+        kc = _load_codes(cache16_ptr, base, tok_ok, 0, KBITS, D, ROWS)
+        yh = _centroid(kc, cent_ptr, KBITS)
         nrm = tl.load(cache16_ptr + (base + KNORM_OFF) // 2, mask=tok_ok, other=0.0).to(tl.float32)
         if NORM_CORR:
             yn = tl.sqrt(tl.sum(yh * yh, axis=1))
@@ -208,7 +260,7 @@ def _load_kv_tile(
         else:
             kfac = nrm
         kop = yh.to(tl.float16)
-    vc = _load_codes(cache_ptr, base, tok_ok, VIDX_OFF, VBITS, D, ROWS)
+    vc = _load_codes(cache16_ptr, base, tok_ok, VIDX_OFF, VBITS, D, ROWS)
     vs = tl.load(cache16_ptr + (base + VSCALE_OFF) // 2, mask=tok_ok, other=0.0).to(tl.float32)
     vz = tl.load(cache16_ptr + (base + VSCALE_OFF + 2) // 2, mask=tok_ok, other=0.0).to(tl.float32)
     vv = (vz[:, None] + vs[:, None] * vc.to(tl.float32)).to(tl.float16)
@@ -255,13 +307,15 @@ def _dequant_kernel(
 
 
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
-               block_t: int = 64, num_warps: int = 4):
+               block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+               maxnreg: int | None = None, stats: dict | None = None):
+    block_t, opts = _launch_opts("dequant", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     nb, hk, bs, sb = cache.shape
     d = k_out.shape[-1]
     signs16, _, cent, _ = _consts(spec, d, cache.device)
     off = spec.offsets(d)
     grid = (triton.cdiv(cached_len, block_t), hk)
-    _dequant_kernel[grid](
+    kern = _dequant_kernel[grid](
         cache, cache.view(torch.float16), block_table_row, k_out, v_out, signs16, cent,
         cached_len, bs, nb,
         cache.stride(0), cache.stride(1), cache.stride(2),
@@ -270,8 +324,9 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         D=d, BLOCK_T=block_t, DC=min(d, 64),
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
         KNORM_OFF=max(off["key_norm"], 0), VIDX_OFF=off["val_idx"], VSCALE_OFF=off["val_scale"],
-        num_warps=num_warps,
+        **opts,
     )
+    _record(stats, kern)
 
 
 # ----------------------------------------------------------------------------- decode
@@ -373,15 +428,16 @@ def _reduce_kernel(
 
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
-                     block_t: int = 64, num_warps: int = 4, num_stages: int | None = None):
+                     block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                     maxnreg: int | None = None, stats: dict | None = None):
+    block_t, opts = _launch_opts("decode", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
     group = hq // hk
     s_splits = mid_out.shape[2]
     signs16, _, cent, _ = _consts(spec, d, cache.device)
     off = spec.offsets(d)
-    extra = {} if num_stages is None else {"num_stages": num_stages}
-    _decode_split_kernel[(bsz, hk, s_splits)](
+    kern = _decode_split_kernel[(bsz, hk, s_splits)](
         query, cache, cache.view(torch.float16), block_tables, seq_lens, mid_out, signs16, cent,
         scale, 1.0 / math.sqrt(d), bs, nb, s_splits,
         query.stride(0), query.stride(1),
@@ -392,8 +448,9 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         D=d, BLOCK_T=block_t, KC=min(d, 32),
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
         KNORM_OFF=max(off["key_norm"], 0), VIDX_OFF=off["val_idx"], VSCALE_OFF=off["val_scale"],
-        num_warps=num_warps, **extra,
+        **opts,
     )
+    _record(stats, kern)
     _reduce_kernel[(bsz, hq)](
         mid_out, output, lse, s_splits,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
