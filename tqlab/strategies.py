@@ -74,6 +74,19 @@ from .workspace import (
 )
 
 __all__ = [
+    "workspace_call_overhead",
+    "overhead_requests",
+    "warm_up_process",
+    "plot_workspace_vs_len",
+    "plot_trace",
+    "plot_threshold_sweep",
+    "plot_strategy_comparison",
+    "plot_growth",
+    "plot_dbo",
+    "results_from_payload",
+    "results_payload",
+    "memory_experiments",
+    "growth_sizes_for_prompt",
     "ALL_STRATEGIES",
     "STRATEGIES",
     "STRATEGY_INFO",
@@ -703,7 +716,7 @@ def run_strategy(
     return res
 
 
-def _warm_up(config: EngineConfig, device: torch.device, seed: int, **engine_kwargs: Any) -> None:
+def warm_up_process(config: EngineConfig, device: torch.device, seed: int, **engine_kwargs: Any) -> None:
     """Pay one-time costs (kernel compilation, library handles) before anything is timed.
 
     A ``reserve`` engine (decode rows reserved for ``max(max_num_seqs, 128)``,
@@ -733,16 +746,19 @@ def compare_strategies(
     seed: int = 0,
     warm_up: bool = True,
     progress: bool = True,
+    on_result: Callable[[list[StrategyResult]], None] | None = None,
     **engine_kwargs: Any,
 ) -> list[StrategyResult]:
     """:func:`run_strategy` for each strategy (fresh engine each), after one untimed warm-up.
 
-    ``progress`` shows a ``tqdm.auto`` bar. Returns the results in order.
+    ``progress`` shows a ``tqdm.auto`` bar; ``on_result`` is called with the
+    results so far after each strategy (e.g. to save partial results).
+    Returns the results in order.
     """
     names = [_check_strategy(s) for s in strategies]
     dev = torch.device(device)
-    if warm_up and dev.type != "meta":
-        _warm_up(config, dev, seed, **engine_kwargs)
+    if warm_up:
+        warm_up_process(config, dev, seed, **engine_kwargs)
     it: Iterable[str] = names
     bar = None
     if progress:
@@ -758,6 +774,8 @@ def compare_strategies(
                 bar.set_postfix_str(name)
             out.append(run_strategy(config, name, device=dev, prompts=prompts, decode_steps=decode_steps,
                                     seed=seed, **engine_kwargs))
+            if on_result is not None:
+                on_result(list(out))
     return out
 
 
@@ -1001,8 +1019,8 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
         the workspace manager).
 
     Each step also allocates a ``(tokens, hidden)`` model-dtype activation that
-    lives for the step, as a forward pass would. The tensors are written with
-    ``zero_`` so the work is real on every device except ``meta``.
+    lives for the step, as a forward pass would. Buffers are not written: the
+    consumer's work is the same either way; what differs is getting the memory.
 
     Returns a dict: ``per_call_us`` (list, host microseconds of the call itself,
     best of ``repeats``), ``kinds``, ``steps``, and on CUDA ``allocated``,
@@ -1049,9 +1067,6 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
             else:
                 views = [torch.empty(s, dtype=d, device=dev) for s, d in call.shapes]
             times.append(time.perf_counter() - t)
-            if dev.type != "meta":
-                for v in views:
-                    v.zero_()
             held = views
         del held, act
         if dev.type == "cuda":
@@ -1178,3 +1193,342 @@ def dbo_memory_held(config: EngineConfig, prompt_tokens: int, *, grow_all_slots:
         held.append(m.live_bytes())
     return dict(grow_all_slots=grow_all_slots, held_bytes=held, slot_bytes=m.sizes_bytes(),
                 final_bytes=m.live_bytes(), peak_bytes=m.peak_live_bytes)
+
+
+def growth_sizes_for_prompt(config: EngineConfig, prompt_tokens: int) -> list[int]:
+    """The sizes (bytes, increasing) a lazily growing workspace goes through while ``prompt_tokens`` prefill alone.
+
+    Starts from :func:`unfixed_locked_bytes` (what capture left) and adds every
+    chunk's call that needs more than the size before it.
+    """
+    size = unfixed_locked_bytes(config)
+    out = [size] if size else []
+    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else prompt_tokens
+    for cached, q in prompt_chunks(prompt_tokens, budget):
+        need = chunk_workspace_request(config, cached, q).nbytes
+        if need > size:
+            size = need
+            out.append(size)
+    return out
+
+
+def memory_experiments(config: EngineConfig, prompt_tokens: int, *, device: str | torch.device = "cpu",
+                       decode_steps: int = 16, repeats: int = 2, progress: bool = True) -> dict[str, Any]:
+    """The notebook's two allocator experiments for one long request, on ``device``.
+
+    * ``trace``: :func:`replay_trace` of :func:`long_request_trace` in both modes
+      (``"workspace"`` and ``"torch_empty"``);
+    * ``growth``: :func:`growth_peak` for ``resize_``, ``free_then_allocate`` and
+      ``allocate_then_free`` over :func:`growth_sizes_for_prompt`. Off CUDA the
+      peaks are computed, so the growth runs on ``meta`` (same numbers, no copies).
+
+    Returns ``{"prompt_tokens", "device", "trace": {mode: ...}, "growth": {method: ...}, "growth_sizes"}``.
+    """
+    growth_device = device if torch.device(device).type == "cuda" else "meta"
+    trace = long_request_trace(config, prompt_tokens, decode_steps)
+    sizes = growth_sizes_for_prompt(config, prompt_tokens)
+    jobs = [("trace", m) for m in ("workspace", "torch_empty")] + \
+           [("growth", m) for m in ("resize_", "free_then_allocate", "allocate_then_free")]
+    it: Iterable = jobs
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(jobs, desc=f"allocator experiments on {device}", unit="run")
+    out: dict[str, Any] = dict(prompt_tokens=prompt_tokens, device=str(device), growth_sizes=sizes,
+                               trace={}, growth={})
+    for what, m in it:
+        if what == "trace":
+            out["trace"][m] = replay_trace(config, trace, m, device=device, repeats=repeats)
+        else:
+            out["growth"][m] = growth_peak(sizes, m, device=growth_device)
+    return out
+
+
+def results_payload(config: EngineConfig, results: Sequence[StrategyResult], *, prompts: Sequence[int],
+                    decode_steps: int, preset: str | None = None, overrides: dict | None = None) -> dict[str, Any]:
+    """The JSON object stored as ``data/strategies_<tag>.json`` (without provenance): inputs, results, table."""
+    return dict(
+        preset=preset or config.preset,
+        overrides=dict(overrides or {}),
+        config=config.to_dict(),
+        prompts=list(prompts),
+        decode_steps=decode_steps,
+        strategies=[r.to_dict() for r in results],
+        table=strategy_table(results),
+    )
+
+
+def results_from_payload(payload: dict[str, Any]) -> list[StrategyResult]:
+    """The :class:`StrategyResult` list back from :func:`results_payload`'s object (or a loaded recording)."""
+    return [StrategyResult.from_dict(d) for d in payload["strategies"]]
+
+
+# --------------------------------------------------------------------------- #
+# Figures (matplotlib imported lazily)                                        #
+# --------------------------------------------------------------------------- #
+
+_COLORS = {"none": "#c53030", "dummy_run": "#d69e2e", "reserve": "#2f855a", "replay_aware": "#2b6cb0",
+           "fallback": "#6b46c1", "grow_no_recapture": "#718096"}
+
+
+def _style(ax) -> None:
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+
+
+def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | None = None):
+    """The comparison as one figure: start-up, memory, time to first token, decode step. Returns the Figure.
+
+    Each x tick names the strategy and whether it survives a ``max_model_len``
+    request and stays graph-safe; a request the engine died on is a red cross.
+    """
+    import matplotlib.pyplot as plt
+
+    names = [r.strategy for r in results]
+    x = list(range(len(results)))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
+    ticks = [f"{r.strategy}\n{'survives' if r.survives_max_model_len else 'DIES'} · "
+             f"{'graph-safe' if r.graph_safe else 'NOT graph-safe'}" for r in results]
+    cols = [_COLORS.get(n, "#4a5568") for n in names]
+    ax = axes[0]
+    ax.bar(x, [r.startup_s for r in results], color=cols)
+    ax.set_ylabel("start-up (s)")
+    ax.set_title("start-up time", loc="left", fontsize=10)
+    ax = axes[1]
+    w = 0.38
+    ax.bar([i - w / 2 for i in x], [r.reserved_bytes / MiB for r in results], w, color=cols, label="reserved at lock")
+    ax.bar([i + w / 2 for i in x], [r.peak_bytes / MiB for r in results], w, color=cols, alpha=0.45, hatch="//",
+           label=("peak: torch.cuda.max_memory_allocated" if results and results[0].peak_source != "computed"
+                  else "peak: computed workspace (+ fallback) bytes"))
+    ax.set_ylabel("MiB")
+    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_title("workspace memory", loc="left", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left")
+    nprompts = max((len(r.prompts) for r in results), default=0)
+    for k, (ax, attr, label) in enumerate(((axes[2], "ttft_s", "time to first token (s)"),
+                                           (axes[3], "decode_step_s", "decode step (ms)"))):
+        scale = 1.0 if attr == "ttft_s" else 1e3
+        width = 0.8 / max(1, nprompts)
+        for j in range(nprompts):
+            xs = [i - 0.4 + width * (j + 0.5) for i in x]
+            vals = []
+            for r in results:
+                p = r.prompts[j] if j < len(r.prompts) else None
+                vals.append(getattr(p, attr) * scale if p is not None and p.survived and getattr(p, attr) else 0.0)
+            tag = f"{results[0].prompts[j].prompt_tokens}-token prompt" if results[0].prompts[j:] else ""
+            ax.bar(xs, vals, width, color=cols, alpha=1.0 if j == 0 else 0.5, edgecolor="black", linewidth=0.3,
+                   label=tag)
+            for xi, r in zip(xs, results):
+                p = r.prompts[j] if j < len(r.prompts) else None
+                if p is not None and not p.survived:
+                    ax.plot([xi], [0], marker="X", color="#c53030", markersize=10, linestyle="none")
+        ax.set_ylabel(label)
+        ax.set_title(label.split(" (")[0] + " (✗ = engine died; light = long prompt)", loc="left", fontsize=10)
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(ticks, fontsize=7, rotation=30, ha="right")
+        _style(ax)
+    if title:
+        fig.suptitle(title, fontsize=11, x=0.01, ha="left")
+    fig.tight_layout()
+    return fig
+
+
+def plot_workspace_vs_len(rows_by_preset: dict[str, list[dict[str, Any]]]):
+    """Two panels: reserved workspace (MiB) and its share of one ``max_model_len`` sequence's KV cache, vs ``max_model_len``."""
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.2))
+    for name, rows in rows_by_preset.items():
+        xs = [r["max_model_len"] for r in rows]
+        a.plot(xs, [r["reserved_bytes"] / MiB for r in rows], marker="o", label=name)
+        b.plot(xs, [100 * r["share"] for r in rows], marker="o", label=name)
+    for ax in (a, b):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("max_model_len (tokens)")
+        _style(ax)
+    a.set_yscale("log", base=2)
+    a.set_ylabel("reserved workspace per GPU (MiB)")
+    a.set_title("PR #44053's reservation (all ubatch slots)", loc="left", fontsize=10)
+    b.set_ylabel("% of the KV cache of one max_model_len sequence")
+    b.set_title("workspace as a share of the smallest KV cache vLLM accepts", loc="left", fontsize=10)
+    a.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_threshold_sweep(sweeps: dict[str, list[dict[str, Any]]], config: EngineConfig):
+    """One panel per swept parameter: the longest prompt the unfixed engine survives; the deployment's value marked."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4))
+    axes = [axes] if len(sweeps) == 1 else list(axes)
+    for ax, (param, rows) in zip(axes, sweeps.items()):
+        xs = [r[param] for r in rows]
+        ys = [r["longest_prompt"] for r in rows]
+        ax.plot(xs, ys, marker="o", color="#c53030", label="longest surviving prompt (no fix)")
+        ax.axhline(config.max_model_len, color="#2f855a", linestyle="--", label=f"max_model_len {config.max_model_len}")
+        here = getattr(config, param)
+        if here in xs:
+            ax.plot([here], [ys[xs.index(here)]], marker="*", markersize=14, color="black", linestyle="none",
+                    label=f"this deployment ({param}={here})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log", base=2)
+        ax.set_xlabel(param)
+        ax.set_ylabel("prompt tokens")
+        _style(ax)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def plot_trace(exp: dict[str, Any], *, recorded_note: str = ""):
+    """Per-call latency of both modes along the trace; with CUDA data, reserved vs allocated bytes per step."""
+    import matplotlib.pyplot as plt
+
+    tr = exp["trace"]
+    has_mem = all("reserved" in v for v in tr.values())
+    fig, axes = plt.subplots(1, 2 if has_mem else 1, figsize=(15 if has_mem else 8, 4))
+    axes = list(axes) if has_mem else [axes]
+    ax = axes[0]
+    for mode, color in (("torch_empty", "#c53030"), ("workspace", "#2f855a")):
+        v = tr[mode]
+        ax.plot(range(len(v["per_call_us"])), v["per_call_us"], ".", markersize=3, color=color,
+                label=f"{mode} (median {statistics.median(v['per_call_us']):.1f} µs)")
+    ax.set_yscale("log")
+    ax.set_xlabel("workspace call of the request (prefill chunks x layers, then decode steps x layers)")
+    ax.set_ylabel("host µs per call")
+    ax.set_title(f"per-call latency, {exp['prompt_tokens']}-token request on {exp['device']}{recorded_note}",
+                 loc="left", fontsize=10)
+    ax.legend(fontsize=8)
+    _style(ax)
+    if has_mem:
+        ax = axes[1]
+        for mode, color in (("torch_empty", "#c53030"), ("workspace", "#2f855a")):
+            v = tr[mode]
+            ax.plot([b / MiB for b in v["reserved"]], color=color, label=f"{mode}: memory_reserved")
+            ax.plot([b / MiB for b in v["allocated"]], color=color, linestyle=":", label=f"{mode}: memory_allocated")
+        ax.set_xlabel("engine step of the request")
+        ax.set_ylabel("MiB")
+        ax.set_title("caching allocator: reserved vs allocated after each step", loc="left", fontsize=10)
+        ax.legend(fontsize=7)
+        _style(ax)
+    fig.tight_layout()
+    return fig
+
+
+def plot_growth(growth: dict[str, dict[str, Any]], *, title: str = ""):
+    """Bars: final size and peak memory of each growth method (MiB)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 3.6))
+    methods = list(growth)
+    x = range(len(methods))
+    ax.bar([i - 0.2 for i in x], [growth[m]["final_bytes"] / MiB for m in methods], 0.4, color="#a0aec0",
+           label="final buffer")
+    ax.bar([i + 0.2 for i in x], [growth[m]["peak_bytes"] / MiB for m in methods], 0.4, color="#2b6cb0",
+           label=f"peak ({growth[methods[0]]['peak_source']})")
+    if all("peak_reserved_bytes" in growth[m] for m in methods):
+        ax.plot([i + 0.2 for i in x], [growth[m]["peak_reserved_bytes"] / MiB for m in methods], "D", color="#c53030",
+                label="peak memory_reserved")
+    ax.set_xticks(list(x))
+    ax.set_xticklabels(methods)
+    ax.set_ylabel("MiB")
+    ax.set_title(title or "growth: peak memory", loc="left", fontsize=10)
+    ax.legend(fontsize=8)
+    _style(ax)
+    fig.tight_layout()
+    return fig
+
+
+def plot_dbo(grow_all: dict[str, Any], grow_one: dict[str, Any]):
+    """Workspace bytes held per step under the two DBO slot policies."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    for d, color, label in ((grow_all, "#c53030", "resize all slots (seed 002)"),
+                            (grow_one, "#2f855a", "resize the requesting slot (vLLM today)")):
+        ax.step(range(1, len(d["held_bytes"]) + 1), [b / MiB for b in d["held_bytes"]], where="post", color=color,
+                label=f"{label}: {d['final_bytes'] / MiB:.2f} MiB held at the end")
+    ax.set_xlabel("engine step (ubatch 0: next prefill chunk; ubatch 1: decodes)")
+    ax.set_ylabel("workspace held, both slots (MiB)")
+    ax.legend(fontsize=8)
+    _style(ax)
+    fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- #
+# The manager's own cost per call                                             #
+# --------------------------------------------------------------------------- #
+
+
+def overhead_requests(config: EngineConfig | None = None) -> tuple:
+    """Four ``(shape, dtype)`` requests: the decode views at ``max_num_seqs`` rows, then ``(B, Hq, D) float32``.
+
+    Default config: the bug report's deployment (``(4,4,32,129) f32``, ``(4,4,128) bf16``, ``(4,4) f32``,
+    ``(4,4,128) f32``).
+    """
+    c = EngineConfig.from_preset("nemotron-3-super-120b-a12b") if config is None else config
+    b, h, d = c.max_num_seqs, c.num_heads_per_rank, c.head_dim
+    dec = decode_workspace_shapes(b, h, d, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
+    return dec + (((b, h, d), torch.float32),)
+
+
+def _time_calls(fn: Callable[[], Any], number: int, repeats: int, sync: Callable[[], None]) -> tuple[float, float]:
+    per = []
+    for _ in range(repeats):
+        sync()
+        t = time.perf_counter()
+        for _ in range(number):
+            fn()
+        sync()
+        per.append((time.perf_counter() - t) / number)
+    return min(per), statistics.median(per)
+
+
+def workspace_call_overhead(device: str | torch.device = "cpu", number: int = 20000, repeats: int = 7, *,
+                            config: EngineConfig | None = None, echo: bool = False) -> list[dict[str, Any]]:
+    """Host microseconds per call of ``get_simultaneous`` for 1-4 views, and of ``torch.empty`` per view.
+
+    For ``k`` = 1..4 views of :func:`overhead_requests`, on a locked manager big
+    enough for all of them: ``hot_us`` (same signature every call: cached
+    layout and views), ``cold_us`` (layout and view caches emptied before every
+    call; the emptying is timed too), ``torch_empty_us`` (one ``torch.empty`` per
+    view). Each is the minimum over ``repeats`` runs of the mean of ``number``
+    calls; ``*_median_us`` is the median over the runs. Returns one dict per ``k``.
+    """
+    dev = torch.device(device)
+    sync = (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else (lambda: None)
+    reqs = overhead_requests(config)
+    rows = []
+    for k in range(1, 5):
+        r = reqs[:k]
+        m = WorkspaceManager(dev)
+        m.get_simultaneous(*reqs)
+        m.lock()
+
+        def hot(m=m, r=r):
+            return m.get_simultaneous(*r)
+
+        def cold(m=m, r=r):
+            m._layouts.clear()  # the caches are emptied on purpose: a never-seen signature
+            m._views.clear()
+            return m.get_simultaneous(*r)
+
+        def empty(r=r):
+            return [torch.empty(s, dtype=d, device=dev) for s, d in r]
+
+        for fn in (hot, cold, empty):
+            for _ in range(200):
+                fn()
+        row: dict[str, Any] = dict(views=k, shapes=[[list(s), str(d).removeprefix("torch.")] for s, d in r])
+        for name, fn in (("hot", hot), ("cold", cold), ("torch_empty", empty)):
+            lo, med = _time_calls(fn, number, repeats, sync)
+            row[f"{name}_us"] = lo * 1e6
+            row[f"{name}_median_us"] = med * 1e6
+        rows.append(row)
+        if echo:
+            print(f"{k} view(s): hot {row['hot_us']:.2f} us, cold {row['cold_us']:.2f} us, "
+                  f"torch.empty {row['torch_empty_us']:.2f} us per call")
+    return rows

@@ -1,0 +1,128 @@
+"""The bug report's four fixes and the unfixed baseline, measured side by side; recorded to ``data/strategies_<tag>.json``.
+
+For each strategy of :data:`tqlab.strategies.STRATEGIES` (``--strategies`` to
+choose, ``grow_no_recapture`` available as a negative control), a fresh engine
+is built and serves, one after the other, the bug report's ~8K-token prompt
+and a prompt that fills ``max_model_len`` (each then decodes ``--decode-steps``
+tokens). Recorded per strategy: start-up seconds (with each lifecycle phase),
+reserved workspace bytes, peak memory (``torch.cuda.max_memory_allocated`` on
+CUDA, computed workspace bytes elsewhere), time to first token and median decode
+step per prompt, survival of the ``max_model_len`` request, graph safety,
+re-captures and fallback calls. One untimed warm-up engine runs first.
+
+The file is rewritten after every strategy, so a run stopped early keeps what
+it measured. ``--memory`` also records the allocator experiments of notebook 06
+(``torch.empty`` per call vs workspace views over the long request's trace, and
+growth by ``resize_`` vs free-then-allocate) to ``data/strategies_memory_<tag>.json``.
+
+Usage::
+
+    # the seed deployment, exact bytes / survival / graph safety (seconds are Python overhead on meta)
+    python benchmarks/bench_strategies.py --device meta --tag meta
+    # real arithmetic on this CPU: one attention layer, 16K context, unquantized cache (the CPU TurboQuant path is slow)
+    python benchmarks/bench_strategies.py --device cpu --tag cpu --set num_hidden_layers=1 \\
+        --set max_model_len=16384 --set kv_cache_dtype=auto
+    # the GPU box
+    python benchmarks/bench_strategies.py --device cuda --tag h200 --memory
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from tqlab import strategies as S  # noqa: E402
+from tqlab.config import EngineConfig  # noqa: E402
+from tqlab.recorded import make_provenance, save_recorded  # noqa: E402
+
+
+def _parse_overrides(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--set expects key=value, got {item!r}")
+        k, v = item.split("=", 1)
+        try:
+            out[k] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k] = v
+    return out
+
+
+def _provenance(argv: list[str]) -> dict:
+    cmd = "python benchmarks/bench_strategies.py " + " ".join(argv)
+    prov = make_provenance(cmd.strip(), commit=os.environ.get("TQLAB_COMMIT") or None)
+    if hasattr(os, "getloadavg"):
+        prov["load_average_1min"] = f"{os.getloadavg()[0]:.2f}"
+    prov["cpu_count"] = str(os.cpu_count())
+    return prov
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="nemotron-3-super-120b-a12b")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="EngineConfig override")
+    ap.add_argument("--device", default="cpu", help="cpu, cuda or meta")
+    ap.add_argument("--tag", default=None, help="data/strategies_<tag>.json (default: the device)")
+    ap.add_argument("--out-dir", default=str(ROOT / "data"))
+    ap.add_argument("--strategies", default=",".join(S.STRATEGIES))
+    ap.add_argument("--prompts", default=None, help="comma-separated prompt lengths (default: 8192 and max_model_len)")
+    ap.add_argument("--decode-steps", type=int, default=8)
+    ap.add_argument("--memory", action="store_true", help="also record the allocator experiments")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("--device cuda but torch.cuda.is_available() is False; nothing recorded", file=sys.stderr)
+        return 2
+    overrides = _parse_overrides(args.set)
+    config = EngineConfig.from_preset(args.preset, **overrides)
+    tag = args.tag or args.device.split(":")[0]
+    prompts = (tuple(int(x) for x in args.prompts.split(",")) if args.prompts
+               else S.default_prompts(config, args.decode_steps))
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    dev = torch.device(args.device)
+    prov = _provenance(argv)
+    print(f"{args.preset} {overrides} on {dev}: prompts {prompts}, strategies {names}", flush=True)
+    t0 = time.perf_counter()
+    S.warm_up_process(config, dev, 0)  # as compare_strategies does (on meta too: first-call overhead)
+    results, errors = [], {}
+    for name in names:
+        t = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", S.WorkspaceFallbackWarning)
+                r = S.run_strategy(config, name, device=dev, prompts=prompts, decode_steps=args.decode_steps)
+            results.append(r)
+        except Exception:  # recorded, not hidden: the file says which strategy failed and how
+            errors[name] = traceback.format_exc()
+            print(errors[name], file=sys.stderr, flush=True)
+        payload = S.results_payload(config, results, prompts=prompts, decode_steps=args.decode_steps,
+                                    preset=args.preset, overrides=overrides)
+        payload["errors"] = errors
+        payload["seconds_total"] = time.perf_counter() - t0
+        path = save_recorded(f"strategies_{tag}", payload, prov, data_dir=args.out_dir)
+        print(f"  {name}: {time.perf_counter() - t:.1f} s -> {path}", flush=True)
+    print(S.format_table(S.strategy_table(results)))
+    if args.memory:
+        mem = S.memory_experiments(config, prompts[-1], device=dev, progress=False)
+        path = save_recorded(f"strategies_memory_{tag}", dict(preset=args.preset, overrides=overrides,
+                                                               config=config.to_dict(), **mem), prov,
+                             data_dir=args.out_dir)
+        print(f"allocator experiments -> {path}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
