@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--context-len", type=int, default=512)
+    ap.add_argument("--no-isolate", dest="isolate", action="store_false",
+                    help="measure every model in this process (default: one child process per model, so "
+                         "one model's profiler sessions and captures cannot slow the next one's timings)")
+    ap.add_argument("--model-timeout", type=float, default=900.0, help="seconds per child process")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_cuda_graphs.py needs a CUDA device (torch.cuda.is_available() is False); nothing recorded",
@@ -73,8 +77,29 @@ def main(argv: list[str] | None = None) -> int:
         dest.write_text(json.dumps(cg.jsonable(out), indent=2))
     for name in names:
         spec = MODELS[name]
-        cfg = EngineConfig.from_preset(spec["preset"], **spec["overrides"])
         t0 = time.perf_counter()
+        if args.isolate:
+            import subprocess
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                child_out = Path(tmp) / f"{name}.json"
+                child = [sys.executable, str(Path(__file__).resolve()), "--no-isolate", "--models", name,
+                         "--iters", str(args.iters), "--warmup", str(args.warmup),
+                         "--context-len", str(args.context_len), "--out", str(child_out)]
+                try:
+                    proc = subprocess.run(child, timeout=args.model_timeout)
+                    rc = proc.returncode
+                except subprocess.TimeoutExpired:
+                    rc = "timeout"
+                got = json.loads(child_out.read_text()) if child_out.is_file() else {}
+            if name in got.get("results", {}):
+                out["results"][name] = got["results"][name]
+            else:
+                out["errors"][name] = got.get("errors", {}).get(name, f"child process ended with {rc}, no result")
+            save()
+            continue
+        cfg = EngineConfig.from_preset(spec["preset"], **spec["overrides"])
         try:
             res = cg.measure_decode_latency(cfg, "cuda", batch_sizes=spec["batches"], context_len=args.context_len,
                                             iters=args.iters, warmup=args.warmup, label=name)

@@ -127,6 +127,10 @@ for k, v in r.items():
     if v["error"]:
         print(f"{k}: capture raised {v['error']}")
 LIVE.ran("warmup")
+if SHOW_RECORDED and REC_LIVE and "warmup" in REC_LIVE:
+    print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graph capture:")
+    print(cg.format_table([dict(variant=k, **v) for k, v in REC_LIVE["warmup"].items()],
+                          ["variant", "num_warmups", "resizes_in_warmup", "resizes_in_capture", "workspace_bytes_after", "ok"]))
 
 # %% [markdown]
 # ## 3 · Pointer stability
@@ -221,6 +225,11 @@ for order, reserve in (("smallest_first", None), ("smallest_first", "max_num_seq
 bad = RESULTS["case_a"][0]["replay"]
 print("\nfirst refusal:", next(v["error"] for v in bad.values() if not v["ok"]))
 LIVE.ran("case_a")
+if SHOW_RECORDED and REC_LIVE and "case_a" in REC_LIVE:
+    print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
+    for g in REC_LIVE["case_a"]:
+        print(f"order {g['order']}, reserve {g['reserve']}: stale buckets {g['stale_buckets']}, buffer per capture "
+              f"{[hex(c['buffer_ptr']) for c in g['captures']]}")
 
 # %% [markdown]
 # **(b)** A consumer whose need is not monotonic in the batch: `BatchDependentSplitsBackend` gives
@@ -239,6 +248,10 @@ for reserve in ("max_num_seqs", "all_buckets"):
                           hex_cols=["buffer_ptr"]))
     print("guarded replay:", {b: ("ok" if v["ok"] else "StalePointerError") for b, v in r["replay"].items()})
 LIVE.ran("case_b")
+if SHOW_RECORDED and REC_LIVE and "case_b" in REC_LIVE:
+    print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
+    for g in REC_LIVE["case_b"]:
+        print(f"reserve {g['reserve']}: need {g['need_bytes']}, stale buckets {g['stale_buckets']}")
 
 # %% [markdown]
 # **(c)** A warm-up that runs *after* capture and grows the workspace (here a dummy decode of
@@ -263,16 +276,19 @@ LIVE.ran("case_c")
 # *replay*: `graph.replay()` on filled static inputs; *runner step*: guard + copy into the static
 # inputs + padding + replay; *summed kernel time*: device time of the replay's kernels under
 # `torch.profiler`. Targets (issue 4): replay ≥ 5× faster than eager at batch 1, and within 1.3× of
-# the summed kernel time. On CUDA this cell measures live (the seed model's 8-layer shard, all batches;
-# the 32-layer model at three batches); the full sweep is `benchmarks/bench_cuda_graphs.py`.
+# the summed kernel time. On CUDA this cell measures live, without the profiler (a profiler session
+# slows later launches in the same process): the seed model's 8-layer shard at every batch, and the
+# 32-layer model at three batches, each captured as its own bucket. The full sweep with kernel sums is
+# `benchmarks/bench_cuda_graphs.py` (one process per model), shown from `data/` below.
 
 # %%
 if ON_CUDA:
     live_lat = {
         "seed (live)": cg.measure_decode_latency(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), "cuda",
-                                                 batch_sizes=[1, 2, 3, 4], iters=20, label="seed"),
-        "llama-3.1-8b (live)": cg.measure_decode_latency(EngineConfig.from_preset("llama-3.1-8b"), "cuda",
-                                                         batch_sizes=[1, 32, 256], iters=15, label="llama"),
+                                                 batch_sizes=[1, 2, 3, 4], iters=20, profile_reps=0, label="seed"),
+        "llama-3.1-8b (live)": cg.measure_decode_latency(
+            EngineConfig.from_preset("llama-3.1-8b", cudagraph_capture_sizes=(1, 32, 256)), "cuda",
+            batch_sizes=[1, 32, 256], iters=15, profile_reps=0, label="llama"),
     }
     RESULTS["latency"] = live_lat
     for k, v in live_lat.items():
@@ -293,6 +309,10 @@ if SHOW_RECORDED or not ON_CUDA:
             print(cg.format_table(v["rows"], ["batch", "bucket", "eager_us", "replay_us", "run_us",
                                               "kernel_sum_replay_us", "speedup", "replay_over_kernel_sum"]))
         print("\nsummary vs targets:", json.dumps(REC_LAT.get("summary"), indent=1))
+        for k, v in REC_LAT.get("errors", {}).items():
+            print(f"not recorded: {k}: {v}")
+        for note in REC_LAT.get("notes", []):
+            print("note:", note)
         cg.plot_latency(REC_LAT["results"], title=cg.recorded_banner(REC_LAT))
 
 # %% [markdown]
@@ -306,6 +326,11 @@ if SHOW_RECORDED or not ON_CUDA:
 # %%
 summary = LIVE.finish(os.environ.get("TQLAB_NB05_LOG") or None)
 print(json.dumps(summary))
+if SHOW_RECORDED and REC_LIVE:
+    print(cg.recorded_banner(REC_LIVE))
+    print("how it was recorded:", REC_LIVE.get("source", "this notebook's results file"))
+    print("GPU tests passed in that session:", REC_LIVE.get("gpu_tests_passed"))
+    print("GPU tests failed in that session:", REC_LIVE.get("gpu_tests_failed"))
 out_path = os.environ.get("TQLAB_NB05_RESULTS")
 if out_path:
     payload = {"provenance": cg.provenance("DEVICE=cuda python notebooks/05_cuda_graphs_live.py"), **RESULTS}

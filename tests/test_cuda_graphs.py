@@ -507,3 +507,19 @@ def test_notebook_05_runs_every_live_cell_on_cuda(tmp_path):
     data = json.loads(log.read_text())
     assert data["device"].startswith("cuda")
     assert data["missing"] == [] and set(data["ran"]) == set(data["expected"]) and data["expected"]
+
+
+def test_garbage_collector_is_off_during_capture_and_restored():
+    import gc
+
+    assert gc.isenabled()
+    with cg.no_gc_during_capture():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with cg.no_gc_during_capture():
+            pass
+        assert not gc.isenabled()  # a caller's choice is kept
+    finally:
+        gc.enable()

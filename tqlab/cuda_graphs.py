@@ -51,7 +51,9 @@ Imports no vLLM; works without CUDA (``mode="simulated"``).
 from __future__ import annotations
 
 import bisect
+import contextlib
 import datetime as _dt
+import gc
 import json
 import logging
 import math
@@ -105,6 +107,7 @@ __all__ = [
     "make_graph_safe",
     "plot_latency",
     "measure_decode_latency",
+    "no_gc_during_capture",
     "nonmonotonic_demo",
     "pointer_stability_demo",
     "prepare_decode_batch",
@@ -462,6 +465,27 @@ class SimulatedGraph:
 # --------------------------------------------------------------------------- #
 
 
+@contextlib.contextmanager
+def no_gc_during_capture():
+    """Collect garbage now, then keep the cyclic garbage collector off until the capture ends.
+
+    A collection *during* a global-mode capture can destroy an unreachable
+    engine from earlier (a ``CUDAGraph``, its pool, its tensors), and a
+    driver call that this makes is not permitted while a stream captures: the
+    capture is invalidated ("operation failed due to a previous error during
+    capture"). vLLM freezes the collector around capture for the same reason.
+    Recent PyTorch no longer collects on entering ``torch.cuda.graph``.
+    """
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
 def _is_capturing(t: torch.Tensor) -> bool:
     return t.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
@@ -670,7 +694,7 @@ class CUDAGraphDecodeRunner:
         try:
             if self.mode == "cuda":
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
+                with no_gc_during_capture(), torch.cuda.graph(graph, pool=self.pool, stream=self.stream):
                     out = step()
             else:
                 out = step()
@@ -1066,7 +1090,7 @@ def _owner_divergence(dr: CUDAGraphDecodeRunner, bucket: int, old_buf: torch.Ten
     # The owner's work as one graph of many fills, so it runs for milliseconds from one launch.
     og = torch.cuda.CUDAGraph()
     torch.cuda.synchronize(dev)
-    with torch.cuda.graph(og, stream=owner):
+    with no_gc_during_capture(), torch.cuda.graph(og, stream=owner):
         for _ in range(fills):
             victim.fill_(float("nan"))
     torch.cuda.synchronize(dev)
@@ -1287,8 +1311,9 @@ def _time_cuda(fn: Callable[[], Any], iters: int, warmup: int) -> list[float]:
     return out
 
 
-def _kernel_time_us(fn: Callable[[], Any], reps: int) -> tuple[float | None, int | None]:
-    """Summed device time (kernels, memcpy, memset) per call of ``fn`` under torch.profiler, and events per call."""
+def _kernel_time_us(fn: Callable[[], Any], reps: int) -> tuple[float | None, int | None, list[dict]]:
+    """Summed device time (kernels, memcpy, memset) per call of ``fn`` under torch.profiler, events per call,
+    and the five most expensive kernel names with microseconds per call."""
     try:
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
@@ -1299,17 +1324,22 @@ def _kernel_time_us(fn: Callable[[], Any], reps: int) -> tuple[float | None, int
                 fn()
             torch.cuda.synchronize()
         try:
-            evs = [e for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
-            total_ns, count = sum(e.duration_ns() for e in evs), len(evs)
+            evs = [(e.name(), e.duration_ns()) for e in prof.profiler.kineto_results.events()
+                   if e.device_type() == DeviceType.CUDA]
         except Exception:
-            evs = [e for e in prof.events() if getattr(e, "device_type", None) == DeviceType.CUDA]
-            total_ns, count = sum(int(e.time_range.elapsed_us() * 1000) for e in evs), len(evs)
-        if count == 0:
-            return None, 0
-        return total_ns / 1000.0 / reps, count // reps
+            evs = [(e.name, int(e.time_range.elapsed_us() * 1000)) for e in prof.events()
+                   if getattr(e, "device_type", None) == DeviceType.CUDA]
+        if not evs:
+            return None, 0, []
+        by: dict[str, int] = {}
+        for name, ns in evs:
+            by[name] = by.get(name, 0) + ns
+        top = sorted(by.items(), key=lambda kv: -kv[1])[:5]
+        return (sum(ns for _, ns in evs) / 1000.0 / reps, len(evs) // reps,
+                [{"kernel": k[:120], "us_per_call": v / 1000.0 / reps} for k, v in top])
     except Exception as e:  # profiler unavailable: report, do not fail the run
         logger.warning("torch.profiler failed: %s", e)
-        return None, None
+        return None, None, []
 
 
 def measure_decode_latency(config: EngineConfig, device: str | torch.device = "cuda", *,
@@ -1324,7 +1354,8 @@ def measure_decode_latency(config: EngineConfig, device: str | torch.device = "c
     * ``eager_us``: ``runner.decode_forward`` on the batch (what runs without graphs);
     * ``replay_us``: ``graph.replay()`` of the bucket on already-filled static inputs;
     * ``run_us``: the runner's full step: guard + copy into static inputs + padding + replay;
-    * ``kernel_sum_replay_us`` / ``kernel_sum_eager_us``: summed device time under torch.profiler;
+    * ``kernel_sum_replay_us`` / ``kernel_sum_eager_us``: summed device time under torch.profiler
+      (measured after every timing; ``profile_reps=0`` skips it), with the top kernels of a replay;
     * ``max_abs_diff``: replay vs eager logits.
 
     Raises ``ValueError`` without CUDA.
@@ -1344,29 +1375,35 @@ def measure_decode_latency(config: EngineConfig, device: str | torch.device = "c
         raise RuntimeError(f"the engine did not install the CUDA graph runner (got {type(dr).__name__})")
     capture_s = next((p.seconds for p in eng.phases if p.name == "capture"), None)
     db = prepare_decode_batch(eng.runner, nmax, context_len)
-    rows = []
+    rows, fns = [], {}
+    # All timings first: a torch.profiler session leaves overhead on later kernel launches in the
+    # process (seen on the H200: eager steps measured after profiling were slower), so profiling
+    # comes last.
     for n in sizes:
         sub = db.rows(n)
         bucket = select_bucket(n, dr.captured_sizes)
-        eager = lambda: eng.runner.decode_forward(*sub.astuple())  # noqa: E731
+        eager = lambda sub=sub: eng.runner.decode_forward(*sub.astuple())  # noqa: E731
         dr.static.fill(sub, bucket)
         ref = eager()[:n].clone()
-        rep = lambda: dr.replay(bucket)  # noqa: E731
+        rep = lambda bucket=bucket: dr.replay(bucket)  # noqa: E731
         got = rep()[:n].clone()
-        run = lambda: dr.run(*sub.astuple())  # noqa: E731
+        run = lambda sub=sub: dr.run(*sub.astuple())  # noqa: E731
         te = _time_cuda(eager, iters, warmup)
         tr = _time_cuda(rep, iters, warmup)
         tu = _time_cuda(run, iters, warmup)
-        kr, nkr = _kernel_time_us(rep, profile_reps)
-        ke, nke = _kernel_time_us(eager, profile_reps)
         d = _diff(got, ref)
-        row = {"batch": n, "bucket": bucket, "eager_us": _median(te), "replay_us": _median(tr), "run_us": _median(tu),
-               "kernel_sum_replay_us": kr, "kernels_per_replay": nkr, "kernel_sum_eager_us": ke,
-               "kernels_per_eager": nke, "speedup": _median(te) / _median(tr),
-               "replay_over_kernel_sum": (_median(tr) / kr) if kr else None,
-               "max_abs_diff": d["max_abs_diff"], "bitwise_equal": d["bitwise_equal"],
-               "argmax_mismatch": d["argmax_mismatch"]}
-        rows.append(row)
+        rows.append({"batch": n, "bucket": bucket, "eager_us": _median(te), "replay_us": _median(tr),
+                     "run_us": _median(tu), "speedup": _median(te) / _median(tr),
+                     "max_abs_diff": d["max_abs_diff"], "bitwise_equal": d["bitwise_equal"],
+                     "argmax_mismatch": d["argmax_mismatch"]})
+        fns[n] = (sub, bucket, eager, rep)
+    for row in rows:
+        sub, bucket, eager, rep = fns[row["batch"]]
+        dr.static.fill(sub, bucket)
+        kr, nkr, topr = _kernel_time_us(rep, profile_reps) if profile_reps else (None, None, [])
+        ke, nke, _ = _kernel_time_us(eager, profile_reps) if profile_reps else (None, None, [])
+        row.update(kernel_sum_replay_us=kr, kernels_per_replay=nkr, kernel_sum_eager_us=ke, kernels_per_eager=nke,
+                   replay_over_kernel_sum=(row["replay_us"] / kr) if kr else None, top_kernels_replay=topr)
     res = {"label": label or config.preset, "preset": config.preset, "num_hidden_layers": config.num_hidden_layers,
            "num_heads_per_rank": config.num_heads_per_rank, "num_kv_heads_per_rank": config.num_kv_heads_per_rank,
            "head_dim": config.head_dim, "kv_cache_dtype": config.kv_cache_dtype, "max_num_seqs": config.max_num_seqs,
