@@ -1,0 +1,106 @@
+# tqlab: two commands.
+#   make run    set up .venv (first time only), execute every notebook headless
+#               into build/ (.ipynb + .html), print a status/seconds table
+#   make test   set up .venv (first time only), run pytest (unit tests and
+#               every notebook through nbmake)
+# Other targets: make setup | sync | check | lab | clean | distclean | help
+#
+# Knobs (make VAR=value ...):
+#   NB=01           only notebooks whose name starts with / contains 01
+#                   (comma-separated: NB=01,03)
+#   PYTEST_ARGS=... extra pytest arguments (e.g. PYTEST_ARGS="-k workspace -x")
+#   PYTHON=python3  interpreter used to create .venv (>= 3.10)
+#   TORCH_SPEC=torch==2.13.0   the torch installed first, explicitly
+#   TORCH_PIP_ARGS=...         extra pip arguments for that torch install
+#                   (e.g. an --index-url of PyTorch's CPU wheels on a machine
+#                   without the local CPU wheel; an unpinned torch from the
+#                   default index is a multi-GB CUDA build)
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+KERNEL_NAME := tqlab
+KERNEL_DISPLAY := Python (tqlab)
+STAMP := $(VENV)/.tqlab-setup-done
+BUILD := build
+NB ?=
+PYTEST_ARGS ?=
+
+# Quieter Jupyter start-up (platformdirs notice, debugpy frozen-module notice).
+export JUPYTER_PLATFORM_DIRS := 1
+export PYDEVD_DISABLE_FILE_VALIDATION := 1
+# Put the venv's own kernelspecs ahead of any user-level ones (a `tqlab`
+# kernel registered with --user by another checkout must not shadow ours).
+export JUPYTER_PATH := $(abspath $(VENV))/share/jupyter$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))
+
+.PHONY: help setup run test sync check lab browser-test clean distclean
+
+help:
+	@echo "make run     execute every notebook headless into $(BUILD)/ (NB=01 to pick)"
+	@echo "make test    run pytest: unit tests + every notebook (nbmake)"
+	@echo "make setup   only create/refresh $(VENV) (done automatically by run/test)"
+	@echo "make sync    jupytext --sync notebooks/*.ipynb <-> *.py, then strip outputs"
+	@echo "make check   notebooks stored clean and paired .py in sync"
+	@echo "make lab     open JupyterLab on notebooks/ with the $(KERNEL_NAME) kernel"
+	@echo "make browser-test  run every notebook in JupyterLab + headless chromium; screenshots in $(BUILD)/screenshots"
+	@echo "make clean   remove $(BUILD)/ and caches; make distclean also removes $(VENV)"
+
+# --- set-up (idempotent: the stamp is redone only when pyproject.toml changes)
+setup: $(STAMP)
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else "tqlab needs Python >= 3.10, $(PYTHON) is " + sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMP): pyproject.toml | $(PY)
+	@echo ">> installing $(TORCH_SPEC) first (explicit pin: never an unpinned torch)"
+	$(PIP) install --progress-bar off $(TORCH_PIP_ARGS) '$(TORCH_SPEC)'
+	@echo ">> installing tqlab (editable) with the notebooks and test extras"
+	$(PIP) install --progress-bar off -e '.[notebooks,test]'
+	@echo ">> registering the '$(KERNEL_NAME)' Jupyter kernel inside $(VENV)"
+	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL_NAME) --display-name '$(KERNEL_DISPLAY)'
+	@$(PY) -c 'import torch, tqlab; print(">> ready: torch", torch.__version__, "| tqlab", tqlab.__version__)'
+	@touch $@
+
+# --- the two commands
+run: $(STAMP)
+	$(PY) tools/run_notebooks.py run --out $(BUILD) --kernel $(KERNEL_NAME) $(if $(NB),--only '$(NB)')
+
+# pytest exit status 5 = collected no tests: that is a failure, not a pass.
+test: $(STAMP)
+	@rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit status 5): failing" >&2; fi; \
+	exit $$rc
+
+# --- notebook housekeeping
+sync: $(STAMP)
+	$(PY) tools/run_notebooks.py sync
+
+check: $(STAMP)
+	$(PY) tools/run_notebooks.py check
+
+lab: $(STAMP)
+	$(VENV)/bin/jupyter lab notebooks/
+
+# End-to-end in a real browser (tools/browser_test.py): JupyterLab on 127.0.0.1
+# with a token, Debian's /usr/bin/chromium (apt-get install -y chromium) driven
+# by Playwright. The playwright package is installed into the venv if missing;
+# never `playwright install` (it downloads a browser).
+browser-test: $(STAMP)
+	@$(PY) -c 'import playwright' 2>/dev/null || $(PIP) install --progress-bar off 'playwright>=1.40'
+	$(PY) tools/browser_test.py --out $(BUILD)/screenshots $(if $(NB),--only '$(NB)')
+
+clean:
+	rm -rf $(BUILD) .pytest_cache .hypothesis *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -path ./$(VENV) -prune -o -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)
