@@ -43,7 +43,7 @@
 import platform
 import time
 
-_T0 = time.perf_counter()
+_T0, _CPU0 = time.perf_counter(), time.process_time()
 
 import torch
 
@@ -696,4 +696,4 @@ print("lifecycle checks passed; the manager is reset")
 # * Warm-up decides the locked size. Anything warm-up never asked for fails after the lock.
 
 # %%
-show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s on `{device}`.*")
+show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU on `{device}`.*")

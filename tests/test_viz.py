@@ -222,6 +222,17 @@ def test_plot_phases_and_bars_draw():
         viz.plot_bars(["x", "y"], [1.0])
 
 
+def test_plot_need_curve_draws_levels_and_points():
+    ax = viz.plot_need_curve([0, 16, 32], [0, MiB, 2 * MiB], levels=[("locked", MiB // 4)], points=[("8K", 16, MiB)])
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert labels == ["workspace the request needs", "locked: 0.25 MiB"]
+    assert [t.get_text() for t in ax.texts] == ["8K\n1.00 MiB"]
+    with pytest.raises(ValueError, match="as many values"):
+        viz.plot_need_curve([0, 1], [0])
+    with pytest.raises(ValueError, match="at least one"):
+        viz.plot_need_curve([], [])
+
+
 # --------------------------------------------------------------------------- debug log
 def test_debug_workspace_log_collects_and_restores(monkeypatch, capsys):
     monkeypatch.delenv("TQLAB_DEBUG_WORKSPACE", raising=False)

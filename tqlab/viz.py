@@ -10,6 +10,7 @@ Each figure has a pure "data" function (tested with exact values) and a
   slot, lock/unlock shading, violations marked at the size they asked for);
 * workspace size after each engine phase — :func:`plot_phases` and
   :func:`phases_markdown` (``LLMEngine.phases``);
+* a need-vs-length curve with reference levels — :func:`plot_need_curve`;
 * plain bar charts — :func:`plot_bars`.
 
 Display helpers: :func:`fmt_bytes`, :func:`markdown_table`, :func:`show_md`,
@@ -43,6 +44,7 @@ __all__ = [
     "plot_bars",
     "plot_byte_maps",
     "plot_layout",
+    "plot_need_curve",
     "plot_phases",
     "plot_workspace_timeline",
     "show_error",
@@ -444,9 +446,10 @@ def plot_workspace_timeline(
         if ev.kind == "violation":
             ax.plot([x], [ev.new_bytes / div], marker="X", color="#c53030", markersize=11, linestyle="none")
             ax.plot([x, x], [ev.old_bytes / div, ev.new_bytes / div], color="#c53030", linestyle=":")
+            high = ev.new_bytes / div > 0.5 * top  # write below a high cross, above a low one
             ax.annotate(f"violation: asks {ev.new_bytes / div:.2f} {uname}\nfrom {ev.caller}", (x, ev.new_bytes / div),
-                        textcoords="offset points", xytext=(-10, 6), ha="right", va="bottom", fontsize=8,
-                        color="#c53030")
+                        textcoords="offset points", xytext=(-12, -8 if high else 8), ha="right",
+                        va="top" if high else "bottom", fontsize=8, color="#c53030")
         elif ev.kind in ("lock", "unlock"):
             ax.axvline(x, color="#444444", linestyle="--", linewidth=0.8)
             ax.text(x, top * 1.13, ev.kind, rotation=90, ha="right", va="top", fontsize=8, color="#444444")
@@ -612,6 +615,51 @@ def plot_bars(
         ax.set_ylim(top=(max(values) if values else 1) * (3 if log else 1.18))
     if hline is not None and hline_label:
         ax.legend(fontsize=8)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    return ax
+
+
+def plot_need_curve(
+    xs: Sequence[int],
+    need_bytes: Sequence[int],
+    *,
+    levels: Sequence[tuple[str, int]] = (),
+    points: Sequence[tuple[str, int, int]] = (),
+    ax=None,
+    xlabel: str = "cached_len (tokens)",
+    title: str | None = None,
+    label: str = "workspace the request needs",
+):
+    """A workspace need (MiB) as a step curve over ``xs``, with horizontal ``levels`` and marked ``points``.
+
+    ``levels``: ``(label, bytes)`` drawn as dashed lines (e.g. the locked size,
+    the reservation). ``points``: ``(label, x, bytes)`` drawn as dots (e.g. a
+    prompt's chunk). Raises ``ValueError`` when ``xs`` and ``need_bytes``
+    differ in length or are empty. Returns the ``Axes``.
+    """
+    import matplotlib.pyplot as plt
+
+    if len(xs) != len(need_bytes) or not xs:
+        raise ValueError(f"need as many values as x positions (got {len(xs)} and {len(need_bytes)}), and at least one")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 3.6))
+    ax.step(list(xs), [b / MiB for b in need_bytes], where="post", linewidth=2, color=_VIEW_COLORS[0], label=label)
+    line_colors = ("#c53030", "#2f855a", "#6b46c1", "#b7791f")
+    for k, (lab, b) in enumerate(levels):
+        ax.axhline(b / MiB, color=line_colors[k % len(line_colors)], linestyle="--", linewidth=1.3,
+                   label=f"{lab}: {b / MiB:.2f} MiB")
+    for k, (lab, x, b) in enumerate(points):
+        ax.plot([x], [b / MiB], marker="o", color="black", markersize=6, linestyle="none")
+        ax.annotate(f"{lab}\n{b / MiB:.2f} MiB", (x, b / MiB), textcoords="offset points", xytext=(6, 6),
+                    fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("workspace (MiB)")
+    ax.set_xlim(0, max(xs) * 1.02 if max(xs) else 1)
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize=8, loc="upper left")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
     if title:

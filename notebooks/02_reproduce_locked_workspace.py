@@ -1,0 +1,415 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Reproduce "Workspace is locked"
+#
+# A bug report against vLLM 0.20 (seed 003): an eight-GPU server running
+# Nemotron-3-Super-120B with the TurboQuant KV cache dies on the first long prompt with
+#
+# > `AssertionError: Workspace is locked but allocation from 'turboquant_attn.py:757:_continuation_prefill' requires 2.00 MB, current size is 0.26 MB.`
+#
+# This notebook rebuilds that deployment on one tensor-parallel rank and crashes it the
+# same way — on your CPU, with the same numbers. You will learn:
+#
+# 1. how the deployment's flags become per-rank shapes (tensor parallelism splits the heads);
+# 2. why start-up under-counts: the profile run never takes the path that crashes;
+# 3. which chunk of the long prompt asks for more, and by exactly how much (predicted, then run);
+# 4. what is left afterwards: a dead engine;
+# 5. for every preset, the longest prompt that survives without the fix.
+#
+# **Hardware.** CPU (default). `DEVICE = "cuda"` runs the engine on a GPU; `"meta"` runs it
+# shape-only. The per-preset survey always runs on `meta` (shapes only, no arithmetic).
+#
+# **Run time.** Under a minute on a small CPU box; most of it is real attention (the profile
+# run and the long prompt's first chunk). The last cell prints the measured time.
+
+# %%
+import platform
+import time
+
+_T0, _CPU0 = time.perf_counter(), time.process_time()
+
+import torch
+
+import tqlab
+
+print(
+    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
+    f"CUDA available: {torch.cuda.is_available()}"
+)
+
+# %% tags=["parameters"]
+DEVICE = "cpu"  # where the engine runs the long prompt: "cpu", "cuda" or "meta"
+USE_RECORDED = True  # without CUDA, show a recorded GPU run from data/ (under a banner) if there is one
+
+# %%
+import matplotlib.pyplot as plt
+
+from tqlab import recorded, viz
+from tqlab.config import EngineConfig, list_presets, load_preset
+from tqlab.engine import EngineDeadError, LLMEngine
+from tqlab.reservation import (
+    CONTINUATION_DECODE_THRESHOLD,
+    chunk_workspace_request,
+    decode_workspace_shapes,
+    first_failing_prompt,
+    prompt_chunks,
+)
+from tqlab.viz import markdown_table, show_md
+from tqlab.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
+
+device = recorded.pick_device(DEVICE)
+PRESET = "nemotron-3-super-120b-a12b"
+# The bug report's own words (seed 003), quoted so that the run below can be checked against them.
+BUG_REPORT_NUMBERS = "requires 2.00 MB, current size is 0.26 MB"
+print(f"engine device: {device!r}")
+
+# %% [markdown]
+# ## 1 · The deployment, and what one rank sees
+#
+# The report's command line sets tensor parallelism, `max_num_seqs`, `max_model_len` and the
+# TurboQuant cache; the model's public `config.json` gives the attention shapes. Both live
+# in the preset `nemotron-3-super-120b-a12b`.
+
+# %%
+preset = load_preset(PRESET)
+cfg = EngineConfig.from_preset(PRESET)
+PROMPT_TOKENS = preset["default_prompt_tokens"]  # the report's "~8K tokens" prompt
+show_md(f"**{preset['title']}**\n\n*Source:* {preset['source']}")
+fields = (
+    "tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+    "kv_cache_dtype", "dtype", "block_size", "tq_max_kv_splits_for_cuda_graph",
+)
+show_md(markdown_table(("engine argument", "value"), [(f"`{f}`", getattr(cfg, f)) for f in fields]))
+
+# %% [markdown]
+# **Question.** With tensor parallelism each GPU holds a slice of the attention heads.
+# How many query heads and KV heads does one rank's attention layer see?
+#
+# vLLM's rule: query heads are split evenly; KV heads are split too, but when there are
+# fewer KV heads than ranks, each rank keeps one replicated KV head.
+
+# %%
+show_md(
+    markdown_table(
+        ("", "whole model", f"per rank (TP = {cfg.tensor_parallel_size})"),
+        [
+            ("query heads", cfg.num_attention_heads, cfg.num_heads_per_rank),
+            ("KV heads", cfg.num_key_value_heads, cfg.num_kv_heads_per_rank),
+            ("head_dim", cfg.head_dim, cfg.head_dim),
+            ("attention layers", cfg.num_hidden_layers, cfg.num_hidden_layers),
+        ],
+    )
+)
+kv_per_token_model = 2 * cfg.num_key_value_heads * cfg.head_dim * cfg.num_hidden_layers * cfg.dtype.itemsize
+show_md(
+    f"Unquantized K+V per token for the whole model: {cfg.num_key_value_heads} KV heads × {cfg.head_dim} × "
+    f"{cfg.num_hidden_layers} layers × 2 (K and V) × {cfg.dtype.itemsize} bytes = **{kv_per_token_model:,} bytes "
+    f"= {kv_per_token_model // 1024} KiB**, the figure the model card publishes (quoted in the preset's source)."
+)
+
+# %% [markdown]
+# **Predict, then run.** Query heads per rank = query heads / TP. KV heads: fewer than
+# ranks here, so one per rank.
+
+# %%
+assert cfg.num_heads_per_rank == cfg.num_attention_heads // cfg.tensor_parallel_size
+assert cfg.num_key_value_heads < cfg.tensor_parallel_size and cfg.num_kv_heads_per_rank == 1
+assert kv_per_token_model == 8 * 1024  # the published KV-cache cost per token (preset source)
+print("per-rank shapes check out")
+
+# %% [markdown]
+# ## 2 · Start-up, phase by phase — and the under-count
+#
+# **Question.** vLLM sizes the workspace by *watching* start-up: whatever the profile run
+# and CUDA graph capture ask for is what the lock freezes. What do they ask for?
+#
+# We start the engine **without** the fix (vLLM 0.20's behaviour). Each phase prints the
+# workspace size after it.
+
+# %%
+marker = viz.PhaseMarker(echo=True)
+t = time.perf_counter()
+engine = LLMEngine(cfg, fix=False, device=device, on_phase=marker)
+startup_s = time.perf_counter() - t
+show_md(viz.phases_markdown(engine.phases))
+print(f"start-up took {startup_s:.1f} s on {device}")
+
+# %% [markdown]
+# The **profile run** is a dummy prefill of fresh tokens: nothing is cached yet, so it takes
+# the plain prefill path, which needs no workspace at all. **Capture** runs the decode
+# batch-size buckets, whose split-KV scratch is the only thing that grows the buffer — to the
+# decode layout at `max_num_seqs` rows, the very layout notebook 01 drew. That is all the
+# lock ever sees. The continuation-prefill path, whose buffers grow with the cached length,
+# never runs before the lock.
+#
+# **Predict, then run.** The profile run's chunk is a "prefill" (no workspace request); the
+# locked size equals the decode layout at `max_num_seqs` rows.
+
+# %%
+profile_chunk = chunk_workspace_request(cfg, 0, min(cfg.max_num_batched_tokens, cfg.max_model_len))
+decode_at_max = compute_layout(
+    decode_workspace_shapes(cfg.max_num_seqs, cfg.num_heads_per_rank, cfg.head_dim,
+                            cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype)
+).total_bytes
+by_phase = {p.name: p.workspace_bytes[0] for p in engine.phases}
+assert profile_chunk.path == "prefill" and profile_chunk.shapes is None
+assert by_phase["profile_run"] == 0
+assert engine.locked_bytes == by_phase["capture"] == decode_at_max
+assert engine.workspace.is_locked()
+show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_bytes)} MB**: decode scratch only.")
+
+# %% [markdown]
+# ## 3 · The long prompt
+#
+# **Question.** With chunked prefill, the scheduler feeds the prompt in chunks of at most
+# `max_num_batched_tokens`. The first chunk has nothing cached. Every later chunk has
+# cached tokens: a *continuation prefill*. If it brings more than
+# `CONTINUATION_DECODE_THRESHOLD` new tokens, the TurboQuant backend dequantizes the whole
+# cached K and V into two fp16 workspace buffers of shape `(1, Hk, round_up(cached_len, block_size), D)`.
+# What does each chunk of the report's prompt ask for?
+
+# %%
+chunks = prompt_chunks(PROMPT_TOKENS, cfg.max_num_batched_tokens)
+plan_rows, first_bad = [], None
+for i, (cached, q) in enumerate(chunks):
+    req = chunk_workspace_request(cfg, cached, q)
+    fits = req.nbytes <= engine.locked_bytes
+    if not fits and first_bad is None:
+        first_bad = (i, req)
+    plan_rows.append((i, cached, q, req.path, "—" if req.shapes is None else " + ".join(str(s) for s, _ in req.shapes),
+                      f"{req.nbytes:,}", f"{format_mb(req.nbytes)} MB", "yes" if fits else "**no**"))
+show_md(
+    markdown_table(("chunk", "cached_len", "new tokens", "path", "workspace views", "bytes", "MB", "fits the lock?"),
+                   plan_rows)
+)
+bad_chunk, bad_req = first_bad
+show_md(
+    f"Prediction: chunk {bad_chunk} (cached_len {bad_req.cached_len:,}, {bad_req.q_len:,} new tokens > "
+    f"{CONTINUATION_DECODE_THRESHOLD}) asks for **{format_mb(bad_req.nbytes)} MB** while the lock holds "
+    f"**{format_mb(engine.locked_bytes)} MB** — {bad_req.nbytes / engine.locked_bytes:.1f}× too much."
+)
+
+# %% [markdown]
+# **Run it.** The first chunk computes real attention over the fresh tokens (this is the
+# slow part on a CPU); the second chunk asks the locked workspace for its dequant buffers.
+# The cell catches the assertion and shows it — the crash is the expected result here.
+
+# %%
+t = time.perf_counter()
+try:
+    engine.generate(PROMPT_TOKENS, max_tokens=1)
+except WorkspaceLockedError as exc:
+    crash = exc
+    viz.show_error(crash, "vLLM's assertion, reproduced (caught)")
+else:
+    raise AssertionError("the long prompt was served: the crash did not reproduce")
+marker.mark("serve", engine.workspace)
+print(f"the prompt ran {time.perf_counter() - t:.1f} s before the assertion")
+
+# %% [markdown]
+# **Predict, then run.** The error carries the predicted bytes and the locked size, names
+# the continuation-prefill function as the caller, and prints the bug report's numbers.
+
+# %%
+assert isinstance(crash, AssertionError)  # what vLLM raises
+assert crash.required_bytes == bad_req.nbytes
+assert crash.current_bytes == engine.locked_bytes
+assert crash.caller.endswith(":_continuation_prefill")
+assert BUG_REPORT_NUMBERS in str(crash)
+show_md(
+    f"Bug report: `{BUG_REPORT_NUMBERS}` · this run: `requires {format_mb(crash.required_bytes)} MB, "
+    f"current size is {format_mb(crash.current_bytes)} MB` — the same."
+)
+
+# %% [markdown]
+# The whole story in one picture: the workspace size along the engine's event log, phase
+# by phase. Profile run: nothing. Capture: the decode scratch. Lock. Then the prompt's
+# second chunk asks far above the locked line.
+
+# %%
+ax = viz.plot_workspace_timeline(engine.workspace.events, marker.marks,
+                                 title=f"{PRESET}, one rank, no fix: the workspace's life")
+plt.show()
+ax = viz.plot_phases(engine.phases, need_bytes=crash.required_bytes, need_label=f"chunk {bad_chunk} needs",
+                     title="Workspace after each start-up phase vs what the long prompt needs")
+plt.show()
+
+# %% [markdown]
+# ## 4 · The dead engine
+#
+# **Question.** Does the server recover for the next request?
+#
+# No. In vLLM the assertion kills the EngineCore process; every later request gets an
+# HTTP 500 ("EngineCore encountered an issue"). `tqlab`'s engine does the same: it records
+# the cause and refuses everything afterwards, immediately (nothing hangs).
+
+# %%
+try:
+    engine.generate(16, max_tokens=1)  # a tiny prompt that would have fit
+except EngineDeadError as exc:
+    dead = exc
+    viz.show_error(dead, "EngineDeadError (caught)")
+else:
+    raise AssertionError("a dead engine served a request")
+
+# %% [markdown]
+# **Predict, then run.** The dead-engine error keeps the original assertion as its cause;
+# adding a request fails the same way.
+
+# %%
+assert dead.cause is crash and engine.dead is crash
+try:
+    engine.add_request(16)
+except EngineDeadError:
+    pass
+else:
+    raise AssertionError("add_request accepted work on a dead engine")
+print("the engine stays dead, and says why")
+
+# %% [markdown]
+# ### The same crash on a GPU
+#
+# On CUDA the cells above already ran on the GPU. Without CUDA, this shows a recorded GPU
+# run of the same reproduction from `data/repro_nemotron_cuda.json` when one exists.
+
+# %%
+REC = "repro_nemotron_cuda"
+if device.startswith("cuda"):
+    show_md(f"*This notebook ran on `{torch.cuda.get_device_name()}`: the results above are live GPU results.*")
+elif USE_RECORDED and recorded.has_recorded(REC):
+    rec = recorded.load_recorded(REC)
+    recorded.show_banner(rec.provenance)
+    show_md("\n\n".join(f"**{k}**: `{v}`" for k, v in rec.data.items() if k != "provenance"))
+else:
+    show_md(
+        f"*No CUDA here and no recording `data/{REC}.json` yet "
+        f"(recordings available: {', '.join(recorded.list_recorded()) or 'none'}).*"
+    )
+
+# %% [markdown]
+# ## 5 · How long a prompt survives, per preset
+#
+# **Question.** Without the fix, which prompts are safe? Every preset locks at its own
+# decode scratch size; the first chunk that asks for more kills the engine.
+# `tqlab.reservation.first_failing_prompt` finds the shortest such prompt exactly (without
+# trying every length), using the same per-chunk formula the backend uses.
+#
+# To get each preset's locked size we start it, without the fix, on the `meta` device
+# (shapes only). The workspace is one buffer shared by every layer, and capture runs the
+# largest decode bucket first, so a one-layer engine that captures only the largest bucket
+# locks at exactly the same size, much faster; the cell checks that on two presets with the
+# full engine.
+
+# %%
+def locked_without_fix(c: EngineConfig) -> int:
+    """Locked workspace bytes of an unfixed engine (one layer, largest capture bucket only)."""
+    quick = c.replace(num_hidden_layers=1, cudagraph_capture_sizes=(c.max_num_seqs,))
+    return LLMEngine(quick, fix=False, device="meta").locked_bytes
+
+
+for name in (PRESET, "pr-44053-unit-test"):  # full engine, every layer and bucket: same size
+    c = EngineConfig.from_preset(name)
+    assert LLMEngine(c, fix=False, device="meta").locked_bytes == locked_without_fix(c)
+
+survey = []
+for name in list_presets():
+    c = EngineConfig.from_preset(name)
+    locked = locked_without_fix(c)
+    bad = first_failing_prompt(c, locked)
+    if bad is None:
+        longest, path, need = c.max_model_len - 1, "—", None
+    else:
+        cached, q = prompt_chunks(bad, c.max_num_batched_tokens)[-1]
+        r = chunk_workspace_request(c, cached, q)
+        longest, path, need = bad - 1, f"{r.path} (cached {cached:,}, {q} new)", r.nbytes
+    survey.append(dict(name=name, cfg=c, locked=locked, bad=bad, longest=longest, path=path, need=need))
+
+show_md(
+    markdown_table(
+        ("preset", "locked (MB)", "longest surviving prompt", "max_model_len", "share", "first failing chunk", "it needs (MB)"),
+        [
+            (s["name"], format_mb(s["locked"]), f"{s['longest']:,}", f"{s['cfg'].max_model_len:,}",
+             f"{100 * s['longest'] / s['cfg'].max_model_len:.1f} %", s["path"],
+             "—" if s["need"] is None else format_mb(s["need"]))
+            for s in survey
+        ],
+    )
+)
+ax = viz.plot_bars(
+    [s["name"] for s in survey],
+    [100 * s["longest"] / s["cfg"].max_model_len for s in survey],
+    ylabel="longest surviving prompt, % of max_model_len (no fix)",
+    fmt="{:.1f} %",
+    horizontal=True,
+    title="Longest prompt that survives without the fix, as a share of max_model_len",
+)
+plt.show()
+
+# %% [markdown]
+# Why each preset fails where it does — computed from the same formulas, per preset:
+
+# %%
+reasons = []
+for s in survey:
+    c = s["cfg"]
+    if s["bad"] is None:
+        cont = chunk_workspace_request(c, c.max_model_len - 1, CONTINUATION_DECODE_THRESHOLD + 1).nbytes
+        if not c.enable_chunked_prefill or c.max_num_batched_tokens >= c.max_model_len:
+            why = "one chunk covers the whole context, so no continuation prefill ever happens"
+        else:
+            why = (f"its locked decode scratch ({format_mb(s['locked'])} MB, `max_num_seqs` = {c.max_num_seqs}) "
+                   f"already exceeds the dequant buffers at `max_model_len` ({format_mb(cont)} MB)")
+        reasons.append(f"- **{s['name']}** survives every prompt: {why}.")
+    elif s["path"].startswith("decode_kernel"):
+        q = s["bad"] - prompt_chunks(s["bad"], c.max_num_batched_tokens)[-1][0]
+        reasons.append(
+            f"- **{s['name']}** fails on the *decode-kernel* path: a continuation chunk of at most "
+            f"{CONTINUATION_DECODE_THRESHOLD} new tokens runs the decode kernel with one row per token, and "
+            f"{q} rows > `max_num_seqs` = {c.max_num_seqs} rows of captured decode scratch."
+        )
+    else:
+        cached = prompt_chunks(s["bad"], c.max_num_batched_tokens)[-1][0]
+        reasons.append(
+            f"- **{s['name']}** fails on the dequant buffers of a continuation chunk once "
+            f"cached_len reaches {cached:,} tokens ({format_mb(s['need'])} MB > {format_mb(s['locked'])} MB)."
+        )
+show_md("\n".join(reasons))
+
+# %% [markdown]
+# **Predict, then run.** On the bug report's preset, the longest surviving prompt completes
+# and one token more kills the engine (both on `meta`: shape-only, fast).
+
+# %%
+row = next(s for s in survey if s["name"] == PRESET)
+ok_engine = LLMEngine(row["cfg"], fix=False, device="meta")
+out = ok_engine.generate(row["longest"], max_tokens=1)
+assert out.finished and ok_engine.dead is None
+
+bad_engine = LLMEngine(row["cfg"], fix=False, device="meta")
+try:
+    bad_engine.generate(row["bad"], max_tokens=1)
+except WorkspaceLockedError as exc:
+    assert exc.required_bytes == row["need"]
+    viz.show_error(exc, f"{row['bad']:,} tokens: one more than the longest survivor (caught)")
+else:
+    raise AssertionError("the first failing prompt was served")
+
+# %% [markdown]
+# ## Next
+#
+# Notebook 03 applies the fix of vLLM PR #44053: reserve the worst case before the lock.
+
+# %%
+show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (engine on `{device}`).*")
