@@ -1,0 +1,279 @@
+"""Notebook hygiene, and the headless runner behind ``make run``.
+
+The notebooks themselves are *executed* by nbmake (``--nbmake`` in
+pyproject's pytest options collects every ``notebooks/*.ipynb``); this file
+checks how they are stored, and that ``tools/run_notebooks.py`` reports
+errors, tagged expected exceptions, filters and outputs correctly, on
+throwaway notebooks written into ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tools import run_notebooks as rn
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = rn.find_notebooks(ROOT / "notebooks")
+
+
+# --------------------------------------------------------------------------- the repository's notebooks
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_stored_clean(path):
+    assert rn.clean_problems(path) == [], "run `make sync` (it strips outputs)"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_paired_with_an_identical_py_percent_script(path):
+    assert rn.pairing_problems(path) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_named_and_opens_as_the_convention_says(path):
+    assert re.fullmatch(r"\d{2}_[a-z0-9_]+", path.stem), f"{path.name}: expected NN_snake_case.ipynb"
+    nb = nbformat.read(str(path), as_version=4)
+    assert nb.cells and nb.cells[0].cell_type == "markdown", "first cell: the header (markdown)"
+    params = [c for c in nb.cells if c.cell_type == "code" and "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1, "exactly one code cell tagged `parameters` (papermill convention)"
+    for name in ("DEVICE", "USE_RECORDED"):
+        assert re.search(rf"^{name}\s*=", params[0].source, re.M), f"parameters cell must set {name}"
+
+
+def test_no_orphan_scripts_in_notebooks_folder():
+    assert rn.orphan_scripts(ROOT / "notebooks") == []
+
+
+# --------------------------------------------------------------------------- helpers for throwaway notebooks
+def _write_pair(directory: Path, stem: str, py_percent: str) -> Path:
+    """Write <stem>.py (py:percent) and the paired, clean <stem>.ipynb; return the .ipynb."""
+    import jupytext
+
+    py = directory / f"{stem}.py"
+    py.write_text(textwrap.dedent(py_percent).lstrip(), encoding="utf-8")
+    nb = jupytext.read(str(py), fmt="py:percent")
+    nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    path = directory / f"{stem}.ipynb"
+    nbformat.write(nb, str(path))
+    return path
+
+
+OK_NB = """
+# %% [markdown]
+# # A throwaway notebook
+
+# %%
+from pathlib import Path
+print(Path("data.txt").read_text().strip())  # relative to the notebook's folder
+
+# %% tags=["raises-exception"]
+raise AssertionError("Workspace is locked (expected here)")
+
+# %%
+answer = 6 * 7
+answer
+"""
+
+ERROR_NB = """
+# %%
+x = 1
+
+# %%
+1 / 0
+
+# %%
+never_reached = True
+"""
+
+QUIET_NB = """
+# %% tags=["raises-exception"]
+"this was supposed to fail"
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel() -> str:
+    return rn.resolve_kernel("python3")[0]
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory, kernel):
+    """One `run` over three throwaway notebooks: ok, error, missing-raise."""
+    src = tmp_path_factory.mktemp("nbs")
+    out = tmp_path_factory.mktemp("build")
+    (src / "data.txt").write_text("hello from data.txt\n", encoding="utf-8")
+    _write_pair(src, "01_ok", OK_NB)
+    _write_pair(src, "02_error", ERROR_NB)
+    _write_pair(src, "03_quiet", QUIET_NB)
+    rc = rn.main(["--dir", str(src), "run", "--out", str(out), "--kernel", kernel])
+    summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+    by_name = {r["notebook"]: r for r in summary["results"]}
+    return src, out, rc, by_name
+
+
+# --------------------------------------------------------------------------- runner behaviour
+def test_run_exits_1_when_any_notebook_fails(executed):
+    _, _, rc, by_name = executed
+    assert rc == 1
+    assert [by_name[n]["status"] for n in ("01_ok.ipynb", "02_error.ipynb", "03_quiet.ipynb")] == [
+        "ok", "error", "missing-raise",
+    ]
+
+
+def test_tagged_exception_is_allowed_and_outputs_are_written(executed):
+    src, out, _, by_name = executed
+    r = by_name["01_ok.ipynb"]
+    assert (r["code_cells"], r["executed_cells"], r["expected_raises"]) == (3, 3, 1)
+    nb = nbformat.read(str(out / "01_ok.ipynb"), as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code[0].outputs[0]["text"] == "hello from data.txt\n"  # cwd = the notebook's folder
+    assert code[1].outputs[0]["output_type"] == "error"
+    assert code[1].outputs[0]["ename"] == "AssertionError"
+    assert code[2].outputs[0]["data"]["text/plain"] == "42"
+    html = (out / "01_ok.html").read_text(encoding="utf-8")
+    assert "<html" in html and "hello from data.txt" in html
+    # the stored source notebook is untouched
+    assert rn.clean_problems(src / "01_ok.ipynb") == []
+
+
+def test_error_names_the_cell_and_exception_and_keeps_partial_output(executed):
+    _, out, _, by_name = executed
+    r = by_name["02_error.ipynb"]
+    assert r["detail"] == "cell 1: ZeroDivisionError: division by zero"
+    assert (r["code_cells"], r["executed_cells"]) == (3, 2)
+    assert (out / "02_error.ipynb").exists() and (out / "02_error.html").exists()
+
+
+def test_tagged_cell_that_does_not_raise_is_a_failure(executed):
+    _, _, _, by_name = executed
+    assert by_name["03_quiet.ipynb"]["detail"] == "cell(s) [0] tagged 'raises-exception' did not raise"
+
+
+def test_only_filter_and_no_match(tmp_path, capsys, kernel):
+    for stem in ("01_alpha", "02_beta", "03_gamma"):
+        _write_pair(tmp_path, stem, "# %%\npass\n")
+    names = lambda only: [p.stem for p in rn.find_notebooks(tmp_path, only)]  # noqa: E731
+    assert names(None) == ["01_alpha", "02_beta", "03_gamma"]
+    assert names("01") == ["01_alpha"]
+    assert names("01,03") == ["01_alpha", "03_gamma"]
+    assert names("beta") == ["02_beta"]
+    assert names(" , ") == ["01_alpha", "02_beta", "03_gamma"]
+    assert rn.main(["--dir", str(tmp_path), "run", "--only", "99", "--out", ""]) == 2
+    assert "no notebooks matching '99'" in capsys.readouterr().err
+    out = tmp_path / "out"
+    assert rn.main(["--dir", str(tmp_path), "run", "--only", "02", "--out", str(out),
+                    "--kernel", kernel, "--no-html"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["02_beta.ipynb", "summary.json"]
+
+
+def test_unknown_kernel_is_refused_by_name():
+    with pytest.raises(ValueError, match="'no-such-kernel-xyz' is not registered"):
+        rn.resolve_kernel("no-such-kernel-xyz")
+
+
+def test_kernel_running_another_interpreter_is_refused(tmp_path, monkeypatch):
+    spec = tmp_path / "kernels" / "elsewhere"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": ["/opt/some/other/python", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "elsewhere", "language": "python",
+    }))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    with pytest.raises(ValueError, match="runs /opt/some/other/python, not this interpreter"):
+        rn.resolve_kernel("elsewhere")
+    # our prefix was put first, the caller's path kept after it
+    assert os.environ["JUPYTER_PATH"].split(os.pathsep) == [
+        str(Path(sys.prefix) / "share" / "jupyter"), str(tmp_path)]
+
+
+# --------------------------------------------------------------------------- storage checks
+def test_clean_check_finds_outputs_and_strip_removes_them(tmp_path):
+    path = _write_pair(tmp_path, "01_dirty", "# %%\nprint(1)\n\n# %%\nx = 2\n")
+    assert rn.clean_problems(path) == []
+    nb = nbformat.read(str(path), as_version=4)
+    nb.cells[0].outputs = [nbformat.v4.new_output("stream", name="stdout", text="1\n")]
+    nb.cells[0].execution_count = 1
+    nb.cells[1].metadata["execution"] = {"iopub.status.busy": "2026-01-01T00:00:00Z"}
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {}}
+    nbformat.write(nb, str(path))
+    assert rn.clean_problems(path) == [
+        "01_dirty.ipynb: cell 0 has 1 stored output(s)",
+        "01_dirty.ipynb: cell 0 has execution_count 1",
+        "01_dirty.ipynb: cell 1 has execution timing metadata",
+        "01_dirty.ipynb: notebook metadata holds saved widget state",
+    ]
+    assert rn.main(["--dir", str(tmp_path), "check"]) == 1
+    assert rn.strip_notebook(path) is True
+    assert rn.strip_notebook(path) is False
+    assert rn.clean_problems(path) == []
+    assert rn.main(["--dir", str(tmp_path), "check"]) == 0
+
+
+def test_pairing_check_finds_every_kind_of_drift(tmp_path):
+    path = _write_pair(tmp_path, "01_pair", "# %% [markdown]\n# Title\n\n# %%\nx = 1\n")
+    assert rn.pairing_problems(path) == []
+    twin = path.with_suffix(".py")
+    good = twin.read_text(encoding="utf-8")
+
+    twin.write_text(good.replace("x = 1", "x = 2"), encoding="utf-8")
+    assert rn.pairing_problems(path) == [
+        "01_pair.ipynb: cell 1 source differs from 01_pair.py (run `make sync`)"]
+
+    twin.write_text(good.replace("# %%\nx = 1", '# %% tags=["raises-exception"]\nx = 1'), encoding="utf-8")
+    assert rn.pairing_problems(path) == [
+        "01_pair.ipynb: cell 1 tags differs from 01_pair.py (run `make sync`)"]
+
+    twin.write_text(good + "\n# %%\ny = 2\n", encoding="utf-8")
+    assert rn.pairing_problems(path) == [
+        "01_pair.ipynb: 2 cells but 01_pair.py has 3 (run `make sync`)"]
+
+    twin.write_text(good, encoding="utf-8")
+    nb = nbformat.read(str(path), as_version=4)
+    del nb.metadata["jupytext"]
+    nbformat.write(nb, str(path))
+    assert rn.pairing_problems(path) == [
+        "01_pair.ipynb: metadata jupytext.formats is '', expected 'ipynb,py:percent'"]
+
+    twin.unlink()
+    assert rn.pairing_problems(path) == [
+        "01_pair.ipynb: paired file 01_pair.py is missing (run `make sync`)"]
+    (tmp_path / "02_lonely.py").write_text("# %%\npass\n", encoding="utf-8")
+    assert rn.orphan_scripts(tmp_path) == ["02_lonely.py: no paired 02_lonely.ipynb (run `make sync`)"]
+
+
+def test_sync_pairs_a_new_script_then_follows_edits(tmp_path):
+    py = tmp_path / "01_new.py"
+    py.write_text("# %% [markdown]\n# New\n\n# %%\nvalue = 1\n", encoding="utf-8")
+    assert rn.main(["--dir", str(tmp_path), "sync"]) == 0
+    path = tmp_path / "01_new.ipynb"
+    assert path.exists()
+    assert rn.clean_problems(path) == [] and rn.pairing_problems(path) == []
+    # edit the script, make it the newer file, sync again: the notebook follows
+    py.write_text(py.read_text(encoding="utf-8").replace("value = 1", "value = 2"), encoding="utf-8")
+    stamp = path.stat().st_mtime + 10
+    os.utime(py, (stamp, stamp))
+    assert rn.main(["--dir", str(tmp_path), "sync"]) == 0
+    nb = nbformat.read(str(path), as_version=4)
+    assert nb.cells[-1].source == "value = 2"
+    assert rn.pairing_problems(path) == [] and rn.clean_problems(path) == []
+
+
+def test_timeout_and_dead_kernel_are_failures_not_hangs(tmp_path, kernel):
+    _write_pair(tmp_path, "01_sleepy", "# %%\nimport time\ntime.sleep(60)\n")
+    _write_pair(tmp_path, "02_dies", "# %%\nimport os\nos._exit(3)\n")
+    out = tmp_path / "out"
+    rc = rn.main(["--dir", str(tmp_path), "run", "--out", str(out), "--kernel", kernel,
+                  "--timeout", "2", "--no-html"])
+    assert rc == 1
+    results = json.loads((out / "summary.json").read_text(encoding="utf-8"))["results"]
+    assert [(r["notebook"], r["status"]) for r in results] == [
+        ("01_sleepy.ipynb", "timeout"), ("02_dies.ipynb", "crash")]
+    assert results[1]["detail"].startswith("kernel died")

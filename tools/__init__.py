@@ -1,0 +1,1 @@
+"""Developer tools for tqlab (not installed with the package)."""
