@@ -33,8 +33,8 @@ _CONSTS: dict = {}
 # Launch configuration of the two hot kernels (tokens per tile, warps, software-pipeline stages,
 # register cap).  Chosen from the tile sweep recorded in data/turboquant_bench.json ("sweep").
 DEFAULTS: dict = {
-    "decode": {"block_t": 32, "num_warps": 4, "num_stages": 2, "maxnreg": None},
-    "dequant": {"block_t": 64, "num_warps": 4, "num_stages": None, "maxnreg": None},
+    "decode": {"block_t": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None},
+    "dequant": {"block_t": 32, "num_warps": 4, "num_stages": None, "maxnreg": None},
 }
 
 
