@@ -79,6 +79,8 @@ __all__ = [
     "Violation",
     "WorkspaceTracer",
     "engine_config_from_vllm",
+    "format_trace_report",
+    "load_parity_results",
     "fake_vllm_configs",
     "inspect_vllm",
     "install_vllm_hook",
@@ -179,8 +181,10 @@ class LockRecord:
 def _caller(skip_frames: int = 1) -> str:
     """``'file.py:line:function'`` of the first frame outside any workspace manager.
 
-    Skips this module, tqlab's workspace module, ``contextlib`` and every frame
-    whose qualified name starts with ``WorkspaceManager.`` (vLLM's own rule).
+    Skips tqlab's workspace module, ``contextlib`` and every frame whose
+    qualified name starts with ``WorkspaceManager.`` (vLLM's own rule); the
+    tracer's wrappers carry such names (:func:`_disguise`), so the caller it
+    records is the one the manager itself would name.
     """
     frame = sys._getframe(skip_frames)
     tq_ws = os.path.normcase(os.path.abspath(sys.modules["tqlab.workspace"].__file__))
@@ -189,7 +193,7 @@ def _caller(skip_frames: int = 1) -> str:
         fname = os.path.normcase(os.path.abspath(code.co_filename))
         qual = getattr(code, "co_qualname", code.co_name)
         if (
-            fname in (_THIS_FILE, tq_ws)
+            fname == tq_ws
             or fname.endswith(os.path.normcase("contextlib.py"))
             or qual.startswith("WorkspaceManager.")
         ):
@@ -441,21 +445,49 @@ class WorkspaceTracer:
         }
 
     def format(self) -> str:
-        """A plain-text table of the report (sizes in MB = 2**20 bytes)."""
-        lines = [f"{'caller':<52} {'requests':>8} {'high-water MB':>13} {'growths':>7} {'refused':>7}"]
-        for s in sorted(self.callers.values(), key=lambda s: (-s.high_water_bytes, s.caller)):
-            lines.append(
-                f"{s.caller:<52} {s.requests:>8} {format_mb(s.high_water_bytes):>13} {s.growths:>7} {s.violations:>7}"
-            )
-        lock = self.size_at_lock()
+        """A plain-text table of the report (sizes in MB = 2**20 bytes); see :func:`format_trace_report`."""
+        return format_trace_report(self.report())
+
+
+def format_trace_report(report: Mapping[str, Any]) -> str:
+    """Text table of a :meth:`WorkspaceTracer.report` (live or loaded from JSON): one line per
+    caller (requests, high-water MB, growths, refusals), the size at lock, every violation."""
+    lines = [f"{'caller':<52} {'requests':>8} {'high-water MB':>13} {'growths':>7} {'refused':>7}"]
+    for c in report["callers"]:
         lines.append(
-            "size at lock: " + ("never locked" if lock is None else ", ".join(f"slot {i}: {format_mb(b)} MB" for i, b in enumerate(lock)))
+            f"{c['caller']:<52} {c['requests']:>8} {format_mb(c['high_water_bytes']):>13} {c['growths']:>7} {c['violations']:>7}"
         )
-        for v in self.violations:
-            lines.append(
-                f"VIOLATION slot {v.slot}: {v.caller} needs {format_mb(v.required_bytes)} MB, locked at {format_mb(v.current_bytes)} MB"
-            )
-        return "\n".join(lines)
+    lock = report.get("size_at_lock_bytes")
+    lines.append(
+        "size at lock: "
+        + ("never locked" if lock is None else ", ".join(f"slot {i}: {format_mb(b)} MB" for i, b in enumerate(lock)))
+    )
+    for v in report["violations"]:
+        lines.append(
+            f"VIOLATION slot {v['slot']}: {v['caller']} needs {format_mb(v['required_bytes'])} MB, "
+            f"locked at {format_mb(v['current_bytes'])} MB"
+        )
+    return "\n".join(lines)
+
+
+PARITY_RESULTS = "parity_results"
+"""``data/parity_results.json``: written by ``bash parity/run.sh --record``."""
+
+
+def load_parity_results() -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(provenance, records)`` of the recorded parity run (``data/parity_results.json``).
+
+    ``records`` maps ``'<test name>:<key>'`` to what that test recorded, plus
+    ``'summary'`` (outcome counts) and ``'tests'`` (outcome per test).
+    Raises ``FileNotFoundError``/``ValueError`` like :func:`tqlab.recorded.load_recorded`.
+    """
+    from .recorded import load_recorded
+
+    res = load_recorded(PARITY_RESULTS)
+    records = dict(res.data.get("records", {}))
+    records["summary"] = res.data.get("summary", {})
+    records["tests"] = res.data.get("tests", {})
+    return dict(res.data["provenance"]), records
 
 
 _MISSING = object()

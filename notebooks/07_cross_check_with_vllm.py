@@ -1,0 +1,282 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · Cross-check with vLLM, and watch a real workspace
+#
+# The other notebooks use tqlab's own `WorkspaceManager` and reservation. This one puts
+# them next to **vLLM's own classes** (vLLM 0.33, which contains the fix, PR #44053) and
+# shows the same numbers from both:
+#
+# 1. the same call sequence through `vllm.v1.worker.workspace.WorkspaceManager` and
+#    `tqlab.workspace.WorkspaceManager`: view offsets, slot sizes, refusals, word for word;
+# 2. the reservation that vLLM's `TurboQuantMetadataBuilder` makes, next to
+#    `tqlab.reservation.reservation_plan`, for every preset;
+# 3. the bug report's assertion, raised by vLLM's own `_continuation_prefill`;
+# 4. `tqlab.vllm_trace.WorkspaceTracer` attached to vLLM's manager in the seed scenario:
+#    the high-water mark per caller, the size at lock, and the violation with its caller;
+# 5. the predictor behind `tqlab inspect-vllm`: a `vllm serve` command line plus the
+#    model's `config.json` give, per consumer, the workspace a prompt needs and the
+#    largest safe `max_model_len`;
+# 6. where tqlab and vLLM differ on purpose, and what the parity suite counted.
+#
+# **Hardware.** CPU only. vLLM's pure-Python modules run on a CPU-only torch; its
+# kernels never run (see `parity/README.md`).
+#
+# **vLLM.** If `vllm` can be imported (the `.venv-parity` venv made by
+# `bash parity/install.sh`), sections 1–4 run live. Otherwise they show the results
+# recorded by `bash parity/run.sh --record` in `data/parity_results.json`, under a
+# banner that names the date, commit, command and vLLM version. Sections 4 (on tqlab's
+# manager) and 5 always run live.
+#
+# **Run time.** Under 10 s without vLLM. With vLLM, about 30 s, most of it the import
+# of vLLM.
+
+# %%
+import platform
+import time
+
+_T0 = time.perf_counter()
+
+import torch
+
+import tqlab
+from tqlab.vllm_trace import vllm_available, vllm_version
+
+print(
+    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
+    f"vLLM importable: {vllm_available()} ({vllm_version() or 'not installed'})"
+)
+
+# %% tags=["parameters"]
+DEVICE = "cpu"  # this notebook is CPU-only: vLLM's Python classes, never its kernels
+USE_RECORDED = True  # without vLLM, show the recorded parity results (under a banner)
+USE_VLLM = True  # run vLLM's classes live when vllm is importable
+PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/presets)
+CACHED_LEN = 4096  # cached tokens before the long continuation chunk (the bug report's 2.00 MB)
+
+# %%
+from tqlab import vllm_trace as vt
+from tqlab.config import EngineConfig
+from tqlab.viz import markdown_table, show_md
+from tqlab.workspace import format_mb
+
+if DEVICE != "cpu":
+    print(f"DEVICE={DEVICE!r} ignored: this notebook only runs vLLM's Python classes, on the CPU")
+LIVE = USE_VLLM and vllm_available()
+config = EngineConfig.from_preset(PRESET)
+recorded_prov, recorded = (None, None)
+if not LIVE:
+    if not USE_RECORDED:
+        raise SystemExit("vLLM is not importable and USE_RECORDED is False: nothing to show for sections 1-3")
+    recorded_prov, recorded = vt.load_parity_results()
+    vt.show_parity_banner(recorded_prov)
+    show_md(
+        "**To run this notebook live:** `bash parity/install.sh` (about 3 minutes: vLLM's wheel "
+        "with `--no-deps`, its non-CUDA requirements, CPU torch 2.13), then run the notebook with "
+        "`.venv-parity/bin/python` as kernel or run the whole suite with `bash parity/run.sh`."
+    )
+print(f"mode: {'LIVE, vLLM ' + str(vllm_version()) if LIVE else 'recorded results'}; preset {PRESET}: "
+      f"per rank Hq {config.num_heads_per_rank}, Hk {config.num_kv_heads_per_rank}, D {config.head_dim}, "
+      f"{config.max_num_seqs} sequences, {config.tq_max_kv_splits_for_cuda_graph} KV splits, {config.dtype}")
+
+# %% [markdown]
+# ## 1 · One call sequence, two workspace managers
+#
+# Each step is either a `get_simultaneous` on a ubatch slot (2 slots, as with DBO) or a
+# lock/unlock. The steps are the seed's decode views, a small request in slot 1, empty
+# views, the lock, a request that fits, the 2.00 MB continuation request that does not,
+# the same for slot 1, then an unlock. Both managers are called from the same line of
+# `tqlab/vllm_trace.py`, so their refusal messages must match to the letter, caller included.
+
+# %%
+if LIVE:
+    rows = vt.compare_managers(vt.demo_steps(config))
+else:
+    rows = recorded["test_manager_table:rows"]
+show_md(markdown_table(
+    ["step", "call", "vLLM", "tqlab", "same"],
+    [[r["step"], r["op"], r["vllm"], r["tqlab"], "✔" if r["same"] else "✘"] for r in rows],
+))
+print(f"{sum(r['same'] for r in rows)}/{len(rows)} steps identical")
+
+# %% [markdown]
+# The two refusals are the bug in miniature. After the lock, slot 0 holds the decode
+# views (0.26 MB) and the continuation buffers (2.00 MB) do not fit. Slot 1 grew only
+# for a single decode row, so it refuses `max_num_seqs` rows. vLLM 0.33 grows only the
+# slot that asks, and so does tqlab.
+#
+# ## 2 · The reservation (PR #44053), vLLM's builder vs `reservation_plan`
+#
+# vLLM's `TurboQuantMetadataBuilder` is built with stand-in configs, as vLLM's own unit
+# test builds it (`tqlab.vllm_trace.fake_vllm_configs`). A recorder stands in for the
+# workspace manager and keeps the calls.
+
+# %%
+rows = vt.compare_reservations() if LIVE else recorded["test_reservation_table:rows"]
+show_md(markdown_table(
+    ["preset", "vLLM: TurboQuantMetadataBuilder._reserve_workspace", "tqlab: reservation_plan", "reserved", "same"],
+    [[r["preset"], r["vllm_calls"], r["tqlab_calls"], f"{format_mb(r['reserved_bytes'])} MB", "✔" if r["same"] else "✘"]
+     for r in rows],
+))
+
+# %% [markdown]
+# ## 3 · The bug report's assertion, raised by vLLM's own code
+#
+# vLLM's `_decode_attention` warms the workspace up at `max_num_seqs` rows, as CUDA graph
+# capture does. Then the workspace locks. Then one chunk of 129 new tokens after
+# `CACHED_LEN` cached ones goes through vLLM's `_prefill_attention`, which hands it to
+# `_continuation_prefill`. The same steps run once more with the fix (the builder reserves
+# first), and once through tqlab's manager.
+
+# %%
+if LIVE:
+    seed_rows = []
+    for fixed in (False, True):
+        v = vt.run_vllm_seed_scenario(config, cached_len=CACHED_LEN, fixed=fixed)
+        t = vt.run_seed_scenario(config, cached_len=CACHED_LEN, fixed=fixed)
+        seed_rows.append({"fixed": fixed, "vllm": v.to_dict(), "tqlab": t.to_dict()})
+else:
+    seed_rows = recorded["test_seed_scenario_table:rows"]
+
+
+def _outcome(d):
+    if d["error"]:
+        return d["error"]
+    return "buffers granted" + (f" (then {d['kernel_error']}: a Triton kernel, not runnable on CPU)" if d.get("kernel_error") else "")
+
+
+show_md(markdown_table(
+    ["PR #44053", "size at lock", "vLLM 0.33 (its own _continuation_prefill)", "tqlab"],
+    [["with" if r["fixed"] else "without", f"{format_mb(r['vllm']['size_at_lock'][0])} MB",
+      _outcome(r["vllm"]), _outcome(r["tqlab"])] for r in seed_rows],
+))
+
+# %% [markdown]
+# The bug report (vLLM 0.20) quotes `turboquant_attn.py:757`. In vLLM 0.33 the same call
+# sits on a different line. The sizes are the same: 0.26 MB at lock and 2.00 MB required.
+#
+# ## 4 · The tracer on the seed scenario
+#
+# `WorkspaceTracer(manager)` wraps the instance's growth path. On vLLM's manager that is
+# `_ensure_workspace_size`, which every request passes through with its total bytes. On
+# tqlab's manager it is `get_simultaneous`. No vLLM file changes. The tracer records
+# every caller's high-water mark, the slot sizes at each lock, and every refusal with its
+# caller. The wrapper frames carry the names the managers skip, so the managers still
+# name the real caller. In a real deployment, `tqlab.vllm_trace.install_vllm_hook(path)`
+# does the same for every manager the worker process creates, and writes the report
+# to JSON when the process exits.
+
+# %%
+for r in seed_rows:
+    label = "with the fix" if r["fixed"] else "without the fix"
+    print(f"--- vLLM's manager, {label}{'' if LIVE else ' (recorded)'}")
+    print(vt.format_trace_report(r["vllm"]["trace"]))
+    print()
+
+m_trace = vt.run_seed_scenario(config, cached_len=CACHED_LEN, fixed=False)  # always live: tqlab's manager
+print("--- tqlab's manager, without the fix (live)")
+print(vt.format_trace_report(m_trace.trace))
+
+# %% [markdown]
+# ## 5 · Predict it from the deployment: `tqlab inspect-vllm`
+#
+# The input is the bug report's `vllm serve` line and a `config.json`. This notebook
+# downloads nothing, so the `config.json` here is built from the preset's attention
+# fields: query heads, KV heads, head dim and dtype. `inspect_vllm` turns both into
+# per-rank shapes. For each prompt length and each consumer it gives the workspace
+# needed and whether that fits the size at lock, with and without the fix. It also gives
+# the largest safe `max_model_len`, in two versions: for a request alone, and for any
+# chunking that a busy scheduler or a prefix-cache hit can produce. With vLLM importable
+# (`demo`), the first crashing chunk also runs through vLLM's own classes.
+
+# %%
+serve_cmd = (
+    f"vllm serve /models/{PRESET} --tensor-parallel-size {config.tensor_parallel_size} "
+    f"--max-num-seqs {config.max_num_seqs} --max-model-len {config.max_model_len} "
+    f"--max-num-batched-tokens {config.max_num_batched_tokens} --trust-remote-code "
+    f"--kv-cache-dtype {config.kv_cache_dtype}"
+)
+model_json = {  # the fields of the model's config.json that size the workspace
+    "num_attention_heads": config.num_attention_heads,
+    "num_key_value_heads": config.num_key_value_heads,
+    "head_dim": config.head_dim,
+    "num_hidden_layers": config.num_hidden_layers,
+    "torch_dtype": str(config.dtype).removeprefix("torch."),
+}
+first_two_chunks = config.max_num_batched_tokens + 1 + vt.CONTINUATION_DECODE_THRESHOLD  # 128 new tokens: last safe
+prompts = [config.max_num_batched_tokens, first_two_chunks - 1, first_two_chunks, 2 * config.max_num_batched_tokens]
+print(serve_cmd)
+report = vt.inspect_vllm(serve_cmd, model_json, prompt_tokens=prompts, demo=LIVE)
+
+# %% [markdown]
+# The two bounds differ a lot. A request prefilled alone survives until its second chunk
+# takes the dequant path: more than 128 new tokens after `max_num_batched_tokens` cached
+# ones. On a busy server the scheduler can cut any prompt at any point, and a prefix-cache
+# hit can start a chunk after any block. Past a few hundred cached tokens some chunk can
+# always crash. With the fix, every length up to `max_model_len` fits.
+#
+# ## 6 · Where tqlab and vLLM differ, and what the parity suite counted
+
+# %%
+prov, rec = vt.load_parity_results()  # the divergences as the last parity run observed them
+if LIVE:
+    print(f"from the last recorded parity run: vLLM {prov['vllm']}, {prov['date']}, commit {prov['commit'][:12]}")
+else:
+    vt.show_parity_banner(prov)
+dbo_v = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]]
+dbo_t = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]]
+show_md(markdown_table(
+    ["case", "vLLM 0.33", "tqlab"],
+    [
+        ["first request on a slot, all views empty", rec["test_divergence_1_all_empty_first_request:vllm"],
+         rec["test_divergence_1_all_empty_first_request:tqlab"]],
+        ["negative dimension", rec["test_divergence_2_negative_dimension:vllm"],
+         rec["test_divergence_2_negative_dimension:tqlab"]],
+        ["dtype that is not a torch.dtype", "AttributeError", "TypeError"],
+        ["ubatch slot out of range", "IndexError", "ValueError"],
+        ["current_workspace_manager() before init", "AssertionError", "RuntimeError"],
+        ["DBO: slot sizes after the builder's reservation", f"{dbo_v} (only the slot it runs in)",
+         f"{dbo_t} (reserve_workspace sizes every slot)"],
+        ["continuation chunk of ≤ 128 new tokens", rec["test_divergence_short_continuation_chunks:vllm_q128"]
+         + " (the decode kernel allocates its own buffers)",
+         f"decode views with q_len rows: {format_mb(rec['test_divergence_short_continuation_chunks:tqlab_reservation_q128_bytes'])} MB at 128"],
+    ],
+))
+diff = rec["test_zz_record_differential_stats:differential"]
+cfgs = rec["test_zz_record_reservation_coverage:random_configs"]
+pred = rec["test_zz_record_predictor_coverage:predictor_cases"]
+show_md(markdown_table(
+    ["what", "count"],
+    [
+        ["parity tests passed", rec["summary"].get("passed", 0)],
+        ["parity tests failed", rec["summary"].get("failed", 0)],
+        ["random call sequences / steps compared", f"{diff['sequences']} / {diff['steps']}"],
+        ["… of which refusals (identical text)", diff["refusals"]],
+        ["… all-empty first requests (divergence 1, asserted)", diff["all_empty_first"]],
+        ["random configs: builder calls == reservation_plan", cfgs["compared"]],
+        ["random configs: predictor verdict == vLLM's own code path", pred["compared"]],
+    ],
+))
+
+# %% [markdown]
+# The last two rows of the divergence table are about more than tqlab. In vLLM 0.33 the
+# reservation covers only the slot it runs in, so with DBO, slot 1 can still refuse a
+# long chunk after the lock. And PR #44053 reserves continuation buffers only when chunked
+# prefill is on. A prefix-cache hit produces a continuation chunk all the same, and the
+# parity suite shows vLLM's own code refusing that chunk with the fix in place
+# (`test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill`). That was shown with
+# vLLM's classes on CPU; it has not been run end to end on a GPU.
+
+# %%
+print(f"notebook ran in {time.perf_counter() - _T0:.1f} s ({'live vLLM' if LIVE else 'recorded parity results'})")
