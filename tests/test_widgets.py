@@ -233,7 +233,11 @@ def test_reservation_planner_rejects_unknown_preset():
 
 
 def test_lifecycle_stepper_steps_both_engines():
-    ui = W.lifecycle_stepper(UNIT)
+    from tqlab.config import load_preset
+
+    default = W.lifecycle_stepper(UNIT)
+    assert default.prompt_tokens.value == min(load_preset(UNIT)["default_prompt_tokens"], 8190)
+    ui = W.lifecycle_stepper(UNIT, prompt_tokens=8190)
     assert ui.prompt_tokens.value == 8190 and ui.prompt_tokens.max == 8190
     assert [len(t.steps) for t in ui.traces] == [7, 8] and ui.step.max == 7 and ui.step.value == 0
     assert "init_workspace" in ui.detail.value
