@@ -171,11 +171,13 @@ class Fp16KVCache:
     def store(self, cache, key, value, slot_mapping) -> None:
         if cache.device.type == "meta" or slot_mapping.numel() == 0:
             return
-        keep = slot_mapping >= 0
-        slots = slot_mapping[keep].long()
+        # Padding rows (slot -1) rewrite slot 0 of the null block with its own
+        # value: no boolean indexing, so no host sync (capture-safe), and no change.
+        keep = (slot_mapping >= 0)[:, None, None]
+        slots = slot_mapping.long().clamp_min(0)
         blk, off = slots // self.block_size, slots % self.block_size
-        cache[blk, 0, :, off] = key[keep].to(cache.dtype)
-        cache[blk, 1, :, off] = value[keep].to(cache.dtype)
+        cache[blk, 0, :, off] = torch.where(keep, key.to(cache.dtype), cache[blk, 0, :, off])
+        cache[blk, 1, :, off] = torch.where(keep, value.to(cache.dtype), cache[blk, 1, :, off])
 
     def dequant(self, cache, block_table_row, cached_len, k_out, v_out) -> None:
         if cache.device.type == "meta" or cached_len == 0:
@@ -187,7 +189,12 @@ class Fp16KVCache:
     def decode(self, query, cache, block_tables, seq_lens, scale, mid_out, output, lse):
         if cache.device.type == "meta":
             return output
-        length = int(seq_lens.max()) if seq_lens.numel() else 0
+        if query.device.type == "cuda":
+            # Static length (the whole block table) so the step can be captured in a
+            # CUDA graph: reading seq_lens on the host would sync.
+            length = block_tables.shape[1] * self.block_size
+        else:
+            length = int(seq_lens.max()) if seq_lens.numel() else 0
         kv = _gather_tokens(cache.flatten(1, 2), block_tables, max(length, 1), self.block_size).float()
         k, v = kv[:, : self.num_kv_heads], kv[:, self.num_kv_heads :]
         return split_kv_decode_reference(query, k, v, seq_lens, scale, mid_out, output, lse)
@@ -216,8 +223,8 @@ class TurboQuantKVCache:
     def store(self, cache, key, value, slot_mapping) -> None:
         if cache.device.type == "meta" or slot_mapping.numel() == 0:
             return
-        keep = slot_mapping >= 0
-        self._tq.store_kv(cache, key[keep], value[keep], slot_mapping[keep].long(), self.spec)
+        # store_kv skips negative (padding) slots itself: no boolean indexing, capture-safe.
+        self._tq.store_kv(cache, key, value, slot_mapping, self.spec)
 
     def dequant(self, cache, block_table_row, cached_len, k_out, v_out) -> None:
         if cache.device.type == "meta" or cached_len == 0:
