@@ -199,9 +199,10 @@ class WorkspaceManager_:  # renamed below to "WorkspaceManager", the name vLLM's
 
 
 WorkspaceManager_.__name__ = WorkspaceManager_.__qualname__ = "WorkspaceManager"
-for _name, _fn in list(vars(WorkspaceManager_).items()):
-    if callable(_fn) and hasattr(_fn, "__code__"):
-        _fn.__code__ = _fn.__code__.replace(co_qualname=f"WorkspaceManager.{_name}")
+if sys.version_info >= (3, 11):  # co_qualname: what vLLM's caller rule reads
+    for _name, _fn in list(vars(WorkspaceManager_).items()):
+        if callable(_fn) and hasattr(_fn, "__code__"):
+            _fn.__code__ = _fn.__code__.replace(co_qualname=f"WorkspaceManager.{_name}")
 VllmLike = WorkspaceManager_
 
 
@@ -384,3 +385,28 @@ def test_inspect_vllm_text_json_and_sources(tmp_path):
     assert rep2["prediction"]["first_failing_prompt"] == 2048 + 129
     with pytest.raises(ValueError, match="exactly one"):
         inspect_vllm("--max-model-len 10")
+
+
+# --------------------------------------------------------------------------- #
+# recorded parity results (data/parity_results.json)                          #
+# --------------------------------------------------------------------------- #
+
+
+def test_recorded_parity_results_load_with_provenance_and_banner(capsys):
+    from tqlab.vllm_trace import format_trace_report, load_parity_results, show_parity_banner
+
+    prov, rec = load_parity_results()
+    for key in ("device", "date", "commit", "command", "torch", "vllm"):
+        assert prov[key] and prov[key] != "unknown", key
+    assert rec["summary"].get("failed", 0) == 0 and rec["summary"]["passed"] > 0
+    text = show_parity_banner(prov)
+    assert f"vLLM {prov['vllm']}" in text and "vLLM is not importable here" in text
+    assert text.splitlines()[0] in capsys.readouterr().out
+    (unfixed, fixed) = rec["test_seed_scenario_table:rows"]
+    assert unfixed["vllm"]["error"].endswith(SEED_TAIL)
+    assert fixed["vllm"]["error"] is None
+    table = format_trace_report(unfixed["vllm"]["trace"])
+    assert "VIOLATION slot 0: turboquant_attn.py:" in table and "locked at 0.26 MB" in table
+    assert all(r["same"] for r in rec["test_manager_table:rows"] + rec["test_reservation_table:rows"])
+    with pytest.raises(ValueError, match="provenance"):
+        show_parity_banner({"device": "cpu"})
