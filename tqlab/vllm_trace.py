@@ -105,7 +105,6 @@ __all__ = [
 
 VLLM_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
 VLLM_TURBOQUANT_MODULE = "vllm.v1.attention.backends.turboquant_attn"
-_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 
 
 def vllm_available() -> bool:
