@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     prov = _provenance(argv)
     print(f"{args.preset} {overrides} on {dev}: prompts {prompts}, strategies {names}", flush=True)
     t0 = time.perf_counter()
-    S.warm_up_process(config, dev, 0)  # as compare_strategies does (on meta too: first-call overhead)
+    S.warm_up_process(config, dev, 0, prompts=prompts)  # as compare_strategies does (meta too: first-call overhead)
     results, errors = [], {}
     for name in names:
         t = time.perf_counter()

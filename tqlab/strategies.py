@@ -716,24 +716,36 @@ def run_strategy(
     return res
 
 
-def warm_up_process(config: EngineConfig, device: torch.device, seed: int, **engine_kwargs: Any) -> None:
-    """Pay one-time costs (kernel compilation, library handles) before anything is timed.
+def warm_up_process(config: EngineConfig, device: torch.device | str, seed: int = 0,
+                    prompts: Sequence[int] | None = None, **engine_kwargs: Any) -> None:
+    """Pay one-time costs (kernel compilation, library handles, autotuning) before anything is timed.
 
-    A ``reserve`` engine (decode rows reserved for ``max(max_num_seqs, 128)``,
-    so that the short continuation chunk fits too) serves prompts that take
-    every path: a fresh chunk, a long continuation chunk and a decode-kernel
-    chunk, then decodes.
+    On CUDA a ``dummy_run`` engine (its start-up runs the worst continuation
+    chunks; its workspace then covers every single request) serves each of
+    ``prompts`` once, so every kernel specialization the measured requests
+    will hit is compiled here. Elsewhere (nothing is compiled), a ``reserve``
+    engine with decode rows for ``max(max_num_seqs, 128)`` serves two short
+    prompts that take every path: a fresh chunk, a long continuation chunk,
+    a decode-kernel chunk, and decodes.
     """
+    dev = torch.device(device)
+    if dev.type == "cuda" and prompts:
+        e = make_engine(config, "dummy_run", device=dev, seed=seed, **engine_kwargs)
+        for n in prompts:
+            e.generate(int(n), max_tokens=min(3, config.max_model_len - int(n)))
+        del e
+        _free(dev)
+        return
     m = config.max_num_batched_tokens
     n = min(config.max_model_len - 4, m + CONTINUATION_DECODE_THRESHOLD + 8) if config.enable_chunked_prefill else 64
     kw = dict(engine_kwargs)
     kw["decode_batch_reservation"] = max(config.max_num_seqs, CONTINUATION_DECODE_THRESHOLD)
-    e = make_engine(config, "reserve", device=device, seed=seed, **kw)
+    e = make_engine(config, "reserve", device=dev, seed=seed, **kw)
     e.generate(max(1, n), max_tokens=3)
     if config.enable_chunked_prefill and m + 64 < config.max_model_len - 3:
         e.generate(m + 64, max_tokens=2)
     del e
-    _free(device)
+    _free(dev)
 
 
 def compare_strategies(
@@ -758,7 +770,9 @@ def compare_strategies(
     names = [_check_strategy(s) for s in strategies]
     dev = torch.device(device)
     if warm_up:
-        warm_up_process(config, dev, seed, **engine_kwargs)
+        warm_up_process(config, dev, seed,
+                        prompts=tuple(default_prompts(config, decode_steps) if prompts is None else prompts),
+                        **engine_kwargs)
     it: Iterable[str] = names
     bar = None
     if progress:
@@ -810,7 +824,7 @@ def strategy_table(results: Sequence[StrategyResult]) -> list[dict[str, str]]:
         }
         for p in r.prompts[:2]:
             tag = f"{p.prompt_tokens}-token"
-            row[f"TTFT {tag}"] = _fmt_s(p.ttft_s) if p.survived else "dies"
+            row[f"TTFT {tag}"] = _fmt_s(p.ttft_s) if p.ttft_s is not None else "dies"
             row[f"decode step {tag}"] = _fmt_s(p.decode_step_s) if p.survived else "dies"
         row["survives max_model_len"] = "yes" if r.survives_max_model_len else "no"
         row["graph-safe"] = "yes" if r.graph_safe else "no"
@@ -1025,7 +1039,9 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
     Returns a dict: ``per_call_us`` (list, host microseconds of the call itself,
     best of ``repeats``), ``kinds``, ``steps``, and on CUDA ``allocated``,
     ``reserved`` (bytes after each step), ``peak_allocated``, ``peak_reserved``
-    and ``num_alloc_retries``/``num_device_alloc`` from ``torch.cuda.memory_stats``.
+    (all relative to what the process held when the replay started:
+    ``base_allocated``, ``base_reserved``; from the last repeat) and
+    ``num_alloc_retries``/``num_device_alloc`` from ``torch.cuda.memory_stats``.
     """
     if mode not in ("workspace", "torch_empty"):
         raise ValueError(f"mode must be 'workspace' or 'torch_empty', got {mode!r}")
@@ -1037,9 +1053,11 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
     stats: dict[str, Any] = {}
     for rep in range(max(1, repeats)):
         _free(dev)
+        base_alloc = base_res = 0
         if dev.type == "cuda":
             torch.cuda.reset_peak_memory_stats(dev)
             s0 = torch.cuda.memory_stats(dev)
+            base_alloc, base_res = torch.cuda.memory_allocated(dev), torch.cuda.memory_reserved(dev)
         ws = None
         if mode == "workspace":
             ws = WorkspaceManager(dev)
@@ -1055,8 +1073,8 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
             if call.step != cur_step:
                 if dev.type == "cuda" and cur_step >= 0:
                     torch.cuda.synchronize(dev)
-                    alloc_after.append(torch.cuda.memory_allocated(dev))
-                    res_after.append(torch.cuda.memory_reserved(dev))
+                    alloc_after.append(torch.cuda.memory_allocated(dev) - base_alloc)
+                    res_after.append(torch.cuda.memory_reserved(dev) - base_res)
                 cur_step = call.step
                 act = None
                 act = torch.empty((call.activation_tokens, hidden), dtype=config.dtype, device=dev)
@@ -1071,12 +1089,14 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
         del held, act
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
-            alloc_after.append(torch.cuda.memory_allocated(dev))
-            res_after.append(torch.cuda.memory_reserved(dev))
+            alloc_after.append(torch.cuda.memory_allocated(dev) - base_alloc)
+            res_after.append(torch.cuda.memory_reserved(dev) - base_res)
             s1 = torch.cuda.memory_stats(dev)
             stats = dict(
-                peak_allocated=int(torch.cuda.max_memory_allocated(dev)),
-                peak_reserved=int(torch.cuda.max_memory_reserved(dev)),
+                base_allocated=int(base_alloc),
+                base_reserved=int(base_res),
+                peak_allocated=int(torch.cuda.max_memory_allocated(dev) - base_alloc),
+                peak_reserved=int(torch.cuda.max_memory_reserved(dev) - base_res),
                 num_alloc_retries=int(s1.get("num_alloc_retries", 0) - s0.get("num_alloc_retries", 0)),
                 num_device_alloc=int(s1.get("num_device_alloc", 0) - s0.get("num_device_alloc", 0)),
             )
@@ -1410,7 +1430,7 @@ def plot_trace(exp: dict[str, Any], *, recorded_note: str = ""):
             ax.plot([b / MiB for b in v["allocated"]], color=color, linestyle=":", label=f"{mode}: memory_allocated")
         ax.set_xlabel("engine step of the request")
         ax.set_ylabel("MiB")
-        ax.set_title("caching allocator: reserved vs allocated after each step", loc="left", fontsize=10)
+        ax.set_title("caching allocator after each step (above what the process held before)", loc="left", fontsize=10)
         ax.legend(fontsize=7)
         _style(ax)
     fig.tight_layout()
