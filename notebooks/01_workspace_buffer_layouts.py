@@ -57,6 +57,7 @@ print(
 # %% tags=["parameters"]
 DEVICE = "cpu"  # "cpu", "cuda" or "meta" (meta: shapes only, no memory)
 USE_RECORDED = True  # without CUDA, show recorded GPU measurements from data/ under a banner
+RECORD_GPU = False  # on CUDA: also write the GPU measurement to data/ (with provenance) for CPU-only readers
 
 # %%
 import math
@@ -353,7 +354,8 @@ else:
 #
 # The table above is bookkeeping. On CUDA, `torch.cuda.max_memory_allocated()` measures
 # it. Without CUDA this cell shows a recording from `data/workspace_growth_peak_cuda.json`
-# (with its provenance) when one exists.
+# (with its provenance) when one exists; running this notebook on a GPU with
+# `RECORD_GPU = True` writes that recording.
 
 # %%
 REC = "workspace_growth_peak_cuda"
@@ -382,13 +384,20 @@ if device.startswith("cuda"):
     )
     assert measured["free_then_allocate"] == one_vllm["peak"]
     assert measured["allocate_then_free"] == one_resize["peak"]
+    if RECORD_GPU:
+        path = recorded.save_recorded(
+            REC,
+            {"small_bytes": small, "big_bytes": big, "peak_bytes": measured},
+            recorded.make_provenance(f"notebooks/01_workspace_buffer_layouts.ipynb with DEVICE={DEVICE!r}, RECORD_GPU=True"),
+        )
+        print(f"recorded to {path}")
 elif USE_RECORDED and recorded.has_recorded(REC):
     rec = recorded.load_recorded(REC)
     recorded.show_banner(rec.provenance)
     show_md(
         markdown_table(
-            ("growth policy", "measured peak (MiB)"),
-            [(k, f"{v / MiB:.0f}") for k, v in rec["peak_bytes"].items()],
+            ("growth policy", f"measured peak growing {rec['small_bytes'] / MiB:.0f} → {rec['big_bytes'] / MiB:.0f} MiB"),
+            [(k, f"{v / MiB:.0f} MiB") for k, v in rec["peak_bytes"].items()],
         )
     )
 else:

@@ -52,6 +52,7 @@ print(
 # %% tags=["parameters"]
 DEVICE = "cpu"  # where the engine runs the long prompt: "cpu", "cuda" or "meta"
 USE_RECORDED = True  # without CUDA, show a recorded GPU run from data/ (under a banner) if there is one
+RECORD_GPU = False  # on CUDA: also write this run to data/ (with provenance) for CPU-only readers
 
 # %%
 import matplotlib.pyplot as plt
@@ -216,7 +217,8 @@ except WorkspaceLockedError as exc:
 else:
     raise AssertionError("the long prompt was served: the crash did not reproduce")
 marker.mark("serve", engine.workspace)
-print(f"the prompt ran {time.perf_counter() - t:.1f} s before the assertion")
+crash_s = time.perf_counter() - t
+print(f"the prompt ran {crash_s:.1f} s before the assertion")
 
 # %% [markdown]
 # **Predict, then run.** The error carries the predicted bytes and the locked size, names
@@ -281,17 +283,39 @@ print("the engine stays dead, and says why")
 # %% [markdown]
 # ### The same crash on a GPU
 #
-# On CUDA the cells above already ran on the GPU. Without CUDA, this shows a recorded GPU
-# run of the same reproduction from `data/repro_nemotron_cuda.json` when one exists.
+# On CUDA the cells above already ran on the GPU (and `RECORD_GPU = True` saves the run to
+# `data/repro_nemotron_cuda.json`). Without CUDA, this shows that recording when one exists.
 
 # %%
 REC = "repro_nemotron_cuda"
 if device.startswith("cuda"):
     show_md(f"*This notebook ran on `{torch.cuda.get_device_name()}`: the results above are live GPU results.*")
+    if RECORD_GPU:
+        path = recorded.save_recorded(
+            REC,
+            {
+                "preset": PRESET,
+                "prompt_tokens": PROMPT_TOKENS,
+                "phases": [{"name": p.name, "workspace_bytes": list(p.workspace_bytes), "seconds": p.seconds}
+                           for p in engine.phases],
+                "error": f"{type(crash).__name__}: {crash}",
+                "seconds_to_crash": crash_s,
+            },
+            recorded.make_provenance(f"notebooks/02_reproduce_locked_workspace.ipynb with DEVICE={DEVICE!r}, RECORD_GPU=True"),
+        )
+        print(f"recorded to {path}")
 elif USE_RECORDED and recorded.has_recorded(REC):
     rec = recorded.load_recorded(REC)
     recorded.show_banner(rec.provenance)
-    show_md("\n\n".join(f"**{k}**: `{v}`" for k, v in rec.data.items() if k != "provenance"))
+    show_md(
+        markdown_table(
+            ("phase", "workspace after it (MiB)", "seconds"),
+            [(p["name"], " / ".join(f"{b / MiB:.2f}" for b in p["workspace_bytes"]), f"{p['seconds']:.2f}")
+             for p in rec["phases"]],
+        )
+    )
+    show_md(f"{rec['preset']}, {rec['prompt_tokens']:,}-token prompt, {rec['seconds_to_crash']:.2f} s to the "
+            f"assertion:\n\n`{rec['error']}`")
 else:
     show_md(
         f"*No CUDA here and no recording `data/{REC}.json` yet "
