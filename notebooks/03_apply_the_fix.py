@@ -354,7 +354,8 @@ show_md(markdown_table(("preset", "reserved (MB)", f"{CONTINUATION_DECODE_THRESH
 # **Predict, then run.** For each uncovered preset, a prompt of `max_num_batched_tokens`
 # plus `CONTINUATION_DECODE_THRESHOLD` tokens crashes *even with the fix*: its second chunk
 # is exactly a threshold-sized decode-kernel chunk. Reserving the decode rows for
-# `max(max_num_seqs, CONTINUATION_DECODE_THRESHOLD)` — what later vLLM does — closes it.
+# `max(max_num_seqs, CONTINUATION_DECODE_THRESHOLD)` (the engine's `decode_batch_reservation`
+# option) closes it.
 # (One layer and the largest capture bucket lock at the same size as the full engine, as
 # notebook 02 checked; that keeps this fast.)
 
