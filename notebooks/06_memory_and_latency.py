@@ -92,7 +92,8 @@ def recorded(name):
 def save_live(name, payload):
     """On CUDA with RECORD_DIR set: write payload as RECORD_DIR/<name>.json with provenance."""
     if ON_CUDA and RECORD_DIR:
-        cmd = "DEVICE=cuda RECORD_DIR=<dir> python notebooks/06_memory_and_latency.py"
+        cmd = (f"cd notebooks && DEVICE=cuda USE_RECORDED={USE_RECORDED} RECORD_DIR={RECORD_DIR} PYTHONPATH=.. "
+               "python3 06_memory_and_latency.py")
         prov = make_provenance(cmd, commit=os.environ.get("TQLAB_COMMIT") or None)
         print("saved", save_recorded(name, payload, prov, data_dir=RECORD_DIR))
 
