@@ -328,15 +328,19 @@ class TurboQuantAttentionBackend:
         self.cache_format.store(cache, key, value, slot_mapping)
 
     # -- decode --------------------------------------------------------------- #
-    def _decode_attention(self, query, cache, block_tables, seq_lens) -> torch.Tensor:
+    def _decode_attention(self, query, cache, block_tables, seq_lens, *, use_workspace: bool = True) -> torch.Tensor:
         """Split-KV decode for ``B`` rows: query ``(B, Hq, D)`` -> ``(B, Hq, D)`` model dtype.
 
-        Scratch comes from the workspace: :func:`decode_workspace_shapes` with ``B`` rows.
+        Scratch is :func:`decode_workspace_shapes` with ``B`` rows: views from the
+        workspace, or (``use_workspace=False``, the short-continuation path of
+        vLLM 0.33) the kernel's own ``torch.empty`` buffers of the same shapes.
         """
         b = query.shape[0]
-        mid_out, output, lse = self.workspace.get_simultaneous(
-            *decode_workspace_shapes(b, self.num_heads, self.head_dim, self.num_kv_splits, self.config.dtype)
-        )
+        shapes = decode_workspace_shapes(b, self.num_heads, self.head_dim, self.num_kv_splits, self.config.dtype)
+        if use_workspace:
+            mid_out, output, lse = self.workspace.get_simultaneous(*shapes)
+        else:
+            mid_out, output, lse = (torch.empty(s, dtype=d, device=query.device) for s, d in shapes)
         self.cache_format.decode(query, cache, block_tables, seq_lens, self.scale, mid_out, output, lse)
         return output
 
@@ -359,7 +363,7 @@ class TurboQuantAttentionBackend:
             # One synthetic decode row per new token, causal by its seq_len.
             seq_lens = torch.arange(cached_len + 1, cached_len + q_len + 1, device=query.device)
             bt = block_table_row[None].expand(q_len, -1)
-            return self._decode_attention(query, cache, bt, seq_lens).clone()
+            return self._decode_attention(query, cache, bt, seq_lens, use_workspace=False)
         return self._continuation_prefill(query, key, value, cache, block_table_row, cached_len)
 
     def _continuation_prefill(self, query, key, value, cache, block_table_row, cached_len: int) -> torch.Tensor:

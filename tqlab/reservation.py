@@ -19,7 +19,10 @@ Consumers (per attention layer call, on one tensor-parallel rank):
   receive the dequantized cached K and V.
 
 A continuation chunk of at most 128 new tokens takes the decode kernel instead,
-one synthetic decode row per new token (``B = q_len``), as vLLM does.
+one synthetic decode row per new token (``B = q_len``). In vLLM 0.33 that call
+passes no workspace buffers (the kernel allocates its own scratch), so it asks
+the workspace for nothing; tqlab does the same (checked against vLLM's own
+backend by ``parity/``).
 """
 
 from __future__ import annotations
@@ -131,9 +134,10 @@ def continuation_workspace_shapes(cached_len: int, num_kv_heads: int, head_dim: 
 class ChunkRequest:
     """What one prefill chunk asks of the workspace.
 
-    ``path`` is ``"prefill"`` (no cached tokens: no workspace), ``"decode_kernel"``
-    (short continuation: decode views with ``B = q_len``) or ``"continuation"``
-    (dequant buffers sized by ``cached_len``). ``shapes`` is the call, or None.
+    ``path`` is ``"prefill"`` (no cached tokens), ``"decode_kernel"`` (short
+    continuation: the decode kernel with ``B = q_len`` rows and its own scratch)
+    or ``"continuation"`` (dequant buffers sized by ``cached_len``). ``shapes``
+    is the workspace call, or None when the path makes none.
     """
 
     cached_len: int
@@ -155,10 +159,8 @@ def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int)
     if cached_len == 0:
         return ChunkRequest(cached_len, q_len, "prefill", None)
     if q_len <= CONTINUATION_DECODE_THRESHOLD:
-        shapes = decode_workspace_shapes(
-            q_len, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype
-        )
-        return ChunkRequest(cached_len, q_len, "decode_kernel", shapes)
+        # vLLM 0.33: triton_turboquant_decode_attention without workspace buffers.
+        return ChunkRequest(cached_len, q_len, "decode_kernel", None)
     shapes = continuation_workspace_shapes(cached_len, config.num_kv_heads_per_rank, config.head_dim, config.block_size)
     return ChunkRequest(cached_len, q_len, "continuation", shapes)
 
@@ -168,10 +170,9 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
 
     Mirrors ``TurboQuantMetadataBuilder._reserve_workspace`` (vLLM PR #44053):
 
-    1. decode views at ``max_num_seqs`` rows (``decode_batch`` overrides:
-       later vLLM reserves ``max(max_num_seqs, 128)`` so that short
-       continuation chunks, which run the decode kernel with one row per new
-       token, fit too);
+    1. decode views at ``max_num_seqs`` rows (``decode_batch`` overrides it,
+       e.g. to cover a consumer whose short continuation chunks run the decode
+       kernel through the workspace with up to 128 rows; vLLM 0.33 does not);
     2. only if chunked prefill is on and ``max_num_batched_tokens > 128``:
        continuation buffers at ``cached_len = max_model_len - 1`` (rounded up
        to ``block_size`` by the consumer's own formula).
@@ -252,7 +253,8 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     ``locked_bytes``. Exact, without simulating every length: within the region
     of the ``k``-th chunk the need is the larger of the earlier full chunks'
     and the last chunk's, and the last chunk's is monotone in ``q_len`` up to
-    128 (decode rows) and constant above (dequant buffers for ``cached_len``).
+    128 (no workspace call in vLLM 0.33, but kept general) and constant above
+    (dequant buffers for ``cached_len``).
     """
     if not config.enable_chunked_prefill:
         return None
