@@ -385,3 +385,50 @@ def test_meta_tensors_only_check_shapes():
     assert decode_attention(**args) is out
     with pytest.raises(ValueError, match="mid_out"):
         decode_attention(**{**args, "mid_out": torch.empty(3, 8, 32, 128, device=meta)})
+
+
+# ----------------------------------------------------------------------------- notebook helpers
+def test_figures_data_helpers():
+    from tqlab.turboquant import figures
+
+    rows = {r["preset"]: r for r in figures.slot_table(128)}
+    assert rows["turboquant_3bit_nc"]["slot B"] == 102 and rows["turboquant_3bit_nc"]["ratio"] == 5.02
+    assert rows["turboquant_k8v4"]["key bits"] == "fp8" and rows["turboquant_k8v4"]["slot B"] == 196
+    wv = figures.workspace_vs_cache([8000, 16], 1, 128, 16, "turboquant_3bit_nc")
+    # two fp16 buffers (1, 1, round_up(8000, 16) = 8000, 128) vs 8000 slots of 102 bytes
+    assert wv == [{"cached_len": 8000, "workspace_bytes": 2 * 8000 * 128 * 2, "packed_bytes": 8000 * 102},
+                  {"cached_len": 16, "workspace_bytes": 2 * 16 * 128 * 2, "packed_bytes": 16 * 102}]
+    bench = {
+        "dequant": [{"shape": "s", "cached_len": 8, "kind": "turboquant_k8v4", "ms": 1.0, "GBps": 100.4,
+                     "share_of_copy": 0.5}],
+        "decode": [
+            {"shape": "s", "batch": 1, "context": 8, "kind": "sdpa_fp16", "ms": 2.0},
+            {"shape": "s", "batch": 1, "context": 8, "kind": "turboquant_k8v4", "splits": 32, "ms": 4.0,
+             "speedup_vs_sdpa_fp16": 0.5},
+            {"shape": "s", "batch": 1, "context": 8, "kind": "turboquant_k8v4", "splits": 128, "ms": 1.0,
+             "speedup_vs_sdpa_fp16": 2.0},
+        ],
+    }
+    s = figures.bench_summary(bench)
+    assert s["dequant"] == [{"shape": "s", "cached_len": 8, "preset": "turboquant_k8v4", "ms": 1.0, "GB/s": 100,
+                             "share of copy": 0.5}]
+    assert s["decode"] == [{"shape": "s", "batch": 1, "context": 8, "sdpa_fp16 ms": 2.0, "k8v4 ms": 4.0, "k8v4 x": 0.5,
+                            "k8v4 best x": 2.0, "k8v4 best S": 128}]
+
+
+def test_recorded_benchmark_has_provenance_and_every_case():
+    """data/turboquant_bench.json: complete provenance, every preset x shape x batch x context."""
+    from tqlab import recorded
+
+    rec = recorded.load_recorded("turboquant_bench")
+    assert rec.provenance["device"] == "NVIDIA H200"
+    cases = {(r["shape"], r["batch"], r["context"], r["kind"]) for r in rec["decode"]}
+    for shape in ("seed_per_rank", "llama3.1-8b"):
+        for b in (1, 16):
+            for ctx in (4096, 32768, 131072):
+                for kind in ["sdpa_fp16", *TQ_PRESETS]:
+                    assert (shape, b, ctx, kind) in cases
+    assert rec["errors"] == []
+    from tqlab.turboquant.launch import DEFAULTS
+
+    assert rec["chosen_defaults"] == DEFAULTS  # the code runs what was measured

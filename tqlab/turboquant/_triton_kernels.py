@@ -26,16 +26,13 @@ import triton
 import triton.language as tl
 
 from .codebook import hadamard_sign_matrix, lloyd_max
+from .launch import DEFAULTS as _LAUNCH_DEFAULTS
 from .spec import TurboQuantSpec
 
 _CONSTS: dict = {}
 
-# Launch configuration of the two hot kernels (tokens per tile, warps, software-pipeline stages,
-# register cap).  Chosen from the tile sweep recorded in data/turboquant_bench.json ("sweep").
-DEFAULTS: dict = {
-    "decode": {"block_t": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None},
-    "dequant": {"block_t": 32, "num_warps": 4, "num_stages": None, "maxnreg": None},
-}
+# Launch configuration of the two hot kernels: see launch.py (the benchmark's sweep may override).
+DEFAULTS = _LAUNCH_DEFAULTS
 
 
 def _launch_opts(kind: str, **override) -> tuple[int, dict]:

@@ -1,0 +1,219 @@
+"""Data helpers and pictures for notebook 04 (TurboQuant KV cache).
+
+Each picture has a plain data function (tested) and a ``plot_*`` function; matplotlib is imported
+lazily, so importing this module never needs a display.
+
+* :func:`slot_table` / :func:`plot_slot_layouts` -- the bytes of one slot, per preset;
+* :func:`plot_key_journey` -- one key vector to bytes and back (from ``quant.key_journey``);
+* :func:`plot_accuracy` -- compression ratio vs attention error (rows of ``accuracy.accuracy_table``);
+* :func:`workspace_vs_cache` -- continuation-prefill workspace bytes vs the packed bytes they come
+  from, per cached length (shapes from ``tqlab.reservation``);
+* :func:`bench_summary` / :func:`plot_decode_bench` -- the recorded GPU benchmark
+  (``data/turboquant_bench.json``) as tables and a plot.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+from .spec import TQ_PRESETS, fp16_slot_bytes, get_spec
+
+__all__ = [
+    "FIELD_COLORS",
+    "slot_table",
+    "plot_slot_layouts",
+    "plot_key_journey",
+    "plot_accuracy",
+    "workspace_vs_cache",
+    "bench_summary",
+    "plot_decode_bench",
+]
+
+FIELD_COLORS = {
+    "key_idx": "#2b6cb0",
+    "key_fp8": "#2c5282",
+    "key_norm": "#90cdf4",
+    "val_idx": "#c05621",
+    "val_scale": "#fbd38d",
+    "val_zero": "#f6e05e",
+    "pad": "#e2e8f0",
+}
+
+
+def slot_table(head_dim: int = 128, presets: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Per preset: key/value/slot bytes, fp16 bytes (``4*D``) and the compression ratio."""
+    rows = []
+    for name in presets or TQ_PRESETS:
+        s = get_spec(name)
+        rows.append({
+            "preset": name,
+            "key bits": "fp8" if s.key_fp8 else s.key_bits,
+            "value bits": s.value_bits,
+            "norm corr.": s.norm_correction,
+            "key_packed B": s.key_packed_bytes(head_dim),
+            "value_packed B": s.value_packed_bytes(head_dim),
+            "slot B": s.slot_bytes(head_dim),
+            "fp16 K+V B": fp16_slot_bytes(head_dim),
+            "ratio": round(s.compression_ratio(head_dim), 2),
+        })
+    return rows
+
+
+def plot_slot_layouts(head_dim: int = 128, presets: Sequence[str] | None = None, ax=None):
+    """Horizontal byte map of one slot per preset (fields coloured), with the fp16 size for scale."""
+    import matplotlib.pyplot as plt
+
+    names = list(presets or TQ_PRESETS)
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 0.6 * len(names) + 1.2))
+    fp16 = fp16_slot_bytes(head_dim)
+    for i, name in enumerate(names):
+        for f in get_spec(name).layout(head_dim):
+            ax.barh(i, f.nbytes, left=f.offset, color=FIELD_COLORS[f.kind], edgecolor="white", height=0.6)
+            if f.nbytes >= 12:
+                ax.text(f.offset + f.nbytes / 2, i, f"{f.nbytes}", ha="center", va="center", fontsize=8)
+        ax.text(get_spec(name).slot_bytes(head_dim) + 4, i, f"{get_spec(name).slot_bytes(head_dim)} B", va="center", fontsize=9)
+    ax.axvline(fp16, color="k", ls="--", lw=1)
+    ax.text(fp16 - 4, -0.55, f"fp16 K+V = {fp16} B", ha="right", va="bottom", fontsize=9)
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel(f"bytes per (position, kv-head), head_dim = {head_dim}")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in FIELD_COLORS.values()]
+    ax.legend(handles, list(FIELD_COLORS), ncol=7, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.28))
+    ax.set_xlim(0, fp16 * 1.05)
+    ax.set_ylim(len(names) - 0.5, -0.9)
+    return ax
+
+
+def plot_key_journey(journey: Mapping[str, Any], spec, max_bytes: int = 24):
+    """Four panels: the key, its rotated unit vector on the Lloyd-Max levels, the packed bytes,
+    and the reconstruction on top of the original."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from .codebook import lloyd_max
+
+    spec = get_spec(spec)
+    k = journey["key"].numpy()
+    d = k.shape[0]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 6.5))
+    a = axes[0, 0]
+    a.bar(range(d), k, color="#4a5568", width=1.0)
+    a.set_title(f"1. key k (D={d}), ||k|| = {float(np.linalg.norm(k)):.3f}")
+    a.set_xlabel("coordinate")
+    a = axes[0, 1]
+    if "rotated" in journey:
+        cb = lloyd_max(spec.key_bits, d)
+        y = journey["rotated"].numpy()
+        a.scatter(range(d), y, s=8, color="#2b6cb0", label="H u (rotated unit key)")
+        a.scatter(range(d), journey["centroid"].numpy(), s=8, color="#c05621", marker="x", label="centroid[idx]")
+        for b in cb.boundaries:
+            a.axhline(b, color="#a0aec0", lw=0.5, ls=":")
+        for c in cb.centroids:
+            a.axhline(c, color="#c05621", lw=0.4)
+        a.set_title(f"2. rotate, then snap to {1 << spec.key_bits} Lloyd-Max levels for N(0, 1/{d})")
+        a.legend(fontsize=8, loc="upper right")
+    else:
+        a.text(0.5, 0.5, "fp8 keys: no rotation, no codebook", ha="center", va="center")
+    a.set_xlabel("coordinate")
+    a = axes[1, 0]
+    packed = journey["packed"].numpy()
+    shown = packed[:max_bytes]
+    bits = np.unpackbits(shown[:, None], axis=1, bitorder="little")  # (n, 8), bit 0 first
+    a.imshow(bits, cmap="Greys", aspect="auto", interpolation="nearest")
+    a.set_yticks(range(len(shown)), [f"{i:2d}: 0x{b:02x}" for i, b in enumerate(shown)], fontsize=7)
+    a.set_xticks(range(8), [f"b{i}" for i in range(8)], fontsize=7)
+    a.set_title(f"3. packed key bytes (first {len(shown)} of {len(packed)}), bit 0 left")
+    a = axes[1, 1]
+    kh = journey["key_hat"].numpy()
+    a.plot(k, color="#4a5568", lw=1, label="k")
+    a.plot(kh, color="#c05621", lw=1, ls="--", label="k_hat (dequantized)")
+    rel = float(np.linalg.norm(k - kh) / np.linalg.norm(k))
+    a.set_title(f"4. back: relative error {rel:.3f}")
+    a.legend(fontsize=8)
+    a.set_xlabel("coordinate")
+    fig.suptitle(f"One key's journey through {spec.name}")
+    fig.tight_layout()
+    return fig
+
+
+def plot_accuracy(rows: Sequence[Mapping[str, Any]], ax=None):
+    """Compression ratio (x) vs decode attention relative error (y), one labelled point per preset."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    for r in rows:
+        ax.scatter(r["compression"], r["rel_err"], s=50)
+        ax.annotate(f"{r['preset']}\ncos_min {r['cos_min']:.3f}", (r["compression"], r["rel_err"]),
+                    textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.set_xlabel("compression vs fp16 K+V (x)")
+    ax.set_ylabel("attention output relative error")
+    ax.set_title("Compression vs accuracy (decode vs fp32 SDPA, random data)")
+    ax.grid(alpha=0.3)
+    return ax
+
+
+def workspace_vs_cache(cached_lens: Sequence[int], num_kv_heads: int, head_dim: int, block_size: int,
+                       spec) -> list[dict[str, int]]:
+    """Per cached length: bytes of the two fp16 continuation-prefill workspace buffers
+    (``tqlab.reservation.continuation_workspace_shapes``) and of the packed slots they are
+    dequantized from (``cached_len * Hk * slot_bytes``)."""
+    import torch
+
+    from ..reservation import continuation_workspace_shapes
+
+    spec = get_spec(spec)
+    out = []
+    for n in cached_lens:
+        shapes = continuation_workspace_shapes(n, num_kv_heads, head_dim, block_size)
+        ws = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in shapes)
+        out.append({"cached_len": n, "workspace_bytes": ws, "packed_bytes": n * num_kv_heads * spec.slot_bytes(head_dim)})
+    return out
+
+
+def bench_summary(bench: Mapping[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """Tables from a recorded benchmark: ``dequant`` rows (GB/s, share of copy) and ``decode`` rows
+    (per shape, batch, context: SDPA fp16 ms and, per preset, ms and speedup at the engine's S=32
+    splits plus the best split count measured)."""
+    deq = [{"shape": r["shape"], "cached_len": r["cached_len"], "preset": r["kind"], "ms": round(r["ms"], 4),
+            "GB/s": round(r["GBps"]), "share of copy": round(r["share_of_copy"], 3)} for r in bench.get("dequant", [])]
+    groups: dict = {}
+    for r in bench.get("decode", []):
+        key = (r["shape"], r["batch"], r["context"])
+        g = groups.setdefault(key, {"shape": r["shape"], "batch": r["batch"], "context": r["context"]})
+        if r["kind"] == "sdpa_fp16":
+            g["sdpa_fp16 ms"] = round(r["ms"], 4)
+        else:
+            short = r["kind"].replace("turboquant_", "")
+            if r.get("splits") == 32:
+                g[f"{short} ms"] = round(r["ms"], 4)
+                g[f"{short} x"] = round(r["speedup_vs_sdpa_fp16"], 3)
+            best = g.get(f"{short} best x", 0.0)
+            if r["speedup_vs_sdpa_fp16"] > best:
+                g[f"{short} best x"] = round(r["speedup_vs_sdpa_fp16"], 3)
+                g[f"{short} best S"] = r.get("splits")
+    return {"dequant": deq, "decode": list(groups.values())}
+
+
+def plot_decode_bench(bench: Mapping[str, Any], shape: str, batch: int, ax=None):
+    """Decode time (ms, log) vs context for fp16 SDPA and each preset (S=32), one shape and batch."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6.5, 4))
+    rows = [r for r in bench.get("decode", []) if r["shape"] == shape and r["batch"] == batch]
+    kinds = ["sdpa_fp16"] + [k for k in TQ_PRESETS]
+    for kind in kinds:
+        pts = sorted((r["context"], r["ms"]) for r in rows if r["kind"] == kind and r.get("splits", 32) == 32)
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", lw=2 if kind == "sdpa_fp16" else 1,
+                    color="k" if kind == "sdpa_fp16" else None, label=kind.replace("turboquant_", ""))
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("ms per decode step (one layer)")
+    ax.set_title(f"{shape}, batch {batch}")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return ax
