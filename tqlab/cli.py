@@ -1,4 +1,4 @@
-"""``tqlab`` command line: ``repro``, ``plan``, ``presets`` (and ``python -m tqlab``).
+"""``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm`` (and ``python -m tqlab``).
 
 Every :class:`~tqlab.config.EngineConfig` field is an override flag
 (``--max-num-seqs 2``, ``--kv-cache-dtype auto``, ``--no-enable-chunked-prefill``),
@@ -200,6 +200,35 @@ def plan(preset, **overrides) -> None:
         + (f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
            else "every prompt up to max_model_len survives")
     )
+
+
+@app.command("inspect-vllm")
+@click.option("--args", "engine_args", type=str, default=None,
+              help='the `vllm serve ...` command line, e.g. "vllm serve M --tensor-parallel-size 8 --max-model-len 131072"')
+@click.option("--config", "model_config", type=click.Path(exists=True), default=None,
+              help="the model's config.json (or its folder)")
+@click.option("--preset", type=str, default=None, help="a tqlab preset instead of --config")
+@click.option("--tokens", "prompt_tokens", type=click.IntRange(min=1), multiple=True,
+              help="prompt length to check (repeatable; default max_model_len)")
+@click.option("--locked-bytes", type=click.IntRange(min=0), default=None,
+              help="workspace size measured at lock without the fix (bytes)")
+@click.option("--gpu-memory-gib", type=float, default=None, help="GPU memory, for vLLM's default batch limits")
+@click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="also write the report as JSON")
+def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, locked_bytes, gpu_memory_gib, demo, json_path) -> None:
+    """Predict, per workspace consumer, whether a vLLM deployment hits the locked-workspace crash.
+
+    Reads engine args + the model's config.json; prints the workspace each
+    prompt needs, whether it overflows the locked size with and without the
+    fix, and the safe max_model_len. vLLM itself is only needed for --demo.
+    """
+    from .vllm_trace import inspect_vllm
+
+    try:
+        inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens, locked_bytes=locked_bytes,
+                     gpu_memory_gib=gpu_memory_gib, demo=demo, json_path=json_path)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def main() -> None:  # pragma: no cover
