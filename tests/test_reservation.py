@@ -102,9 +102,13 @@ def test_chunk_paths_follow_the_threshold():
     assert CONTINUATION_DECODE_THRESHOLD == 128
     first = chunk_workspace_request(c, 0, 4096)
     assert (first.path, first.shapes, first.nbytes) == ("prefill", None, 0)
-    short = chunk_workspace_request(c, 4096, 128)
-    assert short.path == "decode_kernel"
-    assert short.shapes == decode_workspace_shapes(128, 4, 128, 32, bf16)
+    # vLLM 0.33: a continuation chunk of <= 128 new tokens runs the decode kernel with its
+    # own scratch and asks the workspace for nothing (checked against vLLM by parity/)
+    for q in (1, 5, 17, 127, 128):
+        short = chunk_workspace_request(c, 4096, q)
+        assert (short.cached_len, short.q_len) == (4096, q)
+        assert (short.path, short.shapes, short.nbytes) == ("decode_kernel", None, 0)
+    assert chunk_workspace_request(c, 131071 - 128, 128).nbytes == 0  # whatever the cached length
     long = chunk_workspace_request(c, 4096, 129)
     assert long.path == "continuation"
     assert long.shapes == continuation_workspace_shapes(4096, 1, 128, 16)
@@ -249,27 +253,29 @@ def test_prompt_chunks():
 
 def test_workspace_bytes_for_nemotron_prompts():
     c = EngineConfig.from_preset(NEMOTRON)
-
-    def decode_rows(q):  # (q,4,32,129) f32 + (q,4,128) bf16 + (q,4) f32, each rounded to 256
-        return q * 66_048 + -(-(q * 1_024) // 256) * 256 + -(-(q * 16) // 256) * 256
-
     assert workspace_bytes_for_prompt(c, 4096) == 0  # one chunk, nothing cached
-    assert workspace_bytes_for_prompt(c, 4097) == decode_rows(1) == 67_328
-    assert workspace_bytes_for_prompt(c, 4100) == decode_rows(4) == NEMOTRON_LOCKED
-    assert workspace_bytes_for_prompt(c, 4101) == decode_rows(5) == 335_616
-    assert workspace_bytes_for_prompt(c, 4224) == decode_rows(128)
-    assert workspace_bytes_for_prompt(c, 4225) == 2 * MiB  # continuation, cached 4096
+    # 4096 cached + 1..128 new: the decode kernel with its own scratch, no workspace call
+    for n in (4097, 4100, 4101, 4113, 4224):
+        assert workspace_bytes_for_prompt(c, n) == 0
+    assert workspace_bytes_for_prompt(c, 4225) == 2 * 4096 * 128 * 2 == 2 * MiB  # continuation, cached 4096
     assert workspace_bytes_for_prompt(c, 8192) == 2 * MiB  # the bug report's prompt
+    assert workspace_bytes_for_prompt(c, 8320) == 2 * MiB  # 3rd chunk of 128 tokens: decode kernel, no call
+    assert workspace_bytes_for_prompt(c, 8321) == 2 * 8192 * 128 * 2 == 4 * MiB  # 3rd chunk of 129: cached 8192
     assert workspace_bytes_for_prompt(c, 131072) == 2 * 126_976 * 128 * 2
 
 
-def test_first_failing_prompt_for_nemotron_is_4101_by_brute_force():
+def test_first_failing_prompt_for_nemotron_is_4225_by_brute_force():
     c = EngineConfig.from_preset(NEMOTRON)
-    assert first_failing_prompt(c, NEMOTRON_LOCKED) == 4101
+    assert first_failing_prompt(c, NEMOTRON_LOCKED) == 4225
     needs = [workspace_bytes_for_prompt(c, n) for n in range(1, 8401)]
     ok = [n for n, need in enumerate(needs, start=1) if need <= NEMOTRON_LOCKED]
-    assert ok == list(range(1, 4101))  # every prompt up to 4100 survives, none after
-    assert needs[8192 - 1] == 2 * MiB
+    assert ok == list(range(1, 4225))  # every prompt up to 4224 survives, none after
+    assert set(needs[:4224]) == {0}  # short continuation chunks make no workspace call
+    assert needs[4225 - 1] == needs[8192 - 1] == 2 * MiB
+    # even a workspace locked at 0 bytes (no decode capture) serves every prompt up to 4224
+    assert first_failing_prompt(c, 0) == 4225
+    assert first_failing_prompt(c, 2 * MiB - 1) == 4225
+    assert first_failing_prompt(c, 2 * MiB) == 8192 + 129  # 3rd chunk of 129 tokens: cached 8192 -> 4 MiB
     # with the fix (64 MiB locked) every prompt up to max_model_len survives
     assert first_failing_prompt(c, 64 * MiB) is None
     assert workspace_bytes_for_prompt(c, c.max_model_len) <= 64 * MiB
@@ -277,8 +283,12 @@ def test_first_failing_prompt_for_nemotron_is_4101_by_brute_force():
 
 def test_first_failing_prompt_for_pr_44053_unit_test_by_full_brute_force():
     c = EngineConfig.from_preset(PR_TEST)
-    expected = next(n for n in range(1, c.max_model_len + 1) if workspace_bytes_for_prompt(c, n) > PR_LOCKED)
-    assert expected == 4096 + 17  # 16 decode rows fit in the capture at max_num_seqs=16, 17 do not
+    needs = [workspace_bytes_for_prompt(c, n) for n in range(1, c.max_model_len + 1)]
+    expected = next(n for n, need in enumerate(needs, start=1) if need > PR_LOCKED)
+    # 4096 cached + 1..128 new tokens: decode kernel, own scratch, no workspace call;
+    # 129 new: continuation dequant buffers 2 x (1,4,4096,128) f16 = 8 MiB
+    assert expected == 4096 + 129 == 4225
+    assert set(needs[:4224]) == {0} and needs[4225 - 1] == 2 * 4 * 4096 * 128 * 2 == 8 * MiB
     assert first_failing_prompt(c, PR_LOCKED) == expected
     assert first_failing_prompt(c, 16 * MiB) is None
 
