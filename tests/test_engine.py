@@ -25,6 +25,7 @@ from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.reservation import (
     chunk_workspace_request,
     continuation_workspace_shapes,
+    decode_workspace_shapes,
     plan_bytes,
     reservation_plan,
     workspace_bytes_for_prompt,
@@ -108,13 +109,42 @@ def test_nemotron_without_fix_crashes_with_the_exact_message_and_the_engine_is_d
         assert f"WorkspaceLockedError: {text}" in str(dead.value)
 
 
-def test_nemotron_without_fix_serves_prompts_up_to_4100_tokens():
-    engine = LLMEngine(EngineConfig.from_preset(NEMOTRON), fix=False, device="meta")
-    assert engine.generate(4100).finished  # last chunk: 4 decode rows = exactly the capture
+def test_nemotron_without_fix_serves_prompts_up_to_4224_tokens():
+    """4096 cached + 1..128 new tokens: the decode kernel with its own scratch (vLLM 0.33), no workspace call."""
+    c = EngineConfig.from_preset(NEMOTRON)
+    engine = LLMEngine(c, fix=False, device="meta")
+    ws = engine.workspace
+    calls: list[tuple] = []
+    real = ws.get_simultaneous
+
+    def spy(*reqs):
+        calls.append(reqs)
+        return real(*reqs)
+
+    n_events = len(ws.events)
+    ws.get_simultaneous = spy  # instance attribute: the backend holds the same object
+    try:
+        for n, short in [(4097, 1), (4101, 5), (4224, 128)]:  # 4101 crashed when the chunk used the workspace
+            before = dict(engine.backend.path_counts)
+            calls.clear()
+            out = engine.generate(n, max_tokens=1)
+            assert out.finished and out.prompt_len == n
+            delta = {k: engine.backend.path_counts[k] - before[k] for k in before}
+            # one short continuation chunk per layer; the one output token needs no decode step
+            assert delta == {"prefill": c.num_hidden_layers, "continuation": 0,
+                             "decode_kernel": c.num_hidden_layers, "decode": 0}, (n, short)
+            assert calls == []  # prefill (no cache) and the short chunk ask the workspace for nothing
+    finally:
+        del ws.get_simultaneous  # back to the class method: the error names the real caller
+    assert ws.events[n_events:] == [] and ws.sizes_bytes() == [NEMOTRON_LOCKED]
+    # 129 new tokens: continuation dequant buffers for 4096 cached tokens, 2 x (1,1,4096,128) f16
+    assert chunk_workspace_request(c, 4096, 129).shapes == continuation_workspace_shapes(4096, 1, 128, 16)
     with pytest.raises(WorkspaceLockedError) as ei:
-        engine.generate(4101)  # 5 decode rows
-    assert (ei.value.required_bytes, ei.value.current_bytes) == (335_616, NEMOTRON_LOCKED)
-    assert "requires 0.32 MB, current size is 0.26 MB" in str(ei.value)
+        engine.generate(4225)
+    assert (ei.value.required_bytes, ei.value.current_bytes) == (2 * MiB, NEMOTRON_LOCKED)
+    assert ei.value.caller == f"attention.py:{_continuation_line()}:_continuation_prefill"
+    assert "requires 2.00 MB, current size is 0.26 MB" in str(ei.value)
+    assert [e.kind for e in ws.events[n_events:]] == ["violation"] and ws.sizes_bytes() == [NEMOTRON_LOCKED]
 
 
 def test_without_fix_on_cpu_the_crash_is_the_same():
@@ -239,18 +269,70 @@ def test_cpu_long_prompt_logits_match_the_dense_sdpa_reference(cpu_engine):
     assert engine.workspace.events[-1].kind == "lock"  # no growth while serving
 
 
+def _spy_workspace_calls(ws: WorkspaceManager) -> list[tuple]:
+    """Record every ``get_simultaneous`` call on ``ws`` (instance patch; ``del ws.get_simultaneous`` restores)."""
+    calls: list[tuple] = []
+    real = ws.get_simultaneous
+
+    def spy(*reqs):
+        calls.append(reqs)
+        return real(*reqs)
+
+    ws.get_simultaneous = spy
+    return calls
+
+
 def test_cpu_short_continuation_takes_the_decode_kernel_and_matches(cpu_engine):
     engine = cpu_engine
-    n = 1027  # chunks (0,1024) prefill, (1024,3): 3 rows through the split-KV decode kernel
+    n = 1027  # chunks (0,1024) prefill, (1024,3): 3 rows through the split-KV decode kernel, own scratch
     ids = _prompt(n, seed=11)
     before = dict(engine.backend.path_counts)
-    with _capture_logits(engine) as seen:
-        out = engine.generate(ids, max_tokens=2)
+    n_events, sizes = len(engine.workspace.events), engine.workspace.sizes_bytes()
+    calls = _spy_workspace_calls(engine.workspace)
+    try:
+        with _capture_logits(engine) as seen:
+            out = engine.generate(ids, max_tokens=2)
+    finally:
+        del engine.workspace.get_simultaneous
     delta = {k: engine.backend.path_counts[k] - before[k] for k in before}
     assert delta == {"prefill": 2, "continuation": 0, "decode_kernel": 2, "decode": 2}
+    # the only workspace calls are the one decode step's (1 row, 2 layers); the 3-row chunk made none
+    assert calls == [decode_workspace_shapes(1, 8, 128, 4, torch.float16)] * 2
+    assert engine.workspace.events[n_events:] == [] and engine.workspace.sizes_bytes() == sizes
     full = torch.cat([ids, torch.tensor(out.output_token_ids[:-1])])
     ref = engine.runner.model.reference_forward(full)
     torch.testing.assert_close(torch.cat(seen), ref[n - 1 : n + 1], atol=ATOL, rtol=0)
+
+
+def test_cpu_without_fix_a_128_token_continuation_fits_a_4_row_capture_and_matches():
+    """vLLM 0.33: the decode kernel allocates its own scratch, so 128 rows never touch a 4-row workspace."""
+    c = EngineConfig.from_preset(PR_TEST, **CPU_CONFIG)
+    engine = LLMEngine(c, fix=False, device="cpu", kv_cache_tokens=2304)
+    ws = engine.workspace
+    # only the decode capture at 4 rows: (4,8,4,129) f32 + (4,8,128) f16 + (4,8) f32 -> 256
+    assert engine.locked_bytes == plan_bytes(reservation_plan(c)[:1]) == 66_048 + 8_192 + 256
+    n = 1024 + 128  # chunks (0,1024) prefill, (1024,128): 128 rows through the decode kernel
+    ids = _prompt(n, seed=13)
+    n_events, before = len(ws.events), dict(engine.backend.path_counts)
+    calls = _spy_workspace_calls(ws)
+    try:
+        with _capture_logits(engine) as seen:
+            out = engine.generate(ids, max_tokens=2)
+    finally:
+        del ws.get_simultaneous
+    assert out.finished and engine.dead is None
+    delta = {k: engine.backend.path_counts[k] - before[k] for k in before}
+    assert delta == {"prefill": 2, "continuation": 0, "decode_kernel": 2, "decode": 2}
+    assert calls == [decode_workspace_shapes(1, 8, 128, 4, torch.float16)] * 2  # the decode step only
+    assert ws.events[n_events:] == [] and ws.sizes_bytes() == [66_048 + 8_192 + 256]
+    full = torch.cat([ids, torch.tensor(out.output_token_ids[:-1])])
+    ref = engine.runner.model.reference_forward(full)
+    torch.testing.assert_close(torch.cat(seen), ref[n - 1 : n + 1], atol=ATOL, rtol=0)
+    # one token more: continuation dequant buffers for 1024 cached tokens, 2 x (1,4,1024,128) f16
+    with pytest.raises(WorkspaceLockedError) as ei:
+        engine.generate(_prompt(n + 1, seed=13))
+    assert (ei.value.required_bytes, ei.value.current_bytes) == (2 * MiB, 66_048 + 8_192 + 256)
+    assert ei.value.caller == f"attention.py:{_continuation_line()}:_continuation_prefill"
 
 
 def test_capture_froze_the_final_workspace_pointers_with_the_fix(cpu_engine):
@@ -309,6 +391,11 @@ def test_prefill_paths_match_sdpa(cached, q_len, path):
     sl = slice(cached, total)
     out = backend.forward_prefill(q[sl], k[sl], v[sl], cache, row, cached_len=cached)
     assert backend.path_counts[path] == 1
+    # only the continuation path asks the workspace (2 x (1,2,round_up(cached,16),32) f16);
+    # the decode-kernel path (vLLM 0.33) uses its own scratch, like the plain prefill
+    expected = {"continuation": 2 * 2 * -(-cached // 16) * 16 * 32 * 2, "decode_kernel": 0, "prefill": 0}[path]
+    assert backend.workspace.sizes_bytes() == [expected]
+    assert [e.kind for e in backend.workspace.events] == (["resize"] if expected else [])
     want = _sdpa_causal(q, k, v)[sl]
     torch.testing.assert_close(out, want, atol=2e-5, rtol=1e-4)
 
