@@ -18,7 +18,8 @@ else happens (the engine's dry run).
 Validation: wrong types/dtypes raise ``TypeError``, wrong shapes/values ``ValueError``, before any
 tensor is touched.  Index contents (slot ids, block ids, sequence lengths) are range-checked when
 the tensors live on the CPU; on CUDA that check would need a host sync (and would break CUDA graph
-capture), so there the kernels skip out-of-range slots/blocks instead of writing out of bounds.
+capture), so there the kernels never touch memory out of bounds instead: an out-of-range slot is not
+written, an out-of-range block id reads as an all-zero slot (key and value 0).
 """
 
 from __future__ import annotations
@@ -111,8 +112,7 @@ def _check_cache(cache, spec: TurboQuantSpec, head_dim: int) -> tuple[int, int, 
 def _same_device(**tensors: torch.Tensor) -> torch.device:
     devs = {k: v.device for k, v in tensors.items()}
     first = next(iter(devs.values()))
-    bad = {k: str(d) for k, d in devs.items() if d != first}
-    if bad:
+    if any(d != first for d in devs.values()):
         raise ValueError(f"all tensors must be on one device; got {({k: str(d) for k, d in devs.items()})}")
     return first
 
