@@ -23,7 +23,7 @@
 # | name | the bug report's fix | what the engine does |
 # |---|---|---|
 # | `none` | — (vLLM 0.20) | lock whatever decode capture touched |
-# | `dummy_run` | 1. long-context dummy run | after the profile run, one dummy continuation step at `max_model_len` (and one 128-row decode-kernel step) grows the workspace *before* capture |
+# | `dummy_run` | 1. long-context dummy run | after the profile run, one dummy continuation-prefill step with `max_model_len - 130` cached tokens grows the workspace *before* capture |
 # | `reserve` | 2. static worst-case sizing | `_reserve_workspace()` in the metadata builder (PR #44053, merged) |
 # | `replay_aware` | 3. replay-aware lock | a miss after the lock: unlock → grow → re-capture every decode graph → lock |
 # | `fallback` | 4. per-call fallback | a miss after the lock: `torch.empty` for that call, one warning |
@@ -150,8 +150,9 @@ plt.show()
 # `grow_no_recapture` survives only as long as no graph is replayed on the freed buffer (on CUDA
 # the replay guard of `tqlab.cuda_graphs` stops it at the first decode).
 #
-# The same comparison on the bug report's deployment at full size (8 layers, `max_model_len` 131072,
-# TurboQuant cache), measured on the GPU:
+# On the CPU box the seconds are noisy: two cores shared with whatever else runs; compare them within
+# one run only. The same comparison on the bug report's deployment at full size (8 layers,
+# `max_model_len` 131072, TurboQuant cache), measured on the GPU:
 
 # %%
 REC_TABLE = recorded(f"strategies_{GPU_TAG}")
@@ -206,10 +207,10 @@ viz.show_md(viz.markdown_table(("preset", "max_model_len", "cache", "unfixed loc
 #
 # The bug report swept deployments to find where the crash starts. Without the fix the lock freezes
 # the decode scratch at `max_num_seqs` rows, so the longest prompt that survives is decided by the
-# first prefill chunk that needs more: either a continuation chunk (its cached length × KV heads) or a
-# short continuation chunk of more than `max_num_seqs` tokens, which runs the decode kernel with one
-# row per token. `tqlab.reservation.first_failing_prompt` finds it exactly, without simulating every
-# length. The star is the bug report's deployment.
+# first continuation chunk of more than 128 new tokens whose dequant buffers (cached length × KV heads
+# × head_dim, twice, float16) need more. (Shorter continuation chunks run the decode kernel with its
+# own scratch and ask the workspace for nothing, as in vLLM 0.33.) `tqlab.reservation.first_failing_prompt`
+# finds it exactly, without simulating every length. The star is the bug report's deployment.
 
 # %%
 SWEEPS = {

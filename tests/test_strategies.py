@@ -102,8 +102,9 @@ def test_unfixed_lock_size_is_what_the_unfixed_engine_locks(tiny, nemotron):
 
 
 def test_dummy_run_chunks(tiny, nemotron):
-    assert S.dummy_run_chunks(nemotron) == [(130942, 129), (16, 128)]
-    assert S.dummy_run_chunks(tiny) == [(894, 129), (16, 128)]
+    # short continuation chunks (<= 128 tokens) run the decode kernel without the workspace (vLLM 0.33)
+    assert S.dummy_run_chunks(nemotron) == [(130942, 129)]
+    assert S.dummy_run_chunks(tiny) == [(894, 129)]
     no_chunking = tiny.replace(enable_chunked_prefill=False, max_num_batched_tokens=1024)
     assert S.dummy_run_chunks(no_chunking) == []
 
@@ -113,10 +114,10 @@ def test_dummy_run_grows_before_capture(tiny):
     names = [p.name for p in e.phases]
     assert names == ["init_workspace", "build_backend", "profile_run", "after_profile", "capture", "lock"]
     after = dict((p.name, p.workspace_bytes) for p in e.phases)
-    # decode-kernel chunk of 128 rows: (128,2,4,17) f32 69632 + (128,2,16) f32 16384 + (128,2) f32 1024
-    assert after["profile_run"] == (0,) and after["after_profile"] == (87040,) == after["lock"]
+    # continuation at cached 894 -> round_up(894, 16) = 896: 2 x (1,1,896,16) f16 = 64 * 896
+    assert after["profile_run"] == (0,) and after["after_profile"] == (57344,) == after["lock"]
     assert S.captured_graphs_valid(e)
-    assert e.backend.path_counts["continuation"] == 1 and e.backend.path_counts["decode_kernel"] == 1
+    assert e.backend.path_counts["continuation"] == 1 and e.backend.path_counts["decode_kernel"] == 0
 
 
 def test_workspace_vs_max_model_len_seed_deployment(nemotron):
@@ -150,9 +151,10 @@ def test_threshold_sweep_matches_brute_force(tiny, budget):
 
 
 def test_threshold_sweep_seed_deployment(nemotron):
-    # 4100 tokens survive: the 2nd chunk (cached 4096) of a 4101-token prompt has 5 new tokens and runs
-    # the decode kernel with 5 rows, one more than the 4 captured.
-    assert S.longest_surviving_prompt(nemotron) == 4100
+    # 4224 tokens survive: the 2nd chunk of a 4225-token prompt has 129 new tokens after 4096 cached ones,
+    # so it dequantizes them: 2 x (1,1,4096,128) f16 = 2 MiB > 0.26 MB. (Up to 128 new tokens it runs the
+    # decode kernel, which asks the workspace for nothing.)
+    assert S.longest_surviving_prompt(nemotron) == 4224
     rows = S.threshold_sweep(nemotron, "tensor_parallel_size", [1, 2, 3, 4, 8], progress=False)
     assert [r["tensor_parallel_size"] for r in rows] == [1, 2, 4, 8]  # TP 3 does not divide 32 heads: skipped
     rows = S.threshold_sweep(nemotron, "max_num_seqs", [4, 8192], progress=False)
@@ -185,7 +187,7 @@ def test_comparison_bytes_are_exact(results):
     # 1015 tokens: chunks at cached 0, 256, 512, 768; the largest continuation is 64 * 768 = 49152 bytes
     assert got == {
         "none": (1792, 1792, 1792),
-        "dummy_run": (87040, 87040, 87040),
+        "dummy_run": (57344, 57344, 57344),
         "reserve": (65536, 65536, 65536),
         "replay_aware": (1792, 49152, 49152),
         "fallback": (1792, 1792, 1792 + 49152),
@@ -224,15 +226,18 @@ def test_table_rows(results):
 
 
 # --------------------------------------------------------------------------- each fix in detail
-def test_reserve_as_merged_misses_a_short_continuation_chunk(tiny):
-    # PR #44053 reserves decode views for max_num_seqs (2) rows; a last chunk of 97 tokens runs the
-    # decode kernel with 97 rows: 97 * (544 + 128 + 8) bytes, aligned, > 65536.
-    n = first_failing_prompt(tiny, 65536)
-    assert n == 353 and workspace_bytes_for_prompt(tiny, n) > 65536 >= workspace_bytes_for_prompt(tiny, n - 1)
-    e = S.make_engine(tiny, "reserve")
-    with pytest.raises(WorkspaceLockedError, match="_decode_attention' requires"):
-        e.generate(n, max_tokens=1)
-    assert S.make_engine(tiny, "dummy_run").generate(n, max_tokens=1).finished  # its 128-row dummy chunk covers it
+def test_reserve_and_dummy_run_cover_every_prompt(tiny):
+    # alone, a request's chunks start at multiples of 256: its largest continuation is at cached 768
+    # (64 * 768 = 49152 bytes); the dummy run sizes for 894 cached tokens (57344 bytes), which a chunk
+    # sharing its step with other requests can reach; reserve sizes for 1023 -> 1024 (65536 bytes)
+    assert first_failing_prompt(tiny, 49152) is None
+    assert first_failing_prompt(tiny, 49151) == 768 + 129
+    assert first_failing_prompt(tiny, 57344) is None and first_failing_prompt(tiny, 65536) is None
+    # a prompt ending in a short continuation chunk (97 tokens after 256) takes the decode kernel:
+    # no workspace call, so even the unfixed engine serves it
+    n = 256 + 97
+    assert workspace_bytes_for_prompt(tiny, n) == 0
+    assert S.make_engine(tiny, "none").generate(n, max_tokens=1).finished
 
 
 def test_fallback_warns_once_completes_and_matches_reserve(tiny):
@@ -244,7 +249,11 @@ def test_fallback_warns_once_completes_and_matches_reserve(tiny):
         e.generate(SEED_PROMPT, max_tokens=2)
     fb = [w for w in caught if issubclass(w.category, S.WorkspaceFallbackWarning)]
     assert len(fb) == 1
-    assert "needs 0.02 MiB but the locked workspace holds 0.00 MiB" in str(fb[0].message)
+    msg = str(fb[0].message)
+    assert msg.startswith("workspace fallback: 'attention.py:") and "_continuation_prefill' needs 0.02 MiB" in msg
+    assert "but the locked workspace holds 0.00 MiB" in msg
+    # the manager's log names the consumer, not the wrapper
+    assert {ev.caller.split(":")[-1] for ev in e.workspace.events if ev.kind == "violation"} == {"_continuation_prefill"}
     assert got == want
     st = e.strategy_state
     assert (st.fallback_calls, st.fallback_bytes_max, st.fallback_bytes_total) == (4, 49152, 16384 + 32768 + 49152 + 16384)
@@ -267,8 +276,10 @@ def test_replay_aware_relocks_recaptures_and_matches_reserve(tiny):
     assert e.workspace.is_locked() and e.workspace.sizes_bytes() == [49152]
     assert [r.workspace_bytes for r in e.captures] == [[49152], [49152]]
     assert S.captured_graphs_valid(e)
-    serve = [r["kind"] for r in S.workspace_timeline(e) if r["phase"] == "serve"]
-    assert serve == ["violation", "unlock", "resize", "lock"] * 3
+    serve = [(r["kind"], r["caller"].split(":")[0]) for r in S.workspace_timeline(e) if r["phase"] == "serve"]
+    assert serve == [("violation", "attention.py"), ("unlock", "strategies.py"), ("resize", "attention.py"),
+                     ("lock", "strategies.py")] * 3
+    assert {g["caller"].split(":")[-1] for g in st.regrowths} == {"_continuation_prefill"}
 
 
 def test_replay_aware_growth_factor(tiny):

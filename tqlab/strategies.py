@@ -44,7 +44,9 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import os
 import statistics
+import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -179,6 +181,39 @@ class WorkspaceFallbackWarning(RuntimeWarning):
     """A locked workspace was too small; the call's buffers were allocated with ``torch.empty`` instead."""
 
 
+_THIS_FILE = __file__
+
+
+def _consumer_caller() -> str:
+    """``'file.py:line:function'`` of the first frame outside this module, the manager and contextlib."""
+    skip = {os.path.normcase(os.path.abspath(_THIS_FILE)),
+            os.path.normcase(os.path.abspath(sys.modules[WorkspaceManager.__module__].__file__))}
+    frame = sys._getframe(1)
+    while frame is not None:
+        fname = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
+        if fname not in skip and not fname.endswith("contextlib.py"):
+            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
+        frame = frame.f_back
+    return "<unknown>"
+
+
+def _reattribute(manager: WorkspaceManager, start: int, caller: str, kinds: tuple[str, ...]) -> None:
+    """Name the consumer, not this wrapper, in the manager's events ``start..`` of the given kinds.
+
+    The manager attributes an event to the first frame outside its own module,
+    which for a call through a wrapper is the wrapper; the consumer that made
+    the call is the useful name (as when the manager is called directly).
+    """
+    events = getattr(manager, "events", None)
+    if not isinstance(events, list):
+        return
+    here = os.path.basename(_THIS_FILE)
+    for i in range(start, len(events)):
+        ev = events[i]
+        if ev.kind in kinds and ev.caller.startswith(here + ":"):
+            events[i] = dataclasses.replace(ev, caller=caller)
+
+
 class FallbackWorkspace:
     """Workspace wrapper for fix 4: serve what fits from the manager, ``torch.empty`` the rest.
 
@@ -208,10 +243,13 @@ class FallbackWorkspace:
         self.warned = False
 
     def get_simultaneous(self, *shapes_and_dtypes):
+        n0 = len(getattr(self.manager, "events", ()))
         try:
             return self.manager.get_simultaneous(*shapes_and_dtypes)
         except WorkspaceLockedError as err:
             t0 = time.perf_counter()
+            caller = _consumer_caller()
+            _reattribute(self.manager, n0, caller, ("violation",))
             lay = compute_layout(shapes_and_dtypes)
             dev = self.manager.device
             out = [torch.empty(s, dtype=d, device=dev) for s, d in zip(lay.shapes, lay.dtypes)]
@@ -222,7 +260,7 @@ class FallbackWorkspace:
             if not self.warned:
                 self.warned = True
                 warnings.warn(
-                    f"workspace fallback: '{err.caller}' needs {err.required_bytes / MiB:.2f} MiB but the locked "
+                    f"workspace fallback: '{caller}' needs {err.required_bytes / MiB:.2f} MiB but the locked "
                     f"workspace holds {err.current_bytes / MiB:.2f} MiB; allocating this and later such calls with "
                     "torch.empty (slower, not CUDA-graph capturable). Warned once.",
                     WorkspaceFallbackWarning,
@@ -276,16 +314,21 @@ class ReplayAwareWorkspace:
 
     def get_simultaneous(self, *shapes_and_dtypes):
         m = self.manager
+        n0 = len(m.events)
         try:
             return m.get_simultaneous(*shapes_and_dtypes)
         except WorkspaceLockedError as err:
+            caller = _consumer_caller()
+            _reattribute(m, n0, caller, ("violation",))
             if m.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise  # cannot allocate while a graph is being captured
             t0 = time.perf_counter()
+            n1 = len(m.events)
             target = max(err.required_bytes, int(err.current_bytes * self.growth_factor))
             sizes = tuple(r.batch_size for r in getattr(self.engine, "captures", []) or [])
             with rewarm_workspace(m):
                 m.get_simultaneous(((target,), torch.uint8))  # grows the requesting slot
+                _reattribute(m, n1, caller, ("resize",))
                 if self.recapture and sizes:
                     try:
                         with ubatch_context(0):
@@ -298,7 +341,7 @@ class ReplayAwareWorkspace:
                     self.recaptured_graphs += len(sizes)
             _sync(m.device)
             self.regrowths.append(
-                dict(old_bytes=err.current_bytes, new_bytes=target, seconds=time.perf_counter() - t0, caller=err.caller)
+                dict(old_bytes=err.current_bytes, new_bytes=target, seconds=time.perf_counter() - t0, caller=caller)
             )
             return m.get_simultaneous(*shapes_and_dtypes)
 
@@ -314,19 +357,22 @@ class ReplayAwareWorkspace:
 def dummy_run_chunks(config: EngineConfig) -> list[tuple[int, int]]:
     """``(cached_len, q_len)`` of the dummy steps the long-context dummy run executes.
 
-    One step per continuation path, each at the largest workspace it can need:
+    One step per continuation path that asks the workspace for memory, each at
+    the largest request it can make (the path and its call come from
+    :func:`tqlab.reservation.chunk_workspace_request`, as in the backend):
 
     * the dequant path (``q_len > 128``): ``q_len = 129`` new tokens after
       ``cached_len = max_model_len - 1 - 129`` cached ones — the longest cached
       prefix a continuation chunk of a request of at most ``max_model_len``
       tokens (one of them generated) can have;
-    * the decode-kernel path (``q_len <= 128``): ``q_len = min(128,
-      max_num_batched_tokens)`` rows; its workspace does not depend on
-      ``cached_len``, so it runs after one cached block (cheap).
+    * the decode-kernel path (``q_len <= 128``), only if it makes a workspace
+      call: ``q_len = min(128, max_num_batched_tokens)`` rows after one cached
+      block (its request does not depend on ``cached_len``). As in vLLM 0.33
+      it makes none, so this step is normally absent.
 
     Without chunked prefill there are no continuation chunks (tqlab has no
     prefix caching) and the list is empty. For the seed's deployment
-    (``max_model_len`` 131072): ``[(130942, 129), (16, 128)]``.
+    (``max_model_len`` 131072): ``[(130942, 129)]``.
     """
     if not config.enable_chunked_prefill:
         return []
@@ -338,7 +384,7 @@ def dummy_run_chunks(config: EngineConfig) -> list[tuple[int, int]]:
         chunks.append((top - q_long, q_long))
     q_short = min(CONTINUATION_DECODE_THRESHOLD, m)
     cached_short = min(config.block_size, top - q_short)
-    if cached_short >= 1:
+    if cached_short >= 1 and chunk_workspace_request(config, cached_short, q_short).shapes is not None:
         chunks.append((cached_short, q_short))
     return chunks
 
@@ -721,12 +767,11 @@ def warm_up_process(config: EngineConfig, device: torch.device | str, seed: int 
     """Pay one-time costs (kernel compilation, library handles, autotuning) before anything is timed.
 
     On CUDA a ``dummy_run`` engine (its start-up runs the worst continuation
-    chunks; its workspace then covers every single request) serves each of
+    chunk; its workspace then covers every single request) serves each of
     ``prompts`` once, so every kernel specialization the measured requests
     will hit is compiled here. Elsewhere (nothing is compiled), a ``reserve``
-    engine with decode rows for ``max(max_num_seqs, 128)`` serves two short
-    prompts that take every path: a fresh chunk, a long continuation chunk,
-    a decode-kernel chunk, and decodes.
+    engine serves two short prompts that take every path: a fresh chunk, a
+    long continuation chunk, a short (decode-kernel) continuation chunk, and decodes.
     """
     dev = torch.device(device)
     if dev.type == "cuda" and prompts:
@@ -738,9 +783,7 @@ def warm_up_process(config: EngineConfig, device: torch.device | str, seed: int 
         return
     m = config.max_num_batched_tokens
     n = min(config.max_model_len - 4, m + CONTINUATION_DECODE_THRESHOLD + 8) if config.enable_chunked_prefill else 64
-    kw = dict(engine_kwargs)
-    kw["decode_batch_reservation"] = max(config.max_num_seqs, CONTINUATION_DECODE_THRESHOLD)
-    e = make_engine(config, "reserve", device=dev, seed=seed, **kw)
+    e = make_engine(config, "reserve", device=dev, seed=seed, **engine_kwargs)
     e.generate(max(1, n), max_tokens=3)
     if config.enable_chunked_prefill and m + 64 < config.max_model_len - 3:
         e.generate(m + 64, max_tokens=2)
@@ -1066,7 +1109,8 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
         times: list[float] = []
         alloc_after: list[int] = []
         res_after: list[int] = []
-        held: list[torch.Tensor] = []
+        held: list[torch.Tensor] | None = []
+        views = None
         act = None
         cur_step = -1
         for call in trace:
@@ -1086,7 +1130,7 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
                 views = [torch.empty(s, dtype=d, device=dev) for s, d in call.shapes]
             times.append(time.perf_counter() - t)
             held = views
-        del held, act
+        held = act = None  # the request is over; the workspace (if any) and the last views stay
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
             alloc_after.append(torch.cuda.memory_allocated(dev) - base_alloc)
@@ -1102,7 +1146,7 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
             )
             mem_alloc, mem_res = alloc_after, res_after
         best = times if best is None else [min(a, b) for a, b in zip(best, times)]
-        del ws
+        views = ws = None  # nothing of this repeat may survive into the next one's baseline
     out: dict[str, Any] = dict(
         mode=mode,
         device=str(dev),
@@ -1316,12 +1360,15 @@ def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | 
     ax.set_title("start-up time", loc="left", fontsize=10)
     ax = axes[1]
     w = 0.38
-    ax.bar([i - w / 2 for i in x], [r.reserved_bytes / MiB for r in results], w, color=cols, label="reserved at lock")
-    ax.bar([i + w / 2 for i in x], [r.peak_bytes / MiB for r in results], w, color=cols, alpha=0.45, hatch="//",
+    floor = 1e-3  # MiB; keeps a zero-byte bar drawable on the log axis
+    ax.bar([i - w / 2 for i in x], [max(r.reserved_bytes / MiB, floor) for r in results], w, color=cols,
+           label="reserved at lock")
+    ax.bar([i + w / 2 for i in x], [max(r.peak_bytes / MiB, floor) for r in results], w, color=cols, alpha=0.45,
+           hatch="//",
            label=("peak: torch.cuda.max_memory_allocated" if results and results[0].peak_source != "computed"
                   else "peak: computed workspace (+ fallback) bytes"))
     ax.set_ylabel("MiB")
-    ax.set_yscale("symlog", linthresh=1.0)
+    ax.set_yscale("log")
     ax.set_title("workspace memory", loc="left", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     nprompts = max((len(r.prompts) for r in results), default=0)
