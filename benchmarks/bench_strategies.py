@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", default=None, help="comma-separated prompt lengths (default: 8192 and max_model_len)")
     ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--memory", action="store_true", help="also record the allocator experiments")
+    ap.add_argument("--memory-only", action="store_true", help="record only the allocator experiments")
+    ap.add_argument("--memory-prompt", type=int, default=None,
+                    help="request length of the allocator experiments (default: max_model_len - 17, as notebook 06)")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda but torch.cuda.is_available() is False; nothing recorded", file=sys.stderr)
@@ -94,9 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     dev = torch.device(args.device)
     prov = _provenance(argv)
+    if args.memory_only:
+        names = []
+        args.memory = True
     print(f"{args.preset} {overrides} on {dev}: prompts {prompts}, strategies {names}", flush=True)
     t0 = time.perf_counter()
-    S.warm_up_process(config, dev, 0, prompts=prompts)  # as compare_strategies does (meta too: first-call overhead)
+    if names:
+        S.warm_up_process(config, dev, 0, prompts=prompts)  # as compare_strategies does (meta too)
     results, errors = [], {}
     for name in names:
         t = time.perf_counter()
@@ -114,12 +121,18 @@ def main(argv: list[str] | None = None) -> int:
         payload["seconds_total"] = time.perf_counter() - t0
         path = save_recorded(f"strategies_{tag}", payload, prov, data_dir=args.out_dir)
         print(f"  {name}: {time.perf_counter() - t:.1f} s -> {path}", flush=True)
-    print(S.format_table(S.strategy_table(results)))
+    if results:
+        print(S.format_table(S.strategy_table(results)))
     if args.memory:
-        mem = S.memory_experiments(config, prompts[-1], device=dev, progress=False)
+        n = args.memory_prompt or config.max_model_len - 17
+        mem = S.memory_experiments(config, n, device=dev, repeats=2, progress=False)
         path = save_recorded(f"strategies_memory_{tag}", dict(preset=args.preset, overrides=overrides,
                                                                config=config.to_dict(), **mem), prov,
                              data_dir=args.out_dir)
+        for mode, v in mem["trace"].items():
+            extra = (f", peak reserved {v['peak_reserved'] / 2**20:.1f} MiB, peak allocated "
+                     f"{v['peak_allocated'] / 2**20:.1f} MiB") if "peak_reserved" in v else ""
+            print(f"  trace {mode}: {len(v['per_call_us'])} calls{extra}")
         print(f"allocator experiments -> {path}")
     return 1 if errors else 0
 
