@@ -312,7 +312,10 @@ def test_batch_dependent_splits_backend_gives_the_same_attention():
     q = torch.randn(2, cfg.num_heads_per_rank, cfg.head_dim)
     a = std.forward_decode(q, eng.runner.kv_caches[0], db.block_tables, db.seq_lens).clone()
     b = nm.forward_decode(q, eng.runner.kv_caches[0], db.block_tables, db.seq_lens).clone()
-    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # The output view is in the model dtype: 32 vs 128 splits may round one element
+    # differently, so compare at that dtype's precision (assert_close's defaults per dtype).
+    assert a.dtype == cfg.dtype
+    torch.testing.assert_close(a, b)
 
 
 # --------------------------------------------------------------------------- the cases from public reports
