@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -70,11 +71,13 @@ def test_plan_summary_of_the_pr_unit_test():
     assert [b for _, _, b in r.consumers] == [297472, 16777216]  # decode scratch; 2 x (1,4,8192,128) f16
     assert r.reserved_bytes == 16777216 and r.slots == 1
     assert r.unfixed_locked_bytes == 297472
-    # 4096 + 17: the second chunk of 17 tokens runs the decode kernel with 17 rows > 16 captured
-    assert r.first_failing_unfixed == 4113 and r.longest_surviving_unfixed == 4112
+    # 4096 + 1..128: the second chunk runs the decode kernel with its own scratch (vLLM 0.33), no
+    # workspace call; 4096 + 129: continuation prefill, 2 x (1,4,4096,128) f16 = 8 MiB > 0.28 MiB locked
+    assert r.first_failing_unfixed == 4225 and r.longest_surviving_unfixed == 4224
     assert r.first_failing_fixed is None
     cfg = r.config
-    assert workspace_bytes_for_prompt(cfg, 4112) <= 297472 < workspace_bytes_for_prompt(cfg, 4113)
+    assert workspace_bytes_for_prompt(cfg, 4224) == 0
+    assert workspace_bytes_for_prompt(cfg, 4225) == 2 * 4 * 4096 * 128 * 2 == 8388608
     from tqlab.attention import kv_cache_bytes_per_token
 
     assert r.kv_cache_bytes == kv_cache_bytes_per_token(cfg) * 8192 * 16
@@ -91,6 +94,12 @@ def test_prompt_need_curve_matches_the_per_prompt_prediction():
     lengths, need = W._prompt_need_curve(cfg, points=50)
     assert lengths == sorted(set(lengths)) and lengths[0] == 1 and lengths[-1] == 2047
     assert need == [workspace_bytes_for_prompt(cfg, p) for p in lengths]
+    # every chunk boundary k*256 is sampled at +1, +128 (last length with no workspace call) and +129
+    for k in range(1, 8):
+        assert {k * 256 + 1, k * 256 + 128, k * 256 + 129} <= set(lengths)
+    at = dict(zip(lengths, need))
+    assert at[256 + 128] == 0 and at[256 + 129] == 2 * 4 * 256 * 128 * 2 == 524288  # cached 256 -> (1,4,256,128)
+    assert at[512 + 128] == 524288 and at[512 + 129] == 2 * 4 * 512 * 128 * 2
 
 
 def test_figures_render_to_png():
@@ -131,6 +140,27 @@ def test_lifecycle_trace_without_and_with_the_fix():
     assert W.lifecycle_trace(cfg, 8190, True) is on  # cached
 
 
+def test_lifecycle_trace_short_continuation_makes_no_workspace_call():
+    """4096 + 128 survives without the fix (decode kernel, own scratch); 4096 + 129 is the first crash."""
+    cfg = EngineConfig.from_preset(UNIT)
+    ok = W.lifecycle_trace(cfg, 4224, False)
+    assert not ok.crashed and ok.locked_bytes == 297472
+    assert [s.name for s in ok.steps[5:]] == ["chunk 0+4,096", "chunk 4,096+128", "decode @4,224"]
+    short = ok.steps[6]
+    assert short.note == ("continuation of 128 tokens <= 128: decode kernel, 128 rows, its own scratch: "
+                          "no workspace call (vLLM 0.33)")
+    assert (short.need_bytes, short.events, short.workspace_bytes, short.error) == (0, (), (297472,), None)
+    assert all(s.events == () for s in ok.steps[5:])  # nothing grows or violates while serving
+    bad = W.lifecycle_trace(cfg, 4225, False)
+    assert bad.crashed and len(bad.steps) == 7
+    crash = bad.steps[-1]
+    assert crash.name == "chunk 4,096+129" and crash.need_bytes == 8388608
+    assert crash.note == "continuation prefill: dequantize 4,096 cached tokens"
+    assert [e.kind for e in crash.events] == ["violation"]
+    assert "requires 8.00 MB, current size is 0.28 MB" in crash.error
+    assert W.plan_summary(cfg).first_failing_unfixed == 4225  # the planner predicts the same boundary
+
+
 def test_lifecycle_trace_rejects_prompts_that_do_not_fit():
     cfg = EngineConfig.from_preset(UNIT)
     with pytest.raises(ValueError, match="max_model_len"):
@@ -140,9 +170,12 @@ def test_lifecycle_trace_rejects_prompts_that_do_not_fit():
 
 
 # --------------------------------------------------------------------------- widgets, driven by .value
-ipywidgets = pytest.importorskip("ipywidgets")
+# The pure functions above run everywhere; only these need ipywidgets (the notebooks extra).
+needs_ipywidgets = pytest.mark.skipif(importlib.util.find_spec("ipywidgets") is None,
+                                      reason="ipywidgets is not installed (pip install '.[notebooks]')")
 
 
+@needs_ipywidgets
 def test_layout_explorer_add_remove_and_bad_input():
     ui = W.layout_explorer()
     assert len(ui.requests) == 3 and bytes(ui.image.value).startswith(PNG)
@@ -179,18 +212,20 @@ def test_layout_explorer_rejects_bad_initial_requests():
         W.layout_explorer([((2, 2), "float16")])
 
 
+@needs_ipywidgets
 def test_reservation_planner_follows_its_sliders():
     ui = W.reservation_planner(UNIT)
     assert ui.max_num_seqs.value == 16 and ui.max_model_len.value == 8192 and ui.block_size.value == 32
-    assert ui.result.first_failing_unfixed == 4113
-    assert "4,112 tokens" in ui.summary.value and "16.00 MiB" in ui.summary.value
+    assert ui.result.first_failing_unfixed == 4225
+    assert "4,224 tokens" in ui.summary.value and "16.00 MiB" in ui.summary.value
 
     png = ui.image.value
-    ui.max_num_seqs.value = 32  # twice the decode rows: locked without fix doubles, first failure moves
+    ui.max_num_seqs.value = 32  # twice the decode rows: locked without fix doubles (0.57 MiB)
     cfg = EngineConfig.from_preset(UNIT, max_num_seqs=32)
     assert ui.result.config == cfg
     assert ui.result.unfixed_locked_bytes == W.unfixed_locked_bytes(cfg) == 2 * 297472
-    assert ui.result.first_failing_unfixed == 4096 + 33
+    # short continuation chunks use no workspace, the 8 MiB continuation call still exceeds 0.57 MiB
+    assert ui.result.first_failing_unfixed == 4096 + 129
     assert ui.image.value != png
 
     ui.max_model_len.value = 16384  # continuation buffers double
@@ -216,6 +251,7 @@ def test_reservation_planner_follows_its_sliders():
     assert ui.status.value == "" and ui.result.config.max_num_batched_tokens == 4096
 
 
+@needs_ipywidgets
 def test_reservation_planner_preset_change_loads_every_slider():
     ui = W.reservation_planner(UNIT)
     ui.max_num_seqs.value = 64
@@ -232,6 +268,7 @@ def test_reservation_planner_rejects_unknown_preset():
         W.reservation_planner("no-such-model")
 
 
+@needs_ipywidgets
 def test_lifecycle_stepper_steps_both_engines():
     from tqlab.config import load_preset
 
@@ -260,6 +297,7 @@ def test_lifecycle_stepper_steps_both_engines():
     assert "serves the prompt" in ui.status.value
 
 
+@needs_ipywidgets
 def test_lifecycle_stepper_rejects_out_of_range_prompt():
     with pytest.raises(ValueError, match="prompt_tokens"):
         W.lifecycle_stepper(UNIT, prompt_tokens=8191)

@@ -415,12 +415,17 @@ def _prompt_need_curve(config: EngineConfig, points: int = 240) -> tuple[list[in
     """Prompt lengths and the largest workspace call (bytes) each makes while prefilling alone.
 
     Exact at every sampled length: need(P) = max(largest full chunk before the
-    last, the last chunk's call); computed in O(chunks + points).
+    last, the last chunk's call); computed in O(chunks + points). Every chunk
+    boundary ``k * m`` is sampled with ``+1``, ``+128`` and ``+129``: a last
+    chunk of at most 128 tokens runs the decode kernel with its own scratch
+    (no workspace call, vLLM 0.33), one of 129 dequantizes the cached tokens,
+    so the curve steps exactly there.
     """
     n = config.max_model_len - 1
     m = config.max_num_batched_tokens if config.enable_chunked_prefill else n
+    t = CONTINUATION_DECODE_THRESHOLD
     lengths = sorted({max(1, round(1 + i * (n - 1) / (points - 1))) for i in range(points)}
-                     | {k * m + d for k in range(1, n // m + 1) for d in (0, 1, CONTINUATION_DECODE_THRESHOLD + 1) if k * m + d <= n})
+                     | {k * m + d for k in range(1, n // m + 1) for d in (0, 1, t, t + 1) if k * m + d <= n})
     full = [chunk_workspace_request(config, k * m, m).nbytes for k in range(0, n // m + 1)]
     prefix = [0]
     for b in full:
@@ -720,7 +725,8 @@ def lifecycle_trace(
             req = chunk_workspace_request(config, cached, q)
             name = f"chunk {cached:,}+{q:,}"
             note = {"prefill": "first chunk: no cached tokens, no workspace",
-                    "decode_kernel": f"continuation of {q} tokens <= 128: decode kernel, {q} rows",
+                    "decode_kernel": (f"continuation of {q} tokens <= {CONTINUATION_DECODE_THRESHOLD}: decode "
+                                      f"kernel, {q} rows, its own scratch: no workspace call (vLLM 0.33)"),
                     "continuation": f"continuation prefill: dequantize {cached:,} cached tokens"}[req.path]
             need = req.nbytes
         else:
