@@ -60,8 +60,12 @@ layout_ui
 # slot, one rank); the right panel is the largest workspace call a prompt makes while it prefills alone in
 # chunks of `max_num_batched_tokens`, against the size the workspace is **locked** at without the fix
 # (the decode capture at `max_num_seqs` rows) and with it. Where the black line crosses the dashed orange one
-# is the first prompt that dies with *"Workspace is locked"*. An impossible combination (e.g. a TP that does
-# not divide the heads) is reported and the last valid numbers stay.
+# is the first prompt that dies with *"Workspace is locked"*. The line stays at zero for up to 128 tokens past
+# each chunk boundary: such a short continuation chunk runs the split-KV decode kernel, one row per new token,
+# with the kernel's **own** scratch, and asks the workspace for nothing (as in vLLM 0.33, checked against its
+# code by `parity/`). So the first crash is a last chunk of 129 tokens, which dequantizes every cached token.
+# An impossible combination (e.g. a TP that does not divide the heads) is reported and the last valid numbers
+# stay.
 
 # %%
 planner_defaults = tw.plan_summary(EngineConfig.from_preset(PLANNER_PRESET))
@@ -107,3 +111,22 @@ display(Markdown(
     f"- with the fix the engine locked at **{on.locked_bytes / 2**20:.2f} MiB** = the planner's reservation "
     f"({plan.reserved_bytes / 2**20:.2f} MiB) and served all {sum(s.kind == 'serve' for s in on.steps)} serving steps."
 ))
+
+# %% [markdown]
+# ## The boundary, run on the engine
+#
+# One token either side of the planner's prediction, without the fix: the shorter prompt ends in a short
+# continuation chunk (decode kernel, no workspace call) and is served; the predicted one ends in a
+# continuation prefill and crashes.
+
+# %%
+edge = [tw.lifecycle_trace(stepper_cfg, n, False, device=DEVICE) for n in (predicted - 1, predicted)]
+assert not edge[0].crashed and edge[1].crashed, [t.crashed for t in edge]
+last_chunk = [next(s for s in reversed(t.steps) if s.name.startswith("chunk ")) for t in edge]
+assert last_chunk[0].need_bytes == 0 and last_chunk[0].events == ()
+display(Markdown("\n".join(
+    f"- {t.prompt_tokens:,} tokens: last chunk `{s.name}`, {s.note}; asks "
+    f"{s.need_bytes / 2**20:.2f} MiB of a workspace locked at {t.locked_bytes / 2**20:.2f} MiB -> "
+    f"**{'crashed' if t.crashed else 'served'}**"
+    for t, s in zip(edge, last_chunk)
+)))
