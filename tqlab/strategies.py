@@ -1369,6 +1369,9 @@ def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | 
                   else "peak: computed workspace (+ fallback) bytes"))
     ax.set_ylabel("MiB")
     ax.set_yscale("log")
+    lows = [max(v / MiB, floor) for r in results for v in (r.reserved_bytes, r.peak_bytes)]
+    if lows:
+        ax.set_ylim(bottom=min(lows) / 2)
     ax.set_title("workspace memory", loc="left", fontsize=10)
     ax.legend(fontsize=7, loc="upper left")
     nprompts = max((len(r.prompts) for r in results), default=0)
@@ -1378,16 +1381,20 @@ def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | 
         width = 0.8 / max(1, nprompts)
         for j in range(nprompts):
             xs = [i - 0.4 + width * (j + 0.5) for i in x]
+            def died(p):  # no value because the engine died before it (TTFT counts until the first token)
+                return p is not None and getattr(p, attr) is None and (attr == "ttft_s" or not p.survived)
+
             vals = []
             for r in results:
                 p = r.prompts[j] if j < len(r.prompts) else None
-                vals.append(getattr(p, attr) * scale if p is not None and p.survived and getattr(p, attr) else 0.0)
+                v = None if p is None else getattr(p, attr)
+                vals.append(v * scale if v is not None and (attr == "ttft_s" or p.survived) else 0.0)
             tag = f"{results[0].prompts[j].prompt_tokens}-token prompt" if results[0].prompts[j:] else ""
             ax.bar(xs, vals, width, color=cols, alpha=1.0 if j == 0 else 0.5, edgecolor="black", linewidth=0.3,
                    label=tag)
             for xi, r in zip(xs, results):
                 p = r.prompts[j] if j < len(r.prompts) else None
-                if p is not None and not p.survived:
+                if died(p) or (p is not None and attr != "ttft_s" and not p.survived):
                     ax.plot([xi], [0], marker="X", color="#c53030", markersize=10, linestyle="none")
         ax.set_ylabel(label)
         ax.set_title(label.split(" (")[0] + " (✗ = engine died; light = long prompt)", loc="left", fontsize=10)
