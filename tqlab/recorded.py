@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime as _dt
 import html
 import json
+import os
 import platform
 import subprocess
 from dataclasses import dataclass
@@ -156,7 +157,7 @@ def make_provenance(command: str, *, device: str | None = None, commit: str | No
     return {
         "device": _device_name(device),
         "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "commit": commit if commit is not None else _git_commit(DATA_DIR.parent),
+        "commit": commit if commit is not None else (os.environ.get("TQLAB_COMMIT") or _git_commit(DATA_DIR.parent)),
         "command": command,
         "torch": torch.__version__,
     }
