@@ -344,7 +344,7 @@ def test_predict_seed_deployment():
 def test_predict_tqlab_engine_model_and_measured_lock():
     cfg = seed_config()
     p = predict(cfg, [4101], short_chunks_use_workspace=True)
-    # tqlab's engine: 5 decode rows for a 5-token continuation chunk exceed 4 rows' worth
+    # a backend whose short chunks take workspace decode views: 5 rows for a 5-token chunk exceed 4 rows' worth
     assert p.requests[0].crashes_unfixed and p.first_failing_prompt == 4101
     q = predict(cfg, [8192], locked_bytes=2 * MiB)
     assert q.locked_source == "measured" and not q.requests[0].crashes_unfixed

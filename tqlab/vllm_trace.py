@@ -59,10 +59,8 @@ import torch
 from .config import EngineConfig, parse_dtype
 from .reservation import (
     CONTINUATION_DECODE_THRESHOLD,
-    chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
-    first_failing_prompt,
     plan_bytes,
     prompt_chunks,
     reservation_plan,
@@ -1281,15 +1279,19 @@ def chunk_shapes(config: EngineConfig, cached_len: int, q_len: int, *, short_chu
     ``_CONTINUATION_DECODE_THRESHOLD``): the dequant buffers,
     :func:`tqlab.reservation.continuation_workspace_shapes`. ``q_len <= 128``:
     the decode kernel, which in vLLM 0.33 allocates its own buffers (no
-    workspace call; checked by ``parity/``); ``short_chunks_use_workspace=True``
-    models tqlab's engine instead, whose short chunks take decode views with
-    ``q_len`` rows (:func:`tqlab.reservation.chunk_workspace_request`).
+    workspace call; checked by ``parity/``, and tqlab's engine does the same);
+    ``short_chunks_use_workspace=True`` models a backend whose short chunks take
+    decode views with ``q_len`` rows from the workspace
+    (:func:`tqlab.reservation.decode_workspace_shapes`), the variant that needs
+    ``max(max_num_seqs, 128)`` decode rows reserved.
     """
     if cached_len == 0:
         return "prefill", None
     if q_len <= CONTINUATION_DECODE_THRESHOLD:
         if short_chunks_use_workspace:
-            return SHORT_CHUNK, chunk_workspace_request(config, cached_len, q_len).shapes
+            return SHORT_CHUNK, decode_workspace_shapes(
+                q_len, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype
+            )
         return SHORT_CHUNK, None
     return DEQUANT_CHUNK, continuation_workspace_shapes(
         cached_len, config.num_kv_heads_per_rank, config.head_dim, config.block_size
@@ -1472,11 +1474,25 @@ def _first_failing_alone(config: EngineConfig, locked: int, limit: int, short: b
     """Shortest prompt (<= ``limit``) whose chunks, prefilled alone, overflow ``locked``."""
     if not config.is_turboquant or not config.enable_chunked_prefill:
         return None  # one chunk, no cached tokens
-    if short:
-        probe = config.replace(max_model_len=max(limit, config.max_num_batched_tokens) + 1)
-        first = first_failing_prompt(probe, locked)
-        return first if first is not None and first <= limit else None
     m = config.max_num_batched_tokens
+    if short:
+        # Region k holds prompts k*m+1 .. (k+1)*m; its last chunk has cached k*m.
+        # The short-chunk need grows with q up to 128; above it the dequant need is flat.
+        for start in range(m, limit, m):
+            top = min(m, limit - start)
+            hi = min(top, CONTINUATION_DECODE_THRESHOLD)
+            if _chunk_bytes(config, start, hi, True) > locked:
+                lo = 1
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if _chunk_bytes(config, start, mid, True) > locked:
+                        hi = mid
+                    else:
+                        lo = mid + 1
+                return start + lo
+            if top > CONTINUATION_DECODE_THRESHOLD and _chunk_bytes(config, start, CONTINUATION_DECODE_THRESHOLD + 1, True) > locked:
+                return start + CONTINUATION_DECODE_THRESHOLD + 1
+        return None
     if m <= CONTINUATION_DECODE_THRESHOLD:
         return None  # every chunk is short: no workspace in vLLM
     # Chunk k (k >= 1) starts at cached = k*m; it takes the dequant path once q > 128.
