@@ -40,7 +40,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # kernel registered with --user by another checkout must not shadow ours).
 export JUPYTER_PATH := $(abspath $(VENV))/share/jupyter$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))
 
-.PHONY: help setup run test sync check lab browser-test clean distclean
+.PHONY: help setup run test sync check lab browser-test parity parity-record clean distclean
 
 help:
 	@echo "make run     execute every notebook headless into $(BUILD)/ (NB=01 to pick)"
@@ -49,6 +49,7 @@ help:
 	@echo "make sync    jupytext --sync notebooks/*.ipynb <-> *.py, then strip outputs"
 	@echo "make check   notebooks stored clean and paired .py in sync"
 	@echo "make lab     open JupyterLab on notebooks/ with the $(KERNEL_NAME) kernel"
+	@echo "make parity  cross-check against vLLM 0.33's own classes in .venv-parity (first run installs it)"
 	@echo "make browser-test  run every notebook in JupyterLab + headless chromium; screenshots in $(BUILD)/screenshots"
 	@echo "make clean   remove $(BUILD)/ and caches; make distclean also removes $(VENV)"
 
@@ -104,3 +105,12 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# --- parity with real vLLM (parity/README.md): vLLM 0.33's pure-Python modules
+# in a separate .venv-parity (wheel --no-deps + its non-CUDA requirements, torch 2.13 CPU).
+parity:
+	bash parity/run.sh $(PYTEST_ARGS)
+
+# Same, and rewrite data/parity_results.json with provenance.
+parity-record:
+	bash parity/run.sh --record

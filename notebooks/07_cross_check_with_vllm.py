@@ -248,9 +248,11 @@ show_md(markdown_table(
         ["current_workspace_manager() before init", "AssertionError", "RuntimeError"],
         ["DBO: slot sizes after the builder's reservation", f"{dbo_v} (only the slot it runs in)",
          f"{dbo_t} (reserve_workspace sizes every slot)"],
-        ["continuation chunk of ≤ 128 new tokens", rec["test_divergence_short_continuation_chunks:vllm_q128"]
+        ["continuation chunk of ≤ 128 new tokens (found by this suite, now agreeing)",
+         rec["test_short_continuation_chunks_make_no_workspace_call:vllm_q128"]
          + " (the decode kernel allocates its own buffers)",
-         f"decode views with q_len rows: {format_mb(rec['test_divergence_short_continuation_chunks:tqlab_reservation_q128_bytes'])} MB at 128"],
+         f"{rec['test_short_continuation_chunks_make_no_workspace_call:tqlab_reservation_q128_bytes']} bytes asked of the workspace "
+         "(tqlab first modelled decode views with q_len rows; the parity suite caught it)"],
     ],
 ))
 diff = rec["test_zz_record_differential_stats:differential"]

@@ -178,18 +178,18 @@ def test_zz_record_predictor_coverage(record):
     record("predictor_cases", {"compared": len(_PRED), "crashes": sum(_PRED), "fits": len(_PRED) - sum(_PRED)})
 
 
-def test_divergence_short_continuation_chunks(record):
+def test_short_continuation_chunks_make_no_workspace_call(record):
     """vLLM 0.33: a continuation chunk of <= 128 new tokens runs the decode kernel with its own
-    buffers (no workspace call). tqlab.reservation.chunk_workspace_request models it as decode
-    views with q_len rows. tqlab.vllm_trace.chunk_shapes follows vLLM by default."""
+    buffers (no workspace call). This suite found tqlab modelling it as decode views with q_len
+    rows; tqlab.reservation.chunk_workspace_request now agrees with vLLM (shapes None, 0 bytes)."""
     from tqlab.vllm_trace import chunk_shapes, vllm_prefill_chunk_requests
 
     cfg = seed_config()
     for q in (1, 5, 128):
         assert vllm_prefill_chunk_requests(cfg, 4096, q) == []
         assert chunk_shapes(cfg, 4096, q)[1] is None
-        assert chunk_workspace_request(cfg, 4096, q).path == "decode_kernel"
-        assert chunk_workspace_request(cfg, 4096, q).nbytes > 0
+        req = chunk_workspace_request(cfg, 4096, q)
+        assert req.path == "decode_kernel" and req.shapes is None and req.nbytes == 0
     for q in (129, 4096):
         ((caller, nbytes),) = vllm_prefill_chunk_requests(cfg, 4096, q)
         assert caller.endswith(":_continuation_prefill")
