@@ -32,7 +32,8 @@
 # shape-only. The per-preset survey always runs on `meta` (shapes only, no arithmetic).
 #
 # **Run time.** Under a minute on a small CPU box; most of it is real attention (the profile
-# run and the long prompt's first chunk). The last cell prints the measured time.
+# run and the long prompt's first chunk, on CPU with fewer layers: section 2 explains why
+# that changes no workspace number). The last cell prints the measured time.
 
 # %%
 import platform
@@ -138,11 +139,37 @@ print("per-rank shapes check out")
 #
 # We start the engine **without** the fix (vLLM 0.20's behaviour). Each phase prints the
 # workspace size after it.
+#
+# **Fewer layers on CPU.** Every attention layer makes the same workspace calls, one after
+# the other, into the one shared buffer: the workspace numbers are *per layer call*, and the
+# layer count changes only how much arithmetic a CPU does. So on CPU the engine runs
+# `CPU_LAYERS` attention layers instead of the model's (on CUDA, all of them). The cell
+# checks the claim first, on `meta`: both layer counts lock at the same size, and the
+# report's prompt is refused with the same bytes requested.
+
+# %%
+CPU_LAYERS = 2
+run_cfg = cfg.replace(num_hidden_layers=CPU_LAYERS) if device == "cpu" else cfg
+
+
+def locked_and_refused(c: EngineConfig) -> tuple[int, int]:
+    """(locked bytes, bytes the refused chunk asks for) of an unfixed engine on meta serving the report's prompt."""
+    e = LLMEngine(c, fix=False, device="meta")
+    try:
+        e.generate(PROMPT_TOKENS, max_tokens=1)
+    except WorkspaceLockedError as exc:
+        return e.locked_bytes, exc.required_bytes
+    raise AssertionError(f"{c.num_hidden_layers} layers: the report's prompt was served")
+
+
+assert locked_and_refused(run_cfg) == locked_and_refused(cfg)
+print(f"on meta, {run_cfg.num_hidden_layers} and {cfg.num_hidden_layers} layers: the same locked size and the same "
+      f"refused request; the engine below runs {run_cfg.num_hidden_layers} attention layers on {device}")
 
 # %%
 marker = viz.PhaseMarker(echo=True)
 t = time.perf_counter()
-engine = LLMEngine(cfg, fix=False, device=device, on_phase=marker)
+engine = LLMEngine(run_cfg, fix=False, device=device, on_phase=marker)
 startup_s = time.perf_counter() - t
 show_md(viz.phases_markdown(engine.phases))
 print(f"start-up took {startup_s:.1f} s on {device}")
@@ -179,7 +206,8 @@ show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_b
 # cached tokens: a *continuation prefill*. If it brings more than
 # `CONTINUATION_DECODE_THRESHOLD` new tokens, the TurboQuant backend dequantizes the whole
 # cached K and V into two fp16 workspace buffers of shape `(1, Hk, round_up(cached_len, block_size), D)`.
-# What does each chunk of the report's prompt ask for?
+# (A shorter one runs the decode kernel with its own scratch and asks the workspace for
+# nothing; section 5 uses that.) What does each chunk of the report's prompt ask for?
 
 # %%
 chunks = prompt_chunks(PROMPT_TOKENS, cfg.max_num_batched_tokens)
@@ -396,30 +424,48 @@ for s in survey:
             why = (f"its locked decode scratch ({format_mb(s['locked'])} MB, `max_num_seqs` = {c.max_num_seqs}) "
                    f"already exceeds the dequant buffers at `max_model_len` ({format_mb(cont)} MB)")
         reasons.append(f"- **{s['name']}** survives every prompt: {why}.")
-    elif s["path"].startswith("decode_kernel"):
-        q = s["bad"] - prompt_chunks(s["bad"], c.max_num_batched_tokens)[-1][0]
-        reasons.append(
-            f"- **{s['name']}** fails on the *decode-kernel* path: a continuation chunk of at most "
-            f"{CONTINUATION_DECODE_THRESHOLD} new tokens runs the decode kernel with one row per token, and "
-            f"{q} rows > `max_num_seqs` = {c.max_num_seqs} rows of captured decode scratch."
-        )
     else:
-        cached = prompt_chunks(s["bad"], c.max_num_batched_tokens)[-1][0]
+        cached, q = prompt_chunks(s["bad"], c.max_num_batched_tokens)[-1]
+        s_cached, s_q = prompt_chunks(s["longest"], c.max_num_batched_tokens)[-1]
+        s_path = chunk_workspace_request(c, s_cached, s_q).path
         reasons.append(
-            f"- **{s['name']}** fails on the dequant buffers of a continuation chunk once "
-            f"cached_len reaches {cached:,} tokens ({format_mb(s['need'])} MB > {format_mb(s['locked'])} MB)."
+            f"- **{s['name']}** fails on the dequant buffers of a continuation chunk of {q} new tokens once "
+            f"cached_len reaches {cached:,} tokens ({format_mb(s['need'])} MB > {format_mb(s['locked'])} MB). "
+            f"Its longest survivor ({s['longest']:,} tokens) ends in a chunk of {s_q} new tokens after "
+            f"{s_cached:,} cached: the `{s_path}` path, which makes no workspace call."
         )
 show_md("\n".join(reasons))
 
 # %% [markdown]
+# Why the survivors end where they do: a continuation chunk of at most
+# `CONTINUATION_DECODE_THRESHOLD` new tokens does not dequantize. In vLLM 0.33 it runs the
+# decode kernel, one query row per new token, with the kernel's own scratch, and asks the
+# workspace for nothing (the parity suite checked this against vLLM's own code; tqlab's
+# backend does the same). So a prompt one chunk plus the threshold long is served; one
+# token more and its second chunk dequantizes.
+#
 # **Predict, then run.** On the bug report's preset, the longest surviving prompt completes
-# and one token more kills the engine (both on `meta`: shape-only, fast).
+# without a single workspace event after the lock, its last chunk on the decode-kernel
+# path; one token more kills the engine (both on `meta`: shape-only, fast).
 
 # %%
 row = next(s for s in survey if s["name"] == PRESET)
+m, T = row["cfg"].max_num_batched_tokens, CONTINUATION_DECODE_THRESHOLD
+assert row["longest"] == m + T and row["bad"] == row["longest"] + 1  # one chunk plus the threshold
+last_cached, last_q = prompt_chunks(row["longest"], m)[-1]
+assert chunk_workspace_request(row["cfg"], last_cached, last_q).shapes is None  # no workspace call
+
 ok_engine = LLMEngine(row["cfg"], fix=False, device="meta")
+events_at_lock = len(ok_engine.workspace.events)
 out = ok_engine.generate(row["longest"], max_tokens=1)
 assert out.finished and ok_engine.dead is None
+assert len(ok_engine.workspace.events) == events_at_lock  # nothing asked of the locked workspace
+assert ok_engine.backend.path_counts["decode_kernel"] == row["cfg"].num_hidden_layers  # once per layer
+show_md(
+    f"**{row['longest']:,} tokens** ({m:,} + {T}) on {PRESET}: served; its last chunk ({last_cached:,} cached + "
+    f"{last_q} new) ran the decode kernel in each of the {row['cfg'].num_hidden_layers} layers; "
+    f"{len(ok_engine.workspace.events) - events_at_lock} workspace events after the lock."
+)
 
 bad_engine = LLMEngine(row["cfg"], fix=False, device="meta")
 try:

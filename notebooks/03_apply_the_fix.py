@@ -24,13 +24,16 @@
 # 3. that the report's prompt now completes after the lock (live, on `DEVICE`), and so does a
 #    `max_model_len` prompt (on `meta`, shapes only);
 # 4. what it costs per preset, in MiB and as a share of the KV cache on one GPU;
-# 5. one gap the reservation leaves, and the one-line change that closes it.
+# 5. what it does not need to cover (short continuation chunks make no workspace call in
+#    vLLM 0.33), and the two deployments PR #44053 leaves exposed: chunked prefill off with
+#    prefix caching, and DBO's second ubatch slot.
 #
 # **Hardware.** CPU (default). `DEVICE = "cuda"` runs the live prompt on a GPU; the
 # `max_model_len` runs and the per-preset sweeps always use `meta`.
 #
-# **Run time.** Under a minute on a small CPU box; the live prompt is most of it. The last
-# cell prints the measured time.
+# **Run time.** Under a minute on a small CPU box; the live prompt is most of it (on CPU it
+# runs a model with fewer layers: section 3 explains why that changes no workspace number).
+# The last cell prints the measured time.
 
 # %%
 import platform
@@ -49,12 +52,13 @@ print(
 
 # %% tags=["parameters"]
 DEVICE = "cpu"  # where the engine runs the report's prompt: "cpu", "cuda" or "meta"
-USE_RECORDED = True  # no GPU-only cell in this notebook; kept for a uniform interface
+USE_RECORDED = True  # show vLLM's own results from the recorded parity run (data/parity_results.json, under a banner)
 
 # %%
 import matplotlib.pyplot as plt
 
 from tqlab import recorded, viz
+from tqlab import vllm_trace as vt
 from tqlab.attention import kv_cache_bytes_per_token
 from tqlab.config import EngineConfig, list_presets, load_preset
 from tqlab.engine import LLMEngine
@@ -62,13 +66,14 @@ from tqlab.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
     continuation_workspace_shapes,
+    first_failing_prompt,
     plan_bytes,
     prompt_chunks,
     reservation_plan,
     reserve_workspace,
 )
 from tqlab.viz import markdown_table, show_md
-from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb
+from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb, ubatch_context
 
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"
@@ -86,7 +91,8 @@ print(f"engine device: {device!r}; preset {PRESET}; prompt {PROMPT_TOKENS:,} tok
 # 1. **split-KV decode** at `max_num_seqs` rows (every request decoding at once);
 # 2. **continuation-prefill dequant buffers** at `cached_len = max_model_len - 1`, rounded
 #    up to the block size — only when chunked prefill is on and `max_num_batched_tokens`
-#    exceeds `CONTINUATION_DECODE_THRESHOLD` (otherwise no chunk ever takes that path).
+#    exceeds `CONTINUATION_DECODE_THRESHOLD`. That condition is the PR's; section 6 shows a
+#    deployment where a continuation chunk happens without it.
 #
 # `tqlab.reservation` computes both with the *same functions* the backend calls while
 # serving: one formula per buffer, so the reservation cannot drift from its consumer.
@@ -138,8 +144,9 @@ print("the plan matches PR #44053's unit test")
 # A request never holds more than `max_model_len` tokens, so a chunk can find at most
 # `max_model_len - 1` tokens cached before it. Sizing the buffers for that length covers
 # every chunk of every prompt the server accepts — whatever the prompt, chunk size or
-# scheduling. Anything smaller is a guess about traffic, which is how vLLM 0.20 failed: it
-# sized from what the profile run happened to do.
+# scheduling — provided the reservation makes this call at all (section 6). Anything
+# smaller is a guess about traffic, which is how vLLM 0.20 failed: it sized from what the
+# profile run happened to do.
 
 # %%
 step = cfg.block_size * 64
@@ -185,11 +192,42 @@ show_md(
 #
 # Same preset, same start-up, `fix=True`. The workspace now grows while the metadata
 # builder is built — before the profile run — and capture finds it already big enough.
+#
+# **Fewer layers on CPU.** Every attention layer makes the same workspace calls, one after
+# the other, into the one shared buffer: the workspace numbers are *per layer call*, and the
+# layer count changes only how much arithmetic a CPU does. So on CPU the engine below runs
+# `CPU_LAYERS` attention layers instead of the model's. The next cell checks the claim
+# first, on `meta`: with the fix the locked size is the same for both layer counts; without
+# it the report's prompt is refused with the same bytes requested and the same size locked.
+
+# %%
+CPU_LAYERS = 2
+run_cfg = EngineConfig.from_preset(PRESET, num_hidden_layers=CPU_LAYERS) if device == "cpu" else cfg
+
+
+def workspace_numbers(c: EngineConfig) -> tuple[int, int, int]:
+    """(locked bytes with the fix, locked bytes without it, bytes the refused chunk asks for), on meta."""
+    unfixed = LLMEngine(c, fix=False, device="meta")
+    try:
+        unfixed.generate(PROMPT_TOKENS, max_tokens=1)
+    except WorkspaceLockedError as exc:
+        return LLMEngine(c, fix=True, device="meta").locked_bytes, exc.current_bytes, exc.required_bytes
+    raise AssertionError(f"{c.num_hidden_layers} layers: the unfixed engine served the report's prompt")
+
+
+per_layers = {n: workspace_numbers(cfg.replace(num_hidden_layers=n)) for n in (cfg.num_hidden_layers, CPU_LAYERS)}
+assert per_layers[CPU_LAYERS] == per_layers[cfg.num_hidden_layers] and per_layers[CPU_LAYERS][0] == reserved
+show_md(
+    f"On `meta`, {cfg.num_hidden_layers} and {CPU_LAYERS} layers give the same numbers: locked with the fix "
+    f"{format_mb(per_layers[CPU_LAYERS][0])} MB; without it locked {format_mb(per_layers[CPU_LAYERS][1])} MB and "
+    f"the report's chunk asks {format_mb(per_layers[CPU_LAYERS][2])} MB. The live engine runs "
+    f"**{run_cfg.num_hidden_layers}** attention layers on `{device}`."
+)
 
 # %%
 marker = viz.PhaseMarker(echo=True)
 t = time.perf_counter()
-engine = LLMEngine(cfg, fix=True, device=device, on_phase=marker)
+engine = LLMEngine(run_cfg, fix=True, device=device, on_phase=marker)
 print(f"start-up took {time.perf_counter() - t:.1f} s on {device}")
 show_md(viz.phases_markdown(engine.phases))
 
@@ -302,83 +340,238 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The whole deployment pays this on every rank (× `tensor_parallel_size`), and with DBO
-# on every ubatch slot: the reservation sizes each slot, since a slot that warm-up never
-# touched fails on its first request after the lock (notebook 01, section 5).
+# The whole deployment pays this on every rank (× `tensor_parallel_size`). With DBO,
+# tqlab's reservation pays it once per ubatch slot; vLLM 0.33's pays it once, for one slot
+# only — the second limit in section 6.
+
+# %% [markdown]
+# ## 6 · What the reservation covers, and what it leaves exposed
 #
-# **Predict, then run.** With DBO on, the reservation holds twice the bytes: two slots of
-# the same size.
+# **Question.** After the lock, is every workspace request the backend makes one of the
+# reservation's two calls, or smaller?
+#
+# For every call the TurboQuant backend can make with chunked prefill on and without DBO,
+# yes — short continuation chunks included, because they make no workspace call at all
+# (6a). The parity suite, run against vLLM 0.33's own classes (`parity/README.md`), found
+# two deployments that PR #44053 leaves exposed: chunked prefill off with prefix caching
+# (6b), and DBO (6c). Everything here runs on `meta`.
+#
+# ### 6a · Short continuation chunks make no workspace call
+#
+# A continuation chunk of at most `CONTINUATION_DECODE_THRESHOLD` new tokens does not
+# dequantize the cache. vLLM 0.33 sends it through the decode kernel, one query row per new
+# token, and that kernel allocates its own scratch: the chunk asks the workspace for
+# nothing, so the reservation does not need to cover it. tqlab's backend does the same
+# with private `torch.empty` buffers. One visible consequence *without* the fix: a prompt
+# one chunk plus `CONTINUATION_DECODE_THRESHOLD` tokens long survives, because its second
+# chunk is short; one token more and the second chunk dequantizes and crashes.
+#
+# **Predict, then run.** `first_failing_prompt` puts the first failure of the unfixed
+# engine one token past one chunk plus the threshold. The prompt one token shorter is
+# served without a single workspace event after the lock, its last chunk on the
+# decode-kernel path (once per layer); the failing one is refused by the dequant call.
+
+# %%
+m, T = cfg.max_num_batched_tokens, CONTINUATION_DECODE_THRESHOLD
+short_engine = LLMEngine(cfg, fix=False, device="meta")
+first_bad = first_failing_prompt(cfg, short_engine.locked_bytes)
+assert first_bad == m + T + 1
+survivor = first_bad - 1
+last_cached, last_q = prompt_chunks(survivor, m)[-1]
+last_req = chunk_workspace_request(cfg, last_cached, last_q)
+assert last_req.path == "decode_kernel" and last_req.shapes is None and last_req.nbytes == 0
+
+events_before = len(short_engine.workspace.events)
+short_out = short_engine.generate(survivor, max_tokens=1)
+assert short_out.finished and short_engine.dead is None
+assert len(short_engine.workspace.events) == events_before  # no workspace call after the lock
+assert short_engine.backend.path_counts["decode_kernel"] == cfg.num_hidden_layers
+
+bad_engine = LLMEngine(cfg, fix=False, device="meta")
+try:
+    bad_engine.generate(first_bad, max_tokens=1)
+except WorkspaceLockedError as exc:
+    assert exc.caller.endswith(":_continuation_prefill")
+    bad_need = exc.required_bytes
+else:
+    raise AssertionError("the first failing prompt was served")
+show_md(markdown_table(
+    ("prompt (tokens)", "last chunk: cached + new", "path", "workspace events after the lock", "no fix"),
+    [
+        (f"{survivor:,}", f"{last_cached:,} + {last_q}", last_req.path, len(short_engine.workspace.events) - events_before,
+         "served"),
+        (f"{first_bad:,}", f"{last_cached:,} + {last_q + 1}", chunk_workspace_request(cfg, last_cached, last_q + 1).path,
+         "refused",
+         f"crash: asks {format_mb(bad_need)} MB of {format_mb(bad_engine.locked_bytes)} MB"),
+    ],
+))
+
+# %% [markdown]
+# ### 6b · First limit: chunked prefill off, prefix caching on
+#
+# PR #44053 makes the dequant-buffer call only when chunked prefill is on and
+# `max_num_batched_tokens` exceeds the threshold. Without chunked prefill a prompt is
+# prefilled in one step, usually with nothing cached. But a **prefix-cache hit** skips
+# the blocks that are already cached, so the request's first chunk starts with
+# `cached_len > 0`: a continuation chunk. With more than `CONTINUATION_DECODE_THRESHOLD`
+# new tokens it dequantizes `cached_len` tokens into the workspace — a call the
+# reservation never made. tqlab's `reservation_plan` mirrors the PR's condition, so tqlab's
+# fixed engine is exposed the same way.
+#
+# Below: the report's deployment with chunked prefill off (vLLM then requires
+# `max_num_batched_tokens >= max_model_len`). `tqlab.vllm_trace.predict` gives the longest
+# request that fits the fixed workspace *under any chunking* — prefix-cache hits included.
+
+# %%
+nocp = cfg.replace(enable_chunked_prefill=False, max_num_batched_tokens=cfg.max_model_len)
+nocp_plan = reservation_plan(nocp)
+pred = vt.predict(nocp)
+show_md(markdown_table(
+    ("", "chunked prefill on (the report)", "chunked prefill off"),
+    [
+        ("reservation calls", len(plan), len(nocp_plan)),
+        ("workspace at lock with the fix (MB)", format_mb(reserved), format_mb(pred.locked_fixed)),
+        ("longest request safe under any chunking, with the fix",
+         f"{vt.predict(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
+        ("max_model_len", f"{cfg.max_model_len:,}", f"{nocp.max_model_len:,}"),
+    ],
+))
+print("\n".join(f"predict: {n}" for n in pred.notes))
+
+# %% [markdown]
+# **Predict, then run.** With chunked prefill off the plan is the decode call alone, so
+# the fixed workspace is the decode scratch. A prefix-cache hit covers whole blocks: a
+# request at the predicted bound whose cached part is whole blocks is served; one more
+# cached block, and the same number of new tokens, is refused *with the fix*.
+#
+# tqlab's scheduler has no prefix cache, so the cell hands the fixed engine's attention
+# backend the chunk a hit produces (`cached_len` cached tokens, then the new ones), after
+# the lock, exactly as the model runner would.
+
+# %%
+assert nocp_plan == plan[:1] and pred.locked_fixed == pred.locked_unfixed == locked_no_fix
+assert vt.predict(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
+hit_engine = LLMEngine(nocp.replace(num_hidden_layers=1), fix=True, device="meta")  # one layer: same calls
+assert hit_engine.locked_bytes == pred.locked_fixed
+
+
+def prefix_hit_chunk(cached_len: int, new_tokens: int):
+    """Run one layer's attention for a chunk after a prefix-cache hit of ``cached_len`` tokens (meta)."""
+    c, dev = hit_engine.config, torch.device("meta")
+    q = torch.empty(new_tokens, c.num_heads_per_rank, c.head_dim, dtype=c.dtype, device=dev)
+    kv = torch.empty(new_tokens, c.num_kv_heads_per_rank, c.head_dim, dtype=c.dtype, device=dev)
+    block_row = torch.zeros(hit_engine.max_blocks_per_seq, dtype=torch.int32, device=dev)
+    return hit_engine.backend.forward_prefill(q, kv, kv, hit_engine.runner.kv_caches[0], block_row, cached_len)
+
+
+bs, new = nocp.block_size, T + 1
+cached_ok = (pred.fixed_safe_any_schedule - new) // bs * bs
+cached_bad = cached_ok + bs
+assert cached_ok + new <= pred.fixed_safe_any_schedule < cached_bad + new
+events_before = len(hit_engine.workspace.events)
+prefix_hit_chunk(cached_ok, new)
+assert len(hit_engine.workspace.events) == events_before  # fits: no growth, no violation
+try:
+    prefix_hit_chunk(cached_bad, new)
+except WorkspaceLockedError as exc:
+    refused = exc
+else:
+    raise AssertionError("a prefix-hit chunk past the predicted bound was served")
+assert refused.caller.endswith(":_continuation_prefill") and refused.current_bytes == hit_engine.locked_bytes
+show_md(markdown_table(
+    ("prefix-cache hit (blocks)", "cached + new tokens", "dequant buffers (bytes)", "locked (bytes)", "with the fix"),
+    [
+        (cached_ok // bs, f"{cached_ok:,} + {new}", f"{chunk_workspace_request(nocp, cached_ok, new).nbytes:,}",
+         f"{hit_engine.locked_bytes:,}", "served"),
+        (cached_bad // bs, f"{cached_bad:,} + {new}", f"{refused.required_bytes:,}", f"{refused.current_bytes:,}",
+         "**refused**"),
+    ],
+))
+
+# %% [markdown]
+# The report's own second chunk, produced by a prefix-cache hit instead of by chunking,
+# is refused with the report's numbers — with the fix in place. The parity suite ran such a
+# chunk through vLLM 0.33's own `_continuation_prefill`, with the fix, and recorded
+# vLLM's error; the cell compares the two texts past the caller's name. (Notebook 07
+# reruns it live where vLLM is installed.) This was shown with vLLM's classes on CPU; it
+# has not been run end to end on a GPU.
+
+# %%
+try:
+    prefix_hit_chunk(cached_8k, q_8k)
+except WorkspaceLockedError as exc:
+    report_hit = exc
+    viz.show_error(exc, f"tqlab, with the fix, chunked prefill off: {cached_8k:,} cached by a prefix hit + {q_8k:,} new (caught)")
+else:
+    raise AssertionError("the report's chunk after a prefix-cache hit was served")
+tail = str(report_hit).split("' ", 1)[1]  # "requires … MB, current size is … MB. Workspace growth …"
+if USE_RECORDED and recorded.has_recorded(vt.PARITY_RESULTS):
+    parity_prov, parity = vt.load_parity_results()
+    vt.show_parity_banner(parity_prov)
+    vllm_text = parity["test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill:vllm"]
+    show_md(f"vLLM 0.33, with the fix, chunked prefill off, prefix-hit chunk:\n\n`{vllm_text}`")
+    assert "_continuation_prefill" in vllm_text and vllm_text.endswith(tail)
+    print("tqlab's refusal and vLLM's recorded one ask for the same bytes of the same locked size")
+else:
+    show_md(f"*No recorded parity run (`data/{vt.PARITY_RESULTS}.json`); `make parity` makes one.*")
+
+# %% [markdown]
+# ### 6c · Second limit: DBO, where vLLM sizes one slot of two
+#
+# With dual-batch overlap the workspace has one buffer per ubatch slot (notebook 01,
+# section 5). vLLM's `_reserve_workspace` runs in the metadata builder's constructor,
+# outside any micro-batch, so its calls land in slot 0 alone; the parity suite recorded
+# the slot sizes vLLM's own builder leaves. tqlab's `reserve_workspace` makes the same
+# calls once per slot. A continuation chunk that runs in the second micro-batch after the
+# lock then finds slot 1 at whatever *other* start-up work left there. That depends on the
+# deployment (other workspace consumers, such as fused MoE, grow it too; seed 002 lists
+# them), and the parity suite did not model it. In the report's deployment, start-up
+# without the fix left only the decode scratch in slot 0 (notebook 02), below the report's
+# chunk; the cell locks right after the reservation, the case where nothing else touched
+# slot 1.
+#
+# **Predict, then run.** tqlab's reservation: both slots at the reserved size. The same
+# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
+# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
+# the first and refused by the second.
 
 # %%
 dbo_cfg = cfg.replace(enable_dbo=True)
-m = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
-reserve_workspace(dbo_cfg, m)
-assert m.sizes_bytes() == [reserved, reserved] and m.live_bytes() == 2 * reserved
-show_md(
-    f"{PRESET} with DBO: {m.num_ubatches} slots × {format_mb(reserved)} MB = {format_mb(m.live_bytes())} MB per rank; "
-    f"× TP {cfg.tensor_parallel_size} = {format_mb(m.live_bytes() * cfg.tensor_parallel_size)} MB for the deployment."
-)
+ours = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
+reserve_workspace(dbo_cfg, ours)  # tqlab: every slot
+one_slot = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
+for call in reservation_plan(dbo_cfg):  # vLLM 0.33: the builder's calls run in the current slot (0)
+    one_slot.get_simultaneous(*call)
+assert ours.sizes_bytes() == [reserved] * dbo_cfg.num_ubatches
+assert one_slot.sizes_bytes() == [reserved] + [0] * (dbo_cfg.num_ubatches - 1)
+assert locked_no_fix < need_8k  # decode scratch alone in slot 1 would not hold the report's chunk either
+if USE_RECORDED and recorded.has_recorded(vt.PARITY_RESULTS):
+    assert one_slot.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
+    assert ours.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]
 
-# %% [markdown]
-# ## 6 · The gap the reservation leaves
-#
-# **Question.** The reservation covers decode at `max_num_seqs` rows and the dequant buffers
-# at `max_model_len`. Is that every request the backend can make?
-#
-# Not quite. A continuation chunk of at most `CONTINUATION_DECODE_THRESHOLD` new tokens
-# does not dequantize: it runs the *decode kernel* with one row per new token. That can be
-# more rows than `max_num_seqs`. Often the dequant reservation is large enough to cover
-# those rows anyway; the cell finds the presets where it is not.
-
-# %%
-def worst_decode_kernel_bytes(c: EngineConfig) -> int:
-    """Largest decode-kernel request of a short continuation chunk (threshold rows)."""
-    return chunk_workspace_request(c, c.max_num_batched_tokens, CONTINUATION_DECODE_THRESHOLD).nbytes
-
-
-gap_rows, gaps = [], []
-for x in cost:
-    c = x["cfg"]
-    need = worst_decode_kernel_bytes(c)
-    per_slot = x["res"] // c.num_ubatches
-    # such a chunk exists only if a prompt can be longer than one chunk plus the threshold
-    reachable = c.enable_chunked_prefill and c.max_num_batched_tokens + CONTINUATION_DECODE_THRESHOLD < c.max_model_len
-    covered = "n/a (no such chunk)" if not reachable else ("**no**" if need > per_slot else "yes")
-    gap_rows.append((x["name"], format_mb(per_slot), format_mb(need), covered))
-    if reachable and need > per_slot:
-        gaps.append(x["name"])
-show_md(markdown_table(("preset", "reserved (MB)", f"{CONTINUATION_DECODE_THRESHOLD}-row decode kernel needs (MB)",
-                        "covered?"), gap_rows))
-
-# %% [markdown]
-# **Predict, then run.** For each uncovered preset, a prompt of `max_num_batched_tokens`
-# plus `CONTINUATION_DECODE_THRESHOLD` tokens crashes *even with the fix*: its second chunk
-# is exactly a threshold-sized decode-kernel chunk. Reserving the decode rows for
-# `max(max_num_seqs, CONTINUATION_DECODE_THRESHOLD)` (the engine's `decode_batch_reservation`
-# option) closes it.
-# (One layer and the largest capture bucket lock at the same size as the full engine, as
-# notebook 02 checked; that keeps this fast.)
-
-# %%
-for name in gaps:
-    c = EngineConfig.from_preset(name)
-    quick = c.replace(num_hidden_layers=1, cudagraph_capture_sizes=(c.max_num_seqs,))
-    prompt = c.max_num_batched_tokens + CONTINUATION_DECODE_THRESHOLD
-    fixed = LLMEngine(quick, fix=True, device="meta")
-    try:
-        fixed.generate(prompt, max_tokens=1)
-    except WorkspaceLockedError as exc:
-        assert exc.caller.endswith(":_decode_attention")
-        viz.show_error(exc, f"{name}, PR #44053's reservation, {prompt:,}-token prompt (caught)")
-    else:
-        raise AssertionError(f"{name}: expected the decode-kernel gap to crash")
-    wider = LLMEngine(quick, fix=True, device="meta",
-                      decode_batch_reservation=max(c.max_num_seqs, CONTINUATION_DECODE_THRESHOLD))
-    assert wider.generate(prompt, max_tokens=1).finished
-    show_md(f"**{name}** with decode rows reserved for {max(c.max_num_seqs, CONTINUATION_DECODE_THRESHOLD)}: "
-            f"the {prompt:,}-token prompt is served; the workspace is {format_mb(wider.locked_bytes)} MB.")
-if not gaps:
-    show_md("*No preset has the gap.*")
+slot1_result = {}
+for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_slot)):
+    mgr.lock()
+    events_before = len(mgr.events)
+    with ubatch_context(1):
+        try:
+            mgr.get_simultaneous(*chunk_workspace_request(cfg, cached_8k, q_8k).shapes)
+        except WorkspaceLockedError as exc:
+            slot1_result[label] = f"refused: asks {format_mb(exc.required_bytes)} MB of {format_mb(exc.current_bytes)} MB"
+        else:
+            assert len(mgr.events) == events_before
+            slot1_result[label] = "served, no growth"
+assert slot1_result["tqlab: every slot"].startswith("served")
+assert slot1_result["vLLM 0.33: slot 0 only"].startswith("refused")
+show_md(markdown_table(
+    ("reservation", "slot sizes (MB)", "per rank (MB)", f"× TP {cfg.tensor_parallel_size} (MB)",
+     "report's chunk in slot 1 after the lock"),
+    [
+        (label, " / ".join(format_mb(b) for b in mgr.sizes_bytes()), format_mb(mgr.live_bytes()),
+         format_mb(mgr.live_bytes() * cfg.tensor_parallel_size), slot1_result[label])
+        for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_slot))
+    ],
+))
 
 # %% [markdown]
 # ## Summary
@@ -387,6 +580,10 @@ if not gaps:
 # * The fix sizes the workspace from the configuration — `max_num_seqs` and
 #   `max_model_len` — through the consumers' own shape functions, before the lock; with it
 #   the longest request the server accepts is served after the lock.
+# * Short continuation chunks need no cover: in vLLM 0.33 they make no workspace call.
+# * Two deployments stay exposed with PR #44053: chunked prefill off with prefix caching
+#   (the continuation call is never reserved; tqlab mirrors that), and DBO (vLLM sizes
+#   slot 0 only; tqlab's `reserve_workspace` sizes every slot).
 # * Its cost is fixed per rank and per slot, whatever the traffic:
 
 # %%
