@@ -92,13 +92,9 @@ def presets() -> None:
 
 
 def _predicted_locked_bytes(config: EngineConfig, fix: bool) -> int:
-    from .reservation import decode_workspace_shapes, plan_bytes, reservation_plan
+    from .reservation import plan_bytes, reservation_plan, unfixed_locked_bytes
 
-    capture = 0 if config.enforce_eager else compute_layout(
-        decode_workspace_shapes(max(config.capture_sizes()), config.num_heads_per_rank, config.head_dim,
-                                config.tq_max_kv_splits_for_cuda_graph, config.dtype)
-    ).total_bytes
-    return max(capture, plan_bytes(reservation_plan(config)) if fix else 0)
+    return max(unfixed_locked_bytes(config), plan_bytes(reservation_plan(config)) if fix else 0)
 
 
 @app.command()

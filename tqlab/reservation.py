@@ -52,6 +52,7 @@ __all__ = [
     "continuation_workspace_shapes",
     "decode_workspace_shapes",
     "first_failing_prompt",
+    "unfixed_locked_bytes",
     "plan_bytes",
     "prompt_chunks",
     "reservation_plan",
@@ -195,6 +196,25 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
             )
         )
     return plan
+
+
+def unfixed_locked_bytes(config: "EngineConfig") -> int:
+    """Bytes per ubatch slot tqlab's engine locks *without* the fix (vLLM 0.20's start-up).
+
+    The profile run's fresh prefill touches no workspace; CUDA graph capture runs
+    split-KV decode at every bucket, the largest being ``max(config.capture_sizes())``
+    rows, so the lock freezes :func:`decode_workspace_shapes` at that batch.
+    0 with ``enforce_eager`` (nothing captured). The bug report's deployment:
+    268,544 bytes ("0.26 MB"). (``tqlab.vllm_trace.locked_bytes_without_fix``
+    models vLLM's eager warm-up, which still decodes at ``max_num_seqs``.)
+    """
+    if config.enforce_eager:
+        return 0
+    shapes = decode_workspace_shapes(
+        max(config.capture_sizes()), config.num_heads_per_rank, config.head_dim,
+        config.tq_max_kv_splits_for_cuda_graph, config.dtype,
+    )
+    return compute_layout(shapes).total_bytes
 
 
 def plan_bytes(plan: list[Shapes]) -> int:

@@ -65,6 +65,7 @@ from .reservation import (
     prompt_chunks,
     reservation_plan,
     reserve_workspace,
+    unfixed_locked_bytes,
 )
 from .workspace import (
     MiB,
@@ -899,22 +900,6 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 # --------------------------------------------------------------------------- #
 # Chart helpers: bytes against the configuration                              #
 # --------------------------------------------------------------------------- #
-
-
-def unfixed_locked_bytes(config: EngineConfig) -> int:
-    """Bytes per slot the unfixed engine (vLLM 0.20) locks: decode views at the largest captured batch.
-
-    The profile run (fresh tokens only) touches no workspace; capture grows it
-    to :func:`~tqlab.reservation.decode_workspace_shapes` at
-    ``max(config.capture_sizes())`` rows. With ``enforce_eager`` nothing is
-    captured and 0 bytes are locked. For the seed's deployment: 268544 (0.26 MB).
-    """
-    if config.enforce_eager:
-        return 0
-    b = max(config.capture_sizes())
-    shapes = decode_workspace_shapes(b, config.num_heads_per_rank, config.head_dim,
-                                     config.tq_max_kv_splits_for_cuda_graph, config.dtype)
-    return compute_layout(shapes).total_bytes
 
 
 def longest_surviving_prompt(config: EngineConfig, locked_bytes: int | None = None) -> int:

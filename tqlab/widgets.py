@@ -47,6 +47,7 @@ from .reservation import (
     plan_bytes,
     prompt_chunks,
     reservation_plan,
+    unfixed_locked_bytes,
 )
 from .workspace import ALIGNMENT, MiB, WorkspaceEvent, WorkspaceLayout, compute_layout, round_up
 
@@ -326,25 +327,6 @@ def layout_explorer(requests: Sequence[tuple[Sequence[int], torch.dtype]] | None
 # =========================================================================== #
 
 
-def unfixed_locked_bytes(config: EngineConfig) -> int:
-    """Workspace bytes (per ubatch slot) the engine locks *without* the fix.
-
-    The largest call before the lock is the split-KV decode scratch of the
-    largest captured decode bucket (``max_num_seqs`` rows by default; the
-    profile run's fresh prefill touches no workspace); 0 with ``enforce_eager``
-    (no capture). Computed with :func:`~tqlab.reservation.decode_workspace_shapes`
-    and :func:`~tqlab.workspace.compute_layout`.
-    """
-    if config.enforce_eager:
-        return 0
-    shapes = decode_workspace_shapes(
-        max(config.capture_sizes()),
-        config.num_heads_per_rank,
-        config.head_dim,
-        config.tq_max_kv_splits_for_cuda_graph,
-        config.dtype,
-    )
-    return compute_layout(shapes).total_bytes
 
 
 _CONSUMER_NAMES = (
