@@ -117,7 +117,9 @@ def test_dummy_run_grows_before_capture(tiny):
     # continuation at cached 894 -> round_up(894, 16) = 896: 2 x (1,1,896,16) f16 = 64 * 896
     assert after["profile_run"] == (0,) and after["after_profile"] == (57344,) == after["lock"]
     assert S.captured_graphs_valid(e)
-    assert e.backend.path_counts["continuation"] == 1 and e.backend.path_counts["decode_kernel"] == 0
+    # start-up calls are counted apart from serving (LLMEngine.startup_path_counts)
+    assert e.startup_path_counts["continuation"] == 1 and e.startup_path_counts["decode_kernel"] == 0
+    assert set(e.backend.path_counts.values()) == {0}
 
 
 def test_workspace_vs_max_model_len_seed_deployment(nemotron):

@@ -110,9 +110,25 @@ def split_kv_decode_reference(
         lse: ``(B, Hq)`` float32, receives the total log-sum-exp.
     Returns ``output``.
     """
+    if query.dim() != 3 or keys.dim() != 4 or keys.shape != values.shape:
+        raise ValueError(
+            f"expected query (B, Hq, D) and keys/values (B, Hk, L, D); got {tuple(query.shape)}, "
+            f"{tuple(keys.shape)}, {tuple(values.shape)}"
+        )
     b, hq, d = query.shape
     hk, length = keys.shape[1], keys.shape[2]
+    if keys.shape[0] != b or keys.shape[3] != d or hq % hk:
+        raise ValueError(f"query {tuple(query.shape)} and keys {tuple(keys.shape)} disagree (B, D, or Hq % Hk != 0)")
+    if keys.dtype != torch.float32 or values.dtype != torch.float32:
+        raise TypeError(f"keys/values must be float32, got {keys.dtype}/{values.dtype}")
     s = mid_out.shape[2]
+    if tuple(mid_out.shape) != (b, hq, s, d + 1) or tuple(output.shape) != (b, hq, d) or tuple(lse.shape) != (b, hq):
+        raise ValueError(
+            f"workspace views do not match (B={b}, Hq={hq}, D={d}): mid_out {tuple(mid_out.shape)}, "
+            f"output {tuple(output.shape)}, lse {tuple(lse.shape)}"
+        )
+    if seq_lens.device.type == "cpu" and seq_lens.numel() and int(seq_lens.max()) > length:
+        raise ValueError(f"seq_lens up to {int(seq_lens.max())} exceed the {length} positions of keys/values")
     if b == 0:
         return output
     group = hq // hk

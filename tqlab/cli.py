@@ -119,6 +119,11 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     config = _build_config(preset, overrides)
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
+    if prompt_tokens + max_tokens > config.max_model_len:
+        raise click.UsageError(
+            f"--prompt-tokens {prompt_tokens} + --max-tokens {max_tokens} = {prompt_tokens + max_tokens} exceeds "
+            f"max_model_len {config.max_model_len} (vLLM rejects such a request before it reaches the workspace)"
+        )
     console.print(f"[bold]config[/] {_config_line(config)}")
     first_bad = first_failing_prompt(config, _predicted_locked_bytes(config, fix))
     expect_crash = first_bad is not None and first_bad <= prompt_tokens
@@ -137,10 +142,20 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
         engine = LLMEngine(config, fix=fix, device=device, on_phase=show)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    except (MemoryError, RuntimeError) as e:  # e.g. the reservation does not fit in this machine's memory
+        console.print(f"[red]start-up failed:[/] {type(e).__name__}: {e}")
+        console.print("try --device meta (shapes only) or a smaller --max-model-len")
+        sys.exit(1)
     console.print(f"[bold]request[/] {prompt_tokens}-token prompt, max_tokens={max_tokens}")
     crashed = False
     try:
-        out = engine.generate(prompt_tokens, max_tokens=max_tokens)
+        engine.add_request(prompt_tokens, max_tokens=max_tokens)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    try:
+        while engine.has_unfinished_requests():
+            engine.step()
+        out = engine.outputs[max(engine.outputs)]
         console.print(
             f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
             f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
@@ -178,17 +193,25 @@ def plan(preset, **overrides) -> None:
     console.print(t)
     reserved = plan_bytes(calls)
     slots = config.num_ubatches
+    # Denominator: a KV cache that holds max_num_seqs requests of max_model_len tokens on this
+    # rank (vLLM sizes the real one from --gpu-memory-utilization, unknown here).
     kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
     console.print(
         f"workspace per rank after the reservation: {reserved:,} bytes = {reserved / MiB:.2f} MiB per ubatch slot "
         f"x {slots} slot(s) (one buffer serves the largest call)"
     )
     console.print(
-        f"KV cache for max_num_seqs x max_model_len tokens on this rank ({config.kv_cache_dtype}, "
+        f"KV cache that would hold max_num_seqs x max_model_len tokens on this rank (vLLM sizes the real one from "
+        f"--gpu-memory-utilization; {config.kv_cache_dtype}, "
         f"{kv_cache_bytes_per_token(config)} B/token over {config.num_hidden_layers} layers): {kv / MiB:,.1f} MiB; "
         f"workspace share: {100 * reserved * slots / kv:.3f}%"
     )
     locked = _predicted_locked_bytes(config, fix=False)
+    if not config.enforce_eager and max(config.capture_sizes()) < config.max_num_seqs:
+        console.print(
+            f"[yellow]note[/] the largest captured decode batch ({max(config.capture_sizes())}) is below max_num_seqs "
+            f"({config.max_num_seqs}): without the fix, an eager decode of more requests than that also overflows the lock"
+        )
     bad = first_failing_prompt(config, locked)
     console.print(
         f"without the fix the workspace locks at {locked:,} bytes ({format_mb(locked)} MB, decode capture at "

@@ -121,6 +121,12 @@ class EngineConfig:
         self.dtype = parse_dtype(self.dtype)
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        d = self.head_dim
+        if self.kv_cache_dtype.startswith("turboquant_") and (d < 16 or d > 512 or d & (d - 1)):
+            raise ValueError(
+                f"kv_cache_dtype={self.kv_cache_dtype!r} needs head_dim to be a power of two in [16, 512] "
+                f"(Hadamard rotation), got head_dim={d}"
+            )
         tp, hq, hk = self.tensor_parallel_size, self.num_attention_heads, self.num_key_value_heads
         if hq % tp:
             raise ValueError(
@@ -179,7 +185,13 @@ class EngineConfig:
         return 2 * self.num_kv_heads_per_rank * self.head_dim * self.num_hidden_layers * self.dtype.itemsize
 
     def capture_sizes(self) -> tuple[int, ...]:
-        """Decode batch sizes to capture: 1, 2, 4, then multiples of 8, always ending at ``max_num_seqs``."""
+        """Decode batch sizes to capture, ascending.
+
+        Default: 1, 2, 4, then multiples of 8 (16 past 256), ending at
+        ``max_num_seqs``. With ``cudagraph_capture_sizes`` given: those sizes up
+        to ``max_num_seqs`` (larger ones are dropped, as vLLM filters them); if
+        the largest is below ``max_num_seqs``, bigger decode batches run eagerly.
+        """
         if self.cudagraph_capture_sizes is not None:
             return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_seqs) or (self.max_num_seqs,)
         sizes = [s for s in (1, 2, 4) if s < self.max_num_seqs]

@@ -11,7 +11,7 @@ workspace size after it, in ``engine.phases``):
 4. ``capture``         — eager warm-up + capture of each decode bucket, largest first
    (skipped with ``enforce_eager``); decode scratch grows the workspace to
    ``max_num_seqs`` rows
-5. ``lock``            — ``lock_workspace()``; every start-up path locks, eager too
+5. ``lock``            — ``lock_workspace()`` on this engine's manager; every start-up path locks, eager too
 6. serving             — ``add_request`` / ``step`` / ``generate``
 
 A request whose chunk needs more workspace than was locked raises
@@ -22,6 +22,7 @@ then dead, like vLLM's EngineCore, and every later call raises
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -32,7 +33,8 @@ from .attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from .config import EngineConfig
 from .model_runner import ModelRunner
 from .scheduler import Request, Scheduler
-from .workspace import WorkspaceLockedError, init_workspace_manager, lock_workspace
+from . import workspace as _workspace_module
+from .workspace import WorkspaceLockedError, init_workspace_manager
 
 __all__ = ["EngineDeadError", "LLMEngine", "PhaseRecord", "RequestOutput"]
 
@@ -96,7 +98,14 @@ class LLMEngine:
             after the profile run, before capture (where vLLM's dummy runs are;
             ``tqlab.strategies``' long-context dummy run uses it).
 
-    Raises ``ValueError`` for a device that is not available.
+    The engine installs its workspace manager as the process-wide one
+    (``init_workspace_manager``), as a vLLM worker does, and locks that manager;
+    if start-up fails the previous process-wide manager is put back.
+    ``backend.path_counts`` counts serving only (start-up calls are in
+    ``startup_path_counts``).
+
+    Raises ``ValueError`` for a device that is not available or a bad
+    ``kv_cache_tokens``; whatever start-up raises (e.g. ``MemoryError``).
     """
 
     def __init__(
@@ -129,6 +138,24 @@ class LLMEngine:
         self.outputs: dict[int, RequestOutput] = {}
         self._requests: dict[int, Request] = {}
 
+        if kv_cache_tokens is not None and (isinstance(kv_cache_tokens, bool) or not isinstance(kv_cache_tokens, int)
+                                            or kv_cache_tokens < 1):
+            raise ValueError(f"kv_cache_tokens must be an int >= 1, got {kv_cache_tokens!r}")
+        # vLLM installs one process-wide manager per worker; so do we, but a failed
+        # start-up puts the previous one back instead of leaving a half-built one.
+        previous = _workspace_module._manager
+        try:
+            self._start_up(fix, kv_cache_tokens, seed, use_cuda_graphs, decode_batch_reservation,
+                           before_lock, after_profile)
+        except BaseException:
+            _workspace_module._manager = previous
+            raise
+        self.startup_path_counts = dict(self.backend.path_counts)
+        self.backend.path_counts = dict.fromkeys(self.backend.path_counts, 0)
+
+    def _start_up(self, fix, kv_cache_tokens, seed, use_cuda_graphs, decode_batch_reservation,
+                  before_lock, after_profile) -> None:
+        config = self.config
         with self._phase("init_workspace", f"{config.num_ubatches} ubatch slot(s) on {self.device}"):
             self.workspace = init_workspace_manager(self.device, config.num_ubatches)
         with self._phase("build_backend", "with _reserve_workspace() (PR #44053)" if fix else "no reservation (vLLM 0.20)"):
@@ -160,7 +187,9 @@ class LLMEngine:
             with self._phase("before_lock", getattr(before_lock, "__name__", "hook")):
                 before_lock(self)
         with self._phase("lock", "lock_workspace(): growth is now an error"):
-            lock_workspace()
+            # This engine's own manager: another engine built in a hook may have
+            # become the process-wide one meanwhile.
+            self.workspace.lock()
 
     def _install_cuda_graphs(self) -> None:
         try:
@@ -206,20 +235,31 @@ class LLMEngine:
         longer than ``max_model_len`` or the KV cache; ``EngineDeadError`` if dead.
         """
         self._check_alive()
-        if isinstance(prompt, bool):
-            raise ValueError(f"prompt must be token ids or a positive length, got {prompt!r}")
-        if isinstance(prompt, int):
-            n = prompt
+        vocab = self.runner.model.vocab_size
+        if isinstance(prompt, torch.Tensor):
+            if prompt.dim() != 1 or prompt.dtype.is_floating_point or prompt.dtype.is_complex or prompt.dtype == torch.bool:
+                raise ValueError(
+                    f"a tensor prompt must be 1-D integer token ids, got shape {tuple(prompt.shape)} dtype {prompt.dtype}"
+                )
+            prompt = prompt.tolist()
+        if isinstance(prompt, numbers.Integral) and not isinstance(prompt, bool):
+            n = int(prompt)
             ids = None
             if n >= 1 and self.device.type != "meta":
                 g = torch.Generator().manual_seed(1234 + n)
-                ids = torch.randint(0, self.runner.model.vocab_size, (n,), generator=g).tolist()
-        else:
-            ids = [int(t) for t in (prompt.tolist() if isinstance(prompt, torch.Tensor) else prompt)]
+                ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        elif isinstance(prompt, (list, tuple)):
+            for i, t in enumerate(prompt):
+                if isinstance(t, bool) or not isinstance(t, numbers.Integral):
+                    raise ValueError(f"token {i} of the prompt is {t!r}, not an integer token id")
+                if not 0 <= t < vocab:
+                    raise ValueError(f"token id {t} (position {i} of the prompt) is outside the vocabulary [0, {vocab})")
+            ids = [int(t) for t in prompt]
             n = len(ids)
-            bad = [t for t in ids if not 0 <= t < self.runner.model.vocab_size]
-            if bad:
-                raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {self.runner.model.vocab_size})")
+        else:
+            raise ValueError(
+                f"prompt must be a list of token ids, a 1-D integer tensor or a length (int), got {type(prompt).__name__} {prompt!r}"
+            )
         if n < 1:
             raise ValueError(f"prompt must have at least 1 token, got {n}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:

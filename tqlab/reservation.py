@@ -151,12 +151,24 @@ class ChunkRequest:
         return 0 if self.shapes is None else compute_layout(self.shapes).total_bytes
 
 
+def _check_config(config: object) -> None:
+    from .config import EngineConfig
+
+    if not isinstance(config, EngineConfig):
+        raise TypeError(f"config must be a tqlab.config.EngineConfig, got {type(config).__name__}")
+
+
 def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int) -> ChunkRequest:
     """The workspace call a prefill chunk of ``q_len`` new tokens after ``cached_len`` cached ones makes.
 
     The attention backend decides its path with this function, so the
-    predictor and the real run cannot disagree.
+    predictor and the real run cannot disagree. Raises ``ValueError`` for
+    ``cached_len < 0`` or ``q_len < 1``, ``TypeError`` for a config that is
+    not an :class:`~tqlab.config.EngineConfig`.
     """
+    _check_config(config)
+    _pos_int("cached_len", cached_len, 0)
+    _pos_int("q_len", q_len, 1)
     if cached_len == 0:
         return ChunkRequest(cached_len, q_len, "prefill", None)
     if q_len <= CONTINUATION_DECODE_THRESHOLD:
@@ -183,6 +195,7 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
     TurboQuant backend has them. For ``pr-44053-unit-test``: ``[((16,8,4,129) f32, (16,8,128) f16, (16,8) f32),
     ((1,4,8192,128) f16, (1,4,8192,128) f16)]``.
     """
+    _check_config(config)
     batch = config.max_num_seqs if decode_batch is None else _pos_int("decode_batch", decode_batch)
     plan = [
         decode_workspace_shapes(
@@ -258,7 +271,14 @@ def prompt_chunks(prompt_tokens: int, max_num_batched_tokens: int) -> list[tuple
 
 
 def workspace_bytes_for_prompt(config: "EngineConfig", prompt_tokens: int) -> int:
-    """Largest workspace call (bytes) a prompt of ``prompt_tokens`` makes while prefilling alone."""
+    """Largest workspace call (bytes) a prompt of ``prompt_tokens`` makes while prefilling alone.
+
+    Raises ``ValueError`` for a prompt shorter than 1 or longer than ``max_model_len``.
+    """
+    _check_config(config)
+    _pos_int("prompt_tokens", prompt_tokens)
+    if prompt_tokens > config.max_model_len:
+        raise ValueError(f"prompt_tokens {prompt_tokens} exceeds max_model_len {config.max_model_len}")
     budget = config.max_num_batched_tokens if config.enable_chunked_prefill else prompt_tokens
     return max(
         (chunk_workspace_request(config, c, q).nbytes for c, q in prompt_chunks(prompt_tokens, budget)),
@@ -274,8 +294,11 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     of the ``k``-th chunk the need is the larger of the earlier full chunks'
     and the last chunk's, and the last chunk's is monotone in ``q_len`` up to
     128 (no workspace call in vLLM 0.33, but kept general) and constant above
-    (dequant buffers for ``cached_len``).
+    (dequant buffers for ``cached_len``). Raises ``ValueError`` for a negative
+    or non-int ``locked_bytes``.
     """
+    _check_config(config)
+    _pos_int("locked_bytes", locked_bytes, 0)
     if not config.enable_chunked_prefill:
         return None
     m = config.max_num_batched_tokens

@@ -64,11 +64,15 @@ ALIGNMENT = 256
 MiB = 1 << 20
 """vLLM's messages say "MB" but divide by 2**20; so do we."""
 
+_MAX_BYTES = 1 << 63  # torch sizes are int64
+
 logger = logging.getLogger(__name__)
 
 
 def round_up(x: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``x`` (both ints, multiple > 0)."""
+    """Smallest multiple of ``multiple`` that is >= ``x`` (both ints; ``ValueError`` unless multiple > 0)."""
+    if multiple <= 0:
+        raise ValueError(f"round_up: multiple must be > 0, got {multiple}")
     return -(-x // multiple) * multiple
 
 
@@ -150,6 +154,11 @@ def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], torch.dtype]
         for d in dims:
             numel *= d
         n = numel * dtype.itemsize
+        if offset + n >= _MAX_BYTES:
+            raise ValueError(
+                f"request {i}: shape {dims} of {dtype} needs {n} bytes; with the views before it the call "
+                f"would need more than 2**63 bytes, which no device can allocate"
+            )
         shapes.append(dims)
         dtypes.append(dtype)
         nbytes.append(n)
@@ -308,6 +317,11 @@ class WorkspaceManager:
             self._device = torch.device(device)
         except (TypeError, RuntimeError) as e:
             raise ValueError(f"bad device {device!r}: {e}") from None
+        if self._device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {device!r} requested but torch.cuda.is_available() is False")
+            if self._device.index is not None and self._device.index >= torch.cuda.device_count():
+                raise ValueError(f"device {device!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
         n = 1 if num_ubatches is None else num_ubatches
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"num_ubatches must be an int or None, got {num_ubatches!r}")
@@ -408,8 +422,12 @@ class WorkspaceManager:
             (fresh aliases each call), which keeps this call at a few microseconds.
 
         Raises:
-            TypeError/ValueError: a malformed request or an out-of-range ubatch
-                slot; nothing is allocated and the state is unchanged.
+            TypeError/ValueError: a malformed request, a call needing 2**63
+                bytes or more, or an out-of-range ubatch slot; nothing is
+                allocated and the state is unchanged.
+            torch.OutOfMemoryError / RuntimeError: the allocator failed while
+                growing; the slot gets a buffer of its old size back (contents
+                lost) and an ``"alloc_failed"`` event is recorded.
             WorkspaceLockedError: the workspace is locked and the slot's buffer
                 is smaller than the request; buffer, contents and lock state
                 are unchanged, and a ``"violation"`` event is recorded.
@@ -501,7 +519,13 @@ class WorkspaceManager:
                     self._buffers[i] = new
                     del old, new
             except BaseException:
-                # With free-then-allocate the old block is gone: the slot is empty.
+                # With free-then-allocate the old block is gone; put a buffer of the old
+                # size back (its contents are lost) so the slot keeps the size it had.
+                if self._buffers[i] is None and old_size:
+                    try:
+                        self._buffers[i] = torch.empty((old_size,), dtype=torch.uint8, device=self._device)
+                    except BaseException:
+                        pass
                 self._record("alloc_failed", caller, old_size, required, i)
                 raise
             self._record("resize", caller, old_size, required, i, peak=peak)
