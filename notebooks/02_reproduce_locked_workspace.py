@@ -264,6 +264,57 @@ show_md(
 )
 
 # %% [markdown]
+# ### What the report does not say: `max_num_batched_tokens`
+#
+# The report gives no `--max-num-batched-tokens`, and it describes the onset only
+# loosely (quoted below). The preset's chunk size is inferred from the one exact number
+# it does give: the refused call is two fp16 buffers of `(1, Hk, cached_len, D)`, the
+# first refused chunk has `cached_len = max_num_batched_tokens`, so the report's size pins it.
+# vLLM's own default for `vllm serve` on a small GPU is smaller, and would have printed
+# a different first refusal. Both below are computed, and the default is also run on
+# `meta`.
+
+# %%
+import re
+
+from tqlab import vllm_trace as vt
+
+REPORT_ONSET = "beyond ~6-8K tokens"  # the report's words: where crashes start, in cached KV tokens
+hk, d = cfg.num_kv_heads_per_rank, cfg.head_dim
+m_report = vt.bug_report_max_num_batched_tokens(cfg)  # the chunk size whose first refusal prints "2.00 MB"
+two_buffers = 2 * 1 * hk * m_report * d * 2  # 2 buffers x batch 1 x Hk x cached_len x D x 2 bytes (fp16)
+assert two_buffers == 2 * MiB and format_mb(two_buffers) == vt.BUG_REPORT_REQUIRED_MB
+assert m_report == cfg.max_num_batched_tokens  # the preset uses the inferred value
+m_default, _, why_default = vt.vllm_default_limits("serve")  # no GPU size given: vLLM's small-GPU default
+why_default = why_default.split(";")[0]
+alt = cfg.replace(max_num_batched_tokens=m_default)
+alt_first = vt.predict(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+alt_locked, alt_refused = locked_and_refused(alt)  # run on meta: the engine refuses what the predictor named
+assert (alt_refused, alt_locked) == (alt_first.nbytes, engine.locked_bytes)
+assert alt_first.cached_len == m_default and alt_first.nbytes == 2 * 1 * hk * m_default * d * 2
+rows, matches = [], []
+for label, c, m_ in ((f"preset (inferred from {vt.BUG_REPORT_REQUIRED_MB} MB)", cfg, m_report),
+                     (f"vLLM default ({why_default})", alt, m_default)):
+    f = vt.predict(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+    rows.append((label, f"{m_:,}", f"{first_failing_prompt(c, engine.locked_bytes):,}", f"{f.cached_len:,}",
+                 f"{format_mb(f.nbytes)} MB"))
+    matches.append(format_mb(f.nbytes) == vt.BUG_REPORT_REQUIRED_MB)
+assert matches == [True, False]  # only the inferred chunk size reproduces the report's exact number
+onset_low = int(re.search(r"~(\d+)-", REPORT_ONSET).group(1)) * 1000  # the low end of the report's onset, in tokens
+assert max(m_report, m_default) < onset_low  # both first refusals come at fewer cached tokens than the report says
+show_md(
+    f"The report says crashes start *{REPORT_ONSET}* of cached KV and does not give `max_num_batched_tokens`. "
+    f"The preset's {m_report:,} comes from the {vt.BUG_REPORT_REQUIRED_MB} MB: 2 × 1 × {hk} × {m_report:,} × {d} × 2 "
+    f"bytes = {two_buffers:,} bytes = {format_mb(two_buffers)} MB.\n\n"
+    + markdown_table(("max_num_batched_tokens", "value", "shortest crashing prompt", "first refused: cached_len",
+                      "it asks for"), rows)
+    + f"\n\nWith vLLM's default of {m_default:,} the same {PROMPT_TOKENS:,}-token prompt would have died one "
+    f"smaller chunk in, printing `requires {format_mb(alt_refused)} MB, current size is {format_mb(alt_locked)} MB`. "
+    f"Both chunk sizes crash a prompt of this length, and both put the first crash earlier than the report's "
+    f"wording; only {m_report:,} reproduces its one exact number, {vt.BUG_REPORT_REQUIRED_MB} MB."
+)
+
+# %% [markdown]
 # The whole story in one picture: the workspace size along the engine's event log, phase
 # by phase. Profile run: nothing. Capture: the decode scratch. Lock. Then the prompt's
 # second chunk asks far above the locked line.

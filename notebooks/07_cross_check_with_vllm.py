@@ -63,13 +63,14 @@ DEVICE = "cpu"  # this notebook is CPU-only: vLLM's Python classes, never its ke
 USE_RECORDED = True  # without vLLM, show the recorded parity results (under a banner)
 USE_VLLM = True  # run vLLM's classes live when vllm is importable
 PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/presets)
-CACHED_LEN = 4096  # cached tokens before the long continuation chunk (the bug report's 2.00 MB)
+CACHED_LEN = None  # cached tokens before the long continuation chunk; None: the chunk vLLM refuses first (computed)
 
 # %%
 from tqlab import vllm_trace as vt
-from tqlab.config import EngineConfig
+from tqlab.config import EngineConfig, load_preset
+from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
 from tqlab.viz import markdown_table, show_md
-from tqlab.workspace import format_mb
+from tqlab.workspace import compute_layout, format_mb
 
 if DEVICE != "cpu":
     print(f"DEVICE={DEVICE!r} ignored: this notebook only runs vLLM's Python classes, on the CPU")
@@ -91,17 +92,56 @@ print(f"mode: {'LIVE, vLLM ' + str(vllm_version()) if LIVE else 'recorded result
       f"{config.max_num_seqs} sequences, {config.tq_max_kv_splits_for_cuda_graph} KV splits, {config.dtype}")
 
 # %% [markdown]
+# ## 0 · tqlab's predictions, before anything runs
+#
+# Every number the sections below check comes from here: the workspace at lock (the
+# split-KV decode views at `max_num_seqs` rows), the first call vLLM refuses for the
+# preset's long prompt (a continuation chunk's two fp16 dequant buffers), and its size.
+# The cached length of that chunk is `CACHED_LEN` unless the parameter cell sets it.
+
+# %%
+PROMPT = load_preset(PRESET)["default_prompt_tokens"]  # the bug report's "~8K tokens" prompt
+first = vt.predict(config, [PROMPT]).requests[0].first_refused_unfixed  # the call vLLM dies on
+if not LIVE:  # the recorded runs used one cached length: predict for that one
+    rec_cached = {r["vllm"]["cached_len"] for r in recorded["test_seed_scenario_table:rows"]}
+    assert len(rec_cached) == 1, rec_cached
+    if CACHED_LEN is not None and CACHED_LEN not in rec_cached:
+        print(f"CACHED_LEN={CACHED_LEN} ignored: the recorded runs used cached_len {min(rec_cached)}")
+    CACHED_LEN = min(rec_cached)
+CACHED_LEN = first.cached_len if CACHED_LEN is None else CACHED_LEN
+HK, D = config.num_kv_heads_per_rank, config.head_dim
+LOCKED = vt.locked_bytes_without_fix(config)  # decode at the largest captured batch
+ONE_ROW = compute_layout(decode_workspace_shapes(1, config.num_heads_per_rank, D, config.tq_max_kv_splits_for_cuda_graph,
+                                                 config.dtype)).total_bytes
+CONT = compute_layout(continuation_workspace_shapes(CACHED_LEN, HK, D, config.block_size)).total_bytes
+FIXED = vt.predict(config).locked_fixed  # with PR #44053's reservation
+TAIL = f"requires {format_mb(CONT)} MB, current size is {format_mb(LOCKED)} MB. Workspace growth is not allowed after locking."
+show_md(markdown_table(
+    ["prediction", "bytes", "MB"],
+    [
+        [f"workspace at lock without the fix (decode, {config.max_num_seqs} rows)", f"{LOCKED:,}", format_mb(LOCKED)],
+        ["workspace at lock with PR #44053", f"{FIXED:,}", format_mb(FIXED)],
+        [f"first refused call of a {PROMPT:,}-token prompt: cached {first.cached_len:,}, {first.q_len:,} new",
+         f"{first.nbytes:,}", format_mb(first.nbytes)],
+        [f"continuation call at CACHED_LEN = {CACHED_LEN:,}: 2 × (1, {HK}, {CACHED_LEN}, {D}) fp16", f"{CONT:,}",
+         format_mb(CONT)],
+    ],
+))
+print(f"predicted refusal: ... {TAIL}")
+print(f"bug report (vLLM 0.20): requires {vt.BUG_REPORT_REQUIRED_MB} MB, current size is {vt.BUG_REPORT_LOCKED_MB} MB")
+
+# %% [markdown]
 # ## 1 · One call sequence, two workspace managers
 #
 # Each step is either a `get_simultaneous` on a ubatch slot (2 slots, as with DBO) or a
 # lock/unlock. The steps are the seed's decode views, a small request in slot 1, empty
-# views, the lock, a request that fits, the 2.00 MB continuation request that does not,
-# the same for slot 1, then an unlock. Both managers are called from the same line of
+# views, the lock, a request that fits, the continuation request for `CACHED_LEN` cached
+# tokens that does not, the decode views at `max_num_seqs` rows on slot 1, then an unlock. Both managers are called from the same line of
 # `tqlab/vllm_trace.py`, so their refusal messages must match to the letter, caller included.
 
 # %%
 if LIVE:
-    rows = vt.compare_managers(vt.demo_steps(config))
+    rows = vt.compare_managers(vt.demo_steps(config, CACHED_LEN))
 else:
     rows = recorded["test_manager_table:rows"]
 show_md(markdown_table(
@@ -112,9 +152,25 @@ print(f"{sum(r['same'] for r in rows)}/{len(rows)} steps identical")
 
 # %% [markdown]
 # The two refusals are the bug in miniature. After the lock, slot 0 holds the decode
-# views (0.26 MB) and the continuation buffers (2.00 MB) do not fit. Slot 1 grew only
-# for a single decode row, so it refuses `max_num_seqs` rows. vLLM 0.33 grows only the
-# slot that asks, and so does tqlab.
+# views and the continuation buffers do not fit. Slot 1 grew only for a single decode
+# row, so it refuses `max_num_seqs` rows. vLLM 0.33 grows only the slot that asks, and
+# so does tqlab.
+#
+# **Predict, then run.** Every step is identical. Exactly two steps are refused: slot 0's
+# continuation request (`CONT` bytes against `LOCKED`) and slot 1's decode views at
+# `max_num_seqs` rows (`LOCKED` bytes against one row's `ONE_ROW`).
+
+# %%
+refused = [r for r in rows if "Workspace is locked" in r["vllm"]]
+assert all(r["same"] for r in rows), [r["step"] for r in rows if not r["same"]]
+assert len(refused) == 2, [r["step"] for r in refused]
+assert refused[0]["vllm"].endswith(TAIL)
+assert refused[1]["vllm"].endswith(f"requires {format_mb(LOCKED)} MB, current size is {format_mb(ONE_ROW)} MB. "
+                                   "Workspace growth is not allowed after locking.")
+show_md(f"Slot 0 refused **{format_mb(CONT)} MB** at **{format_mb(LOCKED)} MB**; slot 1 refused "
+        f"**{format_mb(LOCKED)} MB** at **{format_mb(ONE_ROW)} MB**: as predicted, in both managers.")
+
+# %% [markdown]
 #
 # ## 2 · The reservation (PR #44053), vLLM's builder vs `reservation_plan`
 #
@@ -134,8 +190,8 @@ show_md(markdown_table(
 # ## 3 · The bug report's assertion, raised by vLLM's own code
 #
 # vLLM's `_decode_attention` warms the workspace up at `max_num_seqs` rows, as CUDA graph
-# capture does. Then the workspace locks. Then one chunk of 129 new tokens after
-# `CACHED_LEN` cached ones goes through vLLM's `_prefill_attention`, which hands it to
+# capture does. Then the workspace locks. Then one chunk of `CONTINUATION_DECODE_THRESHOLD + 1`
+# new tokens after `CACHED_LEN` cached ones goes through vLLM's `_prefill_attention`, which hands it to
 # `_continuation_prefill`. The same steps run once more with the fix (the builder reserves
 # first), and once through tqlab's manager.
 
@@ -163,8 +219,32 @@ show_md(markdown_table(
 ))
 
 # %% [markdown]
-# The bug report (vLLM 0.20) quotes `turboquant_attn.py:757`. In vLLM 0.33 the same call
-# sits on a different line. The sizes are the same: 0.26 MB at lock and 2.00 MB required.
+# **Predict, then run.** Without the fix, vLLM's own `_continuation_prefill` and tqlab's
+# manager refuse the predicted `CONT` bytes at the predicted `LOCKED` bytes, word for word
+# after the caller. With the fix both lock at the reservation's size and grant the buffers.
+
+# %%
+unfixed, fixed = (next(r for r in seed_rows if r["fixed"] is f) for f in (False, True))
+for side in ("vllm", "tqlab"):
+    assert unfixed[side]["cached_len"] == CACHED_LEN
+    assert unfixed[side]["error"].endswith(TAIL), unfixed[side]["error"]
+    assert ":_continuation_prefill' requires" in unfixed[side]["error"]
+    assert unfixed[side]["size_at_lock"][0] == LOCKED
+    assert fixed[side]["error"] is None and fixed[side]["size_at_lock"][0] == FIXED
+vllm_sizes = unfixed["vllm"]["error"].split("' requires ", 1)[1]
+assert vllm_sizes == unfixed["tqlab"]["error"].split("' requires ", 1)[1]  # vLLM's message sizes == tqlab's
+report_says = f"requires {vt.BUG_REPORT_REQUIRED_MB} MB, current size is {vt.BUG_REPORT_LOCKED_MB} MB"
+show_md(markdown_table(
+    ["source", "refusal"],
+    [["bug report (vLLM 0.20, `turboquant_attn.py:757`)", report_says],
+     [f"vLLM {recorded_prov['vllm'] if not LIVE else vllm_version()}{'' if LIVE else ' (recorded)'}", "requires " + vllm_sizes],
+     ["tqlab prediction", TAIL]],
+))
+same_as_report = report_says in unfixed["vllm"]["error"]
+print(f"vLLM's refusal {'matches' if same_as_report else 'differs from'} the bug report's numbers "
+      f"(cached_len {CACHED_LEN:,}); the call sits on a different line in vLLM 0.33")
+
+# %% [markdown]
 #
 # ## 4 · The tracer on the seed scenario
 #
@@ -187,6 +267,21 @@ for r in seed_rows:
 m_trace = vt.run_seed_scenario(config, cached_len=CACHED_LEN, fixed=False)  # always live: tqlab's manager
 print("--- tqlab's manager, without the fix (live)")
 print(vt.format_trace_report(m_trace.trace))
+
+# %% [markdown]
+# **Predict, then run.** Both tracers record one violation, by `_continuation_prefill`:
+# `CONT` bytes asked of a slot locked at `LOCKED`. The decode caller's high-water mark is
+# `LOCKED` (it set the size), and the continuation caller's is `CONT`.
+
+# %%
+for label, trace in (("vLLM", unfixed["vllm"]["trace"]), ("tqlab", m_trace.trace)):
+    (v,) = trace["violations"]
+    assert v["caller"].endswith(":_continuation_prefill") and v["slot"] == 0, (label, v)
+    assert (v["required_bytes"], v["current_bytes"]) == (CONT, LOCKED), (label, v)
+    assert trace["size_at_lock_bytes"][0] == LOCKED
+    high = {c["caller"].rsplit(":", 1)[1]: c["high_water_bytes"] for c in trace["callers"]}
+    assert high["_continuation_prefill"] == CONT and high["_decode_attention"] == LOCKED, (label, high)
+print(f"both tracers: one violation, {format_mb(CONT)} MB asked at {format_mb(LOCKED)} MB, as predicted")
 
 # %% [markdown]
 # ## 5 · Predict it from the deployment: `tqlab inspect-vllm`
@@ -220,6 +315,51 @@ print(serve_cmd)
 report = vt.inspect_vllm(serve_cmd, model_json, prompt_tokens=prompts, demo=LIVE)
 
 # %% [markdown]
+# **Predict, then run.** Computed by hand from the chunk rule: the prompt of
+# `max_num_batched_tokens + 128` tokens is served (its second chunk is short); one token
+# more and the second chunk, at `cached_len = max_num_batched_tokens`, is the first
+# refused call, with two `(1, Hk, max_num_batched_tokens, D)` fp16 buffers. With vLLM
+# importable, vLLM's own classes refuse that chunk with exactly those bytes.
+
+# %%
+m = config.max_num_batched_tokens
+by_len = {r["prompt_tokens"]: r for r in report["prediction"]["requests"]}
+want = 2 * HK * m * D * 2  # two fp16 buffers of (1, Hk, m, D), m a multiple of block_size
+assert m % config.block_size == 0
+assert [by_len[n]["crashes_unfixed"] for n in prompts] == [False, False, True, True]
+assert not any(r["crashes_fixed"] for r in by_len.values())
+assert report["prediction"]["first_failing_prompt"] == first_two_chunks
+for n in prompts[2:]:
+    f = by_len[n]["first_refused_unfixed"]
+    assert (f["consumer"], f["cached_len"], f["nbytes"]) == (vt.DEQUANT_CHUNK, m, want), f
+assert report["prediction"]["max_num_batched_tokens_source"] == "given: --max-num-batched-tokens"
+if LIVE:
+    (v_unfixed, *v_fixed) = report["demo"]
+    assert v_unfixed["error"].endswith(f"requires {format_mb(want)} MB, current size is {format_mb(LOCKED)} MB. "
+                                       "Workspace growth is not allowed after locking.")
+    assert all(r["error"] is None for r in v_fixed)
+show_md(f"First refused call: cached {m:,}, 2 × {HK} × {m:,} × {D} × 2 bytes = **{want:,} bytes = "
+        f"{format_mb(want)} MB**, as predicted{' and as vLLM raised it' if LIVE else ''}.")
+
+# %% [markdown]
+# **The same line without `--max-num-batched-tokens`.** The bug report does not give it.
+# vLLM then uses its default for `vllm serve` on a small GPU, and the prompt is cut
+# into smaller chunks: the first refused call comes one smaller chunk in, and is
+# smaller. The report names that call, the chunk size it assumed and where that came
+# from, and says when the difference from the bug report's size is only the chunk size.
+
+# %%
+bare_cmd = serve_cmd.replace(f" --max-num-batched-tokens {m}", "")
+bare = vt.inspect_vllm(bare_cmd, model_json, prompt_tokens=[PROMPT])["prediction"]
+m0 = bare["max_num_batched_tokens"]
+f0 = bare["requests"][0]["first_refused_unfixed"]
+assert bare["max_num_batched_tokens_source"].startswith("not given: vLLM's default for `vllm serve`")
+assert m0 < m and (f0["cached_len"], f0["nbytes"]) == (m0, 2 * HK * m0 * D * 2)
+assert any(n.startswith(f"the bug report's '{vt.BUG_REPORT_REQUIRED_MB} MB'") for n in bare["notes"])
+show_md(f"Default chunk {m0:,}: first refused call at cached {m0:,}, **{format_mb(f0['nbytes'])} MB** "
+        f"(the bug report: {vt.BUG_REPORT_REQUIRED_MB} MB, with chunks of {m:,}).")
+
+# %% [markdown]
 # The two bounds differ a lot. A request prefilled alone survives until its second chunk
 # takes the dequant path: more than 128 new tokens after `max_num_batched_tokens` cached
 # ones. On a busy server the scheduler can cut any prompt at any point, and a prefix-cache
@@ -237,7 +377,7 @@ else:
 dbo_v = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]]
 dbo_t = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]]
 show_md(markdown_table(
-    ["case", "vLLM 0.33", "tqlab"],
+    ["case", f"vLLM {prov['vllm']}", "tqlab"],
     [
         ["first request on a slot, all views empty", rec["test_divergence_1_all_empty_first_request:vllm"],
          rec["test_divergence_1_all_empty_first_request:tqlab"]],
@@ -248,7 +388,7 @@ show_md(markdown_table(
         ["current_workspace_manager() before init", "AssertionError", "RuntimeError"],
         ["DBO: slot sizes after the builder's reservation", f"{dbo_v} (only the slot it runs in)",
          f"{dbo_t} (reserve_workspace sizes every slot)"],
-        ["continuation chunk of ≤ 128 new tokens (found by this suite, now agreeing)",
+        [f"continuation chunk of ≤ {vt.CONTINUATION_DECODE_THRESHOLD} new tokens (found by this suite, now agreeing)",
          rec["test_short_continuation_chunks_make_no_workspace_call:vllm_q128"]
          + " (the decode kernel allocates its own buffers)",
          f"{rec['test_short_continuation_chunks_make_no_workspace_call:tqlab_reservation_q128_bytes']} bytes asked of the workspace "
@@ -270,6 +410,19 @@ show_md(markdown_table(
         ["random configs: predictor verdict == vLLM's own code path", pred["compared"]],
     ],
 ))
+
+# %% [markdown]
+# **Predict, then run.** The recorded parity run failed nothing, and every comparison it
+# counted was made: call sequences with refusals among them, every random config's
+# reservation, every predictor verdict (crashes + fits).
+
+# %%
+assert rec["summary"].get("failed", 0) == 0 and rec["summary"].get("error", 0) == 0
+assert rec["summary"]["passed"] > 0
+assert diff["sequences"] > 0 and diff["steps"] >= diff["sequences"] and diff["refusals"] > 0
+assert cfgs["compared"] > 0
+assert pred["compared"] == pred["crashes"] + pred["fits"] > 0
+print(f"parity summary: {rec['summary']}")
 
 # %% [markdown]
 # The last two rows of the divergence table are about more than tqlab. In vLLM 0.33 the

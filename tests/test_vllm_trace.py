@@ -19,9 +19,11 @@ import torch
 from tqlab.config import EngineConfig
 from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes, plan_bytes, reservation_plan
 from tqlab.vllm_trace import (
+    DECODE,
     DEQUANT_CHUNK,
     SHORT_CHUNK,
     WorkspaceTracer,
+    bug_report_max_num_batched_tokens,
     chunk_shapes,
     engine_config_from_vllm,
     inspect_vllm,
@@ -385,6 +387,116 @@ def test_inspect_vllm_text_json_and_sources(tmp_path):
     assert rep2["prediction"]["first_failing_prompt"] == 2048 + 129
     with pytest.raises(ValueError, match="exactly one"):
         inspect_vllm("--max-model-len 10")
+
+
+README_ARGS = "vllm serve M --tensor-parallel-size 8 --max-model-len 131072 --max-num-seqs 4 --kv-cache-dtype turboquant_3bit_nc"
+
+
+def test_inspect_vllm_reports_prompts_vllm_rejects_not_as_crashes():
+    buf = io.StringIO()
+    rep = inspect_vllm("vllm serve M --max-model-len 4096", preset="nemotron-3-super-120b-a12b",
+                       prompt_tokens=[100000, 4096, 4095], out=buf)
+    text = buf.getvalue()
+    assert "request of 100000 prompt tokens: rejected: exceeds max_model_len (4096)" in text
+    assert "request of 4096 prompt tokens: rejected: prompt plus one output token exceeds max_model_len (4096)" in text
+    assert "CRASH" not in text
+    long, edge, ok = rep["prediction"]["requests"]
+    assert long["verdict"] == "rejected: exceeds max_model_len (4096)" and long["rejected"] == "exceeds max_model_len (4096)"
+    assert (long["crashes_unfixed"], long["crashes_fixed"], long["need_bytes"], long["consumers"]) == (False, False, 0, [])
+    assert long["first_refused_unfixed"] is None and long["first_refused_fixed"] is None
+    assert edge["verdict"].startswith("rejected: ")
+    assert ok["rejected"] is None and ok["verdict"] == "ok without the fix, ok with it"  # one 4095-token chunk, then decode
+    assert not any("exceed max_model_len" in n for n in rep["prediction"]["notes"])
+
+
+def test_predict_default_prompt_is_the_longest_vllm_accepts():
+    cfg = seed_config(max_model_len=8192)
+    (r,) = predict(cfg).requests
+    assert r.prompt_tokens == 8191 and r.rejected is None and r.crashes_unfixed
+
+
+def test_inspect_readme_example_names_the_first_refused_call_and_the_chunk_size_source():
+    buf = io.StringIO()
+    rep = inspect_vllm(README_ARGS, NEMOTRON_CONFIG, prompt_tokens=[8192], out=buf)
+    text, pred = buf.getvalue(), rep["prediction"]
+    assert pred["max_num_batched_tokens"] == 2048  # vLLM 0.33's `vllm serve` default, GPU < 70 GiB
+    assert pred["max_num_batched_tokens_source"].startswith("not given: vLLM's default for `vllm serve` on a GPU under 70 GiB")
+    (req,) = pred["requests"]
+    largest = {c["consumer"]: c for c in req["consumers"]}[DEQUANT_CHUNK]
+    assert (largest["cached_len"], largest["q_len"], largest["nbytes"]) == (6144, 2048, 3 * MiB)  # the last chunk
+    first = req["first_refused_unfixed"]
+    assert (first["consumer"], first["cached_len"], first["q_len"], first["nbytes"]) == (DEQUANT_CHUNK, 2048, 2048, MiB)
+    assert first["shapes"] == [[[1, 1, 2048, 128], "float16"], [[1, 1, 2048, 128], "float16"]]
+    assert req["first_refused_fixed"] is None and req["verdict"] == "CRASH without the fix, ok with it"
+    assert ("first refused call without the fix (vLLM dies here): continuation prefill (dequant), cached 2048 q 2048: "
+            "1.00 MB > 0.26 MB at lock") in text
+    assert "chunks of max_num_batched_tokens 2048: not given: vLLM's default for `vllm serve`" in text
+    (note,) = [n for n in pred["notes"] if n.startswith("the bug report's '2.00 MB'")]
+    assert "first refused call with max_num_batched_tokens 4096: cached 4096" in note
+    assert "two fp16 (1, 1, 4096, 128) buffers = 2 x 1 x 4096 x 128 x 2 bytes = 2,097,152 bytes" in note
+    assert "The report does not give max_num_batched_tokens; 4096 is inferred" in note
+    assert "This prediction assumes 2048" in note and "at cached 2048 with 1.00 MB" in note
+    assert "note: " + note in text
+
+    given = inspect_vllm(README_ARGS + " --max-num-batched-tokens 4096", NEMOTRON_CONFIG, prompt_tokens=[8192], quiet=True)
+    g = given["prediction"]
+    assert g["max_num_batched_tokens_source"] == "given: --max-num-batched-tokens"
+    first = g["requests"][0]["first_refused_unfixed"]
+    assert (first["cached_len"], first["q_len"], first["nbytes"]) == (4096, 4096, 2 * MiB)  # the report's 2.00 MB
+    assert not any(n.startswith("the bug report's") for n in g["notes"])
+
+    preset = inspect_vllm(preset="nemotron-3-super-120b-a12b", prompt_tokens=[8192], quiet=True)["prediction"]
+    assert preset["max_num_batched_tokens_source"] == (
+        "preset nemotron-3-super-120b-a12b: inferred from the bug report's 2.00 MB; the report does not give max_num_batched_tokens"
+    )
+    gpu = inspect_vllm(README_ARGS, NEMOTRON_CONFIG, prompt_tokens=[8192], gpu_memory_gib=141, quiet=True)["prediction"]
+    assert gpu["max_num_batched_tokens"] == 8192 and "GPU of >= 70 GiB" in gpu["max_num_batched_tokens_source"]
+    assert gpu["requests"][0]["first_refused_unfixed"] is None  # 8192 tokens are one chunk: no continuation
+    assert gpu["requests"][0]["verdict"] == "ok without the fix, ok with it"
+
+
+def test_first_refused_call_is_in_serving_order_and_decode_counts():
+    cfg = seed_config(max_num_batched_tokens=2048)
+    r = predict(cfg, [8192]).requests[0]
+    assert (r.first_refused_unfixed.cached_len, r.first_refused_unfixed.nbytes) == (2048, MiB)
+    assert r.need_bytes == 3 * MiB and r.crashes_unfixed
+    # a measured lock smaller than one decode row: the first refused call is decode, after the one prefill chunk
+    tiny = predict(cfg, [100], locked_bytes=1024).requests[0]
+    assert tiny.first_refused_unfixed.consumer == DECODE and tiny.first_refused_unfixed.cached_len == 100
+    assert tiny.first_refused_fixed is None
+
+
+def test_demo_steps_continuation_cached_len():
+    from tqlab.vllm_trace import demo_steps
+
+    cont = [st for st in demo_steps(seed_config()) if st[0] == "get" and st[2][0][1] == torch.float16]
+    assert cont[0][2] == continuation_workspace_shapes(4096, 1, 128, 16)  # default: max_num_batched_tokens
+    cont = [st for st in demo_steps(seed_config(), 2048) if st[0] == "get" and st[2][0][1] == torch.float16]
+    assert cont[0][2] == continuation_workspace_shapes(2048, 1, 128, 16)
+    with pytest.raises(ValueError, match="cached_len must be an int >= 1, got 0"):
+        demo_steps(seed_config(), 0)
+
+
+def test_vllm_default_limits():
+    from tqlab.vllm_trace import vllm_default_limits
+
+    assert vllm_default_limits()[:2] == (2048, 256)
+    assert vllm_default_limits("llm", 80)[:2] == (16384, 1024)
+    assert vllm_default_limits("serve", 141)[:2] == (8192, 1024)
+    assert vllm_default_limits("serve", 192)[:2] == (16384, 1024)
+    with pytest.raises(ValueError, match="usage must be 'serve' or 'llm', got 'batch'"):
+        vllm_default_limits("batch")
+
+
+def test_bug_report_max_num_batched_tokens_is_inferred_from_its_2_mb():
+    cfg = seed_config()
+    assert bug_report_max_num_batched_tokens(cfg) == 4096
+    assert bug_report_max_num_batched_tokens(cfg.replace(max_num_batched_tokens=2048)) == 4096
+    # 2 buffers x Hk 1 x 4096 x D 128 x 2 bytes (fp16) == 2 MiB
+    assert 2 * cfg.num_kv_heads_per_rank * 4096 * cfg.head_dim * 2 == 2 * MiB
+    assert bug_report_max_num_batched_tokens(seed_config(max_num_seqs=16)) is None  # locks at more than 0.26 MB
+    assert bug_report_max_num_batched_tokens(seed_config(kv_cache_dtype="auto")) is None
+    assert bug_report_max_num_batched_tokens(EngineConfig.from_preset("pr-44053-unit-test")) is None
 
 
 # --------------------------------------------------------------------------- #

@@ -21,8 +21,10 @@ Two tools for engineers who run vLLM (issue 6):
   command line, an argv list or a dict) plus the model's ``config.json`` — and
   says, per workspace consumer of the TurboQuant backend, how many bytes a
   request of N prompt tokens needs, whether that overflows the locked size
-  (with and without vLLM PR #44053's reservation), and the largest safe
-  ``max_model_len``. The shape formulas are tqlab's
+  (with and without vLLM PR #44053's reservation), the first call vLLM would
+  refuse (the one it dies on), which ``max_num_batched_tokens`` was assumed and
+  why, and the largest safe ``max_model_len``. A prompt vLLM rejects for its
+  length is reported as rejected, not as a crash. The shape formulas are tqlab's
   (:mod:`tqlab.reservation`), checked against vLLM's own classes by
   ``parity/``. :func:`inspect_vllm` is the ``tqlab inspect-vllm`` command.
 
@@ -68,6 +70,8 @@ from .reservation import (
 from .workspace import compute_layout, format_mb
 
 __all__ = [
+    "BUG_REPORT_LOCKED_MB",
+    "BUG_REPORT_REQUIRED_MB",
     "CallerStats",
     "ConsumerNeed",
     "LockRecord",
@@ -76,6 +80,7 @@ __all__ = [
     "ScenarioResult",
     "Violation",
     "WorkspaceTracer",
+    "bug_report_max_num_batched_tokens",
     "engine_config_from_vllm",
     "format_trace_report",
     "load_parity_results",
@@ -96,6 +101,7 @@ __all__ = [
     "uninstall_vllm_hook",
     "vllm_available",
     "vllm_cpu_patches",
+    "vllm_default_limits",
     "vllm_prefill_chunk_requests",
     "vllm_reservation_calls",
     "vllm_version",
@@ -846,15 +852,21 @@ def _request(manager: Any, reqs: tuple) -> list[torch.Tensor]:
     return manager.get_simultaneous(*reqs)
 
 
-def demo_steps(config: EngineConfig | None = None) -> list[tuple]:
+def demo_steps(config: EngineConfig | None = None, cached_len: int | None = None) -> list[tuple]:
     """A short call sequence for :func:`compare_managers`: the seed's calls plus DBO, empty views, unlock.
 
-    Steps are ``("get", slot, reqs)``, ``("lock",)`` or ``("unlock",)``.
+    Steps are ``("get", slot, reqs)``, ``("lock",)`` or ``("unlock",)``. The
+    continuation request is for ``cached_len`` cached tokens (default
+    ``max_num_batched_tokens``: the first continuation chunk of a long prompt;
+    4096 for the seed preset). Raises ``ValueError`` for ``cached_len < 1``.
     """
     c = EngineConfig.from_preset("nemotron-3-super-120b-a12b") if config is None else config
+    cached = c.max_num_batched_tokens if cached_len is None else cached_len
+    if isinstance(cached, bool) or not isinstance(cached, int) or cached < 1:
+        raise ValueError(f"cached_len must be an int >= 1, got {cached_len!r}")
     dec = decode_workspace_shapes(c.max_num_seqs, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
     small = decode_workspace_shapes(1, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
-    cont = continuation_workspace_shapes(4096, c.num_kv_heads_per_rank, c.head_dim, c.block_size)
+    cont = continuation_workspace_shapes(cached, c.num_kv_heads_per_rank, c.head_dim, c.block_size)
     return [
         ("get", 0, dec),
         ("get", 1, small),
@@ -1175,6 +1187,27 @@ def _count_attention_layers(cfg: Mapping[str, Any]) -> int | None:
     return None
 
 
+def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = None) -> tuple[int, int, str]:
+    """vLLM 0.33's default ``(max_num_batched_tokens, max_num_seqs, why)`` with chunked prefill on.
+
+    ``usage``: ``"serve"`` (``vllm serve``) or ``"llm"`` (the ``LLM`` class);
+    ``gpu_memory_gib``: the GPU's memory in GiB (None: assumed under 70 GiB).
+    Under 70 GiB: 2048/8192 tokens, 256 seqs; >= 70 GiB: 8192/16384, 1024;
+    >= 160 GiB: 16384, 1024. ``why`` says which case applied, in words.
+    Raises ``ValueError`` for another ``usage``.
+    """
+    if usage not in ("serve", "llm"):
+        raise ValueError(f"usage must be 'serve' or 'llm', got {usage!r}")
+    mem = 0.0 if gpu_memory_gib is None else float(gpu_memory_gib)
+    cmd = "`vllm serve`" if usage == "serve" else "the `LLM` class"
+    if mem >= 160:
+        return 16384, 1024, f"{cmd} on a GPU of >= 160 GiB"
+    if mem >= 70:
+        return (8192 if usage == "serve" else 16384), 1024, f"{cmd} on a GPU of >= 70 GiB"
+    gpu = "" if gpu_memory_gib is not None else "; GPU size assumed, pass --gpu-memory-gib"
+    return (2048 if usage == "serve" else 8192), 256, f"{cmd} on a GPU under 70 GiB{gpu}"
+
+
 def engine_config_from_vllm(
     engine_args: str | Sequence[str] | Mapping[str, Any] | None,
     model_config: str | os.PathLike | Mapping[str, Any],
@@ -1227,18 +1260,10 @@ def engine_config_from_vllm(
     else:
         dtype = parse_dtype(want)
     args.pop("model", None)
-    if usage not in ("serve", "llm"):
-        raise ValueError(f"usage must be 'serve' or 'llm', got {usage!r}")
-    mem = 0.0 if gpu_memory_gib is None else float(gpu_memory_gib)
-    if mem >= 160:
-        mbt, seqs = 16384, 1024
-    elif mem >= 70:
-        mbt, seqs = (8192 if usage == "serve" else 16384), 1024
-    else:
-        mbt, seqs = (2048 if usage == "serve" else 8192), 256
+    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
     if "max_num_seqs" not in args:
         args["max_num_seqs"] = seqs
-        notes.append(f"max_num_seqs not given: vLLM default {seqs} ({usage}, GPU {'<70' if mem < 70 else '>=' + str(int(mem))} GiB)")
+        notes.append(f"max_num_seqs not given: vLLM default {seqs} ({why})")
     if "max_model_len" not in args:
         mpe = cfg.get("max_position_embeddings")
         if not mpe:
@@ -1248,7 +1273,8 @@ def engine_config_from_vllm(
     if "max_num_batched_tokens" not in args:
         chunked = args.get("enable_chunked_prefill", True)
         args["max_num_batched_tokens"] = max(mbt, args["max_num_seqs"]) if chunked else max(args["max_model_len"], args["max_num_seqs"])
-        notes.append(f"max_num_batched_tokens not given: vLLM default {args['max_num_batched_tokens']}")
+        notes.append(f"max_num_batched_tokens not given: vLLM default {args['max_num_batched_tokens']} "
+                     f"({why if chunked else 'chunked prefill off: max(max_model_len, max_num_seqs)'})")
     if "block_size" not in args and _count_attention_layers(cfg) is not None:
         notes.append("hybrid model: vLLM enlarges the attention block size to match the Mamba page; pass --block-size")
     config = EngineConfig(
@@ -1338,20 +1364,46 @@ class ConsumerNeed:
 
 @dataclass(frozen=True)
 class RequestPrediction:
-    """A prompt of ``prompt_tokens`` prefilled alone (chunks of ``max_num_batched_tokens``), then decoded."""
+    """A prompt of ``prompt_tokens`` prefilled alone (chunks of ``max_num_batched_tokens``), then decoded.
+
+    ``consumers``: each consumer's *largest* call. ``first_refused_unfixed`` /
+    ``first_refused_fixed``: the *first* call, in serving order (chunks in
+    order, then decode), that does not fit the locked workspace without / with
+    PR #44053 -- the call vLLM dies on (None: every call fits). ``rejected``:
+    why vLLM refuses the prompt before it reaches the workspace (vLLM 0.33's
+    input processor: a prompt longer than ``max_model_len``, or equal to it,
+    leaving no room for one output token), else None; a rejected request has
+    no consumers and never crashes.
+    """
 
     prompt_tokens: int
     consumers: tuple[ConsumerNeed, ...]
     need_bytes: int
     crashes_unfixed: bool
     crashes_fixed: bool
+    first_refused_unfixed: ConsumerNeed | None = None
+    first_refused_fixed: ConsumerNeed | None = None
+    rejected: str | None = None
+
+    @property
+    def verdict(self) -> str:
+        """One line: ``"rejected: exceeds max_model_len (N)"`` or ``"CRASH without the fix, ok with it"`` etc."""
+        if self.rejected is not None:
+            return f"rejected: {self.rejected}"
+        return (
+            f"{'CRASH' if self.crashes_unfixed else 'ok'} without the fix, {'CRASH' if self.crashes_fixed else 'ok'} with it"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "verdict": self.verdict,
+            "rejected": self.rejected,
             "need_bytes": self.need_bytes,
             "crashes_unfixed": self.crashes_unfixed,
             "crashes_fixed": self.crashes_fixed,
+            "first_refused_unfixed": None if self.first_refused_unfixed is None else self.first_refused_unfixed.to_dict(),
+            "first_refused_fixed": None if self.first_refused_fixed is None else self.first_refused_fixed.to_dict(),
             "consumers": [c.to_dict() for c in self.consumers],
         }
 
@@ -1369,6 +1421,8 @@ class Prediction:
     request overflows ``locked_unfixed``, for a request alone / for any
     chunking a busy scheduler or a prefix-cache hit can produce.
     ``fixed_safe_any_schedule``: the same bound against ``locked_fixed``.
+    ``max_num_batched_tokens_source``: where the chunk size came from
+    (given, vLLM's default, a preset); it decides which chunk is refused first.
     """
 
     config: EngineConfig
@@ -1382,10 +1436,13 @@ class Prediction:
     fixed_safe_any_schedule: int | None
     short_chunks_use_workspace: bool = False
     notes: list[str] = field(default_factory=list)
+    max_num_batched_tokens_source: str = "EngineConfig"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config.to_dict(),
+            "max_num_batched_tokens": self.config.max_num_batched_tokens,
+            "max_num_batched_tokens_source": self.max_num_batched_tokens_source,
             "locked_unfixed_bytes": self.locked_unfixed,
             "locked_fixed_bytes": self.locked_fixed,
             "locked_source": self.locked_source,
@@ -1410,17 +1467,27 @@ class Prediction:
             f"workspace at lock: {format_mb(self.locked_unfixed)} MB without PR #44053 ({self.locked_source}), "
             f"{format_mb(self.locked_fixed)} MB with it",
         ]
+        out.append(f"chunks of max_num_batched_tokens {c.max_num_batched_tokens}: {self.max_num_batched_tokens_source}")
         for r in self.requests:
-            out.append(f"request of {r.prompt_tokens} prompt tokens (alone):")
+            if r.rejected is not None:
+                out.append(f"request of {r.prompt_tokens} prompt tokens: rejected: {r.rejected} "
+                           "(vLLM refuses it before it reaches the workspace)")
+                continue
+            out.append(f"request of {r.prompt_tokens} prompt tokens (alone), largest call per consumer:")
             for n in r.consumers:
                 size = "no workspace" if n.shapes is None else f"{format_mb(n.nbytes):>7} MB"
                 out.append(
                     f"  {n.consumer:<35} cached {n.cached_len:>7} q {n.q_len:>6}: {size:>12}  "
                     f"{'fits' if n.fits_unfixed else 'OVERFLOWS'} without the fix, {'fits' if n.fits_fixed else 'OVERFLOWS'} with it"
                 )
-            out.append(
-                f"  -> {'CRASH' if r.crashes_unfixed else 'ok'} without the fix, {'CRASH' if r.crashes_fixed else 'ok'} with it"
-            )
+            for label, first, locked in (("without", r.first_refused_unfixed, self.locked_unfixed),
+                                         ("with", r.first_refused_fixed, self.locked_fixed)):
+                if first is not None:
+                    out.append(
+                        f"  first refused call {label} the fix (vLLM dies here): {first.consumer}, cached {first.cached_len} "
+                        f"q {first.q_len}: {format_mb(first.nbytes)} MB > {format_mb(locked)} MB at lock"
+                    )
+            out.append(f"  -> {r.verdict}")
         if self.first_failing_prompt is not None:
             out.append(f"shortest prompt that crashes without the fix (alone): {self.first_failing_prompt} tokens")
         out.append(
@@ -1552,25 +1619,135 @@ def safe_max_model_len(
     return lo
 
 
+def _rejection(config: EngineConfig, n: int) -> str | None:
+    """Why vLLM 0.33's input processor refuses a prompt of ``n`` tokens, or None.
+
+    ``InputProcessor`` rejects a decoder prompt longer than ``max_model_len``,
+    and (for generation) one of exactly ``max_model_len`` tokens, which leaves
+    no room for the first output token. Either way the request never reaches
+    the scheduler, so it makes no workspace call.
+    """
+    if n > config.max_model_len:
+        return f"exceeds max_model_len ({config.max_model_len})"
+    if n == config.max_model_len:
+        return f"prompt plus one output token exceeds max_model_len ({config.max_model_len})"
+    return None
+
+
+def _serving_calls(config: EngineConfig, n: int, short: bool) -> list[tuple[str, int, int, Any]]:
+    """The workspace calls a prompt of ``n`` tokens makes, in serving order: ``[(consumer, cached, q, shapes)]``.
+
+    Its prefill chunks (chunks of ``max_num_batched_tokens`` with chunked
+    prefill on, else one chunk), each one that asks the workspace for
+    something, then its first decode step (one row, ``cached_len = n``).
+    """
+    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else n
+    calls = []
+    for cached, q in prompt_chunks(n, budget):
+        consumer, shapes = chunk_shapes(config, cached, q, short_chunks_use_workspace=short)
+        if consumer != "prefill":
+            calls.append((consumer, cached, q, shapes))
+    dec = decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype)
+    calls.append((DECODE, n, 1, dec))
+    return calls
+
+
 def _request_prediction(config: EngineConfig, n: int, locked_unfixed: int, locked_fixed: int, short: bool) -> RequestPrediction:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"prompt_tokens must be ints >= 1, got {n!r}")
-    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else n
-    best: dict[str, tuple[int, int, Any, int]] = {}
-    for cached, q in prompt_chunks(n, budget):
-        consumer, shapes = chunk_shapes(config, cached, q, short_chunks_use_workspace=short)
-        if consumer == "prefill":
-            continue
+    rejected = _rejection(config, n)
+    if rejected is not None:
+        return RequestPrediction(n, (), 0, False, False, rejected=rejected)
+    best: dict[str, ConsumerNeed] = {}
+    first: dict[int, ConsumerNeed] = {}
+    for consumer, cached, q, shapes in _serving_calls(config, n, short):
         b = _bytes(shapes)
-        if consumer not in best or b > best[consumer][3]:
-            best[consumer] = (cached, q, shapes, b)
-    dec = decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype)
-    best_list = [(DECODE, (n, 1, dec, _bytes(dec)))] + [(k, best[k]) for k in (SHORT_CHUNK, DEQUANT_CHUNK) if k in best]
-    needs = tuple(
-        ConsumerNeed(name, c, q, shapes, b, b <= locked_unfixed, b <= locked_fixed) for name, (c, q, shapes, b) in best_list
+        need = ConsumerNeed(consumer, cached, q, shapes, b, b <= locked_unfixed, b <= locked_fixed)
+        if consumer not in best or b > best[consumer].nbytes:
+            best[consumer] = need
+        for locked in (locked_unfixed, locked_fixed):
+            if shapes is not None and b > locked and locked not in first:
+                first[locked] = need
+    needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
+    top = max(x.nbytes for x in needs)
+    return RequestPrediction(
+        n, needs, top, top > locked_unfixed, top > locked_fixed,
+        first_refused_unfixed=first.get(locked_unfixed), first_refused_fixed=first.get(locked_fixed),
     )
-    need = max(x.nbytes for x in needs)
-    return RequestPrediction(n, needs, need, need > locked_unfixed, need > locked_fixed)
+
+
+BUG_REPORT_REQUIRED_MB = "2.00"
+"""The size the bug report (seed 003, vLLM 0.20) quotes for the refused ``_continuation_prefill`` call, as printed."""
+BUG_REPORT_LOCKED_MB = "0.26"
+"""The workspace size at lock the bug report quotes, as printed (``current size is 0.26 MB``)."""
+
+
+def bug_report_max_num_batched_tokens(config: EngineConfig) -> int | None:
+    """The ``max_num_batched_tokens`` the bug report's "requires 2.00 MB" implies for this deployment, or None.
+
+    The report gives no ``--max-num-batched-tokens``. For a request alone,
+    the first call vLLM refuses is the first continuation chunk that takes
+    the dequant path, at ``cached_len = max_num_batched_tokens`` (when that
+    already overflows); its two fp16 buffers of ``(1, Hk, round_up(cached_len,
+    block_size), D)`` take ``2 * Hk * cached * D * 2`` bytes. This returns the
+    smallest block-aligned chunk size whose first refused call prints as
+    ``BUG_REPORT_REQUIRED_MB`` MB (nemotron per rank: Hk 1, D 128 -> 4096,
+    two ``(1, 1, 4096, 128)`` buffers = 2 MiB). None unless this deployment
+    locks at the report's ``BUG_REPORT_LOCKED_MB`` MB, is TurboQuant with
+    chunked prefill, or if no chunk size fits.
+    """
+    if not config.is_turboquant or not config.enable_chunked_prefill:
+        return None
+    locked = locked_bytes_without_fix(config)
+    if format_mb(locked) != BUG_REPORT_LOCKED_MB:
+        return None
+    blk = config.block_size
+    per_block = _bytes(continuation_workspace_shapes(blk, config.num_kv_heads_per_rank, config.head_dim, blk))
+    target = float(BUG_REPORT_REQUIRED_MB) * (1 << 20)
+    guess = max(1, round(target / per_block))
+    for blocks in range(max(1, guess - 2), guess + 3):
+        m = blocks * blk
+        if m <= CONTINUATION_DECODE_THRESHOLD:
+            continue
+        if m < config.max_num_seqs:
+            continue
+        cfg = config.replace(max_num_batched_tokens=m, max_model_len=max(config.max_model_len, 2 * m + 1))
+        first = _request_prediction(cfg, 2 * m, locked, locked, False).first_refused_unfixed
+        if first is not None and format_mb(first.nbytes) == BUG_REPORT_REQUIRED_MB:
+            return m
+    return None
+
+
+def _bug_report_note(pred: Prediction) -> str | None:
+    """A note when a request's first refused call differs from the report's 2.00 MB only by ``max_num_batched_tokens``."""
+    c = pred.config
+    if pred.locked_source != "decode at the largest captured batch":
+        return None
+    m = bug_report_max_num_batched_tokens(c)
+    if m is None or m == c.max_num_batched_tokens:
+        return None
+    if m < c.max_num_seqs:
+        return None
+    other = c.replace(max_num_batched_tokens=m)
+    for r in pred.requests:
+        first = r.first_refused_unfixed
+        if first is None or format_mb(first.nbytes) == BUG_REPORT_REQUIRED_MB:
+            continue
+        theirs = _request_prediction(other, r.prompt_tokens, pred.locked_unfixed, pred.locked_unfixed, pred.short_chunks_use_workspace)
+        t = theirs.first_refused_unfixed
+        if t is None or format_mb(t.nbytes) != BUG_REPORT_REQUIRED_MB:
+            continue
+        hk, d = c.num_kv_heads_per_rank, c.head_dim
+        alloc = t.shapes[0][0][2]
+        return (
+            f"the bug report's '{BUG_REPORT_REQUIRED_MB} MB' is the first refused call with max_num_batched_tokens {m}: "
+            f"cached {t.cached_len}, two fp16 (1, {hk}, {alloc}, {d}) buffers = 2 x {hk} x {alloc} x {d} x 2 bytes = "
+            f"{t.nbytes:,} bytes. The report does not give max_num_batched_tokens; {m} is inferred from its "
+            f"{BUG_REPORT_REQUIRED_MB} MB. This prediction assumes {c.max_num_batched_tokens} "
+            f"({pred.max_num_batched_tokens_source}), so a prompt of {r.prompt_tokens} tokens is refused earlier, at cached "
+            f"{first.cached_len} with {format_mb(first.nbytes)} MB: the only difference is max_num_batched_tokens"
+        )
+    return None
 
 
 def predict(
@@ -1579,15 +1756,20 @@ def predict(
     *,
     locked_bytes: int | None = None,
     short_chunks_use_workspace: bool = False,
+    max_num_batched_tokens_source: str = "EngineConfig",
 ) -> Prediction:
     """Per consumer, the workspace each prompt needs, whether it overflows, and the safe ``max_model_len``.
 
     Args:
         config: the deployment (see :func:`engine_config_from_vllm`).
-        prompt_tokens: prompt lengths to check (default: ``max_model_len``).
+        prompt_tokens: prompt lengths to check (default: ``max_model_len - 1``,
+            the longest prompt vLLM accepts). Longer ones are reported as
+            rejected (:attr:`RequestPrediction.rejected`), not as crashes.
         locked_bytes: the workspace size at lock without the fix, if measured
             (e.g. :meth:`WorkspaceTracer.size_at_lock` or vLLM's
             ``VLLM_DEBUG_WORKSPACE=1`` log); default :func:`locked_bytes_without_fix`.
+        max_num_batched_tokens_source: where ``config.max_num_batched_tokens``
+            came from, for the report (e.g. "given", "vLLM default ...").
         short_chunks_use_workspace: False models vLLM 0.33 (chunks of <= 128
             new tokens make no workspace call); True models tqlab's engine.
 
@@ -1604,15 +1786,13 @@ def predict(
         locked_unfixed, source = locked_bytes, "measured"
     locked_fixed = max(locked_unfixed, plan_bytes(reservation_plan(config)))
     short = short_chunks_use_workspace
-    tokens = list(prompt_tokens) or [config.max_model_len]
+    tokens = list(prompt_tokens) or [max(1, config.max_model_len - 1)]
     notes: list[str] = []
     if not config.is_turboquant:
         notes.append(f"kv_cache_dtype={config.kv_cache_dtype!r}: no TurboQuant workspace consumer")
         reqs: list[RequestPrediction] = []
     else:
         reqs = [_request_prediction(config, n, locked_unfixed, locked_fixed, short) for n in tokens]
-        if any(n > config.max_model_len for n in tokens):
-            notes.append("some prompt lengths exceed max_model_len: vLLM would reject them")
         if not config.enable_chunked_prefill or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
             notes.append(
                 "PR #44053 reserves continuation buffers only with chunked prefill on and max_num_batched_tokens > 128; "
@@ -1621,7 +1801,7 @@ def predict(
     if config.num_ubatches > 1:
         notes.append("DBO: vLLM's _reserve_workspace sizes only the slot it runs in (slot 0); slot 1 can still overflow")
     top = config.max_model_len
-    return Prediction(
+    pred = Prediction(
         config=config,
         locked_unfixed=locked_unfixed,
         locked_fixed=locked_fixed,
@@ -1633,7 +1813,13 @@ def predict(
         fixed_safe_any_schedule=safe_max_model_len(config, locked_fixed, schedule="any", short_chunks_use_workspace=short),
         short_chunks_use_workspace=short,
         notes=notes,
+        max_num_batched_tokens_source=max_num_batched_tokens_source,
     )
+    if config.is_turboquant:
+        note = _bug_report_note(pred)
+        if note is not None:
+            pred.notes.append(note)
+    return pred
 
 
 def inspect_vllm(
@@ -1668,7 +1854,10 @@ def inspect_vllm(
         quiet: print nothing.
 
     Returns the report dict: ``prediction`` (:meth:`Prediction.to_dict`, its
-    ``notes`` included), ``vllm_version`` (None without vLLM), ``text`` (what
+    ``notes`` included; per request ``verdict``, ``rejected``,
+    ``first_refused_unfixed``/``_fixed``; ``max_num_batched_tokens`` and
+    ``max_num_batched_tokens_source``: "given: ...", "not given: vLLM's
+    default for ..." or "preset ..."), ``vllm_version`` (None without vLLM), ``text`` (what
     was printed) and ``demo`` (list of :meth:`ScenarioResult.to_dict`, or None)
     when asked. Raises ``ValueError`` when not exactly one of
     ``model_config``/``preset`` is given, or for bad arguments.
@@ -1687,9 +1876,23 @@ def inspect_vllm(
             overrides["dtype"] = parse_dtype(overrides["dtype"])
         config = EngineConfig.from_preset(preset, **overrides)
         notes = [f"preset {preset}"] + (["ignored engine args: " + ", ".join(ignored)] if ignored else [])
+        if "max_num_batched_tokens" in overrides:
+            source = "given: --max-num-batched-tokens"
+        else:
+            source = f"preset {preset}"
+            if bug_report_max_num_batched_tokens(config) == config.max_num_batched_tokens:
+                source += (f": inferred from the bug report's {BUG_REPORT_REQUIRED_MB} MB; the report does not give "
+                           "max_num_batched_tokens")
     else:
         config, notes = engine_config_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib)
-    pred = predict(config, prompt_tokens, locked_bytes=locked_bytes)
+        if "max_num_batched_tokens" in parse_engine_args(engine_args)[0]:
+            source = "given: --max-num-batched-tokens"
+        elif config.enable_chunked_prefill:
+            source = f"not given: vLLM's default for {vllm_default_limits('serve', gpu_memory_gib)[2]}"
+        else:
+            source = "not given: vLLM's default with chunked prefill off, max(max_model_len, max_num_seqs)"
+        notes = [n for n in notes if not n.startswith("max_num_batched_tokens not given")]  # said by the source line
+    pred = predict(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source)
     pred.notes[:0] = notes
     report: dict[str, Any] = {"prediction": pred.to_dict(), "vllm_version": vllm_version()}
     text = [pred.format()]
