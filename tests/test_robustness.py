@@ -135,3 +135,21 @@ def test_repro_counts_serving_paths_only():
     r = CliRunner().invoke(app, ["repro", "--preset", NEMOTRON, "--device", "meta", "--fix", "--num-hidden-layers", "1"])
     assert r.exit_code == 0, r.output
     assert "paths used: {'prefill': 1, 'decode': 0, 'decode_kernel': 0, 'continuation': 1}" in r.output
+
+
+def test_marked_wrappers_are_skipped_when_naming_the_caller():
+    m = WorkspaceManager("cpu")
+    m.lock()
+
+    @ws.workspace_wrapper
+    def passthrough(*req):
+        return m.get_simultaneous(*req)
+
+    def consumer():
+        return passthrough(((16,), torch.float32))
+
+    with pytest.raises(WorkspaceLockedError) as ei:
+        consumer()
+    assert ei.value.caller.endswith(":consumer") and m.events[-1].caller == ei.value.caller
+    with pytest.raises(ValueError, match="wraps"):
+        ws.workspace_wrapper(consumer, wraps=("grow",))

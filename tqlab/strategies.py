@@ -44,9 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import os
 import statistics
-import sys
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -74,6 +72,7 @@ from .workspace import (
     compute_layout,
     rewarm_workspace,
     ubatch_context,
+    workspace_wrapper,
 )
 
 __all__ = [
@@ -182,39 +181,6 @@ class WorkspaceFallbackWarning(RuntimeWarning):
     """A locked workspace was too small; the call's buffers were allocated with ``torch.empty`` instead."""
 
 
-_THIS_FILE = __file__
-
-
-def _consumer_caller() -> str:
-    """``'file.py:line:function'`` of the first frame outside this module, the manager and contextlib."""
-    skip = {os.path.normcase(os.path.abspath(_THIS_FILE)),
-            os.path.normcase(os.path.abspath(sys.modules[WorkspaceManager.__module__].__file__))}
-    frame = sys._getframe(1)
-    while frame is not None:
-        fname = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
-        if fname not in skip and not fname.endswith("contextlib.py"):
-            return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
-        frame = frame.f_back
-    return "<unknown>"
-
-
-def _reattribute(manager: WorkspaceManager, start: int, caller: str, kinds: tuple[str, ...]) -> None:
-    """Name the consumer, not this wrapper, in the manager's events ``start..`` of the given kinds.
-
-    The manager attributes an event to the first frame outside its own module,
-    which for a call through a wrapper is the wrapper; the consumer that made
-    the call is the useful name (as when the manager is called directly).
-    """
-    events = getattr(manager, "events", None)
-    if not isinstance(events, list):
-        return
-    here = os.path.basename(_THIS_FILE)
-    for i in range(start, len(events)):
-        ev = events[i]
-        if ev.kind in kinds and ev.caller.startswith(here + ":"):
-            events[i] = dataclasses.replace(ev, caller=caller)
-
-
 class FallbackWorkspace:
     """Workspace wrapper for fix 4: serve what fits from the manager, ``torch.empty`` the rest.
 
@@ -243,14 +209,13 @@ class FallbackWorkspace:
         self.fallback_seconds = 0.0
         self.warned = False
 
+    @workspace_wrapper  # the manager names the consumer, not this method
     def get_simultaneous(self, *shapes_and_dtypes):
-        n0 = len(getattr(self.manager, "events", ()))
         try:
             return self.manager.get_simultaneous(*shapes_and_dtypes)
         except WorkspaceLockedError as err:
             t0 = time.perf_counter()
-            caller = _consumer_caller()
-            _reattribute(self.manager, n0, caller, ("violation",))
+            caller = err.caller
             lay = compute_layout(shapes_and_dtypes)
             dev = self.manager.device
             out = [torch.empty(s, dtype=d, device=dev) for s, d in zip(lay.shapes, lay.dtypes)]
@@ -313,23 +278,20 @@ class ReplayAwareWorkspace:
         self.recaptures = 0
         self.recaptured_graphs = 0
 
+    @workspace_wrapper  # the manager names the consumer, not this method
     def get_simultaneous(self, *shapes_and_dtypes):
         m = self.manager
-        n0 = len(m.events)
         try:
             return m.get_simultaneous(*shapes_and_dtypes)
         except WorkspaceLockedError as err:
-            caller = _consumer_caller()
-            _reattribute(m, n0, caller, ("violation",))
+            caller = err.caller
             if m.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
                 raise  # cannot allocate while a graph is being captured
             t0 = time.perf_counter()
-            n1 = len(m.events)
             target = max(err.required_bytes, int(err.current_bytes * self.growth_factor))
             sizes = tuple(r.batch_size for r in getattr(self.engine, "captures", []) or [])
             with rewarm_workspace(m):
                 m.get_simultaneous(((target,), torch.uint8))  # grows the requesting slot
-                _reattribute(m, n1, caller, ("resize",))
                 if self.recapture and sizes:
                     try:
                         with ubatch_context(0):

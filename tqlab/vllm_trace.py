@@ -388,7 +388,6 @@ class WorkspaceTracer:
         tracer = self
         get = manager.get_simultaneous
         lock, unlock = manager.lock, manager.unlock
-        ws_file = tq_ws.__file__
 
         def get_simultaneous(*shapes_and_dtypes):
             caller = _caller(2)
@@ -417,9 +416,10 @@ class WorkspaceTracer:
             return out
 
         # tqlab names the first frame outside tqlab/workspace.py: file the wrappers there.
-        manager.get_simultaneous = _disguise(get_simultaneous, "WorkspaceManager.get_simultaneous", ws_file)
-        manager.lock = _disguise(_lock, "WorkspaceManager.lock", ws_file)
-        manager.unlock = _disguise(_unlock, "WorkspaceManager.unlock", ws_file)
+        # tqlab's manager skips frames marked as wrappers when it names a caller
+        manager.get_simultaneous = tq_ws.workspace_wrapper(get_simultaneous)
+        manager.lock = tq_ws.workspace_wrapper(_lock, wraps=("lock",))
+        manager.unlock = tq_ws.workspace_wrapper(_unlock, wraps=("lock",))
 
     # -- results -------------------------------------------------------------- #
     def size_at_lock(self) -> tuple[int, ...] | None:

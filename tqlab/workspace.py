@@ -56,6 +56,7 @@ __all__ = [
     "round_up",
     "ubatch_context",
     "unlock_workspace",
+    "workspace_wrapper",
 ]
 
 ALIGNMENT = 256
@@ -252,14 +253,37 @@ class WorkspaceEvent:
 
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+_WRAPPER_CODES: dict = {}  # code object -> the calls ("request", "lock") it passes through
 
 
-def _caller_info() -> str:
-    """``'file.py:line:function'`` of the first frame outside this module."""
+def workspace_wrapper(fn=None, *, wraps: tuple[str, ...] = ("request",)):
+    """Mark ``fn`` as a layer between callers and the manager (a tracer, a fallback).
+
+    For the calls it passes through — ``"request"`` (``get_simultaneous``)
+    and/or ``"lock"`` (``lock``/``unlock``) — the manager skips its frames when
+    it names a caller, as it skips its own, so errors and events name whoever
+    really asked (vLLM skips frames whose qualname starts with
+    ``WorkspaceManager.``). A request wrapper that itself locks or unlocks is
+    still named for those. Returns ``fn``; usable as ``@workspace_wrapper``.
+    """
+    bad = set(wraps) - {"request", "lock"}
+    if bad:
+        raise ValueError(f"wraps must name 'request' and/or 'lock', got {sorted(bad)}")
+
+    def mark(f):
+        _WRAPPER_CODES[f.__code__] = frozenset(wraps)
+        return f
+
+    return mark if fn is None else mark(fn)
+
+
+def _caller_info(op: str = "request") -> str:
+    """``'file.py:line:function'`` of the first frame outside this module and wrappers of ``op``."""
     frame = sys._getframe(1)
     while frame is not None:
         fname = os.path.normcase(os.path.abspath(frame.f_code.co_filename))
-        if fname != _THIS_FILE and not fname.endswith(os.path.normcase("contextlib.py")):
+        if (fname != _THIS_FILE and op not in _WRAPPER_CODES.get(frame.f_code, ())
+                and not fname.endswith(os.path.normcase("contextlib.py"))):
             return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}:{frame.f_code.co_name}"
         frame = frame.f_back
     return "<unknown>"
@@ -535,12 +559,12 @@ class WorkspaceManager:
     def lock(self) -> None:
         """Freeze every slot's size (vLLM: after CUDA graph capture)."""
         self._locked = True
-        self._record("lock", _caller_info(), self.live_bytes(), self.live_bytes(), _UBATCH.get())
+        self._record("lock", _caller_info("lock"), self.live_bytes(), self.live_bytes(), _UBATCH.get())
 
     def unlock(self) -> None:
         """Allow growth again (vLLM: only elastic EP re-warm-up does this)."""
         self._locked = False
-        self._record("unlock", _caller_info(), self.live_bytes(), self.live_bytes(), _UBATCH.get())
+        self._record("unlock", _caller_info("lock"), self.live_bytes(), self.live_bytes(), _UBATCH.get())
 
     def __repr__(self) -> str:
         sizes = ", ".join(format_mb(s) for s in self.sizes_bytes())
