@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -61,13 +63,8 @@ import matplotlib.pyplot as plt
 from tqlab import recorded, viz
 from tqlab.config import EngineConfig, list_presets, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
-from tqlab.reservation import (
-    CONTINUATION_DECODE_THRESHOLD,
-    chunk_workspace_request,
-    decode_workspace_shapes,
-    first_failing_prompt,
-    prompt_chunks,
-)
+from tqlab.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
+from tqlab.analysis import first_failing_prompt, prompt_chunks
 from tqlab.viz import markdown_table, show_md
 from tqlab.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
 

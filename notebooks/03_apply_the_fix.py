@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -66,12 +68,11 @@ from tqlab.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
     continuation_workspace_shapes,
-    first_failing_prompt,
     plan_bytes,
-    prompt_chunks,
     reservation_plan,
     reserve_workspace,
 )
+from tqlab.analysis import first_failing_prompt, prompt_chunks
 from tqlab.viz import markdown_table, show_md
 from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb, ubatch_context
 

@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -160,7 +162,7 @@ plt.show()
 # %% [markdown]
 # ## 4 · The three operations, and where the workspace enters
 #
-# The attention backend (`tqlab/attention.py`, mirroring vLLM's `turboquant_attn.py`) calls three
+# The attention backend (`tqlab/attention/turboquant_attn.py`, mirroring vLLM's `turboquant_attn.py`) calls three
 # operations on the packed cache. Two of them write into **workspace** buffers whose shapes come from
 # `tqlab/reservation.py` — one formula per buffer:
 #

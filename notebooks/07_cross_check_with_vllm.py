@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -137,7 +139,7 @@ print(f"bug report (vLLM 0.20): requires {vt.BUG_REPORT_REQUIRED_MB} MB, current
 # lock/unlock. The steps are the seed's decode views, a small request in slot 1, empty
 # views, the lock, a request that fits, the continuation request for `CACHED_LEN` cached
 # tokens that does not, the decode views at `max_num_seqs` rows on slot 1, then an unlock. Both managers are called from the same line of
-# `tqlab/vllm_trace.py`, so their refusal messages must match to the letter, caller included.
+# `tqlab/vllm_trace/`, so their refusal messages must match to the letter, caller included.
 
 # %%
 if LIVE:

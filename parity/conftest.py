@@ -124,7 +124,7 @@ def pytest_sessionfinish(session, exitstatus):
     # the code the results depend on: this folder and the tqlab modules it compares
     dirty = _git(
         "status", "--porcelain", "--", "parity", "tqlab/workspace.py", "tqlab/reservation.py",
-        "tqlab/config.py", "tqlab/vllm_trace.py", "data/presets",
+        "tqlab/config.py", "tqlab/analysis.py", "tqlab/vllm_trace", "tqlab/attention", "data/presets",
     )
     data = {
         # the keys of tqlab.recorded.PROVENANCE_KEYS (device, date, commit, command, torch) + vLLM's

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from tqlab import cuda_graphs as cg
 from tqlab.config import EngineConfig
-from tqlab.model_runner import CaptureRecord
+from tqlab.engine.model_runner import CaptureRecord
 from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -255,7 +255,7 @@ def test_engine_with_the_simulated_runner_generates_the_eager_tokens():
 def test_capture_on_a_locked_too_small_workspace_names_the_consumer():
     cfg = tiny()
     eng, dr = cg.make_engine(cfg, "cpu", fix=False, capture=False)  # empty workspace, locked
-    with pytest.raises(WorkspaceLockedError, match=r"attention\.py:\d+:_decode_attention"):
+    with pytest.raises(WorkspaceLockedError, match=r"turboquant_attn\.py:\d+:_decode_attention"):
         dr.capture(1, num_warmups=0)
 
 
@@ -361,7 +361,7 @@ def test_case_c_late_warmup_is_caught_by_the_lock_or_the_guard():
     assert before["warmup_refused"] is None and before["moved"] and before["stale_buckets"] == [1, 2, 4]
     assert not any(v["ok"] for v in before["replay"].values())
     # after the lock: refused, naming the consumer; nothing moved; every replay runs
-    assert "Workspace is locked" in after["warmup_refused"] and "attention.py" in after["warmup_refused"]
+    assert "Workspace is locked" in after["warmup_refused"] and "turboquant_attn.py" in after["warmup_refused"]
     assert not after["moved"] and after["stale_buckets"] == [] and all(v["ok"] for v in after["replay"].values())
 
 

@@ -1,4 +1,4 @@
-"""Engine lifecycle (tqlab/engine.py, attention.py, model_runner.py, scheduler.py): integration.
+"""Engine lifecycle (tqlab/engine/, tqlab/attention/turboquant_attn.py): integration.
 
 Without the fix the bug report's 8192-token prompt raises vLLM's exact assertion from
 ``_continuation_prefill`` and the engine is dead; with the fix a ``max_model_len - 1``
@@ -28,8 +28,8 @@ from tqlab.reservation import (
     decode_workspace_shapes,
     plan_bytes,
     reservation_plan,
-    workspace_bytes_for_prompt,
 )
+from tqlab.analysis import workspace_bytes_for_prompt
 from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, reset_workspace_manager, ubatch_context
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
@@ -88,11 +88,11 @@ def test_nemotron_without_fix_crashes_with_the_exact_message_and_the_engine_is_d
     err = ei.value
     text = str(err)
     assert re.fullmatch(
-        r"Workspace is locked but allocation from 'attention\.py:\d+:_continuation_prefill' requires 2\.00 MB, "
+        r"Workspace is locked but allocation from 'turboquant_attn\.py:\d+:_continuation_prefill' requires 2\.00 MB, "
         r"current size is 0\.26 MB\. Workspace growth is not allowed after locking\.",
         text,
     ), text
-    assert err.caller == f"attention.py:{_continuation_line()}:_continuation_prefill"
+    assert err.caller == f"turboquant_attn.py:{_continuation_line()}:_continuation_prefill"
     assert (err.required_bytes, err.current_bytes, err.ubatch) == (2 * MiB, NEMOTRON_LOCKED, 0)
     assert isinstance(err, AssertionError)
     # the workspace is untouched
@@ -142,7 +142,7 @@ def test_nemotron_without_fix_serves_prompts_up_to_4224_tokens():
     with pytest.raises(WorkspaceLockedError) as ei:
         engine.generate(4225)
     assert (ei.value.required_bytes, ei.value.current_bytes) == (2 * MiB, NEMOTRON_LOCKED)
-    assert ei.value.caller == f"attention.py:{_continuation_line()}:_continuation_prefill"
+    assert ei.value.caller == f"turboquant_attn.py:{_continuation_line()}:_continuation_prefill"
     assert "requires 2.00 MB, current size is 0.26 MB" in str(ei.value)
     assert [e.kind for e in ws.events[n_events:]] == ["violation"] and ws.sizes_bytes() == [NEMOTRON_LOCKED]
 
@@ -157,7 +157,7 @@ def test_without_fix_on_cpu_the_crash_is_the_same():
     with pytest.raises(WorkspaceLockedError) as ei:
         engine.generate(1024)  # chunk 2: 512 cached tokens -> 2 x (1,4,512,128) f16
     assert ei.value.required_bytes == 1 * MiB
-    assert ei.value.caller == f"attention.py:{_continuation_line()}:_continuation_prefill"
+    assert ei.value.caller == f"turboquant_attn.py:{_continuation_line()}:_continuation_prefill"
     assert "requires 1.00 MB, current size is 0.07 MB" in str(ei.value)
     with pytest.raises(EngineDeadError):
         engine.step()
@@ -332,7 +332,7 @@ def test_cpu_without_fix_a_128_token_continuation_fits_a_4_row_capture_and_match
     with pytest.raises(WorkspaceLockedError) as ei:
         engine.generate(_prompt(n + 1, seed=13))
     assert (ei.value.required_bytes, ei.value.current_bytes) == (2 * MiB, 66_048 + 8_192 + 256)
-    assert ei.value.caller == f"attention.py:{_continuation_line()}:_continuation_prefill"
+    assert ei.value.caller == f"turboquant_attn.py:{_continuation_line()}:_continuation_prefill"
 
 
 def test_capture_froze_the_final_workspace_pointers_with_the_fix(cpu_engine):

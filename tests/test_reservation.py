@@ -20,13 +20,11 @@ from tqlab.reservation import (
     chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
-    first_failing_prompt,
     plan_bytes,
-    prompt_chunks,
     reservation_plan,
     reserve_workspace,
-    workspace_bytes_for_prompt,
 )
+from tqlab.analysis import first_failing_prompt, prompt_chunks, workspace_bytes_for_prompt
 from tqlab.workspace import (
     MiB,
     WorkspaceLockedError,

@@ -11,12 +11,8 @@ from tqlab import workspace as ws
 from tqlab.cli import app
 from tqlab.config import EngineConfig
 from tqlab.engine import LLMEngine
-from tqlab.reservation import (
-    chunk_workspace_request,
-    first_failing_prompt,
-    reservation_plan,
-    workspace_bytes_for_prompt,
-)
+from tqlab.reservation import chunk_workspace_request, reservation_plan
+from tqlab.analysis import first_failing_prompt, workspace_bytes_for_prompt
 from tqlab.workspace import WorkspaceLockedError, WorkspaceManager
 
 NEMOTRON = "nemotron-3-super-120b-a12b"

@@ -23,7 +23,7 @@ import torch
 from tqlab import strategies as S
 from tqlab.config import EngineConfig
 from tqlab.engine import LLMEngine
-from tqlab.reservation import first_failing_prompt, workspace_bytes_for_prompt
+from tqlab.analysis import first_failing_prompt, workspace_bytes_for_prompt
 from tqlab.workspace import WorkspaceLockedError, format_mb, rewarm_workspace, ubatch_context
 
 TINY = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1, max_model_len=1024,
@@ -202,7 +202,7 @@ def test_unfixed_engine_dies_like_the_bug_report(results):
     none = results["none"]
     assert none.engines_built == 2  # the second prompt got a fresh engine, and died too
     err = none.prompts[0].error
-    assert err.startswith("WorkspaceLockedError: Workspace is locked but allocation from 'attention.py:")
+    assert err.startswith("WorkspaceLockedError: Workspace is locked but allocation from 'turboquant_attn.py:")
     assert "_continuation_prefill' requires 0.02 MB, current size is 0.00 MB." in err  # 16384 vs 1792 bytes
     assert none.prompts[0].ttft_s is None and none.prompts[1].engine_rebuilt
 
@@ -252,7 +252,7 @@ def test_fallback_warns_once_completes_and_matches_reserve(tiny):
     fb = [w for w in caught if issubclass(w.category, S.WorkspaceFallbackWarning)]
     assert len(fb) == 1
     msg = str(fb[0].message)
-    assert msg.startswith("workspace fallback: 'attention.py:") and "_continuation_prefill' needs 0.02 MiB" in msg
+    assert msg.startswith("workspace fallback: 'turboquant_attn.py:") and "_continuation_prefill' needs 0.02 MiB" in msg
     assert "but the locked workspace holds 0.00 MiB" in msg
     # the manager's log names the consumer, not the wrapper
     assert {ev.caller.split(":")[-1] for ev in e.workspace.events if ev.kind == "violation"} == {"_continuation_prefill"}
@@ -279,7 +279,7 @@ def test_replay_aware_relocks_recaptures_and_matches_reserve(tiny):
     assert [r.workspace_bytes for r in e.captures] == [[49152], [49152]]
     assert S.captured_graphs_valid(e)
     serve = [(r["kind"], r["caller"].split(":")[0]) for r in S.workspace_timeline(e) if r["phase"] == "serve"]
-    assert serve == [("violation", "attention.py"), ("unlock", "strategies.py"), ("resize", "attention.py"),
+    assert serve == [("violation", "turboquant_attn.py"), ("unlock", "strategies.py"), ("resize", "turboquant_attn.py"),
                      ("lock", "strategies.py")] * 3
     assert {g["caller"].split(":")[-1] for g in st.regrowths} == {"_continuation_prefill"}
 

@@ -11,7 +11,8 @@ import torch
 
 from tqlab import widgets as W
 from tqlab.config import EngineConfig
-from tqlab.reservation import decode_workspace_shapes, workspace_bytes_for_prompt
+from tqlab.reservation import decode_workspace_shapes
+from tqlab.analysis import workspace_bytes_for_prompt
 from tqlab.workspace import compute_layout
 
 PNG = b"\x89PNG\r\n\x1a\n"

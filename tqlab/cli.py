@@ -92,7 +92,8 @@ def presets() -> None:
 
 
 def _predicted_locked_bytes(config: EngineConfig, fix: bool) -> int:
-    from .reservation import plan_bytes, reservation_plan, unfixed_locked_bytes
+    from .reservation import plan_bytes, reservation_plan
+    from .analysis import unfixed_locked_bytes
 
     return max(unfixed_locked_bytes(config), plan_bytes(reservation_plan(config)) if fix else 0)
 
@@ -114,7 +115,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     ``--fix``: the request completes), 1 otherwise.
     """
     from .engine import EngineDeadError, LLMEngine
-    from .reservation import first_failing_prompt
+    from .analysis import first_failing_prompt
 
     config = _build_config(preset, overrides)
     if prompt_tokens is None:
@@ -179,7 +180,8 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
 def plan(preset, **overrides) -> None:
     """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit."""
     from .attention import kv_cache_bytes_per_token
-    from .reservation import first_failing_prompt, plan_bytes, reservation_plan
+    from .reservation import plan_bytes, reservation_plan
+    from .analysis import first_failing_prompt
 
     config = _build_config(preset, overrides)
     console.print(f"[bold]config[/] {_config_line(config)}")

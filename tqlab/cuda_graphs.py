@@ -68,9 +68,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .attention import Fp16KVCache, TurboQuantAttentionBackend, TurboQuantKVCache, _gather_tokens, split_kv_decode_reference
+from .attention import Fp16KVCache, TurboQuantAttentionBackend, TurboQuantKVCache, split_kv_decode_reference
+from .attention.turboquant_attn import _gather_tokens
 from .config import EngineConfig
-from .model_runner import CaptureRecord
+from .engine.model_runner import CaptureRecord
 from .reservation import decode_workspace_shapes
 from .workspace import (
     WorkspaceLockedError,

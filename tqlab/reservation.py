@@ -2,7 +2,7 @@
 
 The lesson of the bug in code: each workspace buffer's shape formula lives in
 exactly one function below. The TurboQuant attention backend
-(``tqlab/attention.py``) calls these functions when it asks the workspace for
+(``tqlab/attention/turboquant_attn.py``) calls these functions when it asks the workspace for
 memory, and the reservation (vLLM PR #44053, ``_reserve_workspace`` in
 ``TurboQuantMetadataBuilder``, ``vllm/v1/attention/backends/turboquant_attn.py``)
 calls the very same functions with worst-case arguments. A consumer whose
@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from .workspace import (
-    MiB,
     WorkspaceManager,
     compute_layout,
     current_workspace_manager,
@@ -51,13 +50,9 @@ __all__ = [
     "chunk_workspace_request",
     "continuation_workspace_shapes",
     "decode_workspace_shapes",
-    "first_failing_prompt",
-    "unfixed_locked_bytes",
     "plan_bytes",
-    "prompt_chunks",
     "reservation_plan",
     "reserve_workspace",
-    "workspace_bytes_for_prompt",
 ]
 
 CONTINUATION_DECODE_THRESHOLD = 128
@@ -211,25 +206,6 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
     return plan
 
 
-def unfixed_locked_bytes(config: "EngineConfig") -> int:
-    """Bytes per ubatch slot tqlab's engine locks *without* the fix (vLLM 0.20's start-up).
-
-    The profile run's fresh prefill touches no workspace; CUDA graph capture runs
-    split-KV decode at every bucket, the largest being ``max(config.capture_sizes())``
-    rows, so the lock freezes :func:`decode_workspace_shapes` at that batch.
-    0 with ``enforce_eager`` (nothing captured). The bug report's deployment:
-    268,544 bytes ("0.26 MB"). (``tqlab.vllm_trace.locked_bytes_without_fix``
-    models vLLM's eager warm-up, which still decodes at ``max_num_seqs``.)
-    """
-    if config.enforce_eager:
-        return 0
-    shapes = decode_workspace_shapes(
-        max(config.capture_sizes()), config.num_heads_per_rank, config.head_dim,
-        config.tq_max_kv_splits_for_cuda_graph, config.dtype,
-    )
-    return compute_layout(shapes).total_bytes
-
-
 def plan_bytes(plan: list[Shapes]) -> int:
     """Bytes one workspace slot needs to serve every call of ``plan`` (the largest call)."""
     return max((compute_layout(call).total_bytes for call in plan), default=0)
@@ -253,78 +229,3 @@ def reserve_workspace(
             for call in plan:
                 m.get_simultaneous(*call)
     return plan
-
-
-# --------------------------------------------------------------------------- #
-# Predictions for one request alone in the engine                             #
-# --------------------------------------------------------------------------- #
-
-
-def prompt_chunks(prompt_tokens: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
-    """``(cached_len, q_len)`` of each prefill chunk of a request running alone.
-
-    With chunked prefill, each step takes at most ``max_num_batched_tokens`` tokens.
-    """
-    n = _pos_int("prompt_tokens", prompt_tokens)
-    m = _pos_int("max_num_batched_tokens", max_num_batched_tokens)
-    return [(start, min(m, n - start)) for start in range(0, n, m)]
-
-
-def workspace_bytes_for_prompt(config: "EngineConfig", prompt_tokens: int) -> int:
-    """Largest workspace call (bytes) a prompt of ``prompt_tokens`` makes while prefilling alone.
-
-    Raises ``ValueError`` for a prompt shorter than 1 or longer than ``max_model_len``.
-    """
-    _check_config(config)
-    _pos_int("prompt_tokens", prompt_tokens)
-    if prompt_tokens > config.max_model_len:
-        raise ValueError(f"prompt_tokens {prompt_tokens} exceeds max_model_len {config.max_model_len}")
-    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else prompt_tokens
-    return max(
-        (chunk_workspace_request(config, c, q).nbytes for c, q in prompt_chunks(prompt_tokens, budget)),
-        default=0,
-    )
-
-
-def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | None:
-    """The shortest prompt whose prefill needs more than ``locked_bytes``, or None if none up to ``max_model_len``.
-
-    Every prompt shorter than the returned length survives a workspace locked at
-    ``locked_bytes``. Exact, without simulating every length: within the region
-    of the ``k``-th chunk the need is the larger of the earlier full chunks'
-    and the last chunk's, and the last chunk's is monotone in ``q_len`` up to
-    128 (no workspace call in vLLM 0.33, but kept general) and constant above
-    (dequant buffers for ``cached_len``). Raises ``ValueError`` for a negative
-    or non-int ``locked_bytes``.
-    """
-    _check_config(config)
-    _pos_int("locked_bytes", locked_bytes, 0)
-    if not config.enable_chunked_prefill:
-        return None
-    m = config.max_num_batched_tokens
-    prefix_need = 0
-    for start in range(m, config.max_model_len, m):
-        # region: prompts of start+1 .. start+m tokens; last chunk has cached=start
-        if prefix_need > locked_bytes:
-            return start + 1
-        top = min(m, config.max_model_len - start)
-        lo, hi = 1, min(top, CONTINUATION_DECODE_THRESHOLD)
-        if chunk_workspace_request(config, start, hi).nbytes > locked_bytes:
-            while lo < hi:  # smallest q in [1, hi] that does not fit
-                mid = (lo + hi) // 2
-                if chunk_workspace_request(config, start, mid).nbytes > locked_bytes:
-                    hi = mid
-                else:
-                    lo = mid + 1
-            return start + lo
-        if top > CONTINUATION_DECODE_THRESHOLD and (
-            chunk_workspace_request(config, start, CONTINUATION_DECODE_THRESHOLD + 1).nbytes > locked_bytes
-        ):
-            return start + CONTINUATION_DECODE_THRESHOLD + 1
-        prefix_need = max(prefix_need, chunk_workspace_request(config, start, m).nbytes)
-    return None
-
-
-def mib(nbytes: int) -> float:
-    """Bytes to MiB (2**20 bytes)."""
-    return nbytes / MiB

@@ -58,13 +58,11 @@ from .reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
     decode_workspace_shapes,
-    first_failing_prompt,
     plan_bytes,
-    prompt_chunks,
     reservation_plan,
     reserve_workspace,
-    unfixed_locked_bytes,
 )
+from .analysis import first_failing_prompt, prompt_chunks, unfixed_locked_bytes
 from .workspace import (
     MiB,
     WorkspaceLockedError,

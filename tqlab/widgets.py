@@ -43,12 +43,10 @@ from .reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
     decode_workspace_shapes,
-    first_failing_prompt,
     plan_bytes,
-    prompt_chunks,
     reservation_plan,
-    unfixed_locked_bytes,
 )
+from .analysis import first_failing_prompt, prompt_chunks, unfixed_locked_bytes
 from .workspace import ALIGNMENT, MiB, WorkspaceEvent, WorkspaceLayout, compute_layout, round_up
 
 __all__ = [

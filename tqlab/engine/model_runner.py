@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import TurboQuantAttentionBackend
-from .config import EngineConfig
+from ..attention import TurboQuantAttentionBackend
+from ..config import EngineConfig
 from .scheduler import SchedulerOutput
 
 __all__ = ["CaptureRecord", "EagerDecodeRunner", "ModelRunner", "TinyModel"]

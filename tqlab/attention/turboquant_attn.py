@@ -26,14 +26,14 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from .config import EngineConfig
-from .reservation import (
+from ..config import EngineConfig
+from ..reservation import (
     chunk_workspace_request,
     decode_workspace_shapes,
     reservation_plan,
     reserve_workspace,
 )
-from .workspace import WorkspaceManager
+from ..workspace import WorkspaceManager
 
 __all__ = [
     "AttentionMetadata",
@@ -220,7 +220,7 @@ class TurboQuantKVCache:
     """Packed TurboQuant cache ``(num_blocks, Hk, block_size, slot_bytes)`` uint8 (see ``tqlab.turboquant``)."""
 
     def __init__(self, config: EngineConfig):
-        from . import turboquant as tq
+        from .. import turboquant as tq
 
         self._tq = tq
         self.spec = tq.get_spec(config.kv_cache_dtype)

@@ -14,7 +14,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from .config import EngineConfig
+from ..config import EngineConfig
 
 __all__ = ["BlockPool", "Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
 

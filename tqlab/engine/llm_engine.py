@@ -29,12 +29,12 @@ from typing import Callable
 
 import torch
 
-from .attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
-from .config import EngineConfig
+from ..attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
+from ..config import EngineConfig
 from .model_runner import ModelRunner
 from .scheduler import Request, Scheduler
-from . import workspace as _workspace_module
-from .workspace import WorkspaceLockedError, init_workspace_manager
+from .. import workspace as _workspace_module
+from ..workspace import WorkspaceLockedError, init_workspace_manager
 
 __all__ = ["EngineDeadError", "LLMEngine", "PhaseRecord", "RequestOutput"]
 
@@ -193,7 +193,7 @@ class LLMEngine:
 
     def _install_cuda_graphs(self) -> None:
         try:
-            from .cuda_graphs import CUDAGraphDecodeRunner
+            from ..cuda_graphs import CUDAGraphDecodeRunner
         except ImportError:  # pragma: no cover - module arrives with the CUDA-graphs work
             return
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)

@@ -1,0 +1,447 @@
+"""Trace a live workspace manager (vLLM's or tqlab's): who asked for how many bytes, sizes at each lock, violations.
+
+:class:`WorkspaceTracer` wraps the manager's growth path and ``lock``/``unlock`` on the instance
+(no vLLM file is edited); :func:`install_vllm_hook` does it for every vLLM manager a process creates.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import importlib.util
+import json
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+
+from ..workspace import compute_layout, format_mb
+
+
+VLLM_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
+VLLM_TURBOQUANT_MODULE = "vllm.v1.attention.backends.turboquant_attn"
+
+
+def vllm_available() -> bool:
+    """True if ``vllm`` can be imported (checked without importing it)."""
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM version string, or None (read from package metadata, no import)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, version
+    except ImportError:  # pragma: no cover
+        return None
+    try:
+        return version("vllm")
+    except PackageNotFoundError:
+        return None
+
+
+# --------------------------------------------------------------------------- #
+# Trace records                                                               #
+# --------------------------------------------------------------------------- #
+
+
+@dataclass
+class CallerStats:
+    """Everything one caller asked of the workspace.
+
+    ``high_water_bytes`` is the largest single request (a ``get_simultaneous``
+    call's total, 256-byte aligned per view, in bytes); ``growths`` counts the
+    requests that made the workspace grow; ``violations`` those refused by a
+    locked workspace; ``slots`` the ubatch slots (vLLM: workspace ids) used.
+    """
+
+    caller: str
+    requests: int = 0
+    high_water_bytes: int = 0
+    last_bytes: int = 0
+    growths: int = 0
+    violations: int = 0
+    slots: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A request refused by a locked workspace: who, how much, and the manager's own message."""
+
+    caller: str
+    required_bytes: int
+    current_bytes: int
+    slot: int
+    message: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class LockRecord:
+    """One ``lock()`` or ``unlock()``: ``sizes_bytes`` of every slot right after it."""
+
+    kind: str
+    sizes_bytes: tuple[int, ...]
+    caller: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "sizes_bytes": list(self.sizes_bytes), "caller": self.caller}
+
+
+def _caller(skip_frames: int = 1) -> str:
+    """``'file.py:line:function'`` of the first frame outside any workspace manager.
+
+    Skips tqlab's workspace module, ``contextlib`` and every frame whose
+    qualified name starts with ``WorkspaceManager.`` (vLLM's own rule); the
+    tracer's wrappers carry such names (:func:`_disguise`), so the caller it
+    records is the one the manager itself would name.
+    """
+    frame = sys._getframe(skip_frames)
+    tq_ws = os.path.normcase(os.path.abspath(sys.modules["tqlab.workspace"].__file__))
+    while frame is not None:
+        code = frame.f_code
+        fname = os.path.normcase(os.path.abspath(code.co_filename))
+        qual = getattr(code, "co_qualname", code.co_name)
+        if (
+            fname == tq_ws
+            or fname.endswith(os.path.normcase("contextlib.py"))
+            or qual.startswith("WorkspaceManager.")
+        ):
+            frame = frame.f_back
+            continue
+        return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}"
+    return "unknown"
+
+
+def _disguise(fn: Callable, qualname: str, filename: str | None = None) -> Callable:
+    """Rename ``fn``'s code so workspace managers skip its frame when they name a caller.
+
+    vLLM skips frames whose ``co_qualname`` starts with ``WorkspaceManager.``;
+    tqlab skips frames whose file is ``tqlab/workspace.py``. Without this the
+    tracer's wrapper would be reported as the caller in the manager's own
+    error message. (``co_qualname`` exists from Python 3.11, as does vLLM.)
+    """
+    changes: dict[str, Any] = {}
+    if hasattr(fn.__code__, "co_qualname"):
+        changes["co_qualname"] = qualname
+    if filename is not None:
+        changes["co_filename"] = filename
+    if changes:
+        fn.__code__ = fn.__code__.replace(**changes)
+    fn.__qualname__ = qualname
+    return fn
+
+
+def _flavor(manager: Any) -> str:
+    """``'vllm'`` or ``'tqlab'``: which growth path to wrap. TypeError for anything else."""
+    from .. import workspace as tq_ws
+
+    if isinstance(manager, tq_ws.WorkspaceManager):
+        return "tqlab"
+    if hasattr(manager, "_ensure_workspace_size") and hasattr(manager, "_current_workspaces"):
+        return "vllm"
+    raise TypeError(
+        f"cannot trace {type(manager).__module__}.{type(manager).__qualname__}: expected vLLM's "
+        "vllm.v1.worker.workspace.WorkspaceManager or tqlab.workspace.WorkspaceManager"
+    )
+
+
+def _vllm_sizes(manager: Any) -> tuple[int, ...]:
+    return tuple(0 if ws is None else ws.numel() * ws.element_size() for ws in manager._current_workspaces)
+
+
+def _vllm_slot(manager: Any) -> int:
+    """The workspace id vLLM's manager will use now (ubatch * lanes + lane)."""
+    get_id = getattr(manager, "_get_workspace_id", None)
+    if get_id is not None:
+        return int(get_id())
+    from vllm.v1.worker.ubatching import dbo_current_ubatch_id  # older vLLM: one lane
+
+    return int(dbo_current_ubatch_id())
+
+
+class WorkspaceTracer:
+    """Record what every caller asks of a workspace manager, the size at lock, and violations.
+
+    Usage::
+
+        tracer = WorkspaceTracer().attach(manager)   # or: with WorkspaceTracer(manager) as t:
+        ...                                          # run the engine
+        print(tracer.format())                       # per-caller high-water marks
+        tracer.detach()
+
+    ``attach`` wraps methods on the instance only (the class and other
+    managers are untouched); ``detach`` restores them. One tracer can watch
+    several managers. Thread-safe: DBO ubatch threads may call concurrently.
+
+    Attributes:
+        callers: ``{caller: CallerStats}``.
+        violations: list of :class:`Violation` in order.
+        locks: list of :class:`LockRecord` (locks and unlocks) in order.
+    """
+
+    def __init__(self, manager: Any = None):
+        self.callers: dict[str, CallerStats] = {}
+        self.violations: list[Violation] = []
+        self.locks: list[LockRecord] = []
+        self._attached: list[tuple[Any, dict[str, Any]]] = []
+        self._mutex = threading.Lock()
+        if manager is not None:
+            self.attach(manager)
+
+    # -- attaching ----------------------------------------------------------- #
+    def attach(self, manager: Any) -> "WorkspaceTracer":
+        """Start recording ``manager``'s requests. Returns self.
+
+        Raises ``TypeError`` for an object that is not a vLLM or tqlab
+        workspace manager, ``ValueError`` if this tracer already watches it.
+        """
+        flavor = _flavor(manager)
+        if any(m is manager for m, _ in self._attached):
+            raise ValueError("this tracer is already attached to that manager")
+        saved = {name: manager.__dict__.get(name, _MISSING) for name in ("_ensure_workspace_size", "get_simultaneous", "lock", "unlock")}
+        if flavor == "vllm":
+            self._wrap_vllm(manager)
+        else:
+            self._wrap_tqlab(manager)
+        self._attached.append((manager, saved))
+        return self
+
+    def detach(self, manager: Any = None) -> None:
+        """Stop recording (one manager, or all). The records are kept."""
+        keep = []
+        for m, saved in self._attached:
+            if manager is not None and m is not manager:
+                keep.append((m, saved))
+                continue
+            for name, old in saved.items():
+                if old is _MISSING:
+                    m.__dict__.pop(name, None)
+                else:
+                    m.__dict__[name] = old
+        self._attached = keep
+
+    @property
+    def attached(self) -> bool:
+        return bool(self._attached)
+
+    def __enter__(self) -> "WorkspaceTracer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    # -- recording ------------------------------------------------------------ #
+    def _record_request(self, caller: str, nbytes: int, slot: int, grew: bool) -> None:
+        with self._mutex:
+            st = self.callers.get(caller)
+            if st is None:
+                st = self.callers[caller] = CallerStats(caller)
+            st.requests += 1
+            st.last_bytes = nbytes
+            st.high_water_bytes = max(st.high_water_bytes, nbytes)
+            st.growths += int(grew)
+            if slot not in st.slots:
+                st.slots.append(slot)
+
+    def _record_violation(self, caller: str, nbytes: int, current: int, slot: int, message: str) -> None:
+        with self._mutex:
+            st = self.callers.get(caller)
+            if st is None:
+                st = self.callers[caller] = CallerStats(caller)
+            st.requests += 1
+            st.violations += 1
+            st.last_bytes = nbytes
+            st.high_water_bytes = max(st.high_water_bytes, nbytes)
+            if slot not in st.slots:
+                st.slots.append(slot)
+            self.violations.append(Violation(caller, nbytes, current, slot, message))
+
+    def _wrap_vllm(self, manager: Any) -> None:
+        tracer = self
+        ensure = manager._ensure_workspace_size  # bound method of the class
+        lock, unlock = manager.lock, manager.unlock
+
+        def _ensure_workspace_size(required_bytes: int):
+            caller = _caller(2)
+            slot = _vllm_slot(manager)
+            current = _vllm_sizes(manager)[slot]
+            try:
+                out = ensure(required_bytes)
+            except AssertionError as e:
+                if manager.is_locked() and current < required_bytes:
+                    tracer._record_violation(caller, required_bytes, current, slot, str(e))
+                raise
+            tracer._record_request(caller, required_bytes, slot, current < required_bytes)
+            return out
+
+        def _lock(*a, **k):
+            out = lock(*a, **k)
+            tracer.locks.append(LockRecord("lock", _vllm_sizes(manager), _caller(2)))
+            return out
+
+        def _unlock(*a, **k):
+            out = unlock(*a, **k)
+            tracer.locks.append(LockRecord("unlock", _vllm_sizes(manager), _caller(2)))
+            return out
+
+        manager._ensure_workspace_size = _disguise(_ensure_workspace_size, "WorkspaceManager._ensure_workspace_size")
+        manager.lock = _disguise(_lock, "WorkspaceManager.lock")
+        manager.unlock = _disguise(_unlock, "WorkspaceManager.unlock")
+
+    def _wrap_tqlab(self, manager: Any) -> None:
+        from .. import workspace as tq_ws
+
+        tracer = self
+        get = manager.get_simultaneous
+        lock, unlock = manager.lock, manager.unlock
+
+        def get_simultaneous(*shapes_and_dtypes):
+            caller = _caller(2)
+            slot = tq_ws.current_ubatch_id()
+            try:
+                need = compute_layout(shapes_and_dtypes).total_bytes
+                current = manager.size_bytes(slot)
+            except (TypeError, ValueError):
+                return get(*shapes_and_dtypes)  # let the manager raise its own error
+            try:
+                out = get(*shapes_and_dtypes)
+            except tq_ws.WorkspaceLockedError as e:
+                tracer._record_violation(caller, need, current, slot, str(e))
+                raise
+            tracer._record_request(caller, need, slot, current < need)
+            return out
+
+        def _lock(*a, **k):
+            out = lock(*a, **k)
+            tracer.locks.append(LockRecord("lock", tuple(manager.sizes_bytes()), _caller(2)))
+            return out
+
+        def _unlock(*a, **k):
+            out = unlock(*a, **k)
+            tracer.locks.append(LockRecord("unlock", tuple(manager.sizes_bytes()), _caller(2)))
+            return out
+
+        # tqlab names the first frame outside tqlab/workspace.py: file the wrappers there.
+        # tqlab's manager skips frames marked as wrappers when it names a caller
+        manager.get_simultaneous = tq_ws.workspace_wrapper(get_simultaneous)
+        manager.lock = tq_ws.workspace_wrapper(_lock, wraps=("lock",))
+        manager.unlock = tq_ws.workspace_wrapper(_unlock, wraps=("lock",))
+
+    # -- results -------------------------------------------------------------- #
+    def size_at_lock(self) -> tuple[int, ...] | None:
+        """Slot sizes (bytes) right after the most recent ``lock()``, or None if never locked."""
+        for rec in reversed(self.locks):
+            if rec.kind == "lock":
+                return rec.sizes_bytes
+        return None
+
+    def high_water_bytes(self) -> int:
+        """The largest single request seen from any caller (bytes)."""
+        return max((s.high_water_bytes for s in self.callers.values()), default=0)
+
+    @property
+    def total_requests(self) -> int:
+        return sum(s.requests for s in self.callers.values())
+
+    def report(self) -> dict[str, Any]:
+        """JSON-ready summary: callers (largest first), locks, violations."""
+        callers = sorted(self.callers.values(), key=lambda s: (-s.high_water_bytes, s.caller))
+        return {
+            "callers": [s.to_dict() for s in callers],
+            "size_at_lock_bytes": None if self.size_at_lock() is None else list(self.size_at_lock()),
+            "locks": [r.to_dict() for r in self.locks],
+            "violations": [v.to_dict() for v in self.violations],
+        }
+
+    def format(self) -> str:
+        """A plain-text table of the report (sizes in MB = 2**20 bytes); see :func:`format_trace_report`."""
+        return format_trace_report(self.report())
+
+
+def format_trace_report(report: Mapping[str, Any]) -> str:
+    """Text table of a :meth:`WorkspaceTracer.report` (live or loaded from JSON): one line per
+    caller (requests, high-water MB, growths, refusals), the size at lock, every violation."""
+    lines = [f"{'caller':<52} {'requests':>8} {'high-water MB':>13} {'growths':>7} {'refused':>7}"]
+    for c in report["callers"]:
+        lines.append(
+            f"{c['caller']:<52} {c['requests']:>8} {format_mb(c['high_water_bytes']):>13} {c['growths']:>7} {c['violations']:>7}"
+        )
+    lock = report.get("size_at_lock_bytes")
+    lines.append(
+        "size at lock: "
+        + ("never locked" if lock is None else ", ".join(f"slot {i}: {format_mb(b)} MB" for i, b in enumerate(lock)))
+    )
+    for v in report["violations"]:
+        lines.append(
+            f"VIOLATION slot {v['slot']}: {v['caller']} needs {format_mb(v['required_bytes'])} MB, "
+            f"locked at {format_mb(v['current_bytes'])} MB"
+        )
+    return "\n".join(lines)
+
+
+_MISSING = object()
+
+# --------------------------------------------------------------------------- #
+# A process-wide hook for real vLLM deployments                               #
+# --------------------------------------------------------------------------- #
+
+_HOOK: dict[str, Any] = {}
+
+
+def install_vllm_hook(json_path: str | os.PathLike | None = None) -> WorkspaceTracer:
+    """Trace every vLLM workspace manager this process creates (and the current one).
+
+    Wraps ``vllm.v1.worker.workspace.WorkspaceManager.__init__`` so each new
+    manager gets the returned tracer attached; if a manager already exists it
+    is attached now. Run this in the process that owns the GPU (vLLM's worker
+    / EngineCore process), e.g. from a ``vllm.general_plugins`` entry point.
+    With ``json_path`` (default: env ``TQLAB_VLLM_TRACE``) the report is
+    written there as JSON when the process exits. Idempotent: a second call
+    returns the same tracer. Imports vLLM; raises ``ImportError`` without it.
+    """
+    if "tracer" in _HOOK:
+        return _HOOK["tracer"]
+    import importlib
+
+    ws = importlib.import_module(VLLM_WORKSPACE_MODULE)
+    tracer = WorkspaceTracer()
+    cls = ws.WorkspaceManager
+    orig_init = cls.__init__
+
+    def __init__(self, *a, **k):
+        orig_init(self, *a, **k)
+        tracer.attach(self)
+
+    cls.__init__ = _disguise(__init__, "WorkspaceManager.__init__")
+    if ws.is_workspace_manager_initialized():
+        tracer.attach(ws.current_workspace_manager())
+    path = json_path if json_path is not None else os.environ.get("TQLAB_VLLM_TRACE")
+    if path:
+        def _dump(p=Path(path)) -> None:
+            report = tracer.report()
+            report["pid"] = os.getpid()
+            p.write_text(json.dumps(report, indent=2))
+
+        atexit.register(_dump)
+        _HOOK["atexit"] = _dump
+    _HOOK.update(tracer=tracer, cls=cls, init=orig_init)
+    return tracer
+
+
+def uninstall_vllm_hook() -> None:
+    """Undo :func:`install_vllm_hook` (class restored, tracer detached, no JSON at exit)."""
+    if "tracer" not in _HOOK:
+        return
+    _HOOK["cls"].__init__ = _HOOK["init"]
+    _HOOK["tracer"].detach()
+    if "atexit" in _HOOK:
+        atexit.unregister(_HOOK["atexit"])
+    _HOOK.clear()
