@@ -1,4 +1,4 @@
-"""CUDA-graph decode runner: buckets, static inputs and padding, the replay guard, the hazard cases.
+"""CUDA-graph decode runner (tqlab.engine.cuda_graph): buckets, static inputs and padding, the replay guard, the hazard cases.
 
 CPU tests drive the same runner in ``mode="simulated"`` (a replay re-runs the
 step with the workspace views recorded at capture, i.e. frozen pointers).
@@ -20,7 +20,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tqlab import cuda_graphs as cg
+from tqlab.engine import cuda_graph as cg
+from tqlab.engine import replay_guard as rg
+from tqlab.lab import graph_demos as demos
+from tqlab.lab import graph_latency
 from tqlab.config import EngineConfig
 from tqlab.engine.model_runner import CaptureRecord
 from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
@@ -33,7 +36,7 @@ def tiny(**kw) -> EngineConfig:
     """The seed model's rank shard, 2 layers, short context: fast on a 2-core CPU."""
     base = dict(num_hidden_layers=2)
     base.update(kw)
-    return cg.make_demo_config(**base)
+    return demos.make_demo_config(**base)
 
 
 # --------------------------------------------------------------------------- buckets
@@ -128,7 +131,7 @@ def test_fill_validates_before_writing():
 
 def test_static_buffers_are_sized_for_the_largest_bucket_and_max_model_len():
     cfg = tiny()
-    eng, dr = cg.make_engine(cfg, "cpu", capture=False)
+    eng, dr = demos.make_engine_and_runner(cfg, "cpu", capture=False)
     assert dr.static.max_batch == max(cfg.capture_sizes()) == cfg.max_num_seqs
     assert dr.static.block_tables.shape == (cfg.max_num_seqs, -(-cfg.max_model_len // cfg.block_size))
 
@@ -139,33 +142,33 @@ def test_guard_names_the_moved_slot_and_both_pointers():
     for s in (0, 1):
         with ubatch_context(s):
             m.get_simultaneous(((1024,), torch.uint8))
-    snap = cg.snapshot_workspace(m, slots=[1])
-    cg.check_workspace(m, snap, bucket=4)  # unchanged: no error
+    snap = rg.snapshot_workspace(m, slots=[1])
+    rg.check_workspace(m, snap, bucket=4)  # unchanged: no error
     with ubatch_context(0):
         m.get_simultaneous(((4096,), torch.uint8))  # slot 0 moves, but the graph used slot 1
-    cg.check_workspace(m, snap, bucket=4)
+    rg.check_workspace(m, snap, bucket=4)
     old = m.data_ptrs()[1]
     with ubatch_context(1):
         m.get_simultaneous(((8192,), torch.uint8))
-    with pytest.raises(cg.StalePointerError) as ei:
-        cg.check_workspace(m, snap, bucket=4)
+    with pytest.raises(rg.StalePointerError) as ei:
+        rg.check_workspace(m, snap, bucket=4)
     e = ei.value
     assert (e.bucket, e.slot, e.captured_ptr, e.current_ptr) == (4, 1, old, m.data_ptrs()[1])
     assert (e.captured_bytes, e.current_bytes) == (1024, 8192)
     assert f"decode bucket 4" in str(e) and "ubatch slot 1" in str(e) and f"0x{old:x}" in str(e)
-    assert cg.stale_slots(m, snap) == [1]
+    assert rg.stale_slots(m, snap) == [1]
 
 
 def test_snapshot_rejects_a_slot_out_of_range():
     with pytest.raises(ValueError, match="ubatch slot 3 is out of range"):
-        cg.snapshot_workspace(WorkspaceManager("cpu"), slots=[3])
+        rg.snapshot_workspace(WorkspaceManager("cpu"), slots=[3])
 
 
 # --------------------------------------------------------------------------- the runner (simulated on CPU)
 @pytest.fixture(scope="module")
 def engine_and_runner():
     cfg = tiny()
-    eng, dr = cg.make_engine(cfg, "cpu", kv_cache_tokens=cfg.max_num_seqs * 64 + 64)
+    eng, dr = demos.make_engine_and_runner(cfg, "cpu", kv_cache_tokens=cfg.max_num_seqs * 64 + 64)
     return eng, dr
 
 
@@ -186,7 +189,7 @@ def test_capture_returns_engine_records_largest_first_without_growth(engine_and_
 
 def test_replay_equals_eager_bitwise_and_pads(engine_and_runner):
     eng, dr = engine_and_runner
-    db = cg.prepare_decode_batch(eng.runner, 3, 40, seed=1)
+    db = demos.prepare_decode_batch(eng.runner, 3, 40, seed=1)
     got = dr.run(*db.astuple()).clone()
     assert got.shape == (3, eng.runner.model.vocab_size)
     # bitwise equal to the eager step on the same (padded) static inputs ...
@@ -198,7 +201,7 @@ def test_replay_equals_eager_bitwise_and_pads(engine_and_runner):
 
 def test_stale_padded_lane_cannot_write_into_a_reused_block(engine_and_runner):
     eng, dr = engine_and_runner
-    db = cg.prepare_decode_batch(eng.runner, 4, 40, seed=2)
+    db = demos.prepare_decode_batch(eng.runner, 4, 40, seed=2)
     dr.run(*db.astuple())
     # request 3 finishes; its block goes to a new request whose cache holds other data
     slot3 = int(db.slot_mapping[3])
@@ -213,9 +216,9 @@ def test_stale_padded_lane_cannot_write_into_a_reused_block(engine_and_runner):
 
 def test_batch_above_the_largest_bucket_runs_eagerly():
     cfg = tiny(cudagraph_capture_sizes=(1, 2))  # largest bucket below max_num_seqs = 4
-    eng, dr = cg.make_engine(cfg, "cpu", kv_cache_tokens=4 * 64 + 64)
+    eng, dr = demos.make_engine_and_runner(cfg, "cpu", kv_cache_tokens=4 * 64 + 64)
     assert dr.captured_sizes == [1, 2]
-    db = cg.prepare_decode_batch(eng.runner, 4, 33)
+    db = demos.prepare_decode_batch(eng.runner, 4, 33)
     got = dr.run(*db.astuple())
     assert dr.stats["eager_fallbacks"] == 1 and dr.stats["replays"] == 0
     assert torch.equal(got, eng.runner.decode_forward(*db.astuple()))
@@ -229,8 +232,8 @@ def test_capture_rejects_a_bucket_larger_than_the_static_buffers(engine_and_runn
 
 def test_long_request_fits_the_static_block_table():
     cfg = tiny(max_model_len=256, max_num_batched_tokens=256)
-    eng, dr = cg.make_engine(cfg, "cpu", kv_cache_tokens=2 * 256 + 64)
-    db = cg.prepare_decode_batch(eng.runner, 1, cfg.max_model_len)  # the longest request
+    eng, dr = demos.make_engine_and_runner(cfg, "cpu", kv_cache_tokens=2 * 256 + 64)
+    db = demos.prepare_decode_batch(eng.runner, 1, cfg.max_model_len)  # the longest request
     assert db.block_tables.shape[1] == dr.static.max_blocks_per_seq
     assert torch.equal(dr.run(*db.astuple()), eng.runner.decode_forward(*db.astuple()))
 
@@ -240,7 +243,7 @@ def test_engine_with_the_simulated_runner_generates_the_eager_tokens():
 
     cfg = tiny()
     plain = LLMEngine(cfg, device="cpu")
-    eng, dr = cg.make_engine(cfg, "cpu")
+    eng, dr = demos.make_engine_and_runner(cfg, "cpu")
     prompts = [[5, 6, 7, 8, 9] * 3, [1, 2, 3] * 7, [42] * 9]
     ids_a = [plain.add_request(p, max_tokens=4) for p in prompts]
     ids_b = [eng.add_request(p, max_tokens=4) for p in prompts]
@@ -254,14 +257,14 @@ def test_engine_with_the_simulated_runner_generates_the_eager_tokens():
 
 def test_capture_on_a_locked_too_small_workspace_names_the_consumer():
     cfg = tiny()
-    eng, dr = cg.make_engine(cfg, "cpu", fix=False, capture=False)  # empty workspace, locked
+    eng, dr = demos.make_engine_and_runner(cfg, "cpu", fix=False, capture=False)  # empty workspace, locked
     with pytest.raises(WorkspaceLockedError, match=r"turboquant_attn\.py:\d+:_decode_attention"):
         dr.capture(1, num_warmups=0)
 
 
 def test_runner_rejects_bad_modes():
     cfg = tiny()
-    eng, _ = cg.make_engine(cfg, "cpu", capture=False)
+    eng, _ = demos.make_engine_and_runner(cfg, "cpu", capture=False)
     with pytest.raises(ValueError, match="mode must be"):
         cg.CUDAGraphDecodeRunner(eng.runner, mode="fast")
     if not CUDA:
@@ -303,11 +306,11 @@ def test_graph_safe_fp16_store_and_decode_match_the_original():
 
 def test_batch_dependent_splits_backend_gives_the_same_attention():
     cfg = tiny()
-    eng, _ = cg.make_engine(cfg, "cpu", capture=False)
+    eng, _ = demos.make_engine_and_runner(cfg, "cpu", capture=False)
     std = eng.backend
-    nm = cg.BatchDependentSplitsBackend(cfg, eng.workspace, std.cache_format, small_batch_max=2)
+    nm = demos.BatchDependentSplitsBackend(cfg, eng.workspace, std.cache_format, small_batch_max=2)
     assert [nm.num_kv_splits_for(b) for b in (1, 2, 3)] == [128, 128, 32]
-    db = cg.prepare_decode_batch(eng.runner, 2, 50)
+    db = demos.prepare_decode_batch(eng.runner, 2, 50)
     eng.workspace.unlock()
     q = torch.randn(2, cfg.num_heads_per_rank, cfg.head_dim)
     a = std.forward_decode(q, eng.runner.kv_caches[0], db.block_tables, db.seq_lens).clone()
@@ -321,7 +324,7 @@ def test_batch_dependent_splits_backend_gives_the_same_attention():
 # --------------------------------------------------------------------------- the cases from public reports
 def test_case_a_small_to_large_without_reservation_strands_earlier_graphs():
     cfg = tiny()
-    r = cg.capture_order_demo(cfg, "cpu", order="smallest_first", reserve=None)
+    r = demos.capture_order_demo(cfg, "cpu", order="smallest_first", reserve=None)
     ptrs = [c["buffer_ptr"] for c in r["captures"]]
     assert [c["resizes_in_warmup"] for c in r["captures"]] == [1, 1, 1]
     assert len(set(ptrs)) == 3 and r["stale_buckets"] == [1, 2]
@@ -331,7 +334,7 @@ def test_case_a_small_to_large_without_reservation_strands_earlier_graphs():
 
 @pytest.mark.parametrize("order,reserve", [("smallest_first", "max_num_seqs"), ("largest_first", None)])
 def test_case_a_reserve_then_capture_or_largest_first_keeps_every_graph(order, reserve):
-    r = cg.capture_order_demo(tiny(), "cpu", order=order, reserve=reserve)
+    r = demos.capture_order_demo(tiny(), "cpu", order=order, reserve=reserve)
     assert r["stale_buckets"] == []
     assert all(v["ok"] for v in r["replay"].values())
     assert sum(c["resizes_in_warmup"] + c["resizes_in_capture"] for c in r["captures"]) == (1 if reserve is None else 0)
@@ -339,7 +342,7 @@ def test_case_a_reserve_then_capture_or_largest_first_keeps_every_graph(order, r
 
 def test_case_b_non_monotonic_need_defeats_largest_first_and_max_num_seqs_reservation():
     cfg = tiny()
-    r = cg.nonmonotonic_demo(cfg, "cpu", reserve="max_num_seqs")
+    r = demos.nonmonotonic_demo(cfg, "cpu", reserve="max_num_seqs")
     need = r["need_bytes"]
     assert need[2] > need[4] > need[1] and r["argmax_need"] == 2  # smaller batch, more workspace
     assert r["stale_buckets"] == [4]
@@ -348,14 +351,14 @@ def test_case_b_non_monotonic_need_defeats_largest_first_and_max_num_seqs_reserv
 
 
 def test_case_b_reserving_the_maximum_over_all_buckets_is_safe():
-    r = cg.nonmonotonic_demo(tiny(), "cpu", reserve="all_buckets")
+    r = demos.nonmonotonic_demo(tiny(), "cpu", reserve="all_buckets")
     assert r["stale_buckets"] == [] and all(v["ok"] for v in r["replay"].values())
     assert all(c["resizes_in_warmup"] == c["resizes_in_capture"] == 0 for c in r["captures"])
     assert r["final_bytes"] == max(r["need_bytes"].values())
 
 
 def test_case_c_late_warmup_is_caught_by_the_lock_or_the_guard():
-    r = cg.late_warmup_demo(tiny(), "cpu")
+    r = demos.late_warmup_demo(tiny(), "cpu")
     before, after = r["before_lock"], r["after_lock"]
     # before the lock: the growth passes, every graph is stale, the guard refuses each replay
     assert before["warmup_refused"] is None and before["moved"] and before["stale_buckets"] == [1, 2, 4]
@@ -366,20 +369,20 @@ def test_case_c_late_warmup_is_caught_by_the_lock_or_the_guard():
 
 
 def test_warmup_before_capture_keeps_growth_out_of_the_capture():
-    r = cg.warmup_demo(tiny(), "cpu")
+    r = demos.warmup_demo(tiny(), "cpu")
     assert (r["with_warmup"]["resizes_in_warmup"], r["with_warmup"]["resizes_in_capture"]) == (1, 0)
     assert (r["without_warmup"]["resizes_in_warmup"], r["without_warmup"]["resizes_in_capture"]) == (0, 1)
 
 
 def test_pointer_stability_demo_on_cpu():
-    r = cg.pointer_stability_demo(tiny(), "cpu", steps=2)
+    r = demos.pointer_stability_demo(tiny(), "cpu", steps=2)
     assert r["mode"] == "simulated" and r["batch"] == 3 and r["bucket"] == 4
     assert all(s["same_as_capture"] and s["bitwise_equal"] and s["buffer_ptr"] == r["capture_buffer_ptr"]
                for s in r["steps"])
 
 
 def test_stale_replay_demo_on_cpu():
-    r = cg.stale_replay_demo(tiny(), "cpu")
+    r = demos.stale_replay_demo(tiny(), "cpu")
     assert r["lock"]["refused"] and r["lock"]["pointer_unchanged"] and r["lock"]["bitwise_equal"]
     nd = r["no_guard"]
     assert nd["graph_views_inside_old_buffer"] and not nd["graph_views_inside_new_buffer"]
@@ -391,18 +394,18 @@ def test_stale_replay_demo_on_cpu():
 
 # --------------------------------------------------------------------------- notebook support
 def test_live_cells_log(tmp_path):
-    live = cg.LiveCells("cuda", ["a", "b"])
+    live = demos.LiveCells("cuda", ["a", "b"])
     live.ran("a")
     with pytest.raises(ValueError, match="unknown live cell 'c'"):
         live.ran("c")
     with pytest.raises(AssertionError, match=r"did not run live: \['b'\]"):
         live.finish(tmp_path / "log.json")
     assert json.loads((tmp_path / "log.json").read_text())["missing"] == ["b"]
-    cpu = cg.LiveCells("cpu", ["a", "b"])
+    cpu = demos.LiveCells("cpu", ["a", "b"])
     cpu.recorded("b")
     assert cpu.finish()["recorded"] == ["b"]
     with pytest.raises(ValueError, match="duplicate"):
-        cg.LiveCells("cpu", ["a", "a"])
+        demos.LiveCells("cpu", ["a", "a"])
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "data").glob("cuda_graphs_*.json")), ids=lambda p: p.stem)
@@ -411,7 +414,7 @@ def test_recorded_data_has_provenance(path):
     prov = data["provenance"]
     for key in ("device", "date", "commit", "command", "torch"):
         assert prov.get(key), f"{path.name}: provenance.{key} is missing"
-    banner = cg.recorded_banner(data)
+    banner = graph_latency.recorded_banner(data)
     assert prov["device"] in banner and prov["date"] in banner and str(prov["commit"])[:12] in banner
 
 
@@ -444,7 +447,7 @@ def test_cuda_engine_captures_graphs_and_generates_the_eager_tokens(kv):
         # the graph-safe fp16 decode covers the whole block table (no host read of max(seq_lens)), so its
         # split partition differs from the eager engine's: compare the captured step with its own eager run
         assert [len(o) for o in outs[0]] == [len(o) for o in outs[1]] == [5, 5, 5]
-        db = cg.prepare_decode_batch(graphs.runner, 3, 40)
+        db = demos.prepare_decode_batch(graphs.runner, 3, 40)
         dr.static.fill(db, 4)
         ref = dr.eager(4).clone()
         torch.testing.assert_close(dr.replay(4).clone(), ref, rtol=1e-3, atol=1e-3)
@@ -459,7 +462,7 @@ def test_cuda_engine_guard_catches_a_warmup_between_capture_and_lock():
     eng = LLMEngine(cfg, device="cuda", before_lock=lambda e: e.runner.dummy_decode(2 * cfg.max_num_seqs))
     assert eng.runner.decode_runner.stale_buckets() == list(cfg.capture_sizes())
     rid = eng.add_request([3] * 20, max_tokens=3)
-    with pytest.raises(cg.StalePointerError, match="ubatch slot 0"):
+    with pytest.raises(rg.StalePointerError, match="ubatch slot 0"):
         while not eng.outputs[rid].finished:
             eng.step()
     with pytest.raises(EngineDeadError):
@@ -468,7 +471,7 @@ def test_cuda_engine_guard_catches_a_warmup_between_capture_and_lock():
 
 @gpu
 def test_cuda_pointer_stability_and_replay_equals_eager():
-    r = cg.pointer_stability_demo(tiny(num_hidden_layers=8), "cuda", steps=3)
+    r = demos.pointer_stability_demo(tiny(num_hidden_layers=8), "cuda", steps=3)
     assert r["mode"] == "cuda"
     for s in r["steps"]:
         assert s["same_as_capture"] and s["buffer_ptr"] == r["capture_buffer_ptr"]
@@ -477,7 +480,7 @@ def test_cuda_pointer_stability_and_replay_equals_eager():
 
 @gpu
 def test_cuda_stale_replay_demo_stays_in_owned_memory():
-    r = cg.stale_replay_demo(tiny(num_hidden_layers=8), "cuda")
+    r = demos.stale_replay_demo(tiny(num_hidden_layers=8), "cuda")
     assert r["mode"] == "cuda"
     assert r["lock"]["refused"] and r["lock"]["pointer_unchanged"]
     nd = r["no_guard"]
@@ -490,12 +493,12 @@ def test_cuda_stale_replay_demo_stays_in_owned_memory():
 @gpu
 def test_cuda_cases_a_b_c():
     cfg = tiny(num_hidden_layers=4)
-    a = cg.capture_order_demo(cfg, "cuda", order="smallest_first")
+    a = demos.capture_order_demo(cfg, "cuda", order="smallest_first")
     assert a["stale_buckets"] == [1, 2] and not a["replay"][1]["ok"] and a["replay"][4]["ok"]
-    b = cg.nonmonotonic_demo(cfg, "cuda", reserve="max_num_seqs")
+    b = demos.nonmonotonic_demo(cfg, "cuda", reserve="max_num_seqs")
     assert b["stale_buckets"] == [4]
-    assert cg.nonmonotonic_demo(cfg, "cuda", reserve="all_buckets")["stale_buckets"] == []
-    c = cg.late_warmup_demo(cfg, "cuda")
+    assert demos.nonmonotonic_demo(cfg, "cuda", reserve="all_buckets")["stale_buckets"] == []
+    c = demos.late_warmup_demo(cfg, "cuda")
     assert c["before_lock"]["stale_buckets"] == [1, 2, 4] and c["after_lock"]["stale_buckets"] == []
 
 

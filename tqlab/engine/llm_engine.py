@@ -31,6 +31,7 @@ import torch
 
 from ..attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from ..config import EngineConfig
+from .cuda_graph import CUDAGraphDecodeRunner
 from .model_runner import ModelRunner
 from .scheduler import Request, Scheduler
 from .. import workspace as _workspace_module
@@ -88,8 +89,8 @@ class LLMEngine:
             longest requests that fit in memory on this device).
         seed: weights seed of the tiny model.
         on_phase: optional callback ``(PhaseRecord) -> None``, e.g. to print.
-        use_cuda_graphs: on CUDA, capture real CUDA graphs (needs
-            ``tqlab.cuda_graphs``); ignored elsewhere.
+        use_cuda_graphs: on CUDA, capture real CUDA graphs
+            (``tqlab.engine.cuda_graph``); ignored elsewhere.
         decode_batch_reservation: decode rows the reservation covers
             (default ``max_num_seqs``, as PR #44053).
         before_lock: optional ``(engine) -> None`` run as its own phase just
@@ -192,10 +193,6 @@ class LLMEngine:
             self.workspace.lock()
 
     def _install_cuda_graphs(self) -> None:
-        try:
-            from ..cuda_graphs import CUDAGraphDecodeRunner
-        except ImportError:  # pragma: no cover - module arrives with the CUDA-graphs work
-            return
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)
 
     # -- phases ------------------------------------------------------------- #

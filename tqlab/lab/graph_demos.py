@@ -1,0 +1,609 @@
+"""The CUDA-graph hazards of notebook 05, each as one function that returns its numbers.
+
+Warm-up before capture, pointer stability (replay == eager), the stale-pointer
+replay (without guard, with the lock, with the guard), and three cases from
+public reports: capture order, a consumer whose need is not monotonic in the
+batch, a warm-up after capture. Every demonstration stays in memory the process
+owns (the runner keeps the captured buffers), so a stale replay cannot crash.
+Also :class:`LiveCells`, the notebook's log of which GPU cells ran live.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..attention import TurboQuantAttentionBackend
+from ..config import EngineConfig
+from ..engine import LLMEngine
+from ..engine.cuda_graph import (
+    CUDAGraphDecodeRunner,
+    DecodeBatch,
+    install_decode_runner,
+    no_gc_during_capture,
+    select_bucket,
+)
+from ..engine.replay_guard import StalePointerError
+from ..reservation import decode_workspace_shapes, reserve_workspace
+from ..workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, ubatch_context
+
+__all__ = [
+    "BatchDependentSplitsBackend",
+    "LiveCells",
+    "bucket_workspace_bytes",
+    "capture_buckets",
+    "capture_order_demo",
+    "compare_logits",
+    "decode_shapes_for",
+    "late_warmup_demo",
+    "make_demo_config",
+    "make_engine_and_runner",
+    "nonmonotonic_demo",
+    "pointer_stability_demo",
+    "prepare_decode_batch",
+    "reserve_for_buckets",
+    "stale_replay_demo",
+    "warmup_demo",
+]
+
+
+def _pos_int(name: str, v: object, minimum: int = 1) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
+    return v
+
+
+# --------------------------------------------------------------------------- #
+# Reservation over buckets, and a non-monotonic consumer                      #
+# --------------------------------------------------------------------------- #
+
+
+def decode_shapes_for(backend) -> Callable[[int], tuple]:
+    """``batch -> workspace request`` of ``backend``'s decode step (its ``decode_shapes`` if it has one)."""
+    fn = getattr(backend, "decode_shapes", None)
+    if fn is not None:
+        return fn
+    c = backend.config
+    return lambda b: decode_workspace_shapes(b, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
+
+
+def bucket_workspace_bytes(shapes_for: Callable[[int], tuple], sizes: Sequence[int]) -> dict[int, int]:
+    """Workspace bytes each bucket's decode step asks for (``{bucket: bytes}``, 256-byte aligned views)."""
+    return {b: compute_layout(shapes_for(b)).total_bytes for b in sorted(sizes)}
+
+
+def reserve_for_buckets(manager: WorkspaceManager, shapes_for: Callable[[int], tuple], sizes: Sequence[int]) -> int:
+    """Grow every ubatch slot to the largest need over *all* buckets before capture. Returns that bucket.
+
+    The need of a bucket is not always largest at the largest batch (see
+    :class:`BatchDependentSplitsBackend`), so "capture largest first" alone is
+    not enough; reserving the maximum over all buckets is.
+    """
+    need = bucket_workspace_bytes(shapes_for, sizes)
+    worst = max(need, key=lambda b: (need[b], b))
+    for slot in range(manager.num_ubatches):
+        with ubatch_context(slot):
+            manager.get_simultaneous(*shapes_for(worst))
+    return worst
+
+
+class BatchDependentSplitsBackend(TurboQuantAttentionBackend):
+    """A decode consumer whose workspace need is *not* monotonic in the batch size.
+
+    Split-KV kernels pick how many KV splits to use by batch size: a small
+    batch has too few (request, head) pairs to fill the GPU, so it splits the
+    context more. Here batches of at most ``small_batch_max`` rows use
+    ``small_batch_splits`` splits (default 4x ``tq_max_kv_splits_for_cuda_graph``),
+    larger ones the usual number. The ``(B, Hq, S, D+1)`` float32 partials then
+    need more bytes at B = ``small_batch_max`` than at a larger bucket.
+    """
+
+    def __init__(self, config: EngineConfig, workspace, cache_format=None, *, small_batch_max: int = 2,
+                 small_batch_splits: int | None = None):
+        super().__init__(config, workspace, cache_format)
+        self.small_batch_max = _pos_int("small_batch_max", small_batch_max)
+        self.small_batch_splits = (
+            4 * self.num_kv_splits if small_batch_splits is None else _pos_int("small_batch_splits", small_batch_splits)
+        )
+
+    def num_kv_splits_for(self, batch: int) -> int:
+        return self.small_batch_splits if batch <= self.small_batch_max else self.num_kv_splits
+
+    def decode_shapes(self, batch: int) -> tuple:
+        return decode_workspace_shapes(batch, self.num_heads, self.head_dim, self.num_kv_splits_for(batch), self.config.dtype)
+
+    def _decode_attention(self, query, cache, block_tables, seq_lens) -> torch.Tensor:
+        mid_out, output, lse = self.workspace.get_simultaneous(*self.decode_shapes(query.shape[0]))
+        self.cache_format.decode(query, cache, block_tables, seq_lens, self.scale, mid_out, output, lse)
+        return output
+
+
+# --------------------------------------------------------------------------- #
+# Engines and batches for the demonstrations                                  #
+# --------------------------------------------------------------------------- #
+
+
+def make_demo_config(**overrides) -> EngineConfig:
+    """The bug report's model, one rank's shard (``nemotron-3-super-120b-a12b`` preset: TP 8, so 4 query heads,
+    1 KV head, head_dim 128, 8 layers, ``max_num_seqs`` 4, ``turboquant_3bit_nc``) with a short
+    ``max_model_len`` (512) and ``max_num_batched_tokens`` (256) so every demonstration runs in
+    seconds on a CPU. ``overrides`` replace fields."""
+    kw = dict(max_model_len=512, max_num_batched_tokens=256)
+    kw.update(overrides)
+    return EngineConfig.from_preset("nemotron-3-super-120b-a12b", **kw)
+
+
+def make_engine_and_runner(config: EngineConfig, device: str | torch.device = "cpu", *, fix: bool = True,
+                           capture: bool = True, order: str | Sequence[int] = "largest_first",
+                           reserve: str | None = None, backend_factory: Callable | None = None, lock: bool = True,
+                           kv_cache_tokens: int | None = None,
+                           **runner_kwargs) -> tuple[LLMEngine, CUDAGraphDecodeRunner]:
+    """An engine and the :class:`~tqlab.engine.cuda_graph.CUDAGraphDecodeRunner` whose capture this function drives.
+
+    The engine is built with ``enforce_eager=True`` (so its own start-up captures
+    nothing; it locks), then the workspace is unlocked, the runner installed
+    (``runner_kwargs``: mode, guard, keep_captured_buffers, ...), optionally the
+    backend swapped (``backend_factory(config, workspace, cache_format)``),
+    optionally reserved (``reserve``: ``None``, ``"max_num_seqs"`` = PR #44053's
+    decode reservation, ``"all_buckets"`` = :func:`reserve_for_buckets`), the
+    buckets captured in ``order`` (``"largest_first"``, ``"smallest_first"`` or
+    an explicit list) and the workspace locked again if ``lock``.
+
+    Returns ``(engine, decode_runner)``.
+    """
+    eng = LLMEngine(config.replace(enforce_eager=True), fix=fix, device=device, kv_cache_tokens=kv_cache_tokens)
+    eng.workspace.unlock()
+    if backend_factory is not None:
+        nb = backend_factory(eng.config, eng.workspace, eng.backend.cache_format)
+        eng.backend = eng.runner.backend = nb
+    dr = install_decode_runner(eng, **runner_kwargs)
+    sizes = eng.config.capture_sizes()
+    if reserve == "max_num_seqs":
+        reserve_workspace(eng.config, eng.workspace)
+    elif reserve == "all_buckets":
+        reserve_for_buckets(eng.workspace, decode_shapes_for(eng.runner.backend), sizes)
+    elif reserve is not None:
+        raise ValueError(f"reserve must be None, 'max_num_seqs' or 'all_buckets', got {reserve!r}")
+    if capture:
+        capture_buckets(dr, sizes, order)
+    if lock:
+        eng.workspace.lock()
+    return eng, dr
+
+
+def capture_buckets(dr: CUDAGraphDecodeRunner, sizes: Sequence[int], order: str | Sequence[int] = "largest_first") -> list[int]:
+    """Capture ``sizes`` in ``order`` (``"largest_first"`` as vLLM, ``"smallest_first"``, or a list). Returns the order used."""
+    if order == "largest_first":
+        seq = sorted(sizes, reverse=True)
+    elif order == "smallest_first":
+        seq = sorted(sizes)
+    elif isinstance(order, str):
+        raise ValueError(f"order must be 'largest_first', 'smallest_first' or a list of sizes, got {order!r}")
+    else:
+        seq = list(order)
+    for b in seq:
+        dr.capture(b)
+    return seq
+
+
+def prepare_decode_batch(runner, batch: int, context_len: int, *, seed: int = 0) -> DecodeBatch:
+    """Fill the KV cache with ``context_len - 1`` random tokens for each of ``batch`` requests; return their decode step.
+
+    Request ``i`` owns blocks ``1 + i*n .. (i+1)*n`` (``n = ceil(context_len / block_size)``);
+    its new token goes to position ``context_len - 1``. Every layer's cache gets
+    the same random K/V (seeded), through the backend's store.
+
+    Raises ``ValueError`` if the cache has too few blocks or ``context_len`` exceeds ``max_model_len``.
+    """
+    b = _pos_int("batch", batch)
+    ctx = _pos_int("context_len", context_len, 2)
+    cfg, dev = runner.config, runner.device
+    if ctx > cfg.max_model_len:
+        raise ValueError(f"context_len {ctx} exceeds max_model_len {cfg.max_model_len}")
+    bs = cfg.block_size
+    nper = -(-ctx // bs)
+    num_blocks = runner.kv_caches[0].shape[0]
+    if 1 + b * nper > num_blocks:
+        raise ValueError(f"{b} requests of {ctx} tokens need {1 + b * nper} KV-cache blocks, the cache has {num_blocks}")
+    blocks = torch.arange(1, 1 + b * nper, dtype=torch.long).view(b, nper)
+    bt = torch.zeros((b, runner.max_blocks_per_seq), dtype=torch.int32)
+    bt[:, :nper] = blocks.to(torch.int32)
+    pos = torch.arange(ctx - 1)
+    hist = (blocks[:, pos // bs] * bs + pos % bs).reshape(-1)
+    new = blocks[:, (ctx - 1) // bs] * bs + (ctx - 1) % bs
+    hk, d = cfg.num_kv_heads_per_rank, cfg.head_dim
+    g = torch.Generator(device=dev).manual_seed(seed)
+    k = torch.randn((hist.numel(), hk, d), generator=g, device=dev)
+    v = torch.randn((hist.numel(), hk, d), generator=g, device=dev)
+    dt = runner.model.compute_dtype
+    k, v, hist_d = k.to(dt), v.to(dt), hist.to(dev)
+    for cache in runner.kv_caches:
+        runner.backend.do_kv_cache_update(cache, k, v, hist_d)
+    ids = torch.randint(0, runner.model.vocab_size, (b,), generator=g, device=dev)
+    return DecodeBatch(ids, new.to(dev), bt.to(dev), torch.full((b,), ctx, dtype=torch.int32, device=dev))
+
+
+def compare_logits(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """``bitwise_equal``, ``max_abs_diff`` (finite entries), ``nonfinite``, ``argmax_mismatch``, ``rows`` of ``a`` vs ``b``."""
+    a, b = a.float(), b.float()
+    fin = torch.isfinite(a) & torch.isfinite(b)
+    d = (a - b).abs()
+    return {
+        "bitwise_equal": bool(torch.equal(a, b)),
+        "max_abs_diff": float(d[fin].max()) if bool(fin.any()) else float("nan"),
+        "nonfinite": int((~torch.isfinite(a)).sum()),
+        "argmax_mismatch": int((a.argmax(-1) != b.argmax(-1)).sum()),
+        "rows": int(a.shape[0]),
+    }
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+# --------------------------------------------------------------------------- #
+# Demonstration: warm-up before capture                                       #
+# --------------------------------------------------------------------------- #
+
+
+def warmup_demo(config: EngineConfig, device: str | torch.device = "cpu") -> dict:
+    """Capture the largest bucket on an empty workspace, with and without eager warm-up.
+
+    Without reservation (``fix=False``) the workspace is empty at capture time.
+    With warm-up the eager run grows it and the capture allocates nothing; without
+    warm-up the growth happens *inside* the capture (on CUDA: from the graph's
+    private pool). Returns, per variant, resize events during warm-up and during
+    capture, the workspace size and whether the capture raised (and what).
+    """
+    out = {}
+    b = max(config.capture_sizes())
+    for name, nw in (("with_warmup", 2), ("without_warmup", 0)):
+        eng, dr = make_engine_and_runner(config, device, fix=False, capture=False, lock=False)
+        row = {"bucket": b, "num_warmups": nw, "workspace_bytes_before": eng.workspace.size_bytes(0)}
+        try:
+            dr.capture(b, num_warmups=nw)
+            cap = dr.graphs[b]
+            row.update(ok=True, resizes_in_warmup=cap.resizes_in_warmup, resizes_in_capture=cap.resizes_in_capture,
+                       error=None)
+        except Exception as e:  # a failed capture is a result here, not a crash
+            row.update(ok=False, resizes_in_warmup=None, resizes_in_capture=None, error=f"{type(e).__name__}: {e}"[:400])
+        row["workspace_bytes_after"] = eng.workspace.size_bytes(0)
+        out[name] = row
+        del eng, dr
+    return out
+
+
+# --------------------------------------------------------------------------- #
+# Demonstration: pointer stability and replay == eager                        #
+# --------------------------------------------------------------------------- #
+
+
+def pointer_stability_demo(config: EngineConfig, device: str | torch.device = "cpu", *, batch: int | None = None,
+                           steps: int = 3, context_len: int = 64) -> dict:
+    """Capture every bucket (reserved, warmed up, largest first, locked), then replay and compare.
+
+    Each step replays the decode of ``batch`` rows (default ``max_num_seqs - 1``,
+    so one lane is padding), compares the logits with the eager step on the same
+    inputs, and reads the workspace views' ``data_ptr()`` again; between steps an
+    eager continuation-prefill request uses the same workspace bytes. Returns the
+    pointers at capture and at each step, and the comparison.
+    """
+    eng, dr = make_engine_and_runner(config, device, fix=True, kv_cache_tokens=config.max_num_seqs * context_len + 4 * config.block_size)
+    n = batch if batch is not None else max(1, config.max_num_seqs - 1)
+    bucket = select_bucket(n, dr.captured_sizes)
+    db = prepare_decode_batch(eng.runner, n, context_len)
+    ws = eng.workspace
+    cap = dr.graphs[bucket]
+    shapes = decode_shapes_for(eng.runner.backend)(bucket)
+    rows = []
+    for step in range(steps):
+        dr.static.fill(db, bucket)
+        ref = dr.eager(bucket)[:n].clone()
+        got = dr.run(*db.astuple()).clone()
+        _sync(eng.device)
+        views_now = ws.get_simultaneous(*shapes)
+        rows.append({
+            "step": step,
+            "buffer_ptr": ws.data_ptrs()[0],
+            "view_ptrs": [v.data_ptr() for v in views_now],
+            "same_as_capture": [v.data_ptr() for v in views_now] == list(cap.view_ptrs[0]),
+            **compare_logits(got, ref),
+        })
+        # An eager continuation prefill in between uses the same buffer (offset 0 again).
+        cont = eng.backend.forward_prefill
+        c = eng.config
+        cached = min(c.max_model_len // 2, 200)
+        q = torch.zeros((c.max_num_batched_tokens, c.num_heads_per_rank, c.head_dim), dtype=eng.runner.model.compute_dtype, device=eng.device)
+        kv = torch.zeros((q.shape[0], c.num_kv_heads_per_rank, c.head_dim), dtype=q.dtype, device=eng.device)
+        cont(q, kv, kv, eng.runner.kv_caches[0], db.block_tables[0], cached_len=cached)
+    return {
+        "device": str(eng.device),
+        "mode": dr.mode,
+        "batch": n,
+        "bucket": bucket,
+        "buckets": dr.captured_sizes,
+        "workspace_bytes": ws.size_bytes(0),
+        "capture_buffer_ptr": cap.snapshot.ptrs[0],
+        "capture_view_ptrs": list(cap.view_ptrs[0]),
+        "num_workspace_requests_in_graph": len(cap.view_ptrs),
+        "distinct_view_ptr_sets_in_graph": len(set(cap.view_ptrs)),
+        "resizes_in_capture": {b: dr.graphs[b].resizes_in_capture for b in dr.captured_sizes},
+        "steps": rows,
+        "stats": dict(dr.stats),
+    }
+
+
+# --------------------------------------------------------------------------- #
+# Demonstration: the stale-pointer hazard                                     #
+# --------------------------------------------------------------------------- #
+
+
+def _owner_divergence(dr: CUDAGraphDecodeRunner, bucket: int, old_buf: torch.Tensor, ref: torch.Tensor, n: int,
+                      trials: int = 5, fills: int = 2000) -> list[dict]:
+    """CUDA only: while the stale graph replays, a second stream (the freed block's "new owner") keeps writing NaN
+    into the old buffer. Returns the logits comparison of each trial."""
+    dev = old_buf.device
+    victim = old_buf.view(torch.float32)
+    owner = torch.cuda.Stream(device=dev)
+    # The owner's work as one graph of many fills, so it runs for milliseconds from one launch.
+    og = torch.cuda.CUDAGraph()
+    torch.cuda.synchronize(dev)
+    with no_gc_during_capture(), torch.cuda.graph(og, stream=owner):
+        for _ in range(fills):
+            victim.fill_(float("nan"))
+    torch.cuda.synchronize(dev)
+    res = []
+    cap = dr.graphs[bucket]
+    main = torch.cuda.current_stream(dev)
+    for _ in range(trials):
+        torch.cuda.synchronize(dev)
+        owner.wait_stream(main)
+        with torch.cuda.stream(owner):
+            og.replay()
+        cap.graph.replay()  # no guard: this is the hazard
+        torch.cuda.synchronize(dev)
+        res.append(compare_logits(cap.output[:n], ref))
+    del og
+    return res
+
+
+def _stale_with_lock(dr: CUDAGraphDecodeRunner, db: DecodeBatch, ref: torch.Tensor, grow: int) -> dict:
+    """Phase 1: a growth request after the lock is refused; the pointers stay, replay still equals eager."""
+    ws, cap = dr.workspace, dr.graphs[select_bucket(len(db), dr.captured_sizes)]
+    try:
+        ws.get_simultaneous(((grow,), torch.uint8))
+        return {"refused": False}
+    except WorkspaceLockedError as e:
+        got = dr.run(*db.astuple()).clone()
+        return {"refused": True, "error": str(e), "buffer_ptr_after": ws.data_ptrs()[0],
+                "pointer_unchanged": ws.data_ptrs()[0] == cap.snapshot.ptrs[0], **compare_logits(got, ref)}
+
+
+def _stale_without_guard(dr: CUDAGraphDecodeRunner, db: DecodeBatch, ref: torch.Tensor, grow: int,
+                         concurrent_owner: bool) -> dict:
+    """Phase 2: unlock, grow, lock, then replay with the guard off: the graph writes into the old buffer."""
+    ws, n = dr.workspace, len(db)
+    bucket = select_bucket(n, dr.captured_sizes)
+    cap, dev = dr.graphs[bucket], ws.device
+    ws.unlock()
+    ws.get_simultaneous(((grow,), torch.uint8))
+    ws.lock()
+    old, new = cap.kept_buffers[0], ws.buffer(0)
+    inside = lambda buf: all(buf.data_ptr() <= p < buf.data_ptr() + buf.numel() for p in cap.view_ptrs[0])  # noqa: E731
+    nd: dict[str, Any] = {
+        "old_buffer_ptr": old.data_ptr(), "new_buffer_ptr": new.data_ptr(), "new_bytes": new.numel(),
+        "graph_view_ptrs": list(cap.view_ptrs[0]), "graph_views_inside_old_buffer": inside(old),
+        "graph_views_inside_new_buffer": inside(new), "stale_buckets": dr.stale_buckets(),
+    }
+    old.fill_(0xAB)
+    new.fill_(0xCD)
+    _sync(dev)
+    got = dr.run(*db.astuple()).clone()
+    _sync(dev)
+    nd["old_buffer_bytes_overwritten"] = int((old != 0xAB).sum())
+    nd["new_buffer_bytes_touched"] = int((new != 0xCD).sum())
+    nd["exclusive_old_buffer"] = compare_logits(got, ref)
+    # The old block handed to a new owner, who stored its data there before the replay.
+    pattern = torch.arange(old.numel(), device=dev, dtype=torch.int64).remainder(251).to(torch.uint8)
+    old.copy_(pattern)
+    dr.run(*db.astuple())
+    _sync(dev)
+    nd["new_owner_bytes_corrupted"] = int((old != pattern).sum())
+    nd["new_owner_bytes"] = old.numel()
+    if concurrent_owner and dev.type == "cuda":
+        t = nd["concurrent_owner_trials"] = _owner_divergence(dr, bucket, old, ref, n)
+        nd["concurrent_owner_diverged"] = sum(1 for r in t if not r["bitwise_equal"])
+    return nd
+
+
+def stale_replay_demo(config: EngineConfig, device: str | torch.device = "cpu", *, context_len: int = 64,
+                      concurrent_owner: bool | None = None) -> dict:
+    """Unlock, grow the workspace, and replay a captured graph: with the lock, without guard, with the guard.
+
+    1. ``lock``: the growth request after the lock is refused
+       (:class:`~tqlab.workspace.WorkspaceLockedError`); pointers unchanged;
+       replay still equals eager.
+    2. ``no_guard``: unlock, grow (the manager frees the captured buffer; the
+       runner keeps a reference, so the memory stays ours), replay without the
+       guard. Shown: the graph's views still point into the old buffer; a
+       sentinel written into the old buffer is overwritten by the replay while
+       the new buffer is untouched; a "new owner" pattern in the old buffer is
+       destroyed; and (CUDA, ``concurrent_owner``) with the new owner writing
+       on another stream during the replay, the logits diverge from eager.
+    3. ``guard``: the same replay with the guard on raises
+       :class:`~tqlab.engine.replay_guard.StalePointerError`, naming the moved
+       slot, before anything runs.
+    """
+    dev = torch.device(device)
+    if concurrent_owner is None:
+        concurrent_owner = dev.type == "cuda"
+    eng, dr = make_engine_and_runner(config, dev, fix=True, guard=False, keep_captured_buffers=True,
+                                     kv_cache_tokens=config.max_num_seqs * context_len + 4 * config.block_size)
+    n = config.max_num_seqs
+    bucket = select_bucket(n, dr.captured_sizes)
+    db = prepare_decode_batch(eng.runner, n, context_len)
+    dr.static.fill(db, bucket)
+    ref = dr.eager(bucket)[:n].clone()
+    cap = dr.graphs[bucket]
+    grow = eng.workspace.size_bytes(0) * 2 + (1 << 20)
+    result: dict[str, Any] = {"device": str(dev), "mode": dr.mode, "bucket": bucket, "batch": n,
+                              "captured_buffer_ptr": cap.snapshot.ptrs[0], "captured_bytes": cap.snapshot.sizes[0],
+                              "grow_request_bytes": grow}
+    result["lock"] = _stale_with_lock(dr, db, ref, grow)
+    result["no_guard"] = _stale_without_guard(dr, db, ref, grow, concurrent_owner)
+    dr.guard = True
+    try:
+        dr.run(*db.astuple())
+        result["guard"] = {"raised": False}
+    except StalePointerError as e:
+        result["guard"] = {"raised": True, "error": str(e), "slot": e.slot, "bucket": e.bucket}
+    result["stats"] = dict(dr.stats)
+    return result
+
+
+# --------------------------------------------------------------------------- #
+# Cases from public reports                                                   #
+# --------------------------------------------------------------------------- #
+
+
+def _replay_all(eng, dr: CUDAGraphDecodeRunner, context_len: int) -> dict[int, dict]:
+    """Run a full batch through every bucket with the guard on; per bucket: ok, or the guard's error."""
+    n = max(dr.captured_sizes)
+    db = prepare_decode_batch(eng.runner, n, context_len)
+    out = {}
+    for b in dr.captured_sizes:
+        try:
+            dr.run(*db.rows(b).astuple())
+            out[b] = {"ok": True}
+        except StalePointerError as e:
+            out[b] = {"ok": False, "slot": e.slot, "error": str(e)}
+    return out
+
+
+def _capture_table(dr: CUDAGraphDecodeRunner) -> list[dict]:
+    return [{"bucket": b, "buffer_ptr": dr.graphs[b].snapshot.ptrs[0], "bytes": dr.graphs[b].snapshot.sizes[0],
+             "resizes_in_warmup": dr.graphs[b].resizes_in_warmup, "resizes_in_capture": dr.graphs[b].resizes_in_capture}
+            for b in dr.captured_sizes]
+
+
+def capture_order_demo(config: EngineConfig, device: str | torch.device = "cpu", *, order: str = "smallest_first",
+                       reserve: str | None = None, context_len: int = 32) -> dict:
+    """Case (a): capture buckets in ``order`` with or without a reservation, then replay every bucket guarded.
+
+    Without reservation (``fix=False``) and small-to-large, each warm-up grows
+    the workspace and frees the buffer the previous graphs baked in: those
+    graphs are stale (vLLM: an illegal memory access on the first decode). The
+    guard refuses them; reserve-then-capture (``reserve="max_num_seqs"``) or
+    largest first avoids the growth.
+    """
+    eng, dr = make_engine_and_runner(config, device, fix=False, order=order, reserve=reserve, guard=True,
+                          keep_captured_buffers=True,
+                          kv_cache_tokens=config.max_num_seqs * context_len + 4 * config.block_size)
+    return {"order": order, "reserve": reserve, "captures": _capture_table(dr), "final_ptr": eng.workspace.data_ptrs()[0],
+            "final_bytes": eng.workspace.size_bytes(0), "stale_buckets": dr.stale_buckets(),
+            "replay": _replay_all(eng, dr, context_len)}
+
+
+def nonmonotonic_demo(config: EngineConfig, device: str | torch.device = "cpu", *, reserve: str = "max_num_seqs",
+                      small_batch_max: int = 2, context_len: int = 32) -> dict:
+    """Case (b): a consumer that needs more workspace at a smaller batch; capture largest first.
+
+    With PR #44053's reservation (decode at ``max_num_seqs``) the capture of the
+    small bucket still grows the workspace, after the larger buckets were
+    captured: they are stale, and the lock (taken later) cannot notice. Only
+    ``reserve="all_buckets"`` (the maximum over every bucket) is safe.
+    """
+    factory = lambda c, w, f: BatchDependentSplitsBackend(c, w, f, small_batch_max=small_batch_max)  # noqa: E731
+    eng, dr = make_engine_and_runner(config, device, fix=True, reserve=reserve, backend_factory=factory, guard=True,
+                          keep_captured_buffers=True,
+                          kv_cache_tokens=config.max_num_seqs * context_len + 4 * config.block_size)
+    need = bucket_workspace_bytes(decode_shapes_for(eng.runner.backend), dr.captured_sizes)
+    return {"reserve": reserve, "need_bytes": need, "argmax_need": max(need, key=lambda b: (need[b], b)),
+            "captures": _capture_table(dr), "final_bytes": eng.workspace.size_bytes(0),
+            "stale_buckets": dr.stale_buckets(), "replay": _replay_all(eng, dr, context_len)}
+
+
+def late_warmup_demo(config: EngineConfig, device: str | torch.device = "cpu", *, context_len: int = 32) -> dict:
+    """Case (c): a warm-up that runs *after* capture and grows the workspace.
+
+    ``before_lock``: it runs between capture and lock (e.g. an extra dummy run
+    added to start-up), so the lock cannot catch it: the guard must, at the
+    first replay. ``after_lock``: the lock refuses the growth. The warm-up is a
+    decode dummy run of ``2 * max_num_seqs`` rows (more than was reserved).
+    """
+    res = {}
+    rows = 2 * config.max_num_seqs
+    for when in ("before_lock", "after_lock"):
+        eng, dr = make_engine_and_runner(config, device, fix=True, guard=True, keep_captured_buffers=True, lock=(when == "after_lock"),
+                              kv_cache_tokens=config.max_num_seqs * context_len + 4 * config.block_size)
+        before = eng.workspace.data_ptrs()[0]
+        row: dict[str, Any] = {"warmup_rows": rows, "bytes_before": eng.workspace.size_bytes(0)}
+        try:
+            eng.runner.dummy_decode(rows)
+            row["warmup_refused"] = None
+        except WorkspaceLockedError as e:
+            row["warmup_refused"] = str(e)
+        if not eng.workspace.is_locked():
+            eng.workspace.lock()
+        row.update(bytes_after=eng.workspace.size_bytes(0), moved=eng.workspace.data_ptrs()[0] != before,
+                   stale_buckets=dr.stale_buckets(), replay=_replay_all(eng, dr, context_len))
+        res[when] = row
+    return res
+
+
+class LiveCells:
+    """Which GPU-live cells of a notebook ran, so that a GPU run cannot "pass" while skipping one.
+
+    ``expected``: names of the cells that must run live on CUDA. Each such
+    cell calls :meth:`ran` when it computed live, or :meth:`recorded` when it
+    showed recorded data instead. :meth:`finish` raises ``AssertionError`` on
+    CUDA if any expected cell did not run live, and writes the log as JSON if
+    given a path.
+    """
+
+    def __init__(self, device: str | torch.device, expected: Sequence[str]):
+        self.device = str(device)
+        self.expected = list(expected)
+        if len(set(self.expected)) != len(self.expected):
+            raise ValueError(f"duplicate live-cell names in {self.expected}")
+        self.live: list[str] = []
+        self.from_recorded: list[str] = []
+
+    def _check(self, name: str) -> None:
+        if name not in self.expected:
+            raise ValueError(f"unknown live cell {name!r}; expected one of {self.expected}")
+
+    def ran(self, name: str) -> None:
+        self._check(name)
+        if name not in self.live:
+            self.live.append(name)
+
+    def recorded(self, name: str) -> None:
+        self._check(name)
+        if name not in self.from_recorded:
+            self.from_recorded.append(name)
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.startswith("cuda")
+
+    def missing(self) -> list[str]:
+        return [n for n in self.expected if n not in self.live]
+
+    def summary(self) -> dict:
+        return {"device": self.device, "expected": self.expected, "ran": self.live, "recorded": self.from_recorded,
+                "missing": self.missing()}
+
+    def finish(self, path: str | os.PathLike | None = None) -> dict:
+        s = self.summary()
+        if path:
+            Path(path).write_text(json.dumps(s, indent=2))
+        if self.on_cuda and s["missing"]:
+            raise AssertionError(f"DEVICE={self.device} but these GPU-live cells did not run live: {s['missing']}")
+        return s
+
