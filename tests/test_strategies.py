@@ -23,7 +23,7 @@ import torch
 from tqlab import strategies as S
 from tqlab.config import EngineConfig
 from tqlab.engine import LLMEngine
-from tqlab.analysis import first_failing_prompt, workspace_bytes_for_prompt
+from tqlab.analysis import first_failing_prompt, unfixed_locked_bytes, workspace_bytes_for_prompt
 from tqlab.workspace import WorkspaceLockedError, format_mb, rewarm_workspace, ubatch_context
 
 TINY = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1, max_model_len=1024,
@@ -51,7 +51,7 @@ def results(tiny):
 
 
 def _tokens(config, strategy, prompt, max_tokens=3):
-    e = S.make_engine(config, strategy, device="cpu")
+    e = S.make_strategy_engine(config, strategy, device="cpu")
     return e, e.generate(prompt, max_tokens=max_tokens).output_token_ids
 
 
@@ -64,14 +64,14 @@ def test_strategy_names():
 
 def test_make_engine_refuses_bad_arguments(tiny):
     with pytest.raises(ValueError, match="unknown strategy 'reserved'"):
-        S.make_engine(tiny, "reserved")
+        S.make_strategy_engine(tiny, "reserved")
     with pytest.raises(ValueError, match="fix= is chosen by the strategy"):
-        S.make_engine(tiny, "none", fix=True)
+        S.make_strategy_engine(tiny, "none", fix=True)
     with pytest.raises(ValueError, match="after_profile= is chosen by the strategy"):
-        S.make_engine(tiny, "none", after_profile=lambda e: None)
+        S.make_strategy_engine(tiny, "none", after_profile=lambda e: None)
     with pytest.raises(TypeError, match="get_simultaneous"):
         S.FallbackWorkspace(object())
-    e = S.make_engine(tiny, "none")
+    e = S.make_strategy_engine(tiny, "none")
     with pytest.raises(ValueError, match="growth_factor must be a number >= 1.0, got 0.5"):
         S.ReplayAwareWorkspace(e, growth_factor=0.5)
 
@@ -79,7 +79,7 @@ def test_make_engine_refuses_bad_arguments(tiny):
 def test_make_engine_wires_each_strategy(tiny):
     kinds = {}
     for s in S.ALL_STRATEGIES:
-        e = S.make_engine(tiny, s)
+        e = S.make_strategy_engine(tiny, s)
         assert e.strategy == s and e.workspace.is_locked()
         kinds[s] = type(e.strategy_state).__name__
         assert e.backend.workspace is (e.workspace if e.strategy_state is None else e.strategy_state)
@@ -88,17 +88,17 @@ def test_make_engine_wires_each_strategy(tiny):
     assert kinds == {"none": "NoneType", "dummy_run": "NoneType", "reserve": "NoneType",
                      "replay_aware": "ReplayAwareWorkspace", "fallback": "FallbackWorkspace",
                      "grow_no_recapture": "ReplayAwareWorkspace"}
-    assert S.make_engine(tiny, "grow_no_recapture").strategy_state.recapture is False
+    assert S.make_strategy_engine(tiny, "grow_no_recapture").strategy_state.recapture is False
 
 
 # --------------------------------------------------------------------------- exact bytes
 def test_unfixed_lock_size_is_what_the_unfixed_engine_locks(tiny, nemotron):
-    assert S.unfixed_locked_bytes(tiny) == 1792
+    assert unfixed_locked_bytes(tiny) == 1792
     assert LLMEngine(tiny, fix=False, device="cpu").locked_bytes == 1792
-    assert S.unfixed_locked_bytes(tiny.replace(enforce_eager=True)) == 0
+    assert unfixed_locked_bytes(tiny.replace(enforce_eager=True)) == 0
     # the bug report's "current size is 0.26 MB"
-    assert S.unfixed_locked_bytes(nemotron) == 268544
-    assert format_mb(S.unfixed_locked_bytes(nemotron)) == "0.26"
+    assert unfixed_locked_bytes(nemotron) == 268544
+    assert format_mb(unfixed_locked_bytes(nemotron)) == "0.26"
 
 
 def test_dummy_run_chunks(tiny, nemotron):
@@ -110,7 +110,7 @@ def test_dummy_run_chunks(tiny, nemotron):
 
 
 def test_dummy_run_grows_before_capture(tiny):
-    e = S.make_engine(tiny, "dummy_run")
+    e = S.make_strategy_engine(tiny, "dummy_run")
     names = [p.name for p in e.phases]
     assert names == ["init_workspace", "build_backend", "profile_run", "after_profile", "capture", "lock"]
     after = dict((p.name, p.workspace_bytes) for p in e.phases)
@@ -139,7 +139,7 @@ def test_workspace_vs_max_model_len_dbo_doubles(nemotron):
 
 # --------------------------------------------------------------------------- threshold sweep
 def _brute_force_longest(config):
-    lb = S.unfixed_locked_bytes(config)
+    lb = unfixed_locked_bytes(config)
     n = 0
     while n + 1 < config.max_model_len and workspace_bytes_for_prompt(config, n + 1) <= lb:
         n += 1
@@ -239,12 +239,12 @@ def test_reserve_and_dummy_run_cover_every_prompt(tiny):
     # no workspace call, so even the unfixed engine serves it
     n = 256 + 97
     assert workspace_bytes_for_prompt(tiny, n) == 0
-    assert S.make_engine(tiny, "none").generate(n, max_tokens=1).finished
+    assert S.make_strategy_engine(tiny, "none").generate(n, max_tokens=1).finished
 
 
 def test_fallback_warns_once_completes_and_matches_reserve(tiny):
     _, want = _tokens(tiny, "reserve", LONG_PROMPT)
-    e = S.make_engine(tiny, "fallback")
+    e = S.make_strategy_engine(tiny, "fallback")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = e.generate(LONG_PROMPT, max_tokens=3).output_token_ids
@@ -265,7 +265,7 @@ def test_fallback_warns_once_completes_and_matches_reserve(tiny):
 
 def test_replay_aware_relocks_recaptures_and_matches_reserve(tiny):
     _, want = _tokens(tiny, "reserve", LONG_PROMPT)
-    e = S.make_engine(tiny, "replay_aware")
+    e = S.make_strategy_engine(tiny, "replay_aware")
     captured = []
     real_capture = e.runner.decode_runner.capture
     e.runner.decode_runner.capture = lambda b, *a, **k: captured.append(b) or real_capture(b, *a, **k)
@@ -279,13 +279,13 @@ def test_replay_aware_relocks_recaptures_and_matches_reserve(tiny):
     assert [r.workspace_bytes for r in e.captures] == [[49152], [49152]]
     assert S.captured_graphs_valid(e)
     serve = [(r["kind"], r["caller"].split(":")[0]) for r in S.workspace_timeline(e) if r["phase"] == "serve"]
-    assert serve == [("violation", "turboquant_attn.py"), ("unlock", "strategies.py"), ("resize", "turboquant_attn.py"),
-                     ("lock", "strategies.py")] * 3
+    assert serve == [("violation", "turboquant_attn.py"), ("unlock", "fixes.py"), ("resize", "turboquant_attn.py"),
+                     ("lock", "fixes.py")] * 3
     assert {g["caller"].split(":")[-1] for g in st.regrowths} == {"_continuation_prefill"}
 
 
 def test_replay_aware_growth_factor(tiny):
-    e = S.make_engine(tiny, "replay_aware")
+    e = S.make_strategy_engine(tiny, "replay_aware")
     e.strategy_state.growth_factor = 4.0
     e.generate(LONG_PROMPT, max_tokens=1)
     # 1792 -> max(16384, 7168) = 16384 -> max(32768, 65536) = 65536: one growth covers the 49152 need
@@ -293,7 +293,7 @@ def test_replay_aware_growth_factor(tiny):
 
 
 def test_grow_without_recapture_leaves_stale_graphs(tiny):
-    e = S.make_engine(tiny, "grow_no_recapture")
+    e = S.make_strategy_engine(tiny, "grow_no_recapture")
     ptrs_at_capture = [r.workspace_ptrs for r in e.captures]
     e.generate(SEED_PROMPT, max_tokens=1)
     assert [r.workspace_bytes for r in e.captures] == [[1792], [1792]]
@@ -303,13 +303,13 @@ def test_grow_without_recapture_leaves_stale_graphs(tiny):
 
 
 def test_timeline_phases_for_the_unfixed_engine(tiny):
-    e = S.make_engine(tiny, "none")
+    e = S.make_strategy_engine(tiny, "none")
     with pytest.raises(WorkspaceLockedError):
         e.generate(SEED_PROMPT, max_tokens=1)
     rows = S.workspace_timeline(e)
     assert [(r["phase"], r["kind"], r["new_bytes"]) for r in rows] == [
         ("capture", "resize", 1792), ("lock", "lock", 1792), ("serve", "violation", 16384)]
-    with pytest.raises(ValueError, match="make_engine"):
+    with pytest.raises(ValueError, match="make_strategy_engine"):
         S.workspace_timeline(LLMEngine(tiny, fix=True))
 
 
@@ -349,7 +349,7 @@ def test_trace_and_replay(tiny):
 
 
 def test_captured_graphs_valid_ignores_slots_empty_at_capture(tiny):
-    e = S.make_engine(tiny.replace(enable_dbo=True), "none")
+    e = S.make_strategy_engine(tiny.replace(enable_dbo=True), "none")
     assert [r.workspace_bytes for r in e.captures] == [[1792, 0], [1792, 0]]
     with rewarm_workspace(e.workspace), ubatch_context(1):
         e.workspace.get_simultaneous(((4096,), torch.uint8))
@@ -358,17 +358,19 @@ def test_captured_graphs_valid_ignores_slots_empty_at_capture(tiny):
 
 def test_replay_aware_recaptures_through_the_graph_decode_runner(tiny):
     """The CUDA-graph decode runner (simulated graphs on CPU), with its pointer guard on every replay."""
-    cg = pytest.importorskip("tqlab.cuda_graphs")
+    from tqlab.engine.cuda_graph import install_decode_runner
+    from tqlab.engine.replay_guard import StalePointerError
+
     out = {}
     for strategy in ("reserve", "replay_aware", "grow_no_recapture"):
-        e = S.make_engine(tiny, strategy)
-        dr = cg.install_decode_runner(e, mode="simulated")
+        e = S.make_strategy_engine(tiny, strategy)
+        dr = install_decode_runner(e, mode="simulated")
         e.captures = e.runner.capture_model(tuple(r.batch_size for r in e.captures))
-        if e.strategy_state is not None:  # the capture restored the manager; wrap again, as make_engine does
-            e.backend.workspace = e.strategy_state
+        # the capture's recorder sat in front of the strategy's client and is gone again
+        assert e.backend.workspace is (e.workspace if e.strategy_state is None else e.strategy_state)
         try:
             out[strategy] = (e.generate(LONG_PROMPT, max_tokens=4).output_token_ids, dict(dr.stats))
-        except cg.StalePointerError as err:
+        except StalePointerError as err:
             assert e.dead is err
             out[strategy] = ("stale", dict(dr.stats))
         if strategy == "replay_aware":  # it re-captured through the graph runner and is still in place
