@@ -1,7 +1,7 @@
 """Eager vs CUDA-graph replay latency of one decode step, recorded to ``data/cuda_graphs_latency.json``.
 
 Two models on one rank, TurboQuant KV cache, every decode bucket captured by
-the engine (``tqlab.cuda_graphs.CUDAGraphDecodeRunner``):
+the engine (``tqlab.engine.cuda_graph.CUDAGraphDecodeRunner``):
 
 * ``seed``  -- the bug report's deployment (``nemotron-3-super-120b-a12b`` preset,
   TP 8): 4 query heads, 1 KV head, head_dim 128, 8 attention layers,
@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 
 import torch  # noqa: E402
 
-from tqlab import cuda_graphs as cg  # noqa: E402
+from tqlab.lab import graph_latency as latency  # noqa: E402
 from tqlab.config import EngineConfig  # noqa: E402
 
 MODELS = {
@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unknown model(s) {bad}; choose from {sorted(MODELS)}", file=sys.stderr)
         return 2
     cmd = "python benchmarks/bench_cuda_graphs.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = {"provenance": cg.provenance(cmd.strip()), "targets": TARGETS, "results": {}, "errors": {}}
+    out = {"provenance": latency.provenance(cmd.strip()), "targets": TARGETS, "results": {}, "errors": {}}
     dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every model, so a run cut short keeps what it measured
-        dest.write_text(json.dumps(cg.jsonable(out), indent=2))
+        dest.write_text(json.dumps(latency.jsonable(out), indent=2))
     for name in names:
         spec = MODELS[name]
         t0 = time.perf_counter()
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         cfg = EngineConfig.from_preset(spec["preset"], **spec["overrides"])
         try:
-            res = cg.measure_decode_latency(cfg, "cuda", batch_sizes=spec["batches"], context_len=args.context_len,
+            res = latency.measure_decode_latency(cfg, "cuda", batch_sizes=spec["batches"], context_len=args.context_len,
                                             iters=args.iters, warmup=args.warmup, label=name)
         except Exception as e:  # record and go on with the next model
             out["errors"][name] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"

@@ -32,7 +32,7 @@
 # 6. latency: eager vs replay per decode step.
 #
 # **Where it runs.** With CUDA every demonstration uses real `torch.cuda.CUDAGraph`s
-# (`tqlab.cuda_graphs.CUDAGraphDecodeRunner`, the engine's decode runner on CUDA). Without CUDA the
+# (`tqlab.engine.cuda_graph.CUDAGraphDecodeRunner`, the engine's decode runner on CUDA). Without CUDA the
 # same runner runs in *simulated* mode: a replay re-runs the step but answers every workspace request
 # with the view recorded at capture (the frozen pointers), and every GPU-only figure (latency, the
 # concurrent-writer divergence) comes from `data/` under a banner naming device, date and commit.
@@ -52,7 +52,10 @@ import time
 
 import torch
 
-from tqlab import cuda_graphs as cg
+from tqlab.engine import cuda_graph as cg
+from tqlab.lab import graph_demos as demos
+from tqlab.lab import graph_latency as latency
+from tqlab.lab.plots_graphs import plot_latency
 
 T0 = time.perf_counter()
 if DEVICE == "auto":
@@ -67,18 +70,18 @@ SHOW_RECORDED = USE_RECORDED == "always" or (USE_RECORDED == "auto" and not ON_C
 # The seed model's rank shard (TP 8 of the bug report): 4 query heads, 1 KV head, head_dim 128,
 # max_num_seqs 4, turboquant_3bit_nc; short max_model_len so each engine builds in a second.
 # 8 layers on CUDA, 2 on CPU (the layer count changes no pointer, only the run time).
-DEMO = cg.make_demo_config(num_hidden_layers=8 if ON_CUDA else 2)
-LIVE = cg.LiveCells(DEVICE, ["warmup", "pointer_stability", "hazard", "case_a", "case_b", "case_c", "latency"])
+DEMO = demos.make_demo_config(num_hidden_layers=8 if ON_CUDA else 2)
+LIVE = demos.LiveCells(DEVICE, ["warmup", "pointer_stability", "hazard", "case_a", "case_b", "case_c", "latency"])
 RESULTS: dict = {}
-REC_LIVE = cg.load_recorded("live")  # the GPU run of this notebook
-REC_LAT = cg.load_recorded("latency")  # benchmarks/bench_cuda_graphs.py on the GPU
+REC_LIVE = latency.load_recorded("live")  # the GPU run of this notebook
+REC_LAT = latency.load_recorded("latency")  # benchmarks/bench_cuda_graphs.py on the GPU
 print(f"device: {DEVICE} ({torch.cuda.get_device_name(0) if ON_CUDA else 'no CUDA: simulated graphs'}), torch {torch.__version__}")
 print(f"demo config: {DEMO.preset}, {DEMO.num_hidden_layers} layers, Hq/rank {DEMO.num_heads_per_rank}, "
       f"Hk/rank {DEMO.num_kv_heads_per_rank}, D {DEMO.head_dim}, max_num_seqs {DEMO.max_num_seqs}, "
       f"max_model_len {DEMO.max_model_len}, {DEMO.kv_cache_dtype}")
 if SHOW_RECORDED:
-    print(cg.recorded_banner(REC_LIVE))
-    print(cg.recorded_banner(REC_LAT))
+    print(latency.recorded_banner(REC_LIVE))
+    print(latency.recorded_banner(REC_LAT))
 
 # %% [markdown]
 # ## 1 · Buckets and static inputs
@@ -120,9 +123,9 @@ print("block_tables", static.block_tables.tolist())
 # the buffer then comes out of the graph's private pool.
 
 # %%
-r = cg.warmup_demo(DEMO, DEVICE)
+r = demos.warmup_demo(DEMO, DEVICE)
 RESULTS["warmup"] = r
-print(cg.format_table([dict(variant=k, **v) for k, v in r.items()],
+print(latency.format_table([dict(variant=k, **v) for k, v in r.items()],
                       ["variant", "num_warmups", "workspace_bytes_before", "resizes_in_warmup", "resizes_in_capture",
                        "workspace_bytes_after", "ok"]))
 for k, v in r.items():
@@ -130,8 +133,8 @@ for k, v in r.items():
         print(f"{k}: capture raised {v['error']}")
 LIVE.ran("warmup")
 if SHOW_RECORDED and REC_LIVE and "warmup" in REC_LIVE:
-    print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graph capture:")
-    print(cg.format_table([dict(variant=k, **v) for k, v in REC_LIVE["warmup"].items()],
+    print("\n" + latency.recorded_banner(REC_LIVE) + " -- real CUDA graph capture:")
+    print(latency.format_table([dict(variant=k, **v) for k, v in REC_LIVE["warmup"].items()],
                           ["variant", "num_warmups", "resizes_in_warmup", "resizes_in_capture", "workspace_bytes_after", "ok"]))
 
 # %% [markdown]
@@ -143,7 +146,7 @@ if SHOW_RECORDED and REC_LIVE and "warmup" in REC_LIVE:
 # continuation prefill uses the same workspace bytes (prefill stays eager, seed 002 §8.3).
 
 # %%
-r = cg.pointer_stability_demo(DEMO, DEVICE, steps=3)
+r = demos.pointer_stability_demo(DEMO, DEVICE, steps=3)
 if ON_CUDA:
     assert r["mode"] == "cuda", r["mode"]
 RESULTS["pointer_stability"] = r
@@ -151,14 +154,14 @@ print(f"mode {r['mode']}; batch {r['batch']} in bucket {r['bucket']}; buckets {r
       f"workspace {r['workspace_bytes']} bytes; resizes during capture {r['resizes_in_capture']}")
 print(f"capture: buffer 0x{r['capture_buffer_ptr']:x}, views {[hex(p) for p in r['capture_view_ptrs']]} "
       f"({r['num_workspace_requests_in_graph']} requests in the graph, {r['distinct_view_ptr_sets_in_graph']} distinct pointer set)")
-print(cg.format_table(r["steps"], ["step", "buffer_ptr", "view_ptrs", "same_as_capture", "bitwise_equal",
+print(latency.format_table(r["steps"], ["step", "buffer_ptr", "view_ptrs", "same_as_capture", "bitwise_equal",
                                    "max_abs_diff", "argmax_mismatch"], hex_cols=["buffer_ptr", "view_ptrs"]))
 LIVE.ran("pointer_stability")
 if SHOW_RECORDED and REC_LIVE and "pointer_stability" in REC_LIVE:
     g = REC_LIVE["pointer_stability"]
-    print("\n" + cg.recorded_banner(REC_LIVE))
+    print("\n" + latency.recorded_banner(REC_LIVE))
     print(f"real CUDA graphs: mode {g['mode']}, batch {g['batch']} in bucket {g['bucket']}")
-    print(cg.format_table(g["steps"], ["step", "buffer_ptr", "same_as_capture", "bitwise_equal", "max_abs_diff"],
+    print(latency.format_table(g["steps"], ["step", "buffer_ptr", "same_as_capture", "bitwise_equal", "max_abs_diff"],
                           hex_cols=["buffer_ptr"]))
 
 # %% [markdown]
@@ -178,7 +181,7 @@ if SHOW_RECORDED and REC_LIVE and "pointer_stability" in REC_LIVE:
 #   before anything runs.
 
 # %%
-r = cg.stale_replay_demo(DEMO, DEVICE)
+r = demos.stale_replay_demo(DEMO, DEVICE)
 if ON_CUDA:
     assert r["mode"] == "cuda" and "concurrent_owner_trials" in r["no_guard"], r["mode"]
 RESULTS["hazard"] = r
@@ -197,16 +200,16 @@ print(f"           a new owner's data in the freed block: {nd['new_owner_bytes_c
 if "concurrent_owner_trials" in nd:
     print(f"           new owner writing on another stream during the replay: "
           f"{nd['concurrent_owner_diverged']} of {len(nd['concurrent_owner_trials'])} replays diverged")
-    print(cg.format_table(nd["concurrent_owner_trials"], ["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"]))
+    print(latency.format_table(nd["concurrent_owner_trials"], ["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"]))
 print(f"[guard]    raised: {gd['raised']}\n           {gd.get('error')}")
 LIVE.ran("hazard")
 if SHOW_RECORDED:
-    print("\n" + cg.recorded_banner(REC_LIVE))
+    print("\n" + latency.recorded_banner(REC_LIVE))
     if REC_LIVE and "concurrent_owner_trials" in REC_LIVE.get("hazard", {}).get("no_guard", {}):
         g = REC_LIVE["hazard"]["no_guard"]
         print(f"on the GPU, the new owner writing on another stream during the stale replay: "
               f"{g['concurrent_owner_diverged']} of {len(g['concurrent_owner_trials'])} replays diverged from eager")
-        print(cg.format_table(g["concurrent_owner_trials"], ["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"]))
+        print(latency.format_table(g["concurrent_owner_trials"], ["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"]))
 
 # %% [markdown]
 # ## 5 · Cases from public reports
@@ -218,17 +221,17 @@ if SHOW_RECORDED:
 # %%
 rows = []
 for order, reserve in (("smallest_first", None), ("smallest_first", "max_num_seqs"), ("largest_first", None)):
-    r = cg.capture_order_demo(DEMO, DEVICE, order=order, reserve=reserve)
+    r = demos.capture_order_demo(DEMO, DEVICE, order=order, reserve=reserve)
     RESULTS.setdefault("case_a", []).append(r)
     print(f"\norder {order}, reserve {reserve}: stale buckets {r['stale_buckets']}")
-    print(cg.format_table(r["captures"], ["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"],
+    print(latency.format_table(r["captures"], ["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"],
                           hex_cols=["buffer_ptr"]))
     print("guarded replay:", {b: ("ok" if v["ok"] else "StalePointerError") for b, v in r["replay"].items()})
 bad = RESULTS["case_a"][0]["replay"]
 print("\nfirst refusal:", next(v["error"] for v in bad.values() if not v["ok"]))
 LIVE.ran("case_a")
 if SHOW_RECORDED and REC_LIVE and "case_a" in REC_LIVE:
-    print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
+    print("\n" + latency.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
     for g in REC_LIVE["case_a"]:
         print(f"order {g['order']}, reserve {g['reserve']}: stale buckets {g['stale_buckets']}, buffer per capture "
               f"{[hex(c['buffer_ptr']) for c in g['captures']]}")
@@ -242,16 +245,16 @@ if SHOW_RECORDED and REC_LIVE and "case_a" in REC_LIVE:
 
 # %%
 for reserve in ("max_num_seqs", "all_buckets"):
-    r = cg.nonmonotonic_demo(DEMO, DEVICE, reserve=reserve)
+    r = demos.nonmonotonic_demo(DEMO, DEVICE, reserve=reserve)
     RESULTS.setdefault("case_b", []).append(r)
     print(f"\nreserve {reserve}: need per bucket {r['need_bytes']} bytes (largest at bucket {r['argmax_need']}); "
           f"stale buckets {r['stale_buckets']}")
-    print(cg.format_table(r["captures"], ["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"],
+    print(latency.format_table(r["captures"], ["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"],
                           hex_cols=["buffer_ptr"]))
     print("guarded replay:", {b: ("ok" if v["ok"] else "StalePointerError") for b, v in r["replay"].items()})
 LIVE.ran("case_b")
 if SHOW_RECORDED and REC_LIVE and "case_b" in REC_LIVE:
-    print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
+    print("\n" + latency.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
     for g in REC_LIVE["case_b"]:
         print(f"reserve {g['reserve']}: need {g['need_bytes']}, stale buckets {g['stale_buckets']}")
 
@@ -261,7 +264,7 @@ if SHOW_RECORDED and REC_LIVE and "case_b" in REC_LIVE:
 # first replay. After the lock, the lock refuses it.
 
 # %%
-r = cg.late_warmup_demo(DEMO, DEVICE)
+r = demos.late_warmup_demo(DEMO, DEVICE)
 RESULTS["case_c"] = r
 for when, v in r.items():
     print(f"\nwarm-up {when}: {v['bytes_before']} -> {v['bytes_after']} bytes, moved {v['moved']}, "
@@ -286,36 +289,36 @@ LIVE.ran("case_c")
 # %%
 if ON_CUDA:
     live_lat = {
-        "seed (live)": cg.measure_decode_latency(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), "cuda",
+        "seed (live)": latency.measure_decode_latency(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), "cuda",
                                                  batch_sizes=[1, 2, 3, 4], iters=20, profile_reps=0, label="seed"),
-        "llama-3.1-8b (live)": cg.measure_decode_latency(
+        "llama-3.1-8b (live)": latency.measure_decode_latency(
             EngineConfig.from_preset("llama-3.1-8b", cudagraph_capture_sizes=(1, 32, 256)), "cuda",
             batch_sizes=[1, 32, 256], iters=15, profile_reps=0, label="llama"),
     }
     RESULTS["latency"] = live_lat
     for k, v in live_lat.items():
         print(f"{k}: buckets {len(v['buckets'])}, capture {v['capture_s']:.2f} s")
-        print(cg.format_table(v["rows"], ["batch", "bucket", "eager_us", "replay_us", "run_us", "kernel_sum_replay_us",
+        print(latency.format_table(v["rows"], ["batch", "bucket", "eager_us", "replay_us", "run_us", "kernel_sum_replay_us",
                                           "speedup", "replay_over_kernel_sum", "max_abs_diff"]))
-    cg.plot_latency(live_lat, title=f"live on {torch.cuda.get_device_name(0)}")
+    plot_latency(live_lat, title=f"live on {torch.cuda.get_device_name(0)}")
     LIVE.ran("latency")
 else:
     LIVE.recorded("latency")
 if SHOW_RECORDED or not ON_CUDA:
-    print(cg.recorded_banner(REC_LAT))
+    print(latency.recorded_banner(REC_LAT))
     if REC_LAT:
         print("command:", REC_LAT["provenance"].get("command"))
         for k, v in REC_LAT["results"].items():
             print(f"\n{k}: {v['num_hidden_layers']} layers, Hq/rank {v['num_heads_per_rank']}, Hk/rank "
                   f"{v['num_kv_heads_per_rank']}, {v['kv_cache_dtype']}, context {v['context_len']} tokens")
-            print(cg.format_table(v["rows"], ["batch", "bucket", "eager_us", "replay_us", "run_us",
+            print(latency.format_table(v["rows"], ["batch", "bucket", "eager_us", "replay_us", "run_us",
                                               "kernel_sum_replay_us", "speedup", "replay_over_kernel_sum"]))
         print("\nsummary vs targets:", json.dumps(REC_LAT.get("summary"), indent=1))
         for k, v in REC_LAT.get("errors", {}).items():
             print(f"not recorded: {k}: {v}")
         for note in REC_LAT.get("notes", []):
             print("note:", note)
-        cg.plot_latency(REC_LAT["results"], title=cg.recorded_banner(REC_LAT))
+        plot_latency(REC_LAT["results"], title=latency.recorded_banner(REC_LAT))
 
 # %% [markdown]
 # ## Closing check
@@ -329,14 +332,14 @@ if SHOW_RECORDED or not ON_CUDA:
 summary = LIVE.finish(os.environ.get("TQLAB_NB05_LOG") or None)
 print(json.dumps(summary))
 if SHOW_RECORDED and REC_LIVE:
-    print(cg.recorded_banner(REC_LIVE))
+    print(latency.recorded_banner(REC_LIVE))
     print("how it was recorded:", REC_LIVE.get("source", "this notebook's results file"))
     print("GPU tests passed in that session:", REC_LIVE.get("gpu_tests_passed"))
     print("GPU tests failed in that session:", REC_LIVE.get("gpu_tests_failed"))
 out_path = os.environ.get("TQLAB_NB05_RESULTS")
 if out_path:
-    payload = {"provenance": cg.provenance("DEVICE=cuda python notebooks/05_cuda_graphs_live.py"), **RESULTS}
+    payload = {"provenance": latency.provenance("DEVICE=cuda python notebooks/05_cuda_graphs_live.py"), **RESULTS}
     with open(out_path, "w") as f:
-        json.dump(cg.jsonable(payload), f, indent=1)
+        json.dump(latency.jsonable(payload), f, indent=1)
     print("results written to", out_path)
 print(f"notebook time: {time.perf_counter() - T0:.1f} s")

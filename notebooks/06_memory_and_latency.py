@@ -19,7 +19,7 @@
 # The bug report (seed 003) ends with four ways to keep a locked workspace from killing the engine
 # when a long prompt's continuation prefill asks for more than start-up ever touched, "in rough order
 # of invasiveness". vLLM merged the second (PR #44053) and measured none of the others. Here each
-# one is an engine option (`tqlab.strategies.make_engine(config, strategy)`), and all of them run
+# one is an engine option (`tqlab.strategies.make_strategy_engine(config, strategy)`), and all of them run
 # the same requests:
 #
 # | name | the bug report's fix | what the engine does |
@@ -65,7 +65,9 @@ import torch
 
 from tqlab import strategies as S
 from tqlab import viz
+from tqlab.analysis import unfixed_locked_bytes
 from tqlab.config import EngineConfig, list_presets
+from tqlab.lab import plots_strategies as plots
 from tqlab.recorded import has_recorded, load_recorded, make_provenance, save_recorded, show_banner
 from tqlab.workspace import WorkspaceLockedError
 
@@ -139,7 +141,7 @@ with warnings.catch_warnings():
     LIVE_RESULTS = S.compare_strategies(TABLE_CFG, S.ALL_STRATEGIES, device=DEVICE, prompts=TABLE_PROMPTS,
                                         decode_steps=DECODE_STEPS, on_result=save_table)
 viz.show_md(S.format_table(S.strategy_table(LIVE_RESULTS)))
-S.plot_strategy_comparison(LIVE_RESULTS, title=f"live on {DEVICE}: {TABLE_CFG.num_hidden_layers} layer(s), "
+plots.plot_strategy_comparison(LIVE_RESULTS, title=f"live on {DEVICE}: {TABLE_CFG.num_hidden_layers} layer(s), "
                            f"max_model_len {TABLE_CFG.max_model_len}")
 plt.show()
 
@@ -150,7 +152,7 @@ plt.show()
 # mark (a long prompt crosses one per chunk, because every chunk has more cached tokens than the
 # last); `fallback` never grows the workspace but allocates on every long chunk;
 # `grow_no_recapture` survives only as long as no graph is replayed on the freed buffer (on CUDA
-# the replay guard of `tqlab.cuda_graphs` stops it at the first decode).
+# the replay guard of `tqlab.engine.replay_guard` stops it at the first decode).
 #
 # On the CPU box the seconds are noisy: two cores shared with whatever else runs; compare them within
 # one run only. The same comparison on the bug report's deployment at full size (8 layers,
@@ -162,7 +164,7 @@ if SHOW_RECORDED and REC_TABLE is not None:
     show_banner(REC_TABLE.provenance)
     rec_results = S.results_from_payload(REC_TABLE.data)
     viz.show_md(S.format_table(REC_TABLE["table"]))
-    S.plot_strategy_comparison(rec_results, title=f"recorded on {REC_TABLE.provenance['device']}")
+    plots.plot_strategy_comparison(rec_results, title=f"recorded on {REC_TABLE.provenance['device']}")
     plt.show()
 elif not SHOW_RECORDED:
     print("live on CUDA above; the recording is not shown (USE_RECORDED != 'always')")
@@ -193,7 +195,7 @@ if REC_META is not None:
 # %%
 LENGTHS = [2 ** k for k in range(12, 18)]
 WS_ROWS = {name: S.workspace_vs_max_model_len(EngineConfig.from_preset(name), LENGTHS) for name in list_presets()}
-S.plot_workspace_vs_len(WS_ROWS)
+plots.plot_workspace_vs_len(WS_ROWS)
 plt.show()
 rows = []
 for name in list_presets():
@@ -220,9 +222,9 @@ SWEEPS = {
     "max_num_seqs": S.threshold_sweep(SEED, "max_num_seqs", [2 ** k for k in range(0, 9)]),
     "tensor_parallel_size": S.threshold_sweep(SEED, "tensor_parallel_size", [1, 2, 4, 8, 16, 32]),
 }
-S.plot_threshold_sweep(SWEEPS, SEED)
+plots.plot_threshold_sweep(SWEEPS, SEED)
 plt.show()
-print(f"the deployment: unfixed lock {S.fmt_bytes(S.unfixed_locked_bytes(SEED))}, longest surviving prompt "
+print(f"the deployment: unfixed lock {S.fmt_bytes(unfixed_locked_bytes(SEED))}, longest surviving prompt "
       f"{S.longest_surviving_prompt(SEED)} tokens of max_model_len {SEED.max_model_len}")
 
 # %% [markdown]
@@ -237,7 +239,7 @@ print(f"the deployment: unfixed lock {S.fmt_bytes(S.unfixed_locked_bytes(SEED))}
 fig, axes = plt.subplots(4, 1, figsize=(11, 13))
 for ax, name in zip(axes, ("none", "dummy_run", "reserve", "replay_aware")):
     marker = viz.PhaseMarker()
-    eng = S.make_engine(TABLE_CFG, name, device=DEVICE, on_phase=marker)
+    eng = S.make_strategy_engine(TABLE_CFG, name, device=DEVICE, on_phase=marker)
     try:
         eng.generate(TABLE_PROMPTS[0], max_tokens=2)
         outcome = "served"
@@ -262,7 +264,7 @@ plt.show()
 
 # %%
 MEM = S.memory_experiments(SEED, LONG, device=DEVICE, repeats=2 if ON_CUDA else 1)
-S.plot_trace(MEM, recorded_note=" (live)")
+plots.plot_trace(MEM, recorded_note=" (live)")
 plt.show()
 rows = []
 for mode, v in MEM["trace"].items():
@@ -278,7 +280,7 @@ save_live(f"strategies_memory_{GPU_TAG}", dict(config=SEED.to_dict(), **MEM))
 REC_MEM = recorded(f"strategies_memory_{GPU_TAG}")
 if SHOW_RECORDED and REC_MEM is not None:
     show_banner(REC_MEM.provenance)
-    S.plot_trace(REC_MEM.data, recorded_note=" (recorded)")
+    plots.plot_trace(REC_MEM.data, recorded_note=" (recorded)")
     plt.show()
     rows = []
     for mode, v in REC_MEM["trace"].items():
@@ -300,11 +302,11 @@ if SHOW_RECORDED and REC_MEM is not None:
 # %%
 print(f"{len(MEM['growth_sizes'])} growths, {S.fmt_bytes(MEM['growth_sizes'][0])} → "
       f"{S.fmt_bytes(MEM['growth_sizes'][-1])}")
-S.plot_growth(MEM["growth"], title=f"live on {DEVICE}")
+plots.plot_growth(MEM["growth"], title=f"live on {DEVICE}")
 plt.show()
 if SHOW_RECORDED and REC_MEM is not None:
     show_banner(REC_MEM.provenance)
-    S.plot_growth(REC_MEM["growth"], title=f"recorded on {REC_MEM.provenance['device']}")
+    plots.plot_growth(REC_MEM["growth"], title=f"recorded on {REC_MEM.provenance['device']}")
     plt.show()
 
 # %% [markdown]
@@ -318,7 +320,7 @@ if SHOW_RECORDED and REC_MEM is not None:
 # %%
 DBO_ALL = S.dbo_memory_held(SEED, LONG, grow_all_slots=True)
 DBO_ONE = S.dbo_memory_held(SEED, LONG, grow_all_slots=False)
-S.plot_dbo(DBO_ALL, DBO_ONE)
+plots.plot_dbo(DBO_ALL, DBO_ONE)
 plt.show()
 print(f"slots at the end: all-slots {[S.fmt_bytes(b) for b in DBO_ALL['slot_bytes']]}, "
       f"requesting-slot {[S.fmt_bytes(b) for b in DBO_ONE['slot_bytes']]}")
