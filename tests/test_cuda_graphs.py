@@ -529,3 +529,29 @@ def test_garbage_collector_is_off_during_capture_and_restored():
         assert not gc.isenabled()  # a caller's choice is kept
     finally:
         gc.enable()
+
+
+# --------------------------------------------------------------------------- the one wrapper mechanism
+def test_set_workspace_restores_the_previous_client_even_when_the_body_raises():
+    from tqlab.engine.workspace_client import CaptureRecorder, set_workspace
+
+    eng, _ = demos.make_engine_and_runner(tiny(), "cpu", capture=False)
+    backend, manager = eng.backend, eng.workspace
+    rec = CaptureRecorder(manager)
+    with pytest.raises(RuntimeError, match="boom"):
+        with set_workspace(backend, rec) as client:
+            assert client is rec and backend.workspace is rec
+            raise RuntimeError("boom")
+    assert backend.workspace is manager
+    with pytest.raises(TypeError, match="get_simultaneous"):
+        set_workspace(backend, object())
+    assert backend.workspace is manager
+
+
+def test_capture_recorder_names_the_consumer_not_itself():
+    from tqlab.engine.workspace_client import CaptureRecorder
+
+    m = WorkspaceManager("cpu")
+    m.lock()
+    with pytest.raises(WorkspaceLockedError, match=r"test_cuda_graphs\.py:\d+:test_capture_recorder_names"):
+        CaptureRecorder(m).get_simultaneous(((16,), torch.uint8))
