@@ -20,12 +20,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tqlab.config import EngineConfig
 from tqlab.engine import cuda_graph as cg
 from tqlab.engine import replay_guard as rg
+from tqlab.engine.model_runner import CaptureRecord
 from tqlab.lab import graph_demos as demos
 from tqlab.lab import graph_latency
-from tqlab.config import EngineConfig
-from tqlab.engine.model_runner import CaptureRecord
 from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,7 +19,11 @@ import torch
 
 from ..analysis import prompt_chunks, unfixed_locked_bytes
 from ..config import EngineConfig
-from ..reservation import chunk_workspace_request, decode_workspace_shapes, reserve_workspace
+from ..reservation import (
+    chunk_workspace_request,
+    decode_workspace_shapes,
+    reserve_workspace,
+)
 from ..workspace import WorkspaceManager, ubatch_context
 from .measure import free_memory
 
@@ -86,8 +90,8 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
         ``"workspace"``: a manager reserved up front with PR #44053's plan and
         locked; each call is ``get_simultaneous`` (views into one buffer).
         ``"torch_empty"``: each call allocates its tensors with ``torch.empty``
-        and frees them when the next layer starts (what consumers did before
-        the workspace manager).
+        and drops them once the next layer's call has returned (what consumers
+        did before the workspace manager).
 
     Each step also allocates a ``(tokens, hidden)`` model-dtype activation that
     lives for the step, as a forward pass would. Buffers are not written: the
@@ -121,24 +125,15 @@ def replay_trace(config: EngineConfig, trace: Sequence[TraceCall], mode: str, *,
         times, mem_after = _replay_once(config, trace, ws, dev, base)
         if dev.type == "cuda":
             s1 = torch.cuda.memory_stats(dev)
-            stats = dict(
-                base_allocated=int(base[0]),
-                base_reserved=int(base[1]),
-                peak_allocated=int(torch.cuda.max_memory_allocated(dev) - base[0]),
-                peak_reserved=int(torch.cuda.max_memory_reserved(dev) - base[1]),
-                num_alloc_retries=int(s1.get("num_alloc_retries", 0) - s0.get("num_alloc_retries", 0)),
-                num_device_alloc=int(s1.get("num_device_alloc", 0) - s0.get("num_device_alloc", 0)),
-            )
+            stats = dict(base_allocated=int(base[0]), base_reserved=int(base[1]),
+                         peak_allocated=int(torch.cuda.max_memory_allocated(dev) - base[0]),
+                         peak_reserved=int(torch.cuda.max_memory_reserved(dev) - base[1]),
+                         **{k: int(s1.get(k, 0) - s0.get(k, 0)) for k in ("num_alloc_retries", "num_device_alloc")})
             mem = mem_after
         best = times if best is None else [min(a, b) for a, b in zip(best, times)]
         ws = None  # nothing of this repeat may survive into the next one's baseline
-    out: dict[str, Any] = dict(
-        mode=mode,
-        device=str(dev),
-        per_call_us=[x * 1e6 for x in (best or [])],
-        kinds=[c.kind for c in trace],
-        steps=[c.step for c in trace],
-    )
+    out: dict[str, Any] = dict(mode=mode, device=str(dev), per_call_us=[x * 1e6 for x in (best or [])],
+                               kinds=[c.kind for c in trace], steps=[c.step for c in trace])
     if dev.type == "cuda":
         out.update(allocated=mem[0], reserved=mem[1], **stats)
     return out

@@ -215,31 +215,27 @@ def run_strategy(
     """Build an engine with ``strategy``, serve each prompt in turn, and measure.
 
     Args:
-        config: the deployment.
-        strategy: one of :data:`ALL_STRATEGIES`.
+        config, strategy: the deployment; one of :data:`ALL_STRATEGIES`.
         device: ``cpu``, ``cuda`` or ``meta`` (meta: bytes, survival and graph
             safety are exact; seconds are Python overhead, not compute).
-        prompts: prompt lengths in tokens, served one after the other on the
-            same engine (default :func:`default_prompts`); each generates
-            ``1 + decode_steps`` tokens. If the engine dies, the next prompt
-            gets a freshly built one (``PromptResult.engine_rebuilt``).
+        prompts: prompt lengths in tokens, served in turn on one engine (default
+            :func:`default_prompts`), each generating ``1 + decode_steps`` tokens;
+            after the engine dies, the next prompt gets a fresh one.
         decode_steps: decode-only steps timed after the first token.
 
-    Returns:
-        A :class:`StrategyResult`. ``survives_max_model_len`` is the survival of
-        a prompt that fills ``max_model_len`` with its generated tokens (False
-        if no such prompt was served).
+    Returns a :class:`StrategyResult`; its ``survives_max_model_len`` is False
+    unless a prompt that fills ``max_model_len`` was served and survived.
     """
     check_strategy(strategy)
     dev = torch.device(device)
     prompts = tuple(default_prompts(config, decode_steps) if prompts is None else prompts)
     free_memory(dev)
-    base = 0
+    base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     if dev.type == "cuda":
-        base = torch.cuda.memory_allocated(dev)
         torch.cuda.reset_peak_memory_stats(dev)
+    rebuild = lambda: make_strategy_engine(config, strategy, device=dev, seed=seed, **engine_kwargs)  # noqa: E731
     t0 = time.perf_counter()
-    engine = make_strategy_engine(config, strategy, device=dev, seed=seed, **engine_kwargs)
+    engine = rebuild()
     sync_device(dev)
     startup = time.perf_counter() - t0
     reserved = engine.workspace.live_bytes()
@@ -247,7 +243,6 @@ def run_strategy(
               for p in engine.phases]
     kv_bytes = sum(c.numel() * c.element_size() for c in engine.runner.kv_caches)
     cuda_graphs = getattr(engine.runner.decode_runner, "kind", "eager") != "eager"
-    rebuild = lambda: make_strategy_engine(config, strategy, device=dev, seed=seed, **engine_kwargs)  # noqa: E731
     engine, results, tally = _serve_prompts(engine, rebuild, prompts, decode_steps)
     final_ws = engine.workspace.live_bytes()
     sync_device(dev)
