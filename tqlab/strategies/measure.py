@@ -233,17 +233,8 @@ def run_strategy(
     base = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
     if dev.type == "cuda":
         torch.cuda.reset_peak_memory_stats(dev)
-    rebuild = lambda: make_strategy_engine(config, strategy, device=dev, seed=seed, **engine_kwargs)  # noqa: E731
-    t0 = time.perf_counter()
-    engine = rebuild()
-    sync_device(dev)
-    startup = time.perf_counter() - t0
-    reserved = engine.workspace.live_bytes()
-    phases = [dict(name=p.name, seconds=p.seconds, workspace_bytes=list(p.workspace_bytes), note=p.note)
-              for p in engine.phases]
-    kv_bytes = sum(c.numel() * c.element_size() for c in engine.runner.kv_caches)
-    cuda_graphs = getattr(engine.runner.decode_runner, "kind", "eager") != "eager"
-    engine, results, tally = _serve_prompts(engine, rebuild, prompts, decode_steps)
+    build = lambda: make_strategy_engine(config, strategy, device=dev, seed=seed, **engine_kwargs)  # noqa: E731
+    engine, start, results, tally = _build_and_serve(build, prompts, decode_steps)
     final_ws = engine.workspace.live_bytes()
     sync_device(dev)
     if dev.type == "cuda":
@@ -252,11 +243,12 @@ def run_strategy(
         peak, source = tally["computed_peak"], "computed"
     full = [r for r in results if r.prompt_tokens + r.max_tokens == config.max_model_len]
     res = StrategyResult(
-        strategy=strategy, device=str(dev), config=config.to_dict(), startup_s=startup, reserved_bytes=reserved,
-        final_workspace_bytes=final_ws, peak_bytes=int(peak), peak_source=source,
-        computed_peak_bytes=int(tally["computed_peak"]), kv_cache_bytes=int(kv_bytes), prompts=results,
+        strategy=strategy, device=str(dev), config=config.to_dict(), startup_s=start["startup_s"],
+        reserved_bytes=start["reserved_bytes"], final_workspace_bytes=final_ws, peak_bytes=int(peak),
+        peak_source=source, computed_peak_bytes=int(tally["computed_peak"]),
+        kv_cache_bytes=int(start["kv_cache_bytes"]), prompts=results,
         survives_max_model_len=bool(full) and all(r.survived for r in full), graph_safe=tally["graph_safe"],
-        cuda_graphs=cuda_graphs, startup_phases=phases, engines_built=tally["engines"],
+        cuda_graphs=start["cuda_graphs"], startup_phases=start["startup_phases"], engines_built=tally["engines"],
         recaptures=tally["recaptures"], fallback_calls=tally["fallbacks"],
         notes="meta device: seconds are Python overhead only" if dev.type == "meta" else "",
     )
@@ -265,14 +257,25 @@ def run_strategy(
     return res
 
 
-def _serve_prompts(engine: LLMEngine, rebuild: Callable[[], LLMEngine], prompts: Sequence[int],
-                   decode_steps: int) -> tuple[LLMEngine, list[PromptResult], dict[str, Any]]:
-    """Serve ``prompts`` in turn; a dead engine is replaced by ``rebuild()`` before the next prompt.
+def _build_and_serve(build: Callable[[], LLMEngine], prompts: Sequence[int], decode_steps: int
+                     ) -> tuple[LLMEngine, dict[str, Any], list[PromptResult], dict[str, Any]]:
+    """Build an engine (timed), then serve ``prompts`` in turn; a dead engine is replaced by ``build()``.
 
-    Returns the last engine, one :class:`PromptResult` per prompt, and the
-    tallies over every engine built: ``graph_safe``, ``recaptures``,
+    Only this function holds the engines, so a dead one is freed before its
+    successor is built. Returns the last engine; the first one's start-up
+    facts (``startup_s``, ``reserved_bytes``, ``startup_phases``,
+    ``kv_cache_bytes``, ``cuda_graphs``); one :class:`PromptResult` per prompt;
+    and tallies over every engine: ``graph_safe``, ``recaptures``,
     ``fallbacks``, ``engines``, ``computed_peak`` (bytes).
     """
+    t0 = time.perf_counter()
+    engine = build()
+    sync_device(engine.device)
+    start = dict(startup_s=time.perf_counter() - t0, reserved_bytes=engine.workspace.live_bytes(),
+                 startup_phases=[dict(name=p.name, seconds=p.seconds, workspace_bytes=list(p.workspace_bytes),
+                                      note=p.note) for p in engine.phases],
+                 kv_cache_bytes=sum(c.numel() * c.element_size() for c in engine.runner.kv_caches),
+                 cuda_graphs=getattr(engine.runner.decode_runner, "kind", "eager") != "eager")
     tally: dict[str, Any] = dict(graph_safe=True, recaptures=0, fallbacks=0, engines=1,
                                  computed_peak=_computed_peak(engine))
 
@@ -283,21 +286,20 @@ def _serve_prompts(engine: LLMEngine, rebuild: Callable[[], LLMEngine], prompts:
 
     results: list[PromptResult] = []
     for n in prompts:
-        rebuilt = False
-        if engine.dead is not None:
+        rebuilt = engine.dead is not None
+        if rebuilt:
             retire(engine)
             dev = engine.device
             del engine
             free_memory(dev)
-            engine = rebuild()
+            engine = build()
             tally["engines"] += 1
-            rebuilt = True
         r = _serve_one(engine, n, decode_steps)
         r.engine_rebuilt = rebuilt
         results.append(r)
         tally["computed_peak"] = max(tally["computed_peak"], _computed_peak(engine))
     retire(engine)
-    return engine, results, tally
+    return engine, start, results, tally
 
 
 def warm_up_process(config: EngineConfig, device: torch.device | str, seed: int = 0,
