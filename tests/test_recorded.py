@@ -1,4 +1,4 @@
-"""tqlab.recorded: recorded results with provenance, the banner, device helpers."""
+"""tqlab.lab.recorded (on tqlab.provenance): recorded results with provenance, the banner, device helpers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tqlab import recorded
+from tqlab.lab import recorded
 
 PROV = {
     "device": "NVIDIA H200",
@@ -156,7 +156,7 @@ def test_show_banner_refuses_incomplete_provenance(capsys):
 
 def test_show_banner_html_in_a_kernel(monkeypatch):
     shown = []
-    monkeypatch.setattr(recorded, "_in_notebook", lambda: True)
+    monkeypatch.setattr(recorded, "in_notebook", lambda: True)
     import IPython.display as disp
 
     monkeypatch.setattr(disp, "display", lambda obj: shown.append(obj))

@@ -1,28 +1,23 @@
-"""Recorded results: JSON files under ``data/`` that carry their provenance.
+"""Recorded results on disk: ``data/<name>.json`` files that carry their provenance.
 
-Notebooks run on this CPU box, but some numbers only exist on a GPU (CUDA
-graph replay latency, ``torch.cuda.max_memory_allocated``). Those are measured
-once on the GPU machine and stored as ``data/<name>.json``::
+Some numbers only exist on a GPU (CUDA graph replay latency,
+``torch.cuda.max_memory_allocated``); they are measured once and stored as::
 
-    {
-      "provenance": {"device": "NVIDIA H200", "date": "2026-11-29T07:30:00+00:00",
-                     "commit": "<git sha>", "command": "python benchmarks/...",
-                     "torch": "2.11.0+cu130"},
-      ...the results...
-    }
+    {"provenance": {"device": "NVIDIA H200", "date": "2026-11-29T07:30:00+00:00",
+                    "commit": "<git sha>", "command": "python benchmarks/...",
+                    "torch": "2.11.0+cu130"},
+     ...the results...}
 
-A notebook cell that needs a GPU first checks :func:`has_cuda`; without one it
-loads the recording with :func:`load_recorded` and calls :func:`show_banner`,
-which puts a visible "Recorded on <device>, <date>, commit <sha> — no CUDA
-here" banner above the recorded numbers, so nobody mistakes them for a live run.
-
-Nothing here imports CUDA-only code; :func:`has_cuda` never raises.
+This core module reads, validates and writes those files (no display code), so
+the lower layers (``tqlab.vllm_trace``, ``benchmarks/``) can load recordings;
+the notebooks use :mod:`tqlab.lab.recorded`, which adds the banner and
+``pick_device`` on top. Nothing here imports CUDA-only code; :func:`has_cuda`
+never raises.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
 import os
 import platform
@@ -35,16 +30,15 @@ __all__ = [
     "DATA_DIR",
     "PROVENANCE_KEYS",
     "RecordedResult",
-    "banner_text",
+    "git_commit",
     "has_cuda",
     "has_recorded",
     "list_recorded",
     "load_recorded",
     "make_provenance",
-    "pick_device",
     "recorded_path",
     "save_recorded",
-    "show_banner",
+    "short_sha",
     "validate_provenance",
 ]
 
@@ -68,29 +62,6 @@ def has_cuda() -> bool:
         return bool(torch.cuda.is_available())
     except Exception:  # no torch, broken driver, ...: no CUDA
         return False
-
-
-def pick_device(requested: str, *, quiet: bool = False) -> str:
-    """The device a notebook should really use for ``requested`` (its ``DEVICE`` parameter).
-
-    ``"cpu"`` and ``"meta"`` are returned unchanged. ``"cuda"`` (or ``"cuda:N"``)
-    is returned when CUDA is available; otherwise ``"cpu"``, and a line saying so
-    is printed (unless ``quiet``) — the substitution is never silent.
-
-    Raises ``ValueError`` for anything else, naming the value.
-    """
-    if not isinstance(requested, str):
-        raise TypeError(f"device must be a string such as 'cpu', 'cuda' or 'meta', got {requested!r}")
-    name = requested.strip().lower()
-    if name in ("cpu", "meta"):
-        return name
-    if name == "cuda" or name.startswith("cuda:"):
-        if has_cuda():
-            return name
-        if not quiet:
-            print(f"DEVICE={requested!r} but torch.cuda.is_available() is False here: running on 'cpu' instead.")
-        return "cpu"
-    raise ValueError(f"device must be 'cpu', 'cuda', 'cuda:N' or 'meta', got {requested!r}")
 
 
 # --------------------------------------------------------------------------- #
@@ -121,10 +92,11 @@ def validate_provenance(provenance: object) -> dict[str, str]:
     return out
 
 
-def _git_commit(repo: Path) -> str:
+def git_commit(repo: Path | str | None = None) -> str:
+    """``git rev-parse HEAD`` of ``repo`` (default: this checkout), or ``"unknown"`` outside git; never raises."""
     try:
         res = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10, check=False
+            ["git", "rev-parse", "HEAD"], cwd=repo or DATA_DIR.parent, capture_output=True, text=True, timeout=10, check=False
         )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -157,7 +129,7 @@ def make_provenance(command: str, *, device: str | None = None, commit: str | No
     return {
         "device": _device_name(device),
         "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-        "commit": commit if commit is not None else (os.environ.get("TQLAB_COMMIT") or _git_commit(DATA_DIR.parent)),
+        "commit": commit if commit is not None else (os.environ.get("TQLAB_COMMIT") or git_commit()),
         "command": command,
         "torch": torch.__version__,
     }
@@ -186,9 +158,6 @@ class RecordedResult:
 
     def __getitem__(self, key: str) -> Any:
         return self.data[key]
-
-    def banner_text(self) -> str:
-        return banner_text(self.provenance)
 
 
 def _check_name(name: object) -> str:
@@ -263,66 +232,9 @@ def save_recorded(
     return path
 
 
-# --------------------------------------------------------------------------- #
-# The banner                                                                  #
-# --------------------------------------------------------------------------- #
-
-
-def _short_sha(commit: str) -> str:
+def short_sha(commit: str) -> str:
+    """A 40-hex commit shortened to its first 12 characters; anything else unchanged."""
     c = commit.strip()
     if len(c) == 40 and all(ch in "0123456789abcdefABCDEF" for ch in c):
         return c[:12]
     return c
-
-
-def banner_text(provenance: Mapping[str, Any], *, cuda_here: bool | None = None) -> str:
-    """The banner's words: ``"Recorded on <device>, <date>, commit <sha> — no CUDA here"``.
-
-    A 40-hex commit is shortened to 12 characters. When CUDA *is* available
-    (``cuda_here`` defaults to :func:`has_cuda`) the ending says the recording
-    is shown instead of a live run. A second line gives the command and torch.
-    Raises like :func:`validate_provenance`.
-    """
-    p = validate_provenance(provenance)
-    here = has_cuda() if cuda_here is None else cuda_here
-    tail = "CUDA is available here, but this shows the recording" if here else "no CUDA here"
-    return (
-        f"Recorded on {p['device']}, {p['date']}, commit {_short_sha(p['commit'])} — {tail}\n"
-        f"command: {p['command']} (torch {p['torch']})"
-    )
-
-
-def _in_notebook() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    ip = get_ipython()
-    return ip is not None and getattr(ip, "kernel", None) is not None
-
-
-def show_banner(provenance: Mapping[str, Any], *, cuda_here: bool | None = None) -> str:
-    """Display the recorded-data banner and return its text.
-
-    In a Jupyter kernel it is an HTML box (amber, bold first line); elsewhere
-    (a terminal, a script, a test) the text is printed between rules. Raises
-    like :func:`validate_provenance` when the provenance is incomplete, so
-    recorded numbers can never be shown without saying where they came from.
-    """
-    text = banner_text(provenance, cuda_here=cuda_here)
-    first, second = text.split("\n", 1)
-    if _in_notebook():
-        from IPython.display import HTML, display
-
-        display(
-            HTML(
-                '<div style="border:2px solid #b7791f;background:#fffbeb;color:#744210;'
-                'padding:8px 12px;margin:6px 0;border-radius:4px;font-family:sans-serif">'
-                f"<b>&#9888; {html.escape(first)}</b><br>"
-                f'<span style="font-size:90%">{html.escape(second)}</span></div>'
-            )
-        )
-    else:
-        rule = "=" * max(len(first), len(second))
-        print(f"{rule}\n{first}\n{second}\n{rule}")
-    return text

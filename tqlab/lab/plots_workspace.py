@@ -1,45 +1,34 @@
-"""Pictures and small display helpers for the notebooks.
+"""Workspace figures for the notebooks: byte maps, lifecycle timelines, engine phases, bars, need curves.
 
 Each figure has a pure "data" function (tested with exact values) and a
-``plot_*`` function that draws it with matplotlib:
+``plot_*`` function that draws it with matplotlib (imported lazily):
 
 * byte map of a workspace layout — :func:`layout_segments` / :func:`plot_byte_maps`
   (views, alignment padding, unused bytes, offsets);
 * workspace size over the lifecycle from a manager's event log —
   :func:`timeline_points` / :func:`plot_workspace_timeline` (one line per ubatch
-  slot, lock/unlock shading, violations marked at the size they asked for);
-* workspace size after each engine phase — :func:`plot_phases` and
-  :func:`phases_markdown` (``LLMEngine.phases``);
-* a need-vs-length curve with reference levels — :func:`plot_need_curve`;
-* plain bar charts — :func:`plot_bars`.
+  slot, lock/unlock shading, violations marked at the size they asked for; a log
+  axis when sizes span orders of magnitude);
+* workspace size after each engine phase — :func:`plot_phases`, :func:`phases_markdown`
+  and :class:`PhaseMarker` (an ``on_phase`` callback remembering where each phase ends);
+* a need-vs-length curve with reference levels — :func:`plot_need_curve`; bar charts — :func:`plot_bars`.
 
-Display helpers: :func:`fmt_bytes`, :func:`markdown_table`, :func:`show_md`,
-:func:`show_error`, :class:`PhaseMarker` (an ``on_phase`` callback that
-remembers where each phase ends in the event log) and
-:func:`debug_workspace_log` (capture ``TQLAB_DEBUG_WORKSPACE=1`` log lines).
-
-matplotlib is imported lazily: importing this module never needs a display.
-Sizes on axes are MiB (2**20 bytes), as vLLM's "MB".
+Sizes on axes are MiB (2**20 bytes), as vLLM's "MB". The manager and its events
+mirror ``vllm/v1/worker/workspace.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
-import html
-import logging
-import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
-from .workspace import ALIGNMENT, MiB, WorkspaceEvent, WorkspaceLayout, round_up
+from ..workspace import ALIGNMENT, MiB, WorkspaceEvent, WorkspaceLayout, round_up
+from .display import fmt_bytes, markdown_table
 
 __all__ = [
     "PhaseMarker",
     "Segment",
-    "debug_workspace_log",
-    "fmt_bytes",
     "layout_segments",
-    "markdown_table",
     "phases_markdown",
     "plot_bars",
     "plot_byte_maps",
@@ -47,8 +36,6 @@ __all__ = [
     "plot_need_curve",
     "plot_phases",
     "plot_workspace_timeline",
-    "show_error",
-    "show_md",
     "slot_sizes_after_events",
     "timeline_points",
 ]
@@ -65,81 +52,6 @@ def _unit(max_bytes: int) -> tuple[str, int]:
         if max_bytes >= _UNITS[name]:
             return name, _UNITS[name]
     return "B", 1
-
-
-# --------------------------------------------------------------------------- #
-# Formatting                                                                  #
-# --------------------------------------------------------------------------- #
-
-
-def fmt_bytes(nbytes: int) -> str:
-    """Bytes in the largest binary unit that keeps the number >= 1: ``'256 B'``, ``'1.50 KiB'``, ``'2.00 MiB'``.
-
-    Raises ``ValueError`` for a negative count, ``TypeError`` for a non-integer.
-    """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"nbytes must be an int, got {nbytes!r}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= div:
-            return f"{nbytes / div:.2f} {unit}"
-    raise AssertionError("unreachable")  # pragma: no cover
-
-
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A GitHub-flavoured Markdown table; cells are ``str()``-ed and ``|`` is escaped.
-
-    Raises ``ValueError`` if a row's length differs from the header's.
-    """
-    def cell(v: Any) -> str:
-        return str(v).replace("|", "\\|").replace("\n", " ")
-
-    lines = ["| " + " | ".join(cell(h) for h in headers) + " |", "|" + "---|" * len(headers)]
-    for i, row in enumerate(rows):
-        if len(row) != len(headers):
-            raise ValueError(f"row {i} has {len(row)} cells, the header has {len(headers)}")
-        lines.append("| " + " | ".join(cell(v) for v in row) + " |")
-    return "\n".join(lines)
-
-
-def _display(obj_html: str | None, md: str | None, text: str) -> None:
-    try:
-        from IPython import get_ipython
-        from IPython.display import HTML, Markdown, display
-    except ImportError:
-        print(text)
-        return
-    if get_ipython() is None:
-        print(text)
-    elif obj_html is not None:
-        display(HTML(obj_html))
-    else:
-        display(Markdown(md))
-
-
-def show_md(text: str) -> None:
-    """Render Markdown in a notebook (``IPython.display.Markdown``); print it elsewhere."""
-    _display(None, text, text)
-
-
-def show_error(exc: BaseException, title: str | None = None) -> None:
-    """Show a caught exception as a red box: ``'Type: message'`` under ``title`` (printed outside notebooks).
-
-    For the notebooks' *expected* failures: the cell catches the exception and
-    shows it, so the executed notebook has no error cells.
-    """
-    text = f"{type(exc).__name__}: {exc}"
-    head = title or "Caught, as expected"
-    box = (
-        '<div style="border:2px solid #c53030;background:#fff5f5;color:#742a2a;padding:8px 12px;'
-        'margin:6px 0;border-radius:4px">'
-        f"<b>{html.escape(head)}</b>"
-        f'<pre style="white-space:pre-wrap;margin:4px 0 0 0;background:transparent">{html.escape(text)}</pre></div>'
-    )
-    _display(box, None, f"{head}\n{text}")
 
 
 # --------------------------------------------------------------------------- #
@@ -395,6 +307,67 @@ def timeline_points(
     return points, spans
 
 
+def _timeline_scale(values: Sequence[int], yscale: str) -> bool:
+    """True for a log axis: ``yscale="log"``, or ``"auto"`` when the plotted sizes span more than 20x."""
+    if yscale not in ("auto", "linear", "log"):
+        raise ValueError(f"yscale must be 'auto', 'linear' or 'log', got {yscale!r}")
+    nonzero = [v for v in values if v > 0]
+    if yscale == "auto":
+        return len(nonzero) > 1 and max(nonzero) > 20 * min(nonzero)
+    return yscale == "log"
+
+
+def _shade_locked(ax, points, x_end: float) -> bool:
+    """Shade each ``lock`` .. ``unlock`` stretch; True when the log ends locked."""
+    lock_x = None
+    for x, _, ev in points:
+        if ev is not None and ev.kind == "lock" and lock_x is None:
+            lock_x = x
+        elif ev is not None and ev.kind == "unlock" and lock_x is not None:
+            ax.axvspan(lock_x, x, color="#fed7d7", alpha=0.5, lw=0)
+            lock_x = None
+    if lock_x is not None:
+        ax.axvspan(lock_x, x_end, color="#fed7d7", alpha=0.5, lw=0, label="locked")
+    return lock_x is not None
+
+
+def _mark_events(ax, points, div: int, uname: str, top: float, log: bool, annotate_resizes: bool) -> None:
+    """Violations (red cross at the size asked for), lock/unlock lines, resize values."""
+    label_y = top * (2.2 if log else 1.13)
+    for x, _, ev in points:
+        if ev is None:
+            continue
+        if ev.kind == "violation":
+            y = ev.new_bytes / div
+            ax.plot([x], [y], marker="X", color="#c53030", markersize=11, linestyle="none")
+            ax.plot([x, x], [ev.old_bytes / div, y], color="#c53030", linestyle=":")
+            high = y > (top / 8 if log else 0.5 * top)  # write below a high cross, above a low one
+            ax.annotate(f"violation: asks {y:.2f} {uname}\nfrom {ev.caller}", (x, y),
+                        textcoords="offset points", xytext=(-12, -8 if high else 8), ha="right",
+                        va="top" if high else "bottom", fontsize=8, color="#c53030")
+        elif ev.kind in ("lock", "unlock"):
+            ax.axvline(x, color="#444444", linestyle="--", linewidth=0.8)
+            ax.text(x, label_y, ev.kind, rotation=90, ha="right", va="top", fontsize=8, color="#444444")
+        elif ev.kind == "resize" and annotate_resizes:
+            ax.annotate(f"{ev.new_bytes / div:.2f}", (x, ev.new_bytes / div), textcoords="offset points",
+                        xytext=(3, 3), fontsize=7)
+
+
+def _label_phases(ax, spans, x_end: float) -> None:
+    for k, (_, x0, _) in enumerate(spans):
+        if k:
+            ax.axvline(x0 + 0.5, color="#999999", linewidth=0.6)
+    ax.set_xlim(-0.2, x_end + 0.2)
+    if spans:
+        ax.set_xticks([(x0 + x1) / 2 + 0.5 for _, x0, x1 in spans])
+        ax.set_xticklabels([label for label, _, _ in spans], fontsize=8, rotation=15 if len(spans) > 4 else 0)
+        ax.tick_params(axis="x", length=0)
+        ax.set_xlabel("lifecycle phase (one step per workspace event)")
+    else:
+        ax.set_xticks([])
+        ax.set_xlabel("workspace events, in order")
+
+
 def plot_workspace_timeline(
     events: Sequence[WorkspaceEvent],
     phases: Sequence[tuple[str, int]] | None = None,
@@ -404,21 +377,29 @@ def plot_workspace_timeline(
     title: str | None = None,
     annotate_resizes: bool = True,
     unit: str | None = None,
+    yscale: str = "auto",
 ):
     """Workspace size of each ubatch slot along the event log (unit: B/KiB/MiB/GiB, picked to fit, or ``unit``).
 
     Steps at every ``resize``; the locked stretch (``lock`` .. ``unlock``) is
     shaded; a ``violation`` is a red cross at the size it asked for, with a
     dotted line from the size it had. ``phases`` labels spans of the log
-    (see :func:`timeline_points`). Returns the ``Axes``.
+    (see :func:`timeline_points`). ``yscale``: ``"linear"``, ``"log"`` (a
+    symmetric-log axis, so size 0 stays on it), or ``"auto"`` — log when the
+    sizes span more than 20x (0.26 MB locked against a 64 MiB request would
+    otherwise sit on the baseline). Returns the ``Axes``.
+    Raises ``ValueError`` for an unknown ``unit`` or ``yscale``.
     """
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
 
     points, spans = timeline_points(events, phases, num_slots)
     slots = len(points[0][1])
-    biggest = max([max(p[1]) for p in points] + [e.new_bytes for e in events if e.kind == "violation"] + [1])
+    asked = [e.new_bytes for e in events if e.kind == "violation"]
+    biggest = max([max(p[1]) for p in points] + asked + [1])
     if unit is not None and unit not in _UNITS:
         raise ValueError(f"unit must be one of {tuple(_UNITS)}, got {unit!r}")
+    log = _timeline_scale([v for p in points for v in p[1]] + asked, yscale)
     uname, div = _unit(biggest) if unit is None else (unit, _UNITS[unit])
     if ax is None:
         _, ax = plt.subplots(figsize=(11, 3.8))
@@ -428,54 +409,19 @@ def plot_workspace_timeline(
         ax.step(xs, ys, where="post", linewidth=2,
                 color=_VIEW_COLORS[s % len(_VIEW_COLORS)], label=f"slot {s}" if slots > 1 else "workspace size")
     top = biggest / div
-    # locked stretches
-    lock_x = None
-    for x, _, ev in points:
-        if ev is None:
-            continue
-        if ev.kind == "lock" and lock_x is None:
-            lock_x = x
-        elif ev.kind == "unlock" and lock_x is not None:
-            ax.axvspan(lock_x, x, color="#fed7d7", alpha=0.5, lw=0)
-            lock_x = None
-    if lock_x is not None:
-        ax.axvspan(lock_x, xs[-1], color="#fed7d7", alpha=0.5, lw=0, label="locked")
-    for x, _, ev in points:
-        if ev is None:
-            continue
-        if ev.kind == "violation":
-            ax.plot([x], [ev.new_bytes / div], marker="X", color="#c53030", markersize=11, linestyle="none")
-            ax.plot([x, x], [ev.old_bytes / div, ev.new_bytes / div], color="#c53030", linestyle=":")
-            high = ev.new_bytes / div > 0.5 * top  # write below a high cross, above a low one
-            ax.annotate(f"violation: asks {ev.new_bytes / div:.2f} {uname}\nfrom {ev.caller}", (x, ev.new_bytes / div),
-                        textcoords="offset points", xytext=(-12, -8 if high else 8), ha="right",
-                        va="top" if high else "bottom", fontsize=8, color="#c53030")
-        elif ev.kind in ("lock", "unlock"):
-            ax.axvline(x, color="#444444", linestyle="--", linewidth=0.8)
-            ax.text(x, top * 1.13, ev.kind, rotation=90, ha="right", va="top", fontsize=8, color="#444444")
-        elif ev.kind == "resize" and annotate_resizes:
-            ax.annotate(f"{ev.new_bytes / div:.2f}", (x, ev.new_bytes / div), textcoords="offset points",
-                        xytext=(3, 3), fontsize=7)
-    for k, (label, x0, x1) in enumerate(spans):
-        if k:
-            ax.axvline(x0 + 0.5, color="#999999", linewidth=0.6)
+    ends_locked = _shade_locked(ax, points, xs[-1])
+    _mark_events(ax, points, div, uname, top, log, annotate_resizes)
+    _label_phases(ax, spans, xs[-1])
     handles, labs = ax.get_legend_handles_labels()
-    if lock_x is not None or any(e.kind == "lock" for e in events):
-        from matplotlib.patches import Patch
-
-        if "locked" not in labs:
-            handles.append(Patch(color="#fed7d7", alpha=0.5, label="locked"))
+    if (ends_locked or any(e.kind == "lock" for e in events)) and "locked" not in labs:
+        handles.append(Patch(color="#fed7d7", alpha=0.5, label="locked"))
     ax.legend(handles=handles, loc="upper left", fontsize=8)
-    ax.set_ylim(-0.04 * top, top * 1.18)
-    ax.set_xlim(-0.2, xs[-1] + 0.2)
-    if spans:
-        ax.set_xticks([(x0 + x1) / 2 + 0.5 for _, x0, x1 in spans])
-        ax.set_xticklabels([label for label, _, _ in spans], fontsize=8, rotation=15 if len(spans) > 4 else 0)
-        ax.tick_params(axis="x", length=0)
-        ax.set_xlabel("lifecycle phase (one step per workspace event)")
+    if log:
+        smallest = min([v for p in points for v in p[1] if v > 0] + asked + [biggest]) / div
+        ax.set_yscale("symlog", linthresh=smallest / 2)
+        ax.set_ylim(0, top * 3)
     else:
-        ax.set_xticks([])
-        ax.set_xlabel("workspace events, in order")
+        ax.set_ylim(-0.04 * top, top * 1.18)
     ax.set_ylabel(f"workspace size ({uname})")
     for side in ("top", "right"):
         ax.spines[side].set_visible(False)
@@ -499,7 +445,7 @@ class PhaseMarker:
         self.records: list[Any] = []
 
     def __call__(self, record: Any) -> None:
-        from .workspace import current_workspace_manager, is_workspace_manager_initialized
+        from ..workspace import current_workspace_manager, is_workspace_manager_initialized
 
         n = len(current_workspace_manager().events) if is_workspace_manager_initialized() else 0
         self.marks.append((record.name, n))
@@ -665,57 +611,3 @@ def plot_need_curve(
     if title:
         ax.set_title(title, loc="left", fontsize=10)
     return ax
-
-
-# --------------------------------------------------------------------------- #
-# Debug logging                                                               #
-# --------------------------------------------------------------------------- #
-
-
-class _ListHandler(logging.Handler):
-    def __init__(self, sink: list[str]):
-        super().__init__(level=logging.INFO)
-        self.sink = sink
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.sink.append(record.getMessage())
-
-
-@contextlib.contextmanager
-def debug_workspace_log(echo: bool = True) -> Iterator[list[str]]:
-    """Turn on ``TQLAB_DEBUG_WORKSPACE=1`` for the body and collect the workspace log lines.
-
-    Yields the list that receives each message; with ``echo`` every line is
-    also printed to stdout (not stderr, so notebooks show it as normal output).
-    The variable, the logger's handlers, level and propagation are restored on
-    exit, even if the body raises.
-    """
-    lines: list[str] = []
-    log = logging.getLogger("tqlab.workspace")
-    old_env = os.environ.get("TQLAB_DEBUG_WORKSPACE")
-    old_level, old_prop = log.level, log.propagate
-    handler = _ListHandler(lines)
-    printer = None
-    if echo:
-        import sys
-
-        printer = logging.StreamHandler(sys.stdout)
-        printer.setLevel(logging.INFO)
-        printer.setFormatter(logging.Formatter("%(message)s"))
-    os.environ["TQLAB_DEBUG_WORKSPACE"] = "1"
-    log.addHandler(handler)
-    if printer is not None:
-        log.addHandler(printer)
-    log.propagate = False
-    try:
-        yield lines
-    finally:
-        log.removeHandler(handler)
-        if printer is not None:
-            log.removeHandler(printer)
-        log.setLevel(old_level)
-        log.propagate = old_prop
-        if old_env is None:
-            os.environ.pop("TQLAB_DEBUG_WORKSPACE", None)
-        else:
-            os.environ["TQLAB_DEBUG_WORKSPACE"] = old_env
