@@ -49,6 +49,7 @@ __all__ = [
     "recorded_path",
     "save_recorded",
     "show_banner",
+    "show_parity_banner",
     "show_recorded",
     "validate_provenance",
 ]
@@ -126,6 +127,12 @@ def show_banner(
         rule = "=" * min(100, max(len(first), len(second)))
         print(f"{rule}\n{first}\n{second}\n{rule}")
     return text
+
+
+def show_parity_banner(provenance: Mapping[str, Any]) -> str:
+    """:func:`show_banner` over ``data/parity_results.json``: names the vLLM version, says vLLM is not importable here."""
+    what = f"Recorded parity results: vLLM {provenance.get('vllm', '?')}" if isinstance(provenance, Mapping) else ""
+    return show_banner(provenance, what=what, why="vLLM is not importable here")
 
 
 def show_recorded(name: str, *, data_dir: Path | str | None = None, **banner: Any) -> RecordedResult | None:
