@@ -259,3 +259,61 @@ def test_debug_workspace_log_restores_after_error(monkeypatch):
         with display.debug_workspace_log(echo=False):
             raise RuntimeError("x")
     assert os.environ["TQLAB_DEBUG_WORKSPACE"] == "0"
+
+
+# --------------------------------------------------------------------------- one table rule, one unit rule
+def test_byte_unit_is_the_rule_of_fmt_bytes():
+    assert display.byte_unit(0) == ("B", 1)
+    assert display.byte_unit(1023) == ("B", 1)
+    assert display.byte_unit(1536) == ("KiB", 1024)
+    assert display.byte_unit(64 * MiB) == ("MiB", MiB)
+    assert display.fmt_bytes(262144) == "256.00 KiB"  # the report's "0.26 MB" (decimal MB) is 256 KiB
+
+
+def test_text_table_exact():
+    assert display.text_table(("a", "bb"), [(1, None), (2.5, 14950.0)]) == (
+        "  a      bb\n---  ------\n  1       -\n2.5  14,950"
+    )
+    assert display.text_table(["addr"], [{"addr": 255}], hex_cols=["addr"]) == "addr\n----\n0xff"
+
+
+def test_markdown_table_of_mappings_takes_the_union_of_keys():
+    assert display.markdown_table(None, [{"a": 1}, {"b": 2}]) == "| a | b |\n|---|---|\n| 1 | - |\n| - | 2 |"
+    with pytest.raises(ValueError, match="mappings"):
+        display.markdown_table(None, [(1, 2)])
+
+
+def test_progress_is_a_text_line_without_a_live_frontend(capsys, monkeypatch):
+    monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    assert display.live_frontend() is False
+    assert list(display.progress(range(3), desc="sweep")) == [0, 1, 2]
+    out = capsys.readouterr().out
+    assert "sweep" in out and "3/3" in out
+
+
+def test_live_frontend_needs_a_server_kernel(monkeypatch):
+    monkeypatch.setattr(display, "in_notebook", lambda: True)
+    monkeypatch.setenv("JPY_SESSION_NAME", "/notebooks/08.ipynb")
+    monkeypatch.delenv("TQLAB_HEADLESS", raising=False)
+    assert display.live_frontend() is True
+    monkeypatch.setenv("TQLAB_HEADLESS", "1")
+    assert display.live_frontend() is False
+    monkeypatch.delenv("TQLAB_HEADLESS")
+    monkeypatch.delenv("JPY_SESSION_NAME")
+    assert display.live_frontend() is False  # nbclient / nbmake: a kernel, but no one watching
+
+
+# --------------------------------------------------------------------------- timeline scale
+def test_timeline_uses_a_log_axis_when_sizes_span_orders_of_magnitude():
+    m = WorkspaceManager("meta", 1)
+    m.get_simultaneous(((268544,), torch.uint8))  # the report's 0.26 MB lock
+    m.lock()
+    with pytest.raises(WorkspaceLockedError):
+        m.get_simultaneous(((64 * MiB,), torch.uint8))
+    assert plots.plot_workspace_timeline(m.events).get_yscale() == "symlog"  # auto: 64 MiB / 0.26 MiB > 20
+    assert plots.plot_workspace_timeline(m.events, yscale="linear").get_yscale() == "linear"
+    small, _ = _lifecycle()  # 0.5 .. 9 KiB: under 20x, stays linear
+    assert plots.plot_workspace_timeline(small.events).get_yscale() == "linear"
+    assert plots.plot_workspace_timeline(small.events, yscale="log").get_yscale() == "symlog"
+    with pytest.raises(ValueError, match="yscale"):
+        plots.plot_workspace_timeline(m.events, yscale="broken")

@@ -303,3 +303,15 @@ def test_lifecycle_stepper_steps_both_engines():
 def test_lifecycle_stepper_rejects_out_of_range_prompt():
     with pytest.raises(ValueError, match="prompt_tokens"):
         W.lifecycle_stepper(UNIT, prompt_tokens=8191)
+
+
+def test_planner_numbers_are_the_analysis_numbers():
+    from tqlab.analysis import first_failing_prompt
+
+    for preset in ("pr-44053-unit-test", "nemotron-3-super-120b-a12b", "llama-3.1-8b"):
+        cfg = EngineConfig.from_preset(preset)
+        r = W.plan_summary(cfg)
+        assert r.unfixed_locked_bytes == unfixed_locked_bytes(cfg)
+        assert r.first_failing_unfixed == first_failing_prompt(cfg, unfixed_locked_bytes(cfg))
+        lengths, need = W.need_curve(cfg, points=40)
+        assert need == [workspace_bytes_for_prompt(cfg, p) for p in lengths]

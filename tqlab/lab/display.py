@@ -1,6 +1,6 @@
 """Text and HTML for the notebooks: byte counts, tables, Markdown, caught errors, progress, debug logs.
 
-One of each: :func:`fmt_bytes` (one unit rule), :func:`markdown_table` and
+One of each: :func:`fmt_bytes` (one unit rule, :func:`byte_unit`), :func:`markdown_table` and
 :func:`text_table` (the same cell rule, two renderings), :func:`show_md`,
 :func:`show_error`, :func:`progress` (a live bar in a live notebook, a text
 line in headless runs), :func:`debug_workspace_log` (collect the
@@ -19,6 +19,8 @@ import sys
 from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 __all__ = [
+    "BYTE_UNITS",
+    "byte_unit",
     "debug_workspace_log",
     "fmt_bytes",
     "in_notebook",
@@ -36,23 +38,33 @@ __all__ = [
 # --------------------------------------------------------------------------- #
 
 
+BYTE_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
+"""Binary units (powers of 2; vLLM's messages call MiB "MB")."""
+
+
+def byte_unit(nbytes: int) -> tuple[str, int]:
+    """The largest binary unit that keeps ``nbytes`` >= 1, as ``(name, bytes per unit)``: 1536 -> ``("KiB", 1024)``.
+
+    The one unit rule, used by :func:`fmt_bytes` and by the figures' axes.
+    """
+    for name in ("GiB", "MiB", "KiB"):
+        if nbytes >= BYTE_UNITS[name]:
+            return name, BYTE_UNITS[name]
+    return "B", 1
+
+
 def fmt_bytes(nbytes: int) -> str:
     """Bytes in the largest binary unit that keeps the number >= 1: ``'256 B'``, ``'1.50 KiB'``, ``'2.00 MiB'``.
 
-    Units are powers of 2 (KiB = 1024 B, MiB = 2**20 B, GiB = 2**30 B), two
-    decimals above bytes. Raises ``ValueError`` for a negative count,
-    ``TypeError`` for a non-integer.
+    Units as :func:`byte_unit`, two decimals above bytes. Raises ``ValueError``
+    for a negative count, ``TypeError`` for a non-integer.
     """
     if isinstance(nbytes, bool) or not isinstance(nbytes, int):
         raise TypeError(f"nbytes must be an int, got {nbytes!r}")
     if nbytes < 0:
         raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    if nbytes < 1024:
-        return f"{nbytes} B"
-    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= div:
-            return f"{nbytes / div:.2f} {unit}"
-    raise AssertionError("unreachable")  # pragma: no cover
+    unit, div = byte_unit(nbytes)
+    return f"{nbytes} B" if div == 1 else f"{nbytes / div:.2f} {unit}"
 
 
 def _cell(value: Any, as_hex: bool = False) -> str:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..workspace import ALIGNMENT, MiB, WorkspaceEvent, WorkspaceLayout, round_up
-from .display import fmt_bytes, markdown_table
+from .display import BYTE_UNITS, byte_unit, fmt_bytes, markdown_table
 
 __all__ = [
     "PhaseMarker",
@@ -43,17 +43,6 @@ __all__ = [
 _VIEW_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#b279a2", "#e45756", "#72b7b2", "#eeca3b", "#9d755d")
 _PAD_COLOR = "#d9d9d9"
 _FREE_COLOR = "#ffffff"
-_UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30}
-
-
-def _unit(max_bytes: int) -> tuple[str, int]:
-    """The binary unit that shows ``max_bytes`` as a number between 1 and 1024."""
-    for name in ("GiB", "MiB", "KiB"):
-        if max_bytes >= _UNITS[name]:
-            return name, _UNITS[name]
-    return "B", 1
-
-
 # --------------------------------------------------------------------------- #
 # Byte map of a layout                                                        #
 # --------------------------------------------------------------------------- #
@@ -110,6 +99,67 @@ def _layout_title(layout: WorkspaceLayout, labels: Sequence[str]) -> str:
     return ", ".join(f"{lab} {tuple(s)} {str(d).removeprefix('torch.')}" for lab, s, d in zip(labels, layout.shapes, layout.dtypes))
 
 
+def _byte_xmap(segs: list[Segment], size: int, schematic: bool):
+    """Byte offset -> x position: identity, or (schematic) piecewise linear with every segment
+    at least 12 % of the buffer wide, so sizes differing by orders of magnitude stay visible."""
+    if not schematic:
+        return lambda b: b
+    floor = 0.12 * size
+    xs, acc = [0.0], 0.0
+    for s in segs:
+        acc += max(float(s.nbytes), floor)
+        xs.append(acc)
+    scale = size / acc if acc else 1.0
+    bounds = [segs[0].start] + [s.end for s in segs] if segs else [0, size]
+
+    def f(b: float) -> float:
+        for j in range(len(segs)):
+            lo, hi = bounds[j], bounds[j + 1]
+            if lo <= b <= hi:
+                frac = 0.0 if hi == lo else (b - lo) / (hi - lo)
+                return (xs[j] + frac * (xs[j + 1] - xs[j])) * scale
+        return size
+
+    return f
+
+
+def _draw_segments(ax, y: int, segs: list[Segment], f, size: int) -> None:
+    """One row's bars: coloured views (labelled inside when wide, below when narrow), hatched padding, white free."""
+    n_small = 0
+    for s in segs:
+        x0, x1 = f(s.start), f(s.end)
+        if s.kind == "view":
+            color, hatch, ec = _VIEW_COLORS[s.index % len(_VIEW_COLORS)], None, "black"
+        elif s.kind == "pad":
+            color, hatch, ec = _PAD_COLOR, "///", "#888888"
+        else:
+            color, hatch, ec = _FREE_COLOR, None, "#bbbbbb"
+        ax.barh(y, x1 - x0, left=x0, height=0.6, color=color, hatch=hatch, edgecolor=ec, linewidth=0.8)
+        if s.kind == "view" and (x1 - x0) > 0.08 * size:
+            ax.text((x0 + x1) / 2, y, f"{s.label}\n{fmt_bytes(s.nbytes)}", ha="center", va="center",
+                    fontsize=8, color="white", fontweight="bold")
+        elif s.kind == "view":
+            ax.text(x0, y - 0.34 - 0.16 * (n_small % 2), f"{s.label} {fmt_bytes(s.nbytes)}", ha="left",
+                    va="top", fontsize=7, color=color)
+            n_small += 1
+        elif s.kind == "free" and (x1 - x0) > 0.08 * size:
+            ax.text((x0 + x1) / 2, y, f"unused {fmt_bytes(s.nbytes)}", ha="center", va="center",
+                    fontsize=8, color="#666666")
+
+
+def _draw_offsets(ax, y: int, layout: WorkspaceLayout, f, size: int) -> None:
+    """A tick and the byte offset above each view's start; a bar at the layout's end."""
+    last_x = None
+    for off in layout.offsets:
+        x = f(off)
+        ax.plot([x], [y + 0.36], marker="v", color="black", markersize=5)
+        crowded = last_x is not None and (x - last_x) < 0.07 * size
+        ax.text(x, y + 0.42, f"{off:,}", ha="left" if crowded else "center", va="bottom", fontsize=7)
+        last_x = x
+    end = f(layout.total_bytes)
+    ax.plot([end, end], [y - 0.34, y + 0.34], color="black", linewidth=1.5)
+
+
 def plot_byte_maps(
     rows: Sequence[tuple[str, WorkspaceLayout, Sequence[str] | None]],
     *,
@@ -128,7 +178,7 @@ def plot_byte_maps(
 
     ``schematic=True`` gives every segment a readable width (sizes differing by
     orders of magnitude stay visible); labels still give the true offsets.
-    Returns the matplotlib ``Axes``.
+    Returns the matplotlib ``Axes``. Raises ``ValueError`` for no rows.
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
@@ -139,62 +189,12 @@ def plot_byte_maps(
     if ax is None:
         _, ax = plt.subplots(figsize=(11, 0.9 + 0.9 * len(rows)))
     all_segs = [layout_segments(lay, labs, size) for _, lay, labs in rows]
-
-    def xmap_for(segs: list[Segment]):
-        if not schematic:
-            return lambda b: b
-        # piecewise linear: each segment gets width max(its share, a floor)
-        floor = 0.12 * size
-        xs, acc = [0.0], 0.0
-        for s in segs:
-            acc += max(float(s.nbytes), floor)
-            xs.append(acc)
-        scale = size / acc if acc else 1.0
-        bounds = [segs[0].start] + [s.end for s in segs] if segs else [0, size]
-
-        def f(b: float) -> float:
-            for j in range(len(segs)):
-                lo, hi = bounds[j], bounds[j + 1]
-                if lo <= b <= hi:
-                    frac = 0.0 if hi == lo else (b - lo) / (hi - lo)
-                    return (xs[j] + frac * (xs[j + 1] - xs[j])) * scale
-            return size
-
-        return f
-
-    for r, ((name, lay, labs), segs) in enumerate(zip(rows, all_segs)):
+    for r, ((_, lay, _), segs) in enumerate(zip(rows, all_segs)):
         y = len(rows) - 1 - r
-        f = xmap_for(segs)
-        n_small = 0
-        for s in segs:
-            x0, x1 = f(s.start), f(s.end)
-            if s.kind == "view":
-                color, hatch, ec = _VIEW_COLORS[s.index % len(_VIEW_COLORS)], None, "black"
-            elif s.kind == "pad":
-                color, hatch, ec = _PAD_COLOR, "///", "#888888"
-            else:
-                color, hatch, ec = _FREE_COLOR, None, "#bbbbbb"
-            ax.barh(y, x1 - x0, left=x0, height=0.6, color=color, hatch=hatch, edgecolor=ec, linewidth=0.8)
-            if s.kind == "view" and (x1 - x0) > 0.08 * size:
-                ax.text((x0 + x1) / 2, y, f"{s.label}\n{fmt_bytes(s.nbytes)}", ha="center", va="center",
-                        fontsize=8, color="white", fontweight="bold")
-            elif s.kind == "view":
-                ax.text(x0, y - 0.34 - 0.16 * (n_small % 2), f"{s.label} {fmt_bytes(s.nbytes)}", ha="left",
-                        va="top", fontsize=7, color=color)
-                n_small += 1
-            elif s.kind == "free" and (x1 - x0) > 0.08 * size:
-                ax.text((x0 + x1) / 2, y, f"unused {fmt_bytes(s.nbytes)}", ha="center", va="center",
-                        fontsize=8, color="#666666")
+        f = _byte_xmap(segs, size, schematic)
+        _draw_segments(ax, y, segs, f, size)
         if show_offsets:
-            last_x = None
-            for off in lay.offsets:
-                x = f(off)
-                ax.plot([x], [y + 0.36], marker="v", color="black", markersize=5)
-                crowded = last_x is not None and (x - last_x) < 0.07 * size
-                ax.text(x, y + 0.42, f"{off:,}", ha="left" if crowded else "center", va="bottom", fontsize=7)
-                last_x = x
-            end = f(lay.total_bytes)
-            ax.plot([end, end], [y - 0.34, y + 0.34], color="black", linewidth=1.5)
+            _draw_offsets(ax, y, lay, f, size)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([name for name, _, _ in reversed(rows)])
     ax.set_xlim(0, size * 1.01 if size else 1)
@@ -397,10 +397,10 @@ def plot_workspace_timeline(
     slots = len(points[0][1])
     asked = [e.new_bytes for e in events if e.kind == "violation"]
     biggest = max([max(p[1]) for p in points] + asked + [1])
-    if unit is not None and unit not in _UNITS:
-        raise ValueError(f"unit must be one of {tuple(_UNITS)}, got {unit!r}")
+    if unit is not None and unit not in BYTE_UNITS:
+        raise ValueError(f"unit must be one of {tuple(BYTE_UNITS)}, got {unit!r}")
     log = _timeline_scale([v for p in points for v in p[1]] + asked, yscale)
-    uname, div = _unit(biggest) if unit is None else (unit, _UNITS[unit])
+    uname, div = byte_unit(biggest) if unit is None else (unit, BYTE_UNITS[unit])
     if ax is None:
         _, ax = plt.subplots(figsize=(11, 3.8))
     xs = [p[0] for p in points] + [points[-1][0] + 0.5]
