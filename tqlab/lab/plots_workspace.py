@@ -392,6 +392,7 @@ def plot_workspace_timeline(
     """
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     points, spans = timeline_points(events, phases, num_slots)
     slots = len(points[0][1])
@@ -419,6 +420,7 @@ def plot_workspace_timeline(
     if log:
         smallest = min([v for p in points for v in p[1] if v > 0] + asked + [biggest]) / div
         ax.set_yscale("symlog", linthresh=smallest / 2)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # 0.1, 1, 10 rather than 10^k
         ax.set_ylim(0, top * 3)
     else:
         ax.set_ylim(-0.04 * top, top * 1.18)
