@@ -1,20 +1,14 @@
-"""Workspace figures for the notebooks: byte maps, lifecycle timelines, engine phases, bars, need curves.
+"""Workspace figures for the notebooks; each has a pure data function (tested exactly) and a ``plot_*``.
 
-Each figure has a pure "data" function (tested with exact values) and a
-``plot_*`` function that draws it with matplotlib (imported lazily):
+* byte maps of layouts — :func:`layout_segments` / :func:`plot_byte_maps` (views, padding, offsets);
+* the lifecycle from a manager's event log — :func:`timeline_points` / :func:`plot_workspace_timeline`
+  (a line per ubatch slot, locked stretches shaded, violations at the size they asked for; a log axis
+  when sizes span orders of magnitude);
+* engine phases — :func:`plot_phases`, :func:`phases_markdown`, :class:`PhaseMarker`;
+* need-vs-length curves — :func:`plot_need_curve`; bar charts — :func:`plot_bars`.
 
-* byte map of a workspace layout — :func:`layout_segments` / :func:`plot_byte_maps`
-  (views, alignment padding, unused bytes, offsets);
-* workspace size over the lifecycle from a manager's event log —
-  :func:`timeline_points` / :func:`plot_workspace_timeline` (one line per ubatch
-  slot, lock/unlock shading, violations marked at the size they asked for; a log
-  axis when sizes span orders of magnitude);
-* workspace size after each engine phase — :func:`plot_phases`, :func:`phases_markdown`
-  and :class:`PhaseMarker` (an ``on_phase`` callback remembering where each phase ends);
-* a need-vs-length curve with reference levels — :func:`plot_need_curve`; bar charts — :func:`plot_bars`.
-
-Sizes on axes are MiB (2**20 bytes), as vLLM's "MB". The manager and its events
-mirror ``vllm/v1/worker/workspace.py``.
+matplotlib is imported lazily. Sizes on axes are MiB (2**20 bytes), as vLLM's "MB";
+the manager and its events mirror ``vllm/v1/worker/workspace.py``.
 """
 
 from __future__ import annotations
