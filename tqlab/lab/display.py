@@ -173,7 +173,7 @@ def progress(iterable: Iterable[Any], *, desc: str | None = None, total: int | N
     "0%" and nothing in HTML). ``kwargs`` go to tqdm.
     """
     if live_frontend():
-        from tqdm.notebook import tqdm as bar
+        from tqdm.auto import tqdm as bar  # the widget bar (plain text if ipywidgets is missing)
 
         return bar(iterable, desc=desc, total=total, **kwargs)
     from tqdm.std import tqdm as bar
