@@ -70,7 +70,7 @@ import matplotlib.pyplot as plt
 from tqlab.config import EngineConfig
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
-from tqlab.lab.display import debug_workspace_log, fmt_bytes, markdown_table, show_error, show_md
+from tqlab.lab.display import debug_workspace_log, markdown_table, show_error, show_md
 from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes, reservation_plan
 from tqlab.workspace import (
     ALIGNMENT,
