@@ -47,7 +47,7 @@ help:
 	@echo "make test    run pytest: unit tests + every notebook (nbmake)"
 	@echo "make setup   only create/refresh $(VENV) (done automatically by run/test)"
 	@echo "make sync    jupytext --sync notebooks/*.ipynb <-> *.py, then strip outputs"
-	@echo "make check   notebooks stored clean and paired .py in sync"
+	@echo "make check   notebooks stored clean and paired .py in sync; import layers (lint-imports)"
 	@echo "make lab     open JupyterLab on notebooks/ with the $(KERNEL_NAME) kernel"
 	@echo "make parity  cross-check against vLLM 0.33's own classes in .venv-parity (first run installs it)"
 	@echo "make browser-test  run every notebook in JupyterLab + headless chromium; screenshots in $(BUILD)/screenshots"
@@ -84,8 +84,11 @@ test: $(STAMP)
 sync: $(STAMP)
 	$(PY) tools/run_notebooks.py sync
 
+# Notebooks stored clean and in sync with their .py twins; imports follow the
+# layers of .importlinter (cli > lab > strategies | vllm_trace > engine > ... > core).
 check: $(STAMP)
 	$(PY) tools/run_notebooks.py check
+	$(VENV)/bin/lint-imports --config .importlinter
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/
@@ -99,7 +102,7 @@ browser-test: $(STAMP)
 	$(PY) tools/browser_test.py --out $(BUILD)/screenshots $(if $(NB),--only '$(NB)')
 
 clean:
-	rm -rf $(BUILD) .pytest_cache .hypothesis *.egg-info
+	rm -rf $(BUILD) .pytest_cache .hypothesis *.egg-info .import_linter_cache
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -path ./$(VENV) -prune -o -name .ipynb_checkpoints -type d -prune -exec rm -rf {} +
 

@@ -45,7 +45,7 @@ import torch  # noqa: E402
 
 from tqlab import strategies as S  # noqa: E402
 from tqlab.config import EngineConfig  # noqa: E402
-from tqlab.recorded import make_provenance, save_recorded  # noqa: E402
+from tqlab.provenance import make_provenance, save_recorded  # noqa: E402
 
 
 def _parse_overrides(items: list[str]) -> dict:

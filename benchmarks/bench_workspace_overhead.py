@@ -42,7 +42,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from tqlab import strategies as S  # noqa: E402
-from tqlab.recorded import make_provenance, save_recorded  # noqa: E402
+from tqlab.provenance import make_provenance, save_recorded  # noqa: E402
 
 TARGET_US_THREE_VIEWS = 15.0
 QUOTED_VLLM_033_US = 29.0

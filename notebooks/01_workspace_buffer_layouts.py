@@ -67,10 +67,11 @@ import threading
 
 import matplotlib.pyplot as plt
 
-from tqlab import recorded, viz
 from tqlab.config import EngineConfig
+from tqlab.lab import plots_workspace as plots
+from tqlab.lab import recorded
+from tqlab.lab.display import debug_workspace_log, markdown_table, show_error, show_md
 from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes, reservation_plan
-from tqlab.viz import fmt_bytes, markdown_table, show_md
 from tqlab.workspace import (
     ALIGNMENT,
     MiB,
@@ -121,7 +122,7 @@ show_md(markdown_table(("view", "shape", "dtype", "bytes used", "padding after",
 show_md(f"The call needs **{lay.total_bytes:,} bytes**; the buffer is now **{m.size_bytes():,} bytes**.")
 
 # %%
-ax = viz.plot_layout(lay, names)
+ax = plots.plot_layout(lay, names)
 plt.show()
 
 # %% [markdown]
@@ -154,7 +155,7 @@ real = decode_workspace_shapes(
     cfg.max_num_seqs, cfg.num_heads_per_rank, cfg.head_dim, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype
 )
 real_lay = compute_layout(real)
-ax = viz.plot_layout(real_lay, names, schematic=True)
+ax = plots.plot_layout(real_lay, names, schematic=True)
 plt.show()
 show_md(
     f"Decode scratch for {cfg.max_num_seqs} sequences × {cfg.num_heads_per_rank} query heads per rank × "
@@ -186,7 +187,7 @@ combined = context_out.float().sum()  # ...and the combine consumes it before th
 (query_out,) = m.get_simultaneous(((n_query, heads, head_dim), torch.bfloat16))
 query_out.fill_(2.0)  # the query attention writes into the same bytes
 
-ax = viz.plot_byte_maps(
+ax = plots.plot_byte_maps(
     [
         ("1st call: context_out", m.layout(((n_context, heads * dcp_world, head_dim), torch.bfloat16)), ["context_out"]),
         ("2nd call: query_out", m.layout(((n_query, heads, head_dim), torch.bfloat16)), ["query_out"]),
@@ -232,7 +233,7 @@ fused_out = common[: math.prod(fused_out_shape)].view(fused_out_shape)
 
 naive = compute_layout(((ws13_shape, dt), (ws2_shape, dt), (fused_out_shape, dt)))
 shared = compute_layout((((shared_numel,), dt), (ws2_shape, dt)))
-ax = viz.plot_byte_maps(
+ax = plots.plot_byte_maps(
     [
         ("three separate views", naive, ["workspace13", "workspace2", "fused_out"]),
         ("shared region + workspace2", shared, ["workspace13 / fused_out", "workspace2"]),
@@ -305,7 +306,7 @@ show_md(
         ],
     )
 )
-ax = viz.plot_bars(
+ax = plots.plot_bars(
     list(scenarios),
     [v["peak"] / MiB for v in scenarios.values()],
     ylabel="peak workspace during growth (MiB)",
@@ -387,26 +388,22 @@ if device.startswith("cuda"):
     assert measured["free_then_allocate"] == one_vllm["peak"]
     assert measured["allocate_then_free"] == one_resize["peak"]
     if RECORD_GPU:
-        path = recorded.save_recorded(
+        recorded.record_run(
             REC,
             {"small_bytes": small, "big_bytes": big, "peak_bytes": measured},
-            recorded.make_provenance(f"notebooks/01_workspace_buffer_layouts.ipynb with DEVICE={DEVICE!r}, RECORD_GPU=True"),
+            f"notebooks/01_workspace_buffer_layouts.ipynb with DEVICE={DEVICE!r}, RECORD_GPU=True",
         )
-        print(f"recorded to {path}")
-elif USE_RECORDED and recorded.has_recorded(REC):
-    rec = recorded.load_recorded(REC)
-    recorded.show_banner(rec.provenance)
-    show_md(
-        markdown_table(
-            ("growth policy", f"measured peak growing {rec['small_bytes'] / MiB:.0f} → {rec['big_bytes'] / MiB:.0f} MiB"),
-            [(k, f"{v / MiB:.0f} MiB") for k, v in rec["peak_bytes"].items()],
+elif USE_RECORDED:
+    rec = recorded.show_recorded(REC)  # the banner and the recording, or a line saying there is none
+    if rec is not None:
+        show_md(
+            markdown_table(
+                ("growth policy", f"measured peak growing {rec['small_bytes'] / MiB:.0f} → {rec['big_bytes'] / MiB:.0f} MiB"),
+                [(k, f"{v / MiB:.0f} MiB") for k, v in rec["peak_bytes"].items()],
+            )
         )
-    )
 else:
-    show_md(
-        f"*No CUDA here and no recording `data/{REC}.json` yet "
-        f"(recordings available: {', '.join(recorded.list_recorded()) or 'none'}); the bookkeeping above stands.*"
-    )
+    show_md("*No CUDA here and USE_RECORDED is off: the bookkeeping above stands.*")
 
 # %% [markdown]
 # ## 4 · The lock, and who asked
@@ -439,7 +436,7 @@ try:
     my_long_context_kernel(4096)
 except WorkspaceLockedError as exc:
     err = exc
-    viz.show_error(err, "WorkspaceLockedError (an AssertionError, as vLLM raises)")
+    show_error(err, "WorkspaceLockedError (an AssertionError, as vLLM raises)")
 else:
     raise AssertionError("a locked workspace accepted a larger request")
 
@@ -487,7 +484,7 @@ first_decode = decode_workspace_shapes(1, 24, 256, 32, torch.bfloat16)
 try:
     empty.get_simultaneous(*first_decode)
 except WorkspaceLockedError as exc:
-    viz.show_error(exc)
+    show_error(exc)
     assert exc.current_bytes == 0
     assert exc.required_bytes == compute_layout(first_decode).total_bytes
     print(f"needed {exc.required_bytes:,} bytes = {format_mb(exc.required_bytes)} MB")
@@ -553,7 +550,7 @@ show_md(
         [(s, seen[s]["thread"], seen[s]["slot seen"], dbo.size_bytes(s)) for s in sorted(seen)],
     )
 )
-ax = viz.plot_workspace_timeline(dbo.events, title="Two ubatch slots grow independently")
+ax = plots.plot_workspace_timeline(dbo.events, title="Two ubatch slots grow independently")
 plt.show()
 
 # %% [markdown]
@@ -581,7 +578,7 @@ try:
     with ubatch_context(1):
         sib.get_simultaneous(((512,), torch.uint8))
 except WorkspaceLockedError as exc:
-    viz.show_error(exc)
+    show_error(exc)
     print(f"bytes: required {exc.required_bytes}, current {exc.current_bytes} (slot {exc.ubatch})")
     assert exc.ubatch == 1 and exc.current_bytes == 0 and exc.required_bytes == round_up(512, ALIGNMENT)
 else:
@@ -591,12 +588,12 @@ else:
 # ## 6 · The debug log
 #
 # vLLM prints every resize, lock and unlock when `VLLM_DEBUG_WORKSPACE=1`. `tqlab` does
-# the same with `TQLAB_DEBUG_WORKSPACE=1` (and logs violations too). `viz.debug_workspace_log()`
+# the same with `TQLAB_DEBUG_WORKSPACE=1` (and logs violations too). `debug_workspace_log()`
 # turns it on for a block and collects the lines.
 
 # %%
 dbg = WorkspaceManager(device, num_ubatches=2)
-with viz.debug_workspace_log() as log_lines:
+with debug_workspace_log() as log_lines:
     dbg.get_simultaneous(*real)
     with ubatch_context(1):
         dbg.get_simultaneous(*real)
@@ -673,9 +670,9 @@ with rewarm_workspace():  # elastic-EP style: unlock, warm up again (now with th
         current_workspace_manager().get_simultaneous(*call)
 phase_marks.append(("re-warm", len(ws.events)))
 
-ax = viz.plot_workspace_timeline(ws.events, phase_marks, title="One workspace's life, from its event log")
+ax = plots.plot_workspace_timeline(ws.events, phase_marks, title="One workspace's life, from its event log")
 plt.show()
-viz.show_error(serve_error, "The violation while serving (caught)")
+show_error(serve_error, "The violation while serving (caught)")
 
 # %% [markdown]
 # **Predict, then run.** Warm-up grew the buffer once (largest bucket first) to the decode

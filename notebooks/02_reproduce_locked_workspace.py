@@ -60,12 +60,13 @@ RECORD_GPU = False  # on CUDA: also write this run to data/ (with provenance) fo
 # %%
 import matplotlib.pyplot as plt
 
-from tqlab import recorded, viz
+from tqlab.lab import plots_workspace as plots
+from tqlab.lab import recorded
+from tqlab.lab.display import markdown_table, show_error, show_md
 from tqlab.config import EngineConfig, list_presets, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
 from tqlab.analysis import first_failing_prompt, prompt_chunks
-from tqlab.viz import markdown_table, show_md
 from tqlab.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
 
 device = recorded.pick_device(DEVICE)
@@ -164,11 +165,11 @@ print(f"on meta, {run_cfg.num_hidden_layers} and {cfg.num_hidden_layers} layers:
       f"refused request; the engine below runs {run_cfg.num_hidden_layers} attention layers on {device}")
 
 # %%
-marker = viz.PhaseMarker(echo=True)
+marker = plots.PhaseMarker(echo=True)
 t = time.perf_counter()
 engine = LLMEngine(run_cfg, fix=False, device=device, on_phase=marker)
 startup_s = time.perf_counter() - t
-show_md(viz.phases_markdown(engine.phases))
+show_md(plots.phases_markdown(engine.phases))
 print(f"start-up took {startup_s:.1f} s on {device}")
 
 # %% [markdown]
@@ -238,7 +239,7 @@ try:
     engine.generate(PROMPT_TOKENS, max_tokens=1)
 except WorkspaceLockedError as exc:
     crash = exc
-    viz.show_error(crash, "vLLM's assertion, reproduced (caught)")
+    show_error(crash, "vLLM's assertion, reproduced (caught)")
 else:
     raise AssertionError("the long prompt was served: the crash did not reproduce")
 marker.mark("serve", engine.workspace)
@@ -317,10 +318,10 @@ show_md(
 # second chunk asks far above the locked line.
 
 # %%
-ax = viz.plot_workspace_timeline(engine.workspace.events, marker.marks,
+ax = plots.plot_workspace_timeline(engine.workspace.events, marker.marks,
                                  title=f"{PRESET}, one rank, no fix: the workspace's life")
 plt.show()
-ax = viz.plot_phases(engine.phases, need_bytes=crash.required_bytes, need_label=f"chunk {bad_chunk} needs",
+ax = plots.plot_phases(engine.phases, need_bytes=crash.required_bytes, need_label=f"chunk {bad_chunk} needs",
                      title="Workspace after each start-up phase vs what the long prompt needs")
 plt.show()
 
@@ -338,7 +339,7 @@ try:
     engine.generate(16, max_tokens=1)  # a tiny prompt that would have fit
 except EngineDeadError as exc:
     dead = exc
-    viz.show_error(dead, "EngineDeadError (caught)")
+    show_error(dead, "EngineDeadError (caught)")
 else:
     raise AssertionError("a dead engine served a request")
 
@@ -447,7 +448,7 @@ show_md(
         ],
     )
 )
-ax = viz.plot_bars(
+ax = plots.plot_bars(
     [s["name"] for s in survey],
     [100 * s["longest"] / s["cfg"].max_model_len for s in survey],
     ylabel="longest surviving prompt, % of max_model_len (no fix)",
@@ -520,7 +521,7 @@ try:
     bad_engine.generate(row["bad"], max_tokens=1)
 except WorkspaceLockedError as exc:
     assert exc.required_bytes == row["need"]
-    viz.show_error(exc, f"{row['bad']:,} tokens: one more than the longest survivor (caught)")
+    show_error(exc, f"{row['bad']:,} tokens: one more than the longest survivor (caught)")
 else:
     raise AssertionError("the first failing prompt was served")
 

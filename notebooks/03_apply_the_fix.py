@@ -59,9 +59,11 @@ USE_RECORDED = True  # show vLLM's own results from the recorded parity run (dat
 # %%
 import matplotlib.pyplot as plt
 
-from tqlab import recorded, viz
 from tqlab import vllm_trace as vt
 from tqlab.attention import kv_cache_bytes_per_token
+from tqlab.lab import plots_workspace as plots
+from tqlab.lab import recorded
+from tqlab.lab.display import markdown_table, show_error, show_md
 from tqlab.config import EngineConfig, list_presets, load_preset
 from tqlab.engine import LLMEngine
 from tqlab.reservation import (
@@ -73,7 +75,6 @@ from tqlab.reservation import (
     reserve_workspace,
 )
 from tqlab.analysis import first_failing_prompt, prompt_chunks
-from tqlab.viz import markdown_table, show_md
 from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb, ubatch_context
 
 device = recorded.pick_device(DEVICE)
@@ -114,7 +115,7 @@ show_md(
     f"workspace needs only the **largest** call: **{reserved:,} bytes = {format_mb(reserved)} MB** per "
     f"ubatch slot on one rank."
 )
-ax = viz.plot_byte_maps(
+ax = plots.plot_byte_maps(
     [(f"call {i + 1}: {c}", compute_layout(call), names) for i, (c, call, names) in enumerate(zip(consumers, plan, view_names))],
     schematic=True,
     title="The reservation's two calls, in one buffer (schematic widths, true offsets)",
@@ -157,7 +158,7 @@ needs = [compute_layout(continuation_workspace_shapes(n, cfg.num_kv_heads_per_ra
 locked_no_fix = compute_layout(plan[0]).total_bytes  # what capture locked in notebook 02: decode only
 cached_8k, q_8k = prompt_chunks(PROMPT_TOKENS, cfg.max_num_batched_tokens)[-1]
 need_8k = chunk_workspace_request(cfg, cached_8k, q_8k).nbytes
-ax = viz.plot_need_curve(
+ax = plots.plot_need_curve(
     lengths,
     needs,
     levels=[("locked without the fix", locked_no_fix), ("reserved by the fix", reserved)],
@@ -226,11 +227,11 @@ show_md(
 )
 
 # %%
-marker = viz.PhaseMarker(echo=True)
+marker = plots.PhaseMarker(echo=True)
 t = time.perf_counter()
 engine = LLMEngine(run_cfg, fix=True, device=device, on_phase=marker)
 print(f"start-up took {time.perf_counter() - t:.1f} s on {device}")
-show_md(viz.phases_markdown(engine.phases))
+show_md(plots.phases_markdown(engine.phases))
 
 # %%
 events_at_lock = len(engine.workspace.events)
@@ -241,7 +242,7 @@ show_md(
     f"Request finished: **{out.finished}** — {out.prompt_len:,} prompt tokens, output token ids "
     f"{out.output_token_ids}, in {time.perf_counter() - t:.1f} s on `{device}`."
 )
-ax = viz.plot_workspace_timeline(engine.workspace.events, marker.marks,
+ax = plots.plot_workspace_timeline(engine.workspace.events, marker.marks,
                                  title=f"{PRESET}, one rank, with the fix: the workspace's life")
 plt.show()
 
@@ -282,7 +283,7 @@ unfixed = LLMEngine(cfg, fix=False, device="meta")
 try:
     unfixed.generate(longest, max_tokens=1)
 except WorkspaceLockedError as exc:
-    viz.show_error(exc, "The same prompt without the fix (caught)")
+    show_error(exc, "The same prompt without the fix (caught)")
 else:
     raise AssertionError("the unfixed engine served a max_model_len prompt")
 
@@ -330,10 +331,10 @@ show_md(
     )
 )
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 3.6))
-viz.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], ax=ax1, horizontal=True, log=True,
+plots.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], ax=ax1, horizontal=True, log=True,
               ylabel="reserved workspace per rank (MiB, log scale)", fmt="{:,.1f} MiB",
               title="Workspace reserved by the fix")
-viz.plot_bars([x["name"] for x in cost], [100 * x["res"] / x["kv"] for x in cost], ax=ax2, horizontal=True,
+plots.plot_bars([x["name"] for x in cost], [100 * x["res"] / x["kv"] for x in cost], ax=ax2, horizontal=True,
               ylabel="% of the rank's KV cache (max_num_seqs × max_model_len)", fmt="{:.2f} %",
               title="…as a share of the KV cache")
 ax2.set_yticklabels([])
@@ -502,13 +503,13 @@ try:
     prefix_hit_chunk(cached_8k, q_8k)
 except WorkspaceLockedError as exc:
     report_hit = exc
-    viz.show_error(exc, f"tqlab, with the fix, chunked prefill off: {cached_8k:,} cached by a prefix hit + {q_8k:,} new (caught)")
+    show_error(exc, f"tqlab, with the fix, chunked prefill off: {cached_8k:,} cached by a prefix hit + {q_8k:,} new (caught)")
 else:
     raise AssertionError("the report's chunk after a prefix-cache hit was served")
 tail = str(report_hit).split("' ", 1)[1]  # "requires … MB, current size is … MB. Workspace growth …"
 if USE_RECORDED and recorded.has_recorded(vt.PARITY_RESULTS):
     parity_prov, parity = vt.load_parity_results()
-    vt.show_parity_banner(parity_prov)
+    recorded.show_parity_banner(parity_prov)
     vllm_text = parity["test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill:vllm"]
     show_md(f"vLLM 0.33, with the fix, chunked prefill off, prefix-hit chunk:\n\n`{vllm_text}`")
     assert "_continuation_prefill" in vllm_text and vllm_text.endswith(tail)

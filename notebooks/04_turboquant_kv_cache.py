@@ -62,8 +62,9 @@ USE_RECORDED = True  # without CUDA (or when True), show the recorded H200 bench
 # %%
 import matplotlib.pyplot as plt
 
-from tqlab import recorded
 from tqlab.config import EngineConfig
+from tqlab.lab import recorded
+from tqlab.lab.display import fmt_bytes, markdown_table, show_md
 from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
 from tqlab.turboquant import (
     TQ_PRESETS,
@@ -78,7 +79,6 @@ from tqlab.turboquant import (
 )
 from tqlab.turboquant import figures
 from tqlab.turboquant.accuracy import accuracy_table, key_mse
-from tqlab.viz import fmt_bytes, markdown_table, show_md
 from tqlab.workspace import WorkspaceManager
 
 device = recorded.pick_device(DEVICE)
@@ -274,12 +274,9 @@ if device == "cuda" and not USE_RECORDED:
     mod.main(["--quick", "--out", str(out_path)])
     bench = json.loads(out_path.read_text())
     show_md(f"*Live quick run on {bench['provenance']['device']} (small sizes).*")
-elif recorded.has_recorded("turboquant_bench"):
-    rec = recorded.load_recorded("turboquant_bench")
-    recorded.show_banner(rec.provenance)
-    bench = rec.data
 else:
-    show_md("*No GPU here and no recording `data/turboquant_bench.json`.*")
+    rec = recorded.show_recorded("turboquant_bench")  # the banner and the recording, or a line saying there is none
+    bench = rec.data if rec is not None else None
 
 # %%
 if bench is not None:

@@ -70,8 +70,9 @@ CACHED_LEN = None  # cached tokens before the long continuation chunk; None: the
 # %%
 from tqlab import vllm_trace as vt
 from tqlab.config import EngineConfig, load_preset
+from tqlab.lab.display import markdown_table, show_md
+from tqlab.lab.recorded import show_parity_banner
 from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
-from tqlab.viz import markdown_table, show_md
 from tqlab.workspace import compute_layout, format_mb
 
 if DEVICE != "cpu":
@@ -83,7 +84,7 @@ if not LIVE:
     if not USE_RECORDED:
         raise SystemExit("vLLM is not importable and USE_RECORDED is False: nothing to show for sections 1-3")
     recorded_prov, recorded = vt.load_parity_results()
-    vt.show_parity_banner(recorded_prov)
+    show_parity_banner(recorded_prov)
     show_md(
         "**To run this notebook live:** `bash parity/install.sh` (about 3 minutes: vLLM's wheel "
         "with `--no-deps`, its non-CUDA requirements, CPU torch 2.13), then run the notebook with "
@@ -375,7 +376,7 @@ prov, rec = vt.load_parity_results()  # the divergences as the last parity run o
 if LIVE:
     print(f"from the last recorded parity run: vLLM {prov['vllm']}, {prov['date']}, commit {prov['commit'][:12]}")
 else:
-    vt.show_parity_banner(prov)
+    show_parity_banner(prov)
 dbo_v = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]]
 dbo_t = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]]
 show_md(markdown_table(

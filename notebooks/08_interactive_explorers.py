@@ -39,7 +39,7 @@ STEPPER_PRESET = "pr-44053-unit-test"  # small and fast on the meta device
 # %%
 from IPython.display import Markdown, display
 
-from tqlab import widgets as tw
+from tqlab.lab import widgets as tw
 from tqlab.config import EngineConfig, load_preset
 
 # %% [markdown]

@@ -127,7 +127,7 @@ def pytest_sessionfinish(session, exitstatus):
         "tqlab/config.py", "tqlab/analysis.py", "tqlab/vllm_trace", "tqlab/attention", "data/presets",
     )
     data = {
-        # the keys of tqlab.recorded.PROVENANCE_KEYS (device, date, commit, command, torch) + vLLM's
+        # the keys of tqlab.provenance.PROVENANCE_KEYS (device, date, commit, command, torch) + vLLM's
         "provenance": {
             "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
             "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),

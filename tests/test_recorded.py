@@ -1,4 +1,4 @@
-"""tqlab.recorded: recorded results with provenance, the banner, device helpers."""
+"""tqlab.lab.recorded (on tqlab.provenance): recorded results with provenance, the banner, device helpers."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tqlab import recorded
+from tqlab.lab import recorded
 
 PROV = {
     "device": "NVIDIA H200",
@@ -156,7 +156,7 @@ def test_show_banner_refuses_incomplete_provenance(capsys):
 
 def test_show_banner_html_in_a_kernel(monkeypatch):
     shown = []
-    monkeypatch.setattr(recorded, "_in_notebook", lambda: True)
+    monkeypatch.setattr(recorded, "in_notebook", lambda: True)
     import IPython.display as disp
 
     monkeypatch.setattr(disp, "display", lambda obj: shown.append(obj))
@@ -200,3 +200,38 @@ def test_pick_device_falls_back_loudly(monkeypatch, capsys):
 def test_pick_device_rejects_unknown(dev, exc):
     with pytest.raises(exc):
         recorded.pick_device(dev)
+
+
+# --------------------------------------------------------------------------- one call per notebook cell
+def test_show_recorded_shows_the_banner_or_says_there_is_none(tmp_path, capsys):
+    assert recorded.show_recorded("absent", data_dir=tmp_path) is None
+    assert "No recording `data/absent.json` yet (recordings available: none)" in capsys.readouterr().out
+    recorded.save_recorded("growth", {"peak": 3}, PROV, data_dir=tmp_path)
+    rec = recorded.show_recorded("growth", data_dir=tmp_path, cuda_here=False)
+    assert rec["peak"] == 3 and rec.provenance["device"] == "NVIDIA H200"
+    assert "Recorded on NVIDIA H200" in capsys.readouterr().out
+
+
+def test_record_run_writes_fresh_provenance(tmp_path, capsys):
+    path = recorded.record_run("run", {"x": 1}, "python bench.py", data_dir=tmp_path)
+    assert path == tmp_path / "run.json" and f"recorded to {path}" in capsys.readouterr().out
+    rec = recorded.load_recorded("run", data_dir=tmp_path)
+    assert rec["x"] == 1 and rec.provenance["command"] == "python bench.py"
+
+
+def test_parity_banner_is_the_one_banner_with_vllm_words(capsys):
+    text = recorded.show_parity_banner({**PROV, "vllm": "0.33.0"})
+    assert text.split("\n")[0] == (
+        "Recorded parity results: vLLM 0.33.0 on NVIDIA H200, 2026-11-29T07:30:00+00:00, commit 0123456789ab "
+        "— vLLM is not importable here"
+    )
+    assert text.split("\n")[0] in capsys.readouterr().out
+    with pytest.raises(ValueError, match="missing"):
+        recorded.show_parity_banner({"device": "cpu"})
+
+
+def test_provenance_is_the_core_of_lab_recorded():
+    from tqlab import provenance
+
+    assert recorded.load_recorded is provenance.load_recorded
+    assert provenance.git_commit("/") == "unknown"  # outside git: never raises

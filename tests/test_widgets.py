@@ -1,4 +1,4 @@
-"""The explorers of tqlab/widgets.py: pure numbers, figures, and callbacks driven through widget values."""
+"""The explorers of tqlab/lab/widgets/: pure numbers, figures, and callbacks driven through widget values."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import sys
 import pytest
 import torch
 
-from tqlab import widgets as W
+from tqlab.lab import widgets as W
+from tqlab.analysis import unfixed_locked_bytes
 from tqlab.config import EngineConfig
 from tqlab.reservation import decode_workspace_shapes
 from tqlab.analysis import workspace_bytes_for_prompt
@@ -21,7 +22,7 @@ UNIT = "pr-44053-unit-test"
 
 # --------------------------------------------------------------------------- import hygiene
 def test_importing_tqlab_and_widgets_does_not_import_ipywidgets():
-    code = "import sys, tqlab, tqlab.widgets; sys.exit(1 if 'ipywidgets' in sys.modules else 0)"
+    code = "import sys, tqlab, tqlab.lab.widgets; sys.exit(1 if 'ipywidgets' in sys.modules else 0)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 
@@ -47,7 +48,7 @@ def test_parse_shape_rejects_non_str():
 
 
 def test_layout_rows_of_the_pr_unit_test_decode_call():
-    rows, lay = W.layout_rows(W._default_layout_requests())
+    rows, lay = W.layout_rows(W.default_layout_requests())
     assert [r.shape for r in rows] == [(16, 8, 4, 129), (16, 8, 128), (16, 8)]
     assert [r.dtype for r in rows] == [torch.float32, torch.float16, torch.float32]
     assert [r.nbytes for r in rows] == [264192, 32768, 512]
@@ -62,9 +63,9 @@ def test_unfixed_locked_bytes_is_the_decode_scratch_at_max_num_seqs():
         expect = compute_layout(decode_workspace_shapes(
             cfg.max_num_seqs, cfg.num_heads_per_rank, cfg.head_dim, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype
         )).total_bytes
-        assert W.unfixed_locked_bytes(cfg) == expect
-    assert W.unfixed_locked_bytes(EngineConfig.from_preset(UNIT)) == 297472
-    assert W.unfixed_locked_bytes(EngineConfig.from_preset(UNIT, enforce_eager=True)) == 0
+        assert unfixed_locked_bytes(cfg) == expect
+    assert unfixed_locked_bytes(EngineConfig.from_preset(UNIT)) == 297472
+    assert unfixed_locked_bytes(EngineConfig.from_preset(UNIT, enforce_eager=True)) == 0
 
 
 def test_plan_summary_of_the_pr_unit_test():
@@ -92,7 +93,7 @@ def test_plan_summary_rejects_non_config():
 
 def test_prompt_need_curve_matches_the_per_prompt_prediction():
     cfg = EngineConfig.from_preset(UNIT, max_model_len=2048, max_num_batched_tokens=256, max_num_seqs=16)
-    lengths, need = W._prompt_need_curve(cfg, points=50)
+    lengths, need = W.need_curve(cfg, points=50)
     assert lengths == sorted(set(lengths)) and lengths[0] == 1 and lengths[-1] == 2047
     assert need == [workspace_bytes_for_prompt(cfg, p) for p in lengths]
     # every chunk boundary k*256 is sampled at +1, +128 (last length with no workspace call) and +129
@@ -105,13 +106,13 @@ def test_prompt_need_curve_matches_the_per_prompt_prediction():
 
 def test_figures_render_to_png():
     cfg = EngineConfig.from_preset(UNIT)
-    assert W.figure_png(W.layout_figure(W._default_layout_requests())).startswith(PNG)
+    assert W.figure_png(W.layout_figure(W.default_layout_requests())).startswith(PNG)
     assert W.figure_png(W.layout_figure([((5, 7), torch.float16)], "bytes")).startswith(PNG)
     assert W.figure_png(W.planner_figure(W.plan_summary(cfg))).startswith(PNG)
     traces = [W.lifecycle_trace(cfg, 8190, fix) for fix in (False, True)]
     assert W.figure_png(W.lifecycle_figure(traces, 3)).startswith(PNG)
     with pytest.raises(ValueError, match="scale"):
-        W.layout_figure(W._default_layout_requests(), "log")
+        W.layout_figure(W.default_layout_requests(), "log")
     with pytest.raises(ValueError):
         W.lifecycle_figure([])
 
@@ -224,7 +225,7 @@ def test_reservation_planner_follows_its_sliders():
     ui.max_num_seqs.value = 32  # twice the decode rows: locked without fix doubles (0.57 MiB)
     cfg = EngineConfig.from_preset(UNIT, max_num_seqs=32)
     assert ui.result.config == cfg
-    assert ui.result.unfixed_locked_bytes == W.unfixed_locked_bytes(cfg) == 2 * 297472
+    assert ui.result.unfixed_locked_bytes == unfixed_locked_bytes(cfg) == 2 * 297472
     # short continuation chunks use no workspace, the 8 MiB continuation call still exceeds 0.57 MiB
     assert ui.result.first_failing_unfixed == 4096 + 129
     assert ui.image.value != png
@@ -233,7 +234,7 @@ def test_reservation_planner_follows_its_sliders():
     assert ui.result.consumers[1][2] == 2 * 16777216
 
     ui.tensor_parallel_size.value = 2
-    assert ui.result.config.num_heads_per_rank == 4 and ui.result.consumers[0][2] == W.unfixed_locked_bytes(
+    assert ui.result.config.num_heads_per_rank == 4 and ui.result.consumers[0][2] == unfixed_locked_bytes(
         ui.result.config)
 
     ui.kv_cache_dtype.value = "auto"
@@ -302,3 +303,15 @@ def test_lifecycle_stepper_steps_both_engines():
 def test_lifecycle_stepper_rejects_out_of_range_prompt():
     with pytest.raises(ValueError, match="prompt_tokens"):
         W.lifecycle_stepper(UNIT, prompt_tokens=8191)
+
+
+def test_planner_numbers_are_the_analysis_numbers():
+    from tqlab.analysis import first_failing_prompt
+
+    for preset in ("pr-44053-unit-test", "nemotron-3-super-120b-a12b", "llama-3.1-8b"):
+        cfg = EngineConfig.from_preset(preset)
+        r = W.plan_summary(cfg)
+        assert r.unfixed_locked_bytes == unfixed_locked_bytes(cfg)
+        assert r.first_failing_unfixed == first_failing_prompt(cfg, unfixed_locked_bytes(cfg))
+        lengths, need = W.need_curve(cfg, points=40)
+        assert need == [workspace_bytes_for_prompt(cfg, p) for p in lengths]

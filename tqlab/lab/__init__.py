@@ -1,0 +1,10 @@
+"""Notebook support, the top layer: nothing else in ``tqlab`` imports it.
+
+* :mod:`.recorded` — the one recorded-data API (pick the device, load/save ``data/*.json``, the banner);
+* :mod:`.display` — ``fmt_bytes``, the Markdown/text tables, ``show_md``, ``show_error``, ``progress``;
+* :mod:`.plots_workspace` — byte maps, lifecycle timelines, phases, bars, need curves (matplotlib, lazily);
+* :mod:`.widgets` — the three interactive explorers (ipywidgets, lazily).
+
+Import the submodule you need (``from tqlab.lab import display, plots_workspace``);
+this package imports none of them itself, so ``import tqlab.lab`` stays cheap.
+"""

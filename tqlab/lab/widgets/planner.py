@@ -1,0 +1,302 @@
+"""Reservation planner: what PR #44053's ``_reserve_workspace`` reserves for a config, and which prompt crashes without it.
+
+:func:`plan_summary` / :func:`planner_figure` (static) and the widget
+:func:`reservation_planner` (preset + sliders; callbacks :func:`planner_load_preset`,
+:func:`refresh_planner`). Every number comes from :mod:`tqlab.analysis` and
+:mod:`tqlab.reservation` (the plan); nothing is recomputed here. Per
+tensor-parallel rank; bytes unless MiB. Mirrors ``TurboQuantMetadataBuilder._reserve_workspace``
+in ``vllm/v1/attention/backends/turboquant_attn.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ...analysis import first_failing_prompt, unfixed_locked_bytes, workspace_bytes_for_prompt
+from ...config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
+from ...reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
+from ...workspace import compute_layout
+from ._common import CRASH_COLOR, FIX_COLOR, NOFIX_COLOR, dtype_name, esc, figure_png, mib, new_figure, require_widgets
+
+__all__ = [
+    "PlannerResult",
+    "ReservationPlanner",
+    "need_curve",
+    "plan_summary",
+    "planner_figure",
+    "planner_load_preset",
+    "refresh_planner",
+    "reservation_planner",
+]
+
+_CONSUMER_NAMES = (
+    "split-KV decode scratch (max_num_seqs rows)",
+    "continuation-prefill dequant K+V (max_model_len - 1 cached)",
+)
+
+
+@dataclass(frozen=True)
+class PlannerResult:
+    """What the reservation planner shows for one configuration (per rank; bytes unless MiB).
+
+    ``consumers``: ``(name, shapes, bytes)`` per reservation call;
+    ``reserved_bytes``: one ubatch slot after the fix (the largest call);
+    ``slots``: ubatch slots (2 with DBO); ``kv_cache_bytes``: KV cache of
+    ``max_num_seqs x max_model_len`` tokens in ``kv_cache_dtype``, all layers;
+    ``kv_share``: ``reserved_bytes * slots / kv_cache_bytes``;
+    ``unfixed_locked_bytes``: see :func:`unfixed_locked_bytes`;
+    ``first_failing_unfixed`` / ``first_failing_fixed``: shortest prompt (tokens)
+    that crashes, or None when every prompt up to ``max_model_len`` survives.
+    """
+
+    config: EngineConfig
+    consumers: tuple[tuple[str, Any, int], ...]
+    reserved_bytes: int
+    slots: int
+    kv_cache_bytes: int
+    kv_share: float
+    unfixed_locked_bytes: int
+    first_failing_unfixed: int | None
+    first_failing_fixed: int | None
+
+    @property
+    def longest_surviving_unfixed(self) -> int:
+        """Longest prompt (tokens) that survives without the fix (``max_model_len - 1`` when all do)."""
+        if self.first_failing_unfixed is None:
+            return self.config.max_model_len - 1
+        return self.first_failing_unfixed - 1
+
+
+def plan_summary(config: EngineConfig) -> PlannerResult:
+    """The planner's numbers for ``config`` (see :class:`PlannerResult`), each from :mod:`tqlab.analysis`.
+
+    Raises ``TypeError`` for anything but an ``EngineConfig``.
+    """
+    from ...attention import kv_cache_bytes_per_token  # the KV-cache size per token: the attention layer owns it
+
+    if not isinstance(config, EngineConfig):
+        raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
+    plan = reservation_plan(config)
+    consumers = tuple(
+        (name, call, compute_layout(call).total_bytes) for name, call in zip(_CONSUMER_NAMES, plan)
+    )
+    reserved = plan_bytes(plan)
+    kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
+    locked = unfixed_locked_bytes(config)
+    return PlannerResult(
+        config=config,
+        consumers=consumers,
+        reserved_bytes=reserved,
+        slots=config.num_ubatches,
+        kv_cache_bytes=kv,
+        kv_share=reserved * config.num_ubatches / kv,
+        unfixed_locked_bytes=locked,
+        first_failing_unfixed=first_failing_prompt(config, locked),
+        first_failing_fixed=first_failing_prompt(config, max(locked, reserved)),
+    )
+
+
+def need_curve(config: EngineConfig, points: int = 240) -> tuple[list[int], list[int]]:
+    """Prompt lengths (tokens) and the largest workspace call (bytes) each makes while prefilling alone.
+
+    ``points`` evenly spaced lengths in ``1 .. max_model_len - 1``, plus every chunk
+    boundary ``k * max_num_batched_tokens`` at ``+0``, ``+1``, ``+128`` and ``+129``
+    (up to 256 boundaries): a last chunk of at most 128 tokens runs the decode
+    kernel with its own scratch (no workspace call, vLLM 0.33), one of 129
+    dequantizes the cached tokens, so the curve steps exactly there. Each value
+    is :func:`tqlab.analysis.workspace_bytes_for_prompt`.
+    """
+    n = config.max_model_len - 1
+    m = config.max_num_batched_tokens if config.enable_chunked_prefill else n
+    t = CONTINUATION_DECODE_THRESHOLD
+    even = {max(1, round(1 + i * (n - 1) / (points - 1))) for i in range(points)}
+    chunks = n // m if n // m <= 256 else 0  # beyond that, the steps are finer than the figure
+    edges = {k * m + d for k in range(1, chunks + 1) for d in (0, 1, t, t + 1) if k * m + d <= n}
+    lengths = sorted(even | edges)
+    return lengths, [workspace_bytes_for_prompt(config, p) for p in lengths]
+
+
+def planner_figure(result: PlannerResult):
+    """Two panels: reserved MiB per consumer (per rank) and workspace need vs prompt length.
+
+    The right panel draws the need of a prompt prefilling alone against the
+    size locked without the fix (decode capture only) and with it; the red
+    marker is the shortest prompt that crashes without the fix.
+    """
+    cfg = result.config
+    fig, (ax1, ax2) = new_figure(10.0, 3.6, ncols=2, width_ratios=[1, 1.6])
+    names = ["decode\nscratch", "continuation\ndequant"][: len(result.consumers)]
+    vals = [mib(b) for _, _, b in result.consumers]
+    bars = ax1.bar(names, vals, color=[FIX_COLOR, "#2ca02c"][: len(vals)])
+    for b, v in zip(bars, vals):
+        ax1.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
+    ax1.axhline(mib(result.unfixed_locked_bytes), color=NOFIX_COLOR, ls="--", lw=1,
+                label=f"locked w/o fix {mib(result.unfixed_locked_bytes):.2f}")
+    ax1.set_ylabel("MiB per rank (one ubatch slot)")
+    ax1.set_title(f"reservation ({cfg.preset or 'custom'}, TP {cfg.tensor_parallel_size})", fontsize=9)
+    ax1.legend(fontsize=7, loc="upper left")
+    ax1.margins(y=0.2)
+
+    lengths, need = need_curve(cfg)
+    ax2.plot(lengths, [mib(b) for b in need], color="black", lw=1.2, label="largest call of the prompt")
+    ax2.axhline(mib(result.unfixed_locked_bytes), color=NOFIX_COLOR, ls="--", lw=1.2, label="locked without fix")
+    ax2.axhline(mib(max(result.reserved_bytes, result.unfixed_locked_bytes)), color=FIX_COLOR, ls="-", lw=1.2,
+                label="locked with fix (PR #44053)")
+    bad = result.first_failing_unfixed
+    if bad is not None:
+        at = next(i for i, p in enumerate(lengths) if p >= bad)
+        ax2.axvline(bad, color=CRASH_COLOR, lw=1, ls=":")
+        ax2.plot([bad], [mib(need[at])], "x", color=CRASH_COLOR, ms=10, mew=2.5,
+                 label=f"first crash without fix: {bad:,} tokens")
+    ax2.set_xlabel("prompt tokens (request alone, chunked prefill)")
+    ax2.set_ylabel("workspace MiB per rank")
+    ax2.set_title(
+        f"max_model_len {cfg.max_model_len:,}, max_num_batched_tokens {cfg.max_num_batched_tokens:,}, "
+        f"block {cfg.block_size}, {cfg.kv_cache_dtype}",
+        fontsize=8,
+    )
+    ax2.legend(fontsize=7, loc="lower right")
+    ax2.set_xlim(0, cfg.max_model_len)
+    ax2.set_ylim(bottom=0)
+    return fig
+
+
+def _planner_html(r: PlannerResult) -> str:
+    cfg = r.config
+    rows = "".join(
+        f"<tr><td>{esc(name)}</td><td>{'<br>'.join(f'{tuple(s)} {dtype_name(d)}' for s, d in call)}</td>"
+        f"<td>{b:,}</td><td>{mib(b):.2f}</td></tr>"
+        for name, call, b in r.consumers
+    )
+    table = (
+        "<table class='tqlab-table'><tr><th>consumer</th><th>views</th><th>bytes</th><th>MiB per rank</th></tr>"
+        f"{rows}</table>"
+    )
+    if r.first_failing_unfixed is None:
+        unfixed = f"every prompt up to max_model_len ({cfg.max_model_len:,}) survives"
+    else:
+        unfixed = (
+            f"longest prompt that survives: <b>{r.longest_surviving_unfixed:,} tokens</b> "
+            f"(a {r.first_failing_unfixed:,}-token prompt hits the locked-workspace assertion)"
+        )
+    fixed = ("every prompt up to max_model_len survives" if r.first_failing_fixed is None
+             else f"<span style='color:{CRASH_COLOR}'>shortest failing prompt still {r.first_failing_fixed:,} tokens</span>")
+    return (
+        f"{table}"
+        f"<p>with the fix: <b>{mib(r.reserved_bytes):.2f} MiB</b> per ubatch slot x {r.slots} slot(s) = "
+        f"<b>{100 * r.kv_share:.3f}%</b> of the KV cache ({mib(r.kv_cache_bytes):,.1f} MiB for "
+        f"max_num_seqs x max_model_len tokens, {cfg.kv_cache_dtype}, {cfg.num_hidden_layers} layer(s)); {fixed}.</p>"
+        f"<p>without the fix: locked at {mib(r.unfixed_locked_bytes):.2f} MiB (decode capture at "
+        f"{max(cfg.capture_sizes())} rows); {unfixed}.</p>"
+    )
+
+
+def _with_value(options: Sequence[int], value: int) -> list[int]:
+    return sorted(set(options) | {value})
+
+
+_MODEL_LEN_OPTIONS = [1 << k for k in range(10, 21)]
+_SEQS_OPTIONS = [1 << k for k in range(0, 11)]
+_BATCHED_OPTIONS = [1 << k for k in range(7, 17)]
+_TP_OPTIONS = [1, 2, 4, 8]
+_BLOCK_OPTIONS = [16, 32, 64, 128, 256, 2080]
+
+
+class ReservationPlanner:
+    """Controls and state of :func:`reservation_planner` (see there)."""
+
+    def __init__(self, preset: str):
+        w = require_widgets()
+        self._suspend = False
+        slider = dict(continuous_update=False, style={"description_width": "200px"}, layout=w.Layout(width="560px"))
+        self.preset = w.Dropdown(options=list_presets(), value=preset, description="preset")
+        self.max_model_len = w.SelectionSlider(options=_MODEL_LEN_OPTIONS, description="max_model_len", **slider)
+        self.max_num_seqs = w.SelectionSlider(options=_SEQS_OPTIONS, description="max_num_seqs", **slider)
+        self.max_num_batched_tokens = w.SelectionSlider(
+            options=_BATCHED_OPTIONS, description="max_num_batched_tokens", **slider
+        )
+        self.tensor_parallel_size = w.SelectionSlider(options=_TP_OPTIONS, description="tensor_parallel_size", **slider)
+        self.block_size = w.SelectionSlider(options=_BLOCK_OPTIONS, description="block_size", **slider)
+        self.kv_cache_dtype = w.Dropdown(options=list(KV_CACHE_DTYPES), description="kv_cache_dtype",
+                                         style={"description_width": "200px"}, layout=w.Layout(width="420px"))
+        self.status = w.HTML()
+        self.image = w.Image(format="png", layout=w.Layout(max_width="100%"))
+        self.summary = w.HTML()
+        self.result: PlannerResult | None = None
+        self.controls = [self.max_model_len, self.max_num_seqs, self.max_num_batched_tokens,
+                         self.tensor_parallel_size, self.block_size, self.kv_cache_dtype]
+        self.preset.observe(lambda _c: planner_load_preset(self), names="value")
+        for c in self.controls:
+            c.observe(lambda _c: refresh_planner(self), names="value")
+        self.view = w.VBox(
+            [w.HTML("<b>Reservation planner</b>: what <code>_reserve_workspace</code> reserves, per rank"),
+             self.preset, *self.controls, self.status, self.image, self.summary],
+            layout=w.Layout(border="1px solid #ddd", padding="6px"),
+        )
+        self.view.add_class("tqlab-explorer")
+        planner_load_preset(self)
+
+    def config(self) -> EngineConfig:
+        """The ``EngineConfig`` the controls describe (raises ``ValueError`` if invalid)."""
+        return EngineConfig.from_preset(
+            self.preset.value,
+            max_model_len=self.max_model_len.value,
+            max_num_seqs=self.max_num_seqs.value,
+            max_num_batched_tokens=self.max_num_batched_tokens.value,
+            tensor_parallel_size=self.tensor_parallel_size.value,
+            block_size=self.block_size.value,
+            kv_cache_dtype=self.kv_cache_dtype.value,
+        )
+
+    def _repr_mimebundle_(self, **kw):
+        return self.view._repr_mimebundle_(**kw)
+
+
+def planner_load_preset(ui: ReservationPlanner) -> None:
+    """Set every control to ``ui.preset.value``'s numbers, then recompute once (callback)."""
+    cfg = EngineConfig.from_preset(ui.preset.value)
+    ui._suspend = True
+    try:
+        for name, base in (("max_model_len", _MODEL_LEN_OPTIONS), ("max_num_seqs", _SEQS_OPTIONS),
+                           ("max_num_batched_tokens", _BATCHED_OPTIONS), ("tensor_parallel_size", _TP_OPTIONS),
+                           ("block_size", _BLOCK_OPTIONS)):
+            ctl = getattr(ui, name)
+            value = getattr(cfg, name)
+            opts = _with_value(base, value)
+            if list(ctl.options) != opts:
+                ctl.options = opts
+            ctl.value = value
+        ui.kv_cache_dtype.value = cfg.kv_cache_dtype
+    finally:
+        ui._suspend = False
+    refresh_planner(ui)
+
+
+def refresh_planner(ui: ReservationPlanner) -> None:
+    """Recompute :func:`plan_summary` for the controls' config and redraw (callback).
+
+    An invalid combination (e.g. TP not dividing the heads, or
+    ``max_num_batched_tokens < max_num_seqs``) shows the ``ValueError`` in
+    ``ui.status`` and keeps the last valid figure and numbers.
+    """
+    if ui._suspend:
+        return
+    try:
+        result = plan_summary(ui.config())
+    except ValueError as e:
+        ui.status.value = f"<span style='color:{CRASH_COLOR}'>invalid configuration: {esc(str(e))}</span>"
+        return
+    ui.result = result
+    ui.status.value = ""
+    ui.image.value = figure_png(planner_figure(result))
+    ui.summary.value = _planner_html(result)
+
+
+def reservation_planner(preset: str = "nemotron-3-super-120b-a12b") -> ReservationPlanner:
+    """Build the reservation planner: preset + sliders -> per-consumer MiB per rank, KV-cache share, crash bound.
+
+    Raises ``ValueError`` for an unknown preset, ``ImportError`` without ipywidgets.
+    """
+    load_preset(preset)  # ValueError listing the known presets
+    return ReservationPlanner(preset)
