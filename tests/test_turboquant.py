@@ -418,7 +418,7 @@ def test_figures_data_helpers():
 
 def test_recorded_benchmark_has_provenance_and_every_case():
     """data/turboquant_bench.json: complete provenance, every preset x shape x batch x context."""
-    from tqlab import recorded
+    from tqlab.lab import recorded
 
     rec = recorded.load_recorded("turboquant_bench")
     assert rec.provenance["device"] == "NVIDIA H200"

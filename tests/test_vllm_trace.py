@@ -505,7 +505,8 @@ def test_bug_report_max_num_batched_tokens_is_inferred_from_its_2_mb():
 
 
 def test_recorded_parity_results_load_with_provenance_and_banner(capsys):
-    from tqlab.vllm_trace import format_trace_report, load_parity_results, show_parity_banner
+    from tqlab.lab.recorded import show_parity_banner
+    from tqlab.vllm_trace import format_trace_report, load_parity_results
 
     prov, rec = load_parity_results()
     for key in ("device", "date", "commit", "command", "torch", "vllm"):
@@ -520,5 +521,5 @@ def test_recorded_parity_results_load_with_provenance_and_banner(capsys):
     table = format_trace_report(unfixed["vllm"]["trace"])
     assert "VIOLATION slot 0: turboquant_attn.py:" in table and "locked at 0.26 MB" in table
     assert all(r["same"] for r in rec["test_manager_table:rows"] + rec["test_reservation_table:rows"])
-    with pytest.raises(ValueError, match="provenance"):
+    with pytest.raises(ValueError, match="missing"):
         show_parity_banner({"device": "cpu"})

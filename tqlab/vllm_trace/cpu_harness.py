@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
@@ -33,9 +33,9 @@ def load_parity_results() -> tuple[dict[str, Any], dict[str, Any]]:
 
     ``records`` maps ``'<test name>:<key>'`` to what that test recorded, plus
     ``'summary'`` (outcome counts) and ``'tests'`` (outcome per test).
-    Raises ``FileNotFoundError``/``ValueError`` like :func:`tqlab.recorded.load_recorded`.
+    Raises ``FileNotFoundError``/``ValueError`` like :func:`tqlab.provenance.load_recorded`.
     """
-    from ..recorded import load_recorded
+    from ..provenance import load_recorded
 
     res = load_recorded(PARITY_RESULTS)
     records = dict(res.data.get("records", {}))
@@ -452,40 +452,6 @@ def compare_reservations(presets: Sequence[str] | None = None) -> list[dict[str,
                 }
             )
     return rows
-
-
-def show_parity_banner(provenance: Mapping[str, Any]) -> str:
-    """Display a banner over recorded parity results (vLLM not importable here) and return its text.
-
-    Validates the provenance like :func:`tqlab.recorded.validate_provenance`
-    (device, date, commit, command, torch) and adds the vLLM version. In a
-    Jupyter kernel it is an amber HTML box; elsewhere printed between rules.
-    """
-    import html as _html
-
-    from ..recorded import _in_notebook, validate_provenance
-
-    p = validate_provenance(provenance)
-    sha = p["commit"][:12] if len(p["commit"]) == 40 else p["commit"]
-    first = (
-        f"Recorded parity results: vLLM {p.get('vllm', '?')} on {p['device']}, {p['date']}, commit {sha} "
-        "— vLLM is not importable here"
-    )
-    second = f"command: {p['command']} (torch {p['torch']})"
-    if _in_notebook():
-        from IPython.display import HTML, display
-
-        display(
-            HTML(
-                '<div style="border:2px solid #b7791f;background:#fffbeb;color:#744210;'
-                'padding:8px 12px;margin:6px 0;border-radius:4px;font-family:sans-serif">'
-                f"<b>&#9888; {_html.escape(first)}</b><br><code>{_html.escape(second)}</code></div>"
-            )
-        )
-    else:
-        rule = "=" * min(100, max(len(first), len(second)))
-        print(f"{rule}\n{first}\n{second}\n{rule}")
-    return f"{first}\n{second}"
 
 
 def _decode_attention(manager: Any, config: EngineConfig, batch: int) -> list[torch.Tensor]:
