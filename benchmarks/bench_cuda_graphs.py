@@ -1,4 +1,8 @@
-"""Eager vs CUDA-graph replay latency of one decode step, recorded to ``data/cuda_graphs_latency.json``.
+"""Eager vs CUDA-graph replay latency of one decode step; writes ``build/cuda_graphs_latency.json``.
+
+With ``--record`` it writes the recording ``data/cuda_graphs_latency.json``,
+which a run of fewer timed iterations (``--iters`` x batches, summed over the
+models) than it holds does not replace unless ``--force``.
 
 Two models on one rank, TurboQuant KV cache, every decode bucket captured by
 the engine (``tqlab.cuda_graphs.CUDAGraphDecodeRunner``):
@@ -17,7 +21,7 @@ eager at batch 1; replay within 1.3x of the summed kernel time.
 
 Usage (needs CUDA; exits with status 2 and a message otherwise)::
 
-    python benchmarks/bench_cuda_graphs.py --out data/cuda_graphs_latency.json
+    python benchmarks/bench_cuda_graphs.py --record          # -> data/cuda_graphs_latency.json
     python benchmarks/bench_cuda_graphs.py --models seed --iters 10 --out /tmp/x.json
 """
 
@@ -31,13 +35,16 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 import torch  # noqa: E402
 
 from tqlab import cuda_graphs as cg  # noqa: E402
 from tqlab.config import EngineConfig  # noqa: E402
+
+from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
 
 MODELS = {
     "seed": dict(preset="nemotron-3-super-120b-a12b", batches=[1, 2, 3, 4], overrides={}),
@@ -49,7 +56,8 @@ TARGETS = {"speedup_at_batch_1_min": 5.0, "replay_over_kernel_sum_max": 1.3}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "data" / "cuda_graphs_latency.json"))
+    ap.add_argument("--out", default=None,
+                    help="output file (default: build/cuda_graphs_latency.json, or data/ with --record)")
     ap.add_argument("--models", default="seed,llama", help="comma-separated: " + ",".join(MODELS))
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
@@ -58,19 +66,26 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure every model in this process (default: one child process per model, so "
                          "one model's profiler sessions and captures cannot slow the next one's timings)")
     ap.add_argument("--model-timeout", type=float, default=900.0, help="seconds per child process")
+    add_record_arguments(ap)
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_cuda_graphs.py needs a CUDA device (torch.cuda.is_available() is False); nothing recorded",
-              file=sys.stderr)
-        return 2
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad:
         print(f"unknown model(s) {bad}; choose from {sorted(MODELS)}", file=sys.stderr)
         return 2
+    dest = Path(args.out) if args.out else default_dir(args) / "cuda_graphs_latency.json"
+    refusal = overwrite_refusal(dest, args.iters * sum(len(MODELS[m]["batches"]) for m in names),
+                                lambda d: sum(r["iters"] * len(r["rows"]) for r in d["results"].values()),
+                                force=args.force, unit="timed iterations (iters x batches)")
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_cuda_graphs.py needs a CUDA device (torch.cuda.is_available() is False); nothing recorded",
+              file=sys.stderr)
+        return 2
     cmd = "python benchmarks/bench_cuda_graphs.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {"provenance": cg.provenance(cmd.strip()), "targets": TARGETS, "results": {}, "errors": {}}
-    dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every model, so a run cut short keeps what it measured
