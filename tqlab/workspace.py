@@ -445,8 +445,9 @@ class WorkspaceManager:
             targets = [slot]
             if self.grow_all_slots:
                 targets = [i for i in range(self._num_ubatches) if self.size_bytes(i) < required]
-            self._preflight(targets, required, caller)
             capturing = self._device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            if not capturing:  # no cudaMemGetInfo inside a capture; the graph pool allocates then
+                self._preflight(targets, required, caller)
             # Cached views pin the old buffers: forget them so the memory can go.
             self._views.clear()
             for i in targets:
