@@ -54,7 +54,39 @@ MODELS = {
 TARGETS = {"speedup_at_batch_1_min": 5.0, "replay_over_kernel_sum_max": 1.3}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run_child(name: str, args) -> tuple[dict, object]:
+    """Measure one model in a child process; returns its JSON output and exit code."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        child_out = Path(tmp) / f"{name}.json"
+        child = [sys.executable, str(Path(__file__).resolve()), "--no-isolate", "--models", name,
+                 "--iters", str(args.iters), "--warmup", str(args.warmup),
+                 "--context-len", str(args.context_len), "--out", str(child_out)]
+        try:
+            rc = subprocess.run(child, timeout=args.model_timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        return (json.loads(child_out.read_text()) if child_out.is_file() else {}), rc
+
+
+def _summary(results: dict) -> dict:
+    """Per model: speedup at batch 1 and replay / kernel-sum ratios against TARGETS."""
+    summary = {}
+    for name, res in results.items():
+        b1 = next((r for r in res["rows"] if r["batch"] == 1), None)
+        ratios = [r["replay_over_kernel_sum"] for r in res["rows"] if r["replay_over_kernel_sum"]]
+        summary[name] = {
+            "speedup_at_batch_1": b1["speedup"] if b1 else None,
+            "speedup_target_met": bool(b1 and b1["speedup"] >= TARGETS["speedup_at_batch_1_min"]),
+            "replay_over_kernel_sum": {"min": min(ratios), "max": max(ratios)} if ratios else None,
+            "kernel_sum_target_met_all_batches": bool(ratios) and max(ratios) <= TARGETS["replay_over_kernel_sum_max"],
+        }
+    return summary
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None,
                     help="output file (default: build/cuda_graphs_latency.json, or data/ with --record)")
@@ -67,7 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                          "one model's profiler sessions and captures cannot slow the next one's timings)")
     ap.add_argument("--model-timeout", type=float, default=900.0, help="seconds per child process")
     add_record_arguments(ap)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad:
@@ -94,20 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = MODELS[name]
         t0 = time.perf_counter()
         if args.isolate:
-            import subprocess
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                child_out = Path(tmp) / f"{name}.json"
-                child = [sys.executable, str(Path(__file__).resolve()), "--no-isolate", "--models", name,
-                         "--iters", str(args.iters), "--warmup", str(args.warmup),
-                         "--context-len", str(args.context_len), "--out", str(child_out)]
-                try:
-                    proc = subprocess.run(child, timeout=args.model_timeout)
-                    rc = proc.returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
-                got = json.loads(child_out.read_text()) if child_out.is_file() else {}
+            got, rc = _run_child(name, args)
             if name in got.get("results", {}):
                 out["results"][name] = got["results"][name]
             else:
@@ -131,17 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}] batch {r['batch']:>3} (bucket {r['bucket']:>3}): eager {r['eager_us']:9.1f} us  "
                   f"replay {r['replay_us']:8.1f} us  run {r['run_us']:8.1f} us  kernels {ks if ks is None else round(ks, 1)} us  "
                   f"speedup {r['speedup']:5.1f}x  |diff| {r['max_abs_diff']:.2e}", flush=True)
-    summary = {}
-    for name, res in out["results"].items():
-        b1 = next((r for r in res["rows"] if r["batch"] == 1), None)
-        ratios = [r["replay_over_kernel_sum"] for r in res["rows"] if r["replay_over_kernel_sum"]]
-        summary[name] = {
-            "speedup_at_batch_1": b1["speedup"] if b1 else None,
-            "speedup_target_met": bool(b1 and b1["speedup"] >= TARGETS["speedup_at_batch_1_min"]),
-            "replay_over_kernel_sum": {"min": min(ratios), "max": max(ratios)} if ratios else None,
-            "kernel_sum_target_met_all_batches": bool(ratios) and max(ratios) <= TARGETS["replay_over_kernel_sum_max"],
-        }
-    out["summary"] = summary
+    out["summary"] = summary = _summary(out["results"])
     save()
     print(json.dumps(summary, indent=2))
     return 0 if not out["errors"] else 1

@@ -92,8 +92,22 @@ def _refusal(args, out_dir: Path, tag: str, names: list[str], prompts: tuple, co
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _record_memory(args, config: EngineConfig, overrides: dict, dev: torch.device, prov: dict, tag: str,
+                   out_dir: Path) -> None:
+    """The allocator experiments of notebook 06 -> strategies_memory_<tag>.json."""
+    n = args.memory_prompt or config.max_model_len - 17
+    mem = S.memory_experiments(config, n, device=dev, repeats=2, progress=False)
+    path = save_recorded(f"strategies_memory_{tag}", dict(preset=args.preset, overrides=overrides,
+                                                           config=config.to_dict(), **mem), prov,
+                         data_dir=out_dir)
+    for mode, v in mem["trace"].items():
+        extra = (f", peak reserved {v['peak_reserved'] / 2**20:.1f} MiB, peak allocated "
+                 f"{v['peak_allocated'] / 2**20:.1f} MiB") if "peak_reserved" in v else ""
+        print(f"  trace {mode}: {len(v['per_call_us'])} calls{extra}")
+    print(f"allocator experiments -> {path}")
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="nemotron-3-super-120b-a12b")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="EngineConfig override")
@@ -108,7 +122,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-prompt", type=int, default=None,
                     help="request length of the allocator experiments (default: max_model_len - 17, as notebook 06)")
     add_record_arguments(ap)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda but torch.cuda.is_available() is False; nothing recorded", file=sys.stderr)
         return 2
@@ -152,16 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if results:
         print(S.format_table(S.strategy_table(results)))
     if args.memory:
-        n = args.memory_prompt or config.max_model_len - 17
-        mem = S.memory_experiments(config, n, device=dev, repeats=2, progress=False)
-        path = save_recorded(f"strategies_memory_{tag}", dict(preset=args.preset, overrides=overrides,
-                                                               config=config.to_dict(), **mem), prov,
-                             data_dir=out_dir)
-        for mode, v in mem["trace"].items():
-            extra = (f", peak reserved {v['peak_reserved'] / 2**20:.1f} MiB, peak allocated "
-                     f"{v['peak_allocated'] / 2**20:.1f} MiB") if "peak_reserved" in v else ""
-            print(f"  trace {mode}: {len(v['per_call_us'])} calls{extra}")
-        print(f"allocator experiments -> {path}")
+        _record_memory(args, config, overrides, dev, prov, tag, out_dir)
     return 1 if errors else 0
 
 

@@ -361,17 +361,13 @@ class WorkspaceManager:
                 total exceeds ``MAX_BYTES`` (2**63 - 1), or an out-of-range ubatch
                 slot; nothing is allocated, the state is unchanged and no event
                 is recorded.
-            torch.OutOfMemoryError: the growth exceeds what the allocator can
-                give (``allocator_headroom``: CUDA free + cached memory, or
-                Linux's overcommit limit on CPU); refused before anything is
-                freed, so size, pointer and bytes are unchanged; an
-                ``"alloc_failed"`` event is recorded.
-            torch.OutOfMemoryError / RuntimeError from the allocator itself
-                (the check passed but the allocation failed: fragmentation,
-                another process, a fault injected in a test): the old block was
-                already freed, as vLLM frees it; the slot gets a buffer of its
-                old size back (contents and pointer lost) and an
-                ``"alloc_failed"`` event is recorded.
+            torch.OutOfMemoryError: the growth exceeds ``allocator_headroom``
+                (CUDA free + cached memory; Linux's overcommit limit on CPU):
+                refused before anything is freed, state unchanged, an
+                ``"alloc_failed"`` event recorded. If the allocator itself fails
+                after that check (fragmentation, another process), the old block
+                is already freed, as vLLM frees it: the slot gets a buffer of its
+                old size back (contents and pointer lost), ``"alloc_failed"``.
             WorkspaceLockedError: the workspace is locked and the slot's buffer
                 is smaller than the request; buffer, contents and lock state
                 are unchanged, and a ``"violation"`` event is recorded.
