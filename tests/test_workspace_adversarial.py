@@ -126,6 +126,12 @@ def test_zero_size_shapes_follow_torchs_left_to_right_size_product():
     assert [tuple(v.shape) for v in views] == [(2**62, 2, 0), (3, 2**62, 0)] and m.size_bytes(0) == 0
     with pytest.raises(ValueError, match=r"up to 4611686018427387904 is 18446744073709551616, which overflows"):
         m.get_simultaneous(((4, 2**62, 0), u8))
+    # strides: (0, 2, 2**62) needs a stride of 2**63 elements for dimension 0; torch raises
+    # "Stride calculation overflowed" (and silently wraps (0, 4, 2**62) to a stride of 0): both refused
+    for shape, stride in (((0, 2, 2**62), 2**63), ((0, 4, 2**62), 2**64)):
+        with pytest.raises(ValueError, match=rf"a contiguous stride of {stride} elements exceeds 2\*\*63 - 1"):
+            m.get_simultaneous((shape, u8))
+    assert m.size_bytes(0) == 0 and m.events == []
 
 
 def test_growth_the_allocator_cannot_give_is_refused_before_the_old_buffer_is_freed():
@@ -306,6 +312,8 @@ def _oracle_total(call) -> int | type:
                 return ValueError
         if any(math.prod(shape[: k + 1]) >= 2**64 for k in range(len(shape))):
             return ValueError  # torch's uint64 running product of the sizes overflows
+        if any(math.prod(max(d, 1) for d in shape[k + 1:]) > 2**63 - 1 for k in range(len(shape))):
+            return ValueError  # a contiguous stride does not fit int64
         aligned = -(-math.prod(shape) * dtype.itemsize // 256) * 256
         total += aligned
         if total > 2**63 - 1:

@@ -102,6 +102,14 @@ def _validate_shape(index: int, shape: object) -> tuple[int, ...]:
                 f"request {index}: shape {tuple(dims)!r}: the product of its dimensions up to {v} is {running}, "
                 f"which overflows torch's 64-bit size computation (even if a later dimension is 0)"
             )
+    stride = 1
+    for v in reversed(dims[1:]):  # contiguous strides, as torch computes them (a 0 size counts as 1)
+        stride *= max(v, 1)
+        if stride > MAX_BYTES:
+            raise ValueError(
+                f"request {index}: shape {tuple(dims)!r}: a contiguous stride of {stride} elements exceeds "
+                f"2**63 - 1, which torch's int64 strides cannot hold (even if a dimension is 0)"
+            )
     return tuple(dims)
 
 
@@ -111,8 +119,10 @@ def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], torch.dtype]
     Pure function: allocates nothing. Raises ``TypeError`` for a request that
     is not a ``(shape, dtype)`` pair, a shape that is not a tuple/list, a
     non-integer dimension or a dtype that is not a ``torch.dtype``;
-    ``ValueError`` for a negative dimension or one above 2**63 - 1 (even
-    next to a zero dimension: torch sizes are int64), or when the call's total *after*
+    ``ValueError`` for a negative dimension or one above 2**63 - 1, a shape
+    whose sizes' running product reaches 2**64 or whose contiguous strides
+    exceed 2**63 - 1 (even with a zero dimension: torch's size and stride
+    arithmetic is 64-bit), or when the call's total *after*
     rounding each view up to 256 bytes exceeds :data:`MAX_BYTES` (2**63 - 1,
     the int64 limit of ``torch.empty``): ``((2**63 - 1,), torch.uint8)`` rounds
     to exactly 2**63 and is refused here, before any buffer is touched. The
