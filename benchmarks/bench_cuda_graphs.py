@@ -1,4 +1,8 @@
-"""Eager vs CUDA-graph replay latency of one decode step, recorded to ``data/cuda_graphs_latency.json``.
+"""Eager vs CUDA-graph replay latency of one decode step; writes ``build/cuda_graphs_latency.json``.
+
+With ``--record`` it writes the recording ``data/cuda_graphs_latency.json``,
+which a run of fewer timed iterations (``--iters`` x batches, summed over the
+models) than it holds does not replace unless ``--force``.
 
 Two models on one rank, TurboQuant KV cache, every decode bucket captured by
 the engine (``tqlab.engine.cuda_graph.CUDAGraphDecodeRunner``):
@@ -17,7 +21,7 @@ eager at batch 1; replay within 1.3x of the summed kernel time.
 
 Usage (needs CUDA; exits with status 2 and a message otherwise)::
 
-    python benchmarks/bench_cuda_graphs.py --out data/cuda_graphs_latency.json
+    python benchmarks/bench_cuda_graphs.py --record          # -> data/cuda_graphs_latency.json
     python benchmarks/bench_cuda_graphs.py --models seed --iters 10 --out /tmp/x.json
 """
 
@@ -31,13 +35,16 @@ import traceback
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 import torch  # noqa: E402
 
 from tqlab.lab import graph_latency as latency  # noqa: E402
 from tqlab.config import EngineConfig  # noqa: E402
+
+from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
 
 MODELS = {
     "seed": dict(preset="nemotron-3-super-120b-a12b", batches=[1, 2, 3, 4], overrides={}),
@@ -47,9 +54,42 @@ MODELS = {
 TARGETS = {"speedup_at_batch_1_min": 5.0, "replay_over_kernel_sum_max": 1.3}
 
 
-def main(argv: list[str] | None = None) -> int:
+def _run_child(name: str, args) -> tuple[dict, object]:
+    """Measure one model in a child process; returns its JSON output and exit code."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        child_out = Path(tmp) / f"{name}.json"
+        child = [sys.executable, str(Path(__file__).resolve()), "--no-isolate", "--models", name,
+                 "--iters", str(args.iters), "--warmup", str(args.warmup),
+                 "--context-len", str(args.context_len), "--out", str(child_out)]
+        try:
+            rc = subprocess.run(child, timeout=args.model_timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        return (json.loads(child_out.read_text()) if child_out.is_file() else {}), rc
+
+
+def _summary(results: dict) -> dict:
+    """Per model: speedup at batch 1 and replay / kernel-sum ratios against TARGETS."""
+    summary = {}
+    for name, res in results.items():
+        b1 = next((r for r in res["rows"] if r["batch"] == 1), None)
+        ratios = [r["replay_over_kernel_sum"] for r in res["rows"] if r["replay_over_kernel_sum"]]
+        summary[name] = {
+            "speedup_at_batch_1": b1["speedup"] if b1 else None,
+            "speedup_target_met": bool(b1 and b1["speedup"] >= TARGETS["speedup_at_batch_1_min"]),
+            "replay_over_kernel_sum": {"min": min(ratios), "max": max(ratios)} if ratios else None,
+            "kernel_sum_target_met_all_batches": bool(ratios) and max(ratios) <= TARGETS["replay_over_kernel_sum_max"],
+        }
+    return summary
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=str(ROOT / "data" / "cuda_graphs_latency.json"))
+    ap.add_argument("--out", default=None,
+                    help="output file (default: build/cuda_graphs_latency.json, or data/ with --record)")
     ap.add_argument("--models", default="seed,llama", help="comma-separated: " + ",".join(MODELS))
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
@@ -58,19 +98,30 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure every model in this process (default: one child process per model, so "
                          "one model's profiler sessions and captures cannot slow the next one's timings)")
     ap.add_argument("--model-timeout", type=float, default=900.0, help="seconds per child process")
-    args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_cuda_graphs.py needs a CUDA device (torch.cuda.is_available() is False); nothing recorded",
-              file=sys.stderr)
-        return 2
+    add_record_arguments(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad:
         print(f"unknown model(s) {bad}; choose from {sorted(MODELS)}", file=sys.stderr)
         return 2
+    dest = Path(args.out) if args.out else default_dir(args) / "cuda_graphs_latency.json"
+    refusal = overwrite_refusal(dest, args.iters * sum(len(MODELS[m]["batches"]) for m in names),
+                                lambda d: sum(r["iters"] * len(r["rows"]) for r in d["results"].values()),
+                                force=args.force, unit="timed iterations (iters x batches)")
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("bench_cuda_graphs.py needs a CUDA device (torch.cuda.is_available() is False); nothing recorded",
+              file=sys.stderr)
+        return 2
     cmd = "python benchmarks/bench_cuda_graphs.py " + " ".join(argv if argv is not None else sys.argv[1:])
     out = {"provenance": latency.provenance(cmd.strip()), "targets": TARGETS, "results": {}, "errors": {}}
-    dest = Path(args.out)
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every model, so a run cut short keeps what it measured
@@ -79,20 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         spec = MODELS[name]
         t0 = time.perf_counter()
         if args.isolate:
-            import subprocess
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                child_out = Path(tmp) / f"{name}.json"
-                child = [sys.executable, str(Path(__file__).resolve()), "--no-isolate", "--models", name,
-                         "--iters", str(args.iters), "--warmup", str(args.warmup),
-                         "--context-len", str(args.context_len), "--out", str(child_out)]
-                try:
-                    proc = subprocess.run(child, timeout=args.model_timeout)
-                    rc = proc.returncode
-                except subprocess.TimeoutExpired:
-                    rc = "timeout"
-                got = json.loads(child_out.read_text()) if child_out.is_file() else {}
+            got, rc = _run_child(name, args)
             if name in got.get("results", {}):
                 out["results"][name] = got["results"][name]
             else:
@@ -116,17 +154,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}] batch {r['batch']:>3} (bucket {r['bucket']:>3}): eager {r['eager_us']:9.1f} us  "
                   f"replay {r['replay_us']:8.1f} us  run {r['run_us']:8.1f} us  kernels {ks if ks is None else round(ks, 1)} us  "
                   f"speedup {r['speedup']:5.1f}x  |diff| {r['max_abs_diff']:.2e}", flush=True)
-    summary = {}
-    for name, res in out["results"].items():
-        b1 = next((r for r in res["rows"] if r["batch"] == 1), None)
-        ratios = [r["replay_over_kernel_sum"] for r in res["rows"] if r["replay_over_kernel_sum"]]
-        summary[name] = {
-            "speedup_at_batch_1": b1["speedup"] if b1 else None,
-            "speedup_target_met": bool(b1 and b1["speedup"] >= TARGETS["speedup_at_batch_1_min"]),
-            "replay_over_kernel_sum": {"min": min(ratios), "max": max(ratios)} if ratios else None,
-            "kernel_sum_target_met_all_batches": bool(ratios) and max(ratios) <= TARGETS["replay_over_kernel_sum_max"],
-        }
-    out["summary"] = summary
+    out["summary"] = summary = _summary(out["results"])
     save()
     print(json.dumps(summary, indent=2))
     return 0 if not out["errors"] else 1

@@ -1,4 +1,8 @@
-"""The bug report's four fixes and the unfixed baseline, measured side by side; recorded to ``data/strategies_<tag>.json``.
+"""The bug report's four fixes and the unfixed baseline, measured side by side; written to ``build/strategies_<tag>.json``.
+
+With ``--record`` the file goes to ``data/`` instead, and an existing recording
+there is replaced only by a run of at least as many decode steps (strategies x
+prompts x ``--decode-steps``; for ``--memory``: traced calls) unless ``--force``.
 
 For each strategy of :data:`tqlab.strategies.STRATEGIES` (``--strategies`` to
 choose, ``grow_no_recapture`` available as a negative control), a fresh engine
@@ -18,12 +22,12 @@ growth by ``resize_`` vs free-then-allocate) to ``data/strategies_memory_<tag>.j
 Usage::
 
     # the seed deployment, exact bytes / survival / graph safety (seconds are Python overhead on meta)
-    python benchmarks/bench_strategies.py --device meta --tag meta
+    python benchmarks/bench_strategies.py --device meta --tag meta --record
     # real arithmetic on this CPU: one attention layer, 16K context, unquantized cache (the CPU TurboQuant path is slow)
     python benchmarks/bench_strategies.py --device cpu --tag cpu --set num_hidden_layers=1 \\
         --set max_model_len=16384 --set kv_cache_dtype=auto
     # the GPU box
-    python benchmarks/bench_strategies.py --device cuda --tag h200 --memory
+    python benchmarks/bench_strategies.py --device cuda --tag h200 --memory --record
 """
 
 from __future__ import annotations
@@ -38,14 +42,17 @@ import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 import torch  # noqa: E402
 
 from tqlab import strategies as S  # noqa: E402
 from tqlab.config import EngineConfig  # noqa: E402
-from tqlab.provenance import make_provenance, save_recorded  # noqa: E402
+from tqlab.provenance import make_provenance, recorded_path, save_recorded  # noqa: E402
+
+from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
 
 
 def _parse_overrides(items: list[str]) -> dict:
@@ -70,14 +77,43 @@ def _provenance(argv: list[str]) -> dict:
     return prov
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _refusal(args, out_dir: Path, tag: str, names: list[str], prompts: tuple, config: EngineConfig) -> str | None:
+    """Why this run may not replace a recording in data/ (see benchmarks/_recording.py), or None."""
+    if names:
+        why = overwrite_refusal(recorded_path(f"strategies_{tag}", out_dir), len(names) * len(prompts) * args.decode_steps,
+                                lambda d: len(d["strategies"]) * len(d["prompts"]) * d["decode_steps"],
+                                force=args.force, unit="decode steps (strategies x prompts x steps)")
+        if why:
+            return why
+    if args.memory:
+        n = args.memory_prompt or config.max_model_len - 17
+        return overwrite_refusal(recorded_path(f"strategies_memory_{tag}", out_dir), n, lambda d: d["prompt_tokens"],
+                                 force=args.force, unit="traced prompt tokens")
+    return None
+
+
+def _record_memory(args, config: EngineConfig, overrides: dict, dev: torch.device, prov: dict, tag: str,
+                   out_dir: Path) -> None:
+    """The allocator experiments of notebook 06 -> strategies_memory_<tag>.json."""
+    n = args.memory_prompt or config.max_model_len - 17
+    mem = S.memory_experiments(config, n, device=dev, repeats=2, progress=False)
+    path = save_recorded(f"strategies_memory_{tag}", dict(preset=args.preset, overrides=overrides,
+                                                           config=config.to_dict(), **mem), prov,
+                         data_dir=out_dir)
+    for mode, v in mem["trace"].items():
+        extra = (f", peak reserved {v['peak_reserved'] / 2**20:.1f} MiB, peak allocated "
+                 f"{v['peak_allocated'] / 2**20:.1f} MiB") if "peak_reserved" in v else ""
+        print(f"  trace {mode}: {len(v['per_call_us'])} calls{extra}")
+    print(f"allocator experiments -> {path}")
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="nemotron-3-super-120b-a12b")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="EngineConfig override")
     ap.add_argument("--device", default="cpu", help="cpu, cuda or meta")
-    ap.add_argument("--tag", default=None, help="data/strategies_<tag>.json (default: the device)")
-    ap.add_argument("--out-dir", default=str(ROOT / "data"))
+    ap.add_argument("--tag", default=None, help="strategies_<tag>.json (default: the device)")
+    ap.add_argument("--out-dir", default=None, help="output folder (default: build/, or data/ with --record)")
     ap.add_argument("--strategies", default=",".join(S.STRATEGIES))
     ap.add_argument("--prompts", default=None, help="comma-separated prompt lengths (default: 8192 and max_model_len)")
     ap.add_argument("--decode-steps", type=int, default=8)
@@ -85,7 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory-only", action="store_true", help="record only the allocator experiments")
     ap.add_argument("--memory-prompt", type=int, default=None,
                     help="request length of the allocator experiments (default: max_model_len - 17, as notebook 06)")
-    args = ap.parse_args(argv)
+    add_record_arguments(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda but torch.cuda.is_available() is False; nothing recorded", file=sys.stderr)
         return 2
@@ -100,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.memory_only:
         names = []
         args.memory = True
+    out_dir = Path(args.out_dir) if args.out_dir else default_dir(args)
+    refusal = _refusal(args, out_dir, tag, names, prompts, config)
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
     print(f"{args.preset} {overrides} on {dev}: prompts {prompts}, strategies {names}", flush=True)
     t0 = time.perf_counter()
     if names:
@@ -119,21 +166,12 @@ def main(argv: list[str] | None = None) -> int:
                                     preset=args.preset, overrides=overrides)
         payload["errors"] = errors
         payload["seconds_total"] = time.perf_counter() - t0
-        path = save_recorded(f"strategies_{tag}", payload, prov, data_dir=args.out_dir)
+        path = save_recorded(f"strategies_{tag}", payload, prov, data_dir=out_dir)
         print(f"  {name}: {time.perf_counter() - t:.1f} s -> {path}", flush=True)
     if results:
         print(S.format_table(S.strategy_table(results)))
     if args.memory:
-        n = args.memory_prompt or config.max_model_len - 17
-        mem = S.memory_experiments(config, n, device=dev, repeats=2, progress=False)
-        path = save_recorded(f"strategies_memory_{tag}", dict(preset=args.preset, overrides=overrides,
-                                                               config=config.to_dict(), **mem), prov,
-                             data_dir=args.out_dir)
-        for mode, v in mem["trace"].items():
-            extra = (f", peak reserved {v['peak_reserved'] / 2**20:.1f} MiB, peak allocated "
-                     f"{v['peak_allocated'] / 2**20:.1f} MiB") if "peak_reserved" in v else ""
-            print(f"  trace {mode}: {len(v['per_call_us'])} calls{extra}")
-        print(f"allocator experiments -> {path}")
+        _record_memory(args, config, overrides, dev, prov, tag, out_dir)
     return 1 if errors else 0
 
 

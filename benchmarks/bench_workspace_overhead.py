@@ -1,6 +1,9 @@
 """The workspace manager's own speed: ``get_simultaneous`` per call for 1-4 views, vs ``torch.empty`` per call.
 
-Recorded to ``data/workspace_overhead_<tag>.json`` (``cpu`` here, ``h200`` on the GPU box).
+Writes ``build/workspace_overhead_<tag>.json``; with ``--record`` the recording
+``data/workspace_overhead_<tag>.json`` (``cpu`` here, ``h200`` on the GPU box),
+which a run of fewer calls (``--number`` x ``--repeats``) than it holds does not
+replace unless ``--force``.
 
 The views are the seed deployment's decode scratch (``nemotron-3-super-120b-a12b``
 preset, one TP-8 rank, ``max_num_seqs`` 4 rows): ``(4,4,32,129) f32``,
@@ -23,8 +26,9 @@ measured).
 
 Usage::
 
-    python benchmarks/bench_workspace_overhead.py                  # CPU -> data/workspace_overhead_cpu.json
-    python benchmarks/bench_workspace_overhead.py --device cuda --tag h200
+    python benchmarks/bench_workspace_overhead.py                   # CPU -> build/workspace_overhead_cpu.json
+    python benchmarks/bench_workspace_overhead.py --record --number 500 --repeats 400   # -> data/
+    python benchmarks/bench_workspace_overhead.py --device cuda --tag h200 --record
     python benchmarks/bench_workspace_overhead.py --out-dir /tmp --number 2000
 """
 
@@ -36,13 +40,16 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 import torch  # noqa: E402
 
 from tqlab import strategies as S  # noqa: E402
-from tqlab.provenance import make_provenance, save_recorded  # noqa: E402
+from tqlab.provenance import make_provenance, recorded_path, save_recorded  # noqa: E402
+
+from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
 
 TARGET_US_THREE_VIEWS = 15.0
 QUOTED_VLLM_033_US = 29.0
@@ -52,14 +59,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--tag", default=None, help="file tag: data/workspace_overhead_<tag>.json (default: the device)")
-    ap.add_argument("--out-dir", default=str(ROOT / "data"))
+    ap.add_argument("--out-dir", default=None, help="output folder (default: build/, or data/ with --record)")
     ap.add_argument("--number", type=int, default=20000, help="calls per timed run")
     ap.add_argument("--repeats", type=int, default=7)
+    add_record_arguments(ap)
     args = ap.parse_args(argv)
+    if args.number < 1 or args.repeats < 1:
+        print(f"--number and --repeats must be >= 1, got {args.number} and {args.repeats}", file=sys.stderr)
+        return 2
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda but torch.cuda.is_available() is False; nothing recorded", file=sys.stderr)
         return 2
     tag = args.tag or args.device.split(":")[0]
+    out_dir = Path(args.out_dir) if args.out_dir else default_dir(args)
+    refusal = overwrite_refusal(recorded_path(f"workspace_overhead_{tag}", out_dir), args.number * args.repeats,
+                                lambda d: d["number"] * d["repeats"], force=args.force, unit="timed calls per case")
+    if refusal:
+        print(refusal, file=sys.stderr)
+        return 2
     rows = S.workspace_call_overhead(args.device, args.number, args.repeats, echo=True)
     three = next(r for r in rows if r["views"] == 3)
     cmd = "python benchmarks/bench_workspace_overhead.py " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -81,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         quoted_vllm_033_us=QUOTED_VLLM_033_US,
         quoted_vllm_033_note="issue 5's figure for vLLM 0.33's WorkspaceManager on the 2-core CPU box; not measured here",
     )
-    path = save_recorded(f"workspace_overhead_{tag}", results, prov, data_dir=args.out_dir)
+    path = save_recorded(f"workspace_overhead_{tag}", results, prov, data_dir=out_dir)
     print(f"three decode views: hot {three['hot_us']:.2f} us, cold {three['cold_us']:.2f} us "
           f"(target <= {TARGET_US_THREE_VIEWS} us) -> {path}")
     return 0

@@ -17,6 +17,18 @@ PR #40941) as described in seed 002, written from scratch:
   :func:`ubatch_context` (a ``contextvars`` variable, so each thread has its own).
 * Every resize, lock, unlock and violation is appended to ``manager.events``
   and logged when ``TQLAB_DEBUG_WORKSPACE=1`` (vLLM: ``VLLM_DEBUG_WORKSPACE``).
+* Thread safety (beyond vLLM, whose manager has no mutex): growth checks the
+  lock flag, allocates and publishes the new buffer under ``threading.RLock``,
+  and ``lock()``/``unlock()`` take the same lock, so after ``lock()`` returns no
+  thread can grow or move a buffer. The no-growth fast path takes no lock.
+* A refused call changes nothing: bad input (``TypeError``/``ValueError``,
+  checked on the 256-rounded sizes), a locked workspace, and a growth the
+  allocator cannot give (``torch.OutOfMemoryError``, checked against
+  :func:`~tqlab.workspace_layout.allocator_headroom` *before* the old buffer is
+  freed) leave every slot's size, pointer and bytes as they were.
+
+The layout arithmetic lives in :mod:`tqlab.workspace_layout`; its public names
+are re-exported here.
 
 Module helpers keep vLLM's names: :func:`init_workspace_manager`,
 :func:`current_workspace_manager`, :func:`is_workspace_manager_initialized`,
@@ -28,17 +40,30 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
-import operator
 import os
 import sys
 import time
 from dataclasses import dataclass
+import threading
 from typing import Iterator, Sequence
 
 import torch
 
+from .workspace_layout import (
+    ALIGNMENT,
+    MAX_BYTES,
+    MiB,
+    WorkspaceLayout,
+    _is_exact_signature,
+    allocator_headroom,
+    compute_layout,
+    format_mb,
+    round_up,
+)
+
 __all__ = [
     "ALIGNMENT",
+    "MAX_BYTES",
     "MiB",
     "WorkspaceEvent",
     "WorkspaceLayout",
@@ -59,113 +84,7 @@ __all__ = [
     "workspace_wrapper",
 ]
 
-ALIGNMENT = 256
-"""Every view starts at a multiple of this many bytes (as vLLM)."""
-
-MiB = 1 << 20
-"""vLLM's messages say "MB" but divide by 2**20; so do we."""
-
-_MAX_BYTES = 1 << 63  # torch sizes are int64
-
 logger = logging.getLogger(__name__)
-
-
-def round_up(x: int, multiple: int) -> int:
-    """Smallest multiple of ``multiple`` that is >= ``x`` (both ints; ``ValueError`` unless multiple > 0)."""
-    if multiple <= 0:
-        raise ValueError(f"round_up: multiple must be > 0, got {multiple}")
-    return -(-x // multiple) * multiple
-
-
-def format_mb(nbytes: int) -> str:
-    """``nbytes`` as vLLM prints it: bytes / 2**20 with two decimals, e.g. ``'2.00'``."""
-    return f"{nbytes / MiB:.2f}"
-
-
-# --------------------------------------------------------------------------- #
-# Layout: pure arithmetic, validated, cached per request signature            #
-# --------------------------------------------------------------------------- #
-
-
-@dataclass(frozen=True)
-class WorkspaceLayout:
-    """Where each requested view lives inside the flat buffer.
-
-    Attributes:
-        shapes: the validated shapes, as tuples of ints.
-        dtypes: the requested ``torch.dtype`` of each view.
-        nbytes: bytes each view really uses (``numel * itemsize``).
-        offsets: byte offset of each view; every offset is a multiple of 256.
-        total_bytes: bytes the call needs, ``sum(round_up(nbytes_i, 256))``.
-    """
-
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[torch.dtype, ...]
-    nbytes: tuple[int, ...]
-    offsets: tuple[int, ...]
-    total_bytes: int
-
-    @property
-    def padding(self) -> tuple[int, ...]:
-        """Alignment padding after each view, in bytes."""
-        return tuple(round_up(n, ALIGNMENT) - n for n in self.nbytes)
-
-
-def _validate_shape(index: int, shape: object) -> tuple[int, ...]:
-    if not isinstance(shape, (tuple, list, torch.Size)):
-        raise TypeError(
-            f"request {index}: shape must be a tuple or list of ints, got "
-            f"{type(shape).__name__} {shape!r}"
-        )
-    dims = []
-    for d in shape:
-        if isinstance(d, bool):
-            raise TypeError(f"request {index}: dimension {d!r} in shape {tuple(shape)!r} is a bool, not an int")
-        try:
-            v = operator.index(d)
-        except TypeError:
-            raise TypeError(
-                f"request {index}: dimension {d!r} in shape {tuple(shape)!r} is not an integer"
-            ) from None
-        if v < 0:
-            raise ValueError(f"request {index}: dimension {v} in shape {tuple(shape)!r} is negative")
-        dims.append(v)
-    return tuple(dims)
-
-
-def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], torch.dtype]]) -> WorkspaceLayout:
-    """Validate ``(shape, dtype)`` requests and compute their byte layout.
-
-    Pure function: allocates nothing. Raises ``TypeError`` for a request that
-    is not a ``(shape, dtype)`` pair, a shape that is not a tuple/list, a
-    non-integer dimension or a dtype that is not a ``torch.dtype``;
-    ``ValueError`` for a negative dimension. The message names the request
-    index and the bad value.
-    """
-    shapes, dtypes, nbytes, offsets = [], [], [], []
-    offset = 0
-    for i, req in enumerate(shapes_and_dtypes):
-        if not isinstance(req, (tuple, list)) or len(req) != 2:
-            raise TypeError(f"request {i}: expected a (shape, dtype) pair, got {req!r}")
-        shape, dtype = req
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"request {i}: dtype must be a torch.dtype, got {dtype!r}")
-        dims = _validate_shape(i, shape)
-        numel = 1
-        for d in dims:
-            numel *= d
-        n = numel * dtype.itemsize
-        if offset + n >= _MAX_BYTES:
-            raise ValueError(
-                f"request {i}: shape {dims} of {dtype} needs {n} bytes; with the views before it the call "
-                f"would need more than 2**63 bytes, which no device can allocate"
-            )
-        shapes.append(dims)
-        dtypes.append(dtype)
-        nbytes.append(n)
-        offsets.append(offset)
-        offset += round_up(n, ALIGNMENT)
-    return WorkspaceLayout(tuple(shapes), tuple(dtypes), tuple(nbytes), tuple(offsets), offset)
 
 
 # --------------------------------------------------------------------------- #
@@ -300,16 +219,6 @@ def _debug_enabled() -> bool:
 _GROWTH_POLICIES = ("free_then_allocate", "allocate_then_free")
 
 
-def _is_exact_signature(reqs: tuple) -> bool:
-    for req in reqs:
-        if type(req) is not tuple or len(req) != 2 or type(req[0]) is not tuple:
-            return False
-        for d in req[0]:
-            if type(d) is not int:
-                return False
-    return True
-
-
 class WorkspaceManager:
     """Flat ``uint8`` workspace buffers, one per ubatch slot, handed out as views.
 
@@ -364,6 +273,8 @@ class WorkspaceManager:
         self._layouts: dict[tuple, WorkspaceLayout] = {}
         self._views: dict[tuple, tuple[torch.Tensor, list[torch.Tensor]]] = {}
         self._empty = None  # zero-byte stand-in for an all-empty first request
+        # Serialises growth, lock and unlock (never taken on the no-growth fast path).
+        self._mutex = threading.RLock()
 
     # -- introspection ------------------------------------------------------ #
     @property
@@ -446,12 +357,17 @@ class WorkspaceManager:
             (fresh aliases each call), which keeps this call at a few microseconds.
 
         Raises:
-            TypeError/ValueError: a malformed request, a call needing 2**63
-                bytes or more, or an out-of-range ubatch slot; nothing is
-                allocated and the state is unchanged.
-            torch.OutOfMemoryError / RuntimeError: the allocator failed while
-                growing; the slot gets a buffer of its old size back (contents
-                lost) and an ``"alloc_failed"`` event is recorded.
+            TypeError/ValueError: a malformed request, a call whose 256-rounded
+                total exceeds ``MAX_BYTES`` (2**63 - 1), or an out-of-range ubatch
+                slot; nothing is allocated, the state is unchanged and no event
+                is recorded.
+            torch.OutOfMemoryError: the growth exceeds ``allocator_headroom``
+                (CUDA free + cached memory; Linux's overcommit limit on CPU):
+                refused before anything is freed, state unchanged, an
+                ``"alloc_failed"`` event recorded. If the allocator itself fails
+                after that check (fragmentation, another process), the old block
+                is already freed, as vLLM frees it: the slot gets a buffer of its
+                old size back (contents and pointer lost), ``"alloc_failed"``.
             WorkspaceLockedError: the workspace is locked and the slot's buffer
                 is smaller than the request; buffer, contents and lock state
                 are unchanged, and a ``"violation"`` event is recorded.
@@ -512,59 +428,95 @@ class WorkspaceManager:
                 )
 
     def _grow(self, slot: int, required: int) -> torch.Tensor:
-        current = self.size_bytes(slot)
+        # Check, allocate and publish under the manager's mutex: once lock() has
+        # returned in any thread, no thread can be half-way through a growth.
         caller = _caller_info()
-        if self._locked:
-            self._record("violation", caller, current, required, slot)
-            raise WorkspaceLockedError(caller, required, current, slot)
-        targets = [slot]
-        if self.grow_all_slots:
-            targets = [i for i in range(self._num_ubatches) if self.size_bytes(i) < required]
-        capturing = self._device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        # Cached views pin the old buffers: forget them so the memory can go.
-        self._views.clear()
-        for i in targets:
-            old = self._buffers[i]
-            old_size = 0 if old is None else old.numel()
-            live_before = self.live_bytes()
-            try:
-                if self.growth_policy == "free_then_allocate":
-                    # Drop every reference first, so the allocator can reuse the
-                    # block: peak = live - old + new.
-                    self._buffers[i] = None
-                    del old
-                    if self._device.type == "cuda" and not capturing:
-                        torch.cuda.empty_cache()
-                    peak = live_before - old_size + required
-                    self._buffers[i] = torch.empty((required,), dtype=torch.uint8, device=self._device)
-                else:
-                    peak = live_before + required
-                    new = torch.empty((required,), dtype=torch.uint8, device=self._device)
-                    self._buffers[i] = new
-                    del old, new
-            except BaseException:
-                # With free-then-allocate the old block is gone; put a buffer of the old
-                # size back (its contents are lost) so the slot keeps the size it had.
-                if self._buffers[i] is None and old_size:
-                    try:
-                        self._buffers[i] = torch.empty((old_size,), dtype=torch.uint8, device=self._device)
-                    except BaseException:
-                        pass
-                self._record("alloc_failed", caller, old_size, required, i)
-                raise
-            self._record("resize", caller, old_size, required, i, peak=peak)
-        return self._buffers[slot]
+        with self._mutex:
+            current = self.size_bytes(slot)
+            if current >= required:  # another thread grew this slot meanwhile
+                return self._buffers[slot]
+            if self._locked:
+                self._record("violation", caller, current, required, slot)
+                raise WorkspaceLockedError(caller, required, current, slot)
+            targets = [slot]
+            if self.grow_all_slots:
+                targets = [i for i in range(self._num_ubatches) if self.size_bytes(i) < required]
+            capturing = self._device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+            if not capturing:  # no cudaMemGetInfo inside a capture; the graph pool allocates then
+                self._preflight(targets, required, caller)
+            # Cached views pin the old buffers: forget them so the memory can go.
+            self._views.clear()
+            for i in targets:
+                self._grow_slot(i, required, caller, capturing)
+            return self._buffers[slot]
+
+    def _preflight(self, targets: list[int], required: int, caller: str) -> None:
+        """Refuse, before any buffer is freed, a growth the allocator cannot satisfy."""
+        headroom = allocator_headroom(self._device)
+        if headroom is None:
+            return
+        limit, per_allocation, source = headroom
+        freeing = 0 if per_allocation else sum(self.size_bytes(i) for i in targets)
+        need = required if per_allocation else required * len(targets)
+        if need > limit + freeing:
+            for i in targets:
+                self._record("alloc_failed", caller, self.size_bytes(i), required, i)
+            raise torch.OutOfMemoryError(
+                f"workspace growth from '{caller}' to {required} bytes ({format_mb(required)} MB) in slot(s) "
+                f"{targets} refused before freeing anything: {source} allows {limit + freeing} bytes "
+                f"({format_mb(limit + freeing)} MB); the buffer, its pointer and its bytes are unchanged"
+            )
+
+    def _grow_slot(self, i: int, required: int, caller: str, capturing: bool) -> None:
+        old = self._buffers[i]
+        old_size = 0 if old is None else old.numel()
+        live_before = self.live_bytes()
+        try:
+            if self.growth_policy == "free_then_allocate":
+                # Drop every reference first, so the allocator can reuse the
+                # block: peak = live - old + new.
+                self._buffers[i] = None
+                del old
+                if self._device.type == "cuda" and not capturing:
+                    torch.cuda.empty_cache()
+                peak = live_before - old_size + required
+                self._buffers[i] = torch.empty((required,), dtype=torch.uint8, device=self._device)
+            else:
+                peak = live_before + required
+                new = torch.empty((required,), dtype=torch.uint8, device=self._device)
+                self._buffers[i] = new
+                del old, new
+        except BaseException:
+            # The preflight passed but the allocator still failed (fragmentation, another
+            # process). With free-then-allocate the old block is gone; put a buffer of the
+            # old size back (its contents are lost) so the slot keeps the size it had.
+            if self._buffers[i] is None and old_size:
+                try:
+                    self._buffers[i] = torch.empty((old_size,), dtype=torch.uint8, device=self._device)
+                except BaseException:
+                    pass
+            self._record("alloc_failed", caller, old_size, required, i)
+            raise
+        self._record("resize", caller, old_size, required, i, peak=peak)
 
     # -- lock ----------------------------------------------------------------- #
     def lock(self) -> None:
-        """Freeze every slot's size (vLLM: after CUDA graph capture)."""
-        self._locked = True
-        self._record("lock", _caller_info("lock"), self.live_bytes(), self.live_bytes(), _UBATCH.get())
+        """Freeze every slot's size (vLLM: after CUDA graph capture).
+
+        Waits for a growth in progress in another thread; once this returns, no
+        thread can grow or move a buffer until :meth:`unlock`.
+        """
+        caller = _caller_info("lock")
+        with self._mutex:
+            self._locked = True
+            self._record("lock", caller, self.live_bytes(), self.live_bytes(), _UBATCH.get())
 
     def unlock(self) -> None:
         """Allow growth again (vLLM: only elastic EP re-warm-up does this)."""
-        self._locked = False
-        self._record("unlock", _caller_info("lock"), self.live_bytes(), self.live_bytes(), _UBATCH.get())
+        caller = _caller_info("lock")
+        with self._mutex:
+            self._locked = False
+            self._record("unlock", caller, self.live_bytes(), self.live_bytes(), _UBATCH.get())
 
     def __repr__(self) -> str:
         sizes = ", ".join(format_mb(s) for s in self.sizes_bytes())

@@ -35,7 +35,7 @@ from .cuda_graph import CUDAGraphDecodeRunner
 from .model_runner import ModelRunner
 from .scheduler import Request, Scheduler
 from .. import workspace as _workspace_module
-from ..workspace import WorkspaceLockedError, init_workspace_manager
+from ..workspace import init_workspace_manager
 
 __all__ = ["EngineDeadError", "LLMEngine", "PhaseRecord", "RequestOutput"]
 
@@ -280,6 +280,16 @@ class LLMEngine:
         return rid
 
     def has_unfinished_requests(self) -> bool:
+        """True while requests wait or run. Raises ``EngineDeadError`` once the engine is dead.
+
+        vLLM 0.33's ``LLMEngine.has_unfinished_requests`` (``vllm/v1/engine/llm_engine.py``)
+        reads only the front end's ``OutputProcessor`` and keeps saying True after
+        the engine core died; the next ``step()`` then raises ``EngineDeadError``
+        (``core_client.py``, ``get_output``). We raise here already, so a
+        ``while has_unfinished_requests(): step()`` loop (vLLM's ``LLM._run_engine``)
+        ends with the same error, and nothing polls a dead engine as if it had work.
+        """
+        self._check_alive()
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
@@ -293,10 +303,7 @@ class LLMEngine:
             return []
         try:
             sampled = self.runner.execute_model(sched)
-        except WorkspaceLockedError as e:
-            self.dead = e
-            raise
-        except Exception as e:  # any failure inside a step kills the engine core
+        except Exception as e:  # any failure inside a step (WorkspaceLockedError too) kills the engine core
             self.dead = e
             raise
         changed = []

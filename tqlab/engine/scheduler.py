@@ -53,25 +53,82 @@ class Request:
 
 
 class BlockPool:
-    """Free list of KV-cache blocks. Block 0 is the null block (padding rows point at it)."""
+    """Free KV-cache blocks as a stack of ranges. Block 0 is the null block (padding rows point at it).
+
+    Allocation order is a LIFO stack of block ids: a fresh pool hands out
+    ``1, 2, 3, ...``; ``free(ids)`` pushes ``ids`` so the next allocations return
+    them again in the same order. The stack is kept as ``[start, stop)`` runs
+    (adjacent runs merged) plus a counter, never one Python object per block:
+    a fresh pool of 10**9 blocks is one run, O(1) memory; memory grows only
+    with the number of non-contiguous runs freed (vLLM's ``BlockPool`` in
+    ``vllm/v1/core/block_pool.py`` keeps one ``KVCacheBlock`` per block, which a
+    simulator on ``meta`` cannot afford at ``max_model_len`` 10**9).
+
+    Raises ``ValueError`` for ``num_blocks`` < 2 or not an int.
+    """
 
     def __init__(self, num_blocks: int):
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int):
+            raise ValueError(f"num_blocks must be an int, got {num_blocks!r}")
         if num_blocks < 2:
             raise ValueError(f"need at least 2 KV-cache blocks (one is the null block), got {num_blocks}")
         self.num_blocks = num_blocks
-        self._free = list(range(num_blocks - 1, 0, -1))
+        self._runs: list[list[int]] = [[1, num_blocks]]  # [start, stop); the last run is the top of the stack
+        self._num_free = num_blocks - 1
 
     @property
     def num_free(self) -> int:
-        return len(self._free)
+        return self._num_free
+
+    @property
+    def num_runs(self) -> int:
+        """How many ``[start, stop)`` runs hold the free blocks (the pool's memory, in Python objects)."""
+        return len(self._runs)
 
     def allocate(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise RuntimeError(f"out of KV-cache blocks: need {n}, {len(self._free)} free")
-        return [self._free.pop() for _ in range(n)]
+        """Pop ``n`` block ids (the caller's list is O(n); the pool stays O(runs)).
+
+        Raises ``ValueError`` for a negative or non-int ``n``; ``RuntimeError``
+        when fewer than ``n`` blocks are free (nothing is taken then).
+        """
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"number of blocks to allocate must be an int >= 0, got {n!r}")
+        if n > self._num_free:
+            raise RuntimeError(f"out of KV-cache blocks: need {n}, {self._num_free} free")
+        out: list[int] = []
+        while len(out) < n:
+            run = self._runs[-1]
+            k = min(n - len(out), run[1] - run[0])
+            out.extend(range(run[0], run[0] + k))
+            run[0] += k
+            if run[0] == run[1]:
+                self._runs.pop()
+        self._num_free -= n
+        return out
 
     def free(self, ids: list[int]) -> None:
-        self._free.extend(reversed(ids))
+        """Return ``ids`` to the pool; the next allocations hand them out in this order.
+
+        Raises ``ValueError`` (pool unchanged) for an id outside ``1..num_blocks - 1``
+        (block 0, the null block, is never allocated, so never freed).
+        """
+        ids = list(ids)
+        bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 < i < self.num_blocks), None)
+        if bad is not None:
+            raise ValueError(f"cannot free block {bad!r}: block ids run from 1 to {self.num_blocks - 1} (0 is the null block)")
+        runs: list[list[int]] = []  # ids as ascending runs, in pop order
+        for i in ids:
+            if runs and runs[-1][1] == i:
+                runs[-1][1] += 1
+            else:
+                runs.append([i, i + 1])
+        for run in reversed(runs):  # push so the first id ends on top
+            top = self._runs[-1] if self._runs else None
+            if top is not None and run[1] == top[0]:
+                top[0] = run[0]
+            else:
+                self._runs.append(run)
+        self._num_free += len(ids)
 
 
 @dataclass
