@@ -65,10 +65,14 @@ def test_locked_empty_first_decode_needs_802048_bytes():
     assert ws.sizes_bytes() == [0] and ws.buffer(0) is None and ws.is_locked()
 
 
-def test_locked_empty_kind_in_the_engine_eager_without_fix():
-    # eager mode + no reservation: nothing grows the workspace before the lock
-    c = EngineConfig(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1,
-                     max_model_len=1024, max_num_batched_tokens=1024, enforce_eager=True)
+MTP_LIKE = dict(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1,
+                max_model_len=1024, max_num_batched_tokens=1024)
+
+
+def test_locked_empty_kind_in_the_engine_lock_on_eager_variant():
+    # vLLM 0.33 never locks an eager start-up; the named lock-on-eager variant does, and
+    # then nothing has grown the workspace before the lock.
+    c = EngineConfig(**MTP_LIKE, enforce_eager=True, lock_workspace_when_eager=True)
     engine = LLMEngine(c, fix=False, device="meta")
     assert engine.locked_bytes == 0 and engine.workspace.is_locked()
     with pytest.raises(WorkspaceLockedError) as ei:
@@ -78,6 +82,34 @@ def test_locked_empty_kind_in_the_engine_eager_without_fix():
     fixed = LLMEngine(c, fix=True, device="meta")
     assert fixed.locked_bytes >= 802_048
     assert fixed.generate(8, max_tokens=2).finished
+    # vLLM 0.33 itself: eager never locks, the same request completes
+    assert LLMEngine(c.replace(lock_workspace_when_eager=False), fix=False, device="meta").generate(8, 2).finished
+
+
+@pytest.mark.parametrize("k, crashes", [(0, False), (1, False), (2, True), (3, True)])
+def test_locked_empty_kind_with_speculative_decoding_in_the_drafter(k, crashes):
+    # The public report's kind (TurboQuant 4bit_nc + MTP drafter): "requires 0.76 MB, current size is
+    # 0.00 MB" in the drafter's decode. With k > 0 vLLM 0.33's FULL decode capture has 1+k-token rows,
+    # which TurboQuant routes to _prefill_attention as first chunks (seq_lens = max_query_len in
+    # _dummy_run): no workspace call, so it locks at 0 bytes. The drafter's passes 2..k are one-token
+    # decodes through _decode_attention (k = 1 has none).
+    from tqlab.analysis import predict
+
+    c = EngineConfig(**MTP_LIKE, kv_cache_dtype="turboquant_4bit_nc", num_speculative_tokens=k)
+    engine = LLMEngine(c, fix=False, device="meta")
+    assert engine.locked_bytes == (802_048 if k == 0 else 0) == predict(c, 8, max_tokens=2).locked_bytes
+    assert predict(c, 8, max_tokens=2).verdict == ("crash" if crashes else "ok")
+    if crashes:
+        with pytest.raises(WorkspaceLockedError) as ei:
+            engine.generate(8, max_tokens=2)
+        assert "_decode_attention' requires 0.76 MB, current size is 0.00 MB" in str(ei.value)
+        assert predict(c, 8, max_tokens=2).first_refused_call == {
+            "caller": "_decode_attention (drafter)", "required_bytes": 802_048, "current_bytes": 0,
+            "cached_len": 8, "q_len": 1}
+    else:
+        assert engine.generate(8, max_tokens=2).finished
+    # PR #44053's reservation covers the drafter's decode (max_num_seqs rows)
+    assert LLMEngine(c, fix=True, device="meta").generate(8, max_tokens=2).finished
 
 
 # --------------------------------------------------------------------------- #
@@ -167,16 +199,18 @@ def test_growth_peak_two_slots_192_not_256_and_slot_1_untouched():
 
 
 # --------------------------------------------------------------------------- #
-# Every start-up path locks                                                   #
+# Which start-ups lock (vLLM 0.33: only capture_model locks)                 #
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("enforce_eager", [False, True], ids=["capture", "eager"])
+@pytest.mark.parametrize("mode", ["capture", "lock-on-eager", "piecewise"])
 @pytest.mark.parametrize("fix", [False, True], ids=["no-fix", "fix"])
 @pytest.mark.parametrize("dbo", [False, True], ids=["1-slot", "dbo"])
-def test_every_startup_path_locks_before_serving(enforce_eager, fix, dbo):
+def test_every_locking_startup_locks_once_before_serving(mode, fix, dbo):
+    extra = {"capture": {}, "lock-on-eager": dict(enforce_eager=True, lock_workspace_when_eager=True),
+             "piecewise": dict(cudagraph_mode="PIECEWISE")}[mode]
     c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, max_num_seqs=4,
-                                 enforce_eager=enforce_eager, enable_dbo=dbo)
+                                 enable_dbo=dbo, **extra)
     engine = LLMEngine(c, fix=fix, device="meta")
     assert engine.phases[-1].name == "lock"
     assert engine.workspace.is_locked()
@@ -187,6 +221,19 @@ def test_every_startup_path_locks_before_serving(enforce_eager, fix, dbo):
     assert engine.workspace.events[locks[0]:][1:] == []
     with pytest.raises(WorkspaceLockedError):
         engine.workspace.get_simultaneous(((engine.locked_bytes + 1,), u8))
+
+
+@pytest.mark.parametrize("extra", [dict(enforce_eager=True), dict(cudagraph_mode="NONE")], ids=["eager", "none"])
+@pytest.mark.parametrize("fix", [False, True], ids=["no-fix", "fix"])
+def test_eager_and_none_startups_never_lock(extra, fix):
+    # vLLM 0.33: gpu_worker.py compile_or_warm_up_model skips capture_model under enforce_eager, and
+    # capture_model returns before lock_workspace() when cudagraph_mode is NONE. (This test used to
+    # assert that every start-up path locks, which vLLM 0.33 contradicts.)
+    c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, max_num_seqs=4, **extra)
+    engine = LLMEngine(c, fix=fix, device="meta")
+    assert engine.phases[-1].name == "lock" and engine.phases[-1].note.startswith("skipped")
+    assert not engine.workspace.is_locked() and engine.locked_bytes is None
+    assert engine.generate(1000, max_tokens=2).finished
 
 
 # --------------------------------------------------------------------------- #

@@ -336,8 +336,9 @@ class TurboQuantAttentionBackend:
         self.head_dim = config.head_dim
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.num_kv_splits = config.tq_max_kv_splits_for_cuda_graph
-        self.path_counts: dict[str, int] = {"prefill": 0, "decode": 0, "decode_kernel": 0, "continuation": 0,
-                                            "spec_verify": 0}
+        self.path_counts: dict[str, int] = {"prefill": 0, "decode": 0, "decode_kernel": 0, "continuation": 0}
+        if config.num_speculative_tokens:
+            self.path_counts["spec_verify"] = 0
 
     # -- cache ---------------------------------------------------------------- #
     def do_kv_cache_update(self, cache, key, value, slot_mapping) -> None:
