@@ -55,11 +55,17 @@ def _run(engine: LLMEngine, n: int, max_tokens: int) -> tuple[str, dict | None]:
     return ("never_locked" if not engine.workspace.is_locked() else "ok"), None
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_predict_equals_the_engine_on_meta(case):
     cfg, n, max_tokens, fix = case
-    pred = predict(cfg, n, max_tokens=max_tokens, fix=fix)
+    try:
+        pred = predict(cfg, n, max_tokens=max_tokens, fix=fix)
+    except ValueError as e:  # e.g. no capture size left after rounding to 1 + k: vLLM 0.33 raises too
+        assert "No valid cudagraph sizes" in str(e)
+        with pytest.raises(ValueError, match="No valid cudagraph sizes"):
+            LLMEngine(cfg, fix=fix, device="meta")
+        return
     engine = LLMEngine(cfg, fix=fix, device="meta")
     assert engine.locked_bytes == pred.locked_bytes
     assert [r.batch_size for r in engine.captures] == sorted(
@@ -77,6 +83,10 @@ def test_predict_equals_the_engine_on_meta(case):
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_every_mode_and_k_on_the_bug_report_deployment(mode, k):
     cfg = EngineConfig.from_preset("nemotron-3-super-120b-a12b", num_speculative_tokens=k, **MODES[mode])
+    if k == 3 and mode == "sizes-1-2":
+        with pytest.raises(ValueError, match="No valid cudagraph sizes after rounding to multiple of 4"):
+            predict(cfg, 8192)
+        return
     for fix in (False, True):
         pred = predict(cfg, 8192, max_tokens=2, fix=fix)
         engine = LLMEngine(cfg, fix=fix, device="meta")
