@@ -55,12 +55,14 @@ __all__ = [
     "decode_bytes",
     "decode_capture_sizes",
     "decode_rows_at_lock",
+    "decode_uses_workspace",
     "first_failing_prompt",
     "first_refused_call",
     "locked_bytes",
     "locks_workspace",
     "predict",
     "prompt_chunks",
+    "prompt_workspace_chunks",
     "safe_max_model_len",
     "unfixed_locked_bytes",
     "workspace_bytes_for_prompt",
@@ -291,23 +293,39 @@ def _first_refused_chunk(config: "EngineConfig", n: int, locked: int) -> tuple[i
     return lo * m, (m if lo < last else last_q)
 
 
-def workspace_bytes_for_prompt(config: "EngineConfig", prompt_tokens: int) -> int:
-    """Largest workspace call (bytes) a prompt of ``prompt_tokens`` makes while prefilling alone.
+def prompt_workspace_chunks(config: "EngineConfig", prompt_tokens: int) -> dict[str, tuple[int, int]]:
+    """The chunks of a prompt (alone) that reach TurboQuant's continuation paths, in O(1).
 
-    Closed form (its last dequant chunk asks the most). Raises ``ValueError`` for a prompt
-    shorter than 1 or longer than ``max_model_len``.
+    ``{"continuation": (cached_len, q_len)}`` of its largest dequant chunk (the last chunk with
+    more than 128 new tokens) and ``{"decode_kernel": (cached_len, q_len)}`` of its last short
+    continuation chunk (no workspace call in vLLM 0.33); a key is absent when no chunk takes that path.
+    """
+    _pos_int("prompt_tokens", prompt_tokens)
+    m, n, out = config.max_num_batched_tokens, prompt_tokens, {}
+    if not config.enable_chunked_prefill or n <= m:
+        return out
+    last = (n - 1) // m
+    last_q = n - last * m
+    if last_q > CONTINUATION_DECODE_THRESHOLD:
+        out["continuation"] = (last * m, last_q)
+    else:
+        out["decode_kernel"] = (last * m, last_q)
+        if last >= 2 and m > CONTINUATION_DECODE_THRESHOLD:
+            out["continuation"] = ((last - 1) * m, m)
+    return out
+
+
+def workspace_bytes_for_prompt(config: "EngineConfig", prompt_tokens: int) -> int:
+    """Largest workspace call (bytes) a prompt of ``prompt_tokens`` makes while prefilling alone (O(1)).
+
+    Raises ``ValueError`` for a prompt shorter than 1 or longer than ``max_model_len``.
     """
     _check_config(config)
     _pos_int("prompt_tokens", prompt_tokens)
     if prompt_tokens > config.max_model_len:
         raise ValueError(f"prompt_tokens {prompt_tokens} exceeds max_model_len {config.max_model_len}")
-    hit = _first_refused_chunk(config, prompt_tokens, -1)  # locked -1: the first chunk that asks at all
-    if hit is None:
-        return 0
-    m, n = config.max_num_batched_tokens, prompt_tokens
-    last = (n - 1) // m
-    top = last if n - last * m > CONTINUATION_DECODE_THRESHOLD else last - 1
-    return chunk_workspace_request(config, top * m, m if top < last else n - last * m).nbytes
+    top = prompt_workspace_chunks(config, prompt_tokens).get("continuation")
+    return 0 if top is None else chunk_workspace_request(config, *top).nbytes
 
 
 def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | None:

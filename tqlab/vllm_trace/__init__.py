@@ -58,6 +58,7 @@ from .predict import (
     locked_bytes_without_fix,
     predict,
     safe_max_model_len,
+    stable_json,
 )
 
 __all__ = [
@@ -94,6 +95,7 @@ __all__ = [
     "run_vllm_seed_scenario",
     "safe_max_model_len",
     "show_parity_banner",
+    "stable_json",
     "uninstall_vllm_hook",
     "vllm_available",
     "vllm_cpu_patches",
