@@ -21,7 +21,7 @@ MiB = 1 << 20
 _SKIP = {"preset"}
 _CPU_BYTES_LIMIT = 4 << 30  # a CPU run that would build more than this goes to meta
 _CPU_SECONDS_LIMIT = 30.0
-_CPU_FLOPS = 2e10  # assumed float32 throughput of one shared CPU core set (FLOP/s), for the estimate only
+_CPU_FLOPS = 1e11  # assumed float32 throughput of one shared CPU core set (FLOP/s), for the estimate only
 
 
 def _console():
@@ -126,21 +126,17 @@ def presets() -> None:
 
 def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool) -> tuple[int, float]:
     """Rough ``(bytes, seconds)`` a CPU ``repro`` would build and take: KV cache + weights + workspace; matmuls + attention."""
-    from .analysis import capture_sizes, decode_capture_sizes, locked_bytes
+    from .analysis import decode_capture_sizes, locked_bytes
     from .attention import kv_cache_bytes_per_token
-    from .engine.llm_engine import _default_kv_tokens
-    import torch
-
     hidden = config.num_heads_per_rank * config.head_dim
     layers = config.num_hidden_layers + (1 if config.num_speculative_tokens else 0)
-    kv = kv_cache_bytes_per_token(config) * _default_kv_tokens(config, torch.device("cpu"))
+    kv = kv_cache_bytes_per_token(config) * (prompt_tokens + 2)
     weights = layers * 4 * hidden * hidden * 4
     ws = (locked_bytes(config.replace(lock_workspace_when_eager=True), fix=fix) or 0) * config.num_ubatches
     q = config.uniform_decode_query_len
     rows = sum(min(config.max_num_seqs, -(-s // q)) * q for s in decode_capture_sizes(config))
     tokens = prompt_tokens + min(config.max_num_batched_tokens, config.max_model_len) + 2 * rows
     flops = layers * tokens * hidden * hidden * 8 + layers * prompt_tokens ** 2 * hidden * 2
-    del capture_sizes
     return kv + weights + ws, flops / _CPU_FLOPS
 
 
@@ -204,11 +200,13 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
 
     console.print(f"[bold]lifecycle[/] on {device}")
     try:
-        engine = LLMEngine(config, fix=fix, device=device, on_phase=show)
+        # The KV cache holds the one request (a bigger default would only cost memory and time).
+        engine = LLMEngine(config, fix=fix, device=device, on_phase=show,
+                           kv_cache_tokens=prompt_tokens + max_tokens)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # e.g. the reservation does not fit in this machine's memory
-        console.print(f"[red]start-up failed:[/] {type(e).__name__}: {e or 'out of memory'}")
+        console.print(f"[red]start-up failed:[/] {type(e).__name__}: {str(e) or 'out of memory'}")
         if device != "meta":
             console.print("try --device meta (shapes only) or a smaller --max-model-len")
         sys.exit(1)

@@ -259,6 +259,8 @@ class ModelRunner:
 
     # -- one scheduler step -------------------------------------------------- #
     def _block_table(self, block_ids: list[int]) -> torch.Tensor:
+        if self.is_meta:  # shapes only: no host tensor of max_model_len / block_size entries
+            return torch.empty(self.max_blocks_per_seq, dtype=torch.int32, device="meta")
         row = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
         row[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
         return row
