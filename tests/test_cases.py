@@ -283,3 +283,87 @@ def test_continuation_rounds_to_the_2080_token_page(cached, rounded):
     # the reservation rounds max_model_len - 1 = 8319 with the same block: 4 pages of 2080
     assert reservation_plan(c)[1][0][0] == (1, 2, 8320, 128)
     assert reservation_plan(c.replace(max_model_len=8322))[1][0][0] == (1, 2, 10400, 128)  # 8321 cached
+
+
+# --------------------------------------------------------------------------- #
+# The CLI: repro / plan against tqlab.analysis (vLLM 0.33 semantics)         #
+# --------------------------------------------------------------------------- #
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from tqlab.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_repro_eager_is_never_locked_and_as_predicted():
+    r = _cli("repro", "--preset", PR_TEST, "--enforce-eager", "--max-tokens", "2", "--prompt-tokens", "100",
+             "--device", "meta")
+    assert r.exit_code == 0, r.output
+    assert "completes: the workspace is never locked" in r.output
+    assert "locked: False" in r.output and "as predicted" in r.output and "NOT as predicted" not in r.output
+
+
+def test_repro_nemotron_eager_serves_8k_with_the_workspace_never_locked():
+    r = _cli("repro", "--preset", "nemotron-3-super-120b-a12b", "--enforce-eager", "--device", "meta")
+    assert r.exit_code == 0, r.output
+    assert "request 8192-token prompt" in r.output and "locked: False" in r.output and "as predicted" in r.output
+    crash = _cli("repro", "--preset", "nemotron-3-super-120b-a12b", "--device", "meta")
+    assert crash.exit_code == 0 and "_continuation_prefill requires 2.00 MB, current size is 0.26 MB" in crash.output
+
+
+def test_repro_fix_on_meta_answers_for_a_trillion_tokens():
+    import time
+
+    t = time.perf_counter()
+    r = _cli("repro", "--preset", "nemotron-3-super-120b-a12b", "--fix", "--device", "meta",
+             "--max-model-len", str(10**12))
+    assert r.exit_code == 0, r.output
+    assert "as predicted" in r.output and time.perf_counter() - t < 30
+
+
+def test_repro_auto_device_picks_meta_for_a_big_model_and_says_so():
+    r = _cli("repro", "--preset", "llama-3.1-8b", "--prompt-tokens", "200")
+    assert r.exit_code == 0, r.output
+    assert "device meta (shapes only): a CPU run would build about" in r.output and "--device cpu forces it" in r.output
+
+
+def test_plan_json_to_stdout_holds_only_the_json(tmp_path):
+    import json
+
+    r = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--max-num-seqs", "4", "--json", "-")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert (obj["capture_sizes"], obj["decode_rows_at_lock"], obj["locked_bytes"], obj["verdict"]) == (
+        [1, 2, 4, 8], 4, 268_544, "crash")
+    assert obj["first_failing_prompt_tokens"] == 4225 and obj["locked_bytes_with_fix"] == 64 << 20
+    assert obj["first_refused_call"]["caller"] == "_continuation_prefill"
+    assert obj["sources"]["max_num_seqs"] == "flag"
+    assert obj["sources"]["max_model_len"] == "preset nemotron-3-super-120b-a12b"
+    assert obj["sources"]["num_speculative_tokens"] == "tqlab default"
+    f = tmp_path / "p.json"
+    r2 = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--enforce-eager", "--json", str(f))
+    assert r2.exit_code == 0 and "never locked" in r2.output
+    assert json.loads(f.read_text())["verdict"] == "never_locked"
+    bad = _cli("plan", "--preset", PR_TEST, "--json", str(tmp_path / "missing" / "x.json"))
+    assert bad.exit_code == 2 and "cannot write --json" in bad.output
+
+
+def test_plan_huge_max_model_len_is_a_one_line_error():
+    r = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--max-model-len", "4611686018427387904")
+    assert r.exit_code == 2 and r.exception is None or isinstance(r.exception, SystemExit)
+    assert "Traceback" not in r.output
+    assert [line for line in r.output.splitlines() if line.startswith("Error:")] == [
+        line for line in r.output.splitlines() if "2**63" in line]
+
+
+def test_cli_help_imports_no_torch_and_shows_field_meaning():
+    import subprocess
+    import sys
+
+    code = "import sys, tqlab.cli; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    r = _cli("plan", "--help")
+    assert "token budget of one scheduler step" in r.output and "draft tokens k per step" in r.output
