@@ -540,3 +540,12 @@ def test_inspect_vllm_eager_is_never_locked_and_json_has_the_stable_object(tmp_p
     graphs = inspect_vllm(None, preset="nemotron-3-super-120b-a12b", quiet=True)
     assert (graphs["capture_sizes"], graphs["locked_bytes"], graphs["verdict"],
             graphs["first_failing_prompt_tokens"]) == ([1, 2, 4, 8], 268_544, "crash", 4225)
+
+
+def test_inspect_vllm_json_dash_prints_only_json_and_a_missing_dir_is_a_value_error(tmp_path):
+    buf = io.StringIO()
+    inspect_vllm(None, preset="nemotron-3-super-120b-a12b", prompt_tokens=[8192], json_path="-", out=buf)
+    obj = json.loads(buf.getvalue())
+    assert obj["verdict"] == "crash" and obj["locked_bytes"] == 268_544
+    with pytest.raises(ValueError, match="cannot write the JSON report to .*missing"):
+        inspect_vllm(None, preset="nemotron-3-super-120b-a12b", json_path=tmp_path / "missing" / "x.json", quiet=True)

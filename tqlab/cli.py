@@ -177,7 +177,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
 
     Exit status 0 when the run behaves as predicted (crash, completes, or never locked), 1 otherwise.
     """
-    from .engine import EngineDeadError, LLMEngine
+    from .engine import LLMEngine
     from .workspace import format_mb
 
     console = _console()
@@ -210,8 +210,18 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
         if device != "meta":
             console.print("try --device meta (shapes only) or a smaller --max-model-len")
         sys.exit(1)
+    ok = _serve_one(engine, prompt_tokens, max_tokens, console) == (pred.verdict == "crash")
+    ok = ok and engine.locked_bytes == pred.locked_bytes
+    console.print(f"[bold]{'as predicted' if ok else 'NOT as predicted'}[/]")
+    sys.exit(0 if ok else 1)
+
+
+def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
+    """Send the one request and step until done; print the outcome. Returns whether it crashed."""
+    from .engine import EngineDeadError
+    from .workspace import format_mb
+
     console.print(f"[bold]request[/] {prompt_tokens}-token prompt, max_tokens={max_tokens}")
-    crashed = False
     try:
         engine.add_request(prompt_tokens, max_tokens=max_tokens)
     except ValueError as e:
@@ -219,22 +229,20 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     try:
         while engine.has_unfinished_requests():
             engine.step()
-        out = engine.outputs[max(engine.outputs)]
-        console.print(
-            f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
-            f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
-            f"paths used: {engine.backend.path_counts}"
-        )
     except AssertionError as e:
-        crashed = True
         console.print(f"[red]AssertionError:[/] {e}")
         try:
             engine.generate(16)
         except EngineDeadError as dead:
             console.print(f"[red]next request:[/] EngineDeadError: {dead}")
-    ok = crashed == (pred.verdict == "crash") and engine.locked_bytes == pred.locked_bytes
-    console.print(f"[bold]{'as predicted' if ok else 'NOT as predicted'}[/]")
-    sys.exit(0 if ok else 1)
+        return True
+    out = engine.outputs[max(engine.outputs)]
+    console.print(
+        f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
+        f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
+        f"paths used: {engine.backend.path_counts}"
+    )
+    return False
 
 
 def _write_json(obj: dict, json_path: str) -> None:

@@ -176,17 +176,7 @@ class EngineConfig:
         for name in ("enable_chunked_prefill", "enable_dbo", "enforce_eager", "lock_workspace_when_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        k = self.num_speculative_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 127:
-            raise ValueError(f"num_speculative_tokens must be an int in [0, 127], got {k!r}")
-        mode = self.cudagraph_mode
-        if mode is not None:
-            if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
-                raise ValueError(f"cudagraph_mode must be None or one of {CUDAGRAPH_MODES}, got {mode!r}")
-            object.__setattr__(self, "cudagraph_mode", mode.upper())
-        mc = self.max_cudagraph_capture_size
-        if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
-            raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 1, got {mc!r}")
+        self._check_capture_fields()
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
@@ -219,6 +209,20 @@ class EngineConfig:
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
                 f">= max_model_len ({self.max_model_len}), as in vLLM"
             )
+
+    def _check_capture_fields(self) -> None:
+        """Validate (and normalise) the capture and speculative-decoding fields."""
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 127:
+            raise ValueError(f"num_speculative_tokens must be an int in [0, 127], got {k!r}")
+        mode = self.cudagraph_mode
+        if mode is not None:
+            if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
+                raise ValueError(f"cudagraph_mode must be None or one of {CUDAGRAPH_MODES}, got {mode!r}")
+            object.__setattr__(self, "cudagraph_mode", mode.upper())
+        mc = self.max_cudagraph_capture_size
+        if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+            raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 1, got {mc!r}")
         if self.cudagraph_capture_sizes is not None:
             if not isinstance(self.cudagraph_capture_sizes, (tuple, list)):
                 raise ValueError(

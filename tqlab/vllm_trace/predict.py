@@ -448,6 +448,28 @@ def predict(
     return pred
 
 
+def _demo(config: EngineConfig, pred: Prediction, report: dict[str, Any], text: list[str]) -> None:
+    """``inspect-vllm --demo``: the first crashing chunk through vLLM's own classes on CPU, without and with the fix."""
+    if not vllm_available():
+        report["demo"] = None
+        text.append("demo skipped: vLLM is not importable here (bash parity/install.sh, then use .venv-parity/bin/python)")
+    elif pred.first_failing_prompt is None:
+        report["demo"] = None
+        text.append("demo skipped: no prompt up to max_model_len overflows without the fix")
+    else:
+        cached, q = analysis.prompt_workspace_chunks(config, pred.first_failing_prompt)["continuation"]
+        runs = [False] + ([True] if pred.locked_fixed <= 1 << 30 else [])
+        res = [run_vllm_seed_scenario(config, cached_len=cached, q_len=q, fixed=f) for f in runs]
+        if len(runs) == 1:
+            text.append("fixed demo skipped: its reservation would take more than 1 GiB of host memory")
+        report["demo"] = [r.to_dict() for r in res]
+        text.append(
+            f"vLLM {vllm_version()}'s own classes on CPU, the crashing chunk ({q} new tokens after {cached} cached):"
+        )
+        for r in res:
+            text.append(f"  {'with' if r.fixed else 'without'} PR #44053: " + (r.error or "buffers granted (" + str(r.kernel_error) + " at the kernel launch, as expected on CPU)"))
+
+
 def stable_json(config: EngineConfig, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The documented top-level object of ``inspect-vllm --json`` (the same as ``tqlab plan --json``).
 
@@ -488,7 +510,7 @@ def inspect_vllm(
             on CPU, without and with the fix (:func:`run_vllm_seed_scenario`;
             needs vLLM, else skipped with a note; the fixed run is skipped when
             its reservation would exceed 1 GiB of host memory).
-        json_path: also write the report there (JSON).
+        json_path: also write the report there (JSON); ``"-"``: print only the JSON, to ``out``.
         out: where the text goes (default ``sys.stdout``).
         quiet: print nothing.
 
@@ -537,27 +559,16 @@ def inspect_vllm(
     report.update({"prediction": pred.to_dict(), "vllm_version": vllm_version()})
     text = [pred.format()]
     if demo:
-        if not vllm_available():
-            report["demo"] = None
-            text.append("demo skipped: vLLM is not importable here (bash parity/install.sh, then use .venv-parity/bin/python)")
-        elif pred.first_failing_prompt is None:
-            report["demo"] = None
-            text.append("demo skipped: no prompt up to max_model_len overflows without the fix")
-        else:
-            cached, q = analysis.prompt_workspace_chunks(config, pred.first_failing_prompt)["continuation"]
-            runs = [False] + ([True] if pred.locked_fixed <= 1 << 30 else [])
-            res = [run_vllm_seed_scenario(config, cached_len=cached, q_len=q, fixed=f) for f in runs]
-            if len(runs) == 1:
-                text.append("fixed demo skipped: its reservation would take more than 1 GiB of host memory")
-            report["demo"] = [r.to_dict() for r in res]
-            text.append(
-                f"vLLM {vllm_version()}'s own classes on CPU, the crashing chunk ({q} new tokens after {cached} cached):"
-            )
-            for r in res:
-                text.append(f"  {'with' if r.fixed else 'without'} PR #44053: " + (r.error or "buffers granted (" + str(r.kernel_error) + " at the kernel launch, as expected on CPU)"))
+        _demo(config, pred, report, text)
     report["text"] = "\n".join(text)
+    if json_path is not None and str(json_path) == "-":  # stdout holds only the JSON
+        print(json.dumps(report, indent=2, default=str), file=sys.stdout if out is None else out)
+        return report
     if json_path is not None:
-        Path(json_path).write_text(json.dumps(report, indent=2, default=str))
+        try:
+            Path(json_path).write_text(json.dumps(report, indent=2, default=str))
+        except OSError as e:
+            raise ValueError(f"cannot write the JSON report to {str(json_path)!r}: {e.strerror}") from None
     if not quiet:
         print(report["text"], file=sys.stdout if out is None else out)
     return report
