@@ -53,6 +53,7 @@ __all__ = [
     "continuation_bytes",
     "cudagraph_mode",
     "decode_bytes",
+    "decode_capture_rows",
     "decode_capture_sizes",
     "decode_rows_at_lock",
     "decode_uses_workspace",
@@ -187,6 +188,13 @@ def decode_capture_sizes(config: "EngineConfig") -> tuple[int, ...]:
         return ()
     q = config.uniform_decode_query_len
     return tuple(s for s in capture_sizes(config) if q <= s <= q * config.max_num_seqs)
+
+
+def decode_capture_rows(config: "EngineConfig") -> tuple[int, ...]:
+    """Requests in each captured dummy decode batch, ascending: ``min(max_num_seqs, cdiv(size, 1 + k))``
+    per :func:`decode_capture_sizes` entry (``GPUModelRunner._dummy_run(uniform_decode=True)``)."""
+    q = config.uniform_decode_query_len
+    return tuple(sorted({min(config.max_num_seqs, -(-s // q)) for s in decode_capture_sizes(config)}))
 
 
 def decode_rows_at_lock(config: "EngineConfig") -> int:
