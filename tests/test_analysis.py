@@ -221,3 +221,11 @@ def test_prediction_json_is_the_documented_object():
         "locked_bytes_with_fix": 64 << 20, "cudagraph_mode": "FULL_AND_PIECEWISE", "fix": False,
         "prompt_tokens": None, "sources": {"max_num_seqs": "flag"},
     }
+
+
+def test_decode_capture_rows_per_captured_decode_batch():
+    c = EngineConfig.from_preset(NEMOTRON)
+    assert A.decode_capture_rows(c) == (1, 2, 4)
+    assert A.decode_capture_rows(c.replace(num_speculative_tokens=3)) == (1, 2, 4)  # sizes 4, 8, 16 tokens / 4
+    assert A.decode_capture_rows(c.replace(enforce_eager=True)) == ()
+    assert A.decode_capture_rows(EngineConfig(**HEADS, max_num_seqs=1024))[-1] == 512
