@@ -66,6 +66,7 @@ from tqlab.lab.display import markdown_table, show_error, show_md
 from tqlab.config import EngineConfig, list_presets, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
+from tqlab import analysis
 from tqlab.analysis import first_failing_prompt, prompt_chunks
 from tqlab.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
 
@@ -135,8 +136,10 @@ print("per-rank shapes check out")
 # **Question.** vLLM sizes the workspace by *watching* start-up: whatever the profile run
 # and CUDA graph capture ask for is what the lock freezes. What do they ask for?
 #
-# We start the engine **without** the fix (vLLM 0.20's behaviour). Each phase prints the
-# workspace size after it.
+# We start the engine **without** the fix (vLLM 0.20's behaviour), with CUDA graphs as
+# deployed: in vLLM 0.33 `lock_workspace()` runs only at the end of CUDA graph capture, so an
+# `--enforce-eager` server never locks (notebook 03, section 7, runs the three start-ups side
+# by side). Each phase prints the workspace size after it.
 #
 # **Fewer layers on CPU.** Every attention layer makes the same workspace calls, one after
 # the other, into the one shared buffer: the workspace numbers are *per layer call*, and the
@@ -171,6 +174,8 @@ engine = LLMEngine(run_cfg, fix=False, device=device, on_phase=marker)
 startup_s = time.perf_counter() - t
 show_md(plots.phases_markdown(engine.phases))
 print(f"start-up took {startup_s:.1f} s on {device}")
+# predict, then run: the one predictor (tqlab.analysis) says what the lock froze
+assert engine.locked_bytes == analysis.locked_bytes(run_cfg, fix=False) == 268_544
 
 # %% [markdown]
 # The **profile run** is a dummy prefill of fresh tokens: nothing is cached yet, so it takes
@@ -404,7 +409,7 @@ else:
 #
 # **Question.** Without the fix, which prompts are safe? Every preset locks at its own
 # decode scratch size; the first chunk that asks for more kills the engine.
-# `tqlab.reservation.first_failing_prompt` finds the shortest such prompt exactly (without
+# `tqlab.analysis.first_failing_prompt` finds the shortest such prompt exactly (without
 # trying every length), using the same per-chunk formula the backend uses.
 #
 # To get each preset's locked size we start it, without the fix, on the `meta` device

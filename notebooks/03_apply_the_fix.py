@@ -576,6 +576,114 @@ show_md(markdown_table(
 ))
 
 # %% [markdown]
+# ## 7 · Three start-ups of the report's deployment, side by side
+#
+# vLLM 0.33 calls `lock_workspace()` in one place on the serving path: the end of
+# `GPUModelRunner.capture_model` (`vllm/v1/worker/gpu_model_runner.py`). With `--enforce-eager`
+# the worker skips `capture_model` (`vllm/v1/worker/gpu_worker.py`, `compile_or_warm_up_model`),
+# so an eager server **never locks**: it cannot hit the assertion, which is why `--enforce-eager`
+# is the workaround users are told. Its price is decode speed: no CUDA graph replay (notebook 05
+# measures replay against eager launches on a GPU). The fourth row is the named variant
+# *lock-on-eager* (`lock_workspace_when_eager=True`, a proposed upstream change, off by
+# default): what would change if eager start-ups locked too.
+#
+# **Predict, then run**: `tqlab.analysis.predict` gives each row's lock and verdict, then the
+# engine runs the report's prompt (on `meta`: same code, shapes only) and must agree.
+
+# %%
+from tqlab import analysis
+
+regimes = {
+    "eager (vLLM 0.33: never locked)": (cfg.replace(enforce_eager=True), False),
+    "CUDA graphs, without the fix": (cfg, False),
+    "CUDA graphs, with PR #44053": (cfg, True),
+    "lock-on-eager variant, without the fix": (cfg.replace(enforce_eager=True, lock_workspace_when_eager=True), False),
+}
+regime_rows, regime_preds = [], {}
+for label, (c, fix) in regimes.items():
+    pred = analysis.predict(c, PROMPT_TOKENS, max_tokens=2, fix=fix)
+    eng = LLMEngine(c, fix=fix, device="meta")
+    try:
+        eng.generate(PROMPT_TOKENS, max_tokens=2)
+        outcome = "served"
+    except WorkspaceLockedError as e:
+        outcome = f"{e.caller.split(':')[-1]} requires {format_mb(e.required_bytes)} MB, current size is {format_mb(e.current_bytes)} MB"
+    assert eng.locked_bytes == pred.locked_bytes, label  # predicted lock == the engine's
+    assert (outcome != "served") == (pred.verdict == "crash"), label  # predicted verdict == the engine's
+    regime_preds[label] = pred
+    regime_rows.append((label, "never" if pred.locked_bytes is None else f"{pred.locked_bytes:,}", pred.verdict,
+                        "-" if pred.first_failing_prompt_tokens is None else f"{pred.first_failing_prompt_tokens:,}",
+                        outcome))
+assert regime_preds["eager (vLLM 0.33: never locked)"].verdict == "never_locked"
+assert regime_preds["CUDA graphs, without the fix"].first_failing_prompt_tokens == 4225
+assert regime_preds["CUDA graphs, with PR #44053"].verdict == "ok"
+show_md(markdown_table(
+    ("start-up", "locked (bytes)", "predicted", "shortest failing prompt", f"the engine, {PROMPT_TOKENS:,}-token prompt + 1 decode"),
+    regime_rows,
+))
+
+# %% [markdown]
+# ## 8 · Speculative decoding: what the reservation covers
+#
+# With `--speculative-config` (`num_speculative_tokens = k`) a decode row carries `1 + k` tokens
+# (vLLM's `uniform_decode_query_len`). In vLLM 0.33's TurboQuant backend that changes which
+# kernel runs, and so what asks the workspace for memory:
+#
+# * **Capture.** The FULL decode graphs are captured for `min(max_num_seqs, cdiv(size, 1 + k))`
+#   rows of `1 + k` tokens with `seq_lens = 1 + k` (`_dummy_run`). `1 + k` exceeds the metadata
+#   builder's `reorder_batch_threshold` of 1, so the batch goes to `_prefill_attention` as
+#   first chunks: **no workspace call**. The drafter's own capture is PIECEWISE
+#   (`SpecDecodeBaseProposer.initialize_cudagraph_keys`) and passes no attention metadata. Without
+#   the fix the workspace locks **empty**.
+# * **Serving.** The target's `1 + k`-token rows run the decode kernel with its own scratch (the
+#   short-continuation path). The drafter (an MTP/EAGLE head: its own attention layer, same
+#   backend) runs `k` passes; passes 2..k are one-token decodes through `_decode_attention`,
+#   which asks the workspace for decode views at the batch's rows — and is refused. With `k = 1`
+#   there is no such pass.
+#
+# That is the public report's kind: TurboQuant 4bit_nc with an MTP drafter dies with
+# "requires 0.76 MB, current size is 0.00 MB" in the drafter's decode. Here with 24 query heads
+# of 256 per rank and one request (a decode row of 802,048 bytes):
+
+# %%
+mtp = EngineConfig(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1, max_model_len=1024,
+                   max_num_batched_tokens=1024, kv_cache_dtype="turboquant_4bit_nc")
+spec_rows = []
+for k in (0, 1, 2, 3):
+    for fix in (False, True):
+        c = mtp.replace(num_speculative_tokens=k)
+        pred = analysis.predict(c, 8, max_tokens=2, fix=fix)
+        eng = LLMEngine(c, fix=fix, device="meta")
+        try:
+            eng.generate(8, max_tokens=2)
+            outcome = "served"
+        except WorkspaceLockedError as e:
+            outcome = f"{e.caller.split(':')[-1]} requires {format_mb(e.required_bytes)} MB, current size is {format_mb(e.current_bytes)} MB"
+        assert eng.locked_bytes == pred.locked_bytes and (outcome != "served") == (pred.verdict == "crash")
+        spec_rows.append((k, "with" if fix else "without", list(pred.capture_sizes), pred.decode_rows_at_lock,
+                          f"{pred.locked_bytes:,}", pred.verdict, outcome))
+assert [r[6] for r in spec_rows if r[1] == "without" and r[0] >= 2] == [
+    "_decode_attention requires 0.76 MB, current size is 0.00 MB"] * 2
+show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows at lock", "locked (bytes)", "predicted",
+                        "the engine"), spec_rows))
+
+# %% [markdown]
+# **What PR #44053's reservation covers here.** It runs in the metadata builder's `__init__`,
+# before capture, and reserves decode views for `max_num_seqs` rows and the dequant buffers of a
+# `max_model_len - 1` continuation. The drafter's decode passes have at most `max_num_seqs` rows
+# and the same head layout, so they fit; its continuation chunks are the target's.
+#
+# **What it does not cover.**
+# * A drafter whose attention has more query heads per rank or a larger head size than the target:
+#   `_reserve_workspace` sizes the decode views from the target's `model_config`
+#   (`get_num_attention_heads`) and the builder's own `kv_cache_spec`.
+# * DBO's second slot (6c) and chunked prefill off with prefix caching (6b), as without speculation.
+# * A second public report crashes *during graph capture* in the continuation path with speculative
+#   decoding and chunked prefill on. vLLM 0.33's code does not lead there for this backend:
+#   `_dummy_run` sets `seq_lens = max_query_len`, so a captured `1 + k`-token row is a first chunk,
+#   not a continuation. tqlab does not reproduce that report; it models what 0.33's source does.
+
+# %% [markdown]
 # ## Summary
 #
 # * The crash was a sizing problem: the lock froze what start-up happened to touch.
@@ -586,6 +694,8 @@ show_md(markdown_table(
 # * Two deployments stay exposed with PR #44053: chunked prefill off with prefix caching
 #   (the continuation call is never reserved; tqlab mirrors that), and DBO (vLLM sizes
 #   slot 0 only; tqlab's `reserve_workspace` sizes every slot).
+# * An eager vLLM 0.33 server never locks; with speculative decoding a graph start-up locks an
+#   empty workspace and the drafter's decode is refused without the fix, served with it.
 # * Its cost is fixed per rank and per slot, whatever the traffic:
 
 # %%

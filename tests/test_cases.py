@@ -65,10 +65,14 @@ def test_locked_empty_first_decode_needs_802048_bytes():
     assert ws.sizes_bytes() == [0] and ws.buffer(0) is None and ws.is_locked()
 
 
-def test_locked_empty_kind_in_the_engine_eager_without_fix():
-    # eager mode + no reservation: nothing grows the workspace before the lock
-    c = EngineConfig(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1,
-                     max_model_len=1024, max_num_batched_tokens=1024, enforce_eager=True)
+MTP_LIKE = dict(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1,
+                max_model_len=1024, max_num_batched_tokens=1024)
+
+
+def test_locked_empty_kind_in_the_engine_lock_on_eager_variant():
+    # vLLM 0.33 never locks an eager start-up; the named lock-on-eager variant does, and
+    # then nothing has grown the workspace before the lock.
+    c = EngineConfig(**MTP_LIKE, enforce_eager=True, lock_workspace_when_eager=True)
     engine = LLMEngine(c, fix=False, device="meta")
     assert engine.locked_bytes == 0 and engine.workspace.is_locked()
     with pytest.raises(WorkspaceLockedError) as ei:
@@ -78,6 +82,34 @@ def test_locked_empty_kind_in_the_engine_eager_without_fix():
     fixed = LLMEngine(c, fix=True, device="meta")
     assert fixed.locked_bytes >= 802_048
     assert fixed.generate(8, max_tokens=2).finished
+    # vLLM 0.33 itself: eager never locks, the same request completes
+    assert LLMEngine(c.replace(lock_workspace_when_eager=False), fix=False, device="meta").generate(8, 2).finished
+
+
+@pytest.mark.parametrize("k, crashes", [(0, False), (1, False), (2, True), (3, True)])
+def test_locked_empty_kind_with_speculative_decoding_in_the_drafter(k, crashes):
+    # The public report's kind (TurboQuant 4bit_nc + MTP drafter): "requires 0.76 MB, current size is
+    # 0.00 MB" in the drafter's decode. With k > 0 vLLM 0.33's FULL decode capture has 1+k-token rows,
+    # which TurboQuant routes to _prefill_attention as first chunks (seq_lens = max_query_len in
+    # _dummy_run): no workspace call, so it locks at 0 bytes. The drafter's passes 2..k are one-token
+    # decodes through _decode_attention (k = 1 has none).
+    from tqlab.analysis import predict
+
+    c = EngineConfig(**MTP_LIKE, kv_cache_dtype="turboquant_4bit_nc", num_speculative_tokens=k)
+    engine = LLMEngine(c, fix=False, device="meta")
+    assert engine.locked_bytes == (802_048 if k == 0 else 0) == predict(c, 8, max_tokens=2).locked_bytes
+    assert predict(c, 8, max_tokens=2).verdict == ("crash" if crashes else "ok")
+    if crashes:
+        with pytest.raises(WorkspaceLockedError) as ei:
+            engine.generate(8, max_tokens=2)
+        assert "_decode_attention' requires 0.76 MB, current size is 0.00 MB" in str(ei.value)
+        assert predict(c, 8, max_tokens=2).first_refused_call == {
+            "caller": "_decode_attention (drafter)", "required_bytes": 802_048, "current_bytes": 0,
+            "cached_len": 8, "q_len": 1}
+    else:
+        assert engine.generate(8, max_tokens=2).finished
+    # PR #44053's reservation covers the drafter's decode (max_num_seqs rows)
+    assert LLMEngine(c, fix=True, device="meta").generate(8, max_tokens=2).finished
 
 
 # --------------------------------------------------------------------------- #
@@ -167,16 +199,18 @@ def test_growth_peak_two_slots_192_not_256_and_slot_1_untouched():
 
 
 # --------------------------------------------------------------------------- #
-# Every start-up path locks                                                   #
+# Which start-ups lock (vLLM 0.33: only capture_model locks)                 #
 # --------------------------------------------------------------------------- #
 
 
-@pytest.mark.parametrize("enforce_eager", [False, True], ids=["capture", "eager"])
+@pytest.mark.parametrize("mode", ["capture", "lock-on-eager", "piecewise"])
 @pytest.mark.parametrize("fix", [False, True], ids=["no-fix", "fix"])
 @pytest.mark.parametrize("dbo", [False, True], ids=["1-slot", "dbo"])
-def test_every_startup_path_locks_before_serving(enforce_eager, fix, dbo):
+def test_every_locking_startup_locks_once_before_serving(mode, fix, dbo):
+    extra = {"capture": {}, "lock-on-eager": dict(enforce_eager=True, lock_workspace_when_eager=True),
+             "piecewise": dict(cudagraph_mode="PIECEWISE")}[mode]
     c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, max_num_seqs=4,
-                                 enforce_eager=enforce_eager, enable_dbo=dbo)
+                                 enable_dbo=dbo, **extra)
     engine = LLMEngine(c, fix=fix, device="meta")
     assert engine.phases[-1].name == "lock"
     assert engine.workspace.is_locked()
@@ -187,6 +221,19 @@ def test_every_startup_path_locks_before_serving(enforce_eager, fix, dbo):
     assert engine.workspace.events[locks[0]:][1:] == []
     with pytest.raises(WorkspaceLockedError):
         engine.workspace.get_simultaneous(((engine.locked_bytes + 1,), u8))
+
+
+@pytest.mark.parametrize("extra", [dict(enforce_eager=True), dict(cudagraph_mode="NONE")], ids=["eager", "none"])
+@pytest.mark.parametrize("fix", [False, True], ids=["no-fix", "fix"])
+def test_eager_and_none_startups_never_lock(extra, fix):
+    # vLLM 0.33: gpu_worker.py compile_or_warm_up_model skips capture_model under enforce_eager, and
+    # capture_model returns before lock_workspace() when cudagraph_mode is NONE. (This test used to
+    # assert that every start-up path locks, which vLLM 0.33 contradicts.)
+    c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, max_num_seqs=4, **extra)
+    engine = LLMEngine(c, fix=fix, device="meta")
+    assert engine.phases[-1].name == "lock" and engine.phases[-1].note.startswith("skipped")
+    assert not engine.workspace.is_locked() and engine.locked_bytes is None
+    assert engine.generate(1000, max_tokens=2).finished
 
 
 # --------------------------------------------------------------------------- #
@@ -236,3 +283,87 @@ def test_continuation_rounds_to_the_2080_token_page(cached, rounded):
     # the reservation rounds max_model_len - 1 = 8319 with the same block: 4 pages of 2080
     assert reservation_plan(c)[1][0][0] == (1, 2, 8320, 128)
     assert reservation_plan(c.replace(max_model_len=8322))[1][0][0] == (1, 2, 10400, 128)  # 8321 cached
+
+
+# --------------------------------------------------------------------------- #
+# The CLI: repro / plan against tqlab.analysis (vLLM 0.33 semantics)         #
+# --------------------------------------------------------------------------- #
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from tqlab.cli import app
+
+    return CliRunner().invoke(app, list(args))
+
+
+def test_repro_eager_is_never_locked_and_as_predicted():
+    r = _cli("repro", "--preset", PR_TEST, "--enforce-eager", "--max-tokens", "2", "--prompt-tokens", "100",
+             "--device", "meta")
+    assert r.exit_code == 0, r.output
+    assert "completes: the workspace is never locked" in r.output
+    assert "locked: False" in r.output and "as predicted" in r.output and "NOT as predicted" not in r.output
+
+
+def test_repro_nemotron_eager_serves_8k_with_the_workspace_never_locked():
+    r = _cli("repro", "--preset", "nemotron-3-super-120b-a12b", "--enforce-eager", "--device", "meta")
+    assert r.exit_code == 0, r.output
+    assert "request 8192-token prompt" in r.output and "locked: False" in r.output and "as predicted" in r.output
+    crash = _cli("repro", "--preset", "nemotron-3-super-120b-a12b", "--device", "meta")
+    assert crash.exit_code == 0 and "_continuation_prefill requires 2.00 MB, current size is 0.26 MB" in crash.output
+
+
+def test_repro_fix_on_meta_answers_for_a_trillion_tokens():
+    import time
+
+    t = time.perf_counter()
+    r = _cli("repro", "--preset", "nemotron-3-super-120b-a12b", "--fix", "--device", "meta",
+             "--max-model-len", str(10**12))
+    assert r.exit_code == 0, r.output
+    assert "as predicted" in r.output and time.perf_counter() - t < 30
+
+
+def test_repro_auto_device_picks_meta_for_a_big_model_and_says_so():
+    r = _cli("repro", "--preset", "llama-3.1-8b", "--prompt-tokens", "200")
+    assert r.exit_code == 0, r.output
+    assert "device meta (shapes only): a CPU run would build about" in r.output and "--device cpu forces it" in r.output
+
+
+def test_plan_json_to_stdout_holds_only_the_json(tmp_path):
+    import json
+
+    r = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--max-num-seqs", "4", "--json", "-")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert (obj["capture_sizes"], obj["decode_rows_at_lock"], obj["locked_bytes"], obj["verdict"]) == (
+        [1, 2, 4, 8], 4, 268_544, "crash")
+    assert obj["first_failing_prompt_tokens"] == 4225 and obj["locked_bytes_with_fix"] == 64 << 20
+    assert obj["first_refused_call"]["caller"] == "_continuation_prefill"
+    assert obj["sources"]["max_num_seqs"] == "flag"
+    assert obj["sources"]["max_model_len"] == "preset nemotron-3-super-120b-a12b"
+    assert obj["sources"]["num_speculative_tokens"] == "tqlab default"
+    f = tmp_path / "p.json"
+    r2 = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--enforce-eager", "--json", str(f))
+    assert r2.exit_code == 0 and "never locked" in r2.output
+    assert json.loads(f.read_text())["verdict"] == "never_locked"
+    bad = _cli("plan", "--preset", PR_TEST, "--json", str(tmp_path / "missing" / "x.json"))
+    assert bad.exit_code == 2 and "cannot write --json" in bad.output
+
+
+def test_plan_huge_max_model_len_is_a_one_line_error():
+    r = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--max-model-len", "4611686018427387904")
+    assert r.exit_code == 2 and r.exception is None or isinstance(r.exception, SystemExit)
+    assert "Traceback" not in r.output
+    assert [line for line in r.output.splitlines() if line.startswith("Error:")] == [
+        line for line in r.output.splitlines() if "2**63" in line]
+
+
+def test_cli_help_imports_no_torch_and_shows_field_meaning():
+    import subprocess
+    import sys
+
+    code = "import sys, tqlab.cli; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
+    r = _cli("plan", "--help")
+    assert "token budget of one scheduler step" in r.output and "draft tokens k per step" in r.output

@@ -131,14 +131,56 @@ def test_scalar_cudagraph_capture_sizes_names_the_field():
         EngineConfig(**HEADS, cudagraph_capture_sizes=5)
 
 
-def test_capture_sizes():
-    assert EngineConfig(**HEADS, max_num_seqs=4).capture_sizes() == (1, 2, 4)
-    assert EngineConfig(**HEADS, max_num_seqs=16).capture_sizes() == (1, 2, 4, 8, 16)
-    assert EngineConfig(**HEADS, max_num_seqs=20).capture_sizes() == (1, 2, 4, 8, 16, 20)
-    assert EngineConfig(**HEADS, max_num_seqs=1).capture_sizes() == (1,)
+def test_capture_sizes_moved_to_analysis():
+    # vLLM 0.33's capture sizes live in tqlab.analysis.capture_sizes (tests/test_analysis.py); they are not
+    # capped at max_num_seqs: the old EngineConfig.capture_sizes() dropped explicit 8 and 32 here, vLLM keeps them.
+    from tqlab.analysis import capture_sizes
+
+    assert not hasattr(EngineConfig, "capture_sizes")
     c = EngineConfig(**HEADS, max_num_seqs=8, cudagraph_capture_sizes=[8, 2, 2, 32])
     assert c.cudagraph_capture_sizes == (2, 8, 32)
-    assert c.capture_sizes() == (2, 8)
+    assert capture_sizes(c) == (2, 8, 32)
+
+
+def test_frozen_after_validation():
+    import dataclasses
+
+    c = EngineConfig(**HEADS)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        c.max_num_seqs = 0  # type: ignore[misc]
+    assert c.max_num_seqs == 256
+    assert c.replace(max_num_seqs=8).max_num_seqs == 8
+    with pytest.raises(ValueError, match="max_num_seqs must be >= 1, got 0"):
+        c.replace(max_num_seqs=0)
+
+
+def test_vllm_033_capture_fields():
+    c = EngineConfig(**HEADS)
+    assert (c.num_speculative_tokens, c.cudagraph_mode, c.max_cudagraph_capture_size, c.lock_workspace_when_eager) == (
+        0, None, None, False)
+    assert c.uniform_decode_query_len == 1
+    assert c.replace(num_speculative_tokens=3).uniform_decode_query_len == 4
+    assert c.replace(cudagraph_mode="full_decode_only").cudagraph_mode == "FULL_DECODE_ONLY"
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(num_speculative_tokens=-1), "num_speculative_tokens must be an int in \\[0, 127\\], got -1"),
+    (dict(num_speculative_tokens=True), "num_speculative_tokens"),
+    (dict(cudagraph_mode="FAST"), "cudagraph_mode must be None or one of .* got 'FAST'"),
+    (dict(max_cudagraph_capture_size=0), "max_cudagraph_capture_size must be None or an int >= 1, got 0"),
+    (dict(lock_workspace_when_eager="yes"), "lock_workspace_when_eager must be True or False, got 'yes'"),
+])
+def test_bad_vllm_033_fields(kw, match):
+    with pytest.raises(ValueError, match=match):
+        EngineConfig(**HEADS, **kw)
+
+
+def test_field_help_gives_meaning_and_unit():
+    from tqlab.config import field_help
+
+    assert "(tokens)" in field_help("max_num_batched_tokens")
+    assert "1 + k" in field_help("num_speculative_tokens")
+    assert "lock-on-eager" in field_help("lock_workspace_when_eager")
 
 
 # --------------------------------------------------------------------------- #

@@ -417,15 +417,31 @@ def test_split_kv_decode_matches_sdpa_for_ragged_batches():
 
 
 @pytest.mark.parametrize("fix", [True, False])
-def test_eager_mode_still_locks(fix):
+def test_eager_mode_never_locks_as_in_vllm_033(fix):
+    # vLLM 0.33: lock_workspace() is only at the end of GPUModelRunner.capture_model
+    # (vllm/v1/worker/gpu_model_runner.py), and GPUWorker.compile_or_warm_up_model
+    # (vllm/v1/worker/gpu_worker.py) skips capture_model under enforce_eager. The earlier
+    # "eager mode still locks" expectation was wrong for 0.33; it is the lock-on-eager variant below.
     c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, enforce_eager=True)
     engine = LLMEngine(c, fix=fix, device="meta")
     assert [p.name for p in engine.phases] == PHASES
     assert engine.phases[3].note == "skipped (enforce_eager)" and engine.captures == []
+    assert not engine.workspace.is_locked() and engine.locked_bytes is None
+    assert [e.kind for e in engine.workspace.events if e.kind in ("lock", "unlock")] == []
+    assert engine.workspace.size_bytes() == (plan_bytes(reservation_plan(c)) if fix else 0)
+    assert engine.generate(16, max_tokens=2).finished  # the decode grows the workspace: no assertion
+    assert engine.prediction.verdict == "never_locked"
+
+
+@pytest.mark.parametrize("fix", [True, False])
+def test_lock_on_eager_variant_locks_what_eager_start_up_grew(fix):
+    c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, enforce_eager=True,
+                                 lock_workspace_when_eager=True)
+    engine = LLMEngine(c, fix=fix, device="meta")
     assert engine.workspace.is_locked()
     assert [e.kind for e in engine.workspace.events if e.kind in ("lock", "unlock")] == ["lock"]
     expected = plan_bytes(reservation_plan(c)) if fix else 0
-    assert engine.locked_bytes == expected
+    assert engine.locked_bytes == expected == engine.prediction.locked_bytes
     if not fix:
         # locked empty: the first decode after the prefill cannot grow it
         with pytest.raises(WorkspaceLockedError) as ei:

@@ -9,38 +9,46 @@ replayed without writing a preset.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
-from .config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
-from .workspace import MiB, compute_layout, format_mb
+from .config import CUDAGRAPH_MODES, KV_CACHE_DTYPES, EngineConfig, field_help, list_presets, load_preset
 
-console = Console(highlight=False, soft_wrap=True)
-
+MiB = 1 << 20
 _SKIP = {"preset"}
+_CPU_BYTES_LIMIT = 4 << 30  # a CPU run that would build more than this goes to meta
+_CPU_SECONDS_LIMIT = 30.0
+_CPU_FLOPS = 1e11  # assumed float32 throughput of one shared CPU core set (FLOP/s), for the estimate only
+
+
+def _console():
+    from rich.console import Console  # lazy: `tqlab --help` must not pay for rich/torch
+
+    return Console(highlight=False, soft_wrap=True)
 
 
 def _override_options(f):
-    """Decorate a command with one ``--field-name`` option per EngineConfig field."""
+    """Decorate a command with one ``--field-name`` option per EngineConfig field; help = the field's meaning and unit."""
     for fld in reversed(dataclasses.fields(EngineConfig)):
         if fld.name in _SKIP:
             continue
         flag = "--" + fld.name.replace("_", "-")
+        hlp = field_help(fld.name)
         if fld.type in ("bool", bool):
-            opt = click.option(f"{flag}/--no-{fld.name.replace('_', '-')}", fld.name, default=None,
-                               help=f"EngineConfig.{fld.name}")
+            opt = click.option(f"{flag}/--no-{fld.name.replace('_', '-')}", fld.name, default=None, help=hlp)
         elif fld.name == "kv_cache_dtype":
-            opt = click.option(flag, fld.name, type=click.Choice(KV_CACHE_DTYPES), default=None, help="KV-cache format")
-        elif fld.name == "dtype":
-            opt = click.option(flag, fld.name, type=str, default=None, help="model dtype: bfloat16, float16, float32")
-        elif fld.name == "cudagraph_capture_sizes":
-            opt = click.option(flag, fld.name, type=str, default=None, help="comma-separated decode batch sizes")
+            opt = click.option(flag, fld.name, type=click.Choice(KV_CACHE_DTYPES), default=None, help=hlp)
+        elif fld.name == "cudagraph_mode":
+            opt = click.option(flag, fld.name, type=click.Choice(CUDAGRAPH_MODES, case_sensitive=False), default=None,
+                               help=hlp)
+        elif fld.name in ("dtype", "cudagraph_capture_sizes"):
+            opt = click.option(flag, fld.name, type=str, default=None,
+                               help=hlp + (", comma-separated" if fld.name == "cudagraph_capture_sizes" else ""))
         else:
-            opt = click.option(flag, fld.name, type=int, default=None, help=f"EngineConfig.{fld.name}")
+            opt = click.option(flag, fld.name, type=int, default=None, help=hlp)
         f = opt(f)
     return f
 
@@ -67,13 +75,36 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
         raise click.UsageError(str(e)) from None
 
 
+def _sources(preset: str | None, overrides: dict[str, Any]) -> dict[str, str]:
+    """Where each input came from: ``flag``, ``preset NAME`` or ``tqlab default``."""
+    given = {k for k, v in overrides.items() if v is not None}
+    from_preset = set(load_preset(preset)["config"]) if preset else set()
+    out = {}
+    for fld in dataclasses.fields(EngineConfig):
+        if fld.name in _SKIP:
+            continue
+        out[fld.name] = "flag" if fld.name in given else (f"preset {preset}" if fld.name in from_preset else "tqlab default")
+    return out
+
+
+def _predict(config: EngineConfig, **kw):
+    from .analysis import predict
+
+    try:
+        return predict(config, **kw)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+
+
 def _config_line(c: EngineConfig) -> str:
     return (
         f"{c.preset or 'custom'}: per rank Hq={c.num_heads_per_rank} Hk={c.num_kv_heads_per_rank} D={c.head_dim} "
         f"layers={c.num_hidden_layers} (TP {c.tensor_parallel_size}), max_model_len={c.max_model_len}, "
         f"max_num_seqs={c.max_num_seqs}, max_num_batched_tokens={c.max_num_batched_tokens}, "
         f"chunked_prefill={c.enable_chunked_prefill}, block_size={c.block_size}, "
-        f"dtype={str(c.dtype).removeprefix('torch.')}, kv_cache_dtype={c.kv_cache_dtype}"
+        f"dtype={str(c.dtype).removeprefix('torch.')}, kv_cache_dtype={c.kv_cache_dtype}, "
+        f"enforce_eager={c.enforce_eager}, cudagraph_mode={c.cudagraph_mode or 'default'}, "
+        f"num_speculative_tokens={c.num_speculative_tokens}"
     )
 
 
@@ -85,38 +116,71 @@ def app() -> None:
 @app.command()
 def presets() -> None:
     """List the presets in data/presets/ with their sources."""
+    from rich.table import Table
+
     t = Table("preset", "title")
     for name in list_presets():
         t.add_row(name, load_preset(name)["title"])
-    console.print(t)
+    _console().print(t)
 
 
-def _predicted_locked_bytes(config: EngineConfig, fix: bool) -> int:
-    from .reservation import plan_bytes, reservation_plan
-    from .analysis import unfixed_locked_bytes
+def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool) -> tuple[int, float]:
+    """Rough ``(bytes, seconds)`` a CPU ``repro`` would build and take: KV cache + weights + workspace; matmuls + attention."""
+    from .analysis import decode_capture_sizes, locked_bytes
+    from .attention import kv_cache_bytes_per_token
+    hidden = config.num_heads_per_rank * config.head_dim
+    layers = config.num_hidden_layers + (1 if config.num_speculative_tokens else 0)
+    kv = kv_cache_bytes_per_token(config) * (prompt_tokens + 2)
+    weights = layers * 4 * hidden * hidden * 4
+    ws = (locked_bytes(config.replace(lock_workspace_when_eager=True), fix=fix) or 0) * config.num_ubatches
+    q = config.uniform_decode_query_len
+    rows = sum(min(config.max_num_seqs, -(-s // q)) * q for s in decode_capture_sizes(config))
+    tokens = prompt_tokens + min(config.max_num_batched_tokens, config.max_model_len) + 2 * rows
+    flops = layers * tokens * hidden * hidden * 8 + layers * prompt_tokens ** 2 * hidden * 2
+    return kv + weights + ws, flops / _CPU_FLOPS
 
-    return max(unfixed_locked_bytes(config), plan_bytes(reservation_plan(config)) if fix else 0)
+
+def _pick_device(device: str, config: EngineConfig, prompt_tokens: int, fix: bool, console) -> str:
+    if device != "auto":
+        return device
+    nbytes, seconds = cpu_run_estimate(config, prompt_tokens, fix)
+    if nbytes > _CPU_BYTES_LIMIT or seconds > _CPU_SECONDS_LIMIT:
+        console.print(f"[yellow]device[/] meta (shapes only): a CPU run would build about {nbytes / 2**30:.1f} GiB and "
+                      f"take about {seconds:.0f} s; --device cpu forces it")
+        return "meta"
+    return "cpu"
+def _describe(pred) -> str:
+    from .workspace import format_mb
+
+    if pred.verdict == "never_locked":
+        return "completes: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph capture)"
+    what = (f"locked-workspace assertion: {pred.first_refused_call['caller']} requires "
+            f"{format_mb(pred.first_refused_call['required_bytes'])} MB, current size is "
+            f"{format_mb(pred.first_refused_call['current_bytes'])} MB") if pred.verdict == "crash" else "completes"
+    first = pred.first_failing_prompt_tokens
+    return what + (f" (shortest failing prompt: {first} tokens)" if first is not None
+                   else " (no prompt up to max_model_len fails in prefill)")
 
 
 @app.command()
 @click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
 @click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="prompt length (default: the preset's, e.g. 8192)")
+              help="prompt length in tokens (default: the preset's, e.g. 8192)")
 @click.option("--max-tokens", type=click.IntRange(min=1), default=1, show_default=True, help="tokens to generate")
 @click.option("--fix/--no-fix", default=False, show_default=True,
               help="reserve the worst case before capture (vLLM PR #44053)")
-@click.option("--device", type=click.Choice(["cpu", "cuda", "meta"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "meta"]), default="auto", show_default=True,
+              help="auto: cpu, or meta (shapes only) when a CPU run would exceed ~4 GiB or ~30 s")
 @_override_options
 def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
-    """Walk the engine lifecycle and send one prompt: crash without the fix, success with it.
+    """Walk the engine lifecycle and send one prompt; check the run against tqlab.analysis.predict.
 
-    Exit status 0 when the run behaves as predicted from the flags
-    (``--no-fix``: the locked-workspace assertion if the prompt is long enough;
-    ``--fix``: the request completes), 1 otherwise.
+    Exit status 0 when the run behaves as predicted (crash, completes, or never locked), 1 otherwise.
     """
-    from .engine import EngineDeadError, LLMEngine
-    from .analysis import first_failing_prompt
+    from .engine import LLMEngine
+    from .workspace import format_mb
 
+    console = _console()
     config = _build_config(preset, overrides)
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
@@ -126,13 +190,9 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
             f"max_model_len {config.max_model_len} (vLLM rejects such a request before it reaches the workspace)"
         )
     console.print(f"[bold]config[/] {_config_line(config)}")
-    first_bad = first_failing_prompt(config, _predicted_locked_bytes(config, fix))
-    expect_crash = first_bad is not None and first_bad <= prompt_tokens
-    console.print(
-        f"[bold]prediction[/] prompt of {prompt_tokens} tokens, fix={'on' if fix else 'off'}: "
-        + ("locked-workspace assertion" if expect_crash else "completes")
-        + (f" (shortest failing prompt: {first_bad} tokens)" if first_bad is not None else " (no prompt up to max_model_len fails)")
-    )
+    pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, fix=fix)
+    console.print(f"[bold]prediction[/] prompt of {prompt_tokens} tokens, fix={'on' if fix else 'off'}: {_describe(pred)}")
+    device = _pick_device(device, config, prompt_tokens, fix, console)
 
     def show(p) -> None:
         sizes = ", ".join(f"{format_mb(b)} MB" for b in p.workspace_bytes)
@@ -140,15 +200,28 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
 
     console.print(f"[bold]lifecycle[/] on {device}")
     try:
-        engine = LLMEngine(config, fix=fix, device=device, on_phase=show)
+        # The KV cache holds the one request (a bigger default would only cost memory and time).
+        engine = LLMEngine(config, fix=fix, device=device, on_phase=show,
+                           kv_cache_tokens=prompt_tokens + max_tokens)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # e.g. the reservation does not fit in this machine's memory
-        console.print(f"[red]start-up failed:[/] {type(e).__name__}: {e}")
-        console.print("try --device meta (shapes only) or a smaller --max-model-len")
+        console.print(f"[red]start-up failed:[/] {type(e).__name__}: {str(e) or 'out of memory'}")
+        if device != "meta":
+            console.print("try --device meta (shapes only) or a smaller --max-model-len")
         sys.exit(1)
+    ok = _serve_one(engine, prompt_tokens, max_tokens, console) == (pred.verdict == "crash")
+    ok = ok and engine.locked_bytes == pred.locked_bytes
+    console.print(f"[bold]{'as predicted' if ok else 'NOT as predicted'}[/]")
+    sys.exit(0 if ok else 1)
+
+
+def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
+    """Send the one request and step until done; print the outcome. Returns whether it crashed."""
+    from .engine import EngineDeadError
+    from .workspace import format_mb
+
     console.print(f"[bold]request[/] {prompt_tokens}-token prompt, max_tokens={max_tokens}")
-    crashed = False
     try:
         engine.add_request(prompt_tokens, max_tokens=max_tokens)
     except ValueError as e:
@@ -156,35 +229,66 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     try:
         while engine.has_unfinished_requests():
             engine.step()
-        out = engine.outputs[max(engine.outputs)]
-        console.print(
-            f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
-            f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
-            f"paths used: {engine.backend.path_counts}"
-        )
     except AssertionError as e:
-        crashed = True
         console.print(f"[red]AssertionError:[/] {e}")
         try:
             engine.generate(16)
         except EngineDeadError as dead:
             console.print(f"[red]next request:[/] EngineDeadError: {dead}")
-    ok = crashed == expect_crash
-    console.print(f"[bold]{'as predicted' if ok else 'NOT as predicted'}[/]")
-    sys.exit(0 if ok else 1)
+        return True
+    out = engine.outputs[max(engine.outputs)]
+    console.print(
+        f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
+        f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
+        f"paths used: {engine.backend.path_counts}"
+    )
+    return False
+
+
+def _write_json(obj: dict, json_path: str) -> None:
+    text = json.dumps(obj, indent=2)
+    if json_path == "-":
+        click.echo(text)
+        return
+    try:
+        with open(json_path, "w") as f:
+            f.write(text + "\n")
+    except OSError as e:
+        raise click.UsageError(f"cannot write --json {json_path!r}: {e.strerror}") from None
 
 
 @app.command()
 @click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
+@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
+              help="also predict this prompt length (tokens), alone, then one decode step")
+@click.option("--json", "json_path", type=str, default=None,
+              help="write the prediction as JSON to FILE ('-': stdout, which then holds only the JSON)")
 @_override_options
-def plan(preset, **overrides) -> None:
+def plan(preset, prompt_tokens, json_path, **overrides) -> None:
     """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit."""
+    config = _build_config(preset, overrides)
+    pred = _predict(config, prompt_tokens=prompt_tokens, sources=_sources(preset, overrides))
+    try:
+        lines = _plan_lines(config, pred)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    if json_path is not None:
+        _write_json(pred.to_json(), json_path)
+        if json_path == "-":
+            return
+    console = _console()
+    for line in lines:
+        console.print(line)
+
+
+def _plan_lines(config: EngineConfig, pred) -> list:
+    """What ``tqlab plan`` prints: config, the reservation table, the KV share and the verdict without the fix."""
+    from rich.table import Table
+
     from .attention import kv_cache_bytes_per_token
     from .reservation import plan_bytes, reservation_plan
-    from .analysis import first_failing_prompt
+    from .workspace import compute_layout, format_mb
 
-    config = _build_config(preset, overrides)
-    console.print(f"[bold]config[/] {_config_line(config)}")
     calls = reservation_plan(config)
     names = ["split-KV decode scratch (max_num_seqs rows)", "continuation-prefill dequant buffers (max_model_len - 1 cached)"]
     t = Table("consumer", "views (shape dtype)", "bytes", "MiB")
@@ -192,35 +296,29 @@ def plan(preset, **overrides) -> None:
         views = "\n".join(f"{tuple(s)} {str(d).removeprefix('torch.')}" for s, d in call)
         b = compute_layout(call).total_bytes
         t.add_row(name, views, f"{b:,}", f"{b / MiB:.2f}")
-    console.print(t)
-    reserved = plan_bytes(calls)
-    slots = config.num_ubatches
-    # Denominator: a KV cache that holds max_num_seqs requests of max_model_len tokens on this
-    # rank (vLLM sizes the real one from --gpu-memory-utilization, unknown here).
+    reserved, slots = plan_bytes(calls), config.num_ubatches
+    # Denominator: a KV cache that holds max_num_seqs requests of max_model_len tokens on this rank.
     kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
-    console.print(
-        f"workspace per rank after the reservation: {reserved:,} bytes = {reserved / MiB:.2f} MiB per ubatch slot "
-        f"x {slots} slot(s) (one buffer serves the largest call)"
-    )
-    console.print(
-        f"KV cache that would hold max_num_seqs x max_model_len tokens on this rank (vLLM sizes the real one from "
-        f"--gpu-memory-utilization; {config.kv_cache_dtype}, "
-        f"{kv_cache_bytes_per_token(config)} B/token over {config.num_hidden_layers} layers): {kv / MiB:,.1f} MiB; "
-        f"workspace share: {100 * reserved * slots / kv:.3f}%"
-    )
-    locked = _predicted_locked_bytes(config, fix=False)
-    if not config.enforce_eager and max(config.capture_sizes()) < config.max_num_seqs:
-        console.print(
-            f"[yellow]note[/] the largest captured decode batch ({max(config.capture_sizes())}) is below max_num_seqs "
-            f"({config.max_num_seqs}): without the fix, an eager decode of more requests than that also overflows the lock"
-        )
-    bad = first_failing_prompt(config, locked)
-    console.print(
-        f"without the fix the workspace locks at {locked:,} bytes ({format_mb(locked)} MB, decode capture at "
-        f"{max(config.capture_sizes())} rows): "
+    out = [f"[bold]config[/] {_config_line(config)}", t,
+           f"workspace per rank after the reservation: {reserved:,} bytes = {reserved / MiB:.2f} MiB per ubatch slot "
+           f"x {slots} slot(s) (one buffer serves the largest call)",
+           f"KV cache that would hold max_num_seqs x max_model_len tokens on this rank ({config.kv_cache_dtype}, "
+           f"{kv_cache_bytes_per_token(config)} B/token over {config.num_hidden_layers} layers): {kv / MiB:,.1f} MiB; "
+           f"workspace share: {100 * reserved * slots / kv:.3f}%",
+           f"capture sizes ({pred.cudagraph_mode}): {list(pred.capture_sizes)}; decode rows at the lock: "
+           f"{pred.decode_rows_at_lock}"]
+    if pred.locked_bytes is None:
+        out.append("without the fix: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph "
+                   "capture), so no prompt hits the locked-workspace assertion")
+        return out
+    bad = pred.first_failing_prompt_tokens
+    out.append(
+        f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MB): "
         + (f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
-           else "every prompt up to max_model_len survives")
+           else "every prompt up to max_model_len survives its prefill")
+        + f"; verdict: {pred.verdict}"
     )
+    return out
 
 
 @app.command("inspect-vllm")

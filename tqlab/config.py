@@ -15,11 +15,21 @@ import dataclasses
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # pragma: no cover - torch is imported lazily so `tqlab --help` stays fast
+    import torch
 
-__all__ = ["EngineConfig", "KV_CACHE_DTYPES", "PRESET_DIR", "list_presets", "load_preset", "parse_dtype"]
+__all__ = [
+    "CUDAGRAPH_MODES",
+    "EngineConfig",
+    "KV_CACHE_DTYPES",
+    "PRESET_DIR",
+    "field_help",
+    "list_presets",
+    "load_preset",
+    "parse_dtype",
+]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "data" / "presets"
 
@@ -32,27 +42,60 @@ KV_CACHE_DTYPES = (
 )
 """``auto`` = an unquantized cache in the model dtype; the rest are vLLM's TurboQuant presets."""
 
-_DTYPE_NAMES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+"""vLLM 0.33's ``CUDAGraphMode`` names (``vllm/config/compilation.py``)."""
+
+_FIELD_HELP = {
+    "num_attention_heads": "query heads of the whole model (before tensor parallelism)",
+    "num_key_value_heads": "KV heads of the whole model (before tensor parallelism)",
+    "head_dim": "attention head size D (elements)",
+    "num_hidden_layers": "attention layers that use this backend (count)",
+    "tensor_parallel_size": "tensor-parallel ranks; heads are split across them (count)",
+    "max_model_len": "longest request, prompt + output (tokens)",
+    "max_num_seqs": "most requests running in one step (count)",
+    "max_num_batched_tokens": "token budget of one scheduler step, the prefill chunk size (tokens)",
+    "enable_chunked_prefill": "split long prompts into chunks of max_num_batched_tokens",
+    "block_size": "tokens per KV-cache block (page)",
+    "dtype": "model dtype: bfloat16, float16 or float32",
+    "kv_cache_dtype": "KV-cache format: auto or a TurboQuant preset",
+    "tq_max_kv_splits_for_cuda_graph": "split-KV decode splits S, vLLM's attention_config field (count)",
+    "enable_dbo": "dual-batch overlap: 2 workspace ubatch slots instead of 1",
+    "enforce_eager": "no CUDA graph capture; in vLLM 0.33 the workspace is then never locked",
+    "cudagraph_capture_sizes": "explicit capture sizes (tokens per captured batch); replace vLLM's default list",
+    "num_speculative_tokens": "draft tokens k per step (--speculative-config); uniform decode query length is 1 + k",
+    "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM 0.33's, FULL_AND_PIECEWISE)",
+    "max_cudagraph_capture_size": "largest capture size (tokens); default min(2 * max_num_seqs * (1 + k), 512)",
+    "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, not vLLM 0.33): lock after an eager start-up too",
 }
 
 
-def parse_dtype(value: Any) -> torch.dtype:
+def field_help(name: str) -> str:
+    """One line of meaning and unit for an :class:`EngineConfig` field (the CLI's ``--help`` shows it)."""
+    return _FIELD_HELP.get(name, f"EngineConfig.{name}")
+
+_DTYPE_NAMES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
+}
+
+
+def parse_dtype(value: Any) -> "torch.dtype":
     """A model dtype from a ``torch.dtype`` or a name (``'bfloat16'``, ``'fp16'``, ...).
 
     Raises ``ValueError`` naming the value if it is not bf16, fp16 or fp32.
     """
+    import torch
+
     if isinstance(value, torch.dtype):
         dt = value
     elif isinstance(value, str) and value.lower().removeprefix("torch.") in _DTYPE_NAMES:
-        dt = _DTYPE_NAMES[value.lower().removeprefix("torch.")]
+        dt = getattr(torch, _DTYPE_NAMES[value.lower().removeprefix("torch.")])
     else:
         raise ValueError(f"dtype must be bfloat16, float16 or float32 (a torch.dtype or its name), got {value!r}")
     if dt not in (torch.bfloat16, torch.float16, torch.float32):
@@ -60,7 +103,7 @@ def parse_dtype(value: Any) -> torch.dtype:
     return dt
 
 
-@dataclass
+@dataclass(frozen=True)
 class EngineConfig:
     """Everything that sizes the workspace, as vLLM's engine arguments name it.
 
@@ -77,12 +120,23 @@ class EngineConfig:
         block_size (16 tokens per KV-cache block), kv_cache_dtype (``auto`` or a
         TurboQuant preset), tq_max_kv_splits_for_cuda_graph (32: the fixed
         number of split-KV decode splits, vLLM's ``attention_config`` field).
-    Capture:
-        enforce_eager (False: capture decode CUDA graphs; True: eager only —
-        the workspace is still locked before serving).
-        cudagraph_capture_sizes (None: vLLM-style buckets up to and including
-        ``max_num_seqs``).
+    Capture (vLLM 0.33 semantics, see :mod:`tqlab.analysis`):
+        enforce_eager (False). True: no capture; vLLM 0.33 then never locks the
+        workspace (``gpu_worker.py`` ``compile_or_warm_up_model`` skips
+        ``capture_model``, the only ``lock_workspace()`` of the serving path).
+        cudagraph_capture_sizes (None: vLLM's default list,
+        :func:`tqlab.analysis.capture_sizes`), in tokens per captured batch.
+        cudagraph_mode (None: vLLM 0.33's default ``FULL_AND_PIECEWISE``; or
+        one of :data:`CUDAGRAPH_MODES`; ``NONE`` captures nothing and never locks).
+        max_cudagraph_capture_size (None: vLLM's default ceiling).
+        lock_workspace_when_eager (False): the named variant "lock-on-eager", a
+        proposed upstream change: lock after an eager start-up too.
+    Speculative decoding:
+        num_speculative_tokens (0): draft tokens ``k``; the uniform decode query
+        length is ``1 + k`` (vLLM ``VllmConfig.uniform_decode_query_len``).
 
+    Frozen after validation (``c.max_num_seqs = 0`` raises
+    ``dataclasses.FrozenInstanceError``); use :meth:`replace`.
     Raises ``ValueError`` (naming the field and value) for invalid settings.
     """
 
@@ -96,12 +150,16 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     enable_chunked_prefill: bool = True
     block_size: int = 16
-    dtype: Any = torch.bfloat16
+    dtype: Any = "bfloat16"
     kv_cache_dtype: str = "auto"
     tq_max_kv_splits_for_cuda_graph: int = 32
     enable_dbo: bool = False
     enforce_eager: bool = False
     cudagraph_capture_sizes: tuple[int, ...] | None = None
+    num_speculative_tokens: int = 0
+    cudagraph_mode: str | None = None
+    max_cudagraph_capture_size: int | None = None
+    lock_workspace_when_eager: bool = False
     preset: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -115,10 +173,11 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an int, got {v!r}")
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
-        for name in ("enable_chunked_prefill", "enable_dbo", "enforce_eager"):
+        for name in ("enable_chunked_prefill", "enable_dbo", "enforce_eager", "lock_workspace_when_eager"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        self.dtype = parse_dtype(self.dtype)
+        self._check_capture_fields()
+        object.__setattr__(self, "dtype", parse_dtype(self.dtype))
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         d = self.head_dim
@@ -150,6 +209,20 @@ class EngineConfig:
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
                 f">= max_model_len ({self.max_model_len}), as in vLLM"
             )
+
+    def _check_capture_fields(self) -> None:
+        """Validate (and normalise) the capture and speculative-decoding fields."""
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 127:
+            raise ValueError(f"num_speculative_tokens must be an int in [0, 127], got {k!r}")
+        mode = self.cudagraph_mode
+        if mode is not None:
+            if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
+                raise ValueError(f"cudagraph_mode must be None or one of {CUDAGRAPH_MODES}, got {mode!r}")
+            object.__setattr__(self, "cudagraph_mode", mode.upper())
+        mc = self.max_cudagraph_capture_size
+        if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
+            raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 1, got {mc!r}")
         if self.cudagraph_capture_sizes is not None:
             if not isinstance(self.cudagraph_capture_sizes, (tuple, list)):
                 raise ValueError(
@@ -158,7 +231,7 @@ class EngineConfig:
             sizes = tuple(self.cudagraph_capture_sizes)
             if not sizes or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes):
                 raise ValueError(f"cudagraph_capture_sizes must be positive ints, got {self.cudagraph_capture_sizes!r}")
-            self.cudagraph_capture_sizes = tuple(sorted(set(sizes)))
+            object.__setattr__(self, "cudagraph_capture_sizes", tuple(sorted(set(sizes))))
 
     # -- per-rank view (what one GPU's attention layer sees) ------------------ #
     @property
@@ -177,27 +250,17 @@ class EngineConfig:
         return 2 if self.enable_dbo else 1
 
     @property
+    def uniform_decode_query_len(self) -> int:
+        """Tokens per request in a uniform decode step: ``1 + num_speculative_tokens`` (vLLM ``VllmConfig``)."""
+        return 1 + self.num_speculative_tokens
+
+    @property
     def is_turboquant(self) -> bool:
         return self.kv_cache_dtype.startswith("turboquant_")
 
     def kv_bytes_per_token_per_rank(self) -> int:
         """Unquantized (model dtype) K+V bytes per token on one rank, all layers."""
         return 2 * self.num_kv_heads_per_rank * self.head_dim * self.num_hidden_layers * self.dtype.itemsize
-
-    def capture_sizes(self) -> tuple[int, ...]:
-        """Decode batch sizes to capture, ascending.
-
-        Default: 1, 2, 4, then multiples of 8 (16 past 256), ending at
-        ``max_num_seqs``. With ``cudagraph_capture_sizes`` given: those sizes up
-        to ``max_num_seqs`` (larger ones are dropped, as vLLM filters them); if
-        the largest is below ``max_num_seqs``, bigger decode batches run eagerly.
-        """
-        if self.cudagraph_capture_sizes is not None:
-            return tuple(s for s in self.cudagraph_capture_sizes if s <= self.max_num_seqs) or (self.max_num_seqs,)
-        sizes = [s for s in (1, 2, 4) if s < self.max_num_seqs]
-        sizes += list(range(8, self.max_num_seqs, 8 if self.max_num_seqs <= 256 else 16))
-        sizes.append(self.max_num_seqs)
-        return tuple(sorted(set(sizes)))
 
     def replace(self, **changes: Any) -> "EngineConfig":
         """A copy with ``changes`` applied (validated like the constructor)."""

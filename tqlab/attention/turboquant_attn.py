@@ -337,6 +337,8 @@ class TurboQuantAttentionBackend:
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.num_kv_splits = config.tq_max_kv_splits_for_cuda_graph
         self.path_counts: dict[str, int] = {"prefill": 0, "decode": 0, "decode_kernel": 0, "continuation": 0}
+        if config.num_speculative_tokens:
+            self.path_counts["spec_verify"] = 0
 
     # -- cache ---------------------------------------------------------------- #
     def do_kv_cache_update(self, cache, key, value, slot_mapping) -> None:
@@ -363,6 +365,18 @@ class TurboQuantAttentionBackend:
     def forward_decode(self, query, cache, block_tables, seq_lens) -> torch.Tensor:
         self.path_counts["decode"] += 1
         return self._decode_attention(query, cache, block_tables, seq_lens)
+
+    def forward_spec_verify(self, query, cache, block_tables, seq_lens) -> torch.Tensor:
+        """Target-model decode rows under speculative decoding: the decode kernel with its own scratch.
+
+        vLLM 0.33: a ``1 + k``-token row exceeds ``TurboQuantMetadataBuilder``'s
+        ``reorder_batch_threshold`` (1, ``supports_spec_as_decode=False``), so the batch is
+        ``is_prefill`` and each row a short continuation in ``_prefill_attention``:
+        ``triton_turboquant_decode_attention`` without workspace buffers. tqlab runs the
+        row's accepted token only (no draft is accepted); the workspace sees no call either way.
+        """
+        self.path_counts["spec_verify"] += 1
+        return self._decode_attention(query, cache, block_tables, seq_lens, use_workspace=False)
 
     # -- prefill -------------------------------------------------------------- #
     def forward_prefill(self, query, key, value, cache, block_table_row, cached_len: int) -> torch.Tensor:

@@ -8,11 +8,18 @@ workspace size after it, in ``engine.phases``):
    fix its ``_reserve_workspace()`` grows the workspace here (vLLM PR #44053)
 3. ``profile_run``     — a dummy prefill of ``max_num_batched_tokens`` fresh tokens
    (touches no workspace: this is the *undercount* of the bug report)
-4. ``capture``         — eager warm-up + capture of each decode bucket, largest first
-   (skipped with ``enforce_eager``); decode scratch grows the workspace to
-   ``max_num_seqs`` rows
-5. ``lock``            — ``lock_workspace()`` on this engine's manager; every start-up path locks, eager too
+4. ``capture``         — one FULL uniform-decode dummy batch per decode capture size,
+   largest first (:func:`tqlab.analysis.decode_capture_sizes`); skipped with
+   ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
+   metadata, so they ask the workspace for nothing
+5. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
+   vLLM 0.33's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
+   (``GPUWorker.compile_or_warm_up_model`` skips capture), unless the named variant
+   ``lock_workspace_when_eager`` is on
 6. serving             — ``add_request`` / ``step`` / ``generate``
+
+``engine.prediction`` is :func:`tqlab.analysis.predict` for this config and fix: what the
+start-up and a request alone should do.
 
 A request whose chunk needs more workspace than was locked raises
 :class:`~tqlab.workspace.WorkspaceLockedError` out of ``step()``; the engine is
@@ -29,6 +36,7 @@ from typing import Callable
 
 import torch
 
+from ..analysis import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace, predict
 from ..attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from ..config import EngineConfig
 from .cuda_graph import CUDAGraphDecodeRunner
@@ -125,6 +133,7 @@ class LLMEngine:
     ):
         self.config = config
         self.fix = fix
+        self.prediction = predict(config, fix=fix)  # also validates capture sizes as vLLM does (ValueError)
         try:
             self.device = torch.device(device)
         except (TypeError, RuntimeError):
@@ -169,7 +178,8 @@ class LLMEngine:
             self.max_blocks_per_seq = -(-config.max_model_len // bs)
             self.scheduler = Scheduler(config, num_blocks)
             self.runner = ModelRunner(config, self.backend, self.device, num_blocks, self.max_blocks_per_seq, seed=seed)
-            if self.device.type == "cuda" and use_cuda_graphs and not config.enforce_eager:
+            if (self.device.type == "cuda" and use_cuda_graphs and decode_capture_sizes(config)
+                    and not config.num_speculative_tokens):
                 self._install_cuda_graphs()
         profile_tokens = min(config.max_num_batched_tokens, config.max_model_len)
         with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
@@ -177,20 +187,32 @@ class LLMEngine:
         if after_profile is not None:
             with self._phase("after_profile", getattr(after_profile, "__name__", "hook")):
                 after_profile(self)
-        if config.enforce_eager:
-            with self._phase("capture", "skipped (enforce_eager)"):
-                self.captures = []
-        else:
-            sizes = config.capture_sizes()
-            with self._phase("capture", f"decode buckets {sizes[0]}..{sizes[-1]} ({len(sizes)}), largest first"):
-                self.captures = self.runner.capture_model(sizes)
+        self._capture_phase()
         if before_lock is not None:
             with self._phase("before_lock", getattr(before_lock, "__name__", "hook")):
                 before_lock(self)
+        if not locks_workspace(config):
+            with self._phase("lock", "skipped: vLLM 0.33 locks only at the end of capture_model; the workspace can grow"):
+                pass
+            return
         with self._phase("lock", "lock_workspace(): growth is now an error"):
             # This engine's own manager: another engine built in a hook may have
             # become the process-wide one meanwhile.
             self.workspace.lock()
+
+    def _capture_phase(self) -> None:
+        """``capture_model``: FULL uniform-decode dummy batches (PIECEWISE ones run no attention)."""
+        config, mode = self.config, cudagraph_mode(self.config)
+        if mode == "NONE":
+            why = "enforce_eager" if config.enforce_eager else "cudagraph_mode NONE"
+            with self._phase("capture", f"skipped ({why})"):
+                self.captures = []
+            return
+        all_sizes, sizes = capture_sizes(config), decode_capture_sizes(config)
+        note = (f"{mode}: {len(all_sizes)} size(s) up to {all_sizes[-1] if all_sizes else 0} tokens; "
+                f"decode graphs at {len(sizes)} size(s), {1 + config.num_speculative_tokens} token(s) per row, largest first")
+        with self._phase("capture", note):
+            self.captures = self.runner.capture_model(sizes)
 
     def _install_cuda_graphs(self) -> None:
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)
@@ -216,9 +238,9 @@ class LLMEngine:
         return LLMEngine._PhaseCtx(self, name, note)
 
     @property
-    def locked_bytes(self) -> int:
-        """Size of ubatch slot 0 after the lock (bytes)."""
-        return self.workspace.size_bytes(0)
+    def locked_bytes(self) -> int | None:
+        """Size of ubatch slot 0 at the lock (bytes); None when start-up did not lock (vLLM 0.33 eager)."""
+        return self.workspace.size_bytes(0) if self.workspace.is_locked() else None
 
     # -- serving ------------------------------------------------------------ #
     def _check_alive(self) -> None:

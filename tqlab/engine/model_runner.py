@@ -8,17 +8,28 @@ what the workspace consumers see. There is no MLP or RoPE: they never touch
 the workspace.
 
 The :class:`ModelRunner` mirrors ``GPUModelRunner``: ``profile_run`` (a dummy
-prefill), ``capture_model`` (eager warm-up then capture, one decode batch-size
-bucket at a time, largest first) and ``execute_model``. Capture goes through a
-*decode runner*: :class:`EagerDecodeRunner` on CPU/meta records what a capture
-would freeze (the workspace buffer pointers); ``tqlab.cuda_graphs`` provides a
-real ``torch.cuda.CUDAGraph`` runner on CUDA.
+prefill), ``capture_model`` (one FULL uniform-decode dummy batch per capture
+size, largest first, as ``_dummy_run(uniform_decode=True)``) and
+``execute_model``. Capture goes through a *decode runner*:
+:class:`EagerDecodeRunner` on CPU/meta records what a capture would freeze (the
+workspace buffer pointers); ``tqlab.cuda_graphs`` provides a real
+``torch.cuda.CUDAGraph`` runner on CUDA.
+
+Speculative decoding (``num_speculative_tokens = k > 0``) follows vLLM 0.33's
+TurboQuant backend: a decode row carries ``1 + k`` tokens, above the builder's
+``reorder_batch_threshold`` of 1, so the target model's rows go through
+``_prefill_attention``'s short-continuation path (the decode kernel with its own
+scratch, no workspace call); the drafter (one attention layer with its own KV
+cache, like an MTP/EAGLE head) then runs ``k - 1`` one-token decode passes
+through ``_decode_attention``, which ask the workspace for decode views at the
+batch's rows. Draft tokens are never accepted here (the workspace calls do not
+depend on acceptance), so outputs equal a run without speculation.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -52,11 +63,14 @@ class TinyModel:
 
         s = 1.0 / math.sqrt(self.hidden)
         self.embed = w(vocab_size, self.hidden, scale=1.0)
-        self.layers = [
-            dict(wq=w(self.hidden, hq * d, scale=s), wk=w(self.hidden, hk * d, scale=s),
-                 wv=w(self.hidden, hk * d, scale=s), wo=w(hq * d, self.hidden, scale=s))
-            for _ in range(config.num_hidden_layers)
-        ]
+        def layer() -> dict[str, torch.Tensor]:
+            return dict(wq=w(self.hidden, hq * d, scale=s), wk=w(self.hidden, hk * d, scale=s),
+                        wv=w(self.hidden, hk * d, scale=s), wo=w(hq * d, self.hidden, scale=s))
+
+        self.layers = [layer() for _ in range(config.num_hidden_layers)]
+        # The drafter's attention layer (MTP/EAGLE head), index num_hidden_layers in qkv()/out().
+        if config.num_speculative_tokens:
+            self.layers.append(layer())
 
     @staticmethod
     def _norm(h: torch.Tensor) -> torch.Tensor:
@@ -129,11 +143,6 @@ class EagerDecodeRunner:
         return self.runner.decode_forward(input_ids, slot_mapping, block_tables, seq_lens)
 
 
-@dataclass
-class StepResult:
-    sampled: dict[int, int] = field(default_factory=dict)  # request_id -> token
-
-
 class ModelRunner:
     """Executes scheduler steps for one rank; owns the model, the KV cache and the backend."""
 
@@ -146,6 +155,8 @@ class ModelRunner:
         self.is_meta = device.type == "meta"
         self.model = TinyModel(config, device, seed=seed)
         self.kv_caches = [backend.cache_format.allocate(num_blocks, device) for _ in range(config.num_hidden_layers)]
+        # The drafter's own KV cache (speculative decoding only).
+        self.draft_kv_cache = backend.cache_format.allocate(num_blocks, device) if config.num_speculative_tokens else None
         self.max_blocks_per_seq = max_blocks_per_seq
         self.decode_runner = EagerDecodeRunner(self)
 
@@ -162,6 +173,52 @@ class ModelRunner:
             self.backend.do_kv_cache_update(cache, k, v, slot_mapping)
             h = self.model.out(i, h, self.backend.forward_decode(q, cache, block_tables, seq_lens))
         return self.model.logits(h)
+
+    def spec_decode_forward(self, input_ids, slot_mapping, block_tables, seq_lens) -> torch.Tensor:
+        """A decode step with speculation: target rows without workspace, then the drafter's one-token passes.
+
+        Target: ``forward_spec_verify`` per layer (vLLM routes ``1 + k``-token rows to the
+        decode kernel with its own scratch). Drafter: ``k - 1`` passes of ``forward_decode``
+        on its own layer and KV cache (workspace decode views at ``B`` rows). Returns the
+        target's logits ``(B, vocab)``.
+        """
+        h = self.model.embed[input_ids]
+        for i, cache in enumerate(self.kv_caches):
+            q, k, v = self.model.qkv(i, h)
+            self.backend.do_kv_cache_update(cache, k, v, slot_mapping)
+            h = self.model.out(i, h, self.backend.forward_spec_verify(q, cache, block_tables, seq_lens))
+        self._draft_passes(h, slot_mapping, block_tables, seq_lens)
+        return self.model.logits(h)
+
+    def _decode_rows(self, q, cache, block_tables, seq_lens) -> torch.Tensor:
+        """Decode rows of a mixed step: split-KV decode, or the spec-verify path when ``k > 0``."""
+        if self.config.num_speculative_tokens:
+            return self.backend.forward_spec_verify(q, cache, block_tables, seq_lens)
+        return self.backend.forward_decode(q, cache, block_tables, seq_lens)
+
+    def _draft_passes(self, h, slot_mapping, block_tables, seq_lens) -> None:
+        """The drafter's ``k - 1`` one-token decode passes over ``B`` rows (outputs discarded: no draft accepted)."""
+        d = self.config.num_hidden_layers
+        for _ in range(self.config.num_speculative_tokens - 1):
+            q, k, v = self.model.qkv(d, h)
+            self.backend.do_kv_cache_update(self.draft_kv_cache, k, v, slot_mapping)
+            h = self.model.out(d, h, self.backend.forward_decode(q, self.draft_kv_cache, block_tables, seq_lens))
+
+    def dummy_spec_decode(self, rows: int, query_len: int) -> None:
+        """Capture-time uniform decode with ``query_len > 1``: ``rows`` first chunks of ``query_len`` tokens.
+
+        ``_dummy_run`` sets ``seq_lens = max_query_len``, so each row is a first-chunk prefill
+        (``q_len == seq_len``) in TurboQuant's ``_prefill_attention``: no workspace call.
+        """
+        n = rows * query_len
+        h = self.model.embed[torch.zeros(n, dtype=torch.long, device=self.device)]
+        bt = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32, device=self.device)
+        for i, cache in enumerate(self.kv_caches):
+            q, k, v = self.model.qkv(i, h)
+            outs = [self.backend.forward_prefill(q[r * query_len:(r + 1) * query_len], k[r * query_len:(r + 1) * query_len],
+                                                 v[r * query_len:(r + 1) * query_len], cache, bt, cached_len=0)
+                    for r in range(rows)]
+            h = self.model.out(i, h, torch.cat(outs, dim=0))
 
     def dummy_decode(self, batch_size: int) -> torch.Tensor:
         """Capture-time decode: ``batch_size`` rows of length 1 on the null block (vLLM fills seq_lens with 1)."""
@@ -181,11 +238,29 @@ class ModelRunner:
             h = self.model.out(i, h, self.backend.forward_prefill(q, k, v, cache, bt, cached_len=0))
 
     def capture_model(self, sizes: tuple[int, ...]) -> list[CaptureRecord]:
-        """Warm up and capture each decode bucket, largest first (as vLLM)."""
-        return [self.decode_runner.capture(b) for b in sorted(sizes, reverse=True)]
+        """Warm up and capture one FULL uniform-decode dummy batch per size in ``sizes`` (tokens), largest first.
+
+        ``sizes`` are :func:`tqlab.analysis.decode_capture_sizes`. A batch has
+        ``min(max_num_seqs, cdiv(size, 1 + k))`` rows (``GPUModelRunner._dummy_run``):
+        decode rows through the decode runner when ``k = 0``, else first-chunk rows
+        (:meth:`dummy_spec_decode`, no workspace call).
+        """
+        q = self.config.uniform_decode_query_len
+        records = []
+        for size in sorted(sizes, reverse=True):
+            rows = min(self.config.max_num_seqs, -(-size // q))
+            if q == 1:
+                records.append(self.decode_runner.capture(rows))
+            else:
+                self.dummy_spec_decode(rows, q)
+                ws = self.workspace
+                records.append(CaptureRecord(rows, ws.data_ptrs(), ws.sizes_bytes()))
+        return records
 
     # -- one scheduler step -------------------------------------------------- #
     def _block_table(self, block_ids: list[int]) -> torch.Tensor:
+        if self.is_meta:  # shapes only: no host tensor of max_model_len / block_size entries
+            return torch.empty(self.max_blocks_per_seq, dtype=torch.int32, device="meta")
         row = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
         row[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
         return row
@@ -204,7 +279,10 @@ class ModelRunner:
             slots = torch.cat([self._slots(r.block_ids, r.num_tokens - 1, 1) for r in sched.decodes]).to(dev)
             bt = torch.stack([self._block_table(r.block_ids) for r in sched.decodes]).to(dev)
             seq = torch.tensor([r.num_tokens for r in sched.decodes], dtype=torch.int32, device=dev)
-            logits = self.decode_runner.run(ids, slots, bt, seq)
+            if self.config.num_speculative_tokens:
+                logits = self.spec_decode_forward(ids, slots, bt, seq)
+            else:
+                logits = self.decode_runner.run(ids, slots, bt, seq)
             for r, tok in zip(sched.decodes, self._greedy(logits)):
                 sampled[r.request_id] = tok
             return sampled
@@ -228,7 +306,7 @@ class ModelRunner:
             self.backend.do_kv_cache_update(cache, k, v, slot_mapping)
             outs = []
             if nd:
-                outs.append(self.backend.forward_decode(q[:nd], cache, bt_dec, seq_dec).clone())
+                outs.append(self._decode_rows(q[:nd], cache, bt_dec, seq_dec).clone())
             start = nd
             for r, c, qn in sched.prefills:
                 sl = slice(start, start + qn)
@@ -236,6 +314,8 @@ class ModelRunner:
                                                          self._block_table(r.block_ids).to(dev), cached_len=c))
                 start += qn
             h = self.model.out(i, h, torch.cat(outs, dim=0))
+        if nd and self.config.num_speculative_tokens:
+            self._draft_passes(h[:nd], slot_mapping[:nd], bt_dec, seq_dec)
         # Sample for decodes and for prefills that reach the end of their prompt.
         last_rows = list(range(nd))
         owners = list(sched.decodes)

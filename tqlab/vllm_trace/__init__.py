@@ -57,6 +57,7 @@ from .predict import (
     locked_bytes_without_fix,
     predict,
     safe_max_model_len,
+    stable_json,
 )
 
 __all__ = [
@@ -92,6 +93,7 @@ __all__ = [
     "run_seed_scenario",
     "run_vllm_seed_scenario",
     "safe_max_model_len",
+    "stable_json",
     "uninstall_vllm_hook",
     "vllm_available",
     "vllm_cpu_patches",

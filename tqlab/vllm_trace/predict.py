@@ -1,4 +1,8 @@
-"""The crash predictor: per workspace consumer, what a request of N tokens needs against the locked size."""
+"""The ``inspect-vllm`` report: per workspace consumer, what a request of N tokens needs against the locked size.
+
+Every number comes from :mod:`tqlab.analysis` (the one predictor, vLLM 0.33's semantics);
+this module only arranges it per consumer and formats it.
+"""
 
 from __future__ import annotations
 
@@ -10,15 +14,14 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
 
+from .. import analysis
 from ..config import EngineConfig, parse_dtype
 from ..reservation import (
     CONTINUATION_DECODE_THRESHOLD,
+    chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
-    plan_bytes,
-    reservation_plan,
 )
-from ..analysis import prompt_chunks
 from ..workspace import compute_layout, format_mb
 from .cpu_harness import run_vllm_seed_scenario
 from .tracer import vllm_available, vllm_version
@@ -34,38 +37,20 @@ DEQUANT_CHUNK = "continuation prefill (dequant)"
 DECODE = "split-KV decode"
 
 
-def chunk_shapes(config: EngineConfig, cached_len: int, q_len: int, *, short_chunks_use_workspace: bool = False):
+def chunk_shapes(config: EngineConfig, cached_len: int, q_len: int):
     """``(consumer, shapes or None)``: the workspace call one prefill chunk makes.
 
-    ``cached_len == 0``: a first chunk, no workspace. ``q_len > 128`` (vLLM's
-    ``_CONTINUATION_DECODE_THRESHOLD``): the dequant buffers,
-    :func:`tqlab.reservation.continuation_workspace_shapes`. ``q_len <= 128``:
-    the decode kernel, which in vLLM 0.33 allocates its own buffers (no
-    workspace call; checked by ``parity/``, and tqlab's engine does the same);
-    ``short_chunks_use_workspace=True`` models a backend whose short chunks take
-    decode views with ``q_len`` rows from the workspace
-    (:func:`tqlab.reservation.decode_workspace_shapes`), the variant that needs
-    ``max(max_num_seqs, 128)`` decode rows reserved.
+    The path is :func:`tqlab.reservation.chunk_workspace_request`'s (vLLM 0.33's
+    ``_prefill_attention``): ``"prefill"`` for a first chunk, :data:`SHORT_CHUNK` (decode
+    kernel with its own scratch, no workspace) for ``q_len <= 128``, :data:`DEQUANT_CHUNK`
+    with the dequant buffers above.
     """
-    if cached_len == 0:
-        return "prefill", None
-    if q_len <= CONTINUATION_DECODE_THRESHOLD:
-        if short_chunks_use_workspace:
-            return SHORT_CHUNK, decode_workspace_shapes(
-                q_len, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype
-            )
-        return SHORT_CHUNK, None
-    return DEQUANT_CHUNK, continuation_workspace_shapes(
-        cached_len, config.num_kv_heads_per_rank, config.head_dim, config.block_size
-    )
+    req = chunk_workspace_request(config, cached_len, q_len)
+    return {"prefill": "prefill", "decode_kernel": SHORT_CHUNK, "continuation": DEQUANT_CHUNK}[req.path], req.shapes
 
 
 def _bytes(shapes) -> int:
     return 0 if shapes is None else compute_layout(shapes).total_bytes
-
-
-def _chunk_bytes(config: EngineConfig, cached_len: int, q_len: int, short: bool) -> int:
-    return _bytes(chunk_shapes(config, cached_len, q_len, short_chunks_use_workspace=short)[1])
 
 
 @dataclass(frozen=True)
@@ -162,15 +147,14 @@ class Prediction:
     """
 
     config: EngineConfig
-    locked_unfixed: int
-    locked_fixed: int
+    locked_unfixed: int | None
+    locked_fixed: int | None
     locked_source: str
     requests: list[RequestPrediction]
     first_failing_prompt: int | None
     safe_max_model_len_alone: int | None
     safe_max_model_len_any_schedule: int | None
     fixed_safe_any_schedule: int | None
-    short_chunks_use_workspace: bool = False
     notes: list[str] = field(default_factory=list)
     max_num_batched_tokens_source: str = "EngineConfig"
 
@@ -182,7 +166,6 @@ class Prediction:
             "locked_unfixed_bytes": self.locked_unfixed,
             "locked_fixed_bytes": self.locked_fixed,
             "locked_source": self.locked_source,
-            "short_chunks_use_workspace": self.short_chunks_use_workspace,
             "first_failing_prompt": self.first_failing_prompt,
             "safe_max_model_len_alone": self.safe_max_model_len_alone,
             "safe_max_model_len_any_schedule": self.safe_max_model_len_any_schedule,
@@ -200,8 +183,9 @@ class Prediction:
             f"max_num_seqs {c.max_num_seqs}, max_num_batched_tokens {c.max_num_batched_tokens}, "
             f"chunked prefill {'on' if c.enable_chunked_prefill else 'off'}, max_model_len {c.max_model_len}, "
             f"kv_cache_dtype {c.kv_cache_dtype}",
-            f"workspace at lock: {format_mb(self.locked_unfixed)} MB without PR #44053 ({self.locked_source}), "
-            f"{format_mb(self.locked_fixed)} MB with it",
+            (f"workspace at lock: {format_mb(self.locked_unfixed)} MB without PR #44053 ({self.locked_source}), "
+             f"{format_mb(self.locked_fixed)} MB with it" if self.locked_unfixed is not None else
+             f"workspace never locked ({self.locked_source}): no request can hit the locked-workspace assertion"),
         ]
         out.append(f"chunks of max_num_batched_tokens {c.max_num_batched_tokens}: {self.max_num_batched_tokens_source}")
         for r in self.requests:
@@ -218,7 +202,7 @@ class Prediction:
                 )
             for label, first, locked in (("without", r.first_refused_unfixed, self.locked_unfixed),
                                          ("with", r.first_refused_fixed, self.locked_fixed)):
-                if first is not None:
+                if first is not None and locked is not None:
                     out.append(
                         f"  first refused call {label} the fix (vLLM dies here): {first.consumer}, cached {first.cached_len} "
                         f"q {first.q_len}: {format_mb(first.nbytes)} MB > {format_mb(locked)} MB at lock"
@@ -235,124 +219,20 @@ class Prediction:
 
 
 def locked_bytes_without_fix(config: EngineConfig) -> int:
-    """Workspace bytes at lock before PR #44053: the split-KV decode call at the largest captured batch.
+    """Workspace bytes at lock before PR #44053, 0 when nothing locks or the cache is not TurboQuant.
 
-    The profile run is one prefill with no cached tokens (no TurboQuant
-    workspace call); CUDA graph capture runs decode at each capture size, the
-    largest being ``max_num_seqs`` (:meth:`EngineConfig.capture_sizes`); with
-    ``enforce_eager`` the warm-up still runs decode at ``max_num_seqs``.
-    0 for a non-TurboQuant cache. Checked against vLLM's ``_decode_attention`` by ``parity/``.
+    :func:`tqlab.analysis.unfixed_locked_bytes` (vLLM 0.33: decode at the largest captured
+    decode batch; an eager start-up never locks). Kept for callers of ``tqlab.vllm_trace``.
     """
+    return analysis.unfixed_locked_bytes(config) if config.is_turboquant else 0
+
+
+def safe_max_model_len(config: EngineConfig, locked_bytes: int, *, schedule: str = "any",
+                       limit: int | None = None) -> int | None:
+    """:func:`tqlab.analysis.safe_max_model_len`, with the configured ``max_model_len`` for a non-TurboQuant cache."""
     if not config.is_turboquant:
-        return 0
-    batch = config.max_num_seqs if config.enforce_eager else max(config.capture_sizes())
-    return _bytes(
-        decode_workspace_shapes(batch, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype)
-    )
-
-
-def _need_any_schedule(config: EngineConfig, length: int, short: bool) -> int:
-    """Largest call any chunk of a request of ``length`` tokens can make, under any chunking.
-
-    A continuation chunk has ``cached_len >= 1`` and ``q_len <= max_num_batched_tokens``;
-    a busy scheduler can cut ``q_len`` anywhere and a prefix-cache hit can set
-    ``cached_len`` (also with chunked prefill off, where the step budget is
-    ``max_num_batched_tokens >= max_model_len``). Dequant buffers grow with
-    ``cached_len <= length - 129``; short chunks' decode rows (if they use the
-    workspace) with ``q_len <= 128``.
-    """
-    if length < 2 or not config.is_turboquant:
-        return 0
-    m = config.max_num_batched_tokens
-    need = 0
-    if short:
-        need = _chunk_bytes(config, 1, min(CONTINUATION_DECODE_THRESHOLD, length - 1, m), True)
-    c_max = length - (CONTINUATION_DECODE_THRESHOLD + 1)
-    if c_max >= 1 and m > CONTINUATION_DECODE_THRESHOLD:
-        need = max(need, _chunk_bytes(config, c_max, CONTINUATION_DECODE_THRESHOLD + 1, short))
-    return need
-
-
-def _first_failing_alone(config: EngineConfig, locked: int, limit: int, short: bool) -> int | None:
-    """Shortest prompt (<= ``limit``) whose chunks, prefilled alone, overflow ``locked``."""
-    if not config.is_turboquant or not config.enable_chunked_prefill:
-        return None  # one chunk, no cached tokens
-    m = config.max_num_batched_tokens
-    if short:
-        # Region k holds prompts k*m+1 .. (k+1)*m; its last chunk has cached k*m.
-        # The short-chunk need grows with q up to 128; above it the dequant need is flat.
-        for start in range(m, limit, m):
-            top = min(m, limit - start)
-            hi = min(top, CONTINUATION_DECODE_THRESHOLD)
-            if _chunk_bytes(config, start, hi, True) > locked:
-                lo = 1
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if _chunk_bytes(config, start, mid, True) > locked:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-                return start + lo
-            if top > CONTINUATION_DECODE_THRESHOLD and _chunk_bytes(config, start, CONTINUATION_DECODE_THRESHOLD + 1, True) > locked:
-                return start + CONTINUATION_DECODE_THRESHOLD + 1
-        return None
-    if m <= CONTINUATION_DECODE_THRESHOLD:
-        return None  # every chunk is short: no workspace in vLLM
-    # Chunk k (k >= 1) starts at cached = k*m; it takes the dequant path once q > 128.
-    k_max = (limit - CONTINUATION_DECODE_THRESHOLD - 1) // m
-    if k_max < 1 or _chunk_bytes(config, k_max * m, m, False) <= locked:
-        return None
-    lo, hi = 1, k_max  # smallest k whose dequant call overflows
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if _chunk_bytes(config, mid * m, m, False) > locked:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo * m + CONTINUATION_DECODE_THRESHOLD + 1
-
-
-def safe_max_model_len(
-    config: EngineConfig,
-    locked_bytes: int,
-    *,
-    schedule: str = "any",
-    limit: int | None = None,
-    short_chunks_use_workspace: bool = False,
-) -> int | None:
-    """Largest ``max_model_len`` (<= ``limit``, default ``config.max_model_len``) whose requests all fit ``locked_bytes``.
-
-    ``schedule="alone"``: each request prefilled alone in chunks of
-    ``max_num_batched_tokens``. ``"any"``: any chunking (busy scheduler,
-    prefix-cache hits; see :func:`_need_any_schedule`), the bound to trust on
-    a real server. Returns None if even a 2-token prompt can overflow.
-    Raises ``ValueError`` for a bad ``schedule`` or ``locked_bytes``.
-    """
-    if schedule not in ("alone", "any"):
-        raise ValueError(f"schedule must be 'alone' or 'any', got {schedule!r}")
-    if isinstance(locked_bytes, bool) or not isinstance(locked_bytes, int) or locked_bytes < 0:
-        raise ValueError(f"locked_bytes must be an int >= 0, got {locked_bytes!r}")
-    top = config.max_model_len if limit is None else limit
-    if not config.is_turboquant:
-        return top
-    short = short_chunks_use_workspace
-    if schedule == "alone":
-        first = _first_failing_alone(config, locked_bytes, top, short)
-        if first is None:
-            return top
-        return None if first <= 2 else first - 1
-    if _need_any_schedule(config, 2, short) > locked_bytes:
-        return None
-    if _need_any_schedule(config, top, short) <= locked_bytes:
-        return top
-    lo, hi = 2, top  # need(lo) fits, need(hi) does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if _need_any_schedule(config, mid, short) <= locked_bytes:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+        return config.max_model_len if limit is None else limit
+    return analysis.safe_max_model_len(config, locked_bytes, schedule=schedule, limit=limit)
 
 
 def _rejection(config: EngineConfig, n: int) -> str | None:
@@ -370,45 +250,50 @@ def _rejection(config: EngineConfig, n: int) -> str | None:
     return None
 
 
-def _serving_calls(config: EngineConfig, n: int, short: bool) -> list[tuple[str, int, int, Any]]:
-    """The workspace calls a prompt of ``n`` tokens makes, in serving order: ``[(consumer, cached, q, shapes)]``.
+def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed) -> dict[str, ConsumerNeed]:
+    """Each consumer's largest call for a prompt of ``n`` alone, then one decode step (O(1))."""
+    def need(consumer, cached, q, shapes):
+        b = _bytes(shapes)
+        fits = [locked is None or shapes is None or b <= locked for locked in (locked_unfixed, locked_fixed)]
+        return ConsumerNeed(consumer, cached, q, shapes, b, *fits)
 
-    Its prefill chunks (chunks of ``max_num_batched_tokens`` with chunked
-    prefill on, else one chunk), each one that asks the workspace for
-    something, then its first decode step (one row, ``cached_len = n``).
-    """
-    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else n
-    calls = []
-    for cached, q in prompt_chunks(n, budget):
-        consumer, shapes = chunk_shapes(config, cached, q, short_chunks_use_workspace=short)
-        if consumer != "prefill":
-            calls.append((consumer, cached, q, shapes))
-    dec = decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype)
-    calls.append((DECODE, n, 1, dec))
-    return calls
+    out = {}
+    chunks = analysis.prompt_workspace_chunks(config, n)
+    if "continuation" in chunks:
+        out[DEQUANT_CHUNK] = need(DEQUANT_CHUNK, *chunks["continuation"], chunk_shapes(config, *chunks["continuation"])[1])
+    if "decode_kernel" in chunks:
+        out[SHORT_CHUNK] = need(SHORT_CHUNK, *chunks["decode_kernel"], None)
+    if analysis.decode_uses_workspace(config):
+        shapes = decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim,
+                                         config.tq_max_kv_splits_for_cuda_graph, config.dtype)
+        out[DECODE] = need(DECODE, n, 1, shapes)
+    return out
 
 
-def _request_prediction(config: EngineConfig, n: int, locked_unfixed: int, locked_fixed: int, short: bool) -> RequestPrediction:
+def _first_refused(config: EngineConfig, n: int, locked) -> ConsumerNeed | None:
+    call = analysis.first_refused_call(config, n, locked)
+    if call is None:
+        return None
+    if call["caller"] == "_continuation_prefill":
+        cached, q = call["cached_len"], call["q_len"]
+        return ConsumerNeed(DEQUANT_CHUNK, cached, q, chunk_shapes(config, cached, q)[1], call["required_bytes"], False, False)
+    shapes = decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim,
+                                     config.tq_max_kv_splits_for_cuda_graph, config.dtype)
+    return ConsumerNeed(DECODE, n, 1, shapes, call["required_bytes"], False, False)
+
+
+def _request_prediction(config: EngineConfig, n: int, locked_unfixed, locked_fixed) -> RequestPrediction:
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"prompt_tokens must be ints >= 1, got {n!r}")
     rejected = _rejection(config, n)
     if rejected is not None:
         return RequestPrediction(n, (), 0, False, False, rejected=rejected)
-    best: dict[str, ConsumerNeed] = {}
-    first: dict[int, ConsumerNeed] = {}
-    for consumer, cached, q, shapes in _serving_calls(config, n, short):
-        b = _bytes(shapes)
-        need = ConsumerNeed(consumer, cached, q, shapes, b, b <= locked_unfixed, b <= locked_fixed)
-        if consumer not in best or b > best[consumer].nbytes:
-            best[consumer] = need
-        for locked in (locked_unfixed, locked_fixed):
-            if shapes is not None and b > locked and locked not in first:
-                first[locked] = need
+    best = _consumer_needs(config, n, locked_unfixed, locked_fixed)
     needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
-    top = max(x.nbytes for x in needs)
+    first_u, first_f = _first_refused(config, n, locked_unfixed), _first_refused(config, n, locked_fixed)
     return RequestPrediction(
-        n, needs, top, top > locked_unfixed, top > locked_fixed,
-        first_refused_unfixed=first.get(locked_unfixed), first_refused_fixed=first.get(locked_fixed),
+        n, needs, max((x.nbytes for x in needs), default=0), first_u is not None, first_f is not None,
+        first_refused_unfixed=first_u, first_refused_fixed=first_f,
     )
 
 
@@ -448,7 +333,7 @@ def bug_report_max_num_batched_tokens(config: EngineConfig) -> int | None:
         if m < config.max_num_seqs:
             continue
         cfg = config.replace(max_num_batched_tokens=m, max_model_len=max(config.max_model_len, 2 * m + 1))
-        first = _request_prediction(cfg, 2 * m, locked, locked, False).first_refused_unfixed
+        first = _request_prediction(cfg, 2 * m, locked, locked).first_refused_unfixed
         if first is not None and format_mb(first.nbytes) == BUG_REPORT_REQUIRED_MB:
             return m
     return None
@@ -469,7 +354,7 @@ def _bug_report_note(pred: Prediction) -> str | None:
         first = r.first_refused_unfixed
         if first is None or format_mb(first.nbytes) == BUG_REPORT_REQUIRED_MB:
             continue
-        theirs = _request_prediction(other, r.prompt_tokens, pred.locked_unfixed, pred.locked_unfixed, pred.short_chunks_use_workspace)
+        theirs = _request_prediction(other, r.prompt_tokens, pred.locked_unfixed, pred.locked_unfixed)
         t = theirs.first_refused_unfixed
         if t is None or format_mb(t.nbytes) != BUG_REPORT_REQUIRED_MB:
             continue
@@ -486,12 +371,15 @@ def _bug_report_note(pred: Prediction) -> str | None:
     return None
 
 
+def _safe(config: EngineConfig, locked: int | None, schedule: str) -> int | None:
+    return config.max_model_len if locked is None else safe_max_model_len(config, locked, schedule=schedule)
+
+
 def predict(
     config: EngineConfig,
     prompt_tokens: Sequence[int] = (),
     *,
     locked_bytes: int | None = None,
-    short_chunks_use_workspace: bool = False,
     max_num_batched_tokens_source: str = "EngineConfig",
 ) -> Prediction:
     """Per consumer, the workspace each prompt needs, whether it overflows, and the safe ``max_model_len``.
@@ -503,32 +391,34 @@ def predict(
             rejected (:attr:`RequestPrediction.rejected`), not as crashes.
         locked_bytes: the workspace size at lock without the fix, if measured
             (e.g. :meth:`WorkspaceTracer.size_at_lock` or vLLM's
-            ``VLLM_DEBUG_WORKSPACE=1`` log); default :func:`locked_bytes_without_fix`.
+            ``VLLM_DEBUG_WORKSPACE=1`` log); default :func:`tqlab.analysis.locked_bytes`
+            (None, "never locked", for an eager or ``cudagraph_mode`` NONE start-up).
         max_num_batched_tokens_source: where ``config.max_num_batched_tokens``
             came from, for the report (e.g. "given", "vLLM default ...").
-        short_chunks_use_workspace: False models vLLM 0.33 (chunks of <= 128
-            new tokens make no workspace call); True models tqlab's engine.
 
-    The size with the fix is ``max(locked_unfixed, largest reservation call)``
-    (:func:`tqlab.reservation.reservation_plan`, checked against vLLM's
-    ``TurboQuantMetadataBuilder`` by ``parity/``). Raises ``ValueError`` for a
-    bad length or size. Not TurboQuant (``kv_cache_dtype="auto"``): no consumer.
+    Every size is :mod:`tqlab.analysis`'s. Raises ``ValueError`` for a bad length or
+    size. Not TurboQuant (``kv_cache_dtype="auto"``): no consumer.
     """
     if locked_bytes is None:
-        locked_unfixed, source = locked_bytes_without_fix(config), "decode at the largest captured batch"
+        locked_unfixed = analysis.locked_bytes(config, fix=False)
+        locked_fixed = analysis.locked_bytes(config, fix=True)
+        source = ("decode at the largest captured batch" if locked_unfixed is not None else
+                  "vLLM 0.33 locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE")
+        if not config.is_turboquant and locked_unfixed is not None:
+            locked_unfixed = locked_fixed = 0
     else:
         if isinstance(locked_bytes, bool) or not isinstance(locked_bytes, int) or locked_bytes < 0:
             raise ValueError(f"locked_bytes must be an int >= 0, got {locked_bytes!r}")
         locked_unfixed, source = locked_bytes, "measured"
-    locked_fixed = max(locked_unfixed, plan_bytes(reservation_plan(config)))
-    short = short_chunks_use_workspace
+        fixed = analysis.locked_bytes(config.replace(lock_workspace_when_eager=True), fix=True)
+        locked_fixed = max(locked_bytes, fixed if config.is_turboquant else 0)
     tokens = list(prompt_tokens) or [max(1, config.max_model_len - 1)]
     notes: list[str] = []
     if not config.is_turboquant:
         notes.append(f"kv_cache_dtype={config.kv_cache_dtype!r}: no TurboQuant workspace consumer")
         reqs: list[RequestPrediction] = []
     else:
-        reqs = [_request_prediction(config, n, locked_unfixed, locked_fixed, short) for n in tokens]
+        reqs = [_request_prediction(config, n, locked_unfixed, locked_fixed) for n in tokens]
         if not config.enable_chunked_prefill or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
             notes.append(
                 "PR #44053 reserves continuation buffers only with chunked prefill on and max_num_batched_tokens > 128; "
@@ -536,26 +426,61 @@ def predict(
             )
     if config.num_ubatches > 1:
         notes.append("DBO: vLLM's _reserve_workspace sizes only the slot it runs in (slot 0); slot 1 can still overflow")
-    top = config.max_model_len
+    tq = config.is_turboquant
     pred = Prediction(
         config=config,
         locked_unfixed=locked_unfixed,
         locked_fixed=locked_fixed,
         locked_source=source,
         requests=reqs,
-        first_failing_prompt=_first_failing_alone(config, locked_unfixed, top, short) if config.is_turboquant else None,
-        safe_max_model_len_alone=safe_max_model_len(config, locked_unfixed, schedule="alone", short_chunks_use_workspace=short),
-        safe_max_model_len_any_schedule=safe_max_model_len(config, locked_unfixed, schedule="any", short_chunks_use_workspace=short),
-        fixed_safe_any_schedule=safe_max_model_len(config, locked_fixed, schedule="any", short_chunks_use_workspace=short),
-        short_chunks_use_workspace=short,
+        first_failing_prompt=(analysis.first_failing_prompt(config, locked_unfixed)
+                              if tq and locked_unfixed is not None else None),
+        safe_max_model_len_alone=_safe(config, locked_unfixed, "alone"),
+        safe_max_model_len_any_schedule=_safe(config, locked_unfixed, "any"),
+        fixed_safe_any_schedule=_safe(config, locked_fixed, "any"),
         notes=notes,
         max_num_batched_tokens_source=max_num_batched_tokens_source,
     )
-    if config.is_turboquant:
+    if tq and locked_unfixed is not None:
         note = _bug_report_note(pred)
         if note is not None:
             pred.notes.append(note)
     return pred
+
+
+def _demo(config: EngineConfig, pred: Prediction, report: dict[str, Any], text: list[str]) -> None:
+    """``inspect-vllm --demo``: the first crashing chunk through vLLM's own classes on CPU, without and with the fix."""
+    if not vllm_available():
+        report["demo"] = None
+        text.append("demo skipped: vLLM is not importable here (bash parity/install.sh, then use .venv-parity/bin/python)")
+    elif pred.first_failing_prompt is None:
+        report["demo"] = None
+        text.append("demo skipped: no prompt up to max_model_len overflows without the fix")
+    else:
+        cached, q = analysis.prompt_workspace_chunks(config, pred.first_failing_prompt)["continuation"]
+        runs = [False] + ([True] if pred.locked_fixed <= 1 << 30 else [])
+        res = [run_vllm_seed_scenario(config, cached_len=cached, q_len=q, fixed=f) for f in runs]
+        if len(runs) == 1:
+            text.append("fixed demo skipped: its reservation would take more than 1 GiB of host memory")
+        report["demo"] = [r.to_dict() for r in res]
+        text.append(
+            f"vLLM {vllm_version()}'s own classes on CPU, the crashing chunk ({q} new tokens after {cached} cached):"
+        )
+        for r in res:
+            text.append(f"  {'with' if r.fixed else 'without'} PR #44053: " + (r.error or "buffers granted (" + str(r.kernel_error) + " at the kernel launch, as expected on CPU)"))
+
+
+def stable_json(config: EngineConfig, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The documented top-level object of ``inspect-vllm --json`` (the same as ``tqlab plan --json``).
+
+    :meth:`tqlab.analysis.Prediction.to_json` for the deployment as configured, without the fix.
+    A non-TurboQuant cache makes none of these workspace calls in vLLM: verdict ``ok``, 0 bytes.
+    """
+    obj = analysis.predict(config, sources=sources).to_json()
+    if not config.is_turboquant and obj["locked_bytes"] is not None:
+        obj.update(locked_bytes=0, locked_bytes_with_fix=0, verdict="ok", first_failing_prompt_tokens=None,
+                   first_refused_call=None)
+    return obj
 
 
 def inspect_vllm(
@@ -585,7 +510,7 @@ def inspect_vllm(
             on CPU, without and with the fix (:func:`run_vllm_seed_scenario`;
             needs vLLM, else skipped with a note; the fixed run is skipped when
             its reservation would exceed 1 GiB of host memory).
-        json_path: also write the report there (JSON).
+        json_path: also write the report there (JSON); ``"-"``: print only the JSON, to ``out``.
         out: where the text goes (default ``sys.stdout``).
         quiet: print nothing.
 
@@ -630,30 +555,20 @@ def inspect_vllm(
         notes = [n for n in notes if not n.startswith("max_num_batched_tokens not given")]  # said by the source line
     pred = predict(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source)
     pred.notes[:0] = notes
-    report: dict[str, Any] = {"prediction": pred.to_dict(), "vllm_version": vllm_version()}
+    report: dict[str, Any] = stable_json(config, {"max_num_batched_tokens": source})
+    report.update({"prediction": pred.to_dict(), "vllm_version": vllm_version()})
     text = [pred.format()]
     if demo:
-        if not vllm_available():
-            report["demo"] = None
-            text.append("demo skipped: vLLM is not importable here (bash parity/install.sh, then use .venv-parity/bin/python)")
-        elif pred.first_failing_prompt is None:
-            report["demo"] = None
-            text.append("demo skipped: no prompt up to max_model_len overflows without the fix")
-        else:
-            cached, q = prompt_chunks(pred.first_failing_prompt, config.max_num_batched_tokens)[-1]
-            runs = [False] + ([True] if pred.locked_fixed <= 1 << 30 else [])
-            res = [run_vllm_seed_scenario(config, cached_len=cached, q_len=q, fixed=f) for f in runs]
-            if len(runs) == 1:
-                text.append("fixed demo skipped: its reservation would take more than 1 GiB of host memory")
-            report["demo"] = [r.to_dict() for r in res]
-            text.append(
-                f"vLLM {vllm_version()}'s own classes on CPU, the crashing chunk ({q} new tokens after {cached} cached):"
-            )
-            for r in res:
-                text.append(f"  {'with' if r.fixed else 'without'} PR #44053: " + (r.error or "buffers granted (" + str(r.kernel_error) + " at the kernel launch, as expected on CPU)"))
+        _demo(config, pred, report, text)
     report["text"] = "\n".join(text)
+    if json_path is not None and str(json_path) == "-":  # stdout holds only the JSON
+        print(json.dumps(report, indent=2, default=str), file=sys.stdout if out is None else out)
+        return report
     if json_path is not None:
-        Path(json_path).write_text(json.dumps(report, indent=2, default=str))
+        try:
+            Path(json_path).write_text(json.dumps(report, indent=2, default=str))
+        except OSError as e:
+            raise ValueError(f"cannot write the JSON report to {str(json_path)!r}: {e.strerror}") from None
     if not quiet:
         print(report["text"], file=sys.stdout if out is None else out)
     return report

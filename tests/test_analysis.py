@@ -1,0 +1,231 @@
+"""tqlab.analysis: vLLM 0.33's capture sizes and lock, closed-form prompt analyses, predict() and its JSON.
+
+Expected values are vLLM 0.33's (``vllm/config/vllm.py`` ``_set_cudagraph_sizes``,
+``vllm/v1/worker/gpu_model_runner.py`` ``capture_model`` / ``_dummy_run``); the capture
+sizes are also compared with vLLM's own code in ``parity/test_capture_sizes_parity.py``.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tqlab import analysis as A
+from tqlab.config import EngineConfig
+from tqlab.reservation import plan_bytes, reservation_plan
+from tqlab.workspace import format_mb
+
+HEADS = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
+NEMOTRON = "nemotron-3-super-120b-a12b"
+PR_TEST = "pr-44053-unit-test"
+
+
+# --------------------------------------------------------------------------- #
+# Capture sizes                                                               #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("seqs, expected", [
+    (1, (1, 2)),  # ceiling min(1 * 1 * 2, 512) = 2
+    (4, (1, 2, 4, 8)),  # ceiling 8
+    (16, (1, 2, 4, 8, 16, 24, 32)),
+    (20, (1, 2, 4, 8, 16, 20, 24, 32, 40)),  # max_num_seqs 20 appended (uniform decode size)
+])
+def test_default_capture_sizes(seqs, expected):
+    assert A.capture_sizes(EngineConfig(**HEADS, max_num_seqs=seqs)) == expected
+
+
+def test_default_ceiling_is_512_and_max_num_batched_tokens_caps_and_is_appended():
+    sizes = A.capture_sizes(EngineConfig(**HEADS, max_num_seqs=1024))
+    assert sizes[-1] == 512 and len(sizes) == 3 + 31 + 17
+    assert sizes[:5] == (1, 2, 4, 8, 16) and sizes[-3:] == (480, 496, 512)
+    assert A.capture_sizes(EngineConfig(**HEADS, max_num_seqs=64, max_num_batched_tokens=100)) == (
+        1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 100)
+
+
+def test_explicit_sizes_are_filtered_by_max_num_batched_tokens_not_max_num_seqs():
+    c = EngineConfig.from_preset(NEMOTRON, cudagraph_capture_sizes=(1, 2, 4, 8, 12))
+    assert c.max_num_seqs == 4
+    assert A.capture_sizes(c) == (1, 2, 4, 8, 12)  # vLLM keeps 8 and 12 (PIECEWISE graphs)
+    assert A.decode_capture_sizes(c) == (1, 2, 4)  # FULL decode graphs: at most max_num_seqs tokens
+    assert A.decode_rows_at_lock(c) == 4
+    c2 = EngineConfig(**HEADS, max_num_seqs=4, max_num_batched_tokens=8, cudagraph_capture_sizes=(2, 8, 16))
+    assert A.capture_sizes(c2) == (2, 8)
+
+
+def test_no_capture_when_eager_or_none():
+    c = EngineConfig.from_preset(NEMOTRON)
+    for cc in (c.replace(enforce_eager=True), c.replace(cudagraph_mode="NONE")):
+        assert A.capture_sizes(cc) == () and A.decode_rows_at_lock(cc) == 0
+        assert A.locked_bytes(cc, fix=False) is None and A.locked_bytes(cc, fix=True) is None
+    lock_on_eager = c.replace(enforce_eager=True, lock_workspace_when_eager=True)
+    assert A.locked_bytes(lock_on_eager, fix=False) == 0
+    assert A.locked_bytes(lock_on_eager, fix=True) == 64 << 20
+
+
+def test_piecewise_captures_without_attention_and_locks_empty():
+    c = EngineConfig.from_preset(NEMOTRON, cudagraph_mode="PIECEWISE")
+    assert A.capture_sizes(c) == (1, 2, 4, 8)
+    assert A.decode_capture_sizes(c) == () and A.decode_rows_at_lock(c) == 0
+    assert A.locked_bytes(c, fix=False) == 0
+    # FULL resolves to FULL_AND_PIECEWISE for TurboQuant (UNIFORM_BATCH)
+    assert A.cudagraph_mode(c.replace(cudagraph_mode="FULL")) == "FULL_AND_PIECEWISE"
+    assert A.locked_bytes(c.replace(cudagraph_mode="FULL_DECODE_ONLY"), fix=False) == 268_544
+
+
+def test_inconsistent_max_cudagraph_capture_size_raises_as_vllm():
+    c = EngineConfig(**HEADS, cudagraph_capture_sizes=(1, 2, 4), max_cudagraph_capture_size=8)
+    with pytest.raises(ValueError, match=r"max_cudagraph_capture_size\(=8\).*cudagraph_capture_sizes\(=4\)"):
+        A.capture_sizes(c)
+    assert A.capture_sizes(EngineConfig(**HEADS, max_cudagraph_capture_size=20)) == (1, 2, 4, 8, 16)
+
+
+def test_huge_max_num_seqs_is_capped_at_512_without_building_a_huge_list():
+    t = time.perf_counter()
+    c = EngineConfig(**HEADS, max_num_seqs=2**40, max_num_batched_tokens=2**40)
+    assert A.capture_sizes(c)[-1] == 512 and A.decode_rows_at_lock(c) == 512
+    with pytest.raises(ValueError, match="CUDA graphs"):
+        A.capture_sizes(c.replace(max_cudagraph_capture_size=2**40))
+    assert time.perf_counter() - t < 1.0
+
+
+@pytest.mark.parametrize("k, sizes, rows", [
+    (0, (1, 2, 4, 8), 4),
+    (1, (2, 4, 8, 16), 4),  # rounded to multiples of 1 + k (adjust_cudagraph_sizes_for_spec_decode)
+    (3, (4, 8, 16, 24, 32), 4),
+])
+def test_speculative_decoding_capture_sizes_and_rows(k, sizes, rows):
+    c = EngineConfig.from_preset(NEMOTRON, num_speculative_tokens=k)
+    assert A.capture_sizes(c) == sizes
+    assert A.decode_rows_at_lock(c) == rows
+    # k > 0: the capture's (1+k)-token rows take TurboQuant's first-chunk prefill path: nothing locked
+    assert A.locked_bytes(c, fix=False) == (268_544 if k == 0 else 0)
+    assert A.locked_bytes(c, fix=True) == 64 << 20
+
+
+# --------------------------------------------------------------------------- #
+# The issue's deployments                                                     #
+# --------------------------------------------------------------------------- #
+
+
+def test_196_55_mb_when_vllm_captures_up_to_512():
+    c = EngineConfig(num_attention_heads=48, num_key_value_heads=8, head_dim=128, tensor_parallel_size=2,
+                     max_model_len=196_608, max_num_seqs=1024, max_num_batched_tokens=8192,
+                     kv_cache_dtype="turboquant_4bit_nc")
+    assert A.capture_sizes(c)[-1] == 512 and A.decode_rows_at_lock(c) == 512
+    assert A.locked_bytes(c, fix=False) == 206_094_336
+    assert format_mb(A.locked_bytes(c, fix=False)) == "196.55"  # not 393.09 (1024 rows)
+
+
+def test_capture_sizes_1_2_with_384_token_chunks():
+    c = EngineConfig.from_preset(NEMOTRON, cudagraph_capture_sizes=(1, 2), max_num_batched_tokens=384)
+    assert A.locked_bytes(c, fix=False) == 134_400
+    assert A.first_failing_prompt(c, 134_400) == 384 + 129
+    p = A.predict(c, 768, max_tokens=1)
+    assert p.verdict == "crash"
+    assert p.first_refused_call == {"caller": "_continuation_prefill", "required_bytes": 196_608,
+                                    "current_bytes": 134_400, "cached_len": 384, "q_len": 384}
+    assert (format_mb(196_608), format_mb(134_400)) == ("0.19", "0.13")
+
+
+def test_bug_report_deployment_crashes_at_4225_tokens_only_with_graphs():
+    c = EngineConfig.from_preset(NEMOTRON)
+    assert A.locked_bytes(c, fix=False) == 268_544
+    assert A.first_failing_prompt(c, 268_544) == 4225
+    assert A.predict(c, 4224).verdict == "ok" and A.predict(c, 4225).verdict == "crash"
+    assert A.predict(c, 8192, max_tokens=1, fix=True).verdict == "ok"
+    eager = A.predict(c.replace(enforce_eager=True), 8192)
+    assert (eager.verdict, eager.locked_bytes, eager.first_failing_prompt_tokens) == ("never_locked", None, None)
+
+
+def test_hybrid_block_size_2080_reservation_is_455_mb():
+    # A hybrid model's attention layers only (16 of 64 with full_attention_interval 4), per rank Hk 4, D 256,
+    # on the large page vLLM uses for them (2,080 tokens); the layer count is read by tqlab.vllm_trace.
+    c = EngineConfig(num_attention_heads=32, num_key_value_heads=4, head_dim=256, num_hidden_layers=16,
+                     max_model_len=114_688, kv_cache_dtype="turboquant_4bit_nc", block_size=2080)
+    assert reservation_plan(c)[1][0][0] == (1, 4, 116_480, 256)  # round_up(114_687, 2080)
+    assert format_mb(plan_bytes(reservation_plan(c))) == "455.00"
+    assert format_mb(plan_bytes(reservation_plan(c.replace(block_size=16)))) == "448.00"
+    assert c.replace(num_hidden_layers=64).kv_bytes_per_token_per_rank() == 4 * c.kv_bytes_per_token_per_rank()
+
+
+# --------------------------------------------------------------------------- #
+# Closed forms                                                                #
+# --------------------------------------------------------------------------- #
+
+
+def _brute_first_failing(c: EngineConfig, locked: int) -> int | None:
+    for n in range(1, c.max_model_len):
+        if A.workspace_bytes_for_prompt(c, n) > locked:
+            return n
+    return None
+
+
+def _brute_bytes(c: EngineConfig, n: int) -> int:
+    budget = c.max_num_batched_tokens if c.enable_chunked_prefill else n
+    from tqlab.reservation import chunk_workspace_request
+
+    return max(chunk_workspace_request(c, cc, q).nbytes for cc, q in A.prompt_chunks(n, budget))
+
+
+@pytest.mark.parametrize("m, bs, locked", [(130, 16, 0), (200, 16, 70_000), (384, 32, 134_400), (129, 1, 10**9),
+                                           (1000, 16, 300_000), (128, 16, 0)])
+def test_closed_forms_equal_brute_force(m, bs, locked):
+    c = EngineConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_model_len=1500,
+                     max_num_seqs=1, max_num_batched_tokens=m, block_size=bs)
+    for n in range(1, 1500, 7):
+        assert A.workspace_bytes_for_prompt(c, n) == _brute_bytes(c, n), n
+    assert A.first_failing_prompt(c, locked) == _brute_first_failing(c, locked)
+
+
+def test_huge_max_model_len_answers_at_once():
+    c = EngineConfig.from_preset(NEMOTRON, max_model_len=10**12)
+    t = time.perf_counter()
+    assert A.first_failing_prompt(c, 268_544) == 4225
+    assert A.safe_max_model_len(c, 268_544, schedule="any") == 641
+    assert A.safe_max_model_len(c, 268_544, schedule="alone") == 4225
+    assert A.predict(c, fix=True).verdict == "ok"
+    assert A.workspace_bytes_for_prompt(c, 10**12 - 1) > 0
+    assert time.perf_counter() - t < 1.0
+
+
+def test_bad_inputs_name_the_value():
+    c = EngineConfig(**HEADS)
+    with pytest.raises(ValueError, match="locked_bytes must be an int >= 0, got -1"):
+        A.first_failing_prompt(c, -1)
+    with pytest.raises(ValueError, match="schedule must be 'alone' or 'any', got 'x'"):
+        A.safe_max_model_len(c, 0, schedule="x")
+    with pytest.raises(ValueError, match="exceeds max_model_len 8192"):
+        A.predict(c, 8192)
+    with pytest.raises(TypeError, match="EngineConfig"):
+        A.capture_sizes(object())  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- #
+# JSON                                                                        #
+# --------------------------------------------------------------------------- #
+
+
+def test_prediction_json_is_the_documented_object():
+    import json
+
+    c = EngineConfig.from_preset(NEMOTRON)
+    obj = A.predict(c, sources={"max_num_seqs": "flag"}).to_json()
+    assert json.loads(json.dumps(obj)) == obj
+    assert obj == {
+        "capture_sizes": [1, 2, 4, 8], "decode_rows_at_lock": 4, "locked_bytes": 268_544, "verdict": "crash",
+        "first_failing_prompt_tokens": 4225,
+        "first_refused_call": {"caller": "_continuation_prefill", "required_bytes": 2 << 20,
+                               "current_bytes": 268_544, "cached_len": 4096, "q_len": 129},
+        "locked_bytes_with_fix": 64 << 20, "cudagraph_mode": "FULL_AND_PIECEWISE", "fix": False,
+        "prompt_tokens": None, "sources": {"max_num_seqs": "flag"},
+    }
+
+
+def test_decode_capture_rows_per_captured_decode_batch():
+    c = EngineConfig.from_preset(NEMOTRON)
+    assert A.decode_capture_rows(c) == (1, 2, 4)
+    assert A.decode_capture_rows(c.replace(num_speculative_tokens=3)) == (1, 2, 4)  # sizes 4, 8, 16 tokens / 4
+    assert A.decode_capture_rows(c.replace(enforce_eager=True)) == ()
+    assert A.decode_capture_rows(EngineConfig(**HEADS, max_num_seqs=1024))[-1] == 512
