@@ -67,6 +67,7 @@ import threading
 
 import matplotlib.pyplot as plt
 
+from tqlab.analysis import decode_capture_rows
 from tqlab.config import EngineConfig
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
@@ -643,7 +644,7 @@ phase_marks = []
 ws = init_workspace_manager(device, num_ubatches=1)
 phase_marks.append(("init", len(ws.events)))
 
-for batch in sorted(cfg.capture_sizes(), reverse=True):  # warm-up + capture, largest first
+for batch in sorted(decode_capture_rows(cfg), reverse=True):  # warm-up + capture, largest first
     current_workspace_manager().get_simultaneous(
         *decode_workspace_shapes(batch, cfg.num_heads_per_rank, cfg.head_dim, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype)
     )

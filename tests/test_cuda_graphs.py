@@ -20,6 +20,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tqlab.analysis import decode_capture_rows
 from tqlab.config import EngineConfig
 from tqlab.engine import cuda_graph as cg
 from tqlab.engine import replay_guard as rg
@@ -73,9 +74,11 @@ def test_default_buckets_cover_every_batch_up_to_max_num_seqs(max_num_seqs):
     # Pitfall: a largest bucket below max_num_seqs leaves the biggest batches without a graph.
     cfg = EngineConfig(num_attention_heads=8, num_key_value_heads=8, head_dim=64, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=max(8192, max_num_seqs))
-    sizes = cfg.capture_sizes()
-    assert max(sizes) == max_num_seqs
-    assert all(cg.select_bucket(b, sizes) is not None for b in range(1, max_num_seqs + 1))
+    # vLLM 0.33 (VllmConfig._set_cudagraph_sizes): the default ceiling is min(2 * max_num_seqs, 512)
+    # tokens, so decode graphs cover every batch up to min(max_num_seqs, 512); larger ones run eagerly.
+    sizes = decode_capture_rows(cfg)
+    assert max(sizes) == min(max_num_seqs, 512)
+    assert all(cg.select_bucket(b, sizes) is not None for b in range(1, max(sizes) + 1))
 
 
 # --------------------------------------------------------------------------- static inputs
@@ -132,7 +135,7 @@ def test_fill_validates_before_writing():
 def test_static_buffers_are_sized_for_the_largest_bucket_and_max_model_len():
     cfg = tiny()
     eng, dr = demos.make_engine_and_runner(cfg, "cpu", capture=False)
-    assert dr.static.max_batch == max(cfg.capture_sizes()) == cfg.max_num_seqs
+    assert dr.static.max_batch == max(decode_capture_rows(cfg)) == cfg.max_num_seqs
     assert dr.static.block_tables.shape == (cfg.max_num_seqs, -(-cfg.max_model_len // cfg.block_size))
 
 
@@ -155,7 +158,7 @@ def test_guard_names_the_moved_slot_and_both_pointers():
     e = ei.value
     assert (e.bucket, e.slot, e.captured_ptr, e.current_ptr) == (4, 1, old, m.data_ptrs()[1])
     assert (e.captured_bytes, e.current_bytes) == (1024, 8192)
-    assert f"decode bucket 4" in str(e) and "ubatch slot 1" in str(e) and f"0x{old:x}" in str(e)
+    assert "decode bucket 4" in str(e) and "ubatch slot 1" in str(e) and f"0x{old:x}" in str(e)
     assert rg.stale_slots(m, snap) == [1]
 
 
@@ -432,7 +435,7 @@ def test_cuda_engine_captures_graphs_and_generates_the_eager_tokens(kv):
     eager = LLMEngine(cfg, device="cuda", use_cuda_graphs=False)
     dr = graphs.runner.decode_runner
     assert isinstance(dr, cg.CUDAGraphDecodeRunner) and dr.mode == "cuda"
-    assert dr.captured_sizes == list(cfg.capture_sizes())
+    assert dr.captured_sizes == list(decode_capture_rows(cfg))
     assert all(isinstance(dr.graphs[b].graph, torch.cuda.CUDAGraph) for b in dr.captured_sizes)
     prompts = [[5, 6, 7, 8, 9] * 3, [1, 2, 3] * 7, [42] * 9]
     outs = []
@@ -460,7 +463,7 @@ def test_cuda_engine_guard_catches_a_warmup_between_capture_and_lock():
 
     cfg = tiny()
     eng = LLMEngine(cfg, device="cuda", before_lock=lambda e: e.runner.dummy_decode(2 * cfg.max_num_seqs))
-    assert eng.runner.decode_runner.stale_buckets() == list(cfg.capture_sizes())
+    assert eng.runner.decode_runner.stale_buckets() == list(decode_capture_rows(cfg))
     rid = eng.add_request([3] * 20, max_tokens=3)
     with pytest.raises(rg.StalePointerError, match="ubatch slot 0"):
         while not eng.outputs[rid].finished:

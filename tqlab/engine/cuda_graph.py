@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..analysis import decode_capture_rows
 from ..attention import Fp16KVCache, TurboQuantKVCache, split_kv_decode_reference
 from ..workspace import WorkspaceManager, current_ubatch_id
 from .model_runner import CaptureRecord
@@ -404,7 +405,7 @@ class CUDAGraphDecodeRunner:
         self.num_warmups = num_warmups
         self.keep_captured_buffers = bool(keep_captured_buffers) or mode == "simulated"
         cfg = runner.config
-        largest = max(max(cfg.capture_sizes()), cfg.max_num_seqs)
+        largest = max((*decode_capture_rows(cfg), cfg.max_num_seqs))
         self.max_batch = largest if max_batch is None else _pos_int("max_batch", max_batch)
         self.static = StaticDecodeInputs(self.max_batch, runner.max_blocks_per_seq, dev)
         self.graphs: dict[int, CapturedBucket] = {}

@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..analysis import decode_capture_rows, decode_rows_at_lock
 from ..attention import TurboQuantAttentionBackend
 from ..config import EngineConfig
 from ..engine import LLMEngine
@@ -161,7 +162,7 @@ def make_engine_and_runner(config: EngineConfig, device: str | torch.device = "c
         nb = backend_factory(eng.config, eng.workspace, eng.backend.cache_format)
         eng.backend = eng.runner.backend = nb
     dr = install_decode_runner(eng, **runner_kwargs)
-    sizes = eng.config.capture_sizes()
+    sizes = decode_capture_rows(config)  # the deployment's buckets (eng.config is its eager copy)
     if reserve == "max_num_seqs":
         reserve_workspace(eng.config, eng.workspace)
     elif reserve == "all_buckets":
@@ -261,7 +262,7 @@ def warmup_demo(config: EngineConfig, device: str | torch.device = "cpu") -> dic
     capture, the workspace size and whether the capture raised (and what).
     """
     out = {}
-    b = max(config.capture_sizes())
+    b = decode_rows_at_lock(config)
     for name, nw in (("with_warmup", 2), ("without_warmup", 0)):
         eng, dr = make_engine_and_runner(config, device, fix=False, capture=False, lock=False)
         row = {"bucket": b, "num_warmups": nw, "workspace_bytes_before": eng.workspace.size_bytes(0)}

@@ -22,6 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from ..analysis import decode_capture_rows
 from ..config import EngineConfig
 from ..engine import LLMEngine
 from ..engine.cuda_graph import CUDAGraphDecodeRunner, select_bucket
@@ -138,7 +139,7 @@ def measure_decode_latency(config: EngineConfig, device: str | torch.device = "c
     dev = torch.device(device)
     if dev.type != "cuda" or not torch.cuda.is_available():
         raise ValueError("measure_decode_latency needs a CUDA device")
-    sizes = list(batch_sizes) if batch_sizes is not None else list(config.capture_sizes())
+    sizes = list(batch_sizes) if batch_sizes is not None else list(decode_capture_rows(config))
     nmax = max(sizes)
     t0 = time.perf_counter()
     eng = LLMEngine(config, device=dev, kv_cache_tokens=nmax * context_len + 8 * config.block_size)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...analysis import first_failing_prompt, unfixed_locked_bytes, workspace_bytes_for_prompt
+from ...analysis import decode_rows_at_lock, first_failing_prompt, locked_bytes, workspace_bytes_for_prompt
 from ...config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
 from ...reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
 from ...workspace import compute_layout
@@ -45,7 +45,7 @@ class PlannerResult:
     ``slots``: ubatch slots (2 with DBO); ``kv_cache_bytes``: KV cache of
     ``max_num_seqs x max_model_len`` tokens in ``kv_cache_dtype``, all layers;
     ``kv_share``: ``reserved_bytes * slots / kv_cache_bytes``;
-    ``unfixed_locked_bytes``: see :func:`unfixed_locked_bytes`;
+    ``unfixed_locked_bytes``: :func:`tqlab.analysis.locked_bytes` without the fix (None: never locked);
     ``first_failing_unfixed`` / ``first_failing_fixed``: shortest prompt (tokens)
     that crashes, or None when every prompt up to ``max_model_len`` survives.
     """
@@ -56,7 +56,7 @@ class PlannerResult:
     slots: int
     kv_cache_bytes: int
     kv_share: float
-    unfixed_locked_bytes: int
+    unfixed_locked_bytes: int | None
     first_failing_unfixed: int | None
     first_failing_fixed: int | None
 
@@ -83,7 +83,8 @@ def plan_summary(config: EngineConfig) -> PlannerResult:
     )
     reserved = plan_bytes(plan)
     kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
-    locked = unfixed_locked_bytes(config)
+    locked = locked_bytes(config, fix=False)  # None: start-up never locks (eager, cudagraph_mode NONE)
+    fixed = locked_bytes(config, fix=True)
     return PlannerResult(
         config=config,
         consumers=consumers,
@@ -92,8 +93,8 @@ def plan_summary(config: EngineConfig) -> PlannerResult:
         kv_cache_bytes=kv,
         kv_share=reserved * config.num_ubatches / kv,
         unfixed_locked_bytes=locked,
-        first_failing_unfixed=first_failing_prompt(config, locked),
-        first_failing_fixed=first_failing_prompt(config, max(locked, reserved)),
+        first_failing_unfixed=None if locked is None else first_failing_prompt(config, locked),
+        first_failing_fixed=None if fixed is None else first_failing_prompt(config, fixed),
     )
 
 
@@ -131,8 +132,9 @@ def planner_figure(result: PlannerResult):
     bars = ax1.bar(names, vals, color=[FIX_COLOR, "#2ca02c"][: len(vals)])
     for b, v in zip(bars, vals):
         ax1.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
-    ax1.axhline(mib(result.unfixed_locked_bytes), color=NOFIX_COLOR, ls="--", lw=1,
-                label=f"locked w/o fix {mib(result.unfixed_locked_bytes):.2f}")
+    unfixed = result.unfixed_locked_bytes or 0  # None: never locked (eager) -- nothing to overflow
+    if result.unfixed_locked_bytes is not None:
+        ax1.axhline(mib(unfixed), color=NOFIX_COLOR, ls="--", lw=1, label=f"locked w/o fix {mib(unfixed):.2f}")
     ax1.set_ylabel("MiB per rank (one ubatch slot)")
     ax1.set_title(f"reservation ({cfg.preset or 'custom'}, TP {cfg.tensor_parallel_size})", fontsize=9)
     ax1.legend(fontsize=7, loc="upper left")
@@ -140,8 +142,9 @@ def planner_figure(result: PlannerResult):
 
     lengths, need = need_curve(cfg)
     ax2.plot(lengths, [mib(b) for b in need], color="black", lw=1.2, label="largest call of the prompt")
-    ax2.axhline(mib(result.unfixed_locked_bytes), color=NOFIX_COLOR, ls="--", lw=1.2, label="locked without fix")
-    ax2.axhline(mib(max(result.reserved_bytes, result.unfixed_locked_bytes)), color=FIX_COLOR, ls="-", lw=1.2,
+    if result.unfixed_locked_bytes is not None:
+        ax2.axhline(mib(unfixed), color=NOFIX_COLOR, ls="--", lw=1.2, label="locked without fix")
+    ax2.axhline(mib(max(result.reserved_bytes, unfixed)), color=FIX_COLOR, ls="-", lw=1.2,
                 label="locked with fix (PR #44053)")
     bad = result.first_failing_unfixed
     if bad is not None:
@@ -187,8 +190,10 @@ def _planner_html(r: PlannerResult) -> str:
         f"<p>with the fix: <b>{mib(r.reserved_bytes):.2f} MiB</b> per ubatch slot x {r.slots} slot(s) = "
         f"<b>{100 * r.kv_share:.3f}%</b> of the KV cache ({mib(r.kv_cache_bytes):,.1f} MiB for "
         f"max_num_seqs x max_model_len tokens, {cfg.kv_cache_dtype}, {cfg.num_hidden_layers} layer(s)); {fixed}.</p>"
-        f"<p>without the fix: locked at {mib(r.unfixed_locked_bytes):.2f} MiB (decode capture at "
-        f"{max(cfg.capture_sizes())} rows); {unfixed}.</p>"
+        + (f"<p>without the fix: never locked (no CUDA graph capture: vLLM 0.33 locks only in "
+           f"<code>capture_model</code>); {unfixed}.</p>" if r.unfixed_locked_bytes is None else
+           f"<p>without the fix: locked at {mib(r.unfixed_locked_bytes):.2f} MiB (decode capture at "
+           f"{decode_rows_at_lock(cfg)} rows); {unfixed}.</p>")
     )
 
 
