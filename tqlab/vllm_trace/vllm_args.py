@@ -1,156 +1,409 @@
-"""A deployment from vLLM engine arguments (a ``vllm serve`` line, argv or dict) and the model's ``config.json``."""
+"""A deployment from a ``vllm serve`` line (or argv, or a dict) and the model's ``config.json``, as vLLM 0.33 reads them.
+
+The flags are data generated from vLLM itself (``vllm_0_33_flags.json``, by
+``parity/gen_vllm_flags.py``; ``parity/test_vllm_flags_parity.py`` checks it).
+:func:`parse_serve_args` builds an ``argparse`` parser from that table and
+pre-processes argv the way vLLM's ``FlexibleArgumentParser.parse_args``
+(``vllm/utils/argparse_utils.py``) does: ``--max_num_seqs`` = ``--max-num-seqs``,
+``-O3``/``-O 3``/``-O=3`` = ``--optimization-level 3``, dotted JSON keys
+(``-cc.cudagraph_capture_sizes '[1,2]'``, ``--x.key+ a,b``). Like vLLM's parser
+(Python's ``allow_abbrev``), a unique prefix of a flag is that flag
+(``--max-num-seq 4`` *is* ``--max-num-seqs 4`` in vLLM 0.33; a note says so);
+an unknown flag is an error naming the closest real ones (``difflib``).
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import difflib
+import functools
 import json
+import math
 import os
+import re
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
 
 from ..config import EngineConfig, parse_dtype
+from ..turboquant.spec import get_spec
+from .hf_config import ModelShape, read_hf_config
+
+__all__ = [
+    "FLAGS_FILE", "VllmArgsError", "VllmDeployment", "deployment_from_vllm", "engine_config_from_vllm",
+    "engine_config_kwargs_from_vllm", "human_readable_int", "human_readable_int_or_auto",
+    "hybrid_attention_block_size", "parse_engine_args", "parse_serve_args", "vllm_default_limits", "vllm_flags",
+]
+
+FLAGS_FILE = Path(__file__).with_name("vllm_0_33_flags.json")
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+_LEVEL_MODE = {"0": "NONE", "1": "PIECEWISE", "2": "FULL_AND_PIECEWISE", "3": "FULL_AND_PIECEWISE"}
+"""``vllm/config/vllm.py`` ``OPTIMIZATION_LEVEL_0x`` ``cudagraph_mode`` defaults."""
+TQ_KERNEL_BLOCK = 16
+"""min of ``TurboQuantAttentionBackend.get_supported_kernel_block_sizes()`` = [16, 32, 64, 128]."""
+
+
+class VllmArgsError(ValueError):
+    """A ``vllm serve`` line that vLLM 0.33 would refuse (or tqlab cannot read); one line, naming the flag."""
+
 
 # --------------------------------------------------------------------------- #
-# Deployment config: vLLM engine args + the model's config.json              #
+# vLLM's value parsers (vllm/utils/argparse_utils.py)                         #
 # --------------------------------------------------------------------------- #
 
-# engine-arg name (underscored) -> EngineConfig field
-_INT_ARGS = {
-    "tensor_parallel_size": "tensor_parallel_size",
-    "tp": "tensor_parallel_size",
-    "max_model_len": "max_model_len",
-    "max_num_seqs": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "block_size": "block_size",
-}
-_BOOL_ARGS = {"enable_chunked_prefill", "enable_dbo", "enforce_eager"}
-_FLAG_ONLY = {
-    "trust_remote_code", "enable_expert_parallel", "enable_prefix_caching", "no_enable_prefix_caching",
-    "enforce_eager", "enable_dbo", "enable_chunked_prefill", "no_enable_chunked_prefill", "disable_log_requests",
-    "disable_log_stats", "enable_auto_tool_choice", "async_scheduling", "no_async_scheduling",
-}
+_HR = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DEC = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BIN = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-def _human_int(name: str, value: Any) -> int:
-    """vLLM's integer syntax: ``131072``, ``128k`` (x1000), ``128K`` (x1024)."""
-    if isinstance(value, bool):
-        raise ValueError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
-    if isinstance(value, int):
-        return value
-    s = str(value).strip()
-    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
+def human_readable_int(value: str) -> int:
+    """vLLM's ``human_readable_int``: ``'128k'`` -> 128,000, ``'1K'`` -> 1,024, ``'25.6k'`` -> 25,600.
+
+    Decimal suffixes k/m/g/t (x1000^n) take decimals, binary K/M/G/T (x1024^n)
+    do not; otherwise Python's ``int()`` (so ``' 12 '``, ``'1_000'`` pass and
+    ``'infk'``, ``'1e30k'``, ``'1e3'``, ``'0x10'`` raise ``ValueError``).
+    """
+    value = value.strip()
+    m = _HR.fullmatch(value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _DEC:
+            return int(float(number) * _DEC[suffix])
+        try:
+            return int(number) * _BIN[suffix]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"Decimals are not allowed with binary suffixes like {suffix}. "
+                f"Did you mean to use {number}{suffix.lower()} instead?") from None
+    return int(value)
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    """vLLM's ``human_readable_int_or_auto``: ``'auto'`` or ``'-1'`` -> -1, else :func:`human_readable_int`."""
+    value = value.strip()
+    if value == "-1" or value.lower() == "auto":
+        return -1
+    return human_readable_int(value)
+
+
+def _json_value(value: str) -> Any:
+    """A JSON flag value; bare ``80m``-style numbers expanded as vLLM's ``_expand_json_human_readable_numbers``."""
+    parts = re.split(r'("(?:[^"\\]|\\.)*")', value)
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b", lambda m: str(human_readable_int(m.group())), parts[i])
+    return json.loads("".join(parts))
+
+
+def _json_object(value: str) -> Any:
+    if value in ("", "None"):
+        return None
     try:
-        if s and s[-1] in mult:
-            num = s[:-1]
-            if s[-1].isupper():
-                return int(num) * mult[s[-1]]
-            return int(float(num) * mult[s[-1]])
-        return int(s)
-    except ValueError:
-        raise ValueError(f"--{name.replace('_', '-')} must be an integer (e.g. 131072 or 128k), got {value!r}") from None
+        v = _json_value(value)
+    except (json.JSONDecodeError, argparse.ArgumentTypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {value!r}") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"key\": 1}}', got {value!r}")
+    return v
 
 
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"--{name.replace('_', '-')} must be true or false, got {value!r}")
+def _json_or_str(value: str) -> Any:
+    return _json_object(value) if re.match(r"(?s)^\s*{.*}\s*$", value) else value
 
 
-def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
-    """vLLM engine arguments -> ``({EngineConfig field: value}, [ignored args])``.
+_TYPES = {
+    "int": int, "float": float, "str": str, "human_readable_int": human_readable_int,
+    "human_readable_int_or_auto": human_readable_int_or_auto, "json": _json_object, "json_or_str": _json_or_str,
+}
 
-    Accepts a ``vllm serve MODEL --flag value ...`` command line (a string,
-    shell-quoted), the same as an argv list, or a dict (keys with ``-`` or
-    ``_``, with or without leading ``--``). Understood: ``--tensor-parallel-size``
-    / ``-tp``, ``--max-model-len`` (``128k`` syntax too), ``--max-num-seqs``,
-    ``--max-num-batched-tokens``, ``--block-size``, ``--dtype``,
-    ``--kv-cache-dtype``, ``--[no-]enable-chunked-prefill``, ``--enable-dbo``,
-    ``--enforce-eager``, ``--attention-config`` (JSON with
-    ``tq_max_kv_splits_for_cuda_graph``). Other arguments are returned as
-    ignored. Raises ``ValueError`` naming a bad value.
+
+# --------------------------------------------------------------------------- #
+# The parser, from the generated flag table                                   #
+# --------------------------------------------------------------------------- #
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_flags() -> dict[str, Any]:
+    """The generated table of ``vllm serve`` flags (``vllm_0_33_flags.json``): ``{"vllm_version", "flags": [...]}``."""
+    table = json.loads(FLAGS_FILE.read_text())
+    if not isinstance(table, dict) or not isinstance(table.get("flags"), list):
+        raise RuntimeError(f"{FLAGS_FILE}: not a flag table; regenerate it with parity/gen_vllm_flags.py")
+    return table
+
+
+class _BoolAction(argparse.Action):
+    """``BooleanOptionalAction`` / vLLM's ``EnableDisableAction``: the negative spellings store False."""
+
+    def __init__(self, option_strings, dest, negative=(), **kw):
+        self.negative = frozenset(negative)
+        super().__init__(option_strings, dest, nargs=0, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, option_string not in self.negative)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit(2)
+        raise VllmArgsError(f"vllm serve: {message}")
+
+
+@functools.lru_cache(maxsize=1)
+def _serve_parser() -> _Parser:
+    table = vllm_flags()
+    p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=table.get("allow_abbrev", True),
+                argument_default=argparse.SUPPRESS, exit_on_error=False)
+    p.add_argument("model_tag", nargs="?")
+    for f in table["flags"]:
+        if f["kind"] == "bool_flag":
+            p.add_argument(*f["options"], dest=f["dest"], action="store_true")
+        elif f["kind"] == "bool_optional":
+            p.add_argument(*f["options"], dest=f["dest"], action=_BoolAction, negative=f["negative_options"])
+        else:
+            kw: dict[str, Any] = {"dest": f["dest"], "type": _TYPES.get(f["type"], str)}
+            if f["nargs"] is not None:
+                kw["nargs"] = f["nargs"]
+            if f["const"] is not None:
+                kw["const"] = f["const"]
+            if f["choices"]:
+                kw["choices"] = [c for c in f["choices"] if c is not None]
+            p.add_argument(*f["options"], **kw)
+    return p
+
+
+@functools.lru_cache(maxsize=1)
+def _option_strings() -> tuple[str, ...]:
+    return tuple(sorted(o for f in vllm_flags()["flags"] for o in f["options"]))
+
+
+def _preprocess(argv: list[str]) -> list[str]:
+    """vLLM's ``FlexibleArgumentParser.parse_args`` rewriting: dashes, ``-O``, dotted JSON keys."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            key, eq, val = a.partition("=")
+            head, dot, tail = key[2:].partition(".")
+            out.append("--" + head.replace("_", "-") + dot + tail + eq + val)
+        elif a.startswith("-O") and a != "-O":
+            out += ["--optimization-level", a[3:] if a[2] == "=" else a[2:]]
+        elif a == "-O" and i + 1 < len(argv) and argv[i + 1] in {"0", "1", "2", "3"}:
+            out.append("--optimization-level")
+        else:
+            out.append(a)
+    dicts: dict[str, dict[str, Any]] = {}
+    keep: list[str] = []
+    skip = False
+    for i, a in enumerate(out):
+        if skip:
+            skip = False
+            continue
+        if a.startswith("-") and "." in a.partition("=")[0]:
+            key, eq, val = a.partition("=")
+            if not eq:
+                if i + 1 >= len(out):
+                    raise VllmArgsError(f"vllm serve: argument {key}: expected one argument")
+                val, skip = out[i + 1], True
+            if key.endswith("+"):
+                key, val = key[:-1], json.dumps(val.split(","))
+            name, *keys = key.split(".")
+            try:
+                value: Any = json.loads(val)
+            except json.JSONDecodeError:
+                try:
+                    value = human_readable_int(val)
+                except (ValueError, argparse.ArgumentTypeError):
+                    value = val
+            d = dicts.setdefault(name, {})
+            for k in keys[:-1]:
+                d = d.setdefault(k, {}) if isinstance(d.get(k), dict) or k not in d else d
+            last = keys[-1] if keys else ""
+            d[last] = d[last] + value if isinstance(d.get(last), list) and isinstance(value, list) else value
+            continue
+        keep.append(a)
+    for name, d in dicts.items():
+        keep += [name, json.dumps(d)]
+    return keep
+
+
+def _strip_launcher(argv: list[str]) -> list[str]:
+    for prefix in (["vllm", "serve"], ["python", "-m", "vllm.entrypoints.openai.api_server"],
+                   ["python3", "-m", "vllm.entrypoints.openai.api_server"], ["serve"]):
+        if argv[: len(prefix)] == prefix:
+            return argv[len(prefix):]
+    return argv
+
+
+def _unknown_flag_error(extra: list[str]) -> VllmArgsError:
+    for tok in extra:
+        if tok.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", tok):
+            name = tok.partition("=")[0]
+            close = difflib.get_close_matches(name, _option_strings(), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            return VllmArgsError(f"vllm serve: unknown flag {name} (not a vLLM {vllm_flags()['vllm_version']} flag){hint}")
+    return VllmArgsError(f"vllm serve: unrecognized arguments: {' '.join(extra)} (a boolean flag such as "
+                         "--enable-chunked-prefill takes no value; use its --no-/--disable- form)")
+
+
+def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str, Any], list[str]]:
+    """Parse a ``vllm serve`` line like vLLM 0.33 -> ``({dest: value} of the flags given, notes)``.
+
+    ``engine_args``: a shell-quoted string or argv; a leading ``vllm serve`` /
+    ``python -m vllm.entrypoints.openai.api_server`` is dropped; the model is
+    ``model_tag``. Values are converted with vLLM's own types (JSON configs
+    are dicts). Raises :class:`VllmArgsError` (one line) for an unknown flag
+    (naming the closest), an ambiguous prefix, a bad value, or an extra word.
     """
     if engine_args is None:
         return {}, []
-    items: list[tuple[str, Any]] = []
-    ignored: list[str] = []
-    if isinstance(engine_args, Mapping):
-        items = [(str(k).lstrip("-").replace("-", "_"), v) for k, v in engine_args.items()]
-    else:
+    try:
         argv = shlex.split(engine_args) if isinstance(engine_args, str) else [str(a) for a in engine_args]
-        i = 0
-        while i < len(argv):
-            tok = argv[i]
-            if not tok.startswith("-"):
-                if tok not in ("vllm", "serve", "python", "-m", "vllm.entrypoints.openai.api_server"):
-                    items.append(("model", tok))
-                i += 1
-                continue
-            name = tok.lstrip("-").replace("-", "_")
-            if "=" in name:
-                name, value = name.split("=", 1)
-                items.append((name, value))
-                i += 1
-                continue
-            has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--") and name not in _FLAG_ONLY
-            if has_value:
-                items.append((name, argv[i + 1]))
-                i += 2
+    except ValueError as e:
+        raise VllmArgsError(f"vllm serve line: {e} (shell quoting)") from None
+    argv = _preprocess(_strip_launcher(argv))
+    parser = _serve_parser()
+    try:
+        ns, extra = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise VllmArgsError(f"vllm serve: {e}") from None
+    if extra:
+        raise _unknown_flag_error(extra)
+    notes = []
+    if str(getattr(ns, "model_tag", "")).lower() in ("true", "false"):
+        notes.append(f"model {ns.model_tag!r}: vLLM reads a word after a boolean flag as the model name (booleans take no value)")
+    opts = set(_option_strings())
+    for a in argv:
+        name = a.partition("=")[0]
+        if name.startswith("--") and name not in opts and "." not in name:
+            full = [o for o in opts if o.startswith(name)]
+            if len(full) == 1:
+                notes.append(f"{name} read as {full[0]}: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)")
+    return vars(ns), notes
+
+
+def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
+    """vLLM engine arguments -> ``({EngineConfig field: value}, [real vLLM flags with no effect on the workspace])``.
+
+    A string/argv is parsed by :func:`parse_serve_args`; a dict maps flag
+    names (``-``/``_``, with or without ``--``) to values. Fields that need the
+    model's config.json (``--max-model-len auto``) are left out; see
+    :func:`engine_config_kwargs_from_vllm`. Raises :class:`VllmArgsError`.
+    """
+    given, _ = _given(engine_args)
+    kw, _src, _notes, ignored = _map_flags(given)
+    if kw.get("max_model_len") == -1:
+        kw.pop("max_model_len")
+    return kw, ignored
+
+
+def _given(engine_args) -> tuple[dict[str, Any], list[str]]:
+    if isinstance(engine_args, Mapping):
+        argv: list[str] = []
+        for k, v in engine_args.items():
+            flag = "--" + str(k).lstrip("-").replace("_", "-")
+            if v is True:
+                argv.append(flag)
+            elif v is False:
+                argv.append("--no-" + flag[2:])
+            elif isinstance(v, (dict, list)):
+                argv += [flag] + ([str(x) for x in v] if isinstance(v, list) else [json.dumps(v)])
             else:
-                items.append((name, True))
-                i += 1
-    out: dict[str, Any] = {}
-    for name, value in items:
-        if name in _INT_ARGS:
-            out[_INT_ARGS[name]] = _human_int(name, value)
-        elif name == "no_enable_chunked_prefill":
-            out["enable_chunked_prefill"] = not _as_bool(name, value)
-        elif name in _BOOL_ARGS:
-            out[name] = _as_bool(name, value)
-        elif name == "dtype":
-            out["dtype"] = str(value)
-        elif name == "kv_cache_dtype":
-            out["kv_cache_dtype"] = str(value)
-        elif name == "attention_config":
-            cfg = json.loads(value) if isinstance(value, str) else dict(value)
-            if "tq_max_kv_splits_for_cuda_graph" in cfg:
-                out["tq_max_kv_splits_for_cuda_graph"] = _human_int(
-                    "tq_max_kv_splits_for_cuda_graph", cfg["tq_max_kv_splits_for_cuda_graph"]
-                )
-        elif name == "model":
-            out["model"] = str(value)
-        else:
-            ignored.append(name if value is True else f"{name}={value}")
-    return out, ignored
+                argv += [flag, str(v)]
+        return parse_serve_args(argv)
+    return parse_serve_args(engine_args)
 
 
-def _load_model_config(model_config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(model_config, Mapping):
-        return dict(model_config)
-    p = Path(model_config)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"model config {str(model_config)!r}: no such file (expected a config.json or its folder)")
-    return json.loads(p.read_text())
+# --------------------------------------------------------------------------- #
+# Flags -> EngineConfig fields                                                #
+# --------------------------------------------------------------------------- #
+
+_DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig validates the range)
+    "tensor_parallel_size": "tensor_parallel_size", "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens", "block_size": "block_size",
+    "enable_chunked_prefill": "enable_chunked_prefill", "enable_dbo": "enable_dbo",
+    "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
+    "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
+}
+_READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
+                        "cudagraph_capture_sizes", "optimization_level"}
 
 
-def _count_attention_layers(cfg: Mapping[str, Any]) -> int | None:
-    """Attention layers of a hybrid model, from the usual config.json hints, else None."""
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and pattern:
-        return pattern.count("*")
-    for key in ("layer_types", "layers_block_type"):
-        types = cfg.get(key)
-        if isinstance(types, list) and types:
-            return sum(1 for t in types if str(t) in ("full_attention", "attention", "sliding_attention"))
-    return None
+def _field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not v or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in v):
+        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
+    return tuple(v)
+
+
+def _map_flags(g: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[str], list[str]]:
+    """Given flags -> ``(kwargs, sources, notes, ignored)``; vLLM 0.33's rules, cited inline."""
+    kw: dict[str, Any] = {}
+    src: dict[str, str] = {}
+    notes: list[str] = []
+    for dest, fld in _DIRECT.items():
+        if dest in g and g[dest] is not None:
+            kw[fld], src[fld] = g[dest], f"flag {_flag(dest)}"
+    mml = kw.get("max_model_len")
+    if mml is not None and mml != -1 and mml < 1:  # ModelConfig.max_model_len: Field(ge=-1), then >= 1
+        raise VllmArgsError(f"--max-model-len must be a positive integer or auto/-1, got {mml}")
+    cc = g.get("compilation_config") or {}
+    for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
+        if key in cc and key in g:  # EngineArgs.create_engine_config
+            raise VllmArgsError(f"{key} and compilation_config.{key} are mutually exclusive (vLLM)")
+    sizes = g.get("cudagraph_capture_sizes", cc.get("cudagraph_capture_sizes"))
+    if sizes is not None:
+        kw["cudagraph_capture_sizes"] = _positive_ints("cudagraph_capture_sizes", sizes)
+        src["cudagraph_capture_sizes"] = ("flag --cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g
+                                          else "flag --compilation-config cudagraph_capture_sizes")
+    if "max_cudagraph_capture_size" in cc and cc["max_cudagraph_capture_size"] is not None:
+        kw["max_cudagraph_capture_size"] = _positive_ints("max_cudagraph_capture_size", [cc["max_cudagraph_capture_size"]])[0]
+        src["max_cudagraph_capture_size"] = "flag --compilation-config max_cudagraph_capture_size"
+    _map_cudagraph_mode(g, cc, kw, src)
+    spec = g.get("speculative_config")
+    if spec is not None:
+        k = spec.get("num_speculative_tokens")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise VllmArgsError(f"--speculative-config num_speculative_tokens must be an integer >= 0, got {k!r}")
+        if k is not None:
+            kw["num_speculative_tokens"], src["num_speculative_tokens"] = k, "flag --speculative-config num_speculative_tokens"
+    att = g.get("attention_config") or {}
+    if "tq_max_kv_splits_for_cuda_graph" in att:
+        v = att["tq_max_kv_splits_for_cuda_graph"]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise VllmArgsError(f"--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got {v!r}")
+        kw["tq_max_kv_splits_for_cuda_graph"] = v
+        src["tq_max_kv_splits_for_cuda_graph"] = "flag --attention-config tq_max_kv_splits_for_cuda_graph"
+    ignored = sorted(_flag(d) for d in g if d not in _READ)
+    return kw, src, notes, ignored
+
+
+def _map_cudagraph_mode(g, cc, kw, src) -> None:
+    """``cudagraph_mode``: NONE with ``--enforce-eager`` (``VllmConfig.__post_init__``), else
+    ``compilation_config.cudagraph_mode``, else the ``-O`` level's default (O0 NONE, O1 PIECEWISE,
+    O2/O3 FULL_AND_PIECEWISE; vLLM's default level is 2). vLLM may still lower it for a backend
+    without full-graph support (``VllmConfig._normalize_piecewise_cudagraph_mode`` and after)."""
+    level = str(g.get("optimization_level", "2")).strip().upper().removeprefix("O")
+    if level not in _LEVEL_MODE:
+        raise VllmArgsError(f"--optimization-level (-O) must be 0, 1, 2 or 3, got {g.get('optimization_level')!r}")
+    mode = cc.get("cudagraph_mode")
+    if mode is not None:
+        if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
+            raise VllmArgsError(f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
+    if g.get("enforce_eager"):
+        kw["cudagraph_mode"], src["cudagraph_mode"] = "NONE", "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
+    elif mode is not None:
+        kw["cudagraph_mode"], src["cudagraph_mode"] = mode.upper(), "flag --compilation-config cudagraph_mode"
+    else:
+        kw["cudagraph_mode"] = _LEVEL_MODE[level]
+        src["cudagraph_mode"] = (f"flag -O{level}" if "optimization_level" in g else "vLLM default (-O2)")
 
 
 def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = None) -> tuple[int, int, str]:
@@ -159,11 +412,14 @@ def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = Non
     ``usage``: ``"serve"`` (``vllm serve``) or ``"llm"`` (the ``LLM`` class);
     ``gpu_memory_gib``: the GPU's memory in GiB (None: assumed under 70 GiB).
     Under 70 GiB: 2048/8192 tokens, 256 seqs; >= 70 GiB: 8192/16384, 1024;
-    >= 160 GiB: 16384, 1024. ``why`` says which case applied, in words.
-    Raises ``ValueError`` for another ``usage``.
+    >= 160 GiB: 16384, 1024 (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``).
+    Raises ``ValueError`` for another ``usage`` or a GPU size that is not a finite number >= 0.
     """
     if usage not in ("serve", "llm"):
         raise ValueError(f"usage must be 'serve' or 'llm', got {usage!r}")
+    if gpu_memory_gib is not None and (isinstance(gpu_memory_gib, bool) or not isinstance(gpu_memory_gib, (int, float))
+                                       or not math.isfinite(gpu_memory_gib) or gpu_memory_gib <= 0):
+        raise ValueError(f"gpu_memory_gib must be a finite number > 0, got {gpu_memory_gib!r}")
     mem = 0.0 if gpu_memory_gib is None else float(gpu_memory_gib)
     cmd = "`vllm serve`" if usage == "serve" else "the `LLM` class"
     if mem >= 160:
@@ -174,6 +430,184 @@ def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = Non
     return (2048 if usage == "serve" else 8192), 256, f"{cmd} on a GPU under 70 GiB{gpu}"
 
 
+# --------------------------------------------------------------------------- #
+# Hybrid models: the attention block size                                     #
+# --------------------------------------------------------------------------- #
+
+
+def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype: torch.dtype, tp: int,
+                                block_size: int = 16) -> tuple[int, str] | None:
+    """vLLM 0.33's attention block size for a hybrid model, or None when config.json has no Mamba state.
+
+    Mirrors ``vllm/platforms/interface.py`` ``Platform._align_hybrid_block_size``
+    (with ``mamba_cache_mode`` "none"): the attention page of one token on a
+    rank (TurboQuant: ``slot_bytes(D) * Hk`` per ``TurboQuantAttentionBackend.customize_spec``;
+    else ``2 * Hk * D * itemsize``), the Mamba state page (:meth:`MambaState.page_bytes`:
+    conv state in the model dtype, SSM state in ``mamba_ssm_dtype``/Nemotron-H's
+    float32 else the model dtype), ``align = max(16, block_size)``;
+    ``block = align * cdiv(mamba_page, align * page_1_token)`` rounded up to 16,
+    and vLLM keeps the larger of that and ``block_size``. Returns
+    ``(block_size, how)``: ``how`` shows the numbers. Raises ``ValueError`` if TP
+    does not divide the state.
+    """
+    m = shape.mamba
+    if m is None:
+        return None
+    hk = max(1, shape.num_key_value_heads // tp)
+    if kv_cache_dtype.startswith("turboquant_"):
+        per_head, what = get_spec(kv_cache_dtype).slot_bytes(shape.head_dim), f"{kv_cache_dtype} slot"
+    else:
+        per_head, what = 2 * shape.head_dim * dtype.itemsize, "K+V"
+    page1 = per_head * hk
+    ssm = parse_dtype(m.ssm_dtype) if m.ssm_dtype else dtype
+    mamba = m.page_bytes(tp, dtype.itemsize, ssm.itemsize)
+    align = max(TQ_KERNEL_BLOCK, block_size)
+    block = align * -(-mamba // (align * page1))
+    block = TQ_KERNEL_BLOCK * -(-block // TQ_KERNEL_BLOCK)
+    out = max(block, block_size)
+    how = (f"derived: attention page >= {m.kind} state page (vLLM _align_hybrid_block_size): "
+           f"{mamba:,} B state / ({per_head} B {what} x {hk} KV heads = {page1} B per token), "
+           f"in multiples of {align} -> {block}")
+    return out, how
+
+
+# --------------------------------------------------------------------------- #
+# The deployment                                                              #
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class VllmDeployment:
+    """A deployment read from a ``vllm serve`` line + config.json.
+
+    ``config``: the :class:`EngineConfig`; ``notes``: what was assumed, read
+    differently or ignored (in words); ``sources``: for every EngineConfig
+    field set, where it came from (``"flag --max-model-len"``,
+    ``"config.json max_position_embeddings"``, ``"vLLM default ..."``,
+    ``"derived: ..."``); ``model``: the validated :class:`ModelShape`.
+    """
+
+    config: EngineConfig
+    notes: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    model: ModelShape | None = None
+
+
+def _model_dtype(shape: ModelShape, want: Any, notes: list[str], src: dict[str, str]) -> torch.dtype:
+    """``--dtype auto`` keeps the checkpoint's dtype, fp32 checkpoints served in bf16 (``_resolve_auto_dtype``)."""
+    if want not in (None, "auto"):
+        return parse_dtype(want)
+    cfg = shape.dtype or "bfloat16"
+    if cfg.removeprefix("torch.") in ("float32", "float"):
+        notes.append("--dtype auto: the fp32 checkpoint is served in bfloat16")
+        src["dtype"] = "derived: config.json torch_dtype float32 -> bfloat16 (vLLM --dtype auto)"
+        return torch.bfloat16
+    try:
+        dt = parse_dtype(cfg)
+    except ValueError:
+        raise VllmArgsError(f"{shape.path}: torch_dtype {cfg!r} is not bfloat16, float16 or float32") from None
+    src["dtype"] = "config.json torch_dtype" if shape.dtype else "derived: no torch_dtype in config.json, bfloat16"
+    return dt
+
+
+def engine_config_kwargs_from_vllm(
+    engine_args: str | Sequence[str] | Mapping[str, Any] | None,
+    model_config: str | os.PathLike | Mapping[str, Any] | ModelShape,
+    *,
+    gpu_memory_gib: float | None = None,
+    usage: str = "serve",
+) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """``(EngineConfig kwargs, notes, sources)`` for a ``vllm serve`` line and a config.json.
+
+    Only kwargs that are fields of this tqlab's :class:`EngineConfig` are
+    returned (speculative/cudagraph fields once they exist); others are named
+    in the notes. Model fields come from :func:`read_hf_config` (attention
+    layers only: ``num_hidden_layers`` = layers with this attention backend);
+    ``--max-model-len auto`` (or -1) and an absent one take vLLM's derived
+    length (``_get_and_verify_max_len``; auto may then be lowered by vLLM to
+    fit GPU memory, which tqlab does not model); unset scheduler limits take
+    :func:`vllm_default_limits`; hybrid models get
+    :func:`hybrid_attention_block_size`. Raises ``ValueError`` (one line) for
+    bad flags, values or config.json fields.
+    """
+    given, notes = _given(engine_args)
+    kw, src, more, ignored = _map_flags(given)
+    notes += more
+    shape = model_config if isinstance(model_config, ModelShape) else read_hf_config(model_config)
+    if ignored:
+        notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
+    kw.update(num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
+              head_dim=shape.head_dim, num_hidden_layers=shape.num_attention_layers)
+    src.update(shape.sources)
+    kw["dtype"] = _model_dtype(shape, kw.get("dtype"), notes, src)
+    key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
+    if kw.get("max_model_len", -1) == -1:
+        how = "--max-model-len auto" if "max_model_len" in kw else "no --max-model-len"
+        kw["max_model_len"], src["max_model_len"] = shape.max_len, f"config.json {key} ({how})"
+        notes.append(f"max_model_len = {shape.max_len} from config.json {key} ({how})")
+    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
+    if "max_num_seqs" not in kw:
+        kw["max_num_seqs"], src["max_num_seqs"] = seqs, f"vLLM default ({why})"
+        notes.append(f"max_num_seqs not given: vLLM default {seqs} ({why})")
+    if "max_num_batched_tokens" not in kw:
+        if kw.get("enable_chunked_prefill", True):
+            kw["max_num_batched_tokens"], src["max_num_batched_tokens"] = max(mbt, kw["max_num_seqs"]), f"vLLM default ({why})"
+        else:
+            kw["max_num_batched_tokens"] = max(kw["max_model_len"], kw["max_num_seqs"])
+            src["max_num_batched_tokens"] = "vLLM default with chunked prefill off: max(max_model_len, max_num_seqs)"
+        notes.append(f"max_num_batched_tokens not given: vLLM default {kw['max_num_batched_tokens']} "
+                     f"({src['max_num_batched_tokens'].removeprefix('vLLM default ')})")
+    _hybrid_block(shape, kw, src, notes)
+    known = _field_names()
+    for name in sorted(known - set(src) - {"preset"}):
+        src[name] = "vLLM default"
+    dropped = sorted(set(kw) - known)
+    if dropped:
+        notes.append("read but not modelled by this EngineConfig: " + ", ".join(f"{k}={kw[k]!r}" for k in dropped))
+    return ({k: v for k, v in kw.items() if k in known}, notes, {k: v for k, v in src.items() if k in known})
+
+
+def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], notes: list[str]) -> None:
+    if shape.hybrid is None:
+        return
+    layers = ", ".join(map(str, shape.attention_layers[:4])) + (", ..." if len(shape.attention_layers) > 4 else "")
+    notes.append(f"hybrid model ({shape.hybrid}): {shape.num_attention_layers} attention layers of "
+                 f"{shape.num_hidden_layers} ({layers}); KV per token counts only those")
+    user = kw.get("block_size")
+    try:
+        res = hybrid_attention_block_size(shape, kv_cache_dtype=kw.get("kv_cache_dtype", "auto"), dtype=kw["dtype"],
+                                          tp=kw.get("tensor_parallel_size", 1), block_size=user or 16)
+    except ValueError as e:
+        raise VllmArgsError(f"{shape.path}: {e}") from None
+    if res is None:
+        if user is None:
+            notes.append("hybrid model without a Mamba state tqlab can size: vLLM enlarges the attention block; "
+                         "pass --block-size with the size vLLM logs")
+        return
+    block, how = res
+    if user is None or block != user:
+        kw["block_size"], src["block_size"] = block, how
+        if user is not None:
+            notes.append(f"--block-size {user} raised to {block} as vLLM does for hybrid models")
+
+
+def deployment_from_vllm(
+    engine_args: str | Sequence[str] | Mapping[str, Any] | None,
+    model_config: str | os.PathLike | Mapping[str, Any],
+    *,
+    gpu_memory_gib: float | None = None,
+    usage: str = "serve",
+) -> VllmDeployment:
+    """:func:`engine_config_kwargs_from_vllm`, then the validated :class:`EngineConfig`, as a :class:`VllmDeployment`.
+
+    Raises ``ValueError`` (one line) for bad flags, values, config.json
+    fields or a combination EngineConfig rejects.
+    """
+    shape = read_hf_config(model_config)
+    kw, notes, sources = engine_config_kwargs_from_vllm(engine_args, shape, gpu_memory_gib=gpu_memory_gib, usage=usage)
+    return VllmDeployment(EngineConfig(**kw), notes, sources, shape)
+
+
 def engine_config_from_vllm(
     engine_args: str | Sequence[str] | Mapping[str, Any] | None,
     model_config: str | os.PathLike | Mapping[str, Any],
@@ -181,74 +615,9 @@ def engine_config_from_vllm(
     gpu_memory_gib: float | None = None,
     usage: str = "serve",
 ) -> tuple[EngineConfig, list[str]]:
-    """Build an :class:`EngineConfig` from vLLM engine args + a HF ``config.json``.
+    """``(config, notes)`` of :func:`deployment_from_vllm` (the call ``predict.inspect_vllm`` makes).
 
-    Model fields come from ``config.json`` (or its ``text_config``):
-    ``num_attention_heads``, ``num_key_value_heads`` (default: the query
-    heads), ``head_dim`` (default ``hidden_size // num_attention_heads``),
-    attention layers (hybrid hints, else ``num_hidden_layers``), the dtype
-    (``torch_dtype``/``dtype``; ``--dtype auto`` keeps it, fp32 checkpoints are
-    served in bf16) and ``max_position_embeddings`` (default ``max_model_len``).
-    Unset scheduler limits take vLLM 0.33's defaults for ``usage`` (``serve``
-    or ``llm``) and a GPU of ``gpu_memory_gib`` (None: under 70 GiB):
-    ``max_num_batched_tokens`` 2048/8192 (>= 70 GiB: 8192/16384; >= 160 GiB:
-    16384), ``max_num_seqs`` 256 (>= 70 GiB: 1024). ``block_size`` defaults to
-    16; hybrid (Mamba) models get larger attention pages in vLLM, so pass
-    ``--block-size`` for them. Returns ``(config, notes)``, notes saying what
-    was assumed or ignored. Raises ``ValueError`` for missing/invalid fields.
+    Use :func:`deployment_from_vllm` for the ``sources`` as well.
     """
-    args, ignored = parse_engine_args(engine_args)
-    raw = _load_model_config(model_config)
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), Mapping) else raw
-    notes: list[str] = []
-    if ignored:
-        notes.append("ignored engine args (no effect on the workspace): " + ", ".join(ignored))
-    if "num_attention_heads" not in cfg:
-        raise ValueError("model config has no num_attention_heads")
-    hq = int(cfg["num_attention_heads"])
-    hk = int(cfg.get("num_key_value_heads") or hq)
-    if cfg.get("head_dim"):
-        d = int(cfg["head_dim"])
-    elif cfg.get("hidden_size"):
-        d = int(cfg["hidden_size"]) // hq
-        notes.append(f"head_dim = hidden_size // num_attention_heads = {d}")
-    else:
-        raise ValueError("model config has neither head_dim nor hidden_size")
-    layers = _count_attention_layers(cfg) or int(cfg.get("num_hidden_layers", 1))
-    cfg_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or "bfloat16"
-    want = str(args.pop("dtype", "auto"))
-    if want == "auto":
-        if str(cfg_dtype) in ("float32", "torch.float32"):
-            dtype = torch.bfloat16
-            notes.append("--dtype auto: the fp32 checkpoint is served in bfloat16")
-        else:
-            dtype = parse_dtype(str(cfg_dtype))
-    else:
-        dtype = parse_dtype(want)
-    args.pop("model", None)
-    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
-    if "max_num_seqs" not in args:
-        args["max_num_seqs"] = seqs
-        notes.append(f"max_num_seqs not given: vLLM default {seqs} ({why})")
-    if "max_model_len" not in args:
-        mpe = cfg.get("max_position_embeddings")
-        if not mpe:
-            raise ValueError("no --max-model-len and no max_position_embeddings in the model config")
-        args["max_model_len"] = int(mpe)
-        notes.append(f"max_model_len not given: max_position_embeddings = {mpe}")
-    if "max_num_batched_tokens" not in args:
-        chunked = args.get("enable_chunked_prefill", True)
-        args["max_num_batched_tokens"] = max(mbt, args["max_num_seqs"]) if chunked else max(args["max_model_len"], args["max_num_seqs"])
-        notes.append(f"max_num_batched_tokens not given: vLLM default {args['max_num_batched_tokens']} "
-                     f"({why if chunked else 'chunked prefill off: max(max_model_len, max_num_seqs)'})")
-    if "block_size" not in args and _count_attention_layers(cfg) is not None:
-        notes.append("hybrid model: vLLM enlarges the attention block size to match the Mamba page; pass --block-size")
-    config = EngineConfig(
-        num_attention_heads=hq,
-        num_key_value_heads=hk,
-        head_dim=d,
-        num_hidden_layers=layers,
-        dtype=dtype,
-        **args,
-    )
-    return config, notes
+    d = deployment_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib, usage=usage)
+    return d.config, d.notes
