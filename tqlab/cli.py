@@ -242,14 +242,28 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, locked_by
     Reads engine args + the model's config.json; prints the workspace each
     prompt needs, whether it overflows the locked size with and without the
     fix, and the safe max_model_len. vLLM itself is only needed for --demo.
+    Bad input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
+    field, --gpu-memory-gib that is not a finite number > 0, a --json path in
+    a missing folder) is a one-line usage error (exit 2).
     """
+    import math
+    from pathlib import Path
+
     from .vllm_trace import inspect_vllm
 
+    if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
+        raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
+    if json_path is not None:
+        parent = Path(json_path).resolve().parent
+        if not parent.is_dir():
+            raise click.BadParameter(f"{json_path}: folder {parent} does not exist", param_hint="--json")
     try:
         inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens, locked_bytes=locked_bytes,
                      gpu_memory_gib=gpu_memory_gib, demo=demo, json_path=json_path)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+    except (ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    except OSError as e:
+        raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
 
 
 def main() -> None:  # pragma: no cover

@@ -294,6 +294,10 @@ def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | Non
     kw, _src, _notes, ignored = _map_flags(given)
     if kw.get("max_model_len") == -1:
         kw.pop("max_model_len")
+    if kw.get("dtype") == "auto":
+        kw.pop("dtype")
+    known = _field_names()
+    ignored += [f"{k}={kw.pop(k)!r} (not modelled by this EngineConfig)" for k in sorted(set(kw) - known)]
     return kw, ignored
 
 
