@@ -297,15 +297,24 @@ def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | Non
     if kw.get("dtype") == "auto":
         kw.pop("dtype")
     known = _field_names()
-    ignored += [f"{k}={kw.pop(k)!r} (not modelled by this EngineConfig)" for k in sorted(set(kw) - known)]
+    for k in sorted(set(kw) - known):
+        v = kw.pop(k)
+        if _src.get(k, "").startswith("flag"):
+            ignored.append(f"{k}={v!r} (not modelled by this EngineConfig)")
     return kw, ignored
 
 
 def _given(engine_args) -> tuple[dict[str, Any], list[str]]:
     if isinstance(engine_args, Mapping):
         argv: list[str] = []
+        bools = {o for f in vllm_flags()["flags"] if f["kind"] != "value" for o in f["options"]}
         for k, v in engine_args.items():
             flag = "--" + str(k).lstrip("-").replace("_", "-")
+            if flag in bools and not isinstance(v, bool):
+                s = str(v).strip().lower()
+                if s not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise VllmArgsError(f"{flag} must be true or false, got {v!r}")
+                v = s in ("true", "1", "yes", "on")
             if v is True:
                 argv.append(flag)
             elif v is False:
@@ -440,15 +449,17 @@ def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = Non
 
 
 def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype: torch.dtype, tp: int,
-                                block_size: int = 16) -> tuple[int, str] | None:
+                                block_size: int = 16, mamba_cache_dtype: str = "auto",
+                                mamba_ssm_cache_dtype: str = "auto") -> tuple[int, str] | None:
     """vLLM 0.33's attention block size for a hybrid model, or None when config.json has no Mamba state.
 
     Mirrors ``vllm/platforms/interface.py`` ``Platform._align_hybrid_block_size``
     (with ``mamba_cache_mode`` "none"): the attention page of one token on a
     rank (TurboQuant: ``slot_bytes(D) * Hk`` per ``TurboQuantAttentionBackend.customize_spec``;
     else ``2 * Hk * D * itemsize``), the Mamba state page (:meth:`MambaState.page_bytes`:
-    conv state in the model dtype, SSM state in ``mamba_ssm_dtype``/Nemotron-H's
-    float32 else the model dtype), ``align = max(16, block_size)``;
+    conv state in ``--mamba-cache-dtype`` else the model dtype, SSM state in
+    ``--mamba-ssm-cache-dtype``, else config.json's ``mamba_ssm_dtype`` (Qwen3.5) /
+    ``mamba_ssm_cache_dtype`` (Nemotron-H, default float32), else the conv dtype), ``align = max(16, block_size)``;
     ``block = align * cdiv(mamba_page, align * page_1_token)`` rounded up to 16,
     and vLLM keeps the larger of that and ``block_size``. Returns
     ``(block_size, how)``: ``how`` shows the numbers. Raises ``ValueError`` if TP
@@ -463,8 +474,10 @@ def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype
     else:
         per_head, what = 2 * shape.head_dim * dtype.itemsize, "K+V"
     page1 = per_head * hk
-    ssm = parse_dtype(m.ssm_dtype) if m.ssm_dtype else dtype
-    mamba = m.page_bytes(tp, dtype.itemsize, ssm.itemsize)
+    conv = dtype if mamba_cache_dtype == "auto" else parse_dtype(mamba_cache_dtype)
+    want = mamba_ssm_cache_dtype if mamba_ssm_cache_dtype != "auto" else m.ssm_dtype
+    ssm = parse_dtype(want) if want else conv
+    mamba = m.page_bytes(tp, conv.itemsize, ssm.itemsize)
     align = max(TQ_KERNEL_BLOCK, block_size)
     block = align * -(-mamba // (align * page1))
     block = TQ_KERNEL_BLOCK * -(-block // TQ_KERNEL_BLOCK)
@@ -538,6 +551,8 @@ def engine_config_kwargs_from_vllm(
     kw, src, more, ignored = _map_flags(given)
     notes += more
     shape = model_config if isinstance(model_config, ModelShape) else read_hf_config(model_config)
+    if shape.mamba is not None:  # these size the Mamba page, hence the hybrid attention block
+        ignored = [f for f in ignored if f not in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype")]
     if ignored:
         notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
     kw.update(num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
@@ -561,7 +576,7 @@ def engine_config_kwargs_from_vllm(
             src["max_num_batched_tokens"] = "vLLM default with chunked prefill off: max(max_model_len, max_num_seqs)"
         notes.append(f"max_num_batched_tokens not given: vLLM default {kw['max_num_batched_tokens']} "
                      f"({src['max_num_batched_tokens'].removeprefix('vLLM default ')})")
-    _hybrid_block(shape, kw, src, notes)
+    _hybrid_block(shape, kw, src, notes, given)
     known = _field_names()
     for name in sorted(known - set(src) - {"preset"}):
         src[name] = "vLLM default"
@@ -571,7 +586,8 @@ def engine_config_kwargs_from_vllm(
     return ({k: v for k, v in kw.items() if k in known}, notes, {k: v for k, v in src.items() if k in known})
 
 
-def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], notes: list[str]) -> None:
+def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], notes: list[str],
+                  given: Mapping[str, Any]) -> None:
     if shape.hybrid is None:
         return
     layers = ", ".join(map(str, shape.attention_layers[:4])) + (", ..." if len(shape.attention_layers) > 4 else "")
@@ -580,7 +596,9 @@ def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], no
     user = kw.get("block_size")
     try:
         res = hybrid_attention_block_size(shape, kv_cache_dtype=kw.get("kv_cache_dtype", "auto"), dtype=kw["dtype"],
-                                          tp=kw.get("tensor_parallel_size", 1), block_size=user or 16)
+                                          tp=kw.get("tensor_parallel_size", 1), block_size=user or 16,
+                                          mamba_cache_dtype=given.get("mamba_cache_dtype") or "auto",
+                                          mamba_ssm_cache_dtype=given.get("mamba_ssm_cache_dtype") or "auto")
     except ValueError as e:
         raise VllmArgsError(f"{shape.path}: {e}") from None
     if res is None:
