@@ -1,0 +1,135 @@
+"""tqlab's `vllm serve` reading vs vLLM 0.33's own parser and page sizes (issue 11 section 5, issue 14).
+
+* The checked-in ``tqlab/vllm_trace/vllm_0_33_flags.json`` equals what
+  ``parity/gen_vllm_flags.py`` generates from this vLLM (``make_arg_parser`` =
+  ``FrontendArgs`` + ``EngineArgs.add_cli_args`` on a ``FlexibleArgumentParser``).
+* Serve lines: :func:`tqlab.vllm_trace.vllm_args.parse_serve_args` gives the
+  same values as ``vllm serve``'s parser, and refuses the lines it refuses.
+* Hybrid block size inputs: the Mamba state page (:meth:`MambaState.page_bytes`)
+  equals vLLM's ``MambaSpec.page_size_bytes`` from ``MambaStateShapeCalculator``,
+  and the TurboQuant slot equals ``TurboQuantConfig.slot_size_aligned``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gen_vllm_flags  # noqa: E402
+
+from tqlab.turboquant.spec import get_spec  # noqa: E402
+from tqlab.vllm_trace.hf_config import read_hf_config  # noqa: E402
+from tqlab.vllm_trace.vllm_args import FLAGS_FILE, VllmArgsError, parse_serve_args  # noqa: E402
+
+
+def test_checked_in_flag_table_is_what_vllm_generates():
+    assert FLAGS_FILE.read_text() == gen_vllm_flags.render(gen_vllm_flags.generate())
+
+
+@pytest.fixture(scope="module")
+def vllm_parse():
+    gen_vllm_flags.generate()  # sets the CPU platform as `vllm` main() does
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    root = FlexibleArgumentParser(description="vLLM CLI")
+    ServeSubcommand().subparser_init(root.add_subparsers(required=False, dest="subparser"))
+
+    def parse(line: str):
+        with contextlib.redirect_stderr(io.StringIO()):
+            try:
+                return vars(root.parse_args(shlex.split(line)))
+            except SystemExit:
+                return None
+    return parse
+
+
+def _plain(v):
+    """vLLM's parsed value as plain data (config dataclasses -> their given fields)."""
+    if hasattr(v, "value") and not isinstance(v, (int, str)):
+        return v.value
+    return v
+
+
+LINES = [
+    "serve M --enable-lora -tp 8", "serve M --max-model-len 128k", "serve M --max-model-len=128K",
+    "serve M --max-model-len 25.6k", "serve M --max-model-len auto", "serve M --max-model-len ' 1_000 '",
+    "serve M --max_num_seqs=4 -tp=2", "serve M --max-num-batched-tokens 2k", "serve M --no-enable-chunked-prefill",
+    "serve M --disable-chunked-prefill", "serve M --cudagraph-capture-sizes 1 2 4", "serve M -O3", "serve M -O 0",
+    "serve M --max-num-seq 4", "serve M --tensor-parallel 2", "serve --enable-chunked-prefill false",
+    "serve M --max-model-len -5", "serve M --max-model-len 3k --max-model-len 5", "serve M --enforce-eager --port 8000",
+    """serve M --speculative-config '{"method":"mtp","num_speculative_tokens":3}'""",
+]
+BAD = [
+    "serve M --max-num-sqs 4", "serve M --max-num 4", "serve M --enable-chunked-prefill false",
+    "serve M --max-model-len infk", "serve M --max-model-len 1e30k", "serve M --max-model-len 1.5K",
+    "serve M --max-num-seqs 4k", "serve M --cudagraph-capture-sizes 1,2,4", "serve M --attention-config 5",
+    "serve M --enable-lora=false", "serve M --max-model-len", "serve M --compilation-config 3",
+]
+
+
+@pytest.mark.parametrize("line", LINES)
+def test_serve_line_values_equal_vllms(vllm_parse, line):
+    ours, _ = parse_serve_args("vllm " + line)
+    theirs = vllm_parse(line)
+    assert theirs is not None
+    assert {k: _plain(theirs[k]) for k in ours} == ours
+
+
+@pytest.mark.parametrize("line", ["serve M -cc.cudagraph_capture_sizes '[1,2]' -cc.cudagraph_mode FULL",
+                                  """serve M --compilation-config '{"cudagraph_capture_sizes":[1,2]}'""",
+                                  "serve M -ac.tq_max_kv_splits_for_cuda_graph 8"])
+def test_json_configs_equal_vllms(vllm_parse, line):
+    ours, _ = parse_serve_args("vllm " + line)
+    theirs = vllm_parse(line)
+    for dest, given in ours.items():
+        if dest == "model_tag":
+            continue
+        obj = theirs[dest]
+        for key, value in given.items():
+            got = obj[key] if isinstance(obj, dict) else getattr(obj, key)
+            assert (got.name if hasattr(got, "name") else got) == value, (dest, key)
+
+
+@pytest.mark.parametrize("line", BAD)
+def test_lines_vllm_refuses_we_refuse(vllm_parse, line):
+    assert vllm_parse(line) is None
+    with pytest.raises(VllmArgsError):
+        parse_serve_args("vllm " + line)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+@pytest.mark.parametrize("ssm", [torch.bfloat16, torch.float32])
+def test_mamba_pages_equal_vllms(tp, ssm):
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator as Calc
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    gdn = read_hf_config({"text_config": {
+        "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 64,
+        "full_attention_interval": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}})
+    shapes = Calc.gated_delta_net_state_shape(tp, 16, 48, 128, 128, 4)
+    want = MambaSpec(shapes=shapes, dtypes=(torch.bfloat16, ssm), block_size=-1).page_size_bytes
+    assert gdn.mamba.page_bytes(tp, 2, ssm.itemsize) == want
+    m2 = read_hf_config({"num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 4,
+                         "hybrid_override_pattern": "M*ME", "mamba_num_heads": 128, "mamba_head_dim": 64,
+                         "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4})
+    shapes = Calc.mamba2_state_shape(tp, 128 * 64, 8, 128, 64, 128, 4)
+    want = MambaSpec(shapes=shapes, dtypes=(torch.bfloat16, ssm), block_size=-1).page_size_bytes
+    assert m2.mamba.page_bytes(tp, 2, ssm.itemsize) == want
+
+
+@pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_turboquant_slot_equals_vllms(preset, d):
+    from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
+
+    assert get_spec(preset).slot_bytes(d) == TurboQuantConfig.from_cache_dtype(preset, d).slot_size_aligned
