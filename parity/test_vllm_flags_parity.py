@@ -108,7 +108,8 @@ def test_lines_vllm_refuses_we_refuse(vllm_parse, line):
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 @pytest.mark.parametrize("ssm", [torch.bfloat16, torch.float32])
-def test_mamba_pages_equal_vllms(tp, ssm):
+@pytest.mark.parametrize("spec", [0, 3])
+def test_mamba_pages_equal_vllms(tp, ssm, spec):
     from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator as Calc
     from vllm.v1.kv_cache_interface import MambaSpec
 
@@ -116,15 +117,15 @@ def test_mamba_pages_equal_vllms(tp, ssm):
         "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256, "num_hidden_layers": 64,
         "full_attention_interval": 4, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
         "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}})
-    shapes = Calc.gated_delta_net_state_shape(tp, 16, 48, 128, 128, 4)
+    shapes = Calc.gated_delta_net_state_shape(tp, 16, 48, 128, 128, 4, num_spec=spec)
     want = MambaSpec(shapes=shapes, dtypes=(torch.bfloat16, ssm), block_size=-1).page_size_bytes
-    assert gdn.mamba.page_bytes(tp, 2, ssm.itemsize) == want
+    assert gdn.mamba.page_bytes(tp, 2, ssm.itemsize, spec) == want
     m2 = read_hf_config({"num_attention_heads": 32, "num_key_value_heads": 2, "head_dim": 128, "num_hidden_layers": 4,
                          "hybrid_override_pattern": "M*ME", "mamba_num_heads": 128, "mamba_head_dim": 64,
                          "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4})
-    shapes = Calc.mamba2_state_shape(tp, 128 * 64, 8, 128, 64, 128, 4)
+    shapes = Calc.mamba2_state_shape(tp, 128 * 64, 8, 128, 64, 128, 4, num_spec=spec)
     want = MambaSpec(shapes=shapes, dtypes=(torch.bfloat16, ssm), block_size=-1).page_size_bytes
-    assert m2.mamba.page_bytes(tp, 2, ssm.itemsize) == want
+    assert m2.mamba.page_bytes(tp, 2, ssm.itemsize, spec) == want
 
 
 @pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"])
@@ -133,3 +134,80 @@ def test_turboquant_slot_equals_vllms(preset, d):
     from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
 
     assert get_spec(preset).slot_bytes(d) == TurboQuantConfig.from_cache_dtype(preset, d).slot_size_aligned
+
+
+# --------------------------------------------------------------------------- #
+# The hybrid attention block size: vLLM's own _align_hybrid_block_size        #
+# --------------------------------------------------------------------------- #
+
+GDN = {"linear_num_key_heads": 16, "linear_num_value_heads": 48, "linear_key_head_dim": 128,
+       "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+MAMBA2 = {"mamba_num_heads": 128, "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4}
+
+
+def _vllm_hybrid_block(kind, hf_text, *, kv, tp, hk, d, block, spec):
+    """Run ``Platform._align_hybrid_block_size`` on a minimal config; the model classes are vLLM's
+    (Qwen3Next for Gated DeltaNet: the same ``get_mamba_state_shape_from_config`` as Qwen3.5, whose
+    module needs torchvision; NemotronH for Mamba2), the SSM dtype set by vLLM's own config hooks."""
+    import contextlib
+    import types
+
+    import vllm.config.vllm as cv
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.model_executor.models.config import NemotronHForCausalLMConfig, Qwen3_5ForConditionalGenerationConfig
+    from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
+    from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
+    from vllm.platforms.interface import Platform
+    from vllm.v1.attention.backends.turboquant_attn import TurboQuantAttentionBackend
+
+    ns = types.SimpleNamespace
+    hf = ns(**hf_text)
+    mc = ns(model_impl="auto", use_mla=False, dtype=torch.bfloat16, architecture="X", hf_text_config=hf, hf_config=hf,
+            get_num_kv_heads=lambda p: max(1, hk // p.tensor_parallel_size), get_head_size=lambda: d)
+    cc = ns(cache_dtype=kv, kv_cache_dtype_skip_layers=None, block_size=block, mamba_cache_mode="none",
+            mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto", mamba_page_size_padded=None, use_replayssm=False)
+    cfg = ns(model_config=mc, cache_config=cc, parallel_config=ns(tensor_parallel_size=tp),
+             speculative_config=ns(num_speculative_tokens=spec) if spec else None, num_speculative_tokens=spec)
+    if kind == "gdn":
+        Qwen3_5ForConditionalGenerationConfig.verify_and_update_config(cfg)
+    else:
+        NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype(cache_config=cc, hf_config=hf)
+    model_cls = Qwen3NextForCausalLM if kind == "gdn" else NemotronHForCausalLM
+    patches = [(Platform, "_find_non_ssm_backends", classmethod(lambda cls, c: [TurboQuantAttentionBackend])),
+               (cv, "set_current_vllm_config", lambda c: contextlib.nullcontext()),
+               (ModelRegistry, "resolve_model_cls", lambda *a, **k: (model_cls, "X"))]
+    saved = [(o, n, o.__dict__[n] if isinstance(o, type) else getattr(o, n)) for o, n, _ in patches]
+    try:
+        for o, n, v in patches:
+            setattr(o, n, v)
+        Platform._align_hybrid_block_size(cfg, TurboQuantAttentionBackend)
+    finally:
+        for o, n, v in saved:
+            setattr(o, n, v)
+    return cc.block_size
+
+
+@pytest.mark.parametrize("kind", ["gdn", "mamba2"])
+@pytest.mark.parametrize("kv", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("tp, spec, block", [(1, 0, 16), (2, 0, 16), (1, 3, 16), (4, 1, 64), (1, 0, 4096)])
+def test_hybrid_block_size_equals_vllms(kind, kv, tp, spec, block):
+    from tqlab.vllm_trace.vllm_args import deployment_from_vllm
+
+    hk, d = (4, 256) if kind == "gdn" else (8, 128)
+    text = {"num_attention_heads": 32, "num_key_value_heads": hk, "head_dim": d, "num_hidden_layers": 8,
+            "max_position_embeddings": 65536, "torch_dtype": "bfloat16"}
+    if kind == "gdn":
+        text.update(GDN, full_attention_interval=4, mamba_ssm_dtype="float32")
+    else:
+        text.update(MAMBA2, hybrid_override_pattern="M*M-M*M-")
+    line = f"vllm serve M -tp {tp} --kv-cache-dtype {kv} --block-size {block}"
+    if spec:
+        line += f" --speculative-config '{{\"num_speculative_tokens\": {spec}}}'"
+    ours = deployment_from_vllm(line, {"text_config": text}).config.block_size
+    assert ours == _vllm_hybrid_block(kind, text, kv=kv, tp=tp, hk=hk, d=d, block=block, spec=spec)
+
+
+def test_report_43357_block_is_2080_in_vllm_itself():
+    """vllm-project/vllm#43357 (Qwen3.6-27B, turboquant_k8v4, TP 1) logs "attention_block_size: 2080"."""
+    text = {**GDN, "mamba_ssm_dtype": "float32"}
+    assert _vllm_hybrid_block("gdn", text, kv="turboquant_k8v4", tp=1, hk=4, d=256, block=16, spec=0) == 2080

@@ -288,3 +288,28 @@ def test_inspect_vllm_reads_a_hybrid_config(tmp_path):
     c = rep["prediction"]["config"]
     assert (c["block_size"], c["num_hidden_layers"], c["max_model_len"], c["kv_cache_dtype"]) == (2080, 16, 114688, "turboquant_k8v4")
     assert "hybrid model (full_attention_interval): 16 attention layers of 64 (3, 7, 11, 15, ...)" in r.output
+
+
+def test_max_model_len_above_the_model_is_refused_as_vllm(monkeypatch):
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    with pytest.raises(VllmArgsError) as e:
+        engine_config_kwargs_from_vllm("vllm serve M --max-model-len 262144", MODEL)
+    assert str(e.value) == ("--max-model-len 262144 is greater than the derived max_model_len (max_position_embeddings=131072 "
+                            "or model_max_length=None in config dict); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    kw, _, _ = engine_config_kwargs_from_vllm("vllm serve M --max-model-len 262144", {**MODEL, "model_max_length": 300000})
+    assert kw["max_model_len"] == 262144  # model_max_length lets it through, as in vLLM
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    kw, notes, _ = engine_config_kwargs_from_vllm("vllm serve M --max-model-len 262144", MODEL)
+    assert kw["max_model_len"] == 262144 and notes[0].endswith(": allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    # no length key at all: vLLM takes the flag as given
+    no_key = {k: v for k, v in MODEL.items() if k != "max_position_embeddings"}
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    assert engine_config_kwargs_from_vllm("vllm serve M --max-model-len 1M", no_key)[0]["max_model_len"] == 2**20
+
+
+def test_speculative_tokens_lengthen_the_conv_state_and_the_block():
+    spec = """ --speculative-config '{"method":"mtp","num_speculative_tokens":3}'"""
+    d = deployment_from_vllm(REPORT_43357 + spec, QWEN36_27B)
+    # conv state (3 + 3) x 10240 x 2 B = 122,880 B + 3,145,728 B SSM = 3,268,608 B -> cdiv(., 16 x 1552) = 132 -> 2112
+    assert d.config.block_size == 2112
+    assert "3,268,608 B state" in d.sources["block_size"]

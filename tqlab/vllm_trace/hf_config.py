@@ -82,8 +82,11 @@ class MambaState:
     state_size: int = 0
     ssm_dtype: str | None = None
 
-    def page_bytes(self, tp: int, conv_itemsize: int, ssm_itemsize: int) -> int:
-        """Bytes of one sequence's state on one rank (vLLM ``MambaSpec.page_size_bytes``); ValueError if TP does not divide."""
+    def page_bytes(self, tp: int, conv_itemsize: int, ssm_itemsize: int, num_spec: int = 0) -> int:
+        """Bytes of one sequence's state on one rank (vLLM ``MambaSpec.page_size_bytes``); ValueError if TP does not divide.
+
+        ``num_spec``: speculative tokens; the conv state keeps ``conv_len + num_spec`` steps (``*_state_shape(num_spec=)``).
+        """
         extra = 0
         if self.kind == "mamba2" and self.groups % tp:
             extra = tp - self.groups  # extra_groups_for_head_shards
@@ -91,7 +94,7 @@ class MambaState:
         heads = self.temporal[0]
         if conv_dim % tp or heads % tp:
             raise ValueError(f"tensor_parallel_size {tp} does not divide the Mamba state ({conv_dim} conv, {heads} heads)")
-        conv = self.conv_len * (conv_dim // tp) * conv_itemsize
+        conv = (self.conv_len + num_spec) * (conv_dim // tp) * conv_itemsize
         return conv + (heads // tp) * self.temporal[1] * self.temporal[2] * ssm_itemsize
 
 
@@ -104,7 +107,8 @@ class ModelShape:
     layers with an attention KV cache: all of them unless hybrid),
     ``hybrid`` (the marker that said so, or None), ``max_len``/``max_len_key``
     (vLLM's derived context length and the key it came from, None: default
-    2048), ``dtype`` (``torch_dtype``/``dtype`` string or None), ``mamba``
+    2048), ``model_max_length`` (that key alone: vLLM lets a longer
+    ``--max-model-len`` through up to it), ``dtype`` (``torch_dtype``/``dtype`` string or None), ``mamba``
     (:class:`MambaState` or None), ``sources`` (field -> where it came from).
     """
 
@@ -120,6 +124,7 @@ class ModelShape:
     dtype: str | None
     architecture: str | None
     mamba: MambaState | None = None
+    model_max_length: int | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
 
     @property
@@ -237,7 +242,7 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
         path=where, num_attention_heads=hq, num_key_value_heads=hk, head_dim=d, num_hidden_layers=n_layers,
         attention_layers=attn, hybrid=hybrid, max_len=max_len, max_len_key=key,
         dtype=None if dtype is None else str(dtype), architecture=arch,
-        mamba=_mamba_state(r) if hybrid else None, sources=sources,
+        mamba=_mamba_state(r) if hybrid else None, model_max_length=r.int("model_max_length"), sources=sources,
     )
 
 

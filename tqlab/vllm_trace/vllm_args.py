@@ -450,7 +450,7 @@ def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = Non
 
 def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype: torch.dtype, tp: int,
                                 block_size: int = 16, mamba_cache_dtype: str = "auto",
-                                mamba_ssm_cache_dtype: str = "auto") -> tuple[int, str] | None:
+                                mamba_ssm_cache_dtype: str = "auto", num_speculative_tokens: int = 0) -> tuple[int, str] | None:
     """vLLM 0.33's attention block size for a hybrid model, or None when config.json has no Mamba state.
 
     Mirrors ``vllm/platforms/interface.py`` ``Platform._align_hybrid_block_size``
@@ -459,7 +459,8 @@ def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype
     else ``2 * Hk * D * itemsize``), the Mamba state page (:meth:`MambaState.page_bytes`:
     conv state in ``--mamba-cache-dtype`` else the model dtype, SSM state in
     ``--mamba-ssm-cache-dtype``, else config.json's ``mamba_ssm_dtype`` (Qwen3.5) /
-    ``mamba_ssm_cache_dtype`` (Nemotron-H, default float32), else the conv dtype), ``align = max(16, block_size)``;
+    ``mamba_ssm_cache_dtype`` (Nemotron-H, default float32), else the conv dtype;
+    the conv state keeps ``num_speculative_tokens`` more steps), ``align = max(16, block_size)``;
     ``block = align * cdiv(mamba_page, align * page_1_token)`` rounded up to 16,
     and vLLM keeps the larger of that and ``block_size``. Returns
     ``(block_size, how)``: ``how`` shows the numbers. Raises ``ValueError`` if TP
@@ -477,7 +478,7 @@ def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype
     conv = dtype if mamba_cache_dtype == "auto" else parse_dtype(mamba_cache_dtype)
     want = mamba_ssm_cache_dtype if mamba_ssm_cache_dtype != "auto" else m.ssm_dtype
     ssm = parse_dtype(want) if want else conv
-    mamba = m.page_bytes(tp, conv.itemsize, ssm.itemsize)
+    mamba = m.page_bytes(tp, conv.itemsize, ssm.itemsize, num_speculative_tokens)
     align = max(TQ_KERNEL_BLOCK, block_size)
     block = align * -(-mamba // (align * page1))
     block = TQ_KERNEL_BLOCK * -(-block // TQ_KERNEL_BLOCK)
@@ -559,6 +560,7 @@ def engine_config_kwargs_from_vllm(
               head_dim=shape.head_dim, num_hidden_layers=shape.num_attention_layers)
     src.update(shape.sources)
     kw["dtype"] = _model_dtype(shape, kw.get("dtype"), notes, src)
+    _check_max_model_len(shape, kw.get("max_model_len", -1), notes)
     key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
     if kw.get("max_model_len", -1) == -1:
         how = "--max-model-len auto" if "max_model_len" in kw else "no --max-model-len"
@@ -586,6 +588,21 @@ def engine_config_kwargs_from_vllm(
     return ({k: v for k, v in kw.items() if k in known}, notes, {k: v for k, v in src.items() if k in known})
 
 
+def _check_max_model_len(shape: ModelShape, mml: int, notes: list[str]) -> None:
+    """vLLM ``_get_and_verify_max_len``: a ``--max-model-len`` above the derived length (and above
+    ``model_max_length``, if given) is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set."""
+    if mml == -1 or shape.max_len_key is None or mml <= shape.max_len:
+        return
+    if shape.model_max_length is not None and mml <= shape.model_max_length:
+        return
+    msg = (f"--max-model-len {mml} is greater than the derived max_model_len ({shape.max_len_key}={shape.max_len} "
+           f"or model_max_length={shape.model_max_length} in {shape.path})")
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
+        notes.append(msg + ": allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+        return
+    raise VllmArgsError(msg + "; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+
+
 def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], notes: list[str],
                   given: Mapping[str, Any]) -> None:
     if shape.hybrid is None:
@@ -598,7 +615,8 @@ def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], no
         res = hybrid_attention_block_size(shape, kv_cache_dtype=kw.get("kv_cache_dtype", "auto"), dtype=kw["dtype"],
                                           tp=kw.get("tensor_parallel_size", 1), block_size=user or 16,
                                           mamba_cache_dtype=given.get("mamba_cache_dtype") or "auto",
-                                          mamba_ssm_cache_dtype=given.get("mamba_ssm_cache_dtype") or "auto")
+                                          mamba_ssm_cache_dtype=given.get("mamba_ssm_cache_dtype") or "auto",
+                                          num_speculative_tokens=kw.get("num_speculative_tokens", 0))
     except ValueError as e:
         raise VllmArgsError(f"{shape.path}: {e}") from None
     if res is None:
