@@ -211,3 +211,13 @@ def test_report_43357_block_is_2080_in_vllm_itself():
     """vllm-project/vllm#43357 (Qwen3.6-27B, turboquant_k8v4, TP 1) logs "attention_block_size: 2080"."""
     text = {**GDN, "mamba_ssm_dtype": "float32"}
     assert _vllm_hybrid_block("gdn", text, kv="turboquant_k8v4", tp=1, hk=4, d=256, block=16, spec=0) == 2080
+
+
+def test_config_yaml_equals_vllms(vllm_parse, tmp_path):
+    y = tmp_path / "serve.yaml"
+    y.write_text("tensor-parallel-size: 4\nmax_model_len: 64k\nenforce-eager: true\nenable-chunked-prefill: false\n"
+                 "max-num-seqs: 8\n")
+    line = f"serve M --config {y} -tp 2"
+    ours, _ = parse_serve_args("vllm " + line)
+    theirs = vllm_parse(line)
+    assert {k: _plain(theirs[k]) for k in ours} == ours

@@ -313,3 +313,21 @@ def test_speculative_tokens_lengthen_the_conv_state_and_the_block():
     # conv state (3 + 3) x 10240 x 2 B = 122,880 B + 3,145,728 B SSM = 3,268,608 B -> cdiv(., 16 x 1552) = 132 -> 2112
     assert d.config.block_size == 2112
     assert "3,268,608 B state" in d.sources["block_size"]
+
+
+def test_config_yaml_is_expanded_as_vllm_and_the_line_wins(tmp_path):
+    y = tmp_path / "serve.yaml"
+    y.write_text("tensor-parallel-size: 4\nmax_model_len: 64k\nenforce-eager: true\nenable-chunked-prefill: false\n"
+                 "compilation-config:\n  cudagraph_capture_sizes: [1, 2]\ncudagraph-capture-sizes: []\n")
+    got, notes = parse_serve_args(f"vllm serve M --config {y} -tp 2")
+    assert got == {"model_tag": "M", "tensor_parallel_size": 2, "max_model_len": 64000, "enforce_eager": True,
+                   "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}
+    # vLLM 0.33 drops a false boolean from the file (checked against vLLM in parity/test_vllm_flags_parity.py)
+    assert notes == [f"enable-chunked-prefill: false in {y} has no effect in vLLM 0.33 (the root `vllm` parser that "
+                     "reads --config knows no --no-enable-chunked-prefill); the default stays"]
+    (tmp_path / "bad.yaml").write_text("- 1\n")
+    for arg, msg in ((str(tmp_path / "x.json"), "must be a .yaml/.yml file, as vLLM requires"),
+                     (str(tmp_path / "missing.yaml"), "cannot be read"),
+                     (str(tmp_path / "bad.yaml"), "the top level must be a mapping of flag: value, got [1]")):
+        with pytest.raises(VllmArgsError, match=msg.replace("[", "\\[").replace("]", "\\]").replace(".", "\\.")):
+            parse_serve_args(f"vllm serve M --config {arg}")

@@ -227,6 +227,51 @@ def _preprocess(argv: list[str]) -> list[str]:
     return keep
 
 
+def _pull_config_file(argv: list[str], notes: list[str]) -> list[str]:
+    """``--config FILE.yaml``: its flags go right after the model, so the line wins
+    (``FlexibleArgumentParser._pull_args_from_config`` / ``load_config_file``). A ``false``
+    boolean is dropped: ``vllm``'s root parser, which expands the file, knows no ``--no-`` flag."""
+    if "--config" not in argv:
+        return argv
+    if argv.count("--config") > 1:
+        raise VllmArgsError("vllm serve: more than one --config file")
+    i = argv.index("--config")
+    if i == len(argv) - 1:
+        raise VllmArgsError("vllm serve: --config needs a YAML file")
+    path = argv[i + 1]
+    if path.split(".")[-1] not in ("yaml", "yml"):
+        raise VllmArgsError(f"vllm serve: --config {path}: must be a .yaml/.yml file, as vLLM requires")
+    try:
+        import yaml
+    except ImportError:
+        raise VllmArgsError(f"--config {path}: reading it needs PyYAML (pip install pyyaml)") from None
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise VllmArgsError(f"--config {path}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise VllmArgsError(f"--config {path}: the top level must be a mapping of flag: value, got {_short(data)}")
+    flags: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            flags += [f"--{key}"] if value else []
+            if not value:
+                notes.append(f"{key}: false in {path} has no effect in vLLM 0.33 (the root `vllm` parser that reads "
+                             f"--config knows no --no-{key}); the default stays")
+        elif isinstance(value, list):
+            flags += [f"--{key}", *map(str, value)] if value else []
+        else:
+            flags += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    rest = argv[:i] + argv[i + 2:]
+    cut = 1 if rest and not rest[0].startswith("-") else 0
+    return rest[:cut] + flags + rest[cut:]
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
 def _strip_launcher(argv: list[str]) -> list[str]:
     for prefix in (["vllm", "serve"], ["python", "-m", "vllm.entrypoints.openai.api_server"],
                    ["python3", "-m", "vllm.entrypoints.openai.api_server"], ["serve"]):
@@ -251,7 +296,7 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
 
     ``engine_args``: a shell-quoted string or argv; a leading ``vllm serve`` /
     ``python -m vllm.entrypoints.openai.api_server`` is dropped; the model is
-    ``model_tag``. Values are converted with vLLM's own types (JSON configs
+    ``model_tag``; ``--config FILE.yaml`` is expanded as vLLM does. Values are converted with vLLM's own types (JSON configs
     are dicts). Raises :class:`VllmArgsError` (one line) for an unknown flag
     (naming the closest), an ambiguous prefix, a bad value, or an extra word.
     """
@@ -261,7 +306,8 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
         argv = shlex.split(engine_args) if isinstance(engine_args, str) else [str(a) for a in engine_args]
     except ValueError as e:
         raise VllmArgsError(f"vllm serve line: {e} (shell quoting)") from None
-    argv = _preprocess(_strip_launcher(argv))
+    notes: list[str] = []
+    argv = _preprocess(_pull_config_file(_strip_launcher(argv), notes))
     parser = _serve_parser()
     try:
         ns, extra = parser.parse_known_args(argv)
@@ -269,7 +315,6 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
         raise VllmArgsError(f"vllm serve: {e}") from None
     if extra:
         raise _unknown_flag_error(extra)
-    notes = []
     if str(getattr(ns, "model_tag", "")).lower() in ("true", "false"):
         notes.append(f"model {ns.model_tag!r}: vLLM reads a word after a boolean flag as the model name (booleans take no value)")
     opts = set(_option_strings())
