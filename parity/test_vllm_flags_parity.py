@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import io
 import shlex
@@ -23,11 +22,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gen_vllm_flags  # noqa: E402
+import gen_vllm_flags
 
-from tqlab.turboquant.spec import get_spec  # noqa: E402
-from tqlab.vllm_trace.hf_config import read_hf_config  # noqa: E402
-from tqlab.vllm_trace.vllm_args import FLAGS_FILE, VllmArgsError, parse_serve_args  # noqa: E402
+from tqlab.turboquant.spec import get_spec
+from tqlab.vllm_trace.hf_config import read_hf_config
+from tqlab.vllm_trace.vllm_args import FLAGS_FILE, VllmArgsError, parse_serve_args
 
 
 def test_checked_in_flag_table_is_what_vllm_generates():
@@ -110,7 +109,9 @@ def test_lines_vllm_refuses_we_refuse(vllm_parse, line):
 @pytest.mark.parametrize("ssm", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("spec", [0, 3])
 def test_mamba_pages_equal_vllms(tp, ssm, spec):
-    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator as Calc
+    from vllm.model_executor.layers.mamba.mamba_utils import (
+        MambaStateShapeCalculator as Calc,
+    )
     from vllm.v1.kv_cache_interface import MambaSpec
 
     gdn = read_hf_config({"text_config": {
@@ -131,7 +132,9 @@ def test_mamba_pages_equal_vllms(tp, ssm, spec):
 @pytest.mark.parametrize("preset", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"])
 @pytest.mark.parametrize("d", [64, 128, 256])
 def test_turboquant_slot_equals_vllms(preset, d):
-    from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
+    from vllm.model_executor.layers.quantization.turboquant.config import (
+        TurboQuantConfig,
+    )
 
     assert get_spec(preset).slot_bytes(d) == TurboQuantConfig.from_cache_dtype(preset, d).slot_size_aligned
 
@@ -154,7 +157,10 @@ def _vllm_hybrid_block(kind, hf_text, *, kv, tp, hk, d, block, spec):
 
     import vllm.config.vllm as cv
     from vllm.model_executor.models import ModelRegistry
-    from vllm.model_executor.models.config import NemotronHForCausalLMConfig, Qwen3_5ForConditionalGenerationConfig
+    from vllm.model_executor.models.config import (
+        NemotronHForCausalLMConfig,
+        Qwen3_5ForConditionalGenerationConfig,
+    )
     from vllm.model_executor.models.nemotron_h import NemotronHForCausalLM
     from vllm.model_executor.models.qwen3_next import Qwen3NextForCausalLM
     from vllm.platforms.interface import Platform

@@ -40,9 +40,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 __all__ = ["HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
 
