@@ -330,3 +330,30 @@ def test_config_yaml_is_expanded_as_vllm_and_the_line_wins(tmp_path):
                      (str(tmp_path / "bad.yaml"), "the top level must be a mapping of flag: value, got [1]")):
         with pytest.raises(VllmArgsError, match=msg.replace("[", "\\[").replace("]", "\\]").replace(".", "\\.")):
             parse_serve_args(f"vllm serve M --config {arg}")
+
+
+def test_fields_being_added_to_engine_config_are_passed_once_they_exist(monkeypatch):
+    """After the merge EngineConfig gains num_speculative_tokens, cudagraph_mode, max_cudagraph_capture_size and
+    lock_workspace_when_eager: the kwargs carry them with their sources (simulated here on the field list)."""
+    import tqlab.vllm_trace.vllm_args as va
+
+    new = {"num_speculative_tokens", "cudagraph_mode", "max_cudagraph_capture_size", "lock_workspace_when_eager"}
+    base = va._field_names()
+    monkeypatch.setattr(va, "_field_names", lambda: base | new)
+    kw, notes, src = engine_config_kwargs_from_vllm(
+        """vllm serve M --speculative-config '{"method":"mtp","num_speculative_tokens":3}' -O1 """
+        "--max-cudagraph-capture-size 64", MODEL)
+    assert (kw["num_speculative_tokens"], kw["cudagraph_mode"], kw["max_cudagraph_capture_size"]) == (3, "PIECEWISE", 64)
+    assert "lock_workspace_when_eager" not in kw
+    assert src["cudagraph_mode"] == "flag -O1" and src["max_cudagraph_capture_size"] == "flag --max-cudagraph-capture-size"
+    assert src["lock_workspace_when_eager"].startswith("tqlab variant, off")
+    assert not any(n.startswith("read but not modelled") for n in notes)
+    kw, _, src = engine_config_kwargs_from_vllm("vllm serve M --enforce-eager", MODEL)
+    assert kw["cudagraph_mode"] == "NONE" and src["cudagraph_mode"] == "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
+
+
+def test_inspect_vllm_json_dash_prints_only_the_json():
+    r = CliRunner().invoke(app, ["inspect-vllm", "--preset", "pr-44053-unit-test", "--tokens", "100", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["prediction"]["config"]["preset"] == "pr-44053-unit-test"

@@ -343,6 +343,8 @@ def engine_config_kwargs_from_vllm(
     known = _field_names()
     for name in sorted(known - set(src) - {"preset"}):
         src[name] = "vLLM default"
+    if "lock_workspace_when_eager" in src:
+        src["lock_workspace_when_eager"] = "tqlab variant, off: vLLM 0.33 never locks the workspace in eager mode"
     dropped = sorted(set(kw) - known)
     if dropped:
         notes.append("read but not modelled by this EngineConfig: " + ", ".join(f"{k}={kw[k]!r}" for k in dropped))
