@@ -357,3 +357,49 @@ def test_inspect_vllm_json_dash_prints_only_the_json():
     assert r.exit_code == 0, r.output
     rep = json.loads(r.output)
     assert rep["prediction"]["config"]["preset"] == "pr-44053-unit-test"
+
+
+# --------------------------------------------------------------------------- #
+# Properties: any argv / any config.json -> a result or a one-line ValueError  #
+# --------------------------------------------------------------------------- #
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_OPTS = sorted(o for f in vllm_flags()["flags"] for o in f["options"])
+_token = st.one_of(st.sampled_from(_OPTS), st.sampled_from(["-O", "-O3", "-O=x", "--", "-", "-cc.mode", "--x.y+",
+                                                             "--config", "auto", "1k", "{", "[1]", "true", "-5"]),
+                   st.text(max_size=8), st.integers(-10, 10**6).map(str),
+                   st.sampled_from(_OPTS).flatmap(lambda o: st.text(max_size=5).map(lambda v: f"{o}={v}")))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(argv=st.lists(_token, max_size=8))
+def test_any_argv_parses_or_is_a_one_line_error(argv):
+    try:
+        given_, notes = parse_serve_args(["vllm", "serve", *argv])
+    except VllmArgsError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert isinstance(given_, dict) and all(isinstance(n, str) for n in notes)
+
+
+_json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 2**65), st.floats(), st.text(max_size=4)),
+                     lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=3), c, max_size=3)),
+                     max_leaves=6)
+_keys = st.sampled_from(["num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "num_hidden_layers",
+                         "max_position_embeddings", "layer_types", "full_attention_interval", "hybrid_override_pattern",
+                         "attn_layer_indices", "attn_layer_period", "rope_scaling", "torch_dtype", "text_config",
+                         "linear_num_value_heads", "mamba_num_heads", "model_max_length", "seq_length"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(cfg=st.dictionaries(_keys, _json, max_size=8), line=st.sampled_from(
+    ["vllm serve M", "vllm serve M -tp 2 --kv-cache-dtype turboquant_4bit_nc", "vllm serve M --max-model-len auto"]))
+def test_any_config_json_builds_or_is_a_one_line_error(cfg, line):
+    try:
+        d = deployment_from_vllm(line, {"num_attention_heads": 8, "head_dim": 128, **cfg})
+    except ValueError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert isinstance(d.config, EngineConfig) and set(d.sources) >= {"num_attention_heads", "max_model_len", "block_size"}
