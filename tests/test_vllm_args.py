@@ -403,3 +403,11 @@ def test_any_config_json_builds_or_is_a_one_line_error(cfg, line):
         assert str(e) and "\n" not in str(e)
         return
     assert isinstance(d.config, EngineConfig) and set(d.sources) >= {"num_attention_heads", "max_model_len", "block_size"}
+
+
+def test_dict_engine_args_take_dests_aliases_and_false_booleans():
+    kw, ignored = parse_engine_args({"enable_chunked_prefill": False, "headless": False, "enforce_eager": "no",
+                                     "tp": 2, "--max-num-seqs": 4, "compilation_config": {"cudagraph_capture_sizes": [1, 2]}})
+    assert kw == {"enable_chunked_prefill": False, "enforce_eager": False, "tensor_parallel_size": 2, "max_num_seqs": 4,
+                  "cudagraph_capture_sizes": (1, 2)}
+    assert ignored == []

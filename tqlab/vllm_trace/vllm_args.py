@@ -48,7 +48,8 @@ def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | Non
     """vLLM engine arguments -> ``({EngineConfig field: value}, [real vLLM flags with no effect on the workspace])``.
 
     A string/argv is parsed by :func:`parse_serve_args`; a dict maps flag
-    names (``-``/``_``, with or without ``--``) to values. Fields that need the
+    names (``-``/``_``, with or without ``--``; short aliases such as ``tp``)
+    to values (booleans: True/False or their words). Fields that need the
     model's config.json (``--max-model-len auto``) are left out; see
     :func:`engine_config_kwargs_from_vllm`. Raises :class:`VllmArgsError`.
     """
@@ -71,7 +72,8 @@ def _given(engine_args) -> tuple[dict[str, Any], list[str]]:
         argv: list[str] = []
         bools = {o for f in vllm_flags()["flags"] if f["kind"] != "value" for o in f["options"]}
         for k, v in engine_args.items():
-            flag = "--" + str(k).lstrip("-").replace("_", "-")
+            name = str(k).lstrip("-").replace("_", "-")
+            flag = "-" + name if "--" + name not in bools and f"-{name}" in _short_options() else "--" + name
             if flag in bools and not isinstance(v, bool):
                 s = str(v).strip().lower()
                 if s not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
@@ -80,13 +82,18 @@ def _given(engine_args) -> tuple[dict[str, Any], list[str]]:
             if v is True:
                 argv.append(flag)
             elif v is False:
-                argv.append("--no-" + flag[2:])
+                neg = {o for f in vllm_flags()["flags"] if flag in f["options"] for o in f["negative_options"]}
+                argv += sorted(neg)[:1]  # a store_true flag has no negative form: False is its default
             elif isinstance(v, (dict, list)):
                 argv += [flag] + ([str(x) for x in v] if isinstance(v, list) else [json.dumps(v)])
             else:
                 argv += [flag, str(v)]
         return parse_serve_args(argv)
     return parse_serve_args(engine_args)
+
+
+def _short_options() -> set[str]:
+    return {o for f in vllm_flags()["flags"] for o in f["options"] if not o.startswith("--")}
 
 
 # --------------------------------------------------------------------------- #
