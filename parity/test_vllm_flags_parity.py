@@ -66,12 +66,14 @@ LINES = [
     "serve M --max-num-seq 4", "serve M --tensor-parallel 2", "serve --enable-chunked-prefill false",
     "serve M --max-model-len -5", "serve M --max-model-len 3k --max-model-len 5", "serve M --enforce-eager --port 8000",
     """serve M --speculative-config '{"method":"mtp","num_speculative_tokens":3}'""",
+    "serve M --speculative-config None",
 ]
 BAD = [
     "serve M --max-num-sqs 4", "serve M --max-num 4", "serve M --enable-chunked-prefill false",
     "serve M --max-model-len infk", "serve M --max-model-len 1e30k", "serve M --max-model-len 1.5K",
     "serve M --max-num-seqs 4k", "serve M --cudagraph-capture-sizes 1,2,4", "serve M --attention-config 5",
     "serve M --enable-lora=false", "serve M --max-model-len", "serve M --compilation-config 3",
+    "serve M --compilation-config None", "serve M --max-num-seqs None",
 ]
 
 

@@ -82,8 +82,6 @@ def _json_value(value: str) -> Any:
 
 
 def _json_object(value: str) -> Any:
-    if value in ("", "None"):
-        return None
     try:
         v = _json_value(value)
     except (json.JSONDecodeError, argparse.ArgumentTypeError, ValueError) as e:
@@ -95,6 +93,14 @@ def _json_object(value: str) -> Any:
 
 def _json_or_str(value: str) -> Any:
     return _json_object(value) if re.match(r"(?s)^\s*{.*}\s*$", value) else value
+
+
+def _optional(fn):
+    """vLLM's ``optional_type``: ``''`` or ``'None'`` -> None, else ``fn``; named after ``fn`` for argparse's messages."""
+    def parse(value: str) -> Any:
+        return None if value in ("", "None") else fn(value)
+    parse.__name__ = getattr(fn, "__name__", "value")
+    return parse
 
 
 _TYPES = {
@@ -145,7 +151,8 @@ def _serve_parser() -> _Parser:
         elif f["kind"] == "bool_optional":
             p.add_argument(*f["options"], dest=f["dest"], action=_BoolAction, negative=f["negative_options"])
         else:
-            kw: dict[str, Any] = {"dest": f["dest"], "type": _TYPES.get(f["type"], str)}
+            typ = _TYPES.get(f["type"], str)
+            kw: dict[str, Any] = {"dest": f["dest"], "type": _optional(typ) if f["optional"] else typ}
             if f["nargs"] is not None:
                 kw["nargs"] = f["nargs"]
             if f["const"] is not None:
