@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 from tqlab.cli import app
@@ -411,3 +412,17 @@ def test_dict_engine_args_take_dests_aliases_and_false_booleans():
     assert kw == {"enable_chunked_prefill": False, "enforce_eager": False, "tensor_parallel_size": 2, "max_num_seqs": 4,
                   "cudagraph_capture_sizes": (1, 2)}
     assert ignored == []
+
+
+def test_deployment_from_preset_says_which_fields_the_line_set():
+    from tqlab.vllm_trace.vllm_args import deployment_from_preset
+
+    d = deployment_from_preset("vllm serve M --enable-lora -tp 8 --max-num-seq 4 --dtype float16", "nemotron-3-super-120b-a12b")
+    assert (d.config.tensor_parallel_size, d.config.max_num_seqs, d.config.dtype) == (8, 4, torch.float16)
+    assert d.sources["tensor_parallel_size"] == "flag --tensor-parallel-size"
+    assert d.sources["max_model_len"] == "preset nemotron-3-super-120b-a12b"
+    assert d.notes == ["preset nemotron-3-super-120b-a12b",
+                       "--max-num-seq read as --max-num-seqs: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)",
+                       "vLLM flags with no effect on the workspace: --enable-lora"]
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        deployment_from_preset("vllm serve M", "nope")

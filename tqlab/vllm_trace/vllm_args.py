@@ -32,7 +32,7 @@ from .vllm_flags import (
 )
 
 __all__ = [
-    "FLAGS_FILE", "VllmArgsError", "VllmDeployment", "deployment_from_vllm", "engine_config_from_vllm",
+    "FLAGS_FILE", "VllmArgsError", "VllmDeployment", "deployment_from_preset", "deployment_from_vllm", "engine_config_from_vllm",
     "engine_config_kwargs_from_vllm", "human_readable_int", "human_readable_int_or_auto",
     "hybrid_attention_block_size", "parse_engine_args", "parse_serve_args", "vllm_default_limits", "vllm_flags",
 ]
@@ -44,6 +44,22 @@ TQ_KERNEL_BLOCK = 16
 """min of ``TurboQuantAttentionBackend.get_supported_kernel_block_sizes()`` = [16, 32, 64, 128]."""
 
 
+def _flag_kwargs(engine_args) -> tuple[dict[str, Any], dict[str, str], list[str], list[str]]:
+    """``(EngineConfig kwargs, their sources, notes, ignored)`` from the flags alone (no config.json)."""
+    given, notes = _given(engine_args)
+    kw, src, more, ignored = _map_flags(given)
+    if kw.get("max_model_len") == -1:
+        kw.pop("max_model_len")
+    if kw.get("dtype") == "auto":
+        kw.pop("dtype")
+    known = _field_names()
+    for k in sorted(set(kw) - known):
+        v = kw.pop(k)
+        if src.get(k, "").startswith("flag"):
+            ignored.append(f"{k}={v!r} (not modelled by this EngineConfig)")
+    return kw, {k: v for k, v in src.items() if k in kw}, notes + more, ignored
+
+
 def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
     """vLLM engine arguments -> ``({EngineConfig field: value}, [real vLLM flags with no effect on the workspace])``.
 
@@ -53,17 +69,7 @@ def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | Non
     model's config.json (``--max-model-len auto``) are left out; see
     :func:`engine_config_kwargs_from_vllm`. Raises :class:`VllmArgsError`.
     """
-    given, _ = _given(engine_args)
-    kw, _src, _notes, ignored = _map_flags(given)
-    if kw.get("max_model_len") == -1:
-        kw.pop("max_model_len")
-    if kw.get("dtype") == "auto":
-        kw.pop("dtype")
-    known = _field_names()
-    for k in sorted(set(kw) - known):
-        v = kw.pop(k)
-        if _src.get(k, "").startswith("flag"):
-            ignored.append(f"{k}={v!r} (not modelled by this EngineConfig)")
+    kw, _src, _notes, ignored = _flag_kwargs(engine_args)
     return kw, ignored
 
 
@@ -431,3 +437,20 @@ def engine_config_from_vllm(
     """
     d = deployment_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib, usage=usage)
     return d.config, d.notes
+
+
+def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str) -> VllmDeployment:
+    """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
+
+    Fields the line sets say ``"flag --..."``; the others ``"preset NAME"``.
+    Raises ``ValueError`` for an unknown preset or bad flags (one line), and
+    ``TypeError`` never: only EngineConfig fields are passed.
+    """
+    kw, src, notes, ignored = _flag_kwargs(engine_args)
+    if kw.get("dtype") is not None:
+        kw["dtype"] = parse_dtype(kw["dtype"])
+    config = EngineConfig.from_preset(preset, **kw)
+    sources = {name: src.get(name, f"preset {preset}") for name in _field_names() - {"preset"}}
+    if ignored:
+        notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
+    return VllmDeployment(config, [f"preset {preset}", *notes], sources, None)
