@@ -12,6 +12,8 @@ import json
 import pytest
 import torch
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tqlab.cli import app
 from tqlab.config import EngineConfig
@@ -364,8 +366,6 @@ def test_inspect_vllm_json_dash_prints_only_the_json():
 # Properties: any argv / any config.json -> a result or a one-line ValueError  #
 # --------------------------------------------------------------------------- #
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 _OPTS = sorted(o for f in vllm_flags()["flags"] for o in f["options"])
 _token = st.one_of(st.sampled_from(_OPTS), st.sampled_from(["-O", "-O3", "-O=x", "--", "-", "-cc.mode", "--x.y+",
