@@ -426,3 +426,22 @@ def test_deployment_from_preset_says_which_fields_the_line_set():
                        "vLLM flags with no effect on the workspace: --enable-lora"]
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         deployment_from_preset("vllm serve M", "nope")
+
+
+@pytest.mark.parametrize("line, seqs, mbt", [
+    ("vllm serve M --max-model-len 100000 --no-enable-chunked-prefill", 256, 100000),  # max(max_model_len, 2048)
+    ("vllm serve M --max-model-len 1000 --no-enable-chunked-prefill", 256, 2048),
+    ("vllm serve M --max-model-len 4 --max-num-seqs 2", 2, 8),  # min(max_num_seqs x max_model_len, 2048)
+    ("vllm serve M --max-num-batched-tokens 100", 100, 100),  # a defaulted max_num_seqs is capped by the batch
+    ("vllm serve M --performance-mode throughput", 512, 4096),  # doubled defaults
+])
+def test_scheduler_defaults_as_vllm(line, seqs, mbt):
+    kw, _, src = engine_config_kwargs_from_vllm(line, MODEL)
+    assert (kw["max_num_seqs"], kw["max_num_batched_tokens"]) == (seqs, mbt)
+    EngineConfig(**kw)
+
+
+def test_max_num_seqs_above_the_default_batch_is_refused_as_vllm():
+    # vLLM keeps the default batch of 2048 and SchedulerConfig.verify_max_model_len refuses it
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(2048\) must be >= max_num_seqs \(4096\)"):
+        deployment_from_vllm("vllm serve M --max-num-seqs 4096", MODEL)

@@ -199,7 +199,8 @@ def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = Non
     ``usage``: ``"serve"`` (``vllm serve``) or ``"llm"`` (the ``LLM`` class);
     ``gpu_memory_gib``: the GPU's memory in GiB (None: assumed under 70 GiB).
     Under 70 GiB: 2048/8192 tokens, 256 seqs; >= 70 GiB: 8192/16384, 1024;
-    >= 160 GiB: 16384, 1024 (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``).
+    >= 160 GiB: 16384, 1024 (``EngineArgs.get_batch_defaults``; vLLM keeps
+    A100s and GB10 in the small tier by device name, which tqlab is not given).
     Raises ``ValueError`` for another ``usage`` or a GPU size that is not a finite number >= 0.
     """
     if usage not in ("serve", "llm"):
@@ -340,18 +341,7 @@ def engine_config_kwargs_from_vllm(
         how = "--max-model-len auto" if "max_model_len" in kw else "no --max-model-len"
         kw["max_model_len"], src["max_model_len"] = shape.max_len, f"config.json {key} ({how})"
         notes.append(f"max_model_len = {shape.max_len} from config.json {key} ({how})")
-    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
-    if "max_num_seqs" not in kw:
-        kw["max_num_seqs"], src["max_num_seqs"] = seqs, f"vLLM default ({why})"
-        notes.append(f"max_num_seqs not given: vLLM default {seqs} ({why})")
-    if "max_num_batched_tokens" not in kw:
-        if kw.get("enable_chunked_prefill", True):
-            kw["max_num_batched_tokens"], src["max_num_batched_tokens"] = max(mbt, kw["max_num_seqs"]), f"vLLM default ({why})"
-        else:
-            kw["max_num_batched_tokens"] = max(kw["max_model_len"], kw["max_num_seqs"])
-            src["max_num_batched_tokens"] = "vLLM default with chunked prefill off: max(max_model_len, max_num_seqs)"
-        notes.append(f"max_num_batched_tokens not given: vLLM default {kw['max_num_batched_tokens']} "
-                     f"({src['max_num_batched_tokens'].removeprefix('vLLM default ')})")
+    _scheduler_defaults(kw, src, notes, usage, gpu_memory_gib, given.get("performance_mode"))
     _hybrid_block(shape, kw, src, notes, given)
     known = _field_names()
     for name in sorted(known - set(src) - {"preset"}):
@@ -362,6 +352,35 @@ def engine_config_kwargs_from_vllm(
     if dropped:
         notes.append("read but not modelled by this EngineConfig: " + ", ".join(f"{k}={kw[k]!r}" for k in dropped))
     return ({k: v for k, v in kw.items() if k in known}, notes, {k: v for k, v in src.items() if k in known})
+
+
+def _scheduler_defaults(kw: dict[str, Any], src: dict[str, str], notes: list[str], usage: str,
+                        gpu_memory_gib: float | None, performance_mode: str | None) -> None:
+    """Unset ``max_num_seqs`` / ``max_num_batched_tokens`` as vLLM 0.33 sets them
+    (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): the usage/GPU defaults,
+    doubled with ``--performance-mode throughput``; without chunked prefill the batch is at least
+    ``max_model_len``; then ``min(max_num_seqs * max_model_len, ...)``, and a defaulted
+    ``max_num_seqs`` is capped by the batch. (vLLM's ``max_num_batched_tokens >= max_num_seqs``
+    check then applies, in :class:`EngineConfig`.)"""
+    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
+    if performance_mode == "throughput":
+        mbt, seqs, why = 2 * mbt, 2 * seqs, why + ", doubled by --performance-mode throughput"
+    seqs_given, mbt_given = "max_num_seqs" in kw, "max_num_batched_tokens" in kw
+    if not seqs_given:
+        kw["max_num_seqs"], src["max_num_seqs"] = seqs, f"vLLM default ({why})"
+    if not mbt_given:
+        how = f"vLLM default ({why})"
+        if not kw.get("enable_chunked_prefill", True):
+            mbt, how = max(kw["max_model_len"], mbt), f"vLLM default with chunked prefill off: max(max_model_len, {mbt})"
+        if kw["max_num_seqs"] * kw["max_model_len"] < mbt:
+            mbt, how = kw["max_num_seqs"] * kw["max_model_len"], "vLLM default capped at max_num_seqs x max_model_len"
+        kw["max_num_batched_tokens"], src["max_num_batched_tokens"] = mbt, how
+        notes.append(f"max_num_batched_tokens not given: {mbt} ({how})")
+    if not seqs_given:
+        if kw["max_num_batched_tokens"] < kw["max_num_seqs"]:
+            kw["max_num_seqs"] = kw["max_num_batched_tokens"]
+            src["max_num_seqs"] += f", capped at max_num_batched_tokens {kw['max_num_batched_tokens']}"
+        notes.append(f"max_num_seqs not given: {kw['max_num_seqs']} ({src['max_num_seqs']})")
 
 
 def _check_max_model_len(shape: ModelShape, mml: int, notes: list[str]) -> None:
