@@ -229,3 +229,22 @@ def test_config_yaml_equals_vllms(vllm_parse, tmp_path):
     ours, _ = parse_serve_args("vllm " + line)
     theirs = vllm_parse(line)
     assert {k: _plain(theirs[k]) for k in ours} == ours
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3, 4, 5, 32, 88])
+def test_boundary_skip_layers_equal_vllms(layers):
+    import types
+
+    from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
+
+    from tqlab.vllm_trace.vllm_args import engine_config_kwargs_from_vllm
+
+    mc = types.SimpleNamespace(is_hybrid=False, hf_text_config=types.SimpleNamespace(num_hidden_layers=layers))
+    theirs = layers - len(TurboQuantConfig.get_boundary_skip_layers(mc))
+    cfg = {"num_attention_heads": 8, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": layers,
+           "max_position_embeddings": 4096}
+    try:
+        ours = engine_config_kwargs_from_vllm("vllm serve M --kv-cache-dtype turboquant_4bit_nc", cfg)[0]["num_hidden_layers"]
+    except ValueError:
+        ours = 0  # every layer kept off TurboQuant: tqlab's one-line "no TurboQuant workspace consumer"
+    assert ours == theirs

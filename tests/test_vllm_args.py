@@ -445,3 +445,21 @@ def test_max_num_seqs_above_the_default_batch_is_refused_as_vllm():
     # vLLM keeps the default batch of 2048 and SchedulerConfig.verify_max_model_len refuses it
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(2048\) must be >= max_num_seqs \(4096\)"):
         deployment_from_vllm("vllm serve M --max-num-seqs 4096", MODEL)
+
+
+@pytest.mark.parametrize("layers, extra, expected", [
+    (32, "", 28),  # vLLM keeps layers 0, 1, 30, 31 in bf16 (TurboQuantConfig.get_boundary_skip_layers)
+    (32, " --kv-cache-dtype-skip-layers 5 30", 27),
+    (3, "", 1),  # n = min(2, 3 // 2) = 1 at each end: layers 0 and 2 off, layer 1 on TurboQuant
+])
+def test_dense_turboquant_layers_exclude_vllms_boundary_layers(layers, extra, expected):
+    cfg = {**MODEL, "num_hidden_layers": layers}
+    kw, notes, src = engine_config_kwargs_from_vllm("vllm serve M --kv-cache-dtype turboquant_4bit_nc" + extra, cfg)
+    assert kw["num_hidden_layers"] == expected
+    assert src["num_hidden_layers"].startswith(f"derived: {layers} attention layers - {layers - expected} kept off TurboQuant")
+    assert engine_config_kwargs_from_vllm("vllm serve M", cfg)[0]["num_hidden_layers"] == layers  # not TurboQuant
+
+
+def test_a_model_with_every_layer_off_turboquant_is_an_error():
+    with pytest.raises(VllmArgsError, match="every attention layer is kept off TurboQuant .*no TurboQuant workspace consumer"):
+        engine_config_kwargs_from_vllm("vllm serve M --kv-cache-dtype turboquant_4bit_nc", {**MODEL, "num_hidden_layers": 2})

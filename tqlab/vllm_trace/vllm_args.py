@@ -114,7 +114,7 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
-                        "cudagraph_capture_sizes", "optimization_level"}
+                        "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers"}
 
 
 def _field_names() -> set[str]:
@@ -342,6 +342,7 @@ def engine_config_kwargs_from_vllm(
         kw["max_model_len"], src["max_model_len"] = shape.max_len, f"config.json {key} ({how})"
         notes.append(f"max_model_len = {shape.max_len} from config.json {key} ({how})")
     _scheduler_defaults(kw, src, notes, usage, gpu_memory_gib, given.get("performance_mode"))
+    _skip_layers(shape, kw, src, notes, given.get("kv_cache_dtype_skip_layers") or [])
     _hybrid_block(shape, kw, src, notes, given)
     known = _field_names()
     for name in sorted(known - set(src) - {"preset"}):
@@ -381,6 +382,32 @@ def _scheduler_defaults(kw: dict[str, Any], src: dict[str, str], notes: list[str
             kw["max_num_seqs"] = kw["max_num_batched_tokens"]
             src["max_num_seqs"] += f", capped at max_num_batched_tokens {kw['max_num_batched_tokens']}"
         notes.append(f"max_num_seqs not given: {kw['max_num_seqs']} ({src['max_num_seqs']})")
+
+
+def _skip_layers(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], notes: list[str], user: list[str]) -> None:
+    """Layers vLLM 0.33 keeps off TurboQuant (native dtype, another backend): ``--kv-cache-dtype-skip-layers``
+    plus, for a dense model, the first and last ``min(2, L // 2)`` layers (``EngineArgs.create_engine_config``
+    -> ``TurboQuantConfig.get_boundary_skip_layers``; hybrids: none). ``num_hidden_layers`` counts the rest."""
+    if not kw.get("kv_cache_dtype", "auto").startswith("turboquant_"):
+        return
+    n_all = shape.num_hidden_layers
+    n = min(2, n_all // 2) if shape.hybrid is None else 0
+    skip = {i for i in range(n_all) if i < n or i >= n_all - n} | {int(t) for t in user if t.isdigit()}
+    keep = [i for i in shape.attention_layers if i not in skip]
+    if not keep:
+        raise VllmArgsError(f"{shape.path}: every attention layer is kept off TurboQuant (skip layers {sorted(skip)}): "
+                            "no TurboQuant workspace consumer")
+    if len(keep) == len(shape.attention_layers):
+        return
+    kw["num_hidden_layers"] = len(keep)
+    src["num_hidden_layers"] = (f"derived: {len(shape.attention_layers)} attention layers - {len(shape.attention_layers) - len(keep)} "
+                                f"kept off TurboQuant (vLLM boundary layers {n} each end + --kv-cache-dtype-skip-layers)")
+    notes.append(f"TurboQuant layers: {len(keep)} of {len(shape.attention_layers)}; vLLM 0.33 keeps layers {sorted(skip)} in the "
+                 "model dtype, and may then raise the block size so one page fits both "
+                 "(Platform._align_heterogeneous_kv_block_size, backend-dependent: not modelled; "
+                 "pass --block-size with the size vLLM logs)")
+    if any(not t.isdigit() for t in user):
+        notes.append("--kv-cache-dtype-skip-layers " + ", ".join(t for t in user if not t.isdigit()) + ": not modelled")
 
 
 def _check_max_model_len(shape: ModelShape, mml: int, notes: list[str]) -> None:
