@@ -333,21 +333,43 @@ def _plan_lines(config: EngineConfig, pred) -> list:
               help="workspace size measured at lock without the fix (bytes)")
 @click.option("--gpu-memory-gib", type=float, default=None, help="GPU memory, for vLLM's default batch limits")
 @click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="also write the report as JSON")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="also write the report as JSON ('-': standard output, then only the JSON)")
 def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, locked_bytes, gpu_memory_gib, demo, json_path) -> None:
     """Predict, per workspace consumer, whether a vLLM deployment hits the locked-workspace crash.
 
     Reads engine args + the model's config.json; prints the workspace each
     prompt needs, whether it overflows the locked size with and without the
     fix, and the safe max_model_len. vLLM itself is only needed for --demo.
+    ``--json -`` writes the report to standard output, and nothing else. Bad
+    input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
+    field, --gpu-memory-gib that is not a finite number > 0, a --json path in
+    a missing folder) is a one-line usage error (exit 2).
     """
+    import math
+    from pathlib import Path
+
     from .vllm_trace import inspect_vllm
 
+    if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
+        raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
+    to_stdout = json_path == "-"
+    if json_path is not None and not to_stdout:
+        parent = Path(json_path).resolve().parent
+        if not parent.is_dir():
+            raise click.BadParameter(f"{json_path}: folder {parent} does not exist", param_hint="--json")
     try:
-        inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens, locked_bytes=locked_bytes,
-                     gpu_memory_gib=gpu_memory_gib, demo=demo, json_path=json_path)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
+        report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
+                              locked_bytes=locked_bytes, gpu_memory_gib=gpu_memory_gib, demo=demo,
+                              json_path=None if to_stdout else json_path, quiet=to_stdout)
+    except (ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    except OSError as e:
+        raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
+    if to_stdout:  # --json -: standard output holds only the JSON
+        import json
+
+        click.echo(json.dumps(report, indent=2, default=str))
 
 
 def main() -> None:  # pragma: no cover

@@ -36,11 +36,16 @@ from .cpu_harness import (
     vllm_prefill_chunk_requests,
     vllm_reservation_calls,
 )
+from .hf_config import HFConfigError, ModelShape, read_hf_config
 from .vllm_args import (
+    VllmDeployment,
+    deployment_from_vllm,
     engine_config_from_vllm,
+    engine_config_kwargs_from_vllm,
     parse_engine_args,
     vllm_default_limits,
 )
+from .vllm_flags import VllmArgsError, parse_serve_args
 from ..reservation import CONTINUATION_DECODE_THRESHOLD
 from .predict import (
     DECODE,
@@ -81,7 +86,15 @@ __all__ = [
     "compare_managers",
     "compare_reservations",
     "demo_steps",
+    "HFConfigError",
+    "ModelShape",
+    "VllmArgsError",
+    "VllmDeployment",
+    "deployment_from_vllm",
     "engine_config_from_vllm",
+    "engine_config_kwargs_from_vllm",
+    "parse_serve_args",
+    "read_hf_config",
     "fake_vllm_configs",
     "format_trace_report",
     "inspect_vllm",

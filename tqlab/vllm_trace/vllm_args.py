@@ -1,156 +1,196 @@
-"""A deployment from vLLM engine arguments (a ``vllm serve`` line, argv or dict) and the model's ``config.json``."""
+"""A deployment from a ``vllm serve`` line (or argv, or a dict) and the model's ``config.json``, as vLLM 0.33 reads them.
+
+The line is parsed by :mod:`tqlab.vllm_trace.vllm_flags` (vLLM's own flags, as
+data); config.json is read by :mod:`tqlab.vllm_trace.hf_config`. This module
+maps both onto :class:`~tqlab.config.EngineConfig` fields, saying for each
+where it came from (:class:`VllmDeployment` ``sources``), and sizes the
+attention block of hybrid models as vLLM does (:func:`hybrid_attention_block_size`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
-import shlex
-from pathlib import Path
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ..config import EngineConfig, parse_dtype
+from ..turboquant.spec import get_spec
+from .hf_config import ModelShape, read_hf_config
+from .vllm_flags import (
+    FLAGS_FILE,
+    VllmArgsError,
+    human_readable_int,
+    human_readable_int_or_auto,
+    parse_serve_args,
+    vllm_flags,
+)
 
-# --------------------------------------------------------------------------- #
-# Deployment config: vLLM engine args + the model's config.json              #
-# --------------------------------------------------------------------------- #
+__all__ = [
+    "FLAGS_FILE", "VllmArgsError", "VllmDeployment", "deployment_from_preset", "deployment_from_vllm", "engine_config_from_vllm",
+    "engine_config_kwargs_from_vllm", "human_readable_int", "human_readable_int_or_auto",
+    "hybrid_attention_block_size", "parse_engine_args", "parse_serve_args", "vllm_default_limits", "vllm_flags",
+]
 
-# engine-arg name (underscored) -> EngineConfig field
-_INT_ARGS = {
-    "tensor_parallel_size": "tensor_parallel_size",
-    "tp": "tensor_parallel_size",
-    "max_model_len": "max_model_len",
-    "max_num_seqs": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "block_size": "block_size",
-}
-_BOOL_ARGS = {"enable_chunked_prefill", "enable_dbo", "enforce_eager"}
-_FLAG_ONLY = {
-    "trust_remote_code", "enable_expert_parallel", "enable_prefix_caching", "no_enable_prefix_caching",
-    "enforce_eager", "enable_dbo", "enable_chunked_prefill", "no_enable_chunked_prefill", "disable_log_requests",
-    "disable_log_stats", "enable_auto_tool_choice", "async_scheduling", "no_async_scheduling",
-}
-
-
-def _human_int(name: str, value: Any) -> int:
-    """vLLM's integer syntax: ``131072``, ``128k`` (x1000), ``128K`` (x1024)."""
-    if isinstance(value, bool):
-        raise ValueError(f"--{name.replace('_', '-')} must be an integer, got {value!r}")
-    if isinstance(value, int):
-        return value
-    s = str(value).strip()
-    mult = {"k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}
-    try:
-        if s and s[-1] in mult:
-            num = s[:-1]
-            if s[-1].isupper():
-                return int(num) * mult[s[-1]]
-            return int(float(num) * mult[s[-1]])
-        return int(s)
-    except ValueError:
-        raise ValueError(f"--{name.replace('_', '-')} must be an integer (e.g. 131072 or 128k), got {value!r}") from None
+CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+_LEVEL_MODE = {"0": "NONE", "1": "PIECEWISE", "2": "FULL_AND_PIECEWISE", "3": "FULL_AND_PIECEWISE"}
+"""``vllm/config/vllm.py`` ``OPTIMIZATION_LEVEL_0x`` ``cudagraph_mode`` defaults."""
+TQ_KERNEL_BLOCK = 16
+"""min of ``TurboQuantAttentionBackend.get_supported_kernel_block_sizes()`` = [16, 32, 64, 128]."""
 
 
-def _as_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    s = str(value).strip().lower()
-    if s in ("1", "true", "yes", "on"):
-        return True
-    if s in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"--{name.replace('_', '-')} must be true or false, got {value!r}")
+def _flag_kwargs(engine_args) -> tuple[dict[str, Any], dict[str, str], list[str], list[str]]:
+    """``(EngineConfig kwargs, their sources, notes, ignored)`` from the flags alone (no config.json)."""
+    given, notes = _given(engine_args)
+    kw, src, more, ignored = _map_flags(given)
+    if kw.get("max_model_len") == -1:
+        kw.pop("max_model_len")
+    if kw.get("dtype") == "auto":
+        kw.pop("dtype")
+    known = _field_names()
+    for k in sorted(set(kw) - known):
+        v = kw.pop(k)
+        if src.get(k, "").startswith("flag"):
+            ignored.append(f"{k}={v!r} (not modelled by this EngineConfig)")
+    return kw, {k: v for k, v in src.items() if k in kw}, notes + more, ignored
 
 
 def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
-    """vLLM engine arguments -> ``({EngineConfig field: value}, [ignored args])``.
+    """vLLM engine arguments -> ``({EngineConfig field: value}, [real vLLM flags with no effect on the workspace])``.
 
-    Accepts a ``vllm serve MODEL --flag value ...`` command line (a string,
-    shell-quoted), the same as an argv list, or a dict (keys with ``-`` or
-    ``_``, with or without leading ``--``). Understood: ``--tensor-parallel-size``
-    / ``-tp``, ``--max-model-len`` (``128k`` syntax too), ``--max-num-seqs``,
-    ``--max-num-batched-tokens``, ``--block-size``, ``--dtype``,
-    ``--kv-cache-dtype``, ``--[no-]enable-chunked-prefill``, ``--enable-dbo``,
-    ``--enforce-eager``, ``--attention-config`` (JSON with
-    ``tq_max_kv_splits_for_cuda_graph``). Other arguments are returned as
-    ignored. Raises ``ValueError`` naming a bad value.
+    A string/argv is parsed by :func:`parse_serve_args`; a dict maps flag
+    names (``-``/``_``, with or without ``--``; short aliases such as ``tp``)
+    to values (booleans: True/False or their words). Fields that need the
+    model's config.json (``--max-model-len auto``) are left out; see
+    :func:`engine_config_kwargs_from_vllm`. Raises :class:`VllmArgsError`.
     """
-    if engine_args is None:
-        return {}, []
-    items: list[tuple[str, Any]] = []
-    ignored: list[str] = []
+    kw, _src, _notes, ignored = _flag_kwargs(engine_args)
+    return kw, ignored
+
+
+def _given(engine_args) -> tuple[dict[str, Any], list[str]]:
     if isinstance(engine_args, Mapping):
-        items = [(str(k).lstrip("-").replace("-", "_"), v) for k, v in engine_args.items()]
-    else:
-        argv = shlex.split(engine_args) if isinstance(engine_args, str) else [str(a) for a in engine_args]
-        i = 0
-        while i < len(argv):
-            tok = argv[i]
-            if not tok.startswith("-"):
-                if tok not in ("vllm", "serve", "python", "-m", "vllm.entrypoints.openai.api_server"):
-                    items.append(("model", tok))
-                i += 1
-                continue
-            name = tok.lstrip("-").replace("-", "_")
-            if "=" in name:
-                name, value = name.split("=", 1)
-                items.append((name, value))
-                i += 1
-                continue
-            has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--") and name not in _FLAG_ONLY
-            if has_value:
-                items.append((name, argv[i + 1]))
-                i += 2
+        argv: list[str] = []
+        bools = {o for f in vllm_flags()["flags"] if f["kind"] != "value" for o in f["options"]}
+        for k, v in engine_args.items():
+            name = str(k).lstrip("-").replace("_", "-")
+            flag = "-" + name if "--" + name not in bools and f"-{name}" in _short_options() else "--" + name
+            if flag in bools and not isinstance(v, bool):
+                s = str(v).strip().lower()
+                if s not in ("true", "false", "1", "0", "yes", "no", "on", "off"):
+                    raise VllmArgsError(f"{flag} must be true or false, got {v!r}")
+                v = s in ("true", "1", "yes", "on")
+            if v is True:
+                argv.append(flag)
+            elif v is False:
+                neg = {o for f in vllm_flags()["flags"] if flag in f["options"] for o in f["negative_options"]}
+                argv += sorted(neg)[:1]  # a store_true flag has no negative form: False is its default
+            elif isinstance(v, (dict, list)):
+                argv += [flag] + ([str(x) for x in v] if isinstance(v, list) else [json.dumps(v)])
             else:
-                items.append((name, True))
-                i += 1
-    out: dict[str, Any] = {}
-    for name, value in items:
-        if name in _INT_ARGS:
-            out[_INT_ARGS[name]] = _human_int(name, value)
-        elif name == "no_enable_chunked_prefill":
-            out["enable_chunked_prefill"] = not _as_bool(name, value)
-        elif name in _BOOL_ARGS:
-            out[name] = _as_bool(name, value)
-        elif name == "dtype":
-            out["dtype"] = str(value)
-        elif name == "kv_cache_dtype":
-            out["kv_cache_dtype"] = str(value)
-        elif name == "attention_config":
-            cfg = json.loads(value) if isinstance(value, str) else dict(value)
-            if "tq_max_kv_splits_for_cuda_graph" in cfg:
-                out["tq_max_kv_splits_for_cuda_graph"] = _human_int(
-                    "tq_max_kv_splits_for_cuda_graph", cfg["tq_max_kv_splits_for_cuda_graph"]
-                )
-        elif name == "model":
-            out["model"] = str(value)
-        else:
-            ignored.append(name if value is True else f"{name}={value}")
-    return out, ignored
+                argv += [flag, str(v)]
+        return parse_serve_args(argv)
+    return parse_serve_args(engine_args)
 
 
-def _load_model_config(model_config: str | os.PathLike | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(model_config, Mapping):
-        return dict(model_config)
-    p = Path(model_config)
-    if p.is_dir():
-        p = p / "config.json"
-    if not p.is_file():
-        raise ValueError(f"model config {str(model_config)!r}: no such file (expected a config.json or its folder)")
-    return json.loads(p.read_text())
+def _short_options() -> set[str]:
+    return {o for f in vllm_flags()["flags"] for o in f["options"] if not o.startswith("--")}
 
 
-def _count_attention_layers(cfg: Mapping[str, Any]) -> int | None:
-    """Attention layers of a hybrid model, from the usual config.json hints, else None."""
-    pattern = cfg.get("hybrid_override_pattern")
-    if isinstance(pattern, str) and pattern:
-        return pattern.count("*")
-    for key in ("layer_types", "layers_block_type"):
-        types = cfg.get(key)
-        if isinstance(types, list) and types:
-            return sum(1 for t in types if str(t) in ("full_attention", "attention", "sliding_attention"))
-    return None
+# --------------------------------------------------------------------------- #
+# Flags -> EngineConfig fields                                                #
+# --------------------------------------------------------------------------- #
+
+_DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig validates the range)
+    "tensor_parallel_size": "tensor_parallel_size", "max_num_seqs": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens", "block_size": "block_size",
+    "enable_chunked_prefill": "enable_chunked_prefill", "enable_dbo": "enable_dbo",
+    "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
+    "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
+}
+_READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
+                        "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers"}
+
+
+def _field_names() -> set[str]:
+    return {f.name for f in dataclasses.fields(EngineConfig)}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
+    if not isinstance(v, list) or not v or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in v):
+        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
+    return tuple(v)
+
+
+def _map_flags(g: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[str], list[str]]:
+    """Given flags -> ``(kwargs, sources, notes, ignored)``; vLLM 0.33's rules, cited inline."""
+    kw: dict[str, Any] = {}
+    src: dict[str, str] = {}
+    notes: list[str] = []
+    for dest, fld in _DIRECT.items():
+        if dest in g and g[dest] is not None:
+            kw[fld], src[fld] = g[dest], f"flag {_flag(dest)}"
+    mml = kw.get("max_model_len")
+    if mml is not None and mml != -1 and mml < 1:  # ModelConfig.max_model_len: Field(ge=-1), then >= 1
+        raise VllmArgsError(f"--max-model-len must be a positive integer or auto/-1, got {mml}")
+    cc = g.get("compilation_config") or {}
+    for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
+        if key in cc and key in g:  # EngineArgs.create_engine_config
+            raise VllmArgsError(f"{key} and compilation_config.{key} are mutually exclusive (vLLM)")
+    sizes = g.get("cudagraph_capture_sizes", cc.get("cudagraph_capture_sizes"))
+    if sizes is not None:
+        kw["cudagraph_capture_sizes"] = _positive_ints("cudagraph_capture_sizes", sizes)
+        src["cudagraph_capture_sizes"] = ("flag --cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g
+                                          else "flag --compilation-config cudagraph_capture_sizes")
+    if "max_cudagraph_capture_size" in cc and cc["max_cudagraph_capture_size"] is not None:
+        kw["max_cudagraph_capture_size"] = _positive_ints("max_cudagraph_capture_size", [cc["max_cudagraph_capture_size"]])[0]
+        src["max_cudagraph_capture_size"] = "flag --compilation-config max_cudagraph_capture_size"
+    _map_cudagraph_mode(g, cc, kw, src)
+    spec = g.get("speculative_config")
+    if spec is not None:
+        k = spec.get("num_speculative_tokens")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
+            raise VllmArgsError(f"--speculative-config num_speculative_tokens must be an integer >= 0, got {k!r}")
+        if k is not None:
+            kw["num_speculative_tokens"], src["num_speculative_tokens"] = k, "flag --speculative-config num_speculative_tokens"
+    att = g.get("attention_config") or {}
+    if "tq_max_kv_splits_for_cuda_graph" in att:
+        v = att["tq_max_kv_splits_for_cuda_graph"]
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise VllmArgsError(f"--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got {v!r}")
+        kw["tq_max_kv_splits_for_cuda_graph"] = v
+        src["tq_max_kv_splits_for_cuda_graph"] = "flag --attention-config tq_max_kv_splits_for_cuda_graph"
+    ignored = sorted(_flag(d) for d in g if d not in _READ)
+    return kw, src, notes, ignored
+
+
+def _map_cudagraph_mode(g, cc, kw, src) -> None:
+    """``cudagraph_mode``: NONE with ``--enforce-eager`` (``VllmConfig.__post_init__``), else
+    ``compilation_config.cudagraph_mode``, else the ``-O`` level's default (O0 NONE, O1 PIECEWISE,
+    O2/O3 FULL_AND_PIECEWISE; vLLM's default level is 2). vLLM may still lower it for a backend
+    without full-graph support (``VllmConfig._normalize_piecewise_cudagraph_mode`` and after)."""
+    level = str(g.get("optimization_level", "2")).strip().upper().removeprefix("O")
+    if level not in _LEVEL_MODE:
+        raise VllmArgsError(f"--optimization-level (-O) must be 0, 1, 2 or 3, got {g.get('optimization_level')!r}")
+    mode = cc.get("cudagraph_mode")
+    if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
+        raise VllmArgsError(f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
+    if g.get("enforce_eager"):
+        kw["cudagraph_mode"], src["cudagraph_mode"] = "NONE", "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
+    elif mode is not None:
+        kw["cudagraph_mode"], src["cudagraph_mode"] = mode.upper(), "flag --compilation-config cudagraph_mode"
+    else:
+        kw["cudagraph_mode"] = _LEVEL_MODE[level]
+        src["cudagraph_mode"] = (f"flag -O{level}" if "optimization_level" in g else "vLLM default (-O2)")
 
 
 def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = None) -> tuple[int, int, str]:
@@ -159,11 +199,15 @@ def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = Non
     ``usage``: ``"serve"`` (``vllm serve``) or ``"llm"`` (the ``LLM`` class);
     ``gpu_memory_gib``: the GPU's memory in GiB (None: assumed under 70 GiB).
     Under 70 GiB: 2048/8192 tokens, 256 seqs; >= 70 GiB: 8192/16384, 1024;
-    >= 160 GiB: 16384, 1024. ``why`` says which case applied, in words.
-    Raises ``ValueError`` for another ``usage``.
+    >= 160 GiB: 16384, 1024 (``EngineArgs.get_batch_defaults``; vLLM keeps
+    A100s and GB10 in the small tier by device name, which tqlab is not given).
+    Raises ``ValueError`` for another ``usage`` or a GPU size that is not a finite number >= 0.
     """
     if usage not in ("serve", "llm"):
         raise ValueError(f"usage must be 'serve' or 'llm', got {usage!r}")
+    if gpu_memory_gib is not None and (isinstance(gpu_memory_gib, bool) or not isinstance(gpu_memory_gib, (int, float))
+                                       or not math.isfinite(gpu_memory_gib) or gpu_memory_gib <= 0):
+        raise ValueError(f"gpu_memory_gib must be a finite number > 0, got {gpu_memory_gib!r}")
     mem = 0.0 if gpu_memory_gib is None else float(gpu_memory_gib)
     cmd = "`vllm serve`" if usage == "serve" else "the `LLM` class"
     if mem >= 160:
@@ -174,6 +218,258 @@ def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = Non
     return (2048 if usage == "serve" else 8192), 256, f"{cmd} on a GPU under 70 GiB{gpu}"
 
 
+# --------------------------------------------------------------------------- #
+# Hybrid models: the attention block size                                     #
+# --------------------------------------------------------------------------- #
+
+
+def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype: torch.dtype, tp: int,
+                                block_size: int = 16, mamba_cache_dtype: str = "auto",
+                                mamba_ssm_cache_dtype: str = "auto", num_speculative_tokens: int = 0) -> tuple[int, str] | None:
+    """vLLM 0.33's attention block size for a hybrid model, or None when config.json has no Mamba state.
+
+    Mirrors ``vllm/platforms/interface.py`` ``Platform._align_hybrid_block_size``
+    (with ``mamba_cache_mode`` "none"): the attention page of one token on a
+    rank (TurboQuant: ``slot_bytes(D) * Hk`` per ``TurboQuantAttentionBackend.customize_spec``;
+    else ``2 * Hk * D * itemsize``), the Mamba state page (:meth:`MambaState.page_bytes`:
+    conv state in ``--mamba-cache-dtype`` else the model dtype, SSM state in
+    ``--mamba-ssm-cache-dtype``, else config.json's ``mamba_ssm_dtype`` (Qwen3.5) /
+    ``mamba_ssm_cache_dtype`` (Nemotron-H, default float32), else the conv dtype;
+    the conv state keeps ``num_speculative_tokens`` more steps), ``align = max(16, block_size)``;
+    ``block = align * cdiv(mamba_page, align * page_1_token)`` rounded up to 16,
+    and vLLM keeps the larger of that and ``block_size``. Returns
+    ``(block_size, how)``: ``how`` shows the numbers. Raises ``ValueError`` if TP
+    does not divide the state.
+    """
+    m = shape.mamba
+    if m is None:
+        return None
+    hk = max(1, shape.num_key_value_heads // tp)
+    if kv_cache_dtype.startswith("turboquant_"):
+        per_head, what = get_spec(kv_cache_dtype).slot_bytes(shape.head_dim), f"{kv_cache_dtype} slot"
+    else:
+        per_head, what = 2 * shape.head_dim * dtype.itemsize, "K+V"
+    page1 = per_head * hk
+    conv = dtype if mamba_cache_dtype == "auto" else parse_dtype(mamba_cache_dtype)
+    want = mamba_ssm_cache_dtype if mamba_ssm_cache_dtype != "auto" else m.ssm_dtype
+    ssm = parse_dtype(want) if want else conv
+    mamba = m.page_bytes(tp, conv.itemsize, ssm.itemsize, num_speculative_tokens)
+    align = max(TQ_KERNEL_BLOCK, block_size)
+    block = align * -(-mamba // (align * page1))
+    block = TQ_KERNEL_BLOCK * -(-block // TQ_KERNEL_BLOCK)
+    out = max(block, block_size)
+    how = (f"derived: attention page >= {m.kind} state page (vLLM _align_hybrid_block_size): "
+           f"{mamba:,} B state / ({per_head} B {what} x {hk} KV heads = {page1} B per token), "
+           f"in multiples of {align} -> {block}")
+    return out, how
+
+
+# --------------------------------------------------------------------------- #
+# The deployment                                                              #
+# --------------------------------------------------------------------------- #
+
+
+@dataclass(frozen=True)
+class VllmDeployment:
+    """A deployment read from a ``vllm serve`` line + config.json.
+
+    ``config``: the :class:`EngineConfig`; ``notes``: what was assumed, read
+    differently or ignored (in words); ``sources``: for every EngineConfig
+    field set, where it came from (``"flag --max-model-len"``,
+    ``"config.json max_position_embeddings"``, ``"vLLM default ..."``,
+    ``"derived: ..."``); ``model``: the validated :class:`ModelShape`.
+    """
+
+    config: EngineConfig
+    notes: list[str] = field(default_factory=list)
+    sources: dict[str, str] = field(default_factory=dict)
+    model: ModelShape | None = None
+
+
+def _model_dtype(shape: ModelShape, want: Any, notes: list[str], src: dict[str, str]) -> torch.dtype:
+    """``--dtype auto`` keeps the checkpoint's dtype, fp32 checkpoints served in bf16 (``_resolve_auto_dtype``)."""
+    if want not in (None, "auto"):
+        return parse_dtype(want)
+    cfg = shape.dtype or "bfloat16"
+    if cfg.removeprefix("torch.") in ("float32", "float"):
+        notes.append("--dtype auto: the fp32 checkpoint is served in bfloat16")
+        src["dtype"] = "derived: config.json torch_dtype float32 -> bfloat16 (vLLM --dtype auto)"
+        return torch.bfloat16
+    try:
+        dt = parse_dtype(cfg)
+    except ValueError:
+        raise VllmArgsError(f"{shape.path}: torch_dtype {cfg!r} is not bfloat16, float16 or float32") from None
+    src["dtype"] = "config.json torch_dtype" if shape.dtype else "derived: no torch_dtype in config.json, bfloat16"
+    return dt
+
+
+def engine_config_kwargs_from_vllm(
+    engine_args: str | Sequence[str] | Mapping[str, Any] | None,
+    model_config: str | os.PathLike | Mapping[str, Any] | ModelShape,
+    *,
+    gpu_memory_gib: float | None = None,
+    usage: str = "serve",
+) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """``(EngineConfig kwargs, notes, sources)`` for a ``vllm serve`` line and a config.json.
+
+    Only kwargs that are fields of this tqlab's :class:`EngineConfig` are
+    returned (speculative/cudagraph fields once they exist); others are named
+    in the notes. Model fields come from :func:`read_hf_config` (attention
+    layers only: ``num_hidden_layers`` = layers with this attention backend);
+    ``--max-model-len auto`` (or -1) and an absent one take vLLM's derived
+    length (``_get_and_verify_max_len``; auto may then be lowered by vLLM to
+    fit GPU memory, which tqlab does not model); unset scheduler limits take
+    :func:`vllm_default_limits`; hybrid models get
+    :func:`hybrid_attention_block_size`. Raises ``ValueError`` (one line) for
+    bad flags, values or config.json fields.
+    """
+    given, notes = _given(engine_args)
+    kw, src, more, ignored = _map_flags(given)
+    notes += more
+    shape = model_config if isinstance(model_config, ModelShape) else read_hf_config(model_config)
+    if shape.mamba is not None:  # these size the Mamba page, hence the hybrid attention block
+        ignored = [f for f in ignored if f not in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype")]
+    if ignored:
+        notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
+    kw.update(num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
+              head_dim=shape.head_dim, num_hidden_layers=shape.num_attention_layers)
+    src.update(shape.sources)
+    kw["dtype"] = _model_dtype(shape, kw.get("dtype"), notes, src)
+    _check_max_model_len(shape, kw.get("max_model_len", -1), notes)
+    key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
+    if kw.get("max_model_len", -1) == -1:
+        how = "--max-model-len auto" if "max_model_len" in kw else "no --max-model-len"
+        kw["max_model_len"], src["max_model_len"] = shape.max_len, f"config.json {key} ({how})"
+        notes.append(f"max_model_len = {shape.max_len} from config.json {key} ({how})")
+    _scheduler_defaults(kw, src, notes, usage, gpu_memory_gib, given.get("performance_mode"))
+    _skip_layers(shape, kw, src, notes, given.get("kv_cache_dtype_skip_layers") or [])
+    _hybrid_block(shape, kw, src, notes, given)
+    known = _field_names()
+    for name in sorted(known - set(src) - {"preset"}):
+        src[name] = "vLLM default"
+    if "lock_workspace_when_eager" in src:
+        src["lock_workspace_when_eager"] = "tqlab variant, off: vLLM 0.33 never locks the workspace in eager mode"
+    dropped = sorted(set(kw) - known)
+    if dropped:
+        notes.append("read but not modelled by this EngineConfig: " + ", ".join(f"{k}={kw[k]!r}" for k in dropped))
+    return ({k: v for k, v in kw.items() if k in known}, notes, {k: v for k, v in src.items() if k in known})
+
+
+def _scheduler_defaults(kw: dict[str, Any], src: dict[str, str], notes: list[str], usage: str,
+                        gpu_memory_gib: float | None, performance_mode: str | None) -> None:
+    """Unset ``max_num_seqs`` / ``max_num_batched_tokens`` as vLLM 0.33 sets them
+    (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): the usage/GPU defaults,
+    doubled with ``--performance-mode throughput``; without chunked prefill the batch is at least
+    ``max_model_len``; then ``min(max_num_seqs * max_model_len, ...)``, and a defaulted
+    ``max_num_seqs`` is capped by the batch. (vLLM's ``max_num_batched_tokens >= max_num_seqs``
+    check then applies, in :class:`EngineConfig`.)"""
+    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
+    if performance_mode == "throughput":
+        mbt, seqs, why = 2 * mbt, 2 * seqs, why + ", doubled by --performance-mode throughput"
+    seqs_given, mbt_given = "max_num_seqs" in kw, "max_num_batched_tokens" in kw
+    if not seqs_given:
+        kw["max_num_seqs"], src["max_num_seqs"] = seqs, f"vLLM default ({why})"
+    if not mbt_given:
+        how = f"vLLM default ({why})"
+        if not kw.get("enable_chunked_prefill", True):
+            mbt, how = max(kw["max_model_len"], mbt), f"vLLM default with chunked prefill off: max(max_model_len, {mbt})"
+        if kw["max_num_seqs"] * kw["max_model_len"] < mbt:
+            mbt, how = kw["max_num_seqs"] * kw["max_model_len"], "vLLM default capped at max_num_seqs x max_model_len"
+        kw["max_num_batched_tokens"], src["max_num_batched_tokens"] = mbt, how
+        notes.append(f"max_num_batched_tokens not given: {mbt} ({how})")
+    if not seqs_given:
+        if kw["max_num_batched_tokens"] < kw["max_num_seqs"]:
+            kw["max_num_seqs"] = kw["max_num_batched_tokens"]
+            src["max_num_seqs"] += f", capped at max_num_batched_tokens {kw['max_num_batched_tokens']}"
+        notes.append(f"max_num_seqs not given: {kw['max_num_seqs']} ({src['max_num_seqs']})")
+
+
+def _skip_layers(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], notes: list[str], user: list[str]) -> None:
+    """Layers vLLM 0.33 keeps off TurboQuant (native dtype, another backend): ``--kv-cache-dtype-skip-layers``
+    plus, for a dense model, the first and last ``min(2, L // 2)`` layers (``EngineArgs.create_engine_config``
+    -> ``TurboQuantConfig.get_boundary_skip_layers``; hybrids: none). ``num_hidden_layers`` counts the rest."""
+    if not kw.get("kv_cache_dtype", "auto").startswith("turboquant_"):
+        return
+    n_all = shape.num_hidden_layers
+    n = min(2, n_all // 2) if shape.hybrid is None else 0
+    skip = {i for i in range(n_all) if i < n or i >= n_all - n} | {int(t) for t in user if t.isdigit()}
+    keep = [i for i in shape.attention_layers if i not in skip]
+    if not keep:
+        raise VllmArgsError(f"{shape.path}: every attention layer is kept off TurboQuant (skip layers {sorted(skip)}): "
+                            "no TurboQuant workspace consumer")
+    if len(keep) == len(shape.attention_layers):
+        return
+    kw["num_hidden_layers"] = len(keep)
+    src["num_hidden_layers"] = (f"derived: {len(shape.attention_layers)} attention layers - {len(shape.attention_layers) - len(keep)} "
+                                f"kept off TurboQuant (vLLM boundary layers {n} each end + --kv-cache-dtype-skip-layers)")
+    notes.append(f"TurboQuant layers: {len(keep)} of {len(shape.attention_layers)}; vLLM 0.33 keeps layers {sorted(skip)} in the "
+                 "model dtype, and may then raise the block size so one page fits both "
+                 "(Platform._align_heterogeneous_kv_block_size, backend-dependent: not modelled; "
+                 "pass --block-size with the size vLLM logs)")
+    if any(not t.isdigit() for t in user):
+        notes.append("--kv-cache-dtype-skip-layers " + ", ".join(t for t in user if not t.isdigit()) + ": not modelled")
+
+
+def _check_max_model_len(shape: ModelShape, mml: int, notes: list[str]) -> None:
+    """vLLM ``_get_and_verify_max_len``: a ``--max-model-len`` above the derived length (and above
+    ``model_max_length``, if given) is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set."""
+    if mml == -1 or shape.max_len_key is None or mml <= shape.max_len:
+        return
+    if shape.model_max_length is not None and mml <= shape.model_max_length:
+        return
+    msg = (f"--max-model-len {mml} is greater than the derived max_model_len ({shape.max_len_key}={shape.max_len} "
+           f"or model_max_length={shape.model_max_length} in {shape.path})")
+    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
+        notes.append(msg + ": allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+        return
+    raise VllmArgsError(msg + "; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+
+
+def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], notes: list[str],
+                  given: Mapping[str, Any]) -> None:
+    if shape.hybrid is None:
+        return
+    layers = ", ".join(map(str, shape.attention_layers[:4])) + (", ..." if len(shape.attention_layers) > 4 else "")
+    notes.append(f"hybrid model ({shape.hybrid}): {shape.num_attention_layers} attention layers of "
+                 f"{shape.num_hidden_layers} ({layers}); KV per token counts only those")
+    user = kw.get("block_size")
+    try:
+        res = hybrid_attention_block_size(shape, kv_cache_dtype=kw.get("kv_cache_dtype", "auto"), dtype=kw["dtype"],
+                                          tp=kw.get("tensor_parallel_size", 1), block_size=user or 16,
+                                          mamba_cache_dtype=given.get("mamba_cache_dtype") or "auto",
+                                          mamba_ssm_cache_dtype=given.get("mamba_ssm_cache_dtype") or "auto",
+                                          num_speculative_tokens=kw.get("num_speculative_tokens", 0))
+    except ValueError as e:
+        raise VllmArgsError(f"{shape.path}: {e}") from None
+    if res is None:
+        if user is None:
+            notes.append("hybrid model without a Mamba state tqlab can size: vLLM enlarges the attention block; "
+                         "pass --block-size with the size vLLM logs")
+        return
+    block, how = res
+    if user is None or block != user:
+        kw["block_size"], src["block_size"] = block, how
+        if user is not None:
+            notes.append(f"--block-size {user} raised to {block} as vLLM does for hybrid models")
+
+
+def deployment_from_vllm(
+    engine_args: str | Sequence[str] | Mapping[str, Any] | None,
+    model_config: str | os.PathLike | Mapping[str, Any],
+    *,
+    gpu_memory_gib: float | None = None,
+    usage: str = "serve",
+) -> VllmDeployment:
+    """:func:`engine_config_kwargs_from_vllm`, then the validated :class:`EngineConfig`, as a :class:`VllmDeployment`.
+
+    Raises ``ValueError`` (one line) for bad flags, values, config.json
+    fields or a combination EngineConfig rejects.
+    """
+    shape = read_hf_config(model_config)
+    kw, notes, sources = engine_config_kwargs_from_vllm(engine_args, shape, gpu_memory_gib=gpu_memory_gib, usage=usage)
+    return VllmDeployment(EngineConfig(**kw), notes, sources, shape)
+
+
 def engine_config_from_vllm(
     engine_args: str | Sequence[str] | Mapping[str, Any] | None,
     model_config: str | os.PathLike | Mapping[str, Any],
@@ -181,74 +477,26 @@ def engine_config_from_vllm(
     gpu_memory_gib: float | None = None,
     usage: str = "serve",
 ) -> tuple[EngineConfig, list[str]]:
-    """Build an :class:`EngineConfig` from vLLM engine args + a HF ``config.json``.
+    """``(config, notes)`` of :func:`deployment_from_vllm` (the call ``predict.inspect_vllm`` makes).
 
-    Model fields come from ``config.json`` (or its ``text_config``):
-    ``num_attention_heads``, ``num_key_value_heads`` (default: the query
-    heads), ``head_dim`` (default ``hidden_size // num_attention_heads``),
-    attention layers (hybrid hints, else ``num_hidden_layers``), the dtype
-    (``torch_dtype``/``dtype``; ``--dtype auto`` keeps it, fp32 checkpoints are
-    served in bf16) and ``max_position_embeddings`` (default ``max_model_len``).
-    Unset scheduler limits take vLLM 0.33's defaults for ``usage`` (``serve``
-    or ``llm``) and a GPU of ``gpu_memory_gib`` (None: under 70 GiB):
-    ``max_num_batched_tokens`` 2048/8192 (>= 70 GiB: 8192/16384; >= 160 GiB:
-    16384), ``max_num_seqs`` 256 (>= 70 GiB: 1024). ``block_size`` defaults to
-    16; hybrid (Mamba) models get larger attention pages in vLLM, so pass
-    ``--block-size`` for them. Returns ``(config, notes)``, notes saying what
-    was assumed or ignored. Raises ``ValueError`` for missing/invalid fields.
+    Use :func:`deployment_from_vllm` for the ``sources`` as well.
     """
-    args, ignored = parse_engine_args(engine_args)
-    raw = _load_model_config(model_config)
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), Mapping) else raw
-    notes: list[str] = []
+    d = deployment_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib, usage=usage)
+    return d.config, d.notes
+
+
+def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str) -> VllmDeployment:
+    """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
+
+    Fields the line sets say ``"flag --..."``; the others ``"preset NAME"``.
+    Raises ``ValueError`` for an unknown preset or bad flags (one line), and
+    ``TypeError`` never: only EngineConfig fields are passed.
+    """
+    kw, src, notes, ignored = _flag_kwargs(engine_args)
+    if kw.get("dtype") is not None:
+        kw["dtype"] = parse_dtype(kw["dtype"])
+    config = EngineConfig.from_preset(preset, **kw)
+    sources = {name: src.get(name, f"preset {preset}") for name in _field_names() - {"preset"}}
     if ignored:
-        notes.append("ignored engine args (no effect on the workspace): " + ", ".join(ignored))
-    if "num_attention_heads" not in cfg:
-        raise ValueError("model config has no num_attention_heads")
-    hq = int(cfg["num_attention_heads"])
-    hk = int(cfg.get("num_key_value_heads") or hq)
-    if cfg.get("head_dim"):
-        d = int(cfg["head_dim"])
-    elif cfg.get("hidden_size"):
-        d = int(cfg["hidden_size"]) // hq
-        notes.append(f"head_dim = hidden_size // num_attention_heads = {d}")
-    else:
-        raise ValueError("model config has neither head_dim nor hidden_size")
-    layers = _count_attention_layers(cfg) or int(cfg.get("num_hidden_layers", 1))
-    cfg_dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or "bfloat16"
-    want = str(args.pop("dtype", "auto"))
-    if want == "auto":
-        if str(cfg_dtype) in ("float32", "torch.float32"):
-            dtype = torch.bfloat16
-            notes.append("--dtype auto: the fp32 checkpoint is served in bfloat16")
-        else:
-            dtype = parse_dtype(str(cfg_dtype))
-    else:
-        dtype = parse_dtype(want)
-    args.pop("model", None)
-    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
-    if "max_num_seqs" not in args:
-        args["max_num_seqs"] = seqs
-        notes.append(f"max_num_seqs not given: vLLM default {seqs} ({why})")
-    if "max_model_len" not in args:
-        mpe = cfg.get("max_position_embeddings")
-        if not mpe:
-            raise ValueError("no --max-model-len and no max_position_embeddings in the model config")
-        args["max_model_len"] = int(mpe)
-        notes.append(f"max_model_len not given: max_position_embeddings = {mpe}")
-    if "max_num_batched_tokens" not in args:
-        chunked = args.get("enable_chunked_prefill", True)
-        args["max_num_batched_tokens"] = max(mbt, args["max_num_seqs"]) if chunked else max(args["max_model_len"], args["max_num_seqs"])
-        notes.append(f"max_num_batched_tokens not given: vLLM default {args['max_num_batched_tokens']} "
-                     f"({why if chunked else 'chunked prefill off: max(max_model_len, max_num_seqs)'})")
-    if "block_size" not in args and _count_attention_layers(cfg) is not None:
-        notes.append("hybrid model: vLLM enlarges the attention block size to match the Mamba page; pass --block-size")
-    config = EngineConfig(
-        num_attention_heads=hq,
-        num_key_value_heads=hk,
-        head_dim=d,
-        num_hidden_layers=layers,
-        dtype=dtype,
-        **args,
-    )
-    return config, notes
+        notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
+    return VllmDeployment(config, [f"preset {preset}", *notes], sources, None)

@@ -1,0 +1,465 @@
+"""tqlab.vllm_trace.vllm_args: `vllm serve` lines read as vLLM 0.33 reads them (issue 11 sections 4-5, issue 14).
+
+Expected values of the serve-line cases were taken from vLLM 0.33's own parser
+(``vllm serve``'s ``FlexibleArgumentParser``); ``parity/test_vllm_flags_parity.py``
+re-checks that both parsers agree, in the parity environment.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tqlab.cli import app
+from tqlab.config import EngineConfig
+from tqlab.reservation import plan_bytes, reservation_plan
+from tqlab.vllm_trace.vllm_args import (
+    VllmArgsError,
+    deployment_from_vllm,
+    engine_config_from_vllm,
+    engine_config_kwargs_from_vllm,
+    human_readable_int,
+    parse_engine_args,
+    parse_serve_args,
+    vllm_default_limits,
+    vllm_flags,
+)
+
+MODEL = {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 32,
+         "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+
+# Qwen3.6-27B as in the public report vllm-project/vllm#43357 (Qwen3_5ForConditionalGeneration, full-attention
+# layers 3, 7, ..., 63, "attention_block_size: 2080"); the attention/GDN fields of the Qwen3.5/3.6 27B config.json.
+QWEN36_27B = {"architectures": ["Qwen3_5ForConditionalGeneration"], "text_config": {
+    "num_hidden_layers": 64, "full_attention_interval": 4, "num_attention_heads": 24, "num_key_value_heads": 4,
+    "head_dim": 256, "hidden_size": 5120, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+    "mamba_ssm_dtype": "float32", "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}}
+REPORT_43357 = ("vllm serve unsloth/Qwen3.6-27B-NVFP4 --kv-cache-dtype turboquant_k8v4 --max-model-len 114688 "
+                "--max-num-seqs 1 --max-num-batched-tokens 2080 --enable-prefix-caching --enable-chunked-prefill")
+
+
+def test_flag_table_is_vllm_0_33s():
+    t = vllm_flags()
+    assert t["vllm_version"] == "0.33.0" and t["allow_abbrev"] is True
+    by = {f["dest"]: f for f in t["flags"]}
+    assert by["tensor_parallel_size"]["options"] == ["--tensor-parallel-size", "-tp"]
+    assert by["enable_chunked_prefill"]["negative_options"] == ["--disable-chunked-prefill", "--no-enable-chunked-prefill"]
+    assert (by["max_model_len"]["type"], by["max_num_batched_tokens"]["type"]) == ("human_readable_int_or_auto", "human_readable_int")
+    assert (by["cudagraph_capture_sizes"]["nargs"], by["cudagraph_capture_sizes"]["type"]) == ("+", "int")
+    assert {d for d, f in by.items() if f["type"] == "json"} >= {"compilation_config", "speculative_config", "attention_config"}
+    assert by["compilation_config"]["options"] == ["--compilation-config", "-cc"]
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("vllm serve M --enable-lora -tp 8", {"model_tag": "M", "enable_lora": True, "tensor_parallel_size": 8}),
+    ("vllm serve M --max-model-len 128k", {"model_tag": "M", "max_model_len": 128000}),
+    ("vllm serve M --max-model-len=128K", {"model_tag": "M", "max_model_len": 131072}),
+    ("vllm serve M --max-model-len 25.6k", {"model_tag": "M", "max_model_len": 25600}),
+    ("vllm serve M --max-model-len auto", {"model_tag": "M", "max_model_len": -1}),
+    ("vllm serve M --max-model-len ' 1_000 '", {"model_tag": "M", "max_model_len": 1000}),
+    ("vllm serve M --max_num_seqs=4 -tp=2", {"model_tag": "M", "max_num_seqs": 4, "tensor_parallel_size": 2}),
+    ("vllm serve M --max-num-batched-tokens 2k", {"model_tag": "M", "max_num_batched_tokens": 2000}),
+    ("vllm serve M --no-enable-chunked-prefill", {"model_tag": "M", "enable_chunked_prefill": False}),
+    ("vllm serve M --disable-chunked-prefill", {"model_tag": "M", "enable_chunked_prefill": False}),
+    ("vllm serve M --cudagraph-capture-sizes 1 2 4", {"model_tag": "M", "cudagraph_capture_sizes": [1, 2, 4]}),
+    ("""vllm serve M --compilation-config '{"cudagraph_capture_sizes":[1,2]}'""",
+     {"model_tag": "M", "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}),
+    ("vllm serve M -cc.cudagraph_capture_sizes '[1,2]' -cc.cudagraph_mode FULL_DECODE_ONLY",
+     {"model_tag": "M", "compilation_config": {"cudagraph_capture_sizes": [1, 2], "cudagraph_mode": "FULL_DECODE_ONLY"}}),
+    ("""vllm serve M --speculative-config '{"method":"mtp","num_speculative_tokens":3}'""",
+     {"model_tag": "M", "speculative_config": {"method": "mtp", "num_speculative_tokens": 3}}),
+    ("vllm serve M --attention-config.tq_max_kv_splits_for_cuda_graph 8",
+     {"model_tag": "M", "attention_config": {"tq_max_kv_splits_for_cuda_graph": 8}}),
+    ("vllm serve M -O3", {"model_tag": "M", "optimization_level": "3"}),
+    ("vllm serve M -O 0", {"model_tag": "M", "optimization_level": "0"}),
+    ("vllm serve M --max-model-len 3k --max-model-len 5", {"model_tag": "M", "max_model_len": 5}),
+    ("vllm serve M --max-model-len -5", {"model_tag": "M", "max_model_len": -5}),  # the parser takes it; ModelConfig refuses
+    # vLLM's parser allows unique prefixes (argparse allow_abbrev): this IS --max-num-seqs 4 in vLLM 0.33
+    ("vllm serve M --max-num-seq 4", {"model_tag": "M", "max_num_seqs": 4}),
+    ("vllm serve M --tensor-parallel 2", {"model_tag": "M", "tensor_parallel_size": 2}),
+    # with no model before it, vLLM takes the word after a boolean flag as the model
+    ("vllm serve --enable-chunked-prefill false", {"model_tag": "false", "enable_chunked_prefill": True}),
+])
+def test_serve_lines_parse_as_vllm(line, expected):
+    assert parse_serve_args(line)[0] == expected
+
+
+def test_notes_for_prefixes_and_a_boolean_word_as_model():
+    assert parse_serve_args("vllm serve M --max-num-seq 4")[1] == [
+        "--max-num-seq read as --max-num-seqs: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)"]
+    assert parse_serve_args("vllm serve --enable-chunked-prefill false")[1] == [
+        "model 'false': vLLM reads a word after a boolean flag as the model name (booleans take no value)"]
+
+
+@pytest.mark.parametrize("line, msg", [
+    ("vllm serve M --max-num-sqs 4", "vllm serve: unknown flag --max-num-sqs (not a vLLM 0.33.0 flag); did you mean "
+                                     "--max-num-seqs or --max-num-active-seqs or --max-num-queued-reqs?"),
+    ("vllm serve M --bogus-flag", "vllm serve: unknown flag --bogus-flag (not a vLLM 0.33.0 flag)"),
+    ("vllm serve M --max-num 4", "vllm serve: ambiguous option: --max-num could match --max-num-active-seqs, "
+                                 "--max-num-batched-tokens, --max-num-queued-reqs, --max-num-queued-tokens, "
+                                 "--max-num-scheduled-tokens, --max-num-seqs"),
+    ("vllm serve M --enable-chunked-prefill false", "vllm serve: unrecognized arguments: false (a boolean flag such "
+                                                    "as --enable-chunked-prefill takes no value; use its --no-/--disable- form)"),
+    ("vllm serve M --max-model-len infk", "vllm serve: argument --max-model-len: invalid human_readable_int_or_auto value: 'infk'"),
+    ("vllm serve M --max-model-len 1e30k", "vllm serve: argument --max-model-len: invalid human_readable_int_or_auto value: '1e30k'"),
+    ("vllm serve M --max-model-len 1.5K", "vllm serve: argument --max-model-len: Decimals are not allowed with binary "
+                                          "suffixes like K. Did you mean to use 1.5k instead?"),
+    ("vllm serve M --max-num-seqs 4k", "vllm serve: argument --max-num-seqs: invalid int value: '4k'"),
+    ("vllm serve M --cudagraph-capture-sizes 1,2,4", "vllm serve: argument --cudagraph-capture-sizes: invalid int value: '1,2,4'"),
+    ("vllm serve M --attention-config 5", "vllm serve: argument --attention-config/-ac: must be a JSON object such as "
+                                          "'{\"key\": 1}', got '5'"),
+    ("vllm serve M --enable-lora=false", "vllm serve: argument --disable-lora/--enable-lora/--no-enable-lora: "
+                                         "ignored explicit argument 'false'"),
+    ("vllm serve M --max-model-len", "vllm serve: argument --max-model-len: expected one argument"),
+    ("vllm serve M 'open", "vllm serve line: No closing quotation (shell quoting)"),
+])
+def test_bad_serve_lines_are_one_line_errors(line, msg):
+    with pytest.raises(VllmArgsError) as e:
+        parse_serve_args(line)
+    assert str(e.value) == msg and "\n" not in msg
+
+
+def test_human_readable_int_is_vllms():
+    assert [human_readable_int(s) for s in ("1k", "1K", "2M", "1m", "1g", "1T", "7")] == [
+        1000, 1024, 2 * 2**20, 10**6, 10**9, 2**40, 7]
+    for bad in ("infk", "1e30k", "nan", "1e3", "0x10", ""):
+        with pytest.raises(ValueError):
+            human_readable_int(bad)
+
+
+# --------------------------------------------------------------------------- #
+# Flags -> EngineConfig kwargs, with sources                                  #
+# --------------------------------------------------------------------------- #
+
+
+def test_kwargs_and_sources_from_flags_config_and_defaults():
+    kw, notes, src = engine_config_kwargs_from_vllm("vllm serve M -tp 2 --max-model-len 128k --enable-lora", MODEL)
+    assert (kw["tensor_parallel_size"], kw["max_model_len"], kw["num_hidden_layers"]) == (2, 128000, 32)
+    assert (kw["max_num_seqs"], kw["max_num_batched_tokens"]) == (256, 2048)
+    assert src["tensor_parallel_size"] == "flag --tensor-parallel-size"
+    assert src["max_model_len"] == "flag --max-model-len"
+    assert src["num_key_value_heads"] == "config.json num_key_value_heads"
+    assert src["max_num_seqs"] == "vLLM default (`vllm serve` on a GPU under 70 GiB; GPU size assumed, pass --gpu-memory-gib)"
+    assert src["kv_cache_dtype"] == src["block_size"] == "vLLM default"
+    assert set(src) == set(kw) | ({"cudagraph_capture_sizes", "enable_chunked_prefill", "enable_dbo", "enforce_eager",
+                                   "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph"} - set(kw))
+    assert "vLLM flags with no effect on the workspace: --enable-lora" in notes
+    EngineConfig(**kw)
+
+
+def test_max_model_len_auto_and_absent_come_from_config_json():
+    for line, how in (("vllm serve M --max-model-len auto", "--max-model-len auto"), ("vllm serve M", "no --max-model-len"),
+                      ("vllm serve M --max-model-len -1", "--max-model-len auto")):
+        kw, _, src = engine_config_kwargs_from_vllm(line, MODEL)
+        assert kw["max_model_len"] == 131072
+        assert src["max_model_len"] == f"config.json max_position_embeddings ({how})"
+    kw, _, src = engine_config_kwargs_from_vllm("vllm serve M --max-model-len auto", {**MODEL, "seq_length": 4096})
+    assert (kw["max_model_len"], src["max_model_len"]) == (4096, "config.json seq_length (--max-model-len auto)")
+    for bad in ("-5", "0"):
+        with pytest.raises(VllmArgsError, match=f"--max-model-len must be a positive integer or auto/-1, got {bad}"):
+            engine_config_kwargs_from_vllm(f"vllm serve M --max-model-len {bad}", MODEL)
+
+
+def test_cudagraph_speculative_and_attention_config_at_dict_level():
+    kw, _, src = engine_config_kwargs_from_vllm(
+        """vllm serve M --speculative-config '{"method":"mtp","num_speculative_tokens":3}' """
+        """-cc.cudagraph_capture_sizes '[1,2]' -cc.cudagraph_mode full_decode_only -ac.tq_max_kv_splits_for_cuda_graph 16""",
+        MODEL)
+    assert kw["cudagraph_capture_sizes"] == (1, 2) and kw["tq_max_kv_splits_for_cuda_graph"] == 16
+    assert src["cudagraph_capture_sizes"] == "flag --compilation-config cudagraph_capture_sizes"
+    # the fields the other engineer adds to EngineConfig: mapped when present, named in the notes until then
+    from tqlab.vllm_trace.vllm_args import _given, _map_flags
+    full, fsrc, _, _ = _map_flags(_given(
+        """vllm serve M --speculative-config '{"num_speculative_tokens":3}' -cc.cudagraph_mode FULL_DECODE_ONLY""")[0])
+    assert (full["num_speculative_tokens"], full["cudagraph_mode"]) == (3, "FULL_DECODE_ONLY")
+    assert fsrc["num_speculative_tokens"] == "flag --speculative-config num_speculative_tokens"
+    assert _map_flags(_given("vllm serve M --enforce-eager -O3")[0])[0]["cudagraph_mode"] == "NONE"
+    assert _map_flags(_given("vllm serve M -O1")[0])[:2] == ({"cudagraph_mode": "PIECEWISE"}, {"cudagraph_mode": "flag -O1"})
+    assert _map_flags(_given("vllm serve M")[0])[1] == {"cudagraph_mode": "vLLM default (-O2)"}
+    assert _map_flags(_given("vllm serve M --max-cudagraph-capture-size 64")[0])[0]["max_cudagraph_capture_size"] == 64
+
+
+@pytest.mark.parametrize("line, msg", [
+    ("vllm serve M --cudagraph-capture-sizes 4 -cc.cudagraph_capture_sizes '[1]'",
+     "cudagraph_capture_sizes and compilation_config.cudagraph_capture_sizes are mutually exclusive (vLLM)"),
+    ("vllm serve M -cc.cudagraph_capture_sizes '[0]'", "cudagraph_capture_sizes must be a non-empty list of positive integers, got [0]"),
+    ("vllm serve M -cc.cudagraph_mode SOMETIMES", "compilation_config.cudagraph_mode must be one of NONE, PIECEWISE, FULL, "
+                                                  "FULL_DECODE_ONLY, FULL_AND_PIECEWISE, got 'SOMETIMES'"),
+    ("vllm serve M -O7", "--optimization-level (-O) must be 0, 1, 2 or 3, got '7'"),
+    ("""vllm serve M --speculative-config '{"num_speculative_tokens":-1}'""",
+     "--speculative-config num_speculative_tokens must be an integer >= 0, got -1"),
+    ("vllm serve M -ac.tq_max_kv_splits_for_cuda_graph x", "--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got 'x'"),
+])
+def test_bad_config_values_are_one_line_errors(line, msg):
+    with pytest.raises(VllmArgsError) as e:
+        engine_config_kwargs_from_vllm(line, MODEL)
+    assert str(e.value) == msg
+
+
+def test_parse_engine_args_keeps_predicts_preset_path():
+    kw, ignored = parse_engine_args("vllm serve M --max-model-len auto --dtype auto -tp 8 --enforce-eager --port 8000")
+    assert kw == {"tensor_parallel_size": 8, "enforce_eager": True}  # auto: left to the preset/config
+    assert ignored == ["--port"]
+    with pytest.raises(VllmArgsError, match="--enable-dbo must be true or false, got 'maybe'"):
+        parse_engine_args({"enable_dbo": "maybe"})
+    assert parse_engine_args({"enable-dbo": "true", "max_num_seqs": 4}) == ({"enable_dbo": True, "max_num_seqs": 4}, [])
+
+
+def test_gpu_memory_gib_must_be_finite_and_positive():
+    assert vllm_default_limits("serve", 80)[:2] == (8192, 1024)
+    for bad in (float("nan"), -5, 0, float("inf")):
+        with pytest.raises(ValueError, match="gpu_memory_gib must be a finite number > 0"):
+            vllm_default_limits("serve", bad)
+
+
+# --------------------------------------------------------------------------- #
+# Hybrid: the public report's deployment (issue 11 section 4)                 #
+# --------------------------------------------------------------------------- #
+
+
+def test_report_43357_block_size_2080_and_the_455_mb_reservation():
+    d = deployment_from_vllm(REPORT_43357, QWEN36_27B)
+    c = d.config
+    assert (c.num_hidden_layers, c.block_size, c.num_key_value_heads, c.head_dim) == (16, 2080, 4, 256)
+    # 3 x 10240 bf16 conv + 48 x 128 x 128 fp32 SSM = 3,207,168 B; TurboQuant k8v4 slot at D=256: 388 B x 4 heads
+    assert d.sources["block_size"] == (
+        "derived: attention page >= gdn state page (vLLM _align_hybrid_block_size): 3,207,168 B state / "
+        "(388 B turboquant_k8v4 slot x 4 KV heads = 1552 B per token), in multiples of 16 -> 2080")
+    assert d.sources["num_hidden_layers"] == "config.json text_config.full_attention_interval: 16 attention layers of 64"
+    # PR #44053's continuation reservation: 2 x (1, 4, round_up(114687, 2080) = 116480, 256) fp16 = 455.00 MiB
+    assert plan_bytes(reservation_plan(c)) == 477_102_080 == 455 * 2**20
+    # the per-token KV figure counts the 16 attention layers only (64 would be 4x)
+    assert c.kv_bytes_per_token_per_rank() == 2 * 4 * 256 * 16 * 2 == 65536
+    assert "--enable-prefix-caching" in d.notes[0]
+
+
+def test_hybrid_block_size_follows_tp_dtypes_and_user_block():
+    c = deployment_from_vllm(REPORT_43357 + " --mamba-ssm-cache-dtype bfloat16", QWEN36_27B).config
+    assert c.block_size == 1056  # 1,634,304 B state / 24,832 B per 16 tokens -> 66 x 16
+    c = deployment_from_vllm(REPORT_43357 + " --block-size 4096", QWEN36_27B).config
+    assert c.block_size == 4096  # already >= the Mamba page: vLLM keeps it
+    d = deployment_from_vllm(REPORT_43357 + " --block-size 32", QWEN36_27B)
+    assert d.config.block_size == 2080 and "--block-size 32 raised to 2080 as vLLM does for hybrid models" in d.notes
+    c = deployment_from_vllm(REPORT_43357.replace("--max-num-seqs 1", "--max-num-seqs 1 -tp 2"), QWEN36_27B).config
+    assert c.block_size == 2080  # both pages halve with TP 2
+
+
+def test_hybrid_without_mamba_fields_says_to_pass_block_size():
+    cfg = {**MODEL, "num_hidden_layers": 8, "hybrid_override_pattern": "M*M-M*M-"}
+    d = deployment_from_vllm("vllm serve M", cfg)
+    assert (d.config.num_hidden_layers, d.config.block_size) == (2, 16)
+    assert any("pass --block-size" in n for n in d.notes)
+
+
+def test_engine_config_from_vllm_keeps_its_two_tuple():
+    cfg, notes = engine_config_from_vllm(REPORT_43357, QWEN36_27B)
+    assert isinstance(cfg, EngineConfig) and cfg.block_size == 2080 and isinstance(notes, list)
+
+
+# --------------------------------------------------------------------------- #
+# inspect-vllm (tqlab.cli.inspect_vllm_cmd)                                   #
+# --------------------------------------------------------------------------- #
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--gpu-memory-gib", "nan"], "Invalid value for --gpu-memory-gib: must be a finite number of GiB > 0, got nan"),
+    (["--gpu-memory-gib", "-5"], "Invalid value for --gpu-memory-gib: must be a finite number of GiB > 0, got -5.0"),
+    (["--json", "/missing/dir/x.json"], "Invalid value for --json: /missing/dir/x.json: folder /missing/dir does not exist"),
+    (["--args", "vllm serve M --max-num-sqs 4"], "Error: vllm serve: unknown flag --max-num-sqs"),
+    (["--args", "vllm serve M --attention-config 5"], "must be a JSON object"),
+])
+def test_inspect_vllm_bad_input_is_a_one_line_usage_error(extra, msg):
+    r = CliRunner().invoke(app, ["inspect-vllm", "--preset", "pr-44053-unit-test", *extra])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit)
+    assert msg in r.output and "Traceback" not in r.output
+
+
+def test_inspect_vllm_reads_a_hybrid_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN36_27B))
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app, ["inspect-vllm", "--config", str(tmp_path), "--args", REPORT_43357, "--tokens", "8000",
+                                 "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(out.read_text())
+    c = rep["prediction"]["config"]
+    assert (c["block_size"], c["num_hidden_layers"], c["max_model_len"], c["kv_cache_dtype"]) == (2080, 16, 114688, "turboquant_k8v4")
+    assert "hybrid model (full_attention_interval): 16 attention layers of 64 (3, 7, 11, 15, ...)" in r.output
+
+
+def test_max_model_len_above_the_model_is_refused_as_vllm(monkeypatch):
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    with pytest.raises(VllmArgsError) as e:
+        engine_config_kwargs_from_vllm("vllm serve M --max-model-len 262144", MODEL)
+    assert str(e.value) == ("--max-model-len 262144 is greater than the derived max_model_len (max_position_embeddings=131072 "
+                            "or model_max_length=None in config dict); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    kw, _, _ = engine_config_kwargs_from_vllm("vllm serve M --max-model-len 262144", {**MODEL, "model_max_length": 300000})
+    assert kw["max_model_len"] == 262144  # model_max_length lets it through, as in vLLM
+    monkeypatch.setenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "1")
+    kw, notes, _ = engine_config_kwargs_from_vllm("vllm serve M --max-model-len 262144", MODEL)
+    assert kw["max_model_len"] == 262144 and notes[0].endswith(": allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    # no length key at all: vLLM takes the flag as given
+    no_key = {k: v for k, v in MODEL.items() if k != "max_position_embeddings"}
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
+    assert engine_config_kwargs_from_vllm("vllm serve M --max-model-len 1M", no_key)[0]["max_model_len"] == 2**20
+
+
+def test_speculative_tokens_lengthen_the_conv_state_and_the_block():
+    spec = """ --speculative-config '{"method":"mtp","num_speculative_tokens":3}'"""
+    d = deployment_from_vllm(REPORT_43357 + spec, QWEN36_27B)
+    # conv state (3 + 3) x 10240 x 2 B = 122,880 B + 3,145,728 B SSM = 3,268,608 B -> cdiv(., 16 x 1552) = 132 -> 2112
+    assert d.config.block_size == 2112
+    assert "3,268,608 B state" in d.sources["block_size"]
+
+
+def test_config_yaml_is_expanded_as_vllm_and_the_line_wins(tmp_path):
+    y = tmp_path / "serve.yaml"
+    y.write_text("tensor-parallel-size: 4\nmax_model_len: 64k\nenforce-eager: true\nenable-chunked-prefill: false\n"
+                 "compilation-config:\n  cudagraph_capture_sizes: [1, 2]\ncudagraph-capture-sizes: []\n")
+    got, notes = parse_serve_args(f"vllm serve M --config {y} -tp 2")
+    assert got == {"model_tag": "M", "tensor_parallel_size": 2, "max_model_len": 64000, "enforce_eager": True,
+                   "compilation_config": {"cudagraph_capture_sizes": [1, 2]}}
+    # vLLM 0.33 drops a false boolean from the file (checked against vLLM in parity/test_vllm_flags_parity.py)
+    assert notes == [f"enable-chunked-prefill: false in {y} has no effect in vLLM 0.33 (the root `vllm` parser that "
+                     "reads --config knows no --no-enable-chunked-prefill); the default stays"]
+    (tmp_path / "bad.yaml").write_text("- 1\n")
+    for arg, msg in ((str(tmp_path / "x.json"), "must be a .yaml/.yml file, as vLLM requires"),
+                     (str(tmp_path / "missing.yaml"), "cannot be read"),
+                     (str(tmp_path / "bad.yaml"), "the top level must be a mapping of flag: value, got [1]")):
+        with pytest.raises(VllmArgsError, match=msg.replace("[", "\\[").replace("]", "\\]").replace(".", "\\.")):
+            parse_serve_args(f"vllm serve M --config {arg}")
+
+
+def test_fields_being_added_to_engine_config_are_passed_once_they_exist(monkeypatch):
+    """After the merge EngineConfig gains num_speculative_tokens, cudagraph_mode, max_cudagraph_capture_size and
+    lock_workspace_when_eager: the kwargs carry them with their sources (simulated here on the field list)."""
+    import tqlab.vllm_trace.vllm_args as va
+
+    new = {"num_speculative_tokens", "cudagraph_mode", "max_cudagraph_capture_size", "lock_workspace_when_eager"}
+    base = va._field_names()
+    monkeypatch.setattr(va, "_field_names", lambda: base | new)
+    kw, notes, src = engine_config_kwargs_from_vllm(
+        """vllm serve M --speculative-config '{"method":"mtp","num_speculative_tokens":3}' -O1 """
+        "--max-cudagraph-capture-size 64", MODEL)
+    assert (kw["num_speculative_tokens"], kw["cudagraph_mode"], kw["max_cudagraph_capture_size"]) == (3, "PIECEWISE", 64)
+    assert "lock_workspace_when_eager" not in kw
+    assert src["cudagraph_mode"] == "flag -O1" and src["max_cudagraph_capture_size"] == "flag --max-cudagraph-capture-size"
+    assert src["lock_workspace_when_eager"].startswith("tqlab variant, off")
+    assert not any(n.startswith("read but not modelled") for n in notes)
+    kw, _, src = engine_config_kwargs_from_vllm("vllm serve M --enforce-eager", MODEL)
+    assert kw["cudagraph_mode"] == "NONE" and src["cudagraph_mode"] == "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
+
+
+def test_inspect_vllm_json_dash_prints_only_the_json():
+    r = CliRunner().invoke(app, ["inspect-vllm", "--preset", "pr-44053-unit-test", "--tokens", "100", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)
+    assert rep["prediction"]["config"]["preset"] == "pr-44053-unit-test"
+
+
+# --------------------------------------------------------------------------- #
+# Properties: any argv / any config.json -> a result or a one-line ValueError  #
+# --------------------------------------------------------------------------- #
+
+
+_OPTS = sorted(o for f in vllm_flags()["flags"] for o in f["options"])
+_token = st.one_of(st.sampled_from(_OPTS), st.sampled_from(["-O", "-O3", "-O=x", "--", "-", "-cc.mode", "--x.y+",
+                                                             "--config", "auto", "1k", "{", "[1]", "true", "-5"]),
+                   st.text(max_size=8), st.integers(-10, 10**6).map(str),
+                   st.sampled_from(_OPTS).flatmap(lambda o: st.text(max_size=5).map(lambda v: f"{o}={v}")))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(argv=st.lists(_token, max_size=8))
+def test_any_argv_parses_or_is_a_one_line_error(argv):
+    try:
+        given_, notes = parse_serve_args(["vllm", "serve", *argv])
+    except VllmArgsError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert isinstance(given_, dict) and all(isinstance(n, str) for n in notes)
+
+
+_json = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2, 2**65), st.floats(), st.text(max_size=4)),
+                     lambda c: st.one_of(st.lists(c, max_size=3), st.dictionaries(st.text(max_size=3), c, max_size=3)),
+                     max_leaves=6)
+_keys = st.sampled_from(["num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "num_hidden_layers",
+                         "max_position_embeddings", "layer_types", "full_attention_interval", "hybrid_override_pattern",
+                         "attn_layer_indices", "attn_layer_period", "rope_scaling", "torch_dtype", "text_config",
+                         "linear_num_value_heads", "mamba_num_heads", "model_max_length", "seq_length"])
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(cfg=st.dictionaries(_keys, _json, max_size=8), line=st.sampled_from(
+    ["vllm serve M", "vllm serve M -tp 2 --kv-cache-dtype turboquant_4bit_nc", "vllm serve M --max-model-len auto"]))
+def test_any_config_json_builds_or_is_a_one_line_error(cfg, line):
+    try:
+        d = deployment_from_vllm(line, {"num_attention_heads": 8, "head_dim": 128, **cfg})
+    except ValueError as e:
+        assert str(e) and "\n" not in str(e)
+        return
+    assert isinstance(d.config, EngineConfig) and set(d.sources) >= {"num_attention_heads", "max_model_len", "block_size"}
+
+
+def test_dict_engine_args_take_dests_aliases_and_false_booleans():
+    kw, ignored = parse_engine_args({"enable_chunked_prefill": False, "headless": False, "enforce_eager": "no",
+                                     "tp": 2, "--max-num-seqs": 4, "compilation_config": {"cudagraph_capture_sizes": [1, 2]}})
+    assert kw == {"enable_chunked_prefill": False, "enforce_eager": False, "tensor_parallel_size": 2, "max_num_seqs": 4,
+                  "cudagraph_capture_sizes": (1, 2)}
+    assert ignored == []
+
+
+def test_deployment_from_preset_says_which_fields_the_line_set():
+    from tqlab.vllm_trace.vllm_args import deployment_from_preset
+
+    d = deployment_from_preset("vllm serve M --enable-lora -tp 8 --max-num-seq 4 --dtype float16", "nemotron-3-super-120b-a12b")
+    assert (d.config.tensor_parallel_size, d.config.max_num_seqs, d.config.dtype) == (8, 4, torch.float16)
+    assert d.sources["tensor_parallel_size"] == "flag --tensor-parallel-size"
+    assert d.sources["max_model_len"] == "preset nemotron-3-super-120b-a12b"
+    assert d.notes == ["preset nemotron-3-super-120b-a12b",
+                       "--max-num-seq read as --max-num-seqs: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)",
+                       "vLLM flags with no effect on the workspace: --enable-lora"]
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        deployment_from_preset("vllm serve M", "nope")
+
+
+@pytest.mark.parametrize("line, seqs, mbt", [
+    ("vllm serve M --max-model-len 100000 --no-enable-chunked-prefill", 256, 100000),  # max(max_model_len, 2048)
+    ("vllm serve M --max-model-len 1000 --no-enable-chunked-prefill", 256, 2048),
+    ("vllm serve M --max-model-len 4 --max-num-seqs 2", 2, 8),  # min(max_num_seqs x max_model_len, 2048)
+    ("vllm serve M --max-num-batched-tokens 100", 100, 100),  # a defaulted max_num_seqs is capped by the batch
+    ("vllm serve M --performance-mode throughput", 512, 4096),  # doubled defaults
+])
+def test_scheduler_defaults_as_vllm(line, seqs, mbt):
+    kw, _, src = engine_config_kwargs_from_vllm(line, MODEL)
+    assert (kw["max_num_seqs"], kw["max_num_batched_tokens"]) == (seqs, mbt)
+    EngineConfig(**kw)
+
+
+def test_max_num_seqs_above_the_default_batch_is_refused_as_vllm():
+    # vLLM keeps the default batch of 2048 and SchedulerConfig.verify_max_model_len refuses it
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(2048\) must be >= max_num_seqs \(4096\)"):
+        deployment_from_vllm("vllm serve M --max-num-seqs 4096", MODEL)
+
+
+@pytest.mark.parametrize("layers, extra, expected", [
+    (32, "", 28),  # vLLM keeps layers 0, 1, 30, 31 in bf16 (TurboQuantConfig.get_boundary_skip_layers)
+    (32, " --kv-cache-dtype-skip-layers 5 30", 27),
+    (3, "", 1),  # n = min(2, 3 // 2) = 1 at each end: layers 0 and 2 off, layer 1 on TurboQuant
+])
+def test_dense_turboquant_layers_exclude_vllms_boundary_layers(layers, extra, expected):
+    cfg = {**MODEL, "num_hidden_layers": layers}
+    kw, notes, src = engine_config_kwargs_from_vllm("vllm serve M --kv-cache-dtype turboquant_4bit_nc" + extra, cfg)
+    assert kw["num_hidden_layers"] == expected
+    assert src["num_hidden_layers"].startswith(f"derived: {layers} attention layers - {layers - expected} kept off TurboQuant")
+    assert engine_config_kwargs_from_vllm("vllm serve M", cfg)[0]["num_hidden_layers"] == layers  # not TurboQuant
+
+
+def test_a_model_with_every_layer_off_turboquant_is_an_error():
+    with pytest.raises(VllmArgsError, match="every attention layer is kept off TurboQuant .*no TurboQuant workspace consumer"):
+        engine_config_kwargs_from_vllm("vllm serve M --kv-cache-dtype turboquant_4bit_nc", {**MODEL, "num_hidden_layers": 2})

@@ -1,0 +1,332 @@
+"""The one validated reader of a model's ``config.json`` (Hugging Face format), as vLLM 0.33 reads it.
+
+:func:`read_hf_config` checks the type and range of every field tqlab uses and
+names the file in every error (:class:`HFConfigError`, a ``ValueError``). What
+it mirrors in vLLM 0.33:
+
+* ``text_config`` nesting (multimodal checkpoints): ``vllm/transformers_utils/config.py``
+  ``get_hf_text_config``.
+* ``head_dim`` or ``hidden_size // num_attention_heads``:
+  ``ModelArchConfigConvertorBase.get_head_size``.
+* The longest context: the smallest of ``max_position_embeddings``,
+  ``n_positions``, ``max_seq_len``, ``seq_length``, ``model_max_length``,
+  ``max_target_positions``, ``max_sequence_length``, ``max_seq_length``,
+  ``seq_len`` (``vllm/transformers_utils/model_arch_config_convertor.py``
+  ``derive_max_model_len_and_key``), times a RoPE ``factor`` unless the RoPE
+  type is su/longrope/llama3/yarn/deepseek_yarn/deepseek_llama_scaling
+  (``vllm/config/model.py`` ``_get_and_verify_max_len``); 2048 when no key is
+  present.
+* Attention layers of hybrid models (``vllm/config/model.py``
+  ``ModelConfig.get_num_layers_by_block_type``): ``layers_block_type``
+  (``"attention"``; Zamba2: ``"hybrid"``), ``attn_type_list`` (``1``),
+  ``layer_types`` (``full_attention``, ``indexed_attention``,
+  ``deepseek_sparse_attention``, ``qwen_sparse_attention``:
+  ``_ATTENTION_LAYER_TYPES``); ``full_attention_interval`` is how Qwen3-Next /
+  Qwen3.5 configs fill ``layer_types`` (layer ``i`` is full attention when
+  ``(i + 1) % interval == 0``: 64 layers, interval 4 -> layers 3, 7, ..., 63);
+  Nemotron-H's ``hybrid_override_pattern`` (``*`` attention, ``M`` Mamba,
+  ``-``/``E`` MLP/MoE: ``vllm/model_executor/models/nemotron_h.py``); Jamba's
+  ``attn_layer_period``/``attn_layer_offset``; explicit
+  ``attn_layer_indices``/``attention_layer_indices``.
+* The Mamba state page of a hybrid model, for the attention block size
+  (``tqlab.vllm_trace.vllm_args.hybrid_attention_block_size``): Gated
+  DeltaNet (Qwen3-Next/Qwen3.5: ``linear_*`` keys,
+  ``MambaStateShapeCalculator.gated_delta_net_state_shape``) and Mamba2
+  (Nemotron-H: ``mamba_num_heads``..., ``mamba2_state_shape``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
+
+MAX_LEN_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+)
+"""vLLM 0.33 ``derive_max_model_len_and_key``'s keys, in its order; the smallest present wins."""
+ATTENTION_LAYER_TYPES = frozenset({"full_attention", "indexed_attention", "deepseek_sparse_attention", "qwen_sparse_attention"})
+"""``layer_types`` values vLLM 0.33 counts as attention in a hybrid model (``_ATTENTION_LAYER_TYPES``)."""
+_ALL_ATTENTION_TYPES = ATTENTION_LAYER_TYPES | {"attention", "sliding_attention", "chunked_attention"}
+_ROPE_NO_FACTOR = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
+DEFAULT_MAX_LEN = 2048
+"""vLLM's fallback when config.json has none of :data:`MAX_LEN_KEYS`."""
+
+
+class HFConfigError(ValueError):
+    """A config.json that cannot be read or has a field of the wrong type or range (the message names the file)."""
+
+
+@dataclass(frozen=True)
+class MambaState:
+    """Per-layer Mamba-style state of a hybrid model, before tensor parallelism.
+
+    ``kind``: ``"gdn"`` (Gated DeltaNet) or ``"mamba2"``. ``conv_dim`` and
+    ``conv_len`` give the conv state ``(conv_len, conv_dim / TP)``;
+    ``temporal``: ``(heads, d1, d2)`` with ``heads / TP`` per rank;
+    ``ssm_dtype``: the config's ``mamba_ssm_dtype`` (Qwen3.5) or None;
+    ``groups``/``state_size``: Mamba2 groups (replicated when not divisible by TP).
+    """
+
+    kind: str
+    conv_dim_base: int
+    conv_len: int
+    temporal: tuple[int, int, int]
+    groups: int = 0
+    state_size: int = 0
+    ssm_dtype: str | None = None
+
+    def page_bytes(self, tp: int, conv_itemsize: int, ssm_itemsize: int, num_spec: int = 0) -> int:
+        """Bytes of one sequence's state on one rank (vLLM ``MambaSpec.page_size_bytes``); ValueError if TP does not divide.
+
+        ``num_spec``: speculative tokens; the conv state keeps ``conv_len + num_spec`` steps (``*_state_shape(num_spec=)``).
+        """
+        extra = 0
+        if self.kind == "mamba2" and self.groups % tp:
+            extra = tp - self.groups  # extra_groups_for_head_shards
+        conv_dim = self.conv_dim_base + 2 * (self.groups + extra) * self.state_size
+        heads = self.temporal[0]
+        if conv_dim % tp or heads % tp:
+            raise ValueError(f"tensor_parallel_size {tp} does not divide the Mamba state ({conv_dim} conv, {heads} heads)")
+        conv = (self.conv_len + num_spec) * (conv_dim // tp) * conv_itemsize
+        return conv + (heads // tp) * self.temporal[1] * self.temporal[2] * ssm_itemsize
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What tqlab takes from config.json (the text model's part), validated.
+
+    ``num_attention_heads``, ``num_key_value_heads``, ``head_dim`` (elements),
+    ``num_hidden_layers`` (all layers), ``attention_layers`` (indices of the
+    layers with an attention KV cache: all of them unless hybrid),
+    ``hybrid`` (the marker that said so, or None), ``max_len``/``max_len_key``
+    (vLLM's derived context length and the key it came from, None: default
+    2048), ``model_max_length`` (that key alone: vLLM lets a longer
+    ``--max-model-len`` through up to it), ``dtype`` (``torch_dtype``/``dtype`` string or None), ``mamba``
+    (:class:`MambaState` or None), ``sources`` (field -> where it came from).
+    """
+
+    path: str
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    num_hidden_layers: int
+    attention_layers: tuple[int, ...]
+    hybrid: str | None
+    max_len: int
+    max_len_key: str | None
+    dtype: str | None
+    architecture: str | None
+    mamba: MambaState | None = None
+    model_max_length: int | None = None
+    sources: dict[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def num_attention_layers(self) -> int:
+        return len(self.attention_layers)
+
+
+def _load(source: str | os.PathLike | Mapping[str, Any]) -> tuple[str, Any]:
+    if isinstance(source, Mapping):
+        return "config dict", dict(source)
+    p = Path(source)
+    if p.is_dir():
+        p = p / "config.json"
+    name = str(p)
+    if not p.is_file():
+        raise HFConfigError(f"{name}: no such file (expected a config.json or its folder)")
+    try:
+        return name, json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise HFConfigError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise HFConfigError(f"{name}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except OSError as e:
+        raise HFConfigError(f"{name}: cannot be read ({e.strerror})") from None
+
+
+class _Reader:
+    """Typed access to one config dict, every error naming the file and key."""
+
+    def __init__(self, where: str, cfg: Mapping[str, Any], prefix: str = "") -> None:
+        self.where, self.cfg, self.prefix = where, cfg, prefix
+
+    def fail(self, key: str, msg: str) -> HFConfigError:
+        return HFConfigError(f"{self.where}: {self.prefix}{key} {msg}")
+
+    def int(self, key: str, *, minimum: int = 1, required: bool = False) -> int | None:
+        v = self.cfg.get(key)
+        if v is None:
+            if required:
+                raise self.fail(key, "is missing or null" if key not in self.cfg else "is null")
+            return None
+        if isinstance(v, float) and v.is_integer() and abs(v) < 2**63:
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.fail(key, f"must be an integer, got {v!r}")
+        if v < minimum:
+            raise self.fail(key, f"must be >= {minimum}, got {v}")
+        return v
+
+    def str_list(self, key: str) -> list[str] | None:
+        v = self.cfg.get(key)
+        if v is None:
+            return None
+        if not isinstance(v, list) or not all(isinstance(t, str) for t in v):
+            raise self.fail(key, f"must be a list of strings, got {_short(v)}")
+        return v
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
+    """Read and validate a model's ``config.json`` (a path, its folder, or the parsed dict).
+
+    Raises :class:`HFConfigError` (a ``ValueError``) naming the file for: a
+    missing, empty, truncated or non-UTF-8 file; a top level that is not an
+    object; ``num_attention_heads`` missing/null/not a positive integer
+    (``32.7`` is an error, never truncated); ``num_key_value_heads`` not a
+    positive integer (absent: the query heads, as in vLLM; ``0`` is an error);
+    no ``head_dim`` and no ``hidden_size``; ``hidden_size`` not divisible by
+    the heads; a max-length key that is not a positive integer (``1e400`` is
+    ``inf`` in JSON: an error); hybrid markers of the wrong type or length; a
+    hybrid model with no attention layer ("no TurboQuant workspace consumer").
+    """
+    where, raw = _load(source)
+    if not isinstance(raw, dict):
+        raise HFConfigError(f"{where}: the top level must be a JSON object, got {type(raw).__name__} {_short(raw)}")
+    text = raw.get("text_config")
+    if text is not None and not isinstance(text, dict):
+        raise HFConfigError(f"{where}: text_config must be an object, got {_short(text)}")
+    cfg = text if text is not None else raw
+    r = _Reader(where, cfg, "text_config." if text is not None else "")
+    src = "config.json " + r.prefix
+    sources: dict[str, str] = {}
+    hq = r.int("num_attention_heads", required=True)
+    hk = r.int("num_key_value_heads")
+    sources["num_attention_heads"] = src + "num_attention_heads"
+    if hk is None:
+        hk, sources["num_key_value_heads"] = hq, "derived: no num_key_value_heads, = num_attention_heads (vLLM)"
+    else:
+        sources["num_key_value_heads"] = src + "num_key_value_heads"
+    d = r.int("head_dim")
+    if d is not None:
+        sources["head_dim"] = src + "head_dim"
+    else:
+        hidden = r.int("hidden_size")
+        if hidden is None:
+            raise HFConfigError(f"{where}: has neither {r.prefix}head_dim nor {r.prefix}hidden_size")
+        if hidden % hq:
+            raise r.fail("hidden_size", f"({hidden}) is not divisible by num_attention_heads ({hq}); give head_dim")
+        d = hidden // hq
+        sources["head_dim"] = f"derived: hidden_size // num_attention_heads = {hidden} // {hq} = {d}"
+    n_layers = r.int("num_hidden_layers") or 1
+    attn, hybrid = _attention_layers(r, n_layers)
+    if not attn:
+        raise HFConfigError(f"{where}: {hybrid} marks no attention layer: no TurboQuant workspace consumer")
+    sources["num_hidden_layers"] = (src + f"{hybrid}: {len(attn)} attention layers of {n_layers}") if hybrid else (src + "num_hidden_layers")
+    max_len, key = _max_len(r, raw)
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    return ModelShape(
+        path=where, num_attention_heads=hq, num_key_value_heads=hk, head_dim=d, num_hidden_layers=n_layers,
+        attention_layers=attn, hybrid=hybrid, max_len=max_len, max_len_key=key,
+        dtype=None if dtype is None else str(dtype), architecture=arch,
+        mamba=_mamba_state(r) if hybrid else None, model_max_length=r.int("model_max_length"), sources=sources,
+    )
+
+
+def _attention_layers(r: _Reader, n: int) -> tuple[tuple[int, ...], str | None]:
+    """``(indices of attention layers, hybrid marker or None)``; see the module docstring."""
+    pattern = r.cfg.get("hybrid_override_pattern")
+    if pattern is not None:
+        if not isinstance(pattern, str) or not pattern or set(pattern) - set("*M-E"):
+            raise r.fail("hybrid_override_pattern", f"must be a string of '*', 'M', '-', 'E', got {_short(pattern)}")
+        return tuple(i for i, c in enumerate(pattern) if c == "*"), "hybrid_override_pattern"
+    for key, is_attn in (("layers_block_type", lambda t: t in ("attention", "hybrid")), ("layer_types", None)):
+        types = r.str_list(key)
+        if types is None:
+            continue
+        if len(types) != n:
+            raise r.fail(key, f"has {len(types)} entries but num_hidden_layers is {n}")
+        if key == "layer_types" and all(t in _ALL_ATTENTION_TYPES for t in types):
+            return tuple(range(n)), None  # e.g. Gemma's sliding/full mix: not hybrid, every layer attends
+        test = is_attn or (lambda t: t in ATTENTION_LAYER_TYPES)
+        return tuple(i for i, t in enumerate(types) if test(t)), key
+    attn_types = r.cfg.get("attn_type_list")
+    if attn_types is not None:
+        if not isinstance(attn_types, list) or len(attn_types) != n:
+            raise r.fail("attn_type_list", f"must be a list of {n} entries, got {_short(attn_types)}")
+        return tuple(i for i, t in enumerate(attn_types) if t == 1), "attn_type_list"
+    interval = r.int("full_attention_interval")
+    if interval is not None:
+        return tuple(i for i in range(n) if (i + 1) % interval == 0), "full_attention_interval"
+    for key in ("attn_layer_indices", "attention_layer_indices"):
+        idx = r.cfg.get(key)
+        if idx is not None:
+            if not isinstance(idx, list) or any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n for i in idx):
+                raise r.fail(key, f"must be a list of layer indices in [0, {n}), got {_short(idx)}")
+            return tuple(sorted(set(idx))), key
+    period = r.int("attn_layer_period")
+    if period is not None:
+        offset = r.int("attn_layer_offset", minimum=0) or 0
+        return tuple(i for i in range(n) if i % period == offset), "attn_layer_period"
+    return tuple(range(n)), None
+
+
+def _max_len(r: _Reader, raw: Mapping[str, Any]) -> tuple[int, str | None]:
+    best, key = math.inf, None
+    for k in MAX_LEN_KEYS:
+        v = r.cfg.get(k)
+        if v is None:
+            continue
+        if isinstance(v, float) and not math.isfinite(v):
+            raise r.fail(k, f"must be a finite positive integer, got {v!r}")
+        v = r.int(k)
+        if v < best:
+            best, key = v, k
+    if key is None:
+        return DEFAULT_MAX_LEN, None
+    rope = r.cfg.get("rope_parameters") or r.cfg.get("rope_scaling")
+    if isinstance(rope, dict) and "gemma3" not in str(raw.get("model_type", "")):
+        rtype = rope.get("rope_type", rope.get("type", "default"))
+        factor = rope.get("factor")
+        if rtype == "longrope":
+            orig = r.int("original_max_position_embeddings")
+            return (orig, "original_max_position_embeddings") if orig else (int(best), key)
+        if rtype not in _ROPE_NO_FACTOR and factor is not None:
+            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 2**20:
+                raise r.fail("rope_scaling.factor", f"must be a positive number, got {factor!r}")
+            return int(best * factor), f"{key} x rope factor {factor}"
+    return int(best), key
+
+
+def _mamba_state(r: _Reader) -> MambaState | None:
+    """The per-layer recurrent state (GDN or Mamba2), or None if the config does not describe one."""
+    c = r.cfg
+    ssm = c.get("mamba_ssm_dtype") if isinstance(c.get("mamba_ssm_dtype"), str) else None
+    if "linear_num_value_heads" in c:
+        kh, vh = r.int("linear_num_key_heads", required=True), r.int("linear_num_value_heads", required=True)
+        kd, vd = r.int("linear_key_head_dim", required=True), r.int("linear_value_head_dim", required=True)
+        kernel = r.int("linear_conv_kernel_dim", required=True)
+        return MambaState("gdn", kd * kh * 2 + vd * vh, kernel - 1, (vh, vd, kd), ssm_dtype=ssm)
+    if "mamba_num_heads" in c:
+        heads, hd = r.int("mamba_num_heads", required=True), r.int("mamba_head_dim", required=True)
+        groups, state = r.int("n_groups", required=True), r.int("ssm_state_size", required=True)
+        kernel = r.int("conv_kernel", required=True)
+        # Nemotron-H: vLLM's NemotronHForCausalLMConfig uses the config's mamba_ssm_cache_dtype, else float32
+        nem = c.get("mamba_ssm_cache_dtype") if isinstance(c.get("mamba_ssm_cache_dtype"), str) else "float32"
+        ssm = ssm or (nem if "hybrid_override_pattern" in c else None)
+        return MambaState("mamba2", heads * hd, kernel - 1, (heads, hd, state), groups, state, ssm_dtype=ssm)
+    return None

@@ -1,0 +1,317 @@
+"""The ``vllm serve`` command line, parsed as vLLM 0.33 parses it, from flags generated out of vLLM itself.
+
+The flags are data: ``vllm_0_33_flags.json``, written by ``parity/gen_vllm_flags.py``
+from vLLM's own ``vllm serve`` parser and checked by ``parity/test_vllm_flags_parity.py``.
+:func:`parse_serve_args` builds an ``argparse`` parser from that table (booleans
+as ``BooleanOptionalAction``/vLLM's ``EnableDisableAction``, vLLM's value types)
+and rewrites argv as vLLM's ``FlexibleArgumentParser.parse_args``
+(``vllm/utils/argparse_utils.py``) does: ``--max_num_seqs`` = ``--max-num-seqs``,
+``-O3``/``-O 3``/``-O=3`` = ``--optimization-level 3``, dotted JSON keys
+(``-cc.cudagraph_capture_sizes '[1,2]'``, ``--x.key+ a,b``), ``--config FILE.yaml``.
+Like vLLM's parser (Python's ``allow_abbrev``), a unique prefix of a flag is that
+flag (``--max-num-seq 4`` *is* ``--max-num-seqs 4`` in vLLM 0.33; a note says so);
+an unknown flag is an error naming the closest real ones (``difflib``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import functools
+import json
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["FLAGS_FILE", "VllmArgsError", "human_readable_int", "human_readable_int_or_auto", "parse_serve_args", "vllm_flags"]
+
+FLAGS_FILE = Path(__file__).with_name("vllm_0_33_flags.json")
+
+
+class VllmArgsError(ValueError):
+    """A ``vllm serve`` line that vLLM 0.33 would refuse (or tqlab cannot read); one line, naming the flag."""
+
+
+# --------------------------------------------------------------------------- #
+# vLLM's value parsers (vllm/utils/argparse_utils.py)                         #
+# --------------------------------------------------------------------------- #
+
+_HR = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
+_DEC = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BIN = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(value: str) -> int:
+    """vLLM's ``human_readable_int``: ``'128k'`` -> 128,000, ``'1K'`` -> 1,024, ``'25.6k'`` -> 25,600.
+
+    Decimal suffixes k/m/g/t (x1000^n) take decimals, binary K/M/G/T (x1024^n)
+    do not; otherwise Python's ``int()`` (so ``' 12 '``, ``'1_000'`` pass and
+    ``'infk'``, ``'1e30k'``, ``'1e3'``, ``'0x10'`` raise ``ValueError``).
+    """
+    value = value.strip()
+    m = _HR.fullmatch(value)
+    if m:
+        number, suffix = m.groups()
+        if suffix in _DEC:
+            return int(float(number) * _DEC[suffix])
+        try:
+            return int(number) * _BIN[suffix]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"Decimals are not allowed with binary suffixes like {suffix}. "
+                f"Did you mean to use {number}{suffix.lower()} instead?") from None
+    return int(value)
+
+
+def human_readable_int_or_auto(value: str) -> int:
+    """vLLM's ``human_readable_int_or_auto``: ``'auto'`` or ``'-1'`` -> -1, else :func:`human_readable_int`."""
+    value = value.strip()
+    if value == "-1" or value.lower() == "auto":
+        return -1
+    return human_readable_int(value)
+
+
+def _json_value(value: str) -> Any:
+    """A JSON flag value; bare ``80m``-style numbers expanded as vLLM's ``_expand_json_human_readable_numbers``."""
+    parts = re.split(r'("(?:[^"\\]|\\.)*")', value)
+    for i in range(0, len(parts), 2):
+        parts[i] = re.sub(r"\b\d+(?:\.\d+)?[kKmMgGtT]\b", lambda m: str(human_readable_int(m.group())), parts[i])
+    return json.loads("".join(parts))
+
+
+def _json_object(value: str) -> Any:
+    try:
+        v = _json_value(value)
+    except (json.JSONDecodeError, argparse.ArgumentTypeError, ValueError) as e:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {value!r}") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"key\": 1}}', got {value!r}")
+    return v
+
+
+def _json_or_str(value: str) -> Any:
+    return _json_object(value) if re.match(r"(?s)^\s*{.*}\s*$", value) else value
+
+
+def _optional(fn):
+    """vLLM's ``optional_type``: ``''`` or ``'None'`` -> None, else ``fn``; named after ``fn`` for argparse's messages."""
+    def parse(value: str) -> Any:
+        return None if value in ("", "None") else fn(value)
+    parse.__name__ = getattr(fn, "__name__", "value")
+    return parse
+
+
+_TYPES = {
+    "int": int, "float": float, "str": str, "human_readable_int": human_readable_int,
+    "human_readable_int_or_auto": human_readable_int_or_auto, "json": _json_object, "json_or_str": _json_or_str,
+}
+
+
+# --------------------------------------------------------------------------- #
+# The parser, from the generated flag table                                   #
+# --------------------------------------------------------------------------- #
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_flags() -> dict[str, Any]:
+    """The generated table of ``vllm serve`` flags (``vllm_0_33_flags.json``): ``{"vllm_version", "flags": [...]}``."""
+    table = json.loads(FLAGS_FILE.read_text())
+    if not isinstance(table, dict) or not isinstance(table.get("flags"), list):
+        raise RuntimeError(f"{FLAGS_FILE}: not a flag table; regenerate it with parity/gen_vllm_flags.py")
+    return table
+
+
+class _BoolAction(argparse.Action):
+    """``BooleanOptionalAction`` / vLLM's ``EnableDisableAction``: the negative spellings store False."""
+
+    def __init__(self, option_strings, dest, negative=(), **kw):
+        self.negative = frozenset(negative)
+        super().__init__(option_strings, dest, nargs=0, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, option_string not in self.negative)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # argparse would print usage and exit(2)
+        raise VllmArgsError(f"vllm serve: {message}")
+
+
+@functools.lru_cache(maxsize=1)
+def _serve_parser() -> _Parser:
+    table = vllm_flags()
+    p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=table.get("allow_abbrev", True),
+                argument_default=argparse.SUPPRESS, exit_on_error=False)
+    p.add_argument("model_tag", nargs="?")
+    for f in table["flags"]:
+        if f["kind"] == "bool_flag":
+            p.add_argument(*f["options"], dest=f["dest"], action="store_true")
+        elif f["kind"] == "bool_optional":
+            p.add_argument(*f["options"], dest=f["dest"], action=_BoolAction, negative=f["negative_options"])
+        else:
+            typ = _TYPES.get(f["type"], str)
+            kw: dict[str, Any] = {"dest": f["dest"], "type": _optional(typ) if f["optional"] else typ}
+            if f["nargs"] is not None:
+                kw["nargs"] = f["nargs"]
+            if f["const"] is not None:
+                kw["const"] = f["const"]
+            if f["choices"]:
+                kw["choices"] = [c for c in f["choices"] if c is not None]
+            p.add_argument(*f["options"], **kw)
+    return p
+
+
+@functools.lru_cache(maxsize=1)
+def _option_strings() -> tuple[str, ...]:
+    return tuple(sorted(o for f in vllm_flags()["flags"] for o in f["options"]))
+
+
+def _preprocess(argv: list[str]) -> list[str]:
+    """vLLM's ``FlexibleArgumentParser.parse_args`` rewriting: dashes, ``-O``, dotted JSON keys."""
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a.startswith("--"):
+            key, eq, val = a.partition("=")
+            head, dot, tail = key[2:].partition(".")
+            out.append("--" + head.replace("_", "-") + dot + tail + eq + val)
+        elif a.startswith("-O") and a != "-O":
+            out += ["--optimization-level", a[3:] if a[2] == "=" else a[2:]]
+        elif a == "-O" and i + 1 < len(argv) and argv[i + 1] in {"0", "1", "2", "3"}:
+            out.append("--optimization-level")
+        else:
+            out.append(a)
+    dicts: dict[str, dict[str, Any]] = {}
+    keep: list[str] = []
+    skip = False
+    for i, a in enumerate(out):
+        if skip:
+            skip = False
+            continue
+        if a.startswith("-") and "." in a.partition("=")[0]:
+            key, eq, val = a.partition("=")
+            if not eq:
+                if i + 1 >= len(out):
+                    raise VllmArgsError(f"vllm serve: argument {key}: expected one argument")
+                val, skip = out[i + 1], True
+            if key.endswith("+"):
+                key, val = key[:-1], json.dumps(val.split(","))
+            name, *keys = key.split(".")
+            try:
+                value: Any = json.loads(val)
+            except json.JSONDecodeError:
+                try:
+                    value = human_readable_int(val)
+                except (ValueError, argparse.ArgumentTypeError):
+                    value = val
+            d = dicts.setdefault(name, {})
+            for k in keys[:-1]:
+                d = d.setdefault(k, {}) if isinstance(d.get(k), dict) or k not in d else d
+            last = keys[-1] if keys else ""
+            d[last] = d[last] + value if isinstance(d.get(last), list) and isinstance(value, list) else value
+            continue
+        keep.append(a)
+    for name, d in dicts.items():
+        keep += [name, json.dumps(d)]
+    return keep
+
+
+def _pull_config_file(argv: list[str], notes: list[str]) -> list[str]:
+    """``--config FILE.yaml``: its flags go right after the model, so the line wins
+    (``FlexibleArgumentParser._pull_args_from_config`` / ``load_config_file``). A ``false``
+    boolean is dropped: ``vllm``'s root parser, which expands the file, knows no ``--no-`` flag."""
+    if "--config" not in argv:
+        return argv
+    if argv.count("--config") > 1:
+        raise VllmArgsError("vllm serve: more than one --config file")
+    i = argv.index("--config")
+    if i == len(argv) - 1:
+        raise VllmArgsError("vllm serve: --config needs a YAML file")
+    path = argv[i + 1]
+    if path.split(".")[-1] not in ("yaml", "yml"):
+        raise VllmArgsError(f"vllm serve: --config {path}: must be a .yaml/.yml file, as vLLM requires")
+    try:
+        import yaml
+    except ImportError:
+        raise VllmArgsError(f"--config {path}: reading it needs PyYAML (pip install pyyaml)") from None
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise VllmArgsError(f"--config {path}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    if not isinstance(data, dict):
+        raise VllmArgsError(f"--config {path}: the top level must be a mapping of flag: value, got {_short(data)}")
+    flags: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, bool):
+            flags += [f"--{key}"] if value else []
+            if not value:
+                notes.append(f"{key}: false in {path} has no effect in vLLM 0.33 (the root `vllm` parser that reads "
+                             f"--config knows no --no-{key}); the default stays")
+        elif isinstance(value, list):
+            flags += [f"--{key}", *map(str, value)] if value else []
+        else:
+            flags += [f"--{key}", json.dumps(value) if isinstance(value, dict) else str(value)]
+    rest = argv[:i] + argv[i + 2:]
+    cut = 1 if rest and not rest[0].startswith("-") else 0
+    return rest[:cut] + flags + rest[cut:]
+
+
+def _short(v: Any) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _strip_launcher(argv: list[str]) -> list[str]:
+    for prefix in (["vllm", "serve"], ["python", "-m", "vllm.entrypoints.openai.api_server"],
+                   ["python3", "-m", "vllm.entrypoints.openai.api_server"], ["serve"]):
+        if argv[: len(prefix)] == prefix:
+            return argv[len(prefix):]
+    return argv
+
+
+def _unknown_flag_error(extra: list[str]) -> VllmArgsError:
+    for tok in extra:
+        if tok.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", tok):
+            name = tok.partition("=")[0]
+            close = difflib.get_close_matches(name, _option_strings(), n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            return VllmArgsError(f"vllm serve: unknown flag {name} (not a vLLM {vllm_flags()['vllm_version']} flag){hint}")
+    return VllmArgsError(f"vllm serve: unrecognized arguments: {' '.join(extra)} (a boolean flag such as "
+                         "--enable-chunked-prefill takes no value; use its --no-/--disable- form)")
+
+
+def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str, Any], list[str]]:
+    """Parse a ``vllm serve`` line like vLLM 0.33 -> ``({dest: value} of the flags given, notes)``.
+
+    ``engine_args``: a shell-quoted string or argv; a leading ``vllm serve`` /
+    ``python -m vllm.entrypoints.openai.api_server`` is dropped; the model is
+    ``model_tag``; ``--config FILE.yaml`` is expanded as vLLM does. Values are converted with vLLM's own types (JSON configs
+    are dicts). Raises :class:`VllmArgsError` (one line) for an unknown flag
+    (naming the closest), an ambiguous prefix, a bad value, or an extra word.
+    """
+    if engine_args is None:
+        return {}, []
+    try:
+        argv = shlex.split(engine_args) if isinstance(engine_args, str) else [str(a) for a in engine_args]
+    except ValueError as e:
+        raise VllmArgsError(f"vllm serve line: {e} (shell quoting)") from None
+    notes: list[str] = []
+    argv = _preprocess(_pull_config_file(_strip_launcher(argv), notes))
+    parser = _serve_parser()
+    try:
+        ns, extra = parser.parse_known_args(argv)
+    except argparse.ArgumentError as e:
+        raise VllmArgsError(f"vllm serve: {e}") from None
+    if extra:
+        raise _unknown_flag_error(extra)
+    if str(getattr(ns, "model_tag", "")).lower() in ("true", "false"):
+        notes.append(f"model {ns.model_tag!r}: vLLM reads a word after a boolean flag as the model name (booleans take no value)")
+    opts = set(_option_strings())
+    for a in argv:
+        name = a.partition("=")[0]
+        if name.startswith("--") and name not in opts and "." not in name:
+            full = [o for o in opts if o.startswith(name)]
+            if len(full) == 1:
+                notes.append(f"{name} read as {full[0]}: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)")
+    return vars(ns), notes
