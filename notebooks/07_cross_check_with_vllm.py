@@ -335,7 +335,7 @@ assert report["prediction"]["first_failing_prompt"] == first_two_chunks
 for n in prompts[2:]:
     f = by_len[n]["first_refused_unfixed"]
     assert (f["consumer"], f["cached_len"], f["nbytes"]) == (vt.DEQUANT_CHUNK, m, want), f
-assert report["prediction"]["max_num_batched_tokens_source"] == "given: --max-num-batched-tokens"
+assert report["prediction"]["max_num_batched_tokens_source"] == "flag --max-num-batched-tokens"
 if LIVE:
     (v_unfixed, *v_fixed) = report["demo"]
     assert v_unfixed["error"].endswith(f"requires {format_mb(want)} MB, current size is {format_mb(LOCKED)} MB. "

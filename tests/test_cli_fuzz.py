@@ -150,14 +150,10 @@ def test_plan_fuzz(preset, opts, data):
     _check(*_invoke(args))
 
 
-@pytest.mark.xfail(strict=True, reason="tqlab plan (cli.plan, not vllm_args): the layout's ValueError for a 2**62-token "
-                                       "continuation escapes as a traceback (issue 14)")
 def test_plan_huge_max_model_len_is_a_one_line_error():
     _check(*_invoke(["plan", "--preset", "pr-44053-unit-test", "--max-model-len", str(2**62)]))
 
 
-@pytest.mark.xfail(run=False, reason="tqlab.vllm_trace.predict (not vllm_args): max_model_len 10**12 with TP 8 builds every "
-                                     "chunk (14 s at 10**9, > 60 s and 5 GB at 10**12; issue 14)")
 def test_inspect_vllm_huge_max_model_len_answers_in_seconds():
     _check(*_invoke(["inspect-vllm", "--preset", "nemotron-3-super-120b-a12b", "--args",
                      "vllm serve M --max-model-len 1000000000000 -tp 8"]))

@@ -148,7 +148,10 @@ def test_kwargs_and_sources_from_flags_config_and_defaults():
     assert src["max_num_seqs"] == "vLLM default (`vllm serve` on a GPU under 70 GiB; GPU size assumed, pass --gpu-memory-gib)"
     assert src["kv_cache_dtype"] == src["block_size"] == "vLLM default"
     assert set(src) == set(kw) | ({"cudagraph_capture_sizes", "enable_chunked_prefill", "enable_dbo", "enforce_eager",
-                                   "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph"} - set(kw))
+                                   "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph",
+                                   "cudagraph_mode", "num_speculative_tokens", "max_cudagraph_capture_size",
+                                   "lock_workspace_when_eager"} - set(kw))
+    assert src["cudagraph_mode"] == "vLLM default (-O2: FULL_AND_PIECEWISE)" and "cudagraph_mode" not in kw
     assert "vLLM flags with no effect on the workspace: --enable-lora" in notes
     EngineConfig(**kw)
 
@@ -179,9 +182,10 @@ def test_cudagraph_speculative_and_attention_config_at_dict_level():
         """vllm serve M --speculative-config '{"num_speculative_tokens":3}' -cc.cudagraph_mode FULL_DECODE_ONLY""")[0])
     assert (full["num_speculative_tokens"], full["cudagraph_mode"]) == (3, "FULL_DECODE_ONLY")
     assert fsrc["num_speculative_tokens"] == "flag --speculative-config num_speculative_tokens"
-    assert _map_flags(_given("vllm serve M --enforce-eager -O3")[0])[0]["cudagraph_mode"] == "NONE"
+    eager_kw, eager_src = _map_flags(_given("vllm serve M --enforce-eager -O3")[0])[:2]
+    assert "cudagraph_mode" not in eager_kw and eager_src["cudagraph_mode"].startswith("derived: --enforce-eager")
     assert _map_flags(_given("vllm serve M -O1")[0])[:2] == ({"cudagraph_mode": "PIECEWISE"}, {"cudagraph_mode": "flag -O1"})
-    assert _map_flags(_given("vllm serve M")[0])[1] == {"cudagraph_mode": "vLLM default (-O2)"}
+    assert _map_flags(_given("vllm serve M")[0])[1] == {"cudagraph_mode": "vLLM default (-O2: FULL_AND_PIECEWISE)"}
     assert _map_flags(_given("vllm serve M --max-cudagraph-capture-size 64")[0])[0]["max_cudagraph_capture_size"] == 64
 
 
@@ -352,7 +356,9 @@ def test_fields_being_added_to_engine_config_are_passed_once_they_exist(monkeypa
     assert src["lock_workspace_when_eager"].startswith("tqlab variant, off")
     assert not any(n.startswith("read but not modelled") for n in notes)
     kw, _, src = engine_config_kwargs_from_vllm("vllm serve M --enforce-eager", MODEL)
-    assert kw["cudagraph_mode"] == "NONE" and src["cudagraph_mode"] == "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
+    # the field stays None: tqlab.analysis.cudagraph_mode derives NONE from enforce_eager, as VllmConfig.__post_init__ does
+    assert "cudagraph_mode" not in kw and kw["enforce_eager"] is True
+    assert src["cudagraph_mode"] == "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
 
 
 def test_inspect_vllm_json_dash_prints_only_the_json():

@@ -420,7 +420,7 @@ def test_inspect_readme_example_names_the_first_refused_call_and_the_chunk_size_
     rep = inspect_vllm(README_ARGS, NEMOTRON_CONFIG, prompt_tokens=[8192], out=buf)
     text, pred = buf.getvalue(), rep["prediction"]
     assert pred["max_num_batched_tokens"] == 2048  # vLLM 0.33's `vllm serve` default, GPU < 70 GiB
-    assert pred["max_num_batched_tokens_source"].startswith("not given: vLLM's default for `vllm serve` on a GPU under 70 GiB")
+    assert pred["max_num_batched_tokens_source"].startswith("vLLM default (`vllm serve` on a GPU under 70 GiB")
     (req,) = pred["requests"]
     largest = {c["consumer"]: c for c in req["consumers"]}[DEQUANT_CHUNK]
     assert (largest["cached_len"], largest["q_len"], largest["nbytes"]) == (6144, 2048, 3 * MiB)  # the last chunk
@@ -430,7 +430,7 @@ def test_inspect_readme_example_names_the_first_refused_call_and_the_chunk_size_
     assert req["first_refused_fixed"] is None and req["verdict"] == "CRASH without the fix, ok with it"
     assert ("first refused call without the fix (vLLM dies here): continuation prefill (dequant), cached 2048 q 2048: "
             "1.00 MB > 0.26 MB at lock") in text
-    assert "chunks of max_num_batched_tokens 2048: not given: vLLM's default for `vllm serve`" in text
+    assert "chunks of max_num_batched_tokens 2048: vLLM default (`vllm serve`" in text
     (note,) = [n for n in pred["notes"] if n.startswith("the bug report's '2.00 MB'")]
     assert "first refused call with max_num_batched_tokens 4096: cached 4096" in note
     assert "two fp16 (1, 1, 4096, 128) buffers = 2 x 1 x 4096 x 128 x 2 bytes = 2,097,152 bytes" in note
@@ -440,7 +440,7 @@ def test_inspect_readme_example_names_the_first_refused_call_and_the_chunk_size_
 
     given = inspect_vllm(README_ARGS + " --max-num-batched-tokens 4096", NEMOTRON_CONFIG, prompt_tokens=[8192], quiet=True)
     g = given["prediction"]
-    assert g["max_num_batched_tokens_source"] == "given: --max-num-batched-tokens"
+    assert g["max_num_batched_tokens_source"] == "flag --max-num-batched-tokens"
     first = g["requests"][0]["first_refused_unfixed"]
     assert (first["cached_len"], first["q_len"], first["nbytes"]) == (4096, 4096, 2 * MiB)  # the report's 2.00 MB
     assert not any(n.startswith("the bug report's") for n in g["notes"])

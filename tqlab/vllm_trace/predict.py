@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence, TextIO
 
 
 from .. import analysis
-from ..config import EngineConfig, parse_dtype
+from ..config import EngineConfig
 from ..reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
@@ -25,7 +25,7 @@ from ..reservation import (
 from ..workspace import compute_layout, format_mb
 from .cpu_harness import run_vllm_seed_scenario
 from .tracer import vllm_available, vllm_version
-from .vllm_args import engine_config_from_vllm, parse_engine_args, vllm_default_limits
+from .vllm_args import deployment_from_preset, deployment_from_vllm
 
 # --------------------------------------------------------------------------- #
 # The predictor                                                               #
@@ -517,8 +517,8 @@ def inspect_vllm(
     Returns the report dict: ``prediction`` (:meth:`Prediction.to_dict`, its
     ``notes`` included; per request ``verdict``, ``rejected``,
     ``first_refused_unfixed``/``_fixed``; ``max_num_batched_tokens`` and
-    ``max_num_batched_tokens_source``: "given: ...", "not given: vLLM's
-    default for ..." or "preset ..."), ``vllm_version`` (None without vLLM), ``text`` (what
+    ``max_num_batched_tokens_source``: where it came from, as in ``sources`` ("flag --...",
+    "vLLM default ...", "preset ..."), ``sources`` (every field's origin), ``vllm_version`` (None without vLLM), ``text`` (what
     was printed) and ``demo`` (list of :meth:`ScenarioResult.to_dict`, or None)
     when asked. Raises ``ValueError`` when not exactly one of
     ``model_config``/``preset`` is given, or for bad arguments.
@@ -531,31 +531,20 @@ def inspect_vllm(
     if (model_config is None) == (preset is None):
         raise ValueError("give exactly one of model_config (a config.json) or preset")
     if preset is not None:
-        overrides, ignored = parse_engine_args(engine_args)
-        overrides.pop("model", None)
-        if "dtype" in overrides:
-            overrides["dtype"] = parse_dtype(overrides["dtype"])
-        config = EngineConfig.from_preset(preset, **overrides)
-        notes = [f"preset {preset}"] + (["ignored engine args: " + ", ".join(ignored)] if ignored else [])
-        if "max_num_batched_tokens" in overrides:
-            source = "given: --max-num-batched-tokens"
-        else:
-            source = f"preset {preset}"
-            if bug_report_max_num_batched_tokens(config) == config.max_num_batched_tokens:
-                source += (f": inferred from the bug report's {BUG_REPORT_REQUIRED_MB} MB; the report does not give "
-                           "max_num_batched_tokens")
+        dep = deployment_from_preset(engine_args, preset)
     else:
-        config, notes = engine_config_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib)
-        if "max_num_batched_tokens" in parse_engine_args(engine_args)[0]:
-            source = "given: --max-num-batched-tokens"
-        elif config.enable_chunked_prefill:
-            source = f"not given: vLLM's default for {vllm_default_limits('serve', gpu_memory_gib)[2]}"
-        else:
-            source = "not given: vLLM's default with chunked prefill off, max(max_model_len, max_num_seqs)"
-        notes = [n for n in notes if not n.startswith("max_num_batched_tokens not given")]  # said by the source line
+        dep = deployment_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib)
+    config, notes, sources = dep.config, list(dep.notes), dict(dep.sources)
+    source = sources.get("max_num_batched_tokens", "vLLM default")
+    if preset is not None and source == f"preset {preset}" and (
+        bug_report_max_num_batched_tokens(config) == config.max_num_batched_tokens
+    ):
+        source += (f": inferred from the bug report's {BUG_REPORT_REQUIRED_MB} MB; the report does not give "
+                   "max_num_batched_tokens")
+    notes = [n for n in notes if not n.startswith("max_num_batched_tokens not given")]  # said by the source line
     pred = predict(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source)
     pred.notes[:0] = notes
-    report: dict[str, Any] = stable_json(config, {"max_num_batched_tokens": source})
+    report: dict[str, Any] = stable_json(config, {**sources, "max_num_batched_tokens": source})
     report.update({"prediction": pred.to_dict(), "vllm_version": vllm_version()})
     text = [pred.format()]
     if demo:

@@ -184,13 +184,16 @@ def _map_cudagraph_mode(g, cc, kw, src) -> None:
     mode = cc.get("cudagraph_mode")
     if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
         raise VllmArgsError(f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
+    # Only a flag that names the mode sets the field; otherwise it stays None and
+    # tqlab.analysis.cudagraph_mode resolves it (enforce_eager -> NONE, else vLLM's -O2 default).
     if g.get("enforce_eager"):
-        kw["cudagraph_mode"], src["cudagraph_mode"] = "NONE", "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
+        src["cudagraph_mode"] = "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
     elif mode is not None:
         kw["cudagraph_mode"], src["cudagraph_mode"] = mode.upper(), "flag --compilation-config cudagraph_mode"
+    elif "optimization_level" in g:
+        kw["cudagraph_mode"], src["cudagraph_mode"] = _LEVEL_MODE[level], f"flag -O{level}"
     else:
-        kw["cudagraph_mode"] = _LEVEL_MODE[level]
-        src["cudagraph_mode"] = (f"flag -O{level}" if "optimization_level" in g else "vLLM default (-O2)")
+        src["cudagraph_mode"] = "vLLM default (-O2: FULL_AND_PIECEWISE)"
 
 
 def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = None) -> tuple[int, int, str]:
