@@ -267,8 +267,8 @@ def bench_store(res: dict, presets, log, tokens=16384):
 
 
 DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg)
-    (16, 4, 2, None), (16, 4, 2, 128), (16, 2, 2, None), (32, 4, 2, None),
-    (32, 8, 1, None), (32, 8, 2, None), (64, 8, 2, None), (64, 4, 1, None),
+    (128, 4, 1, None), (64, 4, 1, None), (128, 8, 1, None), (64, 2, 1, None),
+    (128, 4, 2, None), (256, 8, 1, None),
 ]
 DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None), (128, 4, None, None), (128, 8, None, None)]
 

@@ -4,15 +4,21 @@ Same math, same byte layout as the torch reference in :mod:`tqlab.turboquant.qua
 wrappers here assume the inputs were already validated by ``ops``.  Written for Triton 3.x
 (tested with the interpreter of 3.9 on CPU and 3.6 on an H200).
 
-Tricks worth knowing:
+Tricks worth knowing (decode and dequant read the same packed fields, see ``_unpack``):
 
 * Every field sits at an even byte offset of an even-sized slot, so reads go through a 16-bit view
-  of the cache: fp16 fields (norm, scale, zero) directly, packed indices as 16-bit words, ``bits``
-  words per group of 16 indices, glued into one int64 and shifted apart.
-* Centroid values come from a compare/select chain over the (symmetric) codebook, not a gather:
-  a per-element gather needs a 64-bit address per element and made the decode loop spill.
+  of the cache; a group of codes spans 2 or 3 16-bit words, each loaded once, and codes are cut
+  out of 32-bit windows ``w0 | w1 << 16`` by a shift and a mask.
+* Integers become floats by the magic-number trick: ``bits(0x4B000000 | i) - 2**23`` (fp32) and
+  ``bits(0x6400 | i) - 1024`` (fp16): one OR fused with the mask, no int->float conversion unit.
+* Key centroids come from an odd polynomial through the symmetric Lloyd-Max codebook
+  (``_centroid_poly``), a few FMAs, instead of a per-element gather or compare/select chain.
 * Decode never rotates keys back: ``q . (H y_hat) = (H q) . y_hat`` (``H`` symmetric), so the query is
   rotated once per program and dotted with the centroid values directly.
+* Decode folds the value scale/zero out of the inner product:
+  ``sum_t p_t (z_t + s_t c_t) = sum_t p_t z_t + sum_t (p_t s_t) c_t``; the MMA multiplies the
+  exact integer codes.
+* One decode program serves the whole GQA group of a KV head, so each slot is read once.
 * ``H`` is used as its exact +-1 sign matrix in fp16 (tensor cores, no rounding) and the
   ``1/sqrt(D)`` factor is applied afterwards in fp32.
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -73,32 +80,27 @@ def _consts(spec: TurboQuantSpec, d: int, device: torch.device):
     return _CONSTS[key]
 
 
+_LOG2E = 1.4426950408889634
+
+
+def _centroid_poly(spec: TurboQuantSpec, d: int) -> tuple[float, ...]:
+    """Eight fp32 coefficients ``a_k`` (zero-padded) of the odd polynomial
+    ``c(i) = y * sum_k a_k y**(2k)``, ``y = i - (2**b - 1)/2``, through the Lloyd-Max centroids
+    of codes ``i = 0 .. 2**b - 1`` (``2**(b-1)`` terms: exact interpolation, solved in float64).
+    fp8 keys: all zero (unused)."""
+    key = ("poly", spec.key_bits, d)
+    if key not in _CONSTS:
+        a = np.zeros(8)
+        if not spec.key_fp8:
+            c = np.asarray(lloyd_max(spec.key_bits, d).centroids, dtype=np.float64)
+            half = len(c) // 2
+            y = np.arange(half, len(c)) - (len(c) - 1) / 2
+            a[:half] = np.linalg.solve(np.vander(y * y, half, increasing=True) * y[:, None], c[half:])
+        _CONSTS[key] = tuple(float(np.float32(v)) for v in a)
+    return _CONSTS[key]
+
+
 # ----------------------------------------------------------------------------- helpers
-@triton.jit
-def _load_codes(cache16_ptr, base, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
-    """Codes (int32, [ROWS, D]) of the bit-packed field at byte ``base + OFF`` of each row.
-
-    Reads 16-bit words (every field starts at an even byte of an even-sized slot): a group of 16
-    indices is ``BITS`` words, glued into one little-endian int64 and shifted apart.  ``BITS == 8``
-    (fp8 keys) splits each word into its two bytes."""
-    if BITS == 8:
-        w = tl.arange(0, D // 2)
-        v = tl.load(cache16_ptr + (base[:, None] + OFF) // 2 + w[None, :], mask=mask[:, None], other=0.0)
-        v = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        codes = tl.reshape(tl.join(v & 255, v >> 8), (ROWS, D))
-    else:
-        g = tl.arange(0, D // 16)
-        word = tl.zeros([ROWS, D // 16], dtype=tl.int64)
-        for m in tl.static_range(BITS):
-            h = tl.load(cache16_ptr + (base[:, None] + OFF) // 2 + g[None, :] * BITS + m, mask=mask[:, None], other=0.0)
-            h = h.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-            word = word | (h << (16 * m))
-        sh = (tl.arange(0, 16) * BITS).to(tl.int64)
-        c3 = (word[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1)
-        codes = tl.reshape(c3.to(tl.int32), (ROWS, D))
-    return codes
-
-
 @triton.jit
 def _store_codes(cache_ptr, base, codes, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
     """Bit-pack int32 codes [ROWS, D] into the field at byte ``base + OFF`` of each row."""
@@ -136,22 +138,6 @@ def _fp8_e4m3_bits(x):
     code = tl.where(a >= 0.015625, normal, sub)
     code = code | tl.where(x.to(tl.int32, bitcast=True) < 0, 128, 0)  # sign bit, -0.0 too
     return code.to(tl.uint8)
-
-
-@triton.jit
-def _centroid(codes, cent_ptr, BITS: tl.constexpr):
-    """Lloyd-Max centroid value (float32) of int32 codes, without a per-element memory gather.
-
-    The codebook is symmetric, ``c[i] = -c[N-1-i]``: the top bit of the code is the sign and the
-    magnitude is one of the N/2 positive centroids, chosen with a short compare/select chain over
-    scalars (a [rows, D] gather would need a 64-bit address per element: register spills)."""
-    HALF: tl.constexpr = 1 << (BITS - 1)
-    neg = codes < HALF
-    j = tl.where(neg, (HALF - 1) - codes, codes - HALF)
-    mag = tl.zeros(codes.shape, dtype=tl.float32) + tl.load(cent_ptr + HALF)
-    for i in tl.static_range(1, HALF):
-        mag = tl.where(j >= i, tl.load(cent_ptr + HALF + i), mag)
-    return tl.where(neg, -mag, mag)
 
 
 # ----------------------------------------------------------------------------- store
@@ -234,63 +220,166 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
 
 # ----------------------------------------------------------------------------- token tile load
 @triton.jit
-def _load_kv_tile(
-    cache_ptr, cache16_ptr, base, tok_ok, cent_ptr,
-    D: tl.constexpr, ROWS: tl.constexpr,
-    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_OFF: tl.constexpr, VIDX_OFF: tl.constexpr, VSCALE_OFF: tl.constexpr,
-):
-    """For ROWS token slots: (key operand fp16 [ROWS, D], per-token key factor f32 [ROWS],
-    values fp16 [ROWS, D]).  MSE keys: operand = centroid values (rotated domain) and
-    factor = norm / ||y_hat|| (norm correction) or norm; fp8 keys: operand = key, factor = 1."""
+def _unpack(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
+            ROWS: tl.constexpr, OR: tl.constexpr):
+    """``codes | OR`` (int32, [ROWS, D]) of the bit-packed field at 16-bit word ``base16 + WOFF``.
+
+    Groups of ``CPG`` codes span ``WPG`` 16-bit words (2 bits: 16 codes / 2 words, 3: 16 / 3,
+    4: 8 / 2, 8: 4 / 2); each word is loaded once.  Two neighbouring words make a 32-bit window
+    ``u = w0 | w1 << 16`` and a code is ``(u >> shift) & mask``; for 3 bits the codes 10..15 of
+    a group come from the window over words 1 and 2.  ``OR`` puts a float exponent next to the
+    code (magic-number int -> float conversion, see the callers)."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    WPG: tl.constexpr = CPG * BITS // 16
+    NG: tl.constexpr = D // CPG
+    g = tl.arange(0, NG)
+    ptr = cache16_ptr + (base16[:, None] + WOFF) + g[None, :] * WPG
+    w0 = tl.load(ptr, mask=mask[:, None], other=0).to(tl.int32) & 0xFFFF
+    w1 = tl.load(ptr + 1, mask=mask[:, None], other=0).to(tl.int32)
+    pos = tl.arange(0, CPG) * BITS
+    if WPG == 3:
+        w2 = tl.load(ptr + 2, mask=mask[:, None], other=0).to(tl.int32)
+        hi = (pos + BITS) > 32
+        src = tl.where(hi[None, None, :], ((w1 & 0xFFFF) | (w2 << 16))[:, :, None], (w0 | (w1 << 16))[:, :, None])
+        sh = tl.where(hi, pos - 16, pos)
+    else:
+        src = (w0 | (w1 << 16))[:, :, None]
+        sh = pos
+    c = ((src >> sh[None, None, :]) & ((1 << BITS) - 1)) | OR
+    return tl.reshape(c, (ROWS, D))
+
+
+@triton.jit
+def _unpack_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
+              COLS: tl.constexpr, OR: tl.constexpr):
+    """Like :func:`_unpack`, transposed and permuted: ``[D, COLS]`` (one column per token), row
+    ``r = i * NG + g`` holding code ``g * CPG + i`` (group ``g``, position ``i``): a thread keeps
+    whole tokens, so sums over D stay in registers.  :func:`_perm` maps rows to head dims."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    WPG: tl.constexpr = CPG * BITS // 16
+    NG: tl.constexpr = D // CPG
+    g = tl.arange(0, NG)
+    ptr = cache16_ptr + (base16[None, :] + WOFF) + g[:, None] * WPG
+    w0 = tl.load(ptr, mask=mask[None, :], other=0).to(tl.int32) & 0xFFFF
+    w1 = tl.load(ptr + 1, mask=mask[None, :], other=0).to(tl.int32)
+    pos = tl.arange(0, CPG) * BITS
+    if WPG == 3:
+        w2 = tl.load(ptr + 2, mask=mask[None, :], other=0).to(tl.int32)
+        hi = (pos + BITS) > 32
+        src = tl.where(hi[:, None, None], ((w1 & 0xFFFF) | (w2 << 16))[None, :, :], (w0 | (w1 << 16))[None, :, :])
+        sh = tl.where(hi, pos - 16, pos)
+    else:
+        src = (w0 | (w1 << 16))[None, :, :]
+        sh = pos
+    c = ((src >> sh[:, None, None]) & ((1 << BITS) - 1)) | OR
+    return tl.reshape(c, (D, COLS))
+
+
+@triton.jit
+def _perm(D: tl.constexpr, BITS: tl.constexpr):
+    """Head dim held by each row of :func:`_unpack_t`'s result."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    NG: tl.constexpr = D // CPG
+    r = tl.arange(0, D)
+    return (r % NG) * CPG + r // NG
+
+
+@triton.jit
+def _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS: tl.constexpr):
+    """Centroid (f32) of codes given as ``bits(0x4B000000 | code)``: the odd interpolating
+    polynomial of :func:`_centroid_poly`, Horner in ``y*y``."""
+    NC: tl.constexpr = 1 << (KBITS - 1)
+    y = (x - 8388608.0) - (NC - 0.5)
+    y2 = y * y
+    p = y2 * 0.0 + (c7 if NC == 8 else (c3 if NC == 4 else c1))
+    if NC == 8:
+        p = p * y2 + c6
+        p = p * y2 + c5
+        p = p * y2 + c4
+        p = p * y2 + c3
+    if NC >= 4:
+        p = p * y2 + c2
+        p = p * y2 + c1
+    p = p * y2 + c0
+    return p * y
+
+
+@triton.jit
+def _key_tile(cache16_ptr, base16, ok, c0, c1, c2, c3, c4, c5, c6, c7,
+              D: tl.constexpr, ROWS: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
+              NORM_CORR: tl.constexpr, KNORM_W: tl.constexpr):
+    """Key operand fp16 [ROWS, D] and per-token factor f32 [ROWS] of ROWS token slots.
+
+    MSE keys: operand = centroid value (rotated domain), factor = norm / ||y_hat|| (norm
+    correction) or norm.  The centroid of code ``i`` is the odd polynomial ``y * P(y*y)``,
+    ``y = i - (2**b - 1)/2``, that interpolates the (symmetric) Lloyd-Max codebook exactly at the
+    ``2**b`` codes (``_centroid_poly``; within 2e-7 relative in fp32, identical after the fp16
+    rounding of the operand): a few FMAs instead of a gather or a compare/select chain.  The code
+    becomes a float by the magic-number trick ``bits(2**23 | i) - 2**23``.  fp8 keys: operand =
+    the key, factor = 1."""
     if KEY_FP8:
-        kb = _load_codes(cache16_ptr, base, tok_ok, 0, 8, D, ROWS)
+        kb = _unpack(cache16_ptr, base16, ok, 0, 8, D, ROWS, 0)
         kop = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         kfac = tl.full([ROWS], 1.0, dtype=tl.float32)
     else:
-        kc = _load_codes(cache16_ptr, base, tok_ok, 0, KBITS, D, ROWS)
-        yh = _centroid(kc, cent_ptr, KBITS)
-        nrm = tl.load(cache16_ptr + (base + KNORM_OFF) // 2, mask=tok_ok, other=0.0).to(tl.float32)
+        x = _unpack(cache16_ptr, base16, ok, 0, KBITS, D, ROWS, 0x4B000000).to(tl.float32, bitcast=True)
+        yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)
+        nrm = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         if NORM_CORR:
             yn = tl.sqrt(tl.sum(yh * yh, axis=1))
             kfac = nrm / tl.where(yn > 0, yn, 1.0)
         else:
             kfac = nrm
         kop = yh.to(tl.float16)
-    vc = _load_codes(cache16_ptr, base, tok_ok, VIDX_OFF, VBITS, D, ROWS)
-    vs = tl.load(cache16_ptr + (base + VSCALE_OFF) // 2, mask=tok_ok, other=0.0).to(tl.float32)
-    vz = tl.load(cache16_ptr + (base + VSCALE_OFF + 2) // 2, mask=tok_ok, other=0.0).to(tl.float32)
-    vv = (vz[:, None] + vs[:, None] * vc.to(tl.float32)).to(tl.float16)
-    return kop, kfac, vv
+    return kop, kfac
+
+
+@triton.jit
+def _value_tile(cache16_ptr, base16, ok, D: tl.constexpr, ROWS: tl.constexpr, VBITS: tl.constexpr,
+                VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
+    """Value codes as exact fp16 integers [ROWS, D] (``bits(0x6400 | c) - 1024``), scale and
+    zero f32 [ROWS]: the value is ``zero + scale * code``."""
+    vc = _unpack(cache16_ptr, base16, ok, VIDX_W, VBITS, D, ROWS, 0x6400)
+    vop = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    return vop, vs, vz
+
+
+@triton.jit
+def _slot_base16(bt_row, t, valid, block_size, num_blocks, hk, stride_cb, stride_ch, stride_ct):
+    """16-bit word index of each token's slot (int64) and whether its block id is usable."""
+    blk = tl.load(bt_row + t // block_size, mask=valid, other=-1).to(tl.int64)
+    ok = valid & (blk >= 0) & (blk < num_blocks)
+    blk = tl.where(ok, blk, 0)
+    return (blk * stride_cb + hk * stride_ch + (t % block_size).to(tl.int64) * stride_ct) // 2, ok
 
 
 # ----------------------------------------------------------------------------- dequant
 @triton.jit
 def _dequant_kernel(
-    cache_ptr, cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr, cent_ptr,
+    cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
     cached_len, block_size, num_blocks,
     stride_cb, stride_ch, stride_ct,
     stride_kh, stride_kt, stride_vh, stride_vt,
     inv_sqrt_d,
     D: tl.constexpr, BLOCK_T: tl.constexpr, DC: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_OFF: tl.constexpr, VIDX_OFF: tl.constexpr, VSCALE_OFF: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
     h = tl.program_id(1)
     t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
     in_len = t < cached_len
-    blk = tl.load(bt_ptr + t // block_size, mask=in_len, other=-1).to(tl.int64)
-    ok = in_len & (blk >= 0) & (blk < num_blocks)
-    blk = tl.where(ok, blk, 0)
-    base = blk * stride_cb + h * stride_ch + (t % block_size).to(tl.int64) * stride_ct
-    kop, kfac, vv = _load_kv_tile(
-        cache_ptr, cache16_ptr, base, ok, cent_ptr, D, BLOCK_T,
-        KEY_FP8, KBITS, VBITS, NORM_CORR, KNORM_OFF, VIDX_OFF, VSCALE_OFF,
-    )
+    base16, ok = _slot_base16(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct)
     t64 = t.to(tl.int64)
     cols = tl.arange(0, D)
+    vop, vs, vz = _value_tile(cache16_ptr, base16, ok, D, BLOCK_T, VBITS, VIDX_W, VSCALE_W)
+    vv = (vz[:, None] + vs[:, None] * vop.to(tl.float32)).to(tl.float16)
     tl.store(v_ptr + h * stride_vh + t64[:, None] * stride_vt + cols[None, :], vv, mask=in_len[:, None])
+    kop, kfac = _key_tile(cache16_ptr, base16, ok, c0, c1, c2, c3, c4, c5, c6, c7,
+                          D, BLOCK_T, KEY_FP8, KBITS, NORM_CORR, KNORM_W)
     if KEY_FP8:
         tl.store(k_ptr + h * stride_kh + t64[:, None] * stride_kt + cols[None, :], kop, mask=in_len[:, None])
     else:
@@ -303,25 +392,29 @@ def _dequant_kernel(
             tl.store(k_ptr + h * stride_kh + t64[:, None] * stride_kt + cc[None, :], kc.to(tl.float16), mask=in_len[:, None])
 
 
+def _field_words(spec: TurboQuantSpec, d: int) -> dict:
+    """16-bit word offsets of the fields inside a slot (every field starts at an even byte)."""
+    off = spec.offsets(d)
+    return dict(KNORM_W=max(off["key_norm"], 0) // 2, VIDX_W=off["val_idx"] // 2, VSCALE_W=off["val_scale"] // 2)
+
+
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
                block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                maxnreg: int | None = None, stats: dict | None = None):
     block_t, opts = _launch_opts("dequant", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     nb, hk, bs, sb = cache.shape
     d = k_out.shape[-1]
-    signs16, _, cent, _ = _consts(spec, d, cache.device)
-    off = spec.offsets(d)
+    signs16, _, _, _ = _consts(spec, d, cache.device)
     grid = (triton.cdiv(cached_len, block_t), hk)
     kern = _dequant_kernel[grid](
-        cache, cache.view(torch.float16), block_table_row, k_out, v_out, signs16, cent,
+        cache.view(torch.int16), block_table_row, k_out, v_out, signs16, *_centroid_poly(spec, d),
         cached_len, bs, nb,
         cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2),
         1.0 / math.sqrt(d),
         D=d, BLOCK_T=block_t, DC=min(d, 64),
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        KNORM_OFF=max(off["key_norm"], 0), VIDX_OFF=off["val_idx"], VSCALE_OFF=off["val_scale"],
-        **opts,
+        **_field_words(spec, d), **opts,
     )
     _record(stats, kern)
 
@@ -329,17 +422,21 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
 # ----------------------------------------------------------------------------- decode
 @triton.jit
 def _decode_split_kernel(
-    q_ptr, cache_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr, signs_ptr, cent_ptr,
-    sm_scale, inv_sqrt_d, block_size, num_blocks, num_splits,
+    q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr, signs_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, block_size, num_blocks, num_splits,
     stride_qb, stride_qh,
     stride_cb, stride_ch, stride_ct,
     stride_btb,
     stride_mb, stride_mh, stride_ms,
     GROUP: tl.constexpr, GP: tl.constexpr,
-    D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr,
+    D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_OFF: tl.constexpr, VIDX_OFF: tl.constexpr, VSCALE_OFF: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
 ):
+    """One program = one (request, KV head, split): the whole query group (GP rows, GROUP real)
+    against each packed slot, loaded once.  Scores in the log2 domain (``qk_scale`` includes
+    log2(e)).  Values are folded: ``sum_t p_t (z_t + s_t c_t) = sum_t p_t z_t + (p * s) @ codes``."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -353,48 +450,62 @@ def _decode_split_kernel(
     start = tl.minimum(s * chunk, seq_len)
     end = tl.minimum(start + chunk, seq_len)
 
-    # query tile [GP, D]; for MSE keys rotate it once: q' = (q @ signs) / sqrt(D)
+    # query tile [GP, D], columns in the key tile's row order (_perm); MSE keys: q' = (q @ H) / sqrt(D)
+    KB: tl.constexpr = 8 if KEY_FP8 else KBITS
+    kperm = _perm(D, KB)
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
     if KEY_FP8:
-        q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
+        q = tl.load(q_rows[:, None] + kperm[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
     else:
         qr = tl.zeros([GP, D], dtype=tl.float32)
         for c in tl.static_range(D // KC):
             kk = c * KC + tl.arange(0, KC)
             qc = tl.load(q_rows[:, None] + kk[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
-            sg = tl.load(signs_ptr + kk[:, None] * D + cols[None, :])
+            sg = tl.load(signs_ptr + kk[:, None] * D + kperm[None, :])
             qr += tl.dot(qc, sg)
         q = (qr * inv_sqrt_d).to(tl.float16)
 
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)  # columns in the value tile's row order
+    acc_z = tl.zeros([GP], dtype=tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
-    for t0 in range(start, end, BLOCK_T):
+    for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
         t = t0 + tl.arange(0, BLOCK_T)
         in_seq = t < end
-        blk = tl.load(bt_row + t // block_size, mask=in_seq, other=-1).to(tl.int64)
-        ok = in_seq & (blk >= 0) & (blk < num_blocks)
-        blk = tl.where(ok, blk, 0)
-        base = blk * stride_cb + hk * stride_ch + (t % block_size).to(tl.int64) * stride_ct
-        kop, kfac, vv = _load_kv_tile(
-            cache_ptr, cache16_ptr, base, ok, cent_ptr, D, BLOCK_T,
-            KEY_FP8, KBITS, VBITS, NORM_CORR, KNORM_OFF, VIDX_OFF, VSCALE_OFF,
-        )
-        sc = tl.dot(q, tl.trans(kop)) * (kfac * sm_scale)[None, :]  # [GP, BLOCK_T]
+        base16, ok = _slot_base16(bt_row, t, in_seq, block_size, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+        if KEY_FP8:
+            kb = _unpack_t(cache16_ptr, base16, ok, 0, 8, D, BLOCK_T, 0)
+            k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            kfac = tl.full([BLOCK_T], 1.0, dtype=tl.float32)
+        else:
+            x = _unpack_t(cache16_ptr, base16, ok, 0, KBITS, D, BLOCK_T, 0x4B000000).to(tl.float32, bitcast=True)
+            yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
+            kfac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+            if NORM_CORR:
+                yn = tl.sqrt(tl.sum(yh * yh, axis=0))
+                kfac = kfac / tl.where(yn > 0, yn, 1.0)
+            k_t = yh.to(tl.float16)
+        sc = tl.dot(q, k_t) * (kfac * qk_scale)[None, :]  # [GP, BLOCK_T], log2 units
         sc = tl.where(in_seq[None, :], sc, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(sc - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vv)
+        vc = _unpack_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D, BLOCK_T, 0x6400)
+        v_t = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes [D, BLOCK_T]
+        vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), tl.trans(v_t))
+        acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
         m_i = m_new
 
     has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    part_lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = (acc + acc_z[:, None]) * inv_l[:, None]
+    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
-    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
+    tl.store(mrow[:, None] + _perm(D, VBITS)[None, :], out, mask=gmask[:, None])
     tl.store(mrow + D, part_lse, mask=gmask)
 
 
@@ -428,24 +539,23 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
                      block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      maxnreg: int | None = None, stats: dict | None = None):
     block_t, opts = _launch_opts("decode", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+    n_stages = opts.pop("num_stages", None) or 1
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
     group = hq // hk
     s_splits = mid_out.shape[2]
-    signs16, _, cent, _ = _consts(spec, d, cache.device)
-    off = spec.offsets(d)
+    signs16, _, _, _ = _consts(spec, d, cache.device)
     kern = _decode_split_kernel[(bsz, hk, s_splits)](
-        query, cache, cache.view(torch.float16), block_tables, seq_lens, mid_out, signs16, cent,
-        scale, 1.0 / math.sqrt(d), bs, nb, s_splits,
+        query, cache.view(torch.int16), block_tables, seq_lens, mid_out, signs16, *_centroid_poly(spec, d),
+        scale * _LOG2E, 1.0 / math.sqrt(d), bs, nb, s_splits,
         query.stride(0), query.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         block_tables.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=group, GP=max(16, triton.next_power_of_2(group)),
-        D=d, BLOCK_T=block_t, KC=min(d, 32),
+        D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        KNORM_OFF=max(off["key_norm"], 0), VIDX_OFF=off["val_idx"], VSCALE_OFF=off["val_scale"],
-        **opts,
+        **_field_words(spec, d), **opts,
     )
     _record(stats, kern)
     _reduce_kernel[(bsz, hq)](

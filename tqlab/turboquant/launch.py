@@ -7,6 +7,6 @@ and spills per config; ``chosen_defaults``), measured on an H200 with Triton 3.6
 """
 
 DEFAULTS: dict = {
-    "decode": {"block_t": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None},
+    "decode": {"block_t": 128, "num_warps": 4, "num_stages": 1, "maxnreg": None},
     "dequant": {"block_t": 32, "num_warps": 4, "num_stages": None, "maxnreg": None},
 }
