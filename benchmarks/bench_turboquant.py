@@ -19,7 +19,16 @@ Shapes (per tensor-parallel rank): the seed model's ``Hq 4, Hk 1, D 128`` and Ll
 Timing: every measured call is captured ``reps`` times in one CUDA graph (launch overhead out,
 as in the engine's CUDA-graph decode) and the graph is replayed; median of the replays / reps.
 
+``--vs-vllm`` instead runs the side-by-side mode of ``benchmarks/_vs_vllm.py``: vLLM 0.33's own
+TurboQuant kernels (imported from the anchor folder given by ``--vllm-anchor``), tqlab (vLLM's 32
+splits and the ``"fill"`` split policy), fp16 SDPA and the byte limit, on the same K/V, CUDA-graph
+replays with L2 flushed; it writes ``data/turboquant_vs_vllm_h200.json`` and prints the table.
+
 Usage (on a CUDA machine)::
+
+    TQLAB_COMMIT=$(git rev-parse HEAD) python benchmarks/bench_turboquant.py --vs-vllm \
+        --vllm-anchor .devrun/anchors/vllm_tq --out data/turboquant_vs_vllm_h200.json
+
 
     python benchmarks/bench_turboquant.py --out data/turboquant_bench.json --commit $(git rev-parse HEAD)
 
@@ -32,6 +41,7 @@ import argparse
 import datetime as _dt
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -43,6 +53,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
 
@@ -67,7 +78,7 @@ def provenance(args) -> dict:
     p = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": args.commit or _git_commit(),
+        "commit": args.commit or os.environ.get("TQLAB_COMMIT") or _git_commit(),
         "command": "python " + " ".join(sys.argv),
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -348,6 +359,43 @@ def sweep(res: dict, log, quick: bool = False):
     log({"chosen": json.dumps(res["chosen_defaults"])})
 
 
+def main_vs_vllm(args) -> int:
+    """Side-by-side mode (``--vs-vllm``): see benchmarks/_vs_vllm.py."""
+    import _vs_vllm as vs
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    anchor = vs.load_anchor(args.vllm_anchor)
+    res = {"provenance": {**provenance(args), **anchor[2]}, "method": vs.__doc__, "copy": None, "rows": [], "errors": []}
+    res["copy"] = copy_bandwidth(1024 * 2**20)
+    res["targets"] = {"vllm_over_tqlab_min": 5.0, "sdpa_over_tqlab_min_32k_128k": 1.0,
+                      "sdpa_over_tqlab_llama_3bit_128k": 2.0}
+    timer = vs.ColdTimer()
+    presets = list(TQ_PRESETS)
+    vllm_presets = args.vllm_presets.split(",") if args.vllm_presets else presets
+    t0 = time.time()
+
+    def log(row):
+        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                      for k, v in row.items()), flush=True)
+
+    for shape in vs.SHAPES:
+        for ctx in [int(c) for c in args.contexts.split(",")]:
+            try:
+                res["rows"] += vs.bench_context(shape, ctx, presets, vllm_presets, anchor, res["copy"]["GBps"],
+                                                timer, fill_paged, log)
+            except Exception as exc:  # noqa: BLE001 - keep the other rows
+                traceback.print_exc()
+                res["errors"].append({"shape": shape, "ctx": ctx, "error": repr(exc)[:500]})
+            res["wall_s"] = time.time() - t0
+            out.write_text(json.dumps(res, indent=1))
+    res["table"] = vs.table(res["rows"])
+    out.write_text(json.dumps(res, indent=1))
+    print(res["table"])
+    print(f"wrote {out} in {time.time() - t0:.1f}s, errors: {len(res['errors'])}")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/turboquant_bench.json")
@@ -355,10 +403,18 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sections", default="copy,sweep,store,dequant,decode")
+    ap.add_argument("--vs-vllm", action="store_true", help="side-by-side mode with vLLM's kernels (see above)")
+    ap.add_argument("--vllm-anchor", default="../shared/anchors/vllm_tq", help="folder holding vllm_tq_kernels/")
+    ap.add_argument("--vllm-presets", default="", help="comma list; default all four")
+    ap.add_argument("--contexts", default="8192,32768,131072", help="side-by-side mode: comma list")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_turboquant: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.vs_vllm:
+        if args.out == "data/turboquant_bench.json":
+            args.out = "data/turboquant_vs_vllm_h200.json"
+        return main_vs_vllm(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     res = {"provenance": provenance(args), "targets": {"dequant_share_of_copy": 0.70, "decode_speedup_at_32k": 1.5},

@@ -251,7 +251,7 @@ def _unpack(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D
 
 @triton.jit
 def _unpack_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
-              COLS: tl.constexpr, OR: tl.constexpr):
+              COLS: tl.constexpr, OR: tl.constexpr, NATURAL: tl.constexpr = False):
     """Like :func:`_unpack`, transposed and permuted: ``[D, COLS]`` (one column per token), row
     ``r = i * NG + g`` holding code ``g * CPG + i`` (group ``g``, position ``i``): a thread keeps
     whole tokens, so sums over D stay in registers.  :func:`_perm` maps rows to head dims."""
@@ -272,6 +272,8 @@ def _unpack_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr,
         src = (w0 | (w1 << 16))[None, :, :]
         sh = pos
     c = ((src >> sh[:, None, None]) & ((1 << BITS) - 1)) | OR
+    if NATURAL:
+        c = tl.permute(c, (1, 0, 2))
     return tl.reshape(c, (D, COLS))
 
 
@@ -347,7 +349,7 @@ def _value_tile(cache16_ptr, base16, ok, D: tl.constexpr, ROWS: tl.constexpr, VB
 
 
 @triton.jit
-def _slot_base16(bt_row, t, valid, block_size, num_blocks, hk, stride_cb, stride_ch, stride_ct):
+def _slot_base16(bt_row, t, valid, block_size: tl.constexpr, num_blocks, hk, stride_cb, stride_ch, stride_ct):
     """16-bit word index of each token's slot (int64) and whether its block id is usable."""
     blk = tl.load(bt_row + t // block_size, mask=valid, other=-1).to(tl.int64)
     ok = valid & (blk >= 0) & (blk < num_blocks)
@@ -357,39 +359,62 @@ def _slot_base16(bt_row, t, valid, block_size, num_blocks, hk, stride_cb, stride
 
 # ----------------------------------------------------------------------------- dequant
 @triton.jit
+def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
+                  cached_len, block_size: tl.constexpr, num_blocks, h,
+                  stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+                  D: tl.constexpr, BLOCK_T: tl.constexpr,
+                  KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
+                  KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
+    """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D])."""
+    in_len = t < cached_len
+    base16, ok = _slot_base16(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct)
+    rows = tl.arange(0, D)
+    k_head = k_ptr + h.to(tl.int64) * stride_kh  # int32 offsets inside one head: L * D < 2**31
+    v_head = v_ptr + h.to(tl.int64) * stride_vh
+    vc = _unpack_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D, BLOCK_T, 0x6400, True)
+    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vv = vz[None, :] + vs[None, :] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
+    tl.store(v_head + t[None, :] * stride_vt + rows[:, None], vv.to(tl.float16), mask=in_len[None, :])
+    if KEY_FP8:
+        kb = _unpack_t(cache16_ptr, base16, ok, 0, 8, D, BLOCK_T, 0, True)
+        kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        tl.store(k_head + t[None, :] * stride_kt + rows[:, None], kf, mask=in_len[None, :])
+    else:
+        x = _unpack_t(cache16_ptr, base16, ok, 0, KBITS, D, BLOCK_T, 0x4B000000, True).to(tl.float32, bitcast=True)
+        yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
+        fac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        if NORM_CORR:
+            yn = tl.sqrt(tl.sum(yh * yh, axis=0))
+            fac = fac / tl.where(yn > 0, yn, 1.0)
+        kc = tl.dot(tl.trans(yh.to(tl.float16)), sg) * (fac * inv_sqrt_d)[:, None]  # [BLOCK_T, D]
+        tl.store(k_head + t[:, None] * stride_kt + rows[None, :], kc.to(tl.float16), mask=in_len[:, None])
+
+
+@triton.jit
 def _dequant_kernel(
     cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
-    cached_len, block_size, num_blocks,
+    cached_len, num_blocks,
     stride_cb, stride_ch, stride_ct,
     stride_kh, stride_kt, stride_vh, stride_vt,
     inv_sqrt_d,
-    D: tl.constexpr, BLOCK_T: tl.constexpr, DC: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
 ):
+    """One program = TILES tiles of BLOCK_T tokens of one KV head (the sign matrix is loaded
+    once per program); a thread keeps whole tokens ([D, BLOCK_T] tiles)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_len = t < cached_len
-    base16, ok = _slot_base16(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct)
-    t64 = t.to(tl.int64)
-    cols = tl.arange(0, D)
-    vop, vs, vz = _value_tile(cache16_ptr, base16, ok, D, BLOCK_T, VBITS, VIDX_W, VSCALE_W)
-    vv = (vz[:, None] + vs[:, None] * vop.to(tl.float32)).to(tl.float16)
-    tl.store(v_ptr + h * stride_vh + t64[:, None] * stride_vt + cols[None, :], vv, mask=in_len[:, None])
-    kop, kfac = _key_tile(cache16_ptr, base16, ok, c0, c1, c2, c3, c4, c5, c6, c7,
-                          D, BLOCK_T, KEY_FP8, KBITS, NORM_CORR, KNORM_W)
-    if KEY_FP8:
-        tl.store(k_ptr + h * stride_kh + t64[:, None] * stride_kt + cols[None, :], kop, mask=in_len[:, None])
-    else:
-        fac = kfac * inv_sqrt_d
-        rows = tl.arange(0, D)
-        for c in tl.static_range(D // DC):
-            cc = c * DC + tl.arange(0, DC)
-            sg = tl.load(signs_ptr + rows[:, None] * D + cc[None, :])  # fp16 +-1, exact
-            kc = tl.dot(kop, sg) * fac[:, None]
-            tl.store(k_ptr + h * stride_kh + t64[:, None] * stride_kt + cc[None, :], kc.to(tl.float16), mask=in_len[:, None])
+    rows = tl.arange(0, D)
+    sg = tl.load(signs_ptr + rows[:, None] * D + rows[None, :])  # fp16 +-1, exact
+    for i in tl.range(0, TILES):
+        t = (pid * TILES + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+        _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
+                      cached_len, BLOCK_SIZE, num_blocks, h,
+                      stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+                      D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KNORM_W, VIDX_W, VSCALE_W)
 
 
 def _field_words(spec: TurboQuantSpec, d: int) -> dict:
@@ -400,19 +425,21 @@ def _field_words(spec: TurboQuantSpec, d: int) -> dict:
 
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
                block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-               maxnreg: int | None = None, stats: dict | None = None):
+               maxnreg: int | None = None, stats: dict | None = None, tiles_per_program: int = 8):
     block_t, opts = _launch_opts("dequant", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     nb, hk, bs, sb = cache.shape
     d = k_out.shape[-1]
     signs16, _, _, _ = _consts(spec, d, cache.device)
-    grid = (triton.cdiv(cached_len, block_t), hk)
+    n_tiles = triton.cdiv(cached_len, block_t)
+    tiles = max(1, min(tiles_per_program, n_tiles))
+    grid = (triton.cdiv(n_tiles, tiles), hk)
     kern = _dequant_kernel[grid](
         cache.view(torch.int16), block_table_row, k_out, v_out, signs16, *_centroid_poly(spec, d),
-        cached_len, bs, nb,
+        cached_len, nb,
         cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2),
         1.0 / math.sqrt(d),
-        D=d, BLOCK_T=block_t, DC=min(d, 64),
+        BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
         **_field_words(spec, d), **opts,
     )
@@ -424,12 +451,12 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
 def _decode_split_kernel(
     q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr, signs_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
-    qk_scale, inv_sqrt_d, block_size, num_blocks, num_splits,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
     stride_qb, stride_qh,
     stride_cb, stride_ch, stride_ct,
     stride_btb,
     stride_mb, stride_mh, stride_ms,
-    GROUP: tl.constexpr, GP: tl.constexpr,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
@@ -473,7 +500,7 @@ def _decode_split_kernel(
     for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
         t = t0 + tl.arange(0, BLOCK_T)
         in_seq = t < end
-        base16, ok = _slot_base16(bt_row, t, in_seq, block_size, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+        base16, ok = _slot_base16(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
         if KEY_FP8:
             kb = _unpack_t(cache16_ptr, base16, ok, 0, 8, D, BLOCK_T, 0)
             k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -547,12 +574,12 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     signs16, _, _, _ = _consts(spec, d, cache.device)
     kern = _decode_split_kernel[(bsz, hk, s_splits)](
         query, cache.view(torch.int16), block_tables, seq_lens, mid_out, signs16, *_centroid_poly(spec, d),
-        scale * _LOG2E, 1.0 / math.sqrt(d), bs, nb, s_splits,
+        scale * _LOG2E, 1.0 / math.sqrt(d), nb, s_splits,
         query.stride(0), query.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         block_tables.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        GROUP=group, GP=max(16, triton.next_power_of_2(group)),
+        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
         D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
         **_field_words(spec, d), **opts,
