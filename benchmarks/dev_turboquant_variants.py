@@ -26,7 +26,8 @@ from bench_turboquant import copy_bandwidth, fill_paged, provenance  # noqa: E40
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv  # noqa: E402
 from tqlab.turboquant import _triton_kernels as tk  # noqa: E402
 
-DECODE_CFGS = [(128, 4, 1), (64, 4, 1), (128, 8, 1), (64, 2, 1), (256, 8, 1), (128, 4, 2)]
+DECODE_CFGS = [(64, 4, 1, False), (64, 4, 1, True), (128, 8, 1, False), (128, 8, 1, True), (128, 4, 1, False),
+               (64, 8, 1, True), (32, 4, 1, True)]
 DEQUANT_CFGS = [(32, 4, 8), (64, 4, 8), (64, 8, 8), (128, 8, 4), (32, 4, 32), (64, 8, 32)]
 CASES = {  # name: (hq, hk, batch, ctx, preset, splits)
     "llama_3bit_32k": (32, 8, 16, 32768, "turboquant_3bit_nc", (32,)),
@@ -83,14 +84,15 @@ def decode_variants(timer, log, cases) -> list:
             mid = torch.empty(b, hq, s, d + 1, device="cuda")
             o = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
             lse = torch.empty(b, hq, device="cuda")
-            for bt_, nw, ns in DECODE_CFGS:
+            for bt_, nw, ns, pf in DECODE_CFGS:
                 st: dict = {}
                 try:
                     tk.decode_attention(q, cache, bt, sl, spec, d**-0.5, mid, o, lse, block_t=bt_, num_warps=nw,
-                                        num_stages=ns, stats=st)
+                                        num_stages=ns, stats=st, prefetch=pf)
                     ms = timer(lambda: tk.decode_attention(q, cache, bt, sl, spec, d**-0.5, mid, o, lse, block_t=bt_,
-                                                           num_warps=nw, num_stages=ns))
+                                                           num_warps=nw, num_stages=ns, prefetch=pf))
                     row = {"op": "decode", "case": case, "splits": s, "block_t": bt_, "num_warps": nw, "num_stages": ns,
+                           "prefetch": pf,
                            "ms": ms, "GBps": cache.numel() / ms / 1e6, **st}
                 except Exception as exc:  # noqa: BLE001
                     row = {"op": "decode", "case": case, "splits": s, "block_t": bt_, "error": repr(exc)[:300]}

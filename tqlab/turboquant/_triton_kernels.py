@@ -9,8 +9,9 @@ Tricks worth knowing (decode and dequant read the same packed fields, see ``_unp
 * Every field sits at an even byte offset of an even-sized slot, so reads go through a 16-bit view
   of the cache; a group of codes spans 2 or 3 16-bit words, each loaded once, and codes are cut
   out of 32-bit windows ``w0 | w1 << 16`` by a shift and a mask.
-* Integers become floats by the magic-number trick: ``bits(0x4B000000 | i) - 2**23`` (fp32) and
-  ``bits(0x6400 | i) - 1024`` (fp16): one OR fused with the mask, no int->float conversion unit.
+* Integers become floats by magic numbers: ``bits(0x3F800000 | i << (23 - b)) = 1 + i / 2**b``
+  (fp32, then one exact FMA) and ``bits(0x6400 | i) - 1024`` (fp16): the OR is fused with the
+  mask, no int->float conversion unit.
 * Key centroids come from an odd polynomial through the symmetric Lloyd-Max codebook
   (``_centroid_poly``), a few FMAs, instead of a per-element gather or compare/select chain.
 * Decode never rotates keys back: ``q . (H y_hat) = (H q) . y_hat`` (``H`` symmetric), so the query is
@@ -220,61 +221,60 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
 
 # ----------------------------------------------------------------------------- token tile load
 @triton.jit
-def _unpack(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
-            ROWS: tl.constexpr, OR: tl.constexpr):
-    """``codes | OR`` (int32, [ROWS, D]) of the bit-packed field at 16-bit word ``base16 + WOFF``.
-
-    Groups of ``CPG`` codes span ``WPG`` 16-bit words (2 bits: 16 codes / 2 words, 3: 16 / 3,
-    4: 8 / 2, 8: 4 / 2); each word is loaded once.  Two neighbouring words make a 32-bit window
-    ``u = w0 | w1 << 16`` and a code is ``(u >> shift) & mask``; for 3 bits the codes 10..15 of
-    a group come from the window over words 1 and 2.  ``OR`` puts a float exponent next to the
-    code (magic-number int -> float conversion, see the callers)."""
+def _words_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr):
+    """The packed field at 16-bit word ``base16 + WOFF`` of each token (column), as three int32
+    tensors ``[NG, COLS]``: the words 0, 1, 2 of each group of codes (word 2 only for 3 bits;
+    else a copy of word 1).  Groups of ``CPG`` codes span ``WPG`` 16-bit words (2 bits: 16 codes
+    / 2 words, 3: 16 / 3, 4: 8 / 2, 8: 4 / 2); each word is loaded once."""
     CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
     WPG: tl.constexpr = CPG * BITS // 16
-    NG: tl.constexpr = D // CPG
-    g = tl.arange(0, NG)
-    ptr = cache16_ptr + (base16[:, None] + WOFF) + g[None, :] * WPG
-    w0 = tl.load(ptr, mask=mask[:, None], other=0).to(tl.int32) & 0xFFFF
-    w1 = tl.load(ptr + 1, mask=mask[:, None], other=0).to(tl.int32)
-    pos = tl.arange(0, CPG) * BITS
+    g = tl.arange(0, D // CPG)
+    ptr = cache16_ptr + (base16[None, :] + WOFF) + g[:, None] * WPG
+    w0 = tl.load(ptr, mask=mask[None, :], other=0).to(tl.int32)  # uint16 words: zero-extended
+    w1 = tl.load(ptr + 1, mask=mask[None, :], other=0).to(tl.int32)
     if WPG == 3:
-        w2 = tl.load(ptr + 2, mask=mask[:, None], other=0).to(tl.int32)
+        w2 = tl.load(ptr + 2, mask=mask[None, :], other=0).to(tl.int32)
+    else:
+        w2 = w1
+    return w0, w1, w2
+
+
+@triton.jit
+def _cut_t(w0, w1, w2, BITS: tl.constexpr, D: tl.constexpr, COLS: tl.constexpr, OR: tl.constexpr,
+           NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0):
+    """``codes | OR`` (int32 ``[D, COLS]``, one column per token) from :func:`_words_t`.
+
+    Two neighbouring words make a 32-bit window ``u = w0 | w1 << 16``; a code is
+    ``(u >> shift) & mask`` (for 3 bits, codes 10..15 of a group come from the window over words
+    1 and 2), placed at bit ``LSB`` (``code << LSB``, then ``| OR``).  Row ``r = i * NG + g`` holds code ``g * CPG + i`` (group ``g``, position ``i``;
+    :func:`_perm` maps rows to head dims), or code ``r`` with ``NATURAL``.  A thread keeps whole
+    tokens, so sums over D stay in registers."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    WPG: tl.constexpr = CPG * BITS // 16
+    pos = tl.arange(0, CPG) * BITS
+    lo = w0 | (w1 << 16)
+    if WPG == 3:
         hi = (pos + BITS) > 32
-        src = tl.where(hi[None, None, :], ((w1 & 0xFFFF) | (w2 << 16))[:, :, None], (w0 | (w1 << 16))[:, :, None])
+        src = tl.where(hi[:, None, None], (w1 | (w2 << 16))[None, :, :], lo[None, :, :])
         sh = tl.where(hi, pos - 16, pos)
     else:
-        src = (w0 | (w1 << 16))[:, :, None]
+        src = lo[None, :, :]
         sh = pos
-    c = ((src >> sh[None, None, :]) & ((1 << BITS) - 1)) | OR
-    return tl.reshape(c, (ROWS, D))
+    # code moved to bit LSB (a per-register constant shift, left or right), masked, OR'd
+    sh = sh[:, None, None] - LSB
+    src = tl.where(sh >= 0, src >> tl.maximum(sh, 0), src << tl.maximum(-sh, 0))
+    c = (src & (((1 << BITS) - 1) << LSB)) | OR
+    if NATURAL:
+        c = tl.permute(c, (1, 0, 2))
+    return tl.reshape(c, (D, COLS))
 
 
 @triton.jit
 def _unpack_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
-              COLS: tl.constexpr, OR: tl.constexpr, NATURAL: tl.constexpr = False):
-    """Like :func:`_unpack`, transposed and permuted: ``[D, COLS]`` (one column per token), row
-    ``r = i * NG + g`` holding code ``g * CPG + i`` (group ``g``, position ``i``): a thread keeps
-    whole tokens, so sums over D stay in registers.  :func:`_perm` maps rows to head dims."""
-    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
-    WPG: tl.constexpr = CPG * BITS // 16
-    NG: tl.constexpr = D // CPG
-    g = tl.arange(0, NG)
-    ptr = cache16_ptr + (base16[None, :] + WOFF) + g[:, None] * WPG
-    w0 = tl.load(ptr, mask=mask[None, :], other=0).to(tl.int32) & 0xFFFF
-    w1 = tl.load(ptr + 1, mask=mask[None, :], other=0).to(tl.int32)
-    pos = tl.arange(0, CPG) * BITS
-    if WPG == 3:
-        w2 = tl.load(ptr + 2, mask=mask[None, :], other=0).to(tl.int32)
-        hi = (pos + BITS) > 32
-        src = tl.where(hi[:, None, None], ((w1 & 0xFFFF) | (w2 << 16))[None, :, :], (w0 | (w1 << 16))[None, :, :])
-        sh = tl.where(hi, pos - 16, pos)
-    else:
-        src = (w0 | (w1 << 16))[None, :, :]
-        sh = pos
-    c = ((src >> sh[:, None, None]) & ((1 << BITS) - 1)) | OR
-    if NATURAL:
-        c = tl.permute(c, (1, 0, 2))
-    return tl.reshape(c, (D, COLS))
+              COLS: tl.constexpr, OR: tl.constexpr, NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0):
+    """:func:`_cut_t` of :func:`_words_t`: load and unpack one field of COLS tokens."""
+    w0, w1, w2 = _words_t(cache16_ptr, base16, mask, WOFF, BITS, D)
+    return _cut_t(w0, w1, w2, BITS, D, COLS, OR, NATURAL, LSB)
 
 
 @triton.jit
@@ -288,10 +288,11 @@ def _perm(D: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS: tl.constexpr):
-    """Centroid (f32) of codes given as ``bits(0x4B000000 | code)``: the odd interpolating
-    polynomial of :func:`_centroid_poly`, Horner in ``y*y``."""
+    """Centroid (f32) of codes given as ``x = bits(0x3F800000 | code << (23 - b)) = 1 + code / 2**b``
+    (exact): ``y = code - (2**b - 1)/2 = 2**b x - (2**b + (2**b - 1)/2)`` in one exact FMA, then the
+    odd interpolating polynomial of :func:`_centroid_poly`, Horner in ``y*y``."""
     NC: tl.constexpr = 1 << (KBITS - 1)
-    y = (x - 8388608.0) - (NC - 0.5)
+    y = x * (2.0 * NC) - (2.0 * NC + NC - 0.5)
     y2 = y * y
     p = y2 * 0.0 + (c7 if NC == 8 else (c3 if NC == 4 else c1))
     if NC == 8:
@@ -304,48 +305,6 @@ def _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS: tl.constexpr):
         p = p * y2 + c1
     p = p * y2 + c0
     return p * y
-
-
-@triton.jit
-def _key_tile(cache16_ptr, base16, ok, c0, c1, c2, c3, c4, c5, c6, c7,
-              D: tl.constexpr, ROWS: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
-              NORM_CORR: tl.constexpr, KNORM_W: tl.constexpr):
-    """Key operand fp16 [ROWS, D] and per-token factor f32 [ROWS] of ROWS token slots.
-
-    MSE keys: operand = centroid value (rotated domain), factor = norm / ||y_hat|| (norm
-    correction) or norm.  The centroid of code ``i`` is the odd polynomial ``y * P(y*y)``,
-    ``y = i - (2**b - 1)/2``, that interpolates the (symmetric) Lloyd-Max codebook exactly at the
-    ``2**b`` codes (``_centroid_poly``; within 2e-7 relative in fp32, identical after the fp16
-    rounding of the operand): a few FMAs instead of a gather or a compare/select chain.  The code
-    becomes a float by the magic-number trick ``bits(2**23 | i) - 2**23``.  fp8 keys: operand =
-    the key, factor = 1."""
-    if KEY_FP8:
-        kb = _unpack(cache16_ptr, base16, ok, 0, 8, D, ROWS, 0)
-        kop = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        kfac = tl.full([ROWS], 1.0, dtype=tl.float32)
-    else:
-        x = _unpack(cache16_ptr, base16, ok, 0, KBITS, D, ROWS, 0x4B000000).to(tl.float32, bitcast=True)
-        yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)
-        nrm = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        if NORM_CORR:
-            yn = tl.sqrt(tl.sum(yh * yh, axis=1))
-            kfac = nrm / tl.where(yn > 0, yn, 1.0)
-        else:
-            kfac = nrm
-        kop = yh.to(tl.float16)
-    return kop, kfac
-
-
-@triton.jit
-def _value_tile(cache16_ptr, base16, ok, D: tl.constexpr, ROWS: tl.constexpr, VBITS: tl.constexpr,
-                VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
-    """Value codes as exact fp16 integers [ROWS, D] (``bits(0x6400 | c) - 1024``), scale and
-    zero f32 [ROWS]: the value is ``zero + scale * code``."""
-    vc = _unpack(cache16_ptr, base16, ok, VIDX_W, VBITS, D, ROWS, 0x6400)
-    vop = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    return vop, vs, vz
 
 
 @triton.jit
@@ -381,7 +340,7 @@ def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, 
         kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         tl.store(k_head + t[None, :] * stride_kt + rows[:, None], kf, mask=in_len[None, :])
     else:
-        x = _unpack_t(cache16_ptr, base16, ok, 0, KBITS, D, BLOCK_T, 0x4B000000, True).to(tl.float32, bitcast=True)
+        x = _unpack_t(cache16_ptr, base16, ok, 0, KBITS, D, BLOCK_T, 0x3F800000, True, 23 - KBITS).to(tl.float32, bitcast=True)
         yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
         fac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         if NORM_CORR:
@@ -434,7 +393,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     tiles = max(1, min(tiles_per_program, n_tiles))
     grid = (triton.cdiv(n_tiles, tiles), hk)
     kern = _dequant_kernel[grid](
-        cache.view(torch.int16), block_table_row, k_out, v_out, signs16, *_centroid_poly(spec, d),
+        cache.view(torch.uint16), block_table_row, k_out, v_out, signs16, *_centroid_poly(spec, d),
         cached_len, nb,
         cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2),
@@ -448,6 +407,50 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
 
 # ----------------------------------------------------------------------------- decode
 @triton.jit
+def _tile_words(cache16_ptr, base16, ok, D: tl.constexpr, KB: tl.constexpr, VBITS: tl.constexpr,
+                NORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
+    """Every 16-bit word a decode tile needs: key words, key norm (f32), value words, value
+    scale and zero (f32); masked-out tokens read as zeros."""
+    k0, k1, k2 = _words_t(cache16_ptr, base16, ok, 0, KB, D)
+    kn = tl.load(cache16_ptr + base16 + NORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    v0, v1, v2 = _words_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D)
+    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    return k0, k1, k2, kn, v0, v1, v2, vs, vz
+
+
+@triton.jit
+def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
+                 c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+                 D: tl.constexpr, BLOCK_T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
+                 VBITS: tl.constexpr, NORM_CORR: tl.constexpr):
+    """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns)."""
+    if KEY_FP8:
+        kb = _cut_t(k0, k1, k2, 8, D, BLOCK_T, 0)
+        k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        kfac = tl.full([BLOCK_T], 1.0, dtype=tl.float32)
+    else:
+        x = _cut_t(k0, k1, k2, KBITS, D, BLOCK_T, 0x3F800000, False, 23 - KBITS).to(tl.float32, bitcast=True)
+        yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
+        kfac = kn
+        if NORM_CORR:
+            yn = tl.sqrt(tl.sum(yh * yh, axis=0))
+            kfac = kn / tl.where(yn > 0, yn, 1.0)
+        k_t = yh.to(tl.float16)
+    sc = tl.dot(q, k_t) * (kfac * qk_scale)[None, :]  # [GP, BLOCK_T], log2 units
+    sc = tl.where(in_seq[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    vc = _cut_t(v0, v1, v2, VBITS, D, BLOCK_T, 0x6400)
+    v_t = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes [D, BLOCK_T]
+    acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), tl.trans(v_t))
+    acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
+    return m_new, l_i, acc, acc_z
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr, signs_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
@@ -457,7 +460,7 @@ def _decode_split_kernel(
     stride_btb,
     stride_mb, stride_mh, stride_ms,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr,
+    D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
 ):
@@ -479,6 +482,7 @@ def _decode_split_kernel(
 
     # query tile [GP, D], columns in the key tile's row order (_perm); MSE keys: q' = (q @ H) / sqrt(D)
     KB: tl.constexpr = 8 if KEY_FP8 else KBITS
+    NORM_W: tl.constexpr = 0 if KEY_FP8 else KNORM_W
     kperm = _perm(D, KB)
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
     if KEY_FP8:
@@ -497,35 +501,28 @@ def _decode_split_kernel(
     acc = tl.zeros([GP, D], dtype=tl.float32)  # columns in the value tile's row order
     acc_z = tl.zeros([GP], dtype=tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
-    for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
-        t = t0 + tl.arange(0, BLOCK_T)
-        in_seq = t < end
-        base16, ok = _slot_base16(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
-        if KEY_FP8:
-            kb = _unpack_t(cache16_ptr, base16, ok, 0, 8, D, BLOCK_T, 0)
-            k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-            kfac = tl.full([BLOCK_T], 1.0, dtype=tl.float32)
-        else:
-            x = _unpack_t(cache16_ptr, base16, ok, 0, KBITS, D, BLOCK_T, 0x4B000000).to(tl.float32, bitcast=True)
-            yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
-            kfac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-            if NORM_CORR:
-                yn = tl.sqrt(tl.sum(yh * yh, axis=0))
-                kfac = kfac / tl.where(yn > 0, yn, 1.0)
-            k_t = yh.to(tl.float16)
-        sc = tl.dot(q, k_t) * (kfac * qk_scale)[None, :]  # [GP, BLOCK_T], log2 units
-        sc = tl.where(in_seq[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        vc = _unpack_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D, BLOCK_T, 0x6400)
-        v_t = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes [D, BLOCK_T]
-        vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), tl.trans(v_t))
-        acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
-        m_i = m_new
+    if PREFETCH:  # raw words of tile i+1 are loaded before tile i is computed
+        t = start + tl.arange(0, BLOCK_T)
+        base16, ok = _slot_base16(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+        k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, base16, ok, D, KB, VBITS, NORM_W, VIDX_W, VSCALE_W)
+        for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
+            tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
+            base_n, ok_n = _slot_base16(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+            nxt = _tile_words(cache16_ptr, base_n, ok_n, D, KB, VBITS, NORM_W, VIDX_W, VSCALE_W)
+            m_i, l_i, acc, acc_z = _tile_update(
+                q, k0, k1, k2, kn, v0, v1, v2, vs, vz, (t0 + tl.arange(0, BLOCK_T)) < end, m_i, l_i, acc, acc_z,
+                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
+            k0, k1, k2, kn, v0, v1, v2, vs, vz = nxt
+    else:
+        for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
+            t = t0 + tl.arange(0, BLOCK_T)
+            in_seq = t < end
+            base16, ok = _slot_base16(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+            k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, base16, ok, D, KB, VBITS, NORM_W, VIDX_W,
+                                                             VSCALE_W)
+            m_i, l_i, acc, acc_z = _tile_update(
+                q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
+                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
 
     has = l_i > 0
     inv_l = 1.0 / tl.where(has, l_i, 1.0)
@@ -564,23 +561,24 @@ def _reduce_kernel(
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                     maxnreg: int | None = None, stats: dict | None = None):
+                     maxnreg: int | None = None, stats: dict | None = None, prefetch: bool | None = None):
     block_t, opts = _launch_opts("decode", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     n_stages = opts.pop("num_stages", None) or 1
+    prefetch = bool(DEFAULTS["decode"].get("prefetch", False) if prefetch is None else prefetch)
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
     group = hq // hk
     s_splits = mid_out.shape[2]
     signs16, _, _, _ = _consts(spec, d, cache.device)
     kern = _decode_split_kernel[(bsz, hk, s_splits)](
-        query, cache.view(torch.int16), block_tables, seq_lens, mid_out, signs16, *_centroid_poly(spec, d),
+        query, cache.view(torch.uint16), block_tables, seq_lens, mid_out, signs16, *_centroid_poly(spec, d),
         scale * _LOG2E, 1.0 / math.sqrt(d), nb, s_splits,
         query.stride(0), query.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         block_tables.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
-        D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages,
+        D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages, PREFETCH=prefetch,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
         **_field_words(spec, d), **opts,
     )
