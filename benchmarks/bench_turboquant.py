@@ -277,11 +277,10 @@ def bench_store(res: dict, presets, log, tokens=16384):
         log(row)
 
 
-DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg)
-    (128, 4, 1, None), (64, 4, 1, None), (128, 8, 1, None), (64, 2, 1, None),
-    (128, 4, 2, None), (256, 8, 1, None),
+DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg, prefetch); rotated-key presets only
+    (64, 4, 1, None, True), (64, 4, 1, None, False), (128, 8, 1, None, True), (32, 4, 1, None, True),
 ]
-DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None), (128, 4, None, None), (128, 8, None, None)]
+DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None)]
 
 
 def sweep(res: dict, log, quick: bool = False):
@@ -290,7 +289,7 @@ def sweep(res: dict, log, quick: bool = False):
     from tqlab.turboquant import _triton_kernels as tk
 
     ctx = 4096 if quick else 32768
-    cases = [("llama3.1-8b", 16, 32, "turboquant_3bit_nc"), ("llama3.1-8b", 16, 32, "turboquant_k8v4"),
+    cases = [("llama3.1-8b", 16, 32, "turboquant_3bit_nc"), ("llama3.1-8b", 16, 32, "turboquant_4bit_nc"),
              ("seed_per_rank", 1, 128, "turboquant_3bit_nc")]
     dec_times: dict = {c: [] for c in DECODE_CANDIDATES}
     deq_times: dict = {c: [] for c in DEQUANT_CANDIDATES}
@@ -306,16 +305,17 @@ def sweep(res: dict, log, quick: bool = False):
         out = torch.empty(batch, hq, d, device="cuda", dtype=MODEL_DTYPE)
         lse = torch.empty(batch, hq, device="cuda")
         for cfg in DECODE_CANDIDATES:
-            bt_, nw, ns, mx = cfg
+            bt_, nw, ns, mx, pf = cfg
             stats: dict = {}
             try:
                 tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, block_t=bt_, num_warps=nw,
-                                    num_stages=ns, maxnreg=mx, stats=stats)
+                                    num_stages=ns, maxnreg=mx, stats=stats, prefetch=pf)
                 ms = time_graph(lambda: tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse,
-                                                            block_t=bt_, num_warps=nw, num_stages=ns, maxnreg=mx))
+                                                            block_t=bt_, num_warps=nw, num_stages=ns, maxnreg=mx,
+                                                            prefetch=pf))
                 dec_times[cfg].append(ms)
                 row = {"op": "decode", "shape": shape_name, "preset": name, "batch": batch, "context": ctx, "splits": s,
-                       "block_t": bt_, "num_warps": nw, "num_stages": ns, "maxnreg": mx, "ms": ms, **stats}
+                       "block_t": bt_, "num_warps": nw, "num_stages": ns, "maxnreg": mx, "prefetch": pf, "ms": ms, **stats}
             except Exception as exc:  # noqa: BLE001 - record and go on
                 dec_times[cfg].append(float("inf"))
                 row = {"op": "decode", "shape": shape_name, "preset": name, "block_t": bt_, "num_warps": nw,
@@ -354,7 +354,9 @@ def sweep(res: dict, log, quick: bool = False):
 
     for kind, times in (("decode", dec_times), ("dequant", deq_times)):
         b = best(times)
-        tk.DEFAULTS[kind] = {"block_t": b[0], "num_warps": b[1], "num_stages": b[2], "maxnreg": b[3]}
+        tk.DEFAULTS[kind] = {**tk.DEFAULTS[kind], "block_t": b[0], "num_warps": b[1], "num_stages": b[2], "maxnreg": b[3]}
+        if kind == "decode":
+            tk.DEFAULTS[kind]["prefetch"] = b[4]
     res["chosen_defaults"] = {k: dict(v) for k, v in tk.DEFAULTS.items()}
     log({"chosen": json.dumps(res["chosen_defaults"])})
 
@@ -448,6 +450,9 @@ def main(argv=None) -> int:
     copy_gbps = res["copy"]["GBps"] if res["copy"] else 4300.0
     if "sweep" in sections and not args.no_sweep:
         guarded("sweep", sweep, res, log, args.quick)
+    from tqlab.turboquant import _triton_kernels as tk
+
+    res["chosen_defaults"] = {k: dict(v) for k, v in tk.DEFAULTS.items()}  # what the rest of the run used
     if "store" in sections:
         guarded("store", bench_store, res, presets, log, 2048 if args.quick else 16384)
     if "dequant" in sections:

@@ -171,8 +171,15 @@ def _store_kernel(
     else:
         nrm = tl.sqrt(tl.sum(x * x, axis=1))
         u = x / tl.where(nrm > 0, nrm, 1.0)[:, None]
+        # y = (u @ signs) / sqrt(D) in fp32 accuracy on fp16 tensor cores: the +-1 signs are exact in
+        # fp16 and u is split into three fp16 pieces of 11 bits each (scaled by 2**11 to stay normal)
         signs = tl.load(signs_ptr + cols[:, None] * D + cols[None, :])
-        y = tl.dot(u, signs, input_precision="ieee") * inv_sqrt_d
+        u1 = u.to(tl.float16)
+        r1 = (u - u1.to(tl.float32)) * 2048.0
+        u2 = r1.to(tl.float16)
+        u3 = ((r1 - u2.to(tl.float32)) * 2048.0).to(tl.float16)
+        y = tl.dot(u3, signs) * (1.0 / 2048.0) + tl.dot(u2, signs)
+        y = (tl.dot(u1, signs) + y * (1.0 / 2048.0)) * inv_sqrt_d
         idx = tl.zeros([BLOCK_N, D], dtype=tl.int32)
         for i in tl.static_range((1 << KBITS) - 1):
             idx += (y > tl.load(bnd_ptr + i)).to(tl.int32)
@@ -207,7 +214,7 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
     off = spec.offsets(d)
     grid = (triton.cdiv(n, block_n), hk)
     _store_kernel[grid](
-        key, value, slot_mapping, cache, cache.view(torch.float16), signs32, bnd,
+        key, value, slot_mapping, cache, cache.view(torch.float16), signs16, bnd,
         n, nb * bs, bs,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
@@ -384,8 +391,9 @@ def _field_words(spec: TurboQuantSpec, d: int) -> dict:
 
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
                block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-               maxnreg: int | None = None, stats: dict | None = None, tiles_per_program: int = 8):
+               maxnreg: int | None = None, stats: dict | None = None, tiles_per_program: int | None = None):
     block_t, opts = _launch_opts("dequant", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+    tiles_per_program = tiles_per_program or DEFAULTS["dequant"].get("tiles", 8)
     nb, hk, bs, sb = cache.shape
     d = k_out.shape[-1]
     signs16, _, _, _ = _consts(spec, d, cache.device)
@@ -562,9 +570,10 @@ def _reduce_kernel(
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
                      maxnreg: int | None = None, stats: dict | None = None, prefetch: bool | None = None):
-    block_t, opts = _launch_opts("decode", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+    kind = "decode_fp8" if spec.key_fp8 else "decode"
+    block_t, opts = _launch_opts(kind, block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
     n_stages = opts.pop("num_stages", None) or 1
-    prefetch = bool(DEFAULTS["decode"].get("prefetch", False) if prefetch is None else prefetch)
+    prefetch = bool(DEFAULTS[kind].get("prefetch", False) if prefetch is None else prefetch)
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
     group = hq // hk
