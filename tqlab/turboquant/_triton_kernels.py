@@ -415,6 +415,26 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
 
 # ----------------------------------------------------------------------------- decode
 @triton.jit
+def _fwht(x, ROWS: tl.constexpr, D: tl.constexpr):
+    """``x @ H`` for the +-1 Sylvester Hadamard ``H`` (``H[k, j] = (-1)**popcount(k & j)``), f32
+    ``[ROWS, D]``: log2(D) butterfly stages in registers instead of a D x D matrix product."""
+    for st in tl.static_range(10):  # D <= 512 (checked by ops)
+        if (1 << st) < D:
+            x4 = tl.permute(tl.reshape(x, (ROWS, D // (2 << st), 2, 1 << st)), (0, 1, 3, 2))
+            a, c = tl.split(x4)
+            x = tl.reshape(tl.permute(tl.join(a + c, a - c), (0, 1, 3, 2)), (ROWS, D))
+    return x
+
+
+@triton.jit
+def _key_order(x, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """Columns of ``x`` ([ROWS, D]) in the row order of :func:`_cut_t` (column ``i * NG + g`` =
+    head dim ``g * CPG + i``): a transpose of the ``[NG, CPG]`` grid."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    return tl.reshape(tl.permute(tl.reshape(x, (ROWS, D // CPG, CPG)), (0, 2, 1)), (ROWS, D))
+
+
+@triton.jit
 def _tile_words(cache16_ptr, base16, ok, D: tl.constexpr, KB: tl.constexpr, VBITS: tl.constexpr,
                 NORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
     """Every 16-bit word a decode tile needs: key words, key norm (f32), value words, value
@@ -491,18 +511,12 @@ def _decode_split_kernel(
     # query tile [GP, D], columns in the key tile's row order (_perm); MSE keys: q' = (q @ H) / sqrt(D)
     KB: tl.constexpr = 8 if KEY_FP8 else KBITS
     NORM_W: tl.constexpr = 0 if KEY_FP8 else KNORM_W
-    kperm = _perm(D, KB)
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
     if KEY_FP8:
-        q = tl.load(q_rows[:, None] + kperm[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
+        q = tl.load(q_rows[:, None] + _perm(D, KB)[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
     else:
-        qr = tl.zeros([GP, D], dtype=tl.float32)
-        for c in tl.static_range(D // KC):
-            kk = c * KC + tl.arange(0, KC)
-            qc = tl.load(q_rows[:, None] + kk[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
-            sg = tl.load(signs_ptr + kk[:, None] * D + kperm[None, :])
-            qr += tl.dot(qc, sg)
-        q = (qr * inv_sqrt_d).to(tl.float16)
+        q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        q = _key_order(_fwht(q, GP, D) * inv_sqrt_d, GP, D, KB).to(tl.float16)
 
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
