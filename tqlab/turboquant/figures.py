@@ -237,7 +237,8 @@ def vs_vllm_series(rec: Mapping[str, Any], shape: str) -> dict[str, Any]:
     """Plot data of one shape from the side-by-side recording.
 
     Args:
-        rec: the loaded ``turboquant_vs_vllm_h200`` JSON (its ``rows``).
+        rec: the loaded ``turboquant_vs_vllm_h200`` JSON, a dict or ``recorded.load_recorded(...)``
+            (its ``rows``).
         shape: ``"llama3.1-8b"`` or ``"seed_tp8_rank"``.
 
     Returns:
@@ -249,9 +250,10 @@ def vs_vllm_series(rec: Mapping[str, Any], shape: str) -> dict[str, Any]:
     Raises:
         ValueError: no row of that shape.
     """
-    rows = [r for r in rec.get("rows", []) if r["shape"] == shape]
+    all_rows = rec["rows"]  # a dict or a tqlab.recorded.RecordedResult
+    rows = [r for r in all_rows if r["shape"] == shape]
     if not rows:
-        raise ValueError(f"no rows for shape {shape!r}; recorded: {sorted({r['shape'] for r in rec.get('rows', [])})}")
+        raise ValueError(f"no rows for shape {shape!r}; recorded: {sorted({r['shape'] for r in all_rows})}")
     out: dict[str, Any] = {"batch": rows[0]["batch"], "sdpa": sorted({(r["ctx"], r["sdpa_fp16_ms"]) for r in rows})}
     for preset in TQ_PRESETS:
         pr = sorted((r for r in rows if r["preset"] == preset), key=lambda r: r["ctx"])
