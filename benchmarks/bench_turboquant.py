@@ -278,7 +278,8 @@ def bench_store(res: dict, presets, log, tokens=16384):
 
 
 DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg, prefetch); rotated-key presets only
-    (64, 4, 1, None, True), (64, 4, 1, None, False), (128, 8, 1, None, True), (32, 4, 1, None, True),
+    (64, 4, 1, None, True), (64, 4, 1, 128, True), (64, 4, 1, None, False), (32, 4, 1, None, True),
+    (32, 4, 1, 128, True), (64, 8, 1, None, True), (128, 8, 1, None, True),
 ]
 DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None)]
 
@@ -367,8 +368,15 @@ def main_vs_vllm(args) -> int:
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    if args.defaults_from:  # launch defaults chosen by a sweep run (its chosen_defaults)
+        from tqlab.turboquant import _triton_kernels as tk
+
+        tk.DEFAULTS.update(json.loads(Path(args.defaults_from).read_text())["chosen_defaults"])
     anchor = vs.load_anchor(args.vllm_anchor)
-    res = {"provenance": {**provenance(args), **anchor[2]}, "method": vs.__doc__, "copy": None, "rows": [], "errors": []}
+    from tqlab.turboquant import _triton_kernels as tk
+
+    res = {"provenance": {**provenance(args), **anchor[2]}, "method": vs.__doc__, "copy": None, "rows": [], "errors": [],
+           "launch_defaults": {k: dict(v) for k, v in tk.DEFAULTS.items()}}
     res["copy"] = copy_bandwidth(1024 * 2**20)
     res["targets"] = {"vllm_over_tqlab_min": 5.0, "sdpa_over_tqlab_min_32k_128k": 1.0,
                       "sdpa_over_tqlab_llama_3bit_128k": 2.0}
@@ -409,6 +417,7 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm-anchor", default="../shared/anchors/vllm_tq", help="folder holding vllm_tq_kernels/")
     ap.add_argument("--vllm-presets", default="", help="comma list; default all four")
     ap.add_argument("--contexts", default="8192,32768,131072", help="side-by-side mode: comma list")
+    ap.add_argument("--defaults-from", default=None, help="side-by-side mode: take launch defaults from a bench JSON")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_turboquant: needs a CUDA device", file=sys.stderr)
