@@ -284,6 +284,28 @@ DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg, prefetch); ro
 DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None)]
 
 
+def _sweep_decode_one(cfg, q, cache, bt, seq_lens, spec, mid, out, lse) -> dict:
+    """One decode launch config ``(block_t, num_warps, num_stages, maxnreg, prefetch)``: a sweep
+    row with ``ms`` (graph replay, warm L2) and register / spill counts, or ``error``."""
+    from tqlab.turboquant import _triton_kernels as tk
+
+    bt_, nw, ns, mx, pf = cfg
+    row = {"op": "decode", "block_t": bt_, "num_warps": nw, "num_stages": ns, "maxnreg": mx, "prefetch": pf}
+    d = q.shape[-1]
+
+    def run(stats=None):
+        tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, block_t=bt_, num_warps=nw,
+                            num_stages=ns, maxnreg=mx, stats=stats, prefetch=pf)
+
+    try:
+        stats: dict = {}
+        run(stats)
+        row.update({"ms": time_graph(run), **stats})
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        row["error"] = repr(exc)[:300]
+    return row
+
+
 def sweep(res: dict, log, quick: bool = False):
     """Time candidate launch configs of decode and dequant on the 32K shapes, then make the
     fastest (geometric mean over the cases) the default for the rest of the run."""
@@ -306,21 +328,9 @@ def sweep(res: dict, log, quick: bool = False):
         out = torch.empty(batch, hq, d, device="cuda", dtype=MODEL_DTYPE)
         lse = torch.empty(batch, hq, device="cuda")
         for cfg in DECODE_CANDIDATES:
-            bt_, nw, ns, mx, pf = cfg
-            stats: dict = {}
-            try:
-                tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, block_t=bt_, num_warps=nw,
-                                    num_stages=ns, maxnreg=mx, stats=stats, prefetch=pf)
-                ms = time_graph(lambda: tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse,
-                                                            block_t=bt_, num_warps=nw, num_stages=ns, maxnreg=mx,
-                                                            prefetch=pf))
-                dec_times[cfg].append(ms)
-                row = {"op": "decode", "shape": shape_name, "preset": name, "batch": batch, "context": ctx, "splits": s,
-                       "block_t": bt_, "num_warps": nw, "num_stages": ns, "maxnreg": mx, "prefetch": pf, "ms": ms, **stats}
-            except Exception as exc:  # noqa: BLE001 - record and go on
-                dec_times[cfg].append(float("inf"))
-                row = {"op": "decode", "shape": shape_name, "preset": name, "block_t": bt_, "num_warps": nw,
-                       "num_stages": ns, "maxnreg": mx, "error": repr(exc)[:300]}
+            row = _sweep_decode_one(cfg, q, cache, bt, seq_lens, spec, mid, out, lse)
+            dec_times[cfg].append(row.get("ms", float("inf")))
+            row.update({"shape": shape_name, "preset": name, "batch": batch, "context": ctx, "splits": s})
             res["sweep"].append(row)
             log(row)
         if batch == 1:
@@ -406,7 +416,7 @@ def main_vs_vllm(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/turboquant_bench.json")
     ap.add_argument("--commit", default=None, help="git commit to record (the GPU box has no .git)")
@@ -418,7 +428,11 @@ def main(argv=None) -> int:
     ap.add_argument("--vllm-presets", default="", help="comma list; default all four")
     ap.add_argument("--contexts", default="8192,32768,131072", help="side-by-side mode: comma list")
     ap.add_argument("--defaults-from", default=None, help="side-by-side mode: take launch defaults from a bench JSON")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_turboquant: needs a CUDA device", file=sys.stderr)
         return 2
