@@ -19,7 +19,16 @@ Shapes (per tensor-parallel rank): the seed model's ``Hq 4, Hk 1, D 128`` and Ll
 Timing: every measured call is captured ``reps`` times in one CUDA graph (launch overhead out,
 as in the engine's CUDA-graph decode) and the graph is replayed; median of the replays / reps.
 
+``--vs-vllm`` instead runs the side-by-side mode of ``benchmarks/_vs_vllm.py``: vLLM 0.33's own
+TurboQuant kernels (imported from the anchor folder given by ``--vllm-anchor``), tqlab (vLLM's 32
+splits and the ``"fill"`` split policy), fp16 SDPA and the byte limit, on the same K/V, CUDA-graph
+replays with L2 flushed; it writes ``data/turboquant_vs_vllm_h200.json`` and prints the table.
+
 Usage (on a CUDA machine)::
+
+    TQLAB_COMMIT=$(git rev-parse HEAD) python benchmarks/bench_turboquant.py --vs-vllm \
+        --vllm-anchor .devrun/anchors/vllm_tq --out data/turboquant_vs_vllm_h200.json
+
 
     python benchmarks/bench_turboquant.py --out data/turboquant_bench.json --commit $(git rev-parse HEAD)
 
@@ -32,6 +41,7 @@ import argparse
 import datetime as _dt
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -43,6 +53,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
 
@@ -67,7 +78,7 @@ def provenance(args) -> dict:
     p = {
         "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": args.commit or _git_commit(),
+        "commit": args.commit or os.environ.get("TQLAB_COMMIT") or _git_commit(),
         "command": "python " + " ".join(sys.argv),
         "torch": torch.__version__,
         "triton": triton.__version__,
@@ -266,11 +277,33 @@ def bench_store(res: dict, presets, log, tokens=16384):
         log(row)
 
 
-DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg)
-    (16, 4, 2, None), (16, 4, 2, 128), (16, 2, 2, None), (32, 4, 2, None),
-    (32, 8, 1, None), (32, 8, 2, None), (64, 8, 2, None), (64, 4, 1, None),
+DECODE_CANDIDATES = [  # (block_t, num_warps, num_stages, maxnreg, prefetch); rotated-key presets only
+    (64, 4, 1, None, True), (64, 4, 1, 128, True), (64, 4, 1, None, False), (32, 4, 1, None, True),
+    (32, 4, 1, 128, True), (64, 8, 1, None, True), (128, 8, 1, None, True),
 ]
-DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None), (128, 4, None, None), (128, 8, None, None)]
+DEQUANT_CANDIDATES = [(32, 4, None, None), (64, 4, None, None), (64, 8, None, None)]
+
+
+def _sweep_decode_one(cfg, q, cache, bt, seq_lens, spec, mid, out, lse) -> dict:
+    """One decode launch config ``(block_t, num_warps, num_stages, maxnreg, prefetch)``: a sweep
+    row with ``ms`` (graph replay, warm L2) and register / spill counts, or ``error``."""
+    from tqlab.turboquant import _triton_kernels as tk
+
+    bt_, nw, ns, mx, pf = cfg
+    row = {"op": "decode", "block_t": bt_, "num_warps": nw, "num_stages": ns, "maxnreg": mx, "prefetch": pf}
+    d = q.shape[-1]
+
+    def run(stats=None):
+        tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, block_t=bt_, num_warps=nw,
+                            num_stages=ns, maxnreg=mx, stats=stats, prefetch=pf)
+
+    try:
+        stats: dict = {}
+        run(stats)
+        row.update({"ms": time_graph(run), **stats})
+    except Exception as exc:  # noqa: BLE001 - record and go on
+        row["error"] = repr(exc)[:300]
+    return row
 
 
 def sweep(res: dict, log, quick: bool = False):
@@ -279,7 +312,7 @@ def sweep(res: dict, log, quick: bool = False):
     from tqlab.turboquant import _triton_kernels as tk
 
     ctx = 4096 if quick else 32768
-    cases = [("llama3.1-8b", 16, 32, "turboquant_3bit_nc"), ("llama3.1-8b", 16, 32, "turboquant_k8v4"),
+    cases = [("llama3.1-8b", 16, 32, "turboquant_3bit_nc"), ("llama3.1-8b", 16, 32, "turboquant_4bit_nc"),
              ("seed_per_rank", 1, 128, "turboquant_3bit_nc")]
     dec_times: dict = {c: [] for c in DECODE_CANDIDATES}
     deq_times: dict = {c: [] for c in DEQUANT_CANDIDATES}
@@ -295,20 +328,9 @@ def sweep(res: dict, log, quick: bool = False):
         out = torch.empty(batch, hq, d, device="cuda", dtype=MODEL_DTYPE)
         lse = torch.empty(batch, hq, device="cuda")
         for cfg in DECODE_CANDIDATES:
-            bt_, nw, ns, mx = cfg
-            stats: dict = {}
-            try:
-                tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, block_t=bt_, num_warps=nw,
-                                    num_stages=ns, maxnreg=mx, stats=stats)
-                ms = time_graph(lambda: tk.decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse,
-                                                            block_t=bt_, num_warps=nw, num_stages=ns, maxnreg=mx))
-                dec_times[cfg].append(ms)
-                row = {"op": "decode", "shape": shape_name, "preset": name, "batch": batch, "context": ctx, "splits": s,
-                       "block_t": bt_, "num_warps": nw, "num_stages": ns, "maxnreg": mx, "ms": ms, **stats}
-            except Exception as exc:  # noqa: BLE001 - record and go on
-                dec_times[cfg].append(float("inf"))
-                row = {"op": "decode", "shape": shape_name, "preset": name, "block_t": bt_, "num_warps": nw,
-                       "num_stages": ns, "maxnreg": mx, "error": repr(exc)[:300]}
+            row = _sweep_decode_one(cfg, q, cache, bt, seq_lens, spec, mid, out, lse)
+            dec_times[cfg].append(row.get("ms", float("inf")))
+            row.update({"shape": shape_name, "preset": name, "batch": batch, "context": ctx, "splits": s})
             res["sweep"].append(row)
             log(row)
         if batch == 1:
@@ -343,22 +365,81 @@ def sweep(res: dict, log, quick: bool = False):
 
     for kind, times in (("decode", dec_times), ("dequant", deq_times)):
         b = best(times)
-        tk.DEFAULTS[kind] = {"block_t": b[0], "num_warps": b[1], "num_stages": b[2], "maxnreg": b[3]}
+        tk.DEFAULTS[kind] = {**tk.DEFAULTS[kind], "block_t": b[0], "num_warps": b[1], "num_stages": b[2], "maxnreg": b[3]}
+        if kind == "decode":
+            tk.DEFAULTS[kind]["prefetch"] = b[4]
     res["chosen_defaults"] = {k: dict(v) for k, v in tk.DEFAULTS.items()}
     log({"chosen": json.dumps(res["chosen_defaults"])})
 
 
-def main(argv=None) -> int:
+def main_vs_vllm(args) -> int:
+    """Side-by-side mode (``--vs-vllm``): see benchmarks/_vs_vllm.py."""
+    import _vs_vllm as vs
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if args.defaults_from:  # launch defaults chosen by a sweep run (its chosen_defaults)
+        from tqlab.turboquant import _triton_kernels as tk
+
+        tk.DEFAULTS.update(json.loads(Path(args.defaults_from).read_text())["chosen_defaults"])
+    anchor = vs.load_anchor(args.vllm_anchor)
+    from tqlab.turboquant import _triton_kernels as tk
+
+    res = {"provenance": {**provenance(args), **anchor[2]}, "method": vs.__doc__, "copy": None, "rows": [], "errors": [],
+           "launch_defaults": {k: dict(v) for k, v in tk.DEFAULTS.items()}}
+    res["copy"] = copy_bandwidth(1024 * 2**20)
+    res["targets"] = {"vllm_over_tqlab_min": 5.0, "sdpa_over_tqlab_min_32k_128k": 1.0,
+                      "sdpa_over_tqlab_llama_3bit_128k": 2.0}
+    timer = vs.ColdTimer()
+    presets = list(TQ_PRESETS)
+    vllm_presets = args.vllm_presets.split(",") if args.vllm_presets else presets
+    t0 = time.time()
+
+    def log(row):
+        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                      for k, v in row.items()), flush=True)
+
+    for shape in vs.SHAPES:
+        for ctx in [int(c) for c in args.contexts.split(",")]:
+            try:
+                res["rows"] += vs.bench_context(shape, ctx, presets, vllm_presets, anchor, res["copy"]["GBps"],
+                                                timer, fill_paged, log)
+            except Exception as exc:  # noqa: BLE001 - keep the other rows
+                traceback.print_exc()
+                res["errors"].append({"shape": shape, "ctx": ctx, "error": repr(exc)[:500]})
+            res["wall_s"] = time.time() - t0
+            out.write_text(json.dumps(res, indent=1))
+    res["table"] = vs.table(res["rows"])
+    out.write_text(json.dumps(res, indent=1))
+    print(res["table"])
+    print(f"wrote {out} in {time.time() - t0:.1f}s, errors: {len(res['errors'])}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="data/turboquant_bench.json")
     ap.add_argument("--commit", default=None, help="git commit to record (the GPU box has no .git)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-sweep", action="store_true")
     ap.add_argument("--sections", default="copy,sweep,store,dequant,decode")
-    args = ap.parse_args(argv)
+    ap.add_argument("--vs-vllm", action="store_true", help="side-by-side mode with vLLM's kernels (see above)")
+    ap.add_argument("--vllm-anchor", default="../shared/anchors/vllm_tq", help="folder holding vllm_tq_kernels/")
+    ap.add_argument("--vllm-presets", default="", help="comma list; default all four")
+    ap.add_argument("--contexts", default="8192,32768,131072", help="side-by-side mode: comma list")
+    ap.add_argument("--defaults-from", default=None, help="side-by-side mode: take launch defaults from a bench JSON")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("bench_turboquant: needs a CUDA device", file=sys.stderr)
         return 2
+    if args.vs_vllm:
+        if args.out == "data/turboquant_bench.json":
+            args.out = "data/turboquant_vs_vllm_h200.json"
+        return main_vs_vllm(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     res = {"provenance": provenance(args), "targets": {"dequant_share_of_copy": 0.70, "decode_speedup_at_32k": 1.5},
@@ -392,6 +473,9 @@ def main(argv=None) -> int:
     copy_gbps = res["copy"]["GBps"] if res["copy"] else 4300.0
     if "sweep" in sections and not args.no_sweep:
         guarded("sweep", sweep, res, log, args.quick)
+    from tqlab.turboquant import _triton_kernels as tk
+
+    res["chosen_defaults"] = {k: dict(v) for k, v in tk.DEFAULTS.items()}  # what the rest of the run used
     if "store" in sections:
         guarded("store", bench_store, res, presets, log, 2048 if args.quick else 16384)
     if "dequant" in sections:

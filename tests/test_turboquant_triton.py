@@ -185,3 +185,76 @@ def test_gpu_decode_in_cuda_graph():
     step()
     torch.cuda.synchronize()
     assert torch.equal(replayed, out)
+
+
+# ----------------------------------------------------------------------------- options
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k8v4"])
+def test_decode_launch_variants_match_reference(name, prefetch):
+    """Small token tiles (several per split) with and without the software prefetch of the next
+    tile give the reference decode."""
+    from tqlab.turboquant import _triton_kernels as tk
+
+    spec = TQ_PRESETS[name]
+    cache = _filled(spec)
+    g = torch.Generator().manual_seed(8)
+    bt = torch.stack([torch.randperm(12, generator=g) for _ in range(2)]).to(torch.int32).to(DEV)
+    q = torch.randn(2, 8, 64, generator=g).to(DEV)
+    seq_lens = torch.tensor([191, 40], device=DEV)
+    (m0, o0, l0), _ = _decode_both(spec, q, cache, bt, seq_lens, s=2)
+    mid = torch.full_like(m0, 7.0)
+    out, lse = torch.empty_like(o0), torch.empty_like(l0)
+    tk.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=16, num_warps=4,
+                        prefetch=prefetch)
+    _assert_decode_close([(m0, o0, l0), (mid, out, lse)])
+
+
+def test_decode_num_splits_policies():
+    from tqlab.turboquant.ops import VLLM_NUM_SPLITS, decode_num_splits
+
+    assert VLLM_NUM_SPLITS == 32
+    assert decode_num_splits(1, 1) == 32 and decode_num_splits(256, 8) == 32  # default: vLLM's, any batch
+    assert decode_num_splits(4, 1, "fill") == 256  # 528 programs wanted: 132 per request -> 256 (capped)
+    assert decode_num_splits(1, 8, "fill") == 128  # 66 -> 128
+    assert decode_num_splits(16, 8, "fill") == 32  # 5 -> never below vLLM's 32
+    assert decode_num_splits(4, 1, "fill", max_splits=64) == 64
+    assert decode_num_splits(2, 1, "fill", num_sms=8, programs_per_sm=1) == 32
+    with pytest.raises(ValueError, match="policy"):
+        decode_num_splits(4, 1, "auto")
+    with pytest.raises(ValueError, match="batch"):
+        decode_num_splits(0, 1, "fill")
+
+
+def test_decode_with_more_splits_than_tokens():
+    """The "fill" policy's large S: most splits are empty (lse -inf) and the reduction ignores them."""
+    from tqlab.turboquant.ops import decode_num_splits
+
+    spec = TQ_PRESETS["turboquant_4bit_nc"]
+    cache = _filled(spec)
+    bt = torch.arange(12, dtype=torch.int32, device=DEV).view(1, 12)
+    q = torch.randn(1, 4, 64, generator=torch.Generator().manual_seed(9)).to(DEV)
+    s = decode_num_splits(1, 2, "fill", num_sms=16)
+    assert s == 32
+    _assert_decode_close(_decode_both(spec, q, cache, bt, torch.tensor([45], device=DEV), s=s))
+
+
+def test_decode_vs_vllm_figure_from_recorded():
+    """Notebook 04's chart works on a CPU box from data/turboquant_vs_vllm_h200.json."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tqlab import recorded
+    from tqlab.turboquant import figures
+
+    rec = recorded.load_recorded("turboquant_vs_vllm_h200")
+    assert rec.provenance["device"] == "NVIDIA H200"
+    for shape in ("llama3.1-8b", "seed_tp8_rank"):
+        data = figures.vs_vllm_series(rec, shape)
+        for preset in TQ_PRESETS:
+            assert [c for c, _ in data[preset]["tqlab"]] == [8192, 32768, 131072]
+            assert len(data[preset]["byte_limit"]) == 3
+        assert len(data["turboquant_3bit_nc"]["vllm"]) == 3 and len(data["sdpa"]) == 3
+        ax = figures.plot_decode_vs_vllm(rec, shape)
+        assert len(ax.get_lines()) == 4 * 3 + 1
+    with pytest.raises(ValueError, match="no rows"):
+        figures.vs_vllm_series(rec, "nope")

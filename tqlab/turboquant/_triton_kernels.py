@@ -4,15 +4,22 @@ Same math, same byte layout as the torch reference in :mod:`tqlab.turboquant.qua
 wrappers here assume the inputs were already validated by ``ops``.  Written for Triton 3.x
 (tested with the interpreter of 3.9 on CPU and 3.6 on an H200).
 
-Tricks worth knowing:
+Tricks worth knowing (decode and dequant read the same packed fields, see ``_unpack``):
 
 * Every field sits at an even byte offset of an even-sized slot, so reads go through a 16-bit view
-  of the cache: fp16 fields (norm, scale, zero) directly, packed indices as 16-bit words, ``bits``
-  words per group of 16 indices, glued into one int64 and shifted apart.
-* Centroid values come from a compare/select chain over the (symmetric) codebook, not a gather:
-  a per-element gather needs a 64-bit address per element and made the decode loop spill.
+  of the cache; a group of codes spans 2 or 3 16-bit words, each loaded once, and codes are cut
+  out of 32-bit windows ``w0 | w1 << 16`` by a shift and a mask.
+* Integers become floats by magic numbers: ``bits(0x3F800000 | i << (23 - b)) = 1 + i / 2**b``
+  (fp32, then one exact FMA) and ``bits(0x6400 | i) - 1024`` (fp16): the OR is fused with the
+  mask, no int->float conversion unit.
+* Key centroids come from an odd polynomial through the symmetric Lloyd-Max codebook
+  (``_centroid_poly``), a few FMAs, instead of a per-element gather or compare/select chain.
 * Decode never rotates keys back: ``q . (H y_hat) = (H q) . y_hat`` (``H`` symmetric), so the query is
   rotated once per program and dotted with the centroid values directly.
+* Decode folds the value scale/zero out of the inner product:
+  ``sum_t p_t (z_t + s_t c_t) = sum_t p_t z_t + sum_t (p_t s_t) c_t``; the MMA multiplies the
+  exact integer codes.
+* One decode program serves the whole GQA group of a KV head, so each slot is read once.
 * ``H`` is used as its exact +-1 sign matrix in fp16 (tensor cores, no rounding) and the
   ``1/sqrt(D)`` factor is applied afterwards in fp32.
 """
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 import triton
 import triton.language as tl
@@ -73,32 +81,27 @@ def _consts(spec: TurboQuantSpec, d: int, device: torch.device):
     return _CONSTS[key]
 
 
+_LOG2E = 1.4426950408889634
+
+
+def _centroid_poly(spec: TurboQuantSpec, d: int) -> tuple[float, ...]:
+    """Eight fp32 coefficients ``a_k`` (zero-padded) of the odd polynomial
+    ``c(i) = y * sum_k a_k y**(2k)``, ``y = i - (2**b - 1)/2``, through the Lloyd-Max centroids
+    of codes ``i = 0 .. 2**b - 1`` (``2**(b-1)`` terms: exact interpolation, solved in float64).
+    fp8 keys: all zero (unused)."""
+    key = ("poly", spec.key_bits, d)
+    if key not in _CONSTS:
+        a = np.zeros(8)
+        if not spec.key_fp8:
+            c = np.asarray(lloyd_max(spec.key_bits, d).centroids, dtype=np.float64)
+            half = len(c) // 2
+            y = np.arange(half, len(c)) - (len(c) - 1) / 2
+            a[:half] = np.linalg.solve(np.vander(y * y, half, increasing=True) * y[:, None], c[half:])
+        _CONSTS[key] = tuple(float(np.float32(v)) for v in a)
+    return _CONSTS[key]
+
+
 # ----------------------------------------------------------------------------- helpers
-@triton.jit
-def _load_codes(cache16_ptr, base, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
-    """Codes (int32, [ROWS, D]) of the bit-packed field at byte ``base + OFF`` of each row.
-
-    Reads 16-bit words (every field starts at an even byte of an even-sized slot): a group of 16
-    indices is ``BITS`` words, glued into one little-endian int64 and shifted apart.  ``BITS == 8``
-    (fp8 keys) splits each word into its two bytes."""
-    if BITS == 8:
-        w = tl.arange(0, D // 2)
-        v = tl.load(cache16_ptr + (base[:, None] + OFF) // 2 + w[None, :], mask=mask[:, None], other=0.0)
-        v = v.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
-        codes = tl.reshape(tl.join(v & 255, v >> 8), (ROWS, D))
-    else:
-        g = tl.arange(0, D // 16)
-        word = tl.zeros([ROWS, D // 16], dtype=tl.int64)
-        for m in tl.static_range(BITS):
-            h = tl.load(cache16_ptr + (base[:, None] + OFF) // 2 + g[None, :] * BITS + m, mask=mask[:, None], other=0.0)
-            h = h.to(tl.int16, bitcast=True).to(tl.int64) & 0xFFFF
-            word = word | (h << (16 * m))
-        sh = (tl.arange(0, 16) * BITS).to(tl.int64)
-        c3 = (word[:, :, None] >> sh[None, None, :]) & ((1 << BITS) - 1)
-        codes = tl.reshape(c3.to(tl.int32), (ROWS, D))
-    return codes
-
-
 @triton.jit
 def _store_codes(cache_ptr, base, codes, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
     """Bit-pack int32 codes [ROWS, D] into the field at byte ``base + OFF`` of each row."""
@@ -138,22 +141,6 @@ def _fp8_e4m3_bits(x):
     return code.to(tl.uint8)
 
 
-@triton.jit
-def _centroid(codes, cent_ptr, BITS: tl.constexpr):
-    """Lloyd-Max centroid value (float32) of int32 codes, without a per-element memory gather.
-
-    The codebook is symmetric, ``c[i] = -c[N-1-i]``: the top bit of the code is the sign and the
-    magnitude is one of the N/2 positive centroids, chosen with a short compare/select chain over
-    scalars (a [rows, D] gather would need a 64-bit address per element: register spills)."""
-    HALF: tl.constexpr = 1 << (BITS - 1)
-    neg = codes < HALF
-    j = tl.where(neg, (HALF - 1) - codes, codes - HALF)
-    mag = tl.zeros(codes.shape, dtype=tl.float32) + tl.load(cent_ptr + HALF)
-    for i in tl.static_range(1, HALF):
-        mag = tl.where(j >= i, tl.load(cent_ptr + HALF + i), mag)
-    return tl.where(neg, -mag, mag)
-
-
 # ----------------------------------------------------------------------------- store
 @triton.jit
 def _store_kernel(
@@ -184,8 +171,15 @@ def _store_kernel(
     else:
         nrm = tl.sqrt(tl.sum(x * x, axis=1))
         u = x / tl.where(nrm > 0, nrm, 1.0)[:, None]
+        # y = (u @ signs) / sqrt(D) in fp32 accuracy on fp16 tensor cores: the +-1 signs are exact in
+        # fp16 and u is split into three fp16 pieces of 11 bits each (scaled by 2**11 to stay normal)
         signs = tl.load(signs_ptr + cols[:, None] * D + cols[None, :])
-        y = tl.dot(u, signs, input_precision="ieee") * inv_sqrt_d
+        u1 = u.to(tl.float16)
+        r1 = (u - u1.to(tl.float32)) * 2048.0
+        u2 = r1.to(tl.float16)
+        u3 = ((r1 - u2.to(tl.float32)) * 2048.0).to(tl.float16)
+        y = tl.dot(u3, signs) * (1.0 / 2048.0) + tl.dot(u2, signs)
+        y = (tl.dot(u1, signs) + y * (1.0 / 2048.0)) * inv_sqrt_d
         idx = tl.zeros([BLOCK_N, D], dtype=tl.int32)
         for i in tl.static_range((1 << KBITS) - 1):
             idx += (y > tl.load(bnd_ptr + i)).to(tl.int32)
@@ -220,7 +214,7 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
     off = spec.offsets(d)
     grid = (triton.cdiv(n, block_n), hk)
     _store_kernel[grid](
-        key, value, slot_mapping, cache, cache.view(torch.float16), signs32, bnd,
+        key, value, slot_mapping, cache, cache.view(torch.float16), signs16, bnd,
         n, nb * bs, bs,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
@@ -234,112 +228,273 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
 
 # ----------------------------------------------------------------------------- token tile load
 @triton.jit
-def _load_kv_tile(
-    cache_ptr, cache16_ptr, base, tok_ok, cent_ptr,
-    D: tl.constexpr, ROWS: tl.constexpr,
-    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_OFF: tl.constexpr, VIDX_OFF: tl.constexpr, VSCALE_OFF: tl.constexpr,
-):
-    """For ROWS token slots: (key operand fp16 [ROWS, D], per-token key factor f32 [ROWS],
-    values fp16 [ROWS, D]).  MSE keys: operand = centroid values (rotated domain) and
-    factor = norm / ||y_hat|| (norm correction) or norm; fp8 keys: operand = key, factor = 1."""
-    if KEY_FP8:
-        kb = _load_codes(cache16_ptr, base, tok_ok, 0, 8, D, ROWS)
-        kop = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        kfac = tl.full([ROWS], 1.0, dtype=tl.float32)
+def _words_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr):
+    """The packed field at 16-bit word ``base16 + WOFF`` of each token (column), as three int32
+    tensors ``[NG, COLS]``: the words 0, 1, 2 of each group of codes (word 2 only for 3 bits;
+    else a copy of word 1).  Groups of ``CPG`` codes span ``WPG`` 16-bit words (2 bits: 16 codes
+    / 2 words, 3: 16 / 3, 4: 8 / 2, 8: 4 / 2); each word is loaded once."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    WPG: tl.constexpr = CPG * BITS // 16
+    g = tl.arange(0, D // CPG)
+    ptr = cache16_ptr + (base16[None, :] + WOFF) + g[:, None] * WPG
+    w0 = tl.load(ptr, mask=mask[None, :], other=0).to(tl.int32)  # uint16 words: zero-extended
+    w1 = tl.load(ptr + 1, mask=mask[None, :], other=0).to(tl.int32)
+    if WPG == 3:
+        w2 = tl.load(ptr + 2, mask=mask[None, :], other=0).to(tl.int32)
     else:
-        kc = _load_codes(cache16_ptr, base, tok_ok, 0, KBITS, D, ROWS)
-        yh = _centroid(kc, cent_ptr, KBITS)
-        nrm = tl.load(cache16_ptr + (base + KNORM_OFF) // 2, mask=tok_ok, other=0.0).to(tl.float32)
-        if NORM_CORR:
-            yn = tl.sqrt(tl.sum(yh * yh, axis=1))
-            kfac = nrm / tl.where(yn > 0, yn, 1.0)
-        else:
-            kfac = nrm
-        kop = yh.to(tl.float16)
-    vc = _load_codes(cache16_ptr, base, tok_ok, VIDX_OFF, VBITS, D, ROWS)
-    vs = tl.load(cache16_ptr + (base + VSCALE_OFF) // 2, mask=tok_ok, other=0.0).to(tl.float32)
-    vz = tl.load(cache16_ptr + (base + VSCALE_OFF + 2) // 2, mask=tok_ok, other=0.0).to(tl.float32)
-    vv = (vz[:, None] + vs[:, None] * vc.to(tl.float32)).to(tl.float16)
-    return kop, kfac, vv
+        w2 = w1
+    return w0, w1, w2
+
+
+@triton.jit
+def _cut_t(w0, w1, w2, BITS: tl.constexpr, D: tl.constexpr, COLS: tl.constexpr, OR: tl.constexpr,
+           NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0):
+    """``codes | OR`` (int32 ``[D, COLS]``, one column per token) from :func:`_words_t`.
+
+    Two neighbouring words make a 32-bit window ``u = w0 | w1 << 16``; a code is
+    ``(u >> shift) & mask`` (for 3 bits, codes 10..15 of a group come from the window over words
+    1 and 2), placed at bit ``LSB`` (``code << LSB``, then ``| OR``).  Row ``r = i * NG + g`` holds code ``g * CPG + i`` (group ``g``, position ``i``;
+    :func:`_perm` maps rows to head dims), or code ``r`` with ``NATURAL``.  A thread keeps whole
+    tokens, so sums over D stay in registers."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    WPG: tl.constexpr = CPG * BITS // 16
+    pos = tl.arange(0, CPG) * BITS
+    lo = w0 | (w1 << 16)
+    if WPG == 3:
+        hi = (pos + BITS) > 32
+        src = tl.where(hi[:, None, None], (w1 | (w2 << 16))[None, :, :], lo[None, :, :])
+        sh = tl.where(hi, pos - 16, pos)
+    else:
+        src = lo[None, :, :]
+        sh = pos
+    # code moved to bit LSB (a per-register constant shift, left or right), masked, OR'd
+    sh = sh[:, None, None] - LSB
+    src = tl.where(sh >= 0, src >> tl.maximum(sh, 0), src << tl.maximum(-sh, 0))
+    c = (src & (((1 << BITS) - 1) << LSB)) | OR
+    if NATURAL:
+        c = tl.permute(c, (1, 0, 2))
+    return tl.reshape(c, (D, COLS))
+
+
+@triton.jit
+def _unpack_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
+              COLS: tl.constexpr, OR: tl.constexpr, NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0):
+    """:func:`_cut_t` of :func:`_words_t`: load and unpack one field of COLS tokens."""
+    w0, w1, w2 = _words_t(cache16_ptr, base16, mask, WOFF, BITS, D)
+    return _cut_t(w0, w1, w2, BITS, D, COLS, OR, NATURAL, LSB)
+
+
+@triton.jit
+def _perm(D: tl.constexpr, BITS: tl.constexpr):
+    """Head dim held by each row of :func:`_unpack_t`'s result."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    NG: tl.constexpr = D // CPG
+    r = tl.arange(0, D)
+    return (r % NG) * CPG + r // NG
+
+
+@triton.jit
+def _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS: tl.constexpr):
+    """Centroid (f32) of codes given as ``x = bits(0x3F800000 | code << (23 - b)) = 1 + code / 2**b``
+    (exact): ``y = code - (2**b - 1)/2 = 2**b x - (2**b + (2**b - 1)/2)`` in one exact FMA, then the
+    odd interpolating polynomial of :func:`_centroid_poly`, Horner in ``y*y``."""
+    NC: tl.constexpr = 1 << (KBITS - 1)
+    y = x * (2.0 * NC) - (2.0 * NC + NC - 0.5)
+    y2 = y * y
+    p = y2 * 0.0 + (c7 if NC == 8 else (c3 if NC == 4 else c1))
+    if NC == 8:
+        p = p * y2 + c6
+        p = p * y2 + c5
+        p = p * y2 + c4
+        p = p * y2 + c3
+    if NC >= 4:
+        p = p * y2 + c2
+        p = p * y2 + c1
+    p = p * y2 + c0
+    return p * y
+
+
+@triton.jit
+def _slot_base16(bt_row, t, valid, block_size: tl.constexpr, num_blocks, hk, stride_cb, stride_ch, stride_ct):
+    """16-bit word index of each token's slot (int64) and whether its block id is usable."""
+    blk = tl.load(bt_row + t // block_size, mask=valid, other=-1).to(tl.int64)
+    ok = valid & (blk >= 0) & (blk < num_blocks)
+    blk = tl.where(ok, blk, 0)
+    return (blk * stride_cb + hk * stride_ch + (t % block_size).to(tl.int64) * stride_ct) // 2, ok
 
 
 # ----------------------------------------------------------------------------- dequant
 @triton.jit
+def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
+                  cached_len, block_size: tl.constexpr, num_blocks, h,
+                  stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+                  D: tl.constexpr, BLOCK_T: tl.constexpr,
+                  KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
+                  KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
+    """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D])."""
+    in_len = t < cached_len
+    base16, ok = _slot_base16(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct)
+    rows = tl.arange(0, D)
+    k_head = k_ptr + h.to(tl.int64) * stride_kh  # int32 offsets inside one head: L * D < 2**31
+    v_head = v_ptr + h.to(tl.int64) * stride_vh
+    vc = _unpack_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D, BLOCK_T, 0x6400, True)
+    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vv = vz[None, :] + vs[None, :] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
+    tl.store(v_head + t[None, :] * stride_vt + rows[:, None], vv.to(tl.float16), mask=in_len[None, :])
+    if KEY_FP8:
+        kb = _unpack_t(cache16_ptr, base16, ok, 0, 8, D, BLOCK_T, 0, True)
+        kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        tl.store(k_head + t[None, :] * stride_kt + rows[:, None], kf, mask=in_len[None, :])
+    else:
+        x = _unpack_t(cache16_ptr, base16, ok, 0, KBITS, D, BLOCK_T, 0x3F800000, True, 23 - KBITS).to(tl.float32, bitcast=True)
+        yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
+        fac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        if NORM_CORR:
+            yn = tl.sqrt(tl.sum(yh * yh, axis=0))
+            fac = fac / tl.where(yn > 0, yn, 1.0)
+        kc = tl.dot(tl.trans(yh.to(tl.float16)), sg) * (fac * inv_sqrt_d)[:, None]  # [BLOCK_T, D]
+        tl.store(k_head + t[:, None] * stride_kt + rows[None, :], kc.to(tl.float16), mask=in_len[:, None])
+
+
+@triton.jit
 def _dequant_kernel(
-    cache_ptr, cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr, cent_ptr,
-    cached_len, block_size, num_blocks,
+    cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    cached_len, num_blocks,
     stride_cb, stride_ch, stride_ct,
     stride_kh, stride_kt, stride_vh, stride_vt,
     inv_sqrt_d,
-    D: tl.constexpr, BLOCK_T: tl.constexpr, DC: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_OFF: tl.constexpr, VIDX_OFF: tl.constexpr, VSCALE_OFF: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
 ):
+    """One program = TILES tiles of BLOCK_T tokens of one KV head (the sign matrix is loaded
+    once per program); a thread keeps whole tokens ([D, BLOCK_T] tiles)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
-    t = pid * BLOCK_T + tl.arange(0, BLOCK_T)
-    in_len = t < cached_len
-    blk = tl.load(bt_ptr + t // block_size, mask=in_len, other=-1).to(tl.int64)
-    ok = in_len & (blk >= 0) & (blk < num_blocks)
-    blk = tl.where(ok, blk, 0)
-    base = blk * stride_cb + h * stride_ch + (t % block_size).to(tl.int64) * stride_ct
-    kop, kfac, vv = _load_kv_tile(
-        cache_ptr, cache16_ptr, base, ok, cent_ptr, D, BLOCK_T,
-        KEY_FP8, KBITS, VBITS, NORM_CORR, KNORM_OFF, VIDX_OFF, VSCALE_OFF,
-    )
-    t64 = t.to(tl.int64)
-    cols = tl.arange(0, D)
-    tl.store(v_ptr + h * stride_vh + t64[:, None] * stride_vt + cols[None, :], vv, mask=in_len[:, None])
-    if KEY_FP8:
-        tl.store(k_ptr + h * stride_kh + t64[:, None] * stride_kt + cols[None, :], kop, mask=in_len[:, None])
-    else:
-        fac = kfac * inv_sqrt_d
-        rows = tl.arange(0, D)
-        for c in tl.static_range(D // DC):
-            cc = c * DC + tl.arange(0, DC)
-            sg = tl.load(signs_ptr + rows[:, None] * D + cc[None, :])  # fp16 +-1, exact
-            kc = tl.dot(kop, sg) * fac[:, None]
-            tl.store(k_ptr + h * stride_kh + t64[:, None] * stride_kt + cc[None, :], kc.to(tl.float16), mask=in_len[:, None])
+    rows = tl.arange(0, D)
+    sg = tl.load(signs_ptr + rows[:, None] * D + rows[None, :])  # fp16 +-1, exact
+    for i in tl.range(0, TILES):
+        t = (pid * TILES + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+        _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
+                      cached_len, BLOCK_SIZE, num_blocks, h,
+                      stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+                      D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KNORM_W, VIDX_W, VSCALE_W)
+
+
+def _field_words(spec: TurboQuantSpec, d: int) -> dict:
+    """16-bit word offsets of the fields inside a slot (every field starts at an even byte)."""
+    off = spec.offsets(d)
+    return dict(KNORM_W=max(off["key_norm"], 0) // 2, VIDX_W=off["val_idx"] // 2, VSCALE_W=off["val_scale"] // 2)
 
 
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
                block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-               maxnreg: int | None = None, stats: dict | None = None):
+               maxnreg: int | None = None, stats: dict | None = None, tiles_per_program: int | None = None):
     block_t, opts = _launch_opts("dequant", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+    tiles_per_program = tiles_per_program or DEFAULTS["dequant"].get("tiles", 8)
     nb, hk, bs, sb = cache.shape
     d = k_out.shape[-1]
-    signs16, _, cent, _ = _consts(spec, d, cache.device)
-    off = spec.offsets(d)
-    grid = (triton.cdiv(cached_len, block_t), hk)
+    signs16, _, _, _ = _consts(spec, d, cache.device)
+    n_tiles = triton.cdiv(cached_len, block_t)
+    tiles = max(1, min(tiles_per_program, n_tiles))
+    grid = (triton.cdiv(n_tiles, tiles), hk)
     kern = _dequant_kernel[grid](
-        cache, cache.view(torch.float16), block_table_row, k_out, v_out, signs16, cent,
-        cached_len, bs, nb,
+        cache.view(torch.uint16), block_table_row, k_out, v_out, signs16, *_centroid_poly(spec, d),
+        cached_len, nb,
         cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2),
         1.0 / math.sqrt(d),
-        D=d, BLOCK_T=block_t, DC=min(d, 64),
+        BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        KNORM_OFF=max(off["key_norm"], 0), VIDX_OFF=off["val_idx"], VSCALE_OFF=off["val_scale"],
-        **opts,
+        **_field_words(spec, d), **opts,
     )
     _record(stats, kern)
 
 
 # ----------------------------------------------------------------------------- decode
 @triton.jit
+def _fwht(x, ROWS: tl.constexpr, D: tl.constexpr):
+    """``x @ H`` for the +-1 Sylvester Hadamard ``H`` (``H[k, j] = (-1)**popcount(k & j)``), f32
+    ``[ROWS, D]``: log2(D) butterfly stages in registers instead of a D x D matrix product."""
+    for st in tl.static_range(10):  # D <= 512 (checked by ops)
+        if (1 << st) < D:
+            x4 = tl.permute(tl.reshape(x, (ROWS, D // (2 << st), 2, 1 << st)), (0, 1, 3, 2))
+            a, c = tl.split(x4)
+            x = tl.reshape(tl.permute(tl.join(a + c, a - c), (0, 1, 3, 2)), (ROWS, D))
+    return x
+
+
+@triton.jit
+def _key_order(x, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
+    """Columns of ``x`` ([ROWS, D]) in the row order of :func:`_cut_t` (column ``i * NG + g`` =
+    head dim ``g * CPG + i``): a transpose of the ``[NG, CPG]`` grid."""
+    CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
+    return tl.reshape(tl.permute(tl.reshape(x, (ROWS, D // CPG, CPG)), (0, 2, 1)), (ROWS, D))
+
+
+@triton.jit
+def _tile_words(cache16_ptr, base16, ok, D: tl.constexpr, KB: tl.constexpr, VBITS: tl.constexpr,
+                NORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
+    """Every 16-bit word a decode tile needs: key words, key norm (f32), value words, value
+    scale and zero (f32); masked-out tokens read as zeros."""
+    k0, k1, k2 = _words_t(cache16_ptr, base16, ok, 0, KB, D)
+    kn = tl.load(cache16_ptr + base16 + NORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    v0, v1, v2 = _words_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D)
+    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    return k0, k1, k2, kn, v0, v1, v2, vs, vz
+
+
+@triton.jit
+def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
+                 c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+                 D: tl.constexpr, BLOCK_T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
+                 VBITS: tl.constexpr, NORM_CORR: tl.constexpr):
+    """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns)."""
+    if KEY_FP8:
+        kb = _cut_t(k0, k1, k2, 8, D, BLOCK_T, 0)
+        k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        kfac = tl.full([BLOCK_T], 1.0, dtype=tl.float32)
+    else:
+        x = _cut_t(k0, k1, k2, KBITS, D, BLOCK_T, 0x3F800000, False, 23 - KBITS).to(tl.float32, bitcast=True)
+        yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
+        kfac = kn
+        if NORM_CORR:
+            yn = tl.sqrt(tl.sum(yh * yh, axis=0))
+            kfac = kn / tl.where(yn > 0, yn, 1.0)
+        k_t = yh.to(tl.float16)
+    sc = tl.dot(q, k_t) * (kfac * qk_scale)[None, :]  # [GP, BLOCK_T], log2 units
+    sc = tl.where(in_seq[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    vc = _cut_t(v0, v1, v2, VBITS, D, BLOCK_T, 0x6400)
+    v_t = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes [D, BLOCK_T]
+    acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), tl.trans(v_t))
+    acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
+    return m_new, l_i, acc, acc_z
+
+
+@triton.jit
 def _decode_split_kernel(
-    q_ptr, cache_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr, signs_ptr, cent_ptr,
-    sm_scale, inv_sqrt_d, block_size, num_blocks, num_splits,
+    q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr, signs_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
     stride_qb, stride_qh,
     stride_cb, stride_ch, stride_ct,
     stride_btb,
     stride_mb, stride_mh, stride_ms,
-    GROUP: tl.constexpr, GP: tl.constexpr,
-    D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_OFF: tl.constexpr, VIDX_OFF: tl.constexpr, VSCALE_OFF: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
 ):
+    """One program = one (request, KV head, split): the whole query group (GP rows, GROUP real)
+    against each packed slot, loaded once.  Scores in the log2 domain (``qk_scale`` includes
+    log2(e)).  Values are folded: ``sum_t p_t (z_t + s_t c_t) = sum_t p_t z_t + (p * s) @ codes``."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -353,48 +508,50 @@ def _decode_split_kernel(
     start = tl.minimum(s * chunk, seq_len)
     end = tl.minimum(start + chunk, seq_len)
 
-    # query tile [GP, D]; for MSE keys rotate it once: q' = (q @ signs) / sqrt(D)
+    # query tile [GP, D], columns in the key tile's row order (_perm); MSE keys: q' = (q @ H) / sqrt(D)
+    KB: tl.constexpr = 8 if KEY_FP8 else KBITS
+    NORM_W: tl.constexpr = 0 if KEY_FP8 else KNORM_W
     q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
     if KEY_FP8:
-        q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
+        q = tl.load(q_rows[:, None] + _perm(D, KB)[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
     else:
-        qr = tl.zeros([GP, D], dtype=tl.float32)
-        for c in tl.static_range(D // KC):
-            kk = c * KC + tl.arange(0, KC)
-            qc = tl.load(q_rows[:, None] + kk[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
-            sg = tl.load(signs_ptr + kk[:, None] * D + cols[None, :])
-            qr += tl.dot(qc, sg)
-        q = (qr * inv_sqrt_d).to(tl.float16)
+        q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+        q = _key_order(_fwht(q, GP, D) * inv_sqrt_d, GP, D, KB).to(tl.float16)
 
     m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)  # columns in the value tile's row order
+    acc_z = tl.zeros([GP], dtype=tl.float32)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
-    for t0 in range(start, end, BLOCK_T):
-        t = t0 + tl.arange(0, BLOCK_T)
-        in_seq = t < end
-        blk = tl.load(bt_row + t // block_size, mask=in_seq, other=-1).to(tl.int64)
-        ok = in_seq & (blk >= 0) & (blk < num_blocks)
-        blk = tl.where(ok, blk, 0)
-        base = blk * stride_cb + hk * stride_ch + (t % block_size).to(tl.int64) * stride_ct
-        kop, kfac, vv = _load_kv_tile(
-            cache_ptr, cache16_ptr, base, ok, cent_ptr, D, BLOCK_T,
-            KEY_FP8, KBITS, VBITS, NORM_CORR, KNORM_OFF, VIDX_OFF, VSCALE_OFF,
-        )
-        sc = tl.dot(q, tl.trans(kop)) * (kfac * sm_scale)[None, :]  # [GP, BLOCK_T]
-        sc = tl.where(in_seq[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(tl.float16), vv)
-        m_i = m_new
+    if PREFETCH:  # raw words of tile i+1 are loaded before tile i is computed
+        t = start + tl.arange(0, BLOCK_T)
+        base16, ok = _slot_base16(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+        k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, base16, ok, D, KB, VBITS, NORM_W, VIDX_W, VSCALE_W)
+        for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
+            tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
+            base_n, ok_n = _slot_base16(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+            nxt = _tile_words(cache16_ptr, base_n, ok_n, D, KB, VBITS, NORM_W, VIDX_W, VSCALE_W)
+            m_i, l_i, acc, acc_z = _tile_update(
+                q, k0, k1, k2, kn, v0, v1, v2, vs, vz, (t0 + tl.arange(0, BLOCK_T)) < end, m_i, l_i, acc, acc_z,
+                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
+            k0, k1, k2, kn, v0, v1, v2, vs, vz = nxt
+    else:
+        for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
+            t = t0 + tl.arange(0, BLOCK_T)
+            in_seq = t < end
+            base16, ok = _slot_base16(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+            k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, base16, ok, D, KB, VBITS, NORM_W, VIDX_W,
+                                                             VSCALE_W)
+            m_i, l_i, acc, acc_z = _tile_update(
+                q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
+                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
 
     has = l_i > 0
-    out = acc / tl.where(has, l_i, 1.0)[:, None]
-    part_lse = tl.where(has, m_i + tl.log(tl.where(has, l_i, 1.0)), float("-inf"))
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = (acc + acc_z[:, None]) * inv_l[:, None]
+    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
-    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
+    tl.store(mrow[:, None] + _perm(D, VBITS)[None, :], out, mask=gmask[:, None])
     tl.store(mrow + D, part_lse, mask=gmask)
 
 
@@ -426,26 +583,27 @@ def _reduce_kernel(
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      block_t: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                     maxnreg: int | None = None, stats: dict | None = None):
-    block_t, opts = _launch_opts("decode", block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+                     maxnreg: int | None = None, stats: dict | None = None, prefetch: bool | None = None):
+    kind = "decode_fp8" if spec.key_fp8 else "decode"
+    block_t, opts = _launch_opts(kind, block_t=block_t, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg)
+    n_stages = opts.pop("num_stages", None) or 1
+    prefetch = bool(DEFAULTS[kind].get("prefetch", False) if prefetch is None else prefetch)
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
     group = hq // hk
     s_splits = mid_out.shape[2]
-    signs16, _, cent, _ = _consts(spec, d, cache.device)
-    off = spec.offsets(d)
+    signs16, _, _, _ = _consts(spec, d, cache.device)
     kern = _decode_split_kernel[(bsz, hk, s_splits)](
-        query, cache, cache.view(torch.float16), block_tables, seq_lens, mid_out, signs16, cent,
-        scale, 1.0 / math.sqrt(d), bs, nb, s_splits,
+        query, cache.view(torch.uint16), block_tables, seq_lens, mid_out, signs16, *_centroid_poly(spec, d),
+        scale * _LOG2E, 1.0 / math.sqrt(d), nb, s_splits,
         query.stride(0), query.stride(1),
         cache.stride(0), cache.stride(1), cache.stride(2),
         block_tables.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        GROUP=group, GP=max(16, triton.next_power_of_2(group)),
-        D=d, BLOCK_T=block_t, KC=min(d, 32),
+        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
+        D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages, PREFETCH=prefetch,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        KNORM_OFF=max(off["key_norm"], 0), VIDX_OFF=off["val_idx"], VSCALE_OFF=off["val_scale"],
-        **opts,
+        **_field_words(spec, d), **opts,
     )
     _record(stats, kern)
     _reduce_kernel[(bsz, hq)](

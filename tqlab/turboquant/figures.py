@@ -9,7 +9,10 @@ lazily, so importing this module never needs a display.
 * :func:`workspace_vs_cache` -- continuation-prefill workspace bytes vs the packed bytes they come
   from, per cached length (shapes from ``tqlab.reservation``);
 * :func:`bench_summary` / :func:`plot_decode_bench` -- the recorded GPU benchmark
-  (``data/turboquant_bench.json``) as tables and a plot.
+  (``data/turboquant_bench.json``) as tables and a plot;
+* :func:`vs_vllm_series` / :func:`plot_decode_vs_vllm` -- decode time against context for tqlab,
+  vLLM 0.33's own kernels, fp16 SDPA and the byte limit, preset as colour
+  (``data/turboquant_vs_vllm_h200.json``, written by ``benchmarks/bench_turboquant.py --vs-vllm``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,18 @@ __all__ = [
     "workspace_vs_cache",
     "bench_summary",
     "plot_decode_bench",
+    "PRESET_COLORS",
+    "vs_vllm_series",
+    "plot_decode_vs_vllm",
 ]
+
+PRESET_COLORS = {
+    "turboquant_k8v4": "#2b6cb0",
+    "turboquant_4bit_nc": "#2f855a",
+    "turboquant_k3v4_nc": "#b7791f",
+    "turboquant_3bit_nc": "#c53030",
+}
+_SERIES = ("tqlab", "tqlab_best", "vllm", "byte_limit")
 
 FIELD_COLORS = {
     "key_idx": "#2b6cb0",
@@ -216,4 +230,61 @@ def plot_decode_bench(bench: Mapping[str, Any], shape: str, batch: int, ax=None)
     ax.set_title(f"{shape}, batch {batch}")
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
+    return ax
+
+
+def vs_vllm_series(rec: Mapping[str, Any], shape: str) -> dict[str, Any]:
+    """Plot data of one shape from the side-by-side recording.
+
+    Args:
+        rec: the loaded ``turboquant_vs_vllm_h200`` JSON, a dict or ``recorded.load_recorded(...)``
+            (its ``rows``).
+        shape: ``"llama3.1-8b"`` or ``"seed_tp8_rank"``.
+
+    Returns:
+        ``{"batch": B, "sdpa": [(ctx, ms)], "<preset>": {"tqlab": [(ctx, ms)], "tqlab_best": ...,
+        "vllm": ..., "byte_limit": ...}}``, contexts ascending; ``tqlab`` is vLLM's 32 splits,
+        ``tqlab_best`` the faster of that and the ``"fill"`` split policy; series with no recorded
+        point are empty lists.
+
+    Raises:
+        ValueError: no row of that shape.
+    """
+    all_rows = rec["rows"]  # a dict or a tqlab.recorded.RecordedResult
+    rows = [r for r in all_rows if r["shape"] == shape]
+    if not rows:
+        raise ValueError(f"no rows for shape {shape!r}; recorded: {sorted({r['shape'] for r in all_rows})}")
+    out: dict[str, Any] = {"batch": rows[0]["batch"], "sdpa": sorted({(r["ctx"], r["sdpa_fp16_ms"]) for r in rows})}
+    for preset in TQ_PRESETS:
+        pr = sorted((r for r in rows if r["preset"] == preset), key=lambda r: r["ctx"])
+        out[preset] = {k: [(r["ctx"], r[f"{k}_ms"]) for r in pr if f"{k}_ms" in r] for k in _SERIES}
+    return out
+
+
+def plot_decode_vs_vllm(rec: Mapping[str, Any], shape: str, ax=None, best: bool = False):
+    """Decode ms (log) against context (log2): tqlab solid, vLLM 0.33 dashed, byte limit dotted,
+    one colour per preset; fp16 SDPA (flash) black.  ``best``: tqlab's faster split policy
+    instead of vLLM's 32 splits.  Returns the axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4.5))
+    data = vs_vllm_series(rec, shape)
+    style = {"tqlab_best" if best else "tqlab": ("-", "o", "tqlab"), "vllm": ("--", "s", "vLLM 0.33"),
+             "byte_limit": (":", None, "byte limit")}
+    for preset, color in PRESET_COLORS.items():
+        for key, (ls, mk, who) in style.items():
+            pts = data[preset][key]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], ls=ls, marker=mk, color=color, ms=4,
+                        label=f"{who} {preset.removeprefix('turboquant_')}")
+    pts = data["sdpa"]
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], "k-", marker="D", lw=2, label="fp16 SDPA (flash)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("context (tokens)")
+    ax.set_ylabel("ms per decode step (one layer)")
+    ax.set_title(f"{shape}, batch {data['batch']}: decode time, L2 flushed")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
     return ax

@@ -1,12 +1,17 @@
 """Launch configuration of the Triton kernels (no triton import here, so tests can read it anywhere).
 
-``block_t`` tokens per tile, ``num_warps``, ``num_stages`` (software pipelining; None = Triton's
-default) and ``maxnreg`` (register cap; None = none) for the two hot kernels.  The values are the
-winners of the tile sweep recorded in ``data/turboquant_bench.json`` (``sweep`` rows, with registers
-and spills per config; ``chosen_defaults``), measured on an H200 with Triton 3.6.
+``block_t`` tokens per tile, ``num_warps``, ``num_stages`` (software pipelining of the token loop;
+None = Triton's default), ``maxnreg`` (register cap; None = none), for decode ``prefetch`` (load
+the next tile's packed words before computing the current one) and for dequant ``tiles`` (tiles
+per program, so the sign matrix is loaded once per ``tiles * block_t`` tokens).  ``decode`` is used
+for the rotated (MSE-key) presets, ``decode_fp8`` for fp8 keys.  Values: the fastest variants of
+``benchmarks/dev_turboquant_variants.py`` on an H200 with Triton 3.6 (CUDA-graph replay, L2
+flushed; Llama-3.1-8B shard, batch 16, 32K context, and the seed rank at 128K), see
+``benchmarks/NOTES_turboquant.md``.
 """
 
 DEFAULTS: dict = {
-    "decode": {"block_t": 16, "num_warps": 2, "num_stages": 2, "maxnreg": None},
-    "dequant": {"block_t": 32, "num_warps": 4, "num_stages": None, "maxnreg": None},
+    "decode": {"block_t": 64, "num_warps": 4, "num_stages": 1, "maxnreg": None, "prefetch": True},
+    "decode_fp8": {"block_t": 128, "num_warps": 4, "num_stages": 1, "maxnreg": None, "prefetch": False},
+    "dequant": {"block_t": 64, "num_warps": 4, "num_stages": None, "maxnreg": None, "tiles": 8},
 }

@@ -40,6 +40,9 @@ __all__ = [
     "resolve_backend",
     "FLOAT_DTYPES",
     "split_bounds",
+    "decode_num_splits",
+    "SPLIT_POLICIES",
+    "VLLM_NUM_SPLITS",
 ]
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -129,6 +132,39 @@ def split_bounds(seq_len: int, num_splits: int) -> list[tuple[int, int]]:
     """
     chunk = -(-seq_len // num_splits) if seq_len > 0 else 0
     return [(min(s * chunk, seq_len), min((s + 1) * chunk, seq_len)) for s in range(num_splits)]
+
+
+VLLM_NUM_SPLITS = 32  # vLLM's attention_config.tq_max_kv_splits_for_cuda_graph
+SPLIT_POLICIES = ("vllm", "fill")
+
+
+def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, num_sms: int = 132,
+                      programs_per_sm: int = 4, max_splits: int = 256) -> int:
+    """Split count ``S`` of a decode call, i.e. ``mid_out.shape[2]`` (pass it to
+    :func:`tqlab.reservation.decode_workspace_shapes` as ``num_kv_splits``).
+
+    * ``"vllm"`` (default): 32, vLLM's fixed ``tq_max_kv_splits_for_cuda_graph``.
+    * ``"fill"``: enough splits for ``programs_per_sm * num_sms`` programs (one per request x
+      KV head x split), as a power of two in ``[32, max_splits]``.  Small batches get more
+      splits, so more bytes are in flight; ``B * S`` stays about ``programs_per_sm * num_sms /
+      Hk``, so the workspace ``B * Hq * S * (D + 1) * 4`` bytes is no larger than at the batch
+      where the policy reaches 32.  Depends on ``B`` and ``Hk`` only, never on the context, so
+      it is fixed per captured CUDA graph.
+
+    Raises:
+        ValueError: unknown policy or non-positive sizes.
+    """
+    for name, v in (("batch", batch), ("num_kv_heads", num_kv_heads), ("num_sms", num_sms),
+                    ("programs_per_sm", programs_per_sm), ("max_splits", max_splits)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if policy not in SPLIT_POLICIES:
+        raise ValueError(f"policy must be one of {SPLIT_POLICIES}, got {policy!r}")
+    if policy == "vllm":
+        return VLLM_NUM_SPLITS
+    want = -(-programs_per_sm * num_sms // (batch * num_kv_heads))
+    s = 1 << max(0, (want - 1).bit_length())  # next power of two >= want
+    return max(VLLM_NUM_SPLITS, min(max_splits, s))
 
 
 # ----------------------------------------------------------------------------- store
