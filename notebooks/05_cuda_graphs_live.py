@@ -19,26 +19,36 @@
 # A CUDA graph records kernels *with their arguments*, raw device pointers included, and replays them
 # without asking Python again. The decode step asks the workspace for its split-KV scratch
 # (`get_simultaneous`), so a captured decode graph has the workspace buffer's address baked in.
-# Seed 002 §8 states the rule that keeps this safe in vLLM: **warm up before capture, capture
-# largest bucket first, lock the workspace after capture**. This notebook shows each link of that
-# chain live, then breaks it on purpose:
+# vLLM keeps this safe with one order of events in `GPUModelRunner.capture_model`
+# (`vllm/v1/worker/gpu_model_runner.py`): **warm up before capture, capture the largest batch first,
+# lock the workspace after capture** (`lock_workspace()`, `vllm/v1/worker/workspace.py`).
+#
+# **You will learn**
 #
 # 1. buckets and static inputs (how a batch of 3 is replayed in the graph for 4);
-# 2. warm-up before capture (otherwise the workspace grows *inside* the capture);
+# 2. why the warm-up must come before capture (otherwise the workspace grows *inside* the capture);
 # 3. pointer stability (the views' `data_ptr()` at capture = at every replay; replay = eager);
 # 4. the hazard: unlock, grow, replay without guard / with the lock / with the guard;
 # 5. three cases from public reports: (a) small-to-large capture without reservation,
 #    (b) a consumer that needs *more* workspace at a *smaller* batch, (c) a warm-up after capture;
-# 6. latency: eager vs replay per decode step.
+# 6. latency: eager vs replay per decode step;
+# 7. piecewise graphs: which ops are captured and which run eagerly between the pieces, and what vLLM 0.33's
+#    `CUDAGraphMode` does with TurboQuant's `AttentionCGSupport.UNIFORM_BATCH`;
+# 8. the capture sequence around the lock, and the memory budget: why a buffer allocated lazily after
+#    the KV cache was sized can run out of memory (vLLM issue #40420), before and after PR #44053;
+# 9. the split count fixed at capture, and why vLLM fixes `tq_max_kv_splits_for_cuda_graph` at 32.
 #
-# **Where it runs.** With CUDA every demonstration uses real `torch.cuda.CUDAGraph`s
-# (`tqlab.cuda_graphs.CUDAGraphDecodeRunner`, the engine's decode runner on CUDA). Without CUDA the
-# same runner runs in *simulated* mode: a replay re-runs the step but answers every workspace request
-# with the view recorded at capture (the frozen pointers), and every GPU-only figure (latency, the
-# concurrent-writer divergence) comes from `data/` under a banner naming device, date and commit.
-# On CUDA every GPU-live cell must run live; the last cell checks it. Runs in well under a minute on
-# a 2-core CPU. Parameters: `DEVICE` (`auto`, `cpu`, `cuda`), `USE_RECORDED` (`auto`: recorded GPU
-# figures when not on CUDA; `always`; `never`); both can also come from environment variables.
+# **What you need.** Nothing but this repository. With CUDA every demonstration uses real
+# `torch.cuda.CUDAGraph`s (`tqlab.cuda_graphs.CUDAGraphDecodeRunner`, the engine's decode runner on
+# CUDA). Without CUDA the same runner runs in *simulated* mode: a replay re-runs the step but answers
+# every workspace request with the view recorded at capture (the frozen pointers), and every GPU-only
+# figure (latency, the concurrent-writer divergence) comes from `data/` under a banner naming device,
+# date and commit. Sections 7–9 are CPU simulations on every machine (they model vLLM's decisions, they
+# do not time anything). On CUDA every GPU-live cell must run live; the last cell checks it.
+#
+# **Run time.** About 25 s on a 2-core CPU box; the last cell prints it. Parameters: `DEVICE` (`auto`,
+# `cpu`, `cuda`), `USE_RECORDED` (`auto`: recorded GPU figures when not on CUDA; `always`; `never`);
+# both can also come from environment variables.
 
 # %% tags=["parameters"]
 import os
@@ -80,6 +90,16 @@ if SHOW_RECORDED:
     print(cg.recorded_banner(REC_LIVE))
     print(cg.recorded_banner(REC_LAT))
 
+# %%
+# New in this lecture: tables, the piecewise and memory-budget simulations (sections 7-9).
+import matplotlib.pyplot as plt
+
+from tqlab.lab import memory_budget as mb
+from tqlab.lab import piecewise as pw
+from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
+from tqlab.viz import fmt_bytes, markdown_table, show_md
+from tqlab.workspace import WorkspaceManager, compute_layout
+
 # %% [markdown]
 # ## 1 · Buckets and static inputs
 #
@@ -112,11 +132,21 @@ print("seq_lens    ", static.seq_lens.tolist())
 print("block_tables", static.block_tables.tolist())
 
 # %% [markdown]
+# **Predict, then run.** A batch of 3 replays in bucket 4, a batch of 5 in bucket 8. After the batch of 3,
+# lane 3 is padding: slot −1 (the cache store skips it), `seq_len` 1, block table all null block 0.
+
+# %%
+assert cg.select_bucket(3, sizes) == 4 and cg.select_bucket(5, sizes) == 8
+assert static.slot_mapping.tolist()[3] == -1 and static.seq_lens.tolist()[3] == 1
+assert set(static.block_tables[3].tolist()) == {0}
+print("buckets and padding as predicted")
+
+# %% [markdown]
 # ## 2 · Warm-up before capture
 #
 # Without reservation (`fix=False`) the workspace is empty when capture starts. With the eager
-# warm-up the step grows it first and the capture itself allocates nothing (seed 002 §8.1: the fast
-# path of `_ensure_workspace_size`). Without warm-up the growth happens *inside* the capture: on CUDA
+# warm-up the step grows it first and the capture itself allocates nothing (the fast path of
+# `WorkspaceManager._ensure_workspace_size` in `vllm/v1/worker/workspace.py`: the buffer is big enough). Without warm-up the growth happens *inside* the capture: on CUDA
 # the buffer then comes out of the graph's private pool.
 
 # %%
@@ -129,6 +159,16 @@ for k, v in r.items():
     if v["error"]:
         print(f"{k}: capture raised {v['error']}")
 LIVE.ran("warmup")
+
+# %% [markdown]
+# **Predict, then run.** Both variants end with the same workspace (the decode scratch at the bucket);
+# with the warm-up every resize happens before the capture, without it the one resize happens inside it.
+
+# %%
+assert r["with_warmup"]["resizes_in_capture"] == 0 and r["with_warmup"]["resizes_in_warmup"] >= 1
+assert r["without_warmup"]["resizes_in_capture"] >= 1
+assert r["with_warmup"]["workspace_bytes_after"] == r["without_warmup"]["workspace_bytes_after"]
+print("warm-up moved every resize out of the capture")
 if SHOW_RECORDED and REC_LIVE and "warmup" in REC_LIVE:
     print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graph capture:")
     print(cg.format_table([dict(variant=k, **v) for k, v in REC_LIVE["warmup"].items()],
@@ -140,7 +180,7 @@ if SHOW_RECORDED and REC_LIVE and "warmup" in REC_LIVE:
 # Reserved (PR #44053), warmed up, captured largest first, locked — vLLM's sequence. Each step replays
 # a batch of `max_num_seqs − 1` requests (one padded lane), compares with the eager step on the same
 # static inputs, and asks the workspace for the decode views again; between steps an eager
-# continuation prefill uses the same workspace bytes (prefill stays eager, seed 002 §8.3).
+# continuation prefill uses the same workspace bytes (prefill stays eager: section 7 shows why).
 
 # %%
 r = cg.pointer_stability_demo(DEMO, DEVICE, steps=3)
@@ -154,6 +194,16 @@ print(f"capture: buffer 0x{r['capture_buffer_ptr']:x}, views {[hex(p) for p in r
 print(cg.format_table(r["steps"], ["step", "buffer_ptr", "view_ptrs", "same_as_capture", "bitwise_equal",
                                    "max_abs_diff", "argmax_mismatch"], hex_cols=["buffer_ptr", "view_ptrs"]))
 LIVE.ran("pointer_stability")
+
+# %% [markdown]
+# **Predict, then run.** No resize during capture; every replay step sees the capture's pointers and
+# matches the eager step bitwise.
+
+# %%
+assert set(r["resizes_in_capture"].values()) == {0}  # per bucket
+assert all(st["same_as_capture"] for st in r["steps"]), r["steps"]
+assert all(st["bitwise_equal"] for st in r["steps"]), r["steps"]
+print(f"{len(r['steps'])} replays, pointers and outputs as predicted")
 if SHOW_RECORDED and REC_LIVE and "pointer_stability" in REC_LIVE:
     g = REC_LIVE["pointer_stability"]
     print("\n" + cg.recorded_banner(REC_LIVE))
@@ -200,6 +250,18 @@ if "concurrent_owner_trials" in nd:
     print(cg.format_table(nd["concurrent_owner_trials"], ["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"]))
 print(f"[guard]    raised: {gd['raised']}\n           {gd.get('error')}")
 LIVE.ran("hazard")
+HAZ = r
+
+# %% [markdown]
+# **Predict, then run.** The lock refuses the growth; without the guard the stale replay writes into the
+# old buffer and not a byte of the new one; with the guard the replay never starts.
+
+# %%
+assert HAZ["lock"]["refused"] and HAZ["lock"].get("pointer_unchanged")
+assert HAZ["no_guard"]["graph_views_inside_old_buffer"] and not HAZ["no_guard"]["graph_views_inside_new_buffer"]
+assert HAZ["no_guard"]["old_buffer_bytes_overwritten"] > 0 and HAZ["no_guard"]["new_buffer_bytes_touched"] == 0
+assert HAZ["guard"]["raised"]
+print("lock, stale replay and guard behaved as predicted")
 if SHOW_RECORDED:
     print("\n" + cg.recorded_banner(REC_LIVE))
     if REC_LIVE and "concurrent_owner_trials" in REC_LIVE.get("hazard", {}).get("no_guard", {}):
@@ -226,6 +288,8 @@ for order, reserve in (("smallest_first", None), ("smallest_first", "max_num_seq
     print("guarded replay:", {b: ("ok" if v["ok"] else "StalePointerError") for b, v in r["replay"].items()})
 bad = RESULTS["case_a"][0]["replay"]
 print("\nfirst refusal:", next(v["error"] for v in bad.values() if not v["ok"]))
+# Predicted: only small-to-large *without* a reservation leaves stale graphs.
+assert [bool(x["stale_buckets"]) for x in RESULTS["case_a"]] == [True, False, False]
 LIVE.ran("case_a")
 if SHOW_RECORDED and REC_LIVE and "case_a" in REC_LIVE:
     print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
@@ -277,11 +341,27 @@ LIVE.ran("case_c")
 # CUDA events, warm-up, medians, microseconds. *eager*: the decode step as Python launches it;
 # *replay*: `graph.replay()` on filled static inputs; *runner step*: guard + copy into the static
 # inputs + padding + replay; *summed kernel time*: device time of the replay's kernels under
-# `torch.profiler`. Targets (issue 4): replay ≥ 5× faster than eager at batch 1, and within 1.3× of
-# the summed kernel time. On CUDA this cell measures live, without the profiler (a profiler session
+# `torch.profiler`. The benchmark's own targets (stored with the recording): replay ≥ 5× faster than
+# eager at batch 1, and within 1.3× of the summed kernel time. On CUDA this cell measures live, without the profiler (a profiler session
 # slows later launches in the same process): the seed model's 8-layer shard at every batch, and the
 # 32-layer model at three batches, each captured as its own bucket. The full sweep with kernel sums is
 # `benchmarks/bench_cuda_graphs.py` (one process per model), shown from `data/` below.
+
+# %%
+LAT_COLS = ["batch", "bucket", "eager_us", "replay_us", "run_us", "kernel_sum_replay_us", "speedup",
+            "replay_over_kernel_sum"]
+
+
+def latency_table(rows, cols=LAT_COLS):
+    """Markdown table; microseconds with thousands separators and one decimal, ratios with two."""
+    def cell(c, v):
+        if v is None:
+            return "–"
+        if c.endswith("_us"):
+            return f"{v:,.1f}"
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+    return markdown_table([c.replace("_us", " (µs)") for c in cols], [[cell(c, r.get(c)) for c in cols] for r in rows])
+
 
 # %%
 if ON_CUDA:
@@ -295,8 +375,7 @@ if ON_CUDA:
     RESULTS["latency"] = live_lat
     for k, v in live_lat.items():
         print(f"{k}: buckets {len(v['buckets'])}, capture {v['capture_s']:.2f} s")
-        print(cg.format_table(v["rows"], ["batch", "bucket", "eager_us", "replay_us", "run_us", "kernel_sum_replay_us",
-                                          "speedup", "replay_over_kernel_sum", "max_abs_diff"]))
+        show_md(latency_table(v["rows"]))
     cg.plot_latency(live_lat, title=f"live on {torch.cuda.get_device_name(0)}")
     LIVE.ran("latency")
 else:
@@ -308,9 +387,14 @@ if SHOW_RECORDED or not ON_CUDA:
         for k, v in REC_LAT["results"].items():
             print(f"\n{k}: {v['num_hidden_layers']} layers, Hq/rank {v['num_heads_per_rank']}, Hk/rank "
                   f"{v['num_kv_heads_per_rank']}, {v['kv_cache_dtype']}, context {v['context_len']} tokens")
-            print(cg.format_table(v["rows"], ["batch", "bucket", "eager_us", "replay_us", "run_us",
-                                              "kernel_sum_replay_us", "speedup", "replay_over_kernel_sum"]))
-        print("\nsummary vs targets:", json.dumps(REC_LAT.get("summary"), indent=1))
+            show_md(latency_table(v["rows"]))
+        tg = REC_LAT.get("targets", {})
+        for k, v in (REC_LAT.get("summary") or {}).items():
+            rk = v["replay_over_kernel_sum"]
+            print(f"{k}: replay is {v['speedup_at_batch_1']:.2f}x faster than eager at batch 1 "
+                  f"(target met: {'yes' if v['speedup_target_met'] else 'no'}); replay / summed kernel time "
+                  f"{rk['min']:.2f}-{rk['max']:.2f} (target met at every batch: "
+                  f"{'yes' if v['kernel_sum_target_met_all_batches'] else 'no'})")
         for k, v in REC_LAT.get("errors", {}).items():
             print(f"not recorded: {k}: {v}")
         for note in REC_LAT.get("notes", []):
@@ -318,21 +402,259 @@ if SHOW_RECORDED or not ON_CUDA:
         cg.plot_latency(REC_LAT["results"], title=cg.recorded_banner(REC_LAT))
 
 # %% [markdown]
+# ## 7 · Piecewise graphs: what is captured, what runs eagerly between the pieces
+#
+# **Question.** The bug report's crash is an `AssertionError` raised from inside `_continuation_prefill`
+# at serve time. If decode runs from a captured graph that never calls Python, how does a prefill chunk
+# get to ask the workspace anything after the lock?
+#
+# vLLM 0.33 captures two kinds of graphs (`CompilationConfig.cudagraph_mode`, `vllm/config/compilation.py`):
+# a **FULL** graph holds the whole forward, attention included; a **PIECEWISE** graph is split at the
+# attention ops (`CompilationConfig._attention_ops`, e.g. `vllm::unified_attention_with_output`): the
+# pieces between two attentions are captured, attention itself runs eagerly in between. The mode names a
+# pair (decode batches, mixed prefill-decode batches): `FULL_AND_PIECEWISE` (the default) = (FULL, PIECEWISE),
+# `FULL_DECODE_ONLY` = (FULL, NONE). `resolve_cudagraph_mode_and_sizes` then downgrades what the attention
+# backend cannot take: TurboQuant's metadata builder declares `AttentionCGSupport.UNIFORM_BATCH`
+# (`vllm/v1/attention/backends/turboquant_attn.py`), so it may be captured FULL only for uniform batches —
+# decodes — never for mixed ones. `tqlab.lab.piecewise` mirrors these rules; the cell below applies them.
+#
+# ```
+# decode batch  (FULL)       [qkv · attention · o_proj+mlp · qkv · attention · o_proj+mlp]   one graph
+# mixed batch   (PIECEWISE)  [qkv] attention [o_proj+mlp · qkv] attention [o_proj+mlp]      pieces + eager
+# ```
+
+# %%
+rows = []
+for requested in pw.CUDAGraphMode:
+    got, why = pw.resolve_cudagraph_mode(requested, pw.TURBOQUANT_CG_SUPPORT)
+    rows.append([requested.name, got.name, pw.runtime_mode(got, True).name, pw.runtime_mode(got, False).name, why])
+show_md(markdown_table(["requested", "runs as (TurboQuant, UNIFORM_BATCH)", "decode batches", "mixed / prefill batches",
+                        "why"], rows))
+
+fig, axes = plt.subplots(3, 1, figsize=(9, 2.6), sharex=True)
+for ax, mode in zip(axes, (pw.CUDAGraphMode.FULL, pw.CUDAGraphMode.PIECEWISE, pw.CUDAGraphMode.NONE)):
+    plan = pw.forward_plan(2, mode)
+    ax.barh(0, [1] * len(plan), left=range(len(plan)), color=["#55a868" if w == "graph" else "#dd8452" for _, w in plan],
+            edgecolor="white")
+    for i, (op, w) in enumerate(plan):
+        ax.text(i + 0.5, 0, op.split(".")[1].replace("_", "+", 1) if "o_proj" in op else op.split(".")[1], ha="center",
+                va="center", fontsize=7)
+    ax.set_yticks([0], [mode.name])
+    ax.set_xlim(0, len(plan))
+axes[0].set_title("2-layer forward: green = inside a captured graph, orange = eager (Python runs it every step)",
+                  fontsize=9)
+axes[-1].set_xticks([])
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# **Live.** The toy decoder of `tqlab.lab.piecewise.PiecewiseForward` (2 layers, the demo's per-rank
+# attention shape) asks the workspace for its decode scratch in every attention call. Capture one FULL graph
+# and one PIECEWISE graph for batch 4, lock the workspace as `capture_model` does, then step each mode once.
+#
+# **Predict, then run.** FULL: the replay runs no Python, so the workspace sees **0** calls — the
+# pointers were baked in at capture, and nothing would notice if they went stale (section 4). PIECEWISE:
+# each attention runs eagerly and calls `get_simultaneous` again, **one call per layer**, same pointers;
+# a mixed batch whose attention needs more than the lock holds raises `Workspace is locked` loudly. That
+# is the bug report's crash: `_continuation_prefill` runs in a mixed batch, between the pieces.
+
+# %%
+ws = WorkspaceManager("cpu")
+fwd = pw.PiecewiseForward(ws, num_layers=2, num_heads=DEMO.num_heads_per_rank, head_dim=DEMO.head_dim,
+                          num_splits=DEMO.tq_max_kv_splits_for_cuda_graph, dtype=DEMO.dtype)
+cap = {m: fwd.capture(m, 4) for m in (pw.CUDAGraphMode.FULL, pw.CUDAGraphMode.PIECEWISE)}
+ws.lock()
+full, piece = fwd.step(pw.CUDAGraphMode.FULL, 4), fwd.step(pw.CUDAGraphMode.PIECEWISE, 4)
+print(f"locked at {fmt_bytes(ws.size_bytes())}")
+print(f"FULL replay:      Python ran {full.python_ops or 'nothing'}; workspace calls {full.workspace_calls}")
+print(f"PIECEWISE replay: Python ran {piece.python_ops}; workspace calls {piece.workspace_calls}")
+try:
+    fwd.step(pw.CUDAGraphMode.NONE, 2 * DEMO.max_num_seqs)  # a larger eager attention after the lock
+    bigger_error = None
+except AssertionError as err:
+    bigger_error = str(err)
+print("an eager attention that needs more after the lock:", bigger_error)
+
+assert full.workspace_calls == 0 and full.python_ops == []
+assert piece.workspace_calls == 2 and all(op.endswith("attention") for op in piece.python_ops)
+assert piece.view_ptrs == cap[pw.CUDAGraphMode.PIECEWISE].view_ptrs  # same buffer, checked by the lock each call
+assert bigger_error is not None and "Workspace is locked" in bigger_error
+
+# %% [markdown]
+# **What this means at the lock.** Under `FULL_AND_PIECEWISE` the TurboQuant decode scratch lives in
+# FULL graphs: its pointers must not move after capture (sections 3–5). The continuation prefill's dequant
+# buffers are asked for eagerly, at serve time, in mixed batches: they must already *fit* when the lock
+# closes — that is what PR #44053 reserves. With `cudagraph_mode=NONE` (or `--enforce-eager`)
+# `capture_model` returns before `lock_workspace()`, so nothing is locked and the workspace may grow.
+
+# %% [markdown]
+# ## 8 · The capture sequence around the lock, and the memory budget
+#
+# `GPUModelRunner.capture_model` (`vllm/v1/worker/gpu_model_runner.py`, vLLM 0.33), in order:
+#
+# 1. `set_cudagraph_capturing_enabled(True)`; inside `graph_capture(...)`: `torch.accelerator.synchronize()`,
+#    `torch.accelerator.empty_cache()`, note the free memory;
+# 2. for each runtime mode, `_capture_cudagraphs` over the batch descriptors, **largest first** ("so that the
+#    smaller shapes can reuse the memory pool allocated for the large shapes"), each preceded by warm-up runs;
+# 3. `set_cudagraph_capturing_enabled(False)` — any later capture is an error;
+# 4. `synchronize()`, `empty_cache()`, then **`lock_workspace()`**.
+#
+# And before all of it, in `EngineCore` start-up: `determine_available_memory()` runs the **profile run**
+# (`profile_run`, a dummy forward of `max_num_batched_tokens` that builds no TurboQuant metadata, so no
+# attention workspace), and sizes the KV cache as `gpu_memory_utilization × total − (weights + activation
+# peak + non-torch)` (`Worker.determine_available_memory`, `vllm/v1/worker/gpu_worker.py`); then
+# `initialize_kv_cache` creates the metadata builders (PR #44053's `_reserve_workspace` runs here) *before*
+# it allocates the KV cache tensors; then `capture_model`.
+#
+# **Predict, then run.** Replay that order on tqlab's manager with the demo's decode buckets: the workspace
+# grows only in the warm-ups of the largest bucket (a smaller bucket fits in it), never inside a capture, and
+# the lock comes last.
+
+# %%
+seq_ws = WorkspaceManager("cpu")
+shapes = lambda b: decode_workspace_shapes(b, DEMO.num_heads_per_rank, DEMO.head_dim,  # noqa: E731
+                                           DEMO.tq_max_kv_splits_for_cuda_graph, DEMO.dtype)
+log = []
+for b in sorted(DEMO.capture_sizes(), reverse=True):  # capture the large shapes first
+    before = seq_ws.size_bytes()
+    seq_ws.get_simultaneous(*shapes(b))  # warm-up run
+    grew_in_warmup = seq_ws.size_bytes() > before
+    before = seq_ws.size_bytes()
+    seq_ws.get_simultaneous(*shapes(b))  # the capture asks again
+    log.append(dict(bucket=b, grew_in_warmup=grew_in_warmup, grew_in_capture=seq_ws.size_bytes() > before,
+                    workspace=fmt_bytes(seq_ws.size_bytes())))
+seq_ws.lock()  # lock_workspace()
+show_md(markdown_table(list(log[0]), [list(r.values()) for r in log]))
+assert [r["grew_in_warmup"] for r in log] == [True] + [False] * (len(log) - 1)
+assert not any(r["grew_in_capture"] for r in log) and seq_ws.is_locked
+assert seq_ws.size_bytes() == compute_layout(shapes(max(DEMO.capture_sizes()))).total_bytes
+
+# %% [markdown]
+# **Why allocating late is risky: the memory budget.** The KV cache takes all of `gpu_memory_utilization ×
+# total` that the profile run did not use. A buffer allocated *lazily* at serve time comes out of what is
+# left: the `1 − gpu_memory_utilization` headroom minus CUDA graph pools, NCCL buffers and the CUDA context.
+# vLLM issue #40420 (2 × RTX A5000, 24 GiB each, TP 2, `turboquant_k8v4`, `max_model_len` 262,144,
+# `gpu_memory_utilization` 0.905) shows exactly this: the continuation prefill's dequant buffers for a long
+# prompt asked for **88 MiB with 42 MiB free** (`CUDA OOM: tried 88 MiB, 42 MiB free`), a cliff at ~234K
+# tokens; at 0.85 the cliff was gone.
+#
+# The chart rebuilds that budget with `tqlab.lab.memory_budget` (vLLM's arithmetic). **Inputs from the
+# report:** 24 GiB, 0.905, 42 MiB free, 88 MiB asked. **Assumed** (the report does not give them; they change
+# the bar heights, not the verdict): weights 35 GB FP8 / TP 2 (the model's name: 35B parameters, 1 byte
+# each), an activation peak of 1 GiB; what CUDA graphs, NCCL and the context took after the profile is then
+# whatever leaves 42 MiB free (the same bytes at 0.85). The reservation
+# (after the fix) is computed live: two float16 `(1, Hk, round_up(max_model_len − 1, 16), D)` buffers with
+# `Hk·D` = 128 per rank, the `Hk·D` for which 88 MiB holds ~180K cached tokens.
+
+# %%
+GiB, MiB = 2**30, 2**20
+TOTAL, UTIL, FREE_AT_OOM, ASKED = 24 * GiB, 0.905, 42 * MiB, 88 * MiB  # vLLM issue #40420
+WEIGHTS, ACT = 35 * 10**9 // 2, 1 * GiB  # assumed (see above)
+HK_D, MAX_LEN = 128, 262_144
+cached_at_oom = ASKED // (2 * 2 * HK_D)  # two float16 buffers of Hk·D per cached token
+reserve = compute_layout(continuation_workspace_shapes(MAX_LEN - 1, 1, HK_D, 16)).total_bytes
+startup_ws = compute_layout(decode_workspace_shapes(2, 2, 128, 32, torch.bfloat16)).total_bytes  # max_num_seqs 2
+# what graphs, NCCL and the context took from the headroom after the KV cache was sized: all but 42 MiB
+after_profile = TOTAL - int(UTIL * TOTAL) - FREE_AT_OOM - startup_ws
+
+
+def budgets(util):
+    base = dict(total=TOTAL, util=util, weights=WEIGHTS, activation_peak=ACT, after_profile=after_profile,
+                workspace_startup=startup_ws)
+    return {f"lazy, util {util}": mb.memory_budget(**base, workspace_need=ASKED, reserved=False),
+            f"PR #44053, util {util}": mb.memory_budget(**base, workspace_need=reserve, reserved=True)}
+
+
+B = {**budgets(0.905), **budgets(0.85)}
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw=dict(width_ratios=[3, 2]))
+mb.plot_budgets(B, title="one GPU of vLLM issue #40420 (stacked; dashed: the KV cache's budget line)", ax=axes[0])
+mb.zoom_budgets(B, title="the top of each bar, in MiB", ax=axes[1])
+plt.tight_layout()
+plt.show()
+print(f"88 MiB at Hk·D = {HK_D} is {cached_at_oom:,} cached tokens; the reservation for {MAX_LEN:,}: {fmt_bytes(reserve)}")
+for name, b in B.items():
+    print(f"{name:24s} KV cache {b.segments['KV cache'] / GiB:6.2f} GiB, workspace {fmt_bytes(b.segments['workspace']):>10s}, "
+          f"free {b.free / MiB:8.1f} MiB -> {b.fails_at or 'runs'}")
+
+# %% [markdown]
+# **Predict, then run.** At 0.905 the lazy engine dies at serve time (88 MiB asked, 42 MiB free); with the
+# reservation the same budget fails at **start-up** instead, where the operator sees it; at 0.85 both run.
+# Note what vLLM 0.33 actually does: `_reserve_workspace` runs when the builders are created, *after* the
+# profile run measured the non-KV memory, so the reservation is not subtracted from the KV cache: it comes
+# out of the headroom, like the lazy buffer — but before the KV tensors and the graphs are allocated.
+
+# %%
+assert 170_000 < cached_at_oom < 190_000  # "~180K cached tokens"
+assert B["lazy, util 0.905"].fails_at == "serve" and B["lazy, util 0.905"].free == FREE_AT_OOM
+assert B["PR #44053, util 0.905"].fails_at == "start-up"
+assert B["lazy, util 0.85"].fails_at is None and B["PR #44053, util 0.85"].fails_at is None
+print("budgets as predicted")
+
+# %% [markdown]
+# ## 9 · The split count is fixed at capture
+#
+# **Question.** Split-KV decode splits each request's context into `S` pieces, computes partial results
+# into the `(B, Hq, S, D+1)` float32 scratch, and reduces them. An eager kernel would pick `S` from the
+# context length. What if a graph is captured with the split plan of a short context and replayed at a long
+# one? A public report did exactly that: captured at ~35 tokens, replayed at ~2,400 → illegal memory access.
+# The grid (and the scratch's size) were frozen at capture; the kernel at replay indexes splits that the
+# captured buffer does not have.
+#
+# vLLM 0.33 avoids it by not choosing: `AttentionConfig.tq_max_kv_splits_for_cuda_graph = 32`
+# (`vllm/config/attention.py`: "Fixes the split count so grid dimensions are constant across captures, and
+# buffers can be pre-allocated"); `TurboQuantAttentionImpl.__init__` stores it as `max_num_kv_splits` and every
+# decode uses it; `_reserve_workspace` sizes the scratch for it.
+#
+# **Predict, then run.** With a context-dependent plan (one split per 64 tokens, at most 32) the capture at
+# 35 tokens sizes the scratch for 1 split; the replay at 2,400 tokens wants 32: the kernel writes 31 splits'
+# worth of partials past the end. With `S` fixed at 32 the replay writes exactly what was captured.
+
+# %%
+hq, d = DEMO.num_heads_per_rank, DEMO.head_dim
+s_cap, s_rep = pw.dynamic_num_splits(35), pw.dynamic_num_splits(2400)
+dyn = pw.replay_writes(s_cap, s_rep, 1, hq, d)
+fixed = pw.replay_writes(DEMO.tq_max_kv_splits_for_cuda_graph, DEMO.tq_max_kv_splits_for_cuda_graph, 1, hq, d)
+show_md(markdown_table(["plan", "S at capture", "S at replay", "scratch captured", "replay writes", "out of bounds"],
+                       [["by context length", s_cap, s_rep, fmt_bytes(dyn["buffer_bytes"]), fmt_bytes(dyn["write_bytes"]),
+                         fmt_bytes(dyn["out_of_bounds_bytes"])],
+                        ["fixed (vLLM)", DEMO.tq_max_kv_splits_for_cuda_graph, DEMO.tq_max_kv_splits_for_cuda_graph,
+                         fmt_bytes(fixed["buffer_bytes"]), fmt_bytes(fixed["write_bytes"]),
+                         fmt_bytes(fixed["out_of_bounds_bytes"])]]))
+# The fixed plan's scratch is exactly the first view of PR #44053's decode reservation at one row:
+assert fixed["buffer_bytes"] == 1 * hq * DEMO.tq_max_kv_splits_for_cuda_graph * (d + 1) * 4
+assert (s_cap, s_rep) == (1, 32) and dyn["out_of_bounds_bytes"] == dyn["write_bytes"] - dyn["buffer_bytes"] > 0
+assert fixed["out_of_bounds_bytes"] == 0
+
+# %% [markdown]
+# The price of a fixed `S`: a short context still launches 32 splits (most of them empty) and the scratch is
+# sized for 32 at `max_num_seqs` rows — a few hundred KiB per rank, which is why it costs nothing next to the
+# continuation buffers. vLLM's comment says benchmarks showed no eager-mode regression.
+
+
+# %% [markdown]
 # ## Closing check
 #
-# On CUDA every cell above must have run live (`LiveCells.finish` raises otherwise), so a GPU run
-# cannot "pass" by silently falling back to recorded data. With `TQLAB_NB05_LOG` set the log is
+# On CUDA every GPU-capable cell above must have run live (`LiveCells.finish` raises otherwise), so a GPU
+# run cannot "pass" by silently falling back to recorded data. On a CPU the latency cell shows the GPU
+# recording instead: that is the expected outcome here, not a failure. With `TQLAB_NB05_LOG` set the log is
 # written there; with `TQLAB_NB05_RESULTS` set the live results are saved (that is how
 # `data/cuda_graphs_live.json` was recorded).
 
 # %%
 summary = LIVE.finish(os.environ.get("TQLAB_NB05_LOG") or None)
-print(json.dumps(summary))
+print(f"device {summary['device']}: {len(summary['ran'])} of {len(summary['expected'])} GPU-capable cells ran live "
+      f"here ({', '.join(summary['ran'])})")
+if summary["recorded"]:
+    print(f"shown from a GPU recording instead (no CUDA here, expected): {', '.join(summary['recorded'])}")
+if not LIVE.on_cuda:
+    print("on CUDA every one of them must run live; this check is skipped on the CPU")
 if SHOW_RECORDED and REC_LIVE:
     print(cg.recorded_banner(REC_LIVE))
-    print("how it was recorded:", REC_LIVE.get("source", "this notebook's results file"))
-    print("GPU tests passed in that session:", REC_LIVE.get("gpu_tests_passed"))
-    print("GPU tests failed in that session:", REC_LIVE.get("gpu_tests_failed"))
+    print("how it was recorded:", REC_LIVE.get("source") or f"`{REC_LIVE['provenance']['command']}` (this notebook)")
+    if REC_LIVE.get("gpu_tests_passed") is None:
+        print("that recording stored no GPU test counts (only this notebook's results)")
+    else:
+        print(f"GPU tests in that session: {REC_LIVE['gpu_tests_passed']} passed, {REC_LIVE.get('gpu_tests_failed')} failed")
 out_path = os.environ.get("TQLAB_NB05_RESULTS")
 if out_path:
     payload = {"provenance": cg.provenance("DEVICE=cuda python notebooks/05_cuda_graphs_live.py"), **RESULTS}
