@@ -265,11 +265,30 @@ assert cont <= SEED_ROW["reserved_bytes"] < cont + 2**20
 
 # %%
 SWEEPS = {
-    "max_num_batched_tokens": S.threshold_sweep(SEED, "max_num_batched_tokens", [2 ** k for k in range(8, 16)]),
-    "max_num_seqs": S.threshold_sweep(SEED, "max_num_seqs", [2 ** k for k in range(0, 9)]),
-    "tensor_parallel_size": S.threshold_sweep(SEED, "tensor_parallel_size", [1, 2, 4, 8, 16, 32]),
+    "max_num_batched_tokens": S.threshold_sweep(SEED, "max_num_batched_tokens", [2 ** k for k in range(8, 16)],
+                                                progress=False),
+    "max_num_seqs": S.threshold_sweep(SEED, "max_num_seqs", [2 ** k for k in range(0, 9)], progress=False),
+    "tensor_parallel_size": S.threshold_sweep(SEED, "tensor_parallel_size", [1, 2, 4, 8, 16, 32], progress=False),
 }
-S.plot_threshold_sweep(SWEEPS, SEED)
+TITLES = {"max_num_batched_tokens": "chunk size: bigger chunks, later crash",
+          "max_num_seqs": "decode rows: a bigger lock holds more",
+          "tensor_parallel_size": "TP: fewer KV heads per rank"}
+fig, axes = plt.subplots(1, len(SWEEPS), figsize=(15, 4.2))
+for ax, (param, sweep_rows) in zip(axes, SWEEPS.items()):
+    xs, ys = [r[param] for r in sweep_rows], [r["longest_prompt"] for r in sweep_rows]
+    ax.plot(xs, ys, marker="o", color="#c53030", label="longest surviving prompt, no fix")
+    ax.axhline(SEED.max_model_len, color="#2f855a", linestyle="--", label="max_model_len")
+    here = getattr(SEED, param)
+    if here in xs:
+        ax.plot([here], [ys[xs.index(here)]], marker="*", markersize=14, color="black", linestyle="none",
+                label="the bug report's deployment")
+    ax.set(xscale="log", yscale="log", xlabel=param, ylabel="prompt tokens", title=TITLES[param])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.grid(alpha=0.3, which="both")
+handles, labels = axes[0].get_legend_handles_labels()
+fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+fig.tight_layout(rect=(0, 0.08, 1, 1))
 plt.show()
 print(f"the deployment: unfixed lock {S.fmt_bytes(S.unfixed_locked_bytes(SEED))}, longest surviving prompt "
       f"{S.longest_surviving_prompt(SEED)} tokens of max_model_len {SEED.max_model_len}")
@@ -280,7 +299,8 @@ print(f"the deployment: unfixed lock {S.fmt_bytes(S.unfixed_locked_bytes(SEED))}
 # Each engine logs every resize, lock, unlock and violation. Below: the workspace size along the
 # event log, labelled by lifecycle phase (init → build backend → profile run → [dummy run] → capture
 # → lock → serve the first prompt). The shaded stretch is locked; a red cross is a request the
-# locked workspace refused.
+# locked workspace refused. The size axis is logarithmic above a thousandth of the largest size (linear
+# below), so the decode scratch and the continuation buffers both show.
 
 # %%
 fig, axes = plt.subplots(4, 1, figsize=(11, 13))
@@ -295,6 +315,9 @@ for ax, name in zip(axes, ("none", "dummy_run", "reserve", "replay_aware")):
     marker.mark("serve", eng.workspace)
     viz.plot_workspace_timeline(eng.workspace.events, marker.marks, ax=ax,
                                 title=f"{name}: {TABLE_PROMPTS[0]}-token prompt {outcome}")
+    top = ax.get_ylim()[1]
+    ax.set_yscale("symlog", linthresh=top / 1000)  # small sizes stay visible next to the large ones
+    ax.set_ylim(0, top * 2)
     del eng
 fig.tight_layout()
 plt.show()
