@@ -168,6 +168,9 @@ LIVE.ran("warmup")
 assert r["with_warmup"]["resizes_in_capture"] == 0 and r["with_warmup"]["resizes_in_warmup"] >= 1
 assert r["without_warmup"]["resizes_in_capture"] >= 1
 assert r["with_warmup"]["workspace_bytes_after"] == r["without_warmup"]["workspace_bytes_after"]
+if REC_LIVE and "warmup" in REC_LIVE:  # the same prediction holds for real CUDA graphs (recorded)
+    g = REC_LIVE["warmup"]
+    assert g["with_warmup"]["resizes_in_capture"] == 0 and g["without_warmup"]["resizes_in_capture"] >= 1
 print("warm-up moved every resize out of the capture")
 if SHOW_RECORDED and REC_LIVE and "warmup" in REC_LIVE:
     print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graph capture:")
@@ -203,6 +206,8 @@ LIVE.ran("pointer_stability")
 assert set(r["resizes_in_capture"].values()) == {0}  # per bucket
 assert all(st["same_as_capture"] for st in r["steps"]), r["steps"]
 assert all(st["bitwise_equal"] for st in r["steps"]), r["steps"]
+if REC_LIVE and "pointer_stability" in REC_LIVE:  # and on the GPU recording
+    assert all(st["same_as_capture"] and st["bitwise_equal"] for st in REC_LIVE["pointer_stability"]["steps"])
 print(f"{len(r['steps'])} replays, pointers and outputs as predicted")
 if SHOW_RECORDED and REC_LIVE and "pointer_stability" in REC_LIVE:
     g = REC_LIVE["pointer_stability"]
@@ -261,6 +266,9 @@ assert HAZ["lock"]["refused"] and HAZ["lock"].get("pointer_unchanged")
 assert HAZ["no_guard"]["graph_views_inside_old_buffer"] and not HAZ["no_guard"]["graph_views_inside_new_buffer"]
 assert HAZ["no_guard"]["old_buffer_bytes_overwritten"] > 0 and HAZ["no_guard"]["new_buffer_bytes_touched"] == 0
 assert HAZ["guard"]["raised"]
+if REC_LIVE and "hazard" in REC_LIVE:  # and with real CUDA graphs (recorded)
+    g = REC_LIVE["hazard"]
+    assert g["lock"]["refused"] and g["guard"]["raised"] and g["no_guard"]["new_buffer_bytes_touched"] == 0
 print("lock, stale replay and guard behaved as predicted")
 if SHOW_RECORDED:
     print("\n" + cg.recorded_banner(REC_LIVE))
@@ -290,6 +298,8 @@ bad = RESULTS["case_a"][0]["replay"]
 print("\nfirst refusal:", next(v["error"] for v in bad.values() if not v["ok"]))
 # Predicted: only small-to-large *without* a reservation leaves stale graphs.
 assert [bool(x["stale_buckets"]) for x in RESULTS["case_a"]] == [True, False, False]
+if REC_LIVE and "case_a" in REC_LIVE:
+    assert [bool(x["stale_buckets"]) for x in REC_LIVE["case_a"]] == [True, False, False]
 LIVE.ran("case_a")
 if SHOW_RECORDED and REC_LIVE and "case_a" in REC_LIVE:
     print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
