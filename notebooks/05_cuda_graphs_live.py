@@ -150,7 +150,21 @@ print("buckets and padding as predicted")
 # the buffer then comes out of the graph's private pool.
 
 # %%
-r = cg.warmup_demo(DEMO, DEVICE)
+b = max(DEMO.capture_sizes())  # the largest decode bucket
+r = {}
+for name, num_warmups in (("with_warmup", 2), ("without_warmup", 0)):
+    # an engine without the reservation: empty workspace, no graph captured yet, not locked
+    eng, dr = cg.make_engine(DEMO, DEVICE, fix=False, capture=False, lock=False)
+    row = dict(bucket=b, num_warmups=num_warmups, workspace_bytes_before=eng.workspace.size_bytes(0))
+    try:
+        dr.capture(b, num_warmups=num_warmups)  # eager warm-up steps, then the capture of one decode step
+        row.update(ok=True, resizes_in_warmup=dr.graphs[b].resizes_in_warmup,
+                   resizes_in_capture=dr.graphs[b].resizes_in_capture, error=None)
+    except Exception as e:  # a failed capture is a result here, not a crash
+        row.update(ok=False, resizes_in_warmup=None, resizes_in_capture=None, error=f"{type(e).__name__}: {e}"[:400])
+    row["workspace_bytes_after"] = eng.workspace.size_bytes(0)
+    r[name] = row
+    del eng, dr
 RESULTS["warmup"] = r
 print(cg.format_table([dict(variant=k, **v) for k, v in r.items()],
                       ["variant", "num_warmups", "workspace_bytes_before", "resizes_in_warmup", "resizes_in_capture",
