@@ -306,7 +306,7 @@ else:
 # %% [markdown]
 # **Speed on an H200** (`benchmarks/bench_turboquant.py`): full dequant bandwidth as a share of the
 # measured device copy bandwidth (target ≥ 70 %), and decode vs fp16 SDPA (flash) on an unquantized
-# cache of the same context (target ≥ 1.5× faster at 32K). Shapes per rank: the seed model (Hq 4,
+# cache of the same context (target ≥ 1.5× faster at 32K). Shapes per rank: the bug report's model (Hq 4,
 # Hk 1, D 128) and Llama-3.1-8B (Hq 32, Hk 8, D 128).
 
 # %%

@@ -367,7 +367,7 @@ LIVE.ran("case_c")
 # inputs + padding + replay; *summed kernel time*: device time of the replay's kernels under
 # `torch.profiler`. The benchmark's own targets (stored with the recording): replay ≥ 5× faster than
 # eager at batch 1, and within 1.3× of the summed kernel time. On CUDA this cell measures live, without the profiler (a profiler session
-# slows later launches in the same process): the seed model's 8-layer shard at every batch, and the
+# slows later launches in the same process): the bug report's model, its 8-layer shard, at every batch, and the
 # 32-layer model at three batches, each captured as its own bucket. The full sweep with kernel sums is
 # `benchmarks/bench_cuda_graphs.py` (one process per model), shown from `data/` below.
 

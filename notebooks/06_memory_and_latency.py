@@ -141,6 +141,10 @@ print(f"comparison config: {TABLE_CFG.num_hidden_layers} layer(s), Hq/rank {TABL
 
 # %%
 def save_table(results):
+    """After each strategy: one text progress line (it survives in a saved notebook), and the partial save."""
+    last = results[-1]
+    print(f"[{len(results)}/{len(S.ALL_STRATEGIES)}] {last.strategy}: start-up {last.startup_s:.2f} s, "
+          f"survives max_model_len: {'yes' if last.survives_max_model_len else 'no'}", flush=True)
     save_live(f"strategies_{GPU_TAG}", S.results_payload(TABLE_CFG, results, prompts=TABLE_PROMPTS,
                                                          decode_steps=DECODE_STEPS))
 
@@ -148,7 +152,7 @@ def save_table(results):
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", S.WorkspaceFallbackWarning)
     LIVE_RESULTS = S.compare_strategies(TABLE_CFG, S.ALL_STRATEGIES, device=DEVICE, prompts=TABLE_PROMPTS,
-                                        decode_steps=DECODE_STEPS, on_result=save_table)
+                                        decode_steps=DECODE_STEPS, on_result=save_table, progress=False)
 viz.show_md(S.format_table(S.strategy_table(LIVE_RESULTS)))
 S.plot_strategy_comparison(LIVE_RESULTS, title=f"live on {DEVICE}: {TABLE_CFG.num_hidden_layers} layer(s), "
                            f"max_model_len {TABLE_CFG.max_model_len}")
@@ -333,7 +337,7 @@ plt.show()
 # is big enough for the next one, so `memory_reserved` climbs far above `memory_allocated`.
 
 # %%
-MEM = S.memory_experiments(SEED, LONG, device=DEVICE, repeats=2 if ON_CUDA else 1)
+MEM = S.memory_experiments(SEED, LONG, device=DEVICE, repeats=2 if ON_CUDA else 1, progress=False)
 S.plot_trace(MEM, recorded_note=" (live)")
 plt.show()
 rows = []
