@@ -126,6 +126,10 @@ print(f"comparison config: {TABLE_CFG.num_hidden_layers} layer(s), Hq/rank {TABL
       f"max_num_batched_tokens {TABLE_CFG.max_num_batched_tokens}, max_model_len {TABLE_CFG.max_model_len}, "
       f"{TABLE_CFG.kv_cache_dtype}; prompts {TABLE_PROMPTS} tokens, then {DECODE_STEPS} decode steps")
 
+# %%
+# New in this lecture: the KV-cache bytes per token that notebook 03 and the planner use (section 2).
+from tqlab.attention import kv_cache_bytes_per_token
+
 # %% [markdown]
 # ## 1 · The comparison
 #
@@ -215,13 +219,16 @@ if REC_META is not None:
 # linearly with `max_model_len`.
 #
 # **"Share of the KV cache", defined.** The KV cache vLLM really allocates is whatever memory the profile
-# run leaves (notebook 05 §8), so it depends on the GPU. Two fixed denominators are useful, and this
-# notebook uses the first:
+# run leaves (notebook 05 §8), so it depends on the GPU. The project's definition (notebook 03, the planner
+# of notebook 08, the table below) uses a fixed denominator instead:
 #
-# * **one `max_model_len` sequence** on the rank (all attention layers, in the cache dtype): the smallest KV
-#   cache vLLM accepts at start-up, so the share is the *largest* the workspace can be next to it;
-# * **`max_num_seqs` full-length sequences**: the KV cache the deployment needs to serve its full batch at full
-#   length (notebook 03's table); the share is `max_num_seqs` times smaller.
+# * **share of the KV cache** = reserved workspace (all ubatch slots) / the KV cache of **`max_num_seqs`
+#   sequences of `max_model_len` tokens** on the rank (all attention layers, in the cache dtype): what the
+#   deployment needs to serve its full batch at full length.
+#
+# The right panel of the figure uses a second, named denominator: **one `max_model_len` sequence**, the
+# smallest KV cache vLLM accepts at start-up; that share is the *largest* the workspace can be next to any KV
+# cache, `max_num_seqs` times the first.
 #
 # A quantized cache makes either share *larger*: the workspace holds the dequantized float16 copy of one
 # layer, the cache holds every layer at 3-4 bits.
@@ -235,10 +242,13 @@ rows = []
 for name in list_presets():
     c = EngineConfig.from_preset(name)
     (r,) = S.workspace_vs_max_model_len(c, [c.max_model_len])
-    rows.append((name, c.max_model_len, c.kv_cache_dtype, S.fmt_bytes(r["unfixed_bytes"]),
-                 S.fmt_bytes(r["reserved_bytes"]), S.fmt_bytes(r["kv_bytes"]), f"{100 * r['share']:.1f} %"))
-viz.show_md(viz.markdown_table(("preset", "max_model_len", "cache", "unfixed lock", "reserved (fix)",
-                                "KV of one max_model_len seq", "share of one max_model_len seq"), rows))
+    kv_full = kv_cache_bytes_per_token(c) * c.max_model_len * c.max_num_seqs  # max_num_seqs full-length sequences
+    rows.append((name, c.max_model_len, c.max_num_seqs, c.kv_cache_dtype, S.fmt_bytes(r["unfixed_bytes"]),
+                 S.fmt_bytes(r["reserved_bytes"]), S.fmt_bytes(kv_full), f"{100 * r['reserved_bytes'] / kv_full:.3f} %",
+                 f"{100 * r['share']:.1f} %"))
+viz.show_md(viz.markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unfixed lock", "reserved (fix)",
+                                "KV cache (max_num_seqs × max_model_len)", "share of the KV cache",
+                                "share of one max_model_len seq (upper bound)"), rows))
 
 # %% [markdown]
 # **Predict, then run.** For the bug report's deployment (`max_num_seqs` 4) the share of the KV cache for
@@ -248,10 +258,12 @@ viz.show_md(viz.markdown_table(("preset", "max_model_len", "cache", "unfixed loc
 # %%
 (SEED_ROW,) = S.workspace_vs_max_model_len(SEED, [SEED.max_model_len])
 share_one = SEED_ROW["share"]
-share_full_batch = SEED_ROW["reserved_bytes"] / (SEED_ROW["kv_bytes"] * SEED.max_num_seqs)
+share_full_batch = SEED_ROW["reserved_bytes"] / (kv_cache_bytes_per_token(SEED) * SEED.max_model_len * SEED.max_num_seqs)
 cont = 2 * SEED.num_kv_heads_per_rank * SEED.max_model_len * SEED.head_dim * 2  # two fp16 buffers
-print(f"{SEED.preset}: reserved {S.fmt_bytes(SEED_ROW['reserved_bytes'])}; share of one max_model_len sequence "
-      f"{100 * share_one:.3f} %; share of max_num_seqs = {SEED.max_num_seqs} such sequences {100 * share_full_batch:.3f} %")
+print(f"{SEED.preset}: reserved {S.fmt_bytes(SEED_ROW['reserved_bytes'])}; share of the KV cache "
+      f"(max_num_seqs = {SEED.max_num_seqs} sequences of max_model_len) {100 * share_full_batch:.3f} %; "
+      f"of one max_model_len sequence {100 * share_one:.3f} %")
+assert SEED_ROW["kv_bytes"] == kv_cache_bytes_per_token(SEED) * SEED.max_model_len  # same bytes per token
 assert abs(share_one - SEED.max_num_seqs * share_full_batch) < 1e-12
 assert cont <= SEED_ROW["reserved_bytes"] < cont + 2**20
 
