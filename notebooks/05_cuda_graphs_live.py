@@ -518,8 +518,10 @@ assert bigger_error is not None and "Workspace is locked" in bigger_error
 #
 # 1. `set_cudagraph_capturing_enabled(True)`; inside `graph_capture(...)`: `torch.accelerator.synchronize()`,
 #    `torch.accelerator.empty_cache()`, note the free memory;
-# 2. for each runtime mode, `_capture_cudagraphs` over the batch descriptors, **largest first** ("so that the
-#    smaller shapes can reuse the memory pool allocated for the large shapes"), each preceded by warm-up runs;
+# 2. for each runtime mode (PIECEWISE first, then FULL: `CudagraphDispatcher.get_capture_descs`,
+#    `vllm/v1/cudagraph_dispatcher.py`), `_capture_cudagraphs` over the batch descriptors, **largest first**
+#    ("so that the smaller shapes can reuse the memory pool allocated for the large shapes"), each through
+#    `_warmup_and_capture` (eager warm-up runs, then the capture);
 # 3. `set_cudagraph_capturing_enabled(False)` — any later capture is an error;
 # 4. `synchronize()`, `empty_cache()`, then **`lock_workspace()`**.
 #
