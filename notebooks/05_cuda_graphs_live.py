@@ -508,8 +508,10 @@ assert bigger_error is not None and "Workspace is locked" in bigger_error
 # **What this means at the lock.** Under `FULL_AND_PIECEWISE` the TurboQuant decode scratch lives in
 # FULL graphs: its pointers must not move after capture (sections 3–5). The continuation prefill's dequant
 # buffers are asked for eagerly, at serve time, in mixed batches: they must already *fit* when the lock
-# closes — that is what PR #44053 reserves. With `cudagraph_mode=NONE` (or `--enforce-eager`)
-# `capture_model` returns before `lock_workspace()`, so nothing is locked and the workspace may grow.
+# closes — that is what PR #44053 reserves. With `cudagraph_mode=NONE`, `GPUModelRunner.capture_model`
+# returns before it reaches `lock_workspace()`, so that runner never locks and the workspace may grow (model
+# runner V2, `vllm/v1/worker/gpu/model_runner.py`, has its own capture path, which also ends with
+# `lock_workspace()`).
 
 # %% [markdown]
 # ## 8 · The capture sequence around the lock, and the memory budget
