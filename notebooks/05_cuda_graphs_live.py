@@ -461,8 +461,7 @@ for ax, mode in zip(axes, (pw.CUDAGraphMode.FULL, pw.CUDAGraphMode.PIECEWISE, pw
     ax.barh(0, [1] * len(plan), left=range(len(plan)), color=["#55a868" if w == "graph" else "#dd8452" for _, w in plan],
             edgecolor="white")
     for i, (op, w) in enumerate(plan):
-        ax.text(i + 0.5, 0, op.split(".")[1].replace("_", "+", 1) if "o_proj" in op else op.split(".")[1], ha="center",
-                va="center", fontsize=7)
+        ax.text(i + 0.5, 0, op.split(".")[1].replace("o_proj_mlp", "o_proj+mlp"), ha="center", va="center", fontsize=8)
     ax.set_yticks([0], [mode.name])
     ax.set_xlim(0, len(plan))
 axes[0].set_title("2-layer forward: green = inside a captured graph, orange = eager (Python runs it every step)",
@@ -589,19 +588,19 @@ after_profile = TOTAL - int(UTIL * TOTAL) - FREE_AT_OOM - startup_ws
 def budgets(util):
     base = dict(total=TOTAL, util=util, weights=WEIGHTS, activation_peak=ACT, after_profile=after_profile,
                 workspace_startup=startup_ws)
-    return {f"lazy, util {util}": mb.memory_budget(**base, workspace_need=ASKED, reserved=False),
-            f"PR #44053, util {util}": mb.memory_budget(**base, workspace_need=reserve, reserved=True)}
+    return {f"lazy\nutil {util}": mb.memory_budget(**base, workspace_need=ASKED, reserved=False),
+            f"PR #44053\nutil {util}": mb.memory_budget(**base, workspace_need=reserve, reserved=True)}
 
 
 B = {**budgets(0.905), **budgets(0.85)}
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.2), gridspec_kw=dict(width_ratios=[3, 2]))
-mb.plot_budgets(B, title="one GPU of vLLM issue #40420 (stacked; dashed: the KV cache's budget line)", ax=axes[0])
+mb.plot_budgets(B, title="one GPU of vLLM issue #40420, while a long prompt prefills", ax=axes[0])
 mb.zoom_budgets(B, title="the top of each bar, in MiB", ax=axes[1])
 plt.tight_layout()
 plt.show()
 print(f"88 MiB at Hk·D = {HK_D} is {cached_at_oom:,} cached tokens; the reservation for {MAX_LEN:,}: {fmt_bytes(reserve)}")
 for name, b in B.items():
-    print(f"{name:24s} KV cache {b.segments['KV cache'] / GiB:6.2f} GiB, workspace {fmt_bytes(b.segments['workspace']):>10s}, "
+    print(f"{name.replace(chr(10), ', '):24s} KV cache {b.segments['KV cache'] / GiB:6.2f} GiB, workspace {fmt_bytes(b.segments['workspace']):>10s}, "
           f"free {b.free / MiB:8.1f} MiB -> {b.fails_at or 'runs'}")
 
 # %% [markdown]
@@ -613,9 +612,9 @@ for name, b in B.items():
 
 # %%
 assert 170_000 < cached_at_oom < 190_000  # "~180K cached tokens"
-assert B["lazy, util 0.905"].fails_at == "serve" and B["lazy, util 0.905"].free == FREE_AT_OOM
-assert B["PR #44053, util 0.905"].fails_at == "start-up"
-assert B["lazy, util 0.85"].fails_at is None and B["PR #44053, util 0.85"].fails_at is None
+assert B["lazy\nutil 0.905"].fails_at == "serve" and B["lazy\nutil 0.905"].free == FREE_AT_OOM
+assert B["PR #44053\nutil 0.905"].fails_at == "start-up"
+assert B["lazy\nutil 0.85"].fails_at is None and B["PR #44053\nutil 0.85"].fails_at is None
 print("budgets as predicted")
 
 # %% [markdown]

@@ -84,13 +84,15 @@ def plot_budgets(budgets: dict, *, title: str = "", ax=None, unit: int = 2**30, 
         if b.need_at_serve:
             ax.bar(i + 0.33, b.need_at_serve / unit, bottom=(b.total - b.free) / unit, width=0.1, color="black",
                    label="asked at serve time" if i == 0 else None)
-        ax.text(i, b.total / unit * 1.01, {None: "runs", "serve": "OOM at serve time",
-                                           "start-up": "fails at start-up"}[b.fails_at], ha="center", fontsize=8)
+        ax.text(i, b.total / unit * 1.02, {None: "runs", "serve": "OOM at serve time",
+                                           "start-up": "fails at start-up"}[b.fails_at], ha="center", va="bottom",
+                fontsize=8, fontweight="bold", color="#c44e52" if b.fails_at else "#2f855a")
         ax.hlines(b.requested / unit, i - 0.3, i + 0.3, colors="black", linestyles="dashed",
                   label="gpu_memory_utilization × total" if i == 0 else None)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(0, max(b.total for b in budgets.values()) / unit * 1.12)
     ax.set_ylabel(unit_name)
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return ax
 
@@ -111,6 +113,6 @@ def zoom_budgets(budgets: dict, *, title: str = "", ax=None):
            label="asked at serve time")
     ax.set_xticks(list(x), names, fontsize=8)
     ax.set_ylabel("MiB")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)
     return ax
