@@ -300,10 +300,26 @@ if SHOW_RECORDED:
 # (PR #44053's decode reservation at `max_num_seqs`) and largest-first both avoid the growth.
 
 # %%
-rows = []
+CTX = 32  # context of the replayed decode batch
 for order, reserve in (("smallest_first", None), ("smallest_first", "max_num_seqs"), ("largest_first", None)):
-    r = cg.capture_order_demo(DEMO, DEVICE, order=order, reserve=reserve)
+    # no fix at start-up; optionally PR #44053's decode reservation; capture every bucket in `order`; lock
+    eng, dr = cg.make_engine(DEMO, DEVICE, fix=False, order=order, reserve=reserve, guard=True,
+                             keep_captured_buffers=True, kv_cache_tokens=DEMO.max_num_seqs * CTX + 4 * DEMO.block_size)
+    captures = [dict(bucket=b, buffer_ptr=dr.graphs[b].snapshot.ptrs[0], bytes=dr.graphs[b].snapshot.sizes[0],
+                     resizes_in_warmup=dr.graphs[b].resizes_in_warmup, resizes_in_capture=dr.graphs[b].resizes_in_capture)
+                for b in dr.captured_sizes]  # the workspace buffer each graph baked in
+    batch = cg.prepare_decode_batch(eng.runner, max(dr.captured_sizes), CTX)
+    replay = {}
+    for b in dr.captured_sizes:  # replay every bucket with the guard on
+        try:
+            dr.run(*batch.rows(b).astuple())
+            replay[b] = {"ok": True}
+        except cg.StalePointerError as e:
+            replay[b] = {"ok": False, "slot": e.slot, "error": str(e)}
+    r = dict(order=order, reserve=reserve, captures=captures, final_ptr=eng.workspace.data_ptrs()[0],
+             final_bytes=eng.workspace.size_bytes(0), stale_buckets=dr.stale_buckets(), replay=replay)
     RESULTS.setdefault("case_a", []).append(r)
+    del eng, dr
     print(f"\norder {order}, reserve {reserve}: stale buckets {r['stale_buckets']}")
     print(cg.format_table(r["captures"], ["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"],
                           hex_cols=["buffer_ptr"]))
