@@ -343,6 +343,9 @@ if SHOW_RECORDED and REC_LIVE and "case_a" in REC_LIVE:
 # the GPU). Largest-first capture and the PR's reservation at `max_num_seqs` both miss it: the capture
 # of bucket 2 grows the workspace after bucket 4 was captured — before the lock, so the lock cannot see
 # it. Only reserving the maximum over *all* buckets is safe.
+#
+# **Predict, then run.** Which bucket's graph goes stale with the reservation at `max_num_seqs`, and which
+# with the maximum over all buckets? (The asserts at the end of the cell check it.)
 
 # %%
 for reserve in ("max_num_seqs", "all_buckets"):
@@ -354,6 +357,11 @@ for reserve in ("max_num_seqs", "all_buckets"):
                           hex_cols=["buffer_ptr"]))
     print("guarded replay:", {b: ("ok" if v["ok"] else "StalePointerError") for b, v in r["replay"].items()})
 LIVE.ran("case_b")
+# Predicted: the need peaks at bucket 2; reserving at max_num_seqs leaves bucket 4's graph stale, the maximum
+# over all buckets leaves none (live, and on the GPU recording).
+for res in [RESULTS["case_b"]] + ([REC_LIVE["case_b"]] if REC_LIVE and "case_b" in REC_LIVE else []):
+    assert [(x["reserve"], bool(x["stale_buckets"])) for x in res] == [("max_num_seqs", True), ("all_buckets", False)]
+    assert all(x["argmax_need"] == 2 for x in res)
 if SHOW_RECORDED and REC_LIVE and "case_b" in REC_LIVE:
     print("\n" + cg.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
     for g in REC_LIVE["case_b"]:
@@ -363,6 +371,9 @@ if SHOW_RECORDED and REC_LIVE and "case_b" in REC_LIVE:
 # **(c)** A warm-up that runs *after* capture and grows the workspace (here a dummy decode of
 # `2 × max_num_seqs` rows). Between capture and lock the lock cannot catch it: the guard does, at the
 # first replay. After the lock, the lock refuses it.
+#
+#
+# **Predict, then run.** Before the lock: does the buffer move, and who notices? After the lock?
 
 # %%
 r = cg.late_warmup_demo(DEMO, DEVICE)
@@ -374,6 +385,10 @@ for when, v in r.items():
         print("  lock refused it:", v["warmup_refused"])
     print("  guarded replay:", {b: ("ok" if x["ok"] else "StalePointerError") for b, x in v["replay"].items()})
 LIVE.ran("case_c")
+# Predicted: before the lock the late warm-up moves the buffer and every graph goes stale (the guard catches
+# it); after the lock the lock refuses it and nothing moves.
+assert r["before_lock"]["moved"] and r["before_lock"]["stale_buckets"] and not r["before_lock"]["warmup_refused"]
+assert not r["after_lock"]["moved"] and not r["after_lock"]["stale_buckets"] and r["after_lock"]["warmup_refused"]
 
 # %% [markdown]
 # ## 6 · Latency: eager vs replay per decode step
