@@ -372,7 +372,6 @@ if SHOW_RECORDED and REC_LIVE and "case_b" in REC_LIVE:
 # `2 × max_num_seqs` rows). Between capture and lock the lock cannot catch it: the guard does, at the
 # first replay. After the lock, the lock refuses it.
 #
-#
 # **Predict, then run.** Before the lock: does the buffer move, and who notices? After the lock?
 
 # %%
