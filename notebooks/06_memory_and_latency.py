@@ -16,8 +16,8 @@
 # %% [markdown]
 # # 06 · Memory and latency: the four candidate fixes, side by side
 #
-# The bug report (vLLM 0.20.0, 8 × RTX A4000, Nemotron-3-Super-120B, TP 8, `turboquant_3bit_nc`; the
-# issue PR #44053 fixes, see also vLLM PR #41565) ends with four ways to keep a locked workspace from killing the engine
+# The bug report (vLLM 0.20.0, 8 × RTX A4000, Nemotron-3-Super-120B, TP 8, `turboquant_3bit_nc`: the
+# crash that PR #44053 fixes) ends with four ways to keep a locked workspace from killing the engine
 # when a long prompt's continuation prefill asks for more than start-up ever touched, "in rough order
 # of invasiveness". vLLM merged the second (PR #44053) and measured none of the others. Here each
 # one is an engine option (`tqlab.strategies.make_engine(config, strategy)`), and all of them run
