@@ -27,11 +27,13 @@
 #    buffers are sized by the cached length, the very buffers of the "Workspace is locked" crash;
 # 5. what the Triton kernels achieve on an H200 (recorded, under a banner, when there is no GPU here).
 #
-# **Hardware.** CPU (default): everything runs on the torch reference (and Triton's interpreter if
+# **What you need.** Nothing but this repository. CPU (default): everything runs on the torch reference (and Triton's interpreter if
 # installed, for a tiny agreement check). With `DEVICE = "cuda"` and `USE_RECORDED = False` the GPU
 # section runs the benchmark's quick mode live.
 #
 # **Run time.** About 15 s on a 2-core CPU box; the last cell prints the measured time.
+#
+# Every section ends with a **predict, then run** cell: a prediction in words, then an `assert` that checks it.
 
 # %%
 import platform
@@ -101,6 +103,18 @@ figures.plot_slot_layouts(D)
 plt.show()
 
 # %% [markdown]
+# **Predict, then run.** `turboquant_3bit_nc` at `D` = 128: keys `ceil(128·3/8)` = 48 index bytes + 2 norm
+# bytes, values 48 code bytes + 2 scale + 2 zero bytes: 102 bytes per slot for a key *and* a value, against
+# 2 × 128 × 2 = 512 bytes in fp16 — 5.02× smaller.
+
+# %%
+s3 = get_spec("turboquant_3bit_nc")
+assert s3.key_packed_bytes(D) == -(-D * 3 // 8) + 2 and s3.value_packed_bytes(D) == -(-D * 3 // 8) + 4
+assert s3.slot_bytes(D) == 102
+assert abs(2 * D * 2 / s3.slot_bytes(D) - 5.02) < 0.01
+print(f"{s3.name}: {s3.slot_bytes(D)} bytes per slot, {2 * D * 2 / s3.slot_bytes(D):.2f}x smaller than fp16")
+
+# %% [markdown]
 # ## 2 · One key's journey to bytes and back
 #
 # 1. keep the norm `‖k‖` (fp16), work on the unit vector `u = k/‖k‖`;
@@ -125,6 +139,16 @@ print("indices  :", j["idx"][:16].tolist(), "...")
 print("key bytes:", " ".join(f"{b:02x}" for b in j["packed"][:12].tolist()), "...",
       f"({len(j['packed'])} bytes = 48 index bytes + 2 norm bytes)")
 print(f"norm {float(j['norm']):.4f} stored as fp16; ‖corrected‖ = {float(j['corrected'].norm()):.6f}")
+
+# %% [markdown]
+# **Predict, then run.** 128 indices of 3 bits pack into exactly 48 bytes (+2 for the norm); every index is
+# one of 2³ = 8 levels; the norm-corrected vector has unit length before it is scaled back.
+
+# %%
+assert len(j["packed"]) == D * 3 // 8 + 2
+assert int(j["idx"].min()) >= 0 and int(j["idx"].max()) < 2**spec.key_bits
+assert abs(float(j["corrected"].norm()) - 1.0) < 1e-3
+print("packed size, index range and unit norm as predicted")
 
 # %% [markdown]
 # The rotation is what makes one fixed codebook work for every key: without it the outliers would
@@ -203,6 +227,21 @@ print(f"decode: mid_out {tuple(mid.shape)} f32, output {tuple(out.shape)} {out.d
       f"workspace now {fmt_bytes(ws.size_bytes())}")
 
 # %% [markdown]
+# **Predict, then run.** The dequant buffers are `(1, Hk, round_up(300, 16) = 304, D)` fp16 each; the split-KV
+# scratch is `(1, Hq, 32, D+1)` float32 (32 = `tq_max_kv_splits_for_cuda_graph`); both calls share one buffer,
+# so the workspace is the larger of the two layouts, not their sum.
+
+# %%
+from tqlab.workspace import compute_layout  # noqa: E402
+
+assert tuple(k_buf.shape) == (1, hk, -(-n_tok // bs) * bs, D) and k_buf.dtype == torch.float16
+assert tuple(mid.shape) == (1, hq, cfg.tq_max_kv_splits_for_cuda_graph, D + 1)
+lay_cont = compute_layout(continuation_workspace_shapes(n_tok, hk, D, bs)).total_bytes
+lay_dec = compute_layout(decode_workspace_shapes(1, hq, D, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype)).total_bytes
+assert ws.size_bytes() == max(lay_cont, lay_dec)
+print(f"workspace = max({fmt_bytes(lay_cont)}, {fmt_bytes(lay_dec)}) = {fmt_bytes(ws.size_bytes())}")
+
+# %% [markdown]
 # The decode buffers depend on the batch (`max_num_seqs` after capture) and the split count — fixed
 # numbers. The dequant buffers grow with the **cached length** of whichever request arrives: they are
 # larger than the packed bytes they are read from by the compression ratio, and at the report's
@@ -225,6 +264,18 @@ ax.set_title(f"{cfg.preset}: one rank, Hk={hk}, D={D}")
 ax.grid(alpha=0.3, which="both")
 ax.legend(fontsize=8)
 plt.show()
+
+# %% [markdown]
+# **Predict, then run.** At a block-aligned length the ratio is fp16 bytes over packed bytes:
+# `2 · 2 · D / slot_bytes` = 512 / 102 ≈ 5.02, whatever the length — and at 131,071 cached tokens the two
+# buffers need 64 MiB per rank, the size PR #44053 reserves for the bug report's `max_model_len`.
+
+# %%
+for r in wv:
+    if r["cached_len"] % bs == 0:
+        assert abs(r["workspace_bytes"] / r["packed_bytes"] - 2 * 2 * D / spec.slot_bytes(D)) < 1e-9
+assert wv[-1]["workspace_bytes"] == 2 * hk * (-(-131071 // bs) * bs) * D * 2 == 64 * 2**20
+print("ratio and the 64 MiB reservation as predicted")
 
 # %% [markdown]
 # ## 5 · Triton kernels on a GPU
@@ -255,7 +306,7 @@ else:
 # %% [markdown]
 # **Speed on an H200** (`benchmarks/bench_turboquant.py`): full dequant bandwidth as a share of the
 # measured device copy bandwidth (target ≥ 70 %), and decode vs fp16 SDPA (flash) on an unquantized
-# cache of the same context (target ≥ 1.5× faster at 32K). Shapes per rank: the seed model (Hq 4,
+# cache of the same context (target ≥ 1.5× faster at 32K). Shapes per rank: the bug report's model (Hq 4,
 # Hk 1, D 128) and Llama-3.1-8B (Hq 32, Hk 8, D 128).
 
 # %%

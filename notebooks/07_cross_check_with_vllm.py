@@ -25,14 +25,14 @@
 # 2. the reservation that vLLM's `TurboQuantMetadataBuilder` makes, next to
 #    `tqlab.reservation.reservation_plan`, for every preset;
 # 3. the bug report's assertion, raised by vLLM's own `_continuation_prefill`;
-# 4. `tqlab.vllm_trace.WorkspaceTracer` attached to vLLM's manager in the seed scenario:
+# 4. `tqlab.vllm_trace.WorkspaceTracer` attached to vLLM's manager in the bug report's scenario:
 #    the high-water mark per caller, the size at lock, and the violation with its caller;
 # 5. the predictor behind `tqlab inspect-vllm`: a `vllm serve` command line plus the
 #    model's `config.json` give, per consumer, the workspace a prompt needs and the
 #    largest safe `max_model_len`;
 # 6. where tqlab and vLLM differ on purpose, and what the parity suite counted.
 #
-# **Hardware.** CPU only. vLLM's pure-Python modules run on a CPU-only torch; its
+# **What you need.** CPU only. vLLM's pure-Python modules run on a CPU-only torch; its
 # kernels never run (see `parity/README.md`).
 #
 # **vLLM.** If `vllm` can be imported (the `.venv-parity` venv made by
@@ -42,7 +42,8 @@
 # manager) and 5 always run live.
 #
 # **Run time.** Under 10 s without vLLM. With vLLM, about 30 s, most of it the import
-# of vLLM.
+# of vLLM. Five **predict, then run** cells check tqlab's predictions against vLLM's own
+# classes with `assert`s.
 
 # %%
 import platform
@@ -137,7 +138,7 @@ print(f"bug report (vLLM 0.20): requires {vt.BUG_REPORT_REQUIRED_MB} MB, current
 # ## 1 · One call sequence, two workspace managers
 #
 # Each step is either a `get_simultaneous` on a ubatch slot (2 slots, as with DBO) or a
-# lock/unlock. The steps are the seed's decode views, a small request in slot 1, empty
+# lock/unlock. The steps are the bug report's decode views, a small request in slot 1, empty
 # views, the lock, a request that fits, the continuation request for `CACHED_LEN` cached
 # tokens that does not, the decode views at `max_num_seqs` rows on slot 1, then an unlock. Both managers are called from the same line of
 # `tqlab/vllm_trace/`, so their refusal messages must match to the letter, caller included.
@@ -249,7 +250,7 @@ print(f"vLLM's refusal {'matches' if same_as_report else 'differs from'} the bug
 
 # %% [markdown]
 #
-# ## 4 · The tracer on the seed scenario
+# ## 4 · The tracer on the bug report's scenario
 #
 # `WorkspaceTracer(manager)` wraps the instance's growth path. On vLLM's manager that is
 # `_ensure_workspace_size`, which every request passes through with its total bytes. On

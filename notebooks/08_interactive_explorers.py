@@ -16,7 +16,10 @@
 # %% [markdown]
 # # 08 · Interactive explorers: layout, reservation, lifecycle
 #
-# Three explorers to move sliders on, each built from the same functions the rest of tqlab uses:
+# Three explorers to move sliders on, each built from the same functions the rest of tqlab uses.
+#
+# **You will learn** to read one `get_simultaneous` call byte by byte, to predict for any deployment what
+# PR #44053 reserves and which prompt would crash without it, and to watch the lifecycle that decides it:
 #
 # 1. **Layout explorer** — one `get_simultaneous` call, view by view: offsets, 256-byte padding, total
 #    (`tqlab.workspace.compute_layout`, mirroring `vllm/v1/worker/workspace.py`).
@@ -28,7 +31,13 @@
 #    without the fix.
 #
 # Every explorer cell first shows a **static figure at the defaults** (what an HTML export or a headless run
-# shows), then the live widget below it. The widgets need a running kernel; nothing here needs a GPU.
+# shows), then the live widget below it.
+#
+# **What you need.** A running Jupyter kernel with `ipywidgets` for the sliders; nothing here needs a GPU
+# (every number is computed live, the engine runs on the `meta` device).
+#
+# **Run time.** About 10 s headless on a 2-core CPU box. Three **predict, then run** cells check the
+# explorers' numbers with `assert`s.
 
 # %% tags=["parameters"]
 DEVICE = "meta"  # where the lifecycle stepper builds its engines ("meta" = shapes only, seconds)
@@ -53,6 +62,21 @@ from tqlab.config import EngineConfig, load_preset
 display(tw.snapshot(tw.layout_figure(tw.default_layout_requests())))
 layout_ui = tw.layout_explorer()
 layout_ui
+
+# %% [markdown]
+# **Predict, then run.** The default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head size 128):
+# the first view is 16·8·4·129 float32 = 264,192 bytes, a multiple of 256, so no padding; the second,
+# 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 = 512 bytes. Every offset is a
+# multiple of 256 and the total is the sum.
+
+# %%
+from tqlab.workspace import compute_layout  # noqa: E402
+
+lay = compute_layout(tw.default_layout_requests())
+assert lay.nbytes == (16 * 8 * 4 * 129 * 4, 16 * 8 * 128 * 2, 16 * 8 * 4)
+assert all(o % 256 == 0 for o in lay.offsets) and lay.padding == (0, 0, 0)
+assert lay.total_bytes == sum(lay.nbytes)
+print(f"offsets {lay.offsets}, total {lay.total_bytes:,} bytes, as predicted")
 
 # %% [markdown]
 # ## 2 · Reservation planner
@@ -94,8 +118,9 @@ stepper_ui
 # %% [markdown]
 # ## The planner and the stepper agree
 #
-# The planner predicts, without running anything, the shortest prompt that crashes without the fix; the
-# stepper ran the engine. Both come from the same shape functions, so they must agree:
+# **Predict, then run.** The planner predicts, without running anything, the shortest prompt that crashes
+# without the fix; the stepper ran the engine. Both come from the same shape functions, so they must agree:
+# the same locked size, a crash without the fix for a prompt at least that long, none with it.
 
 # %%
 plan = tw.plan_summary(stepper_cfg)
@@ -116,9 +141,9 @@ display(Markdown(
 # %% [markdown]
 # ## The boundary, run on the engine
 #
-# One token either side of the planner's prediction, without the fix: the shorter prompt ends in a short
-# continuation chunk (decode kernel, no workspace call) and is served; the predicted one ends in a
-# continuation prefill and crashes.
+# **Predict, then run.** One token either side of the planner's prediction, without the fix: the shorter
+# prompt ends in a short continuation chunk (decode kernel, no workspace call) and is served; the predicted
+# one ends in a continuation prefill and crashes.
 
 # %%
 edge = [tw.lifecycle_trace(stepper_cfg, n, False, device=DEVICE) for n in (predicted - 1, predicted)]

@@ -1,0 +1,118 @@
+"""One GPU's memory budget at start-up and at serve time, lazy workspace vs reserved (PR #44053).
+
+The arithmetic is vLLM 0.33's ``Worker.determine_available_memory`` (``vllm/v1/worker/gpu_worker.py``):
+the profile run measures everything that is not KV cache (weights, the activation peak, non-torch memory),
+and the KV cache gets the rest of ``gpu_memory_utilization × total``. Memory a consumer allocates
+*later* must come out of what is left after that: the ``1 − gpu_memory_utilization`` headroom minus what
+CUDA graphs, NCCL and the CUDA context took from it.
+
+* lazy (vLLM 0.20): the workspace holds its start-up size; a long request's continuation prefill asks for
+  its dequant buffers at serve time, from the headroom: it fails there if they do not fit;
+* reserved (PR #44053): ``TurboQuantMetadataBuilder.__init__`` reserves the worst case when the builders are
+  created (``initialize_kv_cache`` → ``initialize_metadata_builders``, before ``initialize_kv_cache_tensors``),
+  so if it does not fit, start-up fails, not a request.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEGMENTS = ("weights", "activations (profile peak)", "KV cache", "graphs, NCCL, context", "workspace", "free")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes per segment of one GPU, and where (if anywhere) an allocation fails."""
+
+    total: int
+    requested: int
+    segments: dict
+    need_at_serve: int
+    fails_at: str | None  # None, "start-up" or "serve"
+
+    @property
+    def free(self) -> int:
+        return self.segments["free"]
+
+
+def memory_budget(*, total: int, util: float, weights: int, activation_peak: int, after_profile: int,
+                  workspace_startup: int, workspace_need: int, reserved: bool) -> Budget:
+    """The budget while a long request runs its continuation prefill.
+
+    Args:
+        total: the GPU's bytes. util: ``gpu_memory_utilization``.
+        weights, activation_peak: what the profile run measured (the KV cache gets ``util × total`` minus these).
+        after_profile: memory taken after the KV cache was sized (CUDA graph pools, NCCL buffers, the CUDA
+            context's growth): it comes out of the ``(1 − util) × total`` headroom.
+        workspace_startup: the workspace at the lock without the fix (the decode scratch).
+        workspace_need: the workspace the long request needs (the continuation dequant buffers, or the
+            reservation for ``max_model_len`` with the fix).
+        reserved: ``True``: PR #44053 (allocated at start-up); ``False``: lazy growth at serve time.
+    """
+    requested = int(util * total)
+    kv = requested - (weights + activation_peak)
+    if kv <= 0:
+        raise ValueError("nothing left for the KV cache: weights + activations exceed the budget")
+    ws = workspace_need if reserved else workspace_startup
+    used = weights + activation_peak + kv + after_profile + ws
+    free_now = total - used
+    fails_at = None
+    if free_now < 0:
+        fails_at = "start-up" if reserved else None
+    need_at_serve = 0 if reserved else max(0, workspace_need - workspace_startup)
+    if not reserved and need_at_serve > free_now:
+        fails_at = "serve"
+    segs = {"weights": weights, "activations (profile peak)": activation_peak, "KV cache": kv,
+            "graphs, NCCL, context": after_profile, "workspace": ws, "free": free_now}
+    return Budget(total=total, requested=requested, segments=segs, need_at_serve=need_at_serve, fails_at=fails_at)
+
+
+def plot_budgets(budgets: dict, *, title: str = "", ax=None, unit: int = 2**30, unit_name: str = "GiB"):
+    """One stacked bar per budget (label → :class:`Budget`), the lazy request's need drawn on top of its bar."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 4.5))
+    colors = ["#4c72b0", "#dd8452", "#55a868", "#8c8c8c", "#c44e52", "#e8e8e8"]
+    labels = list(budgets)
+    for i, name in enumerate(labels):
+        b = budgets[name]
+        bottom = 0.0
+        for seg, c in zip(SEGMENTS, colors):
+            h = max(0, b.segments[seg]) / unit
+            ax.bar(i, h, bottom=bottom, color=c, edgecolor="white", width=0.55, label=seg if i == 0 else None)
+            bottom += h
+        if b.need_at_serve:
+            ax.bar(i + 0.33, b.need_at_serve / unit, bottom=(b.total - b.free) / unit, width=0.1, color="black",
+                   label="asked at serve time" if i == 0 else None)
+        ax.text(i, b.total / unit * 1.02, {None: "runs", "serve": "OOM at serve time",
+                                           "start-up": "fails at start-up"}[b.fails_at], ha="center", va="bottom",
+                fontsize=8, fontweight="bold", color="#c44e52" if b.fails_at else "#2f855a")
+        ax.hlines(b.requested / unit, i - 0.3, i + 0.3, colors="black", linestyles="dashed",
+                  label="gpu_memory_utilization × total" if i == 0 else None)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set_ylim(0, max(b.total for b in budgets.values()) / unit * 1.12)
+    ax.set_ylabel(unit_name)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return ax
+
+
+def zoom_budgets(budgets: dict, *, title: str = "", ax=None):
+    """The top of each bar in MiB: workspace, free, and what a lazy request asks for."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.2))
+    names = list(budgets)
+    x = range(len(names))
+    mib = 2**20
+    ax.bar([i - 0.2 for i in x], [budgets[n].segments["workspace"] / mib for n in names], 0.2, color="#c44e52",
+           label="workspace held")
+    ax.bar(list(x), [max(0, budgets[n].free) / mib for n in names], 0.2, color="#b0b0b0", label="free")
+    ax.bar([i + 0.2 for i in x], [budgets[n].need_at_serve / mib for n in names], 0.2, color="black",
+           label="asked at serve time")
+    ax.set_xticks(list(x), names, fontsize=8)
+    ax.set_ylabel("MiB")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
+    return ax
