@@ -357,7 +357,7 @@ bare_cmd = serve_cmd.replace(f" --max-num-batched-tokens {m}", "")
 bare = vt.inspect_vllm(bare_cmd, model_json, prompt_tokens=[PROMPT])["prediction"]
 m0 = bare["max_num_batched_tokens"]
 f0 = bare["requests"][0]["first_refused_unfixed"]
-assert bare["max_num_batched_tokens_source"].startswith("not given: vLLM's default for `vllm serve`")
+assert bare["max_num_batched_tokens_source"].startswith("vLLM default (`vllm serve`")
 assert m0 < m and (f0["cached_len"], f0["nbytes"]) == (m0, 2 * HK * m0 * D * 2)
 assert any(n.startswith(f"the bug report's '{vt.BUG_REPORT_REQUIRED_MB} MB'") for n in bare["notes"])
 show_md(f"Default chunk {m0:,}: first refused call at cached {m0:,}, **{format_mb(f0['nbytes'])} MB** "
