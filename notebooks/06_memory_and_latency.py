@@ -75,11 +75,12 @@ import matplotlib.pyplot as plt
 import torch
 
 from tqlab import strategies as S
-from tqlab import viz
 from tqlab.analysis import unfixed_locked_bytes
 from tqlab.config import EngineConfig, list_presets
 from tqlab.lab import plots_strategies as plots
-from tqlab.recorded import has_recorded, load_recorded, make_provenance, save_recorded, show_banner
+from tqlab.lab.display import markdown_table, show_md
+from tqlab.lab.plots_workspace import PhaseMarker, plot_workspace_timeline
+from tqlab.lab.recorded import has_recorded, load_recorded, make_provenance, save_recorded, show_banner
 from tqlab.workspace import WorkspaceLockedError
 
 T0 = time.perf_counter()
@@ -159,7 +160,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", S.WorkspaceFallbackWarning)
     LIVE_RESULTS = S.compare_strategies(TABLE_CFG, S.ALL_STRATEGIES, device=DEVICE, prompts=TABLE_PROMPTS,
                                         decode_steps=DECODE_STEPS, on_result=save_table, progress=False)
-viz.show_md(S.format_table(S.strategy_table(LIVE_RESULTS)))
+show_md(S.format_table(S.strategy_table(LIVE_RESULTS)))
 plots.plot_strategy_comparison(LIVE_RESULTS, title=f"live on {DEVICE}: {TABLE_CFG.num_hidden_layers} layer(s), "
                            f"max_model_len {TABLE_CFG.max_model_len}")
 plt.show()
@@ -194,7 +195,7 @@ REC_TABLE = recorded(f"strategies_{GPU_TAG}")
 if SHOW_RECORDED and REC_TABLE is not None:
     show_banner(REC_TABLE.provenance)
     rec_results = S.results_from_payload(REC_TABLE.data)
-    viz.show_md(S.format_table(REC_TABLE["table"]))
+    show_md(S.format_table(REC_TABLE["table"]))
     plots.plot_strategy_comparison(rec_results, title=f"recorded on {REC_TABLE.provenance['device']}")
     plt.show()
 elif not SHOW_RECORDED:
@@ -211,7 +212,7 @@ if REC_META is not None:
     print(f"recorded {p['date']} at commit {p['commit'][:12]} by `{p['command']}`")
     meta_rows = [{k: v for k, v in row.items() if not k.startswith(("start-up", "TTFT", "decode step"))}
                  for row in REC_META["table"]]
-    viz.show_md(S.format_table(meta_rows))
+    show_md(S.format_table(meta_rows))
 
 # %% [markdown]
 # ## 2 · How big is the worst case? Workspace bytes against `max_model_len`
@@ -248,7 +249,7 @@ for name in list_presets():
     rows.append((name, c.max_model_len, c.max_num_seqs, c.kv_cache_dtype, S.fmt_bytes(r["unfixed_bytes"]),
                  S.fmt_bytes(r["reserved_bytes"]), S.fmt_bytes(kv_full), f"{100 * r['reserved_bytes'] / kv_full:.3f} %",
                  f"{100 * r['share']:.1f} %"))
-viz.show_md(viz.markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unfixed lock", "reserved (fix)",
+show_md(markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unfixed lock", "reserved (fix)",
                                 "KV cache (max_num_seqs × max_model_len)", "share of the KV cache",
                                 "share of one max_model_len seq (upper bound)"), rows))
 
@@ -323,7 +324,7 @@ print(f"the deployment: unfixed lock {S.fmt_bytes(unfixed_locked_bytes(SEED))}, 
 # %%
 fig, axes = plt.subplots(4, 1, figsize=(11, 13))
 for ax, name in zip(axes, ("none", "dummy_run", "reserve", "replay_aware")):
-    marker = viz.PhaseMarker()
+    marker = PhaseMarker()
     eng = S.make_strategy_engine(TABLE_CFG, name, device=DEVICE, on_phase=marker)
     try:
         eng.generate(TABLE_PROMPTS[0], max_tokens=2)
@@ -331,7 +332,7 @@ for ax, name in zip(axes, ("none", "dummy_run", "reserve", "replay_aware")):
     except WorkspaceLockedError as err:
         outcome = f"died: {str(err)[:70]}…"
     marker.mark("serve", eng.workspace)
-    viz.plot_workspace_timeline(eng.workspace.events, marker.marks, ax=ax,
+    plot_workspace_timeline(eng.workspace.events, marker.marks, ax=ax,
                                 title=f"{name}: {TABLE_PROMPTS[0]}-token prompt {outcome}")
     top = ax.get_ylim()[1]
     ax.set_yscale("symlog", linthresh=top / 1000)  # small sizes stay visible next to the large ones
@@ -360,7 +361,7 @@ for mode, v in MEM["trace"].items():
     rows.append((mode, f"{statistics.median(us):.1f}", f"{max(us):.1f}", f"{sum(us) / 1e3:.2f}",
                  S.fmt_bytes(v["peak_reserved"]) if "peak_reserved" in v else "(CUDA only)",
                  S.fmt_bytes(v["peak_allocated"]) if "peak_allocated" in v else "(CUDA only)"))
-viz.show_md(viz.markdown_table(("mode", "median µs/call", "max µs/call", "total ms", "peak reserved",
+show_md(markdown_table(("mode", "median µs/call", "max µs/call", "total ms", "peak reserved",
                                 "peak allocated"), rows))
 save_live(f"strategies_memory_{GPU_TAG}", dict(config=SEED.to_dict(), **MEM))
 
@@ -376,7 +377,7 @@ if SHOW_RECORDED and REC_MEM is not None:
         rows.append((mode, f"{statistics.median(us):.1f}", f"{max(us):.1f}", S.fmt_bytes(v["peak_reserved"]),
                      S.fmt_bytes(v["peak_allocated"]), S.fmt_bytes(v["reserved"][-1] - v["allocated"][-1]),
                      v["num_device_alloc"]))
-    viz.show_md(viz.markdown_table(("mode", "median µs/call", "max µs/call", "peak reserved", "peak allocated",
+    show_md(markdown_table(("mode", "median µs/call", "max µs/call", "peak reserved", "peak allocated",
                                     "reserved − allocated at the end", "cudaMalloc calls"), rows))
 
 # %% [markdown]
@@ -424,7 +425,7 @@ print(f"slots at the end: all-slots {[S.fmt_bytes(b) for b in DBO_ALL['slot_byte
 
 # %%
 LIVE_OVH = S.workspace_call_overhead(DEVICE, number=2000, repeats=3)
-viz.show_md(viz.markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
+show_md(markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
                                [(r["views"], f"{r['hot_us']:.2f}", f"{r['cold_us']:.2f}", f"{r['torch_empty_us']:.2f}")
                                 for r in LIVE_OVH]))
 OVH = {tag: recorded(f"workspace_overhead_{tag}") for tag in ("cpu", GPU_TAG)}
@@ -439,7 +440,7 @@ for tag, rec in OVH.items():
         p = rec.provenance
         print(f"recorded on {p['device']} ({p.get('cpu_count', '?')} cores, load {p.get('load_average_1min', '?')}), "
               f"{p['date']}, commit {p['commit'][:12]}")
-    viz.show_md(viz.markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
+    show_md(markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
                                    [(r["views"], f"{r['hot_us']:.2f}", f"{r['cold_us']:.2f}",
                                      f"{r['torch_empty_us']:.2f}") for r in rec["rows"]]))
 
@@ -469,7 +470,7 @@ if REC_CLAIMS is not None:
     ttft = {k: [p.ttft_s for p in rc[k].prompts] for k in ("reserve", "dummy_run", "fallback")}
     noise = max(abs(a - b) / ((a + b) / 2) for a, b in zip(ttft["reserve"], ttft["dummy_run"]))
     n_long = rs.prompts[long_i].prompt_tokens
-    viz.show_md(viz.markdown_table(("claim", "measured (recorded, H200, one rank of the report's deployment)"), [
+    show_md(markdown_table(("claim", "measured (recorded, H200, one rank of the report's deployment)"), [
         ("fix 1 adds ~5-10 s to start-up", f"start-up {dr.startup_s:.2f} s vs {rs.startup_s:.2f} s with the reservation: "
                                            f"+{extra_startup:.2f} s"),
         ("fix 4 pessimizes long-context decode", f"decode step at {n_long:,} tokens: fallback {1e3 * dec['fallback']:.2f} ms, "
@@ -578,5 +579,5 @@ for tag, rec in OVH.items():
                  f"{rec['three_views_hot_us']:.2f} µs per call with a known signature, "
                  f"{rec['three_views_cold_us']:.2f} µs for a new one (target ≤ {rec['target_us_three_views']:.0f} µs; "
                  f"`torch.empty` ×3: {next(r for r in rec['rows'] if r['views'] == 3)['torch_empty_us']:.2f} µs).")
-viz.show_md("\n".join(lines))
+show_md("\n".join(lines))
 print(f"notebook ran in {time.perf_counter() - T0:.1f} s on {DEVICE}")
