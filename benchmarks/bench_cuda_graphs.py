@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 import time
 import traceback
@@ -42,6 +43,7 @@ for _p in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 
 from tqlab.lab import graph_latency as latency  # noqa: E402
+from tqlab.provenance import jsonable, make_provenance  # noqa: E402
 from tqlab.config import EngineConfig  # noqa: E402
 
 from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
@@ -121,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     cmd = "python benchmarks/bench_cuda_graphs.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = {"provenance": latency.provenance(cmd.strip()), "targets": TARGETS, "results": {}, "errors": {}}
+    out = {"provenance": make_provenance(cmd.strip(), extra={"cuda": torch.version.cuda, "python": platform.python_version()}), "targets": TARGETS, "results": {}, "errors": {}}
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every model, so a run cut short keeps what it measured
-        dest.write_text(json.dumps(latency.jsonable(out), indent=2))
+        dest.write_text(json.dumps(jsonable(out), indent=2))
     for name in names:
         spec = MODELS[name]
         t0 = time.perf_counter()

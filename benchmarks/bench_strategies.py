@@ -50,6 +50,8 @@ import torch  # noqa: E402
 
 from tqlab import strategies as S  # noqa: E402
 from tqlab.config import EngineConfig  # noqa: E402
+from tqlab.lab.display import markdown_table  # noqa: E402
+from tqlab.lab.strategy_tables import results_payload, strategy_table  # noqa: E402
 from tqlab.provenance import make_provenance, recorded_path, save_recorded  # noqa: E402
 
 from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
@@ -162,14 +164,14 @@ def main(argv: list[str] | None = None) -> int:
         except Exception:  # recorded, not hidden: the file says which strategy failed and how
             errors[name] = traceback.format_exc()
             print(errors[name], file=sys.stderr, flush=True)
-        payload = S.results_payload(config, results, prompts=prompts, decode_steps=args.decode_steps,
+        payload = results_payload(config, results, prompts=prompts, decode_steps=args.decode_steps,
                                     preset=args.preset, overrides=overrides)
         payload["errors"] = errors
         payload["seconds_total"] = time.perf_counter() - t0
         path = save_recorded(f"strategies_{tag}", payload, prov, data_dir=out_dir)
         print(f"  {name}: {time.perf_counter() - t:.1f} s -> {path}", flush=True)
     if results:
-        print(S.format_table(S.strategy_table(results)))
+        print(markdown_table(None, strategy_table(results)))
     if args.memory:
         _record_memory(args, config, overrides, dev, prov, tag, out_dir)
     return 1 if errors else 0

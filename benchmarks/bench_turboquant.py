@@ -38,10 +38,8 @@ Usage (on a CUDA machine)::
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import math
-import os
 import platform
 import statistics
 import subprocess
@@ -55,6 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from tqlab.provenance import make_provenance  # noqa: E402
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
 
 SHAPES = {
@@ -65,32 +64,18 @@ BLOCK = 16
 MODEL_DTYPE = torch.bfloat16
 
 
-def _git_commit() -> str:
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], text=True, stderr=subprocess.DEVNULL).strip()
-    except Exception:
-        return "unknown"
-
-
 def provenance(args) -> dict:
+    """:func:`tqlab.provenance.make_provenance` plus the triton, CUDA, Python and driver versions."""
     import triton
 
-    p = {
-        "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "commit": args.commit or os.environ.get("TQLAB_COMMIT") or _git_commit(),
-        "command": "python " + " ".join(sys.argv),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-    }
+    extra = {"triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
     try:
-        p["driver"] = subprocess.check_output(
+        extra["driver"] = subprocess.check_output(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], text=True).strip()
     except Exception:
         pass
-    return p
+    return make_provenance("python " + " ".join(sys.argv), device=None if torch.cuda.is_available() else "cpu",
+                           commit=args.commit or None, extra=extra)
 
 
 def time_graph(fn, target_ms: float = 2.0, replays: int = 15) -> float:

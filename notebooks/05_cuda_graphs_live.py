@@ -58,6 +58,7 @@ USE_RECORDED = os.environ.get("USE_RECORDED", "auto")  # "auto" | "always" | "ne
 
 # %%
 import json
+import platform
 import time
 
 import torch
@@ -65,6 +66,8 @@ import torch
 from tqlab.engine import cuda_graph as cg
 from tqlab.lab import graph_demos as demos
 from tqlab.lab import graph_latency as latency
+from tqlab.lab.display import text_table
+from tqlab.lab.recorded import banner_text, has_recorded, jsonable, load_recorded, make_provenance, show_banner
 from tqlab.analysis import decode_capture_rows, decode_rows_at_lock
 from tqlab.engine.replay_guard import StalePointerError
 from tqlab.lab.plots_graphs import plot_latency
@@ -85,15 +88,18 @@ SHOW_RECORDED = USE_RECORDED == "always" or (USE_RECORDED == "auto" and not ON_C
 DEMO = demos.make_demo_config(num_hidden_layers=8 if ON_CUDA else 2)
 LIVE = demos.LiveCells(DEVICE, ["warmup", "pointer_stability", "hazard", "case_a", "case_b", "case_c", "latency"])
 RESULTS: dict = {}
-REC_LIVE = latency.load_recorded("live")  # the GPU run of this notebook
-REC_LAT = latency.load_recorded("latency")  # benchmarks/bench_cuda_graphs.py on the GPU
+# The GPU recordings (plain dicts, None when absent): this notebook's GPU run, benchmarks/bench_cuda_graphs.py.
+REC_LIVE, REC_LAT = (load_recorded(n).data if has_recorded(n) else None for n in ("cuda_graphs_live", "cuda_graphs_latency"))
 print(f"device: {DEVICE} ({torch.cuda.get_device_name(0) if ON_CUDA else 'no CUDA: simulated graphs'}), torch {torch.__version__}")
 print(f"demo config: {DEMO.preset}, {DEMO.num_hidden_layers} layers, Hq/rank {DEMO.num_heads_per_rank}, "
       f"Hk/rank {DEMO.num_kv_heads_per_rank}, D {DEMO.head_dim}, max_num_seqs {DEMO.max_num_seqs}, "
       f"max_model_len {DEMO.max_model_len}, {DEMO.kv_cache_dtype}")
 if SHOW_RECORDED:
-    print(latency.recorded_banner(REC_LIVE))
-    print(latency.recorded_banner(REC_LAT))
+    for rec in (REC_LIVE, REC_LAT):
+        if rec:
+            show_banner(rec["provenance"])
+        else:
+            print("no GPU recording under data/ yet (run this notebook or benchmarks/bench_cuda_graphs.py on a GPU)")
 
 # %%
 # New in this lecture: tables, the piecewise and memory-budget simulations (sections 7-9).
@@ -171,9 +177,8 @@ for name, num_warmups in (("with_warmup", 2), ("without_warmup", 0)):
     r[name] = row
     del eng, dr
 RESULTS["warmup"] = r
-print(latency.format_table([dict(variant=k, **v) for k, v in r.items()],
-                      ["variant", "num_warmups", "workspace_bytes_before", "resizes_in_warmup", "resizes_in_capture",
-                       "workspace_bytes_after", "ok"]))
+print(text_table(["variant", "num_warmups", "workspace_bytes_before", "resizes_in_warmup", "resizes_in_capture",
+                  "workspace_bytes_after", "ok"], [dict(variant=k, **v) for k, v in r.items()]))
 for k, v in r.items():
     if v["error"]:
         print(f"{k}: capture raised {v['error']}")
@@ -192,9 +197,9 @@ if REC_LIVE and "warmup" in REC_LIVE:  # the same prediction holds for real CUDA
     assert g["with_warmup"]["resizes_in_capture"] == 0 and g["without_warmup"]["resizes_in_capture"] >= 1
 print("warm-up moved every resize out of the capture")
 if SHOW_RECORDED and REC_LIVE and "warmup" in REC_LIVE:
-    print("\n" + latency.recorded_banner(REC_LIVE) + " -- real CUDA graph capture:")
-    print(latency.format_table([dict(variant=k, **v) for k, v in REC_LIVE["warmup"].items()],
-                          ["variant", "num_warmups", "resizes_in_warmup", "resizes_in_capture", "workspace_bytes_after", "ok"]))
+    show_banner(REC_LIVE["provenance"], what="Real CUDA graph capture recorded")
+    print(text_table(["variant", "num_warmups", "resizes_in_warmup", "resizes_in_capture", "workspace_bytes_after", "ok"],
+                     [dict(variant=k, **v) for k, v in REC_LIVE["warmup"].items()]))
 
 # %% [markdown]
 # ## 3 · Pointer stability
@@ -213,8 +218,8 @@ print(f"mode {r['mode']}; batch {r['batch']} in bucket {r['bucket']}; buckets {r
       f"workspace {r['workspace_bytes']} bytes; resizes during capture {r['resizes_in_capture']}")
 print(f"capture: buffer 0x{r['capture_buffer_ptr']:x}, views {[hex(p) for p in r['capture_view_ptrs']]} "
       f"({r['num_workspace_requests_in_graph']} requests in the graph, {r['distinct_view_ptr_sets_in_graph']} distinct pointer set)")
-print(latency.format_table(r["steps"], ["step", "buffer_ptr", "view_ptrs", "same_as_capture", "bitwise_equal",
-                                   "max_abs_diff", "argmax_mismatch"], hex_cols=["buffer_ptr", "view_ptrs"]))
+print(text_table(["step", "buffer_ptr", "view_ptrs", "same_as_capture", "bitwise_equal", "max_abs_diff",
+                  "argmax_mismatch"], r["steps"], hex_cols=["buffer_ptr", "view_ptrs"]))
 LIVE.ran("pointer_stability")
 
 # %% [markdown]
@@ -230,10 +235,10 @@ if REC_LIVE and "pointer_stability" in REC_LIVE:  # and on the GPU recording
 print(f"{len(r['steps'])} replays, pointers and outputs as predicted")
 if SHOW_RECORDED and REC_LIVE and "pointer_stability" in REC_LIVE:
     g = REC_LIVE["pointer_stability"]
-    print("\n" + latency.recorded_banner(REC_LIVE))
+    show_banner(REC_LIVE["provenance"])
     print(f"real CUDA graphs: mode {g['mode']}, batch {g['batch']} in bucket {g['bucket']}")
-    print(latency.format_table(g["steps"], ["step", "buffer_ptr", "same_as_capture", "bitwise_equal", "max_abs_diff"],
-                          hex_cols=["buffer_ptr"]))
+    print(text_table(["step", "buffer_ptr", "same_as_capture", "bitwise_equal", "max_abs_diff"], g["steps"],
+                     hex_cols=["buffer_ptr"]))
 
 # %% [markdown]
 # ## 4 · The hazard, and what stops it
@@ -271,7 +276,7 @@ print(f"           a new owner's data in the freed block: {nd['new_owner_bytes_c
 if "concurrent_owner_trials" in nd:
     print(f"           new owner writing on another stream during the replay: "
           f"{nd['concurrent_owner_diverged']} of {len(nd['concurrent_owner_trials'])} replays diverged")
-    print(latency.format_table(nd["concurrent_owner_trials"], ["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"]))
+    print(text_table(["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"], nd["concurrent_owner_trials"]))
 print(f"[guard]    raised: {gd['raised']}\n           {gd.get('error')}")
 LIVE.ran("hazard")
 HAZ = r
@@ -289,13 +294,13 @@ if REC_LIVE and "hazard" in REC_LIVE:  # and with real CUDA graphs (recorded)
     g = REC_LIVE["hazard"]
     assert g["lock"]["refused"] and g["guard"]["raised"] and g["no_guard"]["new_buffer_bytes_touched"] == 0
 print("lock, stale replay and guard behaved as predicted")
-if SHOW_RECORDED:
-    print("\n" + latency.recorded_banner(REC_LIVE))
-    if REC_LIVE and "concurrent_owner_trials" in REC_LIVE.get("hazard", {}).get("no_guard", {}):
+if SHOW_RECORDED and REC_LIVE:
+    show_banner(REC_LIVE["provenance"])
+    if "concurrent_owner_trials" in REC_LIVE.get("hazard", {}).get("no_guard", {}):
         g = REC_LIVE["hazard"]["no_guard"]
         print(f"on the GPU, the new owner writing on another stream during the stale replay: "
               f"{g['concurrent_owner_diverged']} of {len(g['concurrent_owner_trials'])} replays diverged from eager")
-        print(latency.format_table(g["concurrent_owner_trials"], ["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"]))
+        print(text_table(["bitwise_equal", "max_abs_diff", "nonfinite", "argmax_mismatch", "rows"], g["concurrent_owner_trials"]))
 
 # %% [markdown]
 # ## 5 · Cases from public reports
@@ -326,8 +331,8 @@ for order, reserve in (("smallest_first", None), ("smallest_first", "max_num_seq
     RESULTS.setdefault("case_a", []).append(r)
     del eng, dr
     print(f"\norder {order}, reserve {reserve}: stale buckets {r['stale_buckets']}")
-    print(latency.format_table(r["captures"], ["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"],
-                          hex_cols=["buffer_ptr"]))
+    print(text_table(["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"], r["captures"],
+                     hex_cols=["buffer_ptr"]))
     print("guarded replay:", {b: ("ok" if v["ok"] else "StalePointerError") for b, v in r["replay"].items()})
 bad = RESULTS["case_a"][0]["replay"]
 print("\nfirst refusal:", next(v["error"] for v in bad.values() if not v["ok"]))
@@ -337,7 +342,7 @@ if REC_LIVE and "case_a" in REC_LIVE:
     assert [bool(x["stale_buckets"]) for x in REC_LIVE["case_a"]] == [True, False, False]
 LIVE.ran("case_a")
 if SHOW_RECORDED and REC_LIVE and "case_a" in REC_LIVE:
-    print("\n" + latency.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
+    show_banner(REC_LIVE["provenance"], what="Real CUDA graphs recorded")
     for g in REC_LIVE["case_a"]:
         print(f"order {g['order']}, reserve {g['reserve']}: stale buckets {g['stale_buckets']}, buffer per capture "
               f"{[hex(c['buffer_ptr']) for c in g['captures']]}")
@@ -358,8 +363,8 @@ for reserve in ("max_num_seqs", "all_buckets"):
     RESULTS.setdefault("case_b", []).append(r)
     print(f"\nreserve {reserve}: need per bucket {r['need_bytes']} bytes (largest at bucket {r['argmax_need']}); "
           f"stale buckets {r['stale_buckets']}")
-    print(latency.format_table(r["captures"], ["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"],
-                          hex_cols=["buffer_ptr"]))
+    print(text_table(["bucket", "buffer_ptr", "bytes", "resizes_in_warmup", "resizes_in_capture"], r["captures"],
+                     hex_cols=["buffer_ptr"]))
     print("guarded replay:", {b: ("ok" if v["ok"] else "StalePointerError") for b, v in r["replay"].items()})
 LIVE.ran("case_b")
 # Predicted: the need peaks at bucket 2; reserving at max_num_seqs leaves bucket 4's graph stale, the maximum
@@ -368,7 +373,7 @@ for res in [RESULTS["case_b"]] + ([REC_LIVE["case_b"]] if REC_LIVE and "case_b" 
     assert [(x["reserve"], bool(x["stale_buckets"])) for x in res] == [("max_num_seqs", True), ("all_buckets", False)]
     assert all(x["argmax_need"] == 2 for x in res)
 if SHOW_RECORDED and REC_LIVE and "case_b" in REC_LIVE:
-    print("\n" + latency.recorded_banner(REC_LIVE) + " -- real CUDA graphs:")
+    show_banner(REC_LIVE["provenance"], what="Real CUDA graphs recorded")
     for g in REC_LIVE["case_b"]:
         print(f"reserve {g['reserve']}: need {g['need_bytes']}, stale buckets {g['stale_buckets']}")
 
@@ -440,9 +445,10 @@ if ON_CUDA:
 else:
     LIVE.recorded("latency")
 if SHOW_RECORDED or not ON_CUDA:
-    print(latency.recorded_banner(REC_LAT))
-    if REC_LAT:
-        print("command:", REC_LAT["provenance"].get("command"))
+    if not REC_LAT:
+        print("no GPU recording data/cuda_graphs_latency.json yet (run benchmarks/bench_cuda_graphs.py on a GPU)")
+    else:
+        show_banner(REC_LAT["provenance"])
         for k, v in REC_LAT["results"].items():
             print(f"\n{k}: {v['num_hidden_layers']} layers, Hq/rank {v['num_heads_per_rank']}, Hk/rank "
                   f"{v['num_kv_heads_per_rank']}, {v['kv_cache_dtype']}, context {v['context_len']} tokens")
@@ -458,7 +464,7 @@ if SHOW_RECORDED or not ON_CUDA:
             print(f"not recorded: {k}: {v}")
         for note in REC_LAT.get("notes", []):
             print("note:", note)
-        plot_latency(REC_LAT["results"], title=latency.recorded_banner(REC_LAT))
+        plot_latency(REC_LAT["results"], title=banner_text(REC_LAT["provenance"]).split("\n")[0])
 
 # %% [markdown]
 # ## 7 · Piecewise graphs: what is captured, what runs eagerly between the pieces
@@ -711,7 +717,7 @@ if summary["recorded"]:
 if not LIVE.on_cuda:
     print("on CUDA every one of them must run live; this check is skipped on the CPU")
 if SHOW_RECORDED and REC_LIVE:
-    print(latency.recorded_banner(REC_LIVE))
+    show_banner(REC_LIVE["provenance"])
     print("how it was recorded:", REC_LIVE.get("source") or f"`{REC_LIVE['provenance']['command']}` (this notebook)")
     if REC_LIVE.get("gpu_tests_passed") is None:
         print("that recording stored no GPU test counts (only this notebook's results)")
@@ -719,8 +725,9 @@ if SHOW_RECORDED and REC_LIVE:
         print(f"GPU tests in that session: {REC_LIVE['gpu_tests_passed']} passed, {REC_LIVE.get('gpu_tests_failed')} failed")
 out_path = os.environ.get("TQLAB_NB05_RESULTS")
 if out_path:
-    payload = {"provenance": latency.provenance("DEVICE=cuda python notebooks/05_cuda_graphs_live.py"), **RESULTS}
+    payload = {"provenance": make_provenance("DEVICE=cuda python notebooks/05_cuda_graphs_live.py",
+                                             extra={"cuda": torch.version.cuda, "python": platform.python_version()}), **RESULTS}
     with open(out_path, "w") as f:
-        json.dump(latency.jsonable(payload), f, indent=1)
+        json.dump(jsonable(payload), f, indent=1)
     print("results written to", out_path)
 print(f"notebook time: {time.perf_counter() - T0:.1f} s")

@@ -75,11 +75,13 @@ import matplotlib.pyplot as plt
 import torch
 
 from tqlab import strategies as S
-from tqlab import viz
 from tqlab.analysis import unfixed_locked_bytes
 from tqlab.config import EngineConfig, list_presets
 from tqlab.lab import plots_strategies as plots
-from tqlab.recorded import has_recorded, load_recorded, make_provenance, save_recorded, show_banner
+from tqlab.lab.display import fmt_bytes, markdown_table, show_md
+from tqlab.lab.plots_workspace import PhaseMarker, plot_workspace_timeline
+from tqlab.lab.recorded import has_recorded, load_recorded, make_provenance, save_recorded, show_banner
+from tqlab.lab.strategy_tables import results_payload, strategy_table
 from tqlab.workspace import WorkspaceLockedError
 
 T0 = time.perf_counter()
@@ -151,7 +153,7 @@ def save_table(results):
     last = results[-1]
     print(f"[{len(results)}/{len(S.ALL_STRATEGIES)}] {last.strategy}: start-up {last.startup_s:.2f} s, "
           f"survives max_model_len: {'yes' if last.survives_max_model_len else 'no'}", flush=True)
-    save_live(f"strategies_{GPU_TAG}", S.results_payload(TABLE_CFG, results, prompts=TABLE_PROMPTS,
+    save_live(f"strategies_{GPU_TAG}", results_payload(TABLE_CFG, results, prompts=TABLE_PROMPTS,
                                                          decode_steps=DECODE_STEPS))
 
 
@@ -159,7 +161,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", S.WorkspaceFallbackWarning)
     LIVE_RESULTS = S.compare_strategies(TABLE_CFG, S.ALL_STRATEGIES, device=DEVICE, prompts=TABLE_PROMPTS,
                                         decode_steps=DECODE_STEPS, on_result=save_table, progress=False)
-viz.show_md(S.format_table(S.strategy_table(LIVE_RESULTS)))
+show_md(markdown_table(None, strategy_table(LIVE_RESULTS)))
 plots.plot_strategy_comparison(LIVE_RESULTS, title=f"live on {DEVICE}: {TABLE_CFG.num_hidden_layers} layer(s), "
                            f"max_model_len {TABLE_CFG.max_model_len}")
 plt.show()
@@ -194,7 +196,7 @@ REC_TABLE = recorded(f"strategies_{GPU_TAG}")
 if SHOW_RECORDED and REC_TABLE is not None:
     show_banner(REC_TABLE.provenance)
     rec_results = S.results_from_payload(REC_TABLE.data)
-    viz.show_md(S.format_table(REC_TABLE["table"]))
+    show_md(markdown_table(None, REC_TABLE["table"]))
     plots.plot_strategy_comparison(rec_results, title=f"recorded on {REC_TABLE.provenance['device']}")
     plt.show()
 elif not SHOW_RECORDED:
@@ -211,7 +213,7 @@ if REC_META is not None:
     print(f"recorded {p['date']} at commit {p['commit'][:12]} by `{p['command']}`")
     meta_rows = [{k: v for k, v in row.items() if not k.startswith(("start-up", "TTFT", "decode step"))}
                  for row in REC_META["table"]]
-    viz.show_md(S.format_table(meta_rows))
+    show_md(markdown_table(None, meta_rows))
 
 # %% [markdown]
 # ## 2 · How big is the worst case? Workspace bytes against `max_model_len`
@@ -245,10 +247,10 @@ for name in list_presets():
     c = EngineConfig.from_preset(name)
     (r,) = S.workspace_vs_max_model_len(c, [c.max_model_len])
     kv_full = kv_cache_bytes_per_token(c) * c.max_model_len * c.max_num_seqs  # max_num_seqs full-length sequences
-    rows.append((name, c.max_model_len, c.max_num_seqs, c.kv_cache_dtype, S.fmt_bytes(r["unfixed_bytes"]),
-                 S.fmt_bytes(r["reserved_bytes"]), S.fmt_bytes(kv_full), f"{100 * r['reserved_bytes'] / kv_full:.3f} %",
+    rows.append((name, c.max_model_len, c.max_num_seqs, c.kv_cache_dtype, fmt_bytes(r["unfixed_bytes"]),
+                 fmt_bytes(r["reserved_bytes"]), fmt_bytes(kv_full), f"{100 * r['reserved_bytes'] / kv_full:.3f} %",
                  f"{100 * r['share']:.1f} %"))
-viz.show_md(viz.markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unfixed lock", "reserved (fix)",
+show_md(markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unfixed lock", "reserved (fix)",
                                 "KV cache (max_num_seqs × max_model_len)", "share of the KV cache",
                                 "share of one max_model_len seq (upper bound)"), rows))
 
@@ -262,7 +264,7 @@ viz.show_md(viz.markdown_table(("preset", "max_model_len", "max_num_seqs", "cach
 share_one = SEED_ROW["share"]
 share_full_batch = SEED_ROW["reserved_bytes"] / (kv_cache_bytes_per_token(SEED) * SEED.max_model_len * SEED.max_num_seqs)
 cont = 2 * SEED.num_kv_heads_per_rank * SEED.max_model_len * SEED.head_dim * 2  # two fp16 buffers
-print(f"{SEED.preset}: reserved {S.fmt_bytes(SEED_ROW['reserved_bytes'])}; share of the KV cache "
+print(f"{SEED.preset}: reserved {fmt_bytes(SEED_ROW['reserved_bytes'])}; share of the KV cache "
       f"(max_num_seqs = {SEED.max_num_seqs} sequences of max_model_len) {100 * share_full_batch:.3f} %; "
       f"of one max_model_len sequence {100 * share_one:.3f} %")
 assert SEED_ROW["kv_bytes"] == kv_cache_bytes_per_token(SEED) * SEED.max_model_len  # same bytes per token
@@ -308,7 +310,7 @@ handles, labels = axes[0].get_legend_handles_labels()
 fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
 fig.tight_layout(rect=(0, 0.08, 1, 1))
 plt.show()
-print(f"the deployment: unfixed lock {S.fmt_bytes(unfixed_locked_bytes(SEED))}, longest surviving prompt "
+print(f"the deployment: unfixed lock {fmt_bytes(unfixed_locked_bytes(SEED))}, longest surviving prompt "
       f"{S.longest_surviving_prompt(SEED)} tokens of max_model_len {SEED.max_model_len}")
 
 # %% [markdown]
@@ -323,7 +325,7 @@ print(f"the deployment: unfixed lock {S.fmt_bytes(unfixed_locked_bytes(SEED))}, 
 # %%
 fig, axes = plt.subplots(4, 1, figsize=(11, 13))
 for ax, name in zip(axes, ("none", "dummy_run", "reserve", "replay_aware")):
-    marker = viz.PhaseMarker()
+    marker = PhaseMarker()
     eng = S.make_strategy_engine(TABLE_CFG, name, device=DEVICE, on_phase=marker)
     try:
         eng.generate(TABLE_PROMPTS[0], max_tokens=2)
@@ -331,7 +333,7 @@ for ax, name in zip(axes, ("none", "dummy_run", "reserve", "replay_aware")):
     except WorkspaceLockedError as err:
         outcome = f"died: {str(err)[:70]}…"
     marker.mark("serve", eng.workspace)
-    viz.plot_workspace_timeline(eng.workspace.events, marker.marks, ax=ax,
+    plot_workspace_timeline(eng.workspace.events, marker.marks, ax=ax,
                                 title=f"{name}: {TABLE_PROMPTS[0]}-token prompt {outcome}")
     top = ax.get_ylim()[1]
     ax.set_yscale("symlog", linthresh=top / 1000)  # small sizes stay visible next to the large ones
@@ -358,9 +360,9 @@ rows = []
 for mode, v in MEM["trace"].items():
     us = v["per_call_us"]
     rows.append((mode, f"{statistics.median(us):.1f}", f"{max(us):.1f}", f"{sum(us) / 1e3:.2f}",
-                 S.fmt_bytes(v["peak_reserved"]) if "peak_reserved" in v else "(CUDA only)",
-                 S.fmt_bytes(v["peak_allocated"]) if "peak_allocated" in v else "(CUDA only)"))
-viz.show_md(viz.markdown_table(("mode", "median µs/call", "max µs/call", "total ms", "peak reserved",
+                 fmt_bytes(v["peak_reserved"]) if "peak_reserved" in v else "(CUDA only)",
+                 fmt_bytes(v["peak_allocated"]) if "peak_allocated" in v else "(CUDA only)"))
+show_md(markdown_table(("mode", "median µs/call", "max µs/call", "total ms", "peak reserved",
                                 "peak allocated"), rows))
 save_live(f"strategies_memory_{GPU_TAG}", dict(config=SEED.to_dict(), **MEM))
 
@@ -373,10 +375,10 @@ if SHOW_RECORDED and REC_MEM is not None:
     rows = []
     for mode, v in REC_MEM["trace"].items():
         us = v["per_call_us"]
-        rows.append((mode, f"{statistics.median(us):.1f}", f"{max(us):.1f}", S.fmt_bytes(v["peak_reserved"]),
-                     S.fmt_bytes(v["peak_allocated"]), S.fmt_bytes(v["reserved"][-1] - v["allocated"][-1]),
+        rows.append((mode, f"{statistics.median(us):.1f}", f"{max(us):.1f}", fmt_bytes(v["peak_reserved"]),
+                     fmt_bytes(v["peak_allocated"]), fmt_bytes(v["reserved"][-1] - v["allocated"][-1]),
                      v["num_device_alloc"]))
-    viz.show_md(viz.markdown_table(("mode", "median µs/call", "max µs/call", "peak reserved", "peak allocated",
+    show_md(markdown_table(("mode", "median µs/call", "max µs/call", "peak reserved", "peak allocated",
                                     "reserved − allocated at the end", "cudaMalloc calls"), rows))
 
 # %% [markdown]
@@ -388,8 +390,8 @@ if SHOW_RECORDED and REC_MEM is not None:
 # the old buffer first (peak = new); it can, because workspace contents never need to survive a growth.
 
 # %%
-print(f"{len(MEM['growth_sizes'])} growths, {S.fmt_bytes(MEM['growth_sizes'][0])} → "
-      f"{S.fmt_bytes(MEM['growth_sizes'][-1])}")
+print(f"{len(MEM['growth_sizes'])} growths, {fmt_bytes(MEM['growth_sizes'][0])} → "
+      f"{fmt_bytes(MEM['growth_sizes'][-1])}")
 plots.plot_growth(MEM["growth"], title=f"live on {DEVICE}")
 plt.show()
 if SHOW_RECORDED and REC_MEM is not None:
@@ -411,8 +413,8 @@ DBO_ALL = S.dbo_memory_held(SEED, LONG, grow_all_slots=True)
 DBO_ONE = S.dbo_memory_held(SEED, LONG, grow_all_slots=False)
 plots.plot_dbo(DBO_ALL, DBO_ONE)
 plt.show()
-print(f"slots at the end: all-slots {[S.fmt_bytes(b) for b in DBO_ALL['slot_bytes']]}, "
-      f"requesting-slot {[S.fmt_bytes(b) for b in DBO_ONE['slot_bytes']]}")
+print(f"slots at the end: all-slots {[fmt_bytes(b) for b in DBO_ALL['slot_bytes']]}, "
+      f"requesting-slot {[fmt_bytes(b) for b in DBO_ONE['slot_bytes']]}")
 
 # %% [markdown]
 # ## 8 · The manager's own cost per call
@@ -424,7 +426,7 @@ print(f"slots at the end: all-slots {[S.fmt_bytes(b) for b in DBO_ALL['slot_byte
 
 # %%
 LIVE_OVH = S.workspace_call_overhead(DEVICE, number=2000, repeats=3)
-viz.show_md(viz.markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
+show_md(markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
                                [(r["views"], f"{r['hot_us']:.2f}", f"{r['cold_us']:.2f}", f"{r['torch_empty_us']:.2f}")
                                 for r in LIVE_OVH]))
 OVH = {tag: recorded(f"workspace_overhead_{tag}") for tag in ("cpu", GPU_TAG)}
@@ -439,7 +441,7 @@ for tag, rec in OVH.items():
         p = rec.provenance
         print(f"recorded on {p['device']} ({p.get('cpu_count', '?')} cores, load {p.get('load_average_1min', '?')}), "
               f"{p['date']}, commit {p['commit'][:12]}")
-    viz.show_md(viz.markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
+    show_md(markdown_table(("views", "hot µs", "cold µs", "torch.empty µs"),
                                    [(r["views"], f"{r['hot_us']:.2f}", f"{r['cold_us']:.2f}",
                                      f"{r['torch_empty_us']:.2f}") for r in rec["rows"]]))
 
@@ -469,7 +471,7 @@ if REC_CLAIMS is not None:
     ttft = {k: [p.ttft_s for p in rc[k].prompts] for k in ("reserve", "dummy_run", "fallback")}
     noise = max(abs(a - b) / ((a + b) / 2) for a, b in zip(ttft["reserve"], ttft["dummy_run"]))
     n_long = rs.prompts[long_i].prompt_tokens
-    viz.show_md(viz.markdown_table(("claim", "measured (recorded, H200, one rank of the report's deployment)"), [
+    show_md(markdown_table(("claim", "measured (recorded, H200, one rank of the report's deployment)"), [
         ("fix 1 adds ~5-10 s to start-up", f"start-up {dr.startup_s:.2f} s vs {rs.startup_s:.2f} s with the reservation: "
                                            f"+{extra_startup:.2f} s"),
         ("fix 4 pessimizes long-context decode", f"decode step at {n_long:,} tokens: fallback {1e3 * dec['fallback']:.2f} ms, "
@@ -553,23 +555,23 @@ final = S.results_from_payload(REC_TABLE.data) if (SHOW_RECORDED and REC_TABLE i
 where = REC_TABLE.provenance["device"] if final is not LIVE_RESULTS else f"{DEVICE} (live)"
 by = {r.strategy: r for r in final}
 lines = [f"**Strategy table** ({where}; prompts {[p.prompt_tokens for p in final[0].prompts]} tokens):", "",
-         S.format_table(S.strategy_table([by[s] for s in S.STRATEGIES if s in by])), ""]
+         markdown_table(None, strategy_table([by[s] for s in S.STRATEGIES if s in by])), ""]
 ra, fb, rs, dr = by.get("replay_aware"), by.get("fallback"), by.get("reserve"), by.get("dummy_run")
 if rs and dr:
     lines.append(f"- `reserve` and `dummy_run` both survive `max_model_len`: "
                  f"{'yes' if rs.survives_max_model_len else 'no'} / {'yes' if dr.survives_max_model_len else 'no'}; "
-                 f"they hold {S.fmt_bytes(rs.reserved_bytes)} / {S.fmt_bytes(dr.reserved_bytes)} from start-up on, "
+                 f"they hold {fmt_bytes(rs.reserved_bytes)} / {fmt_bytes(dr.reserved_bytes)} from start-up on, "
                  f"and start in {rs.startup_s:.2f} s / {dr.startup_s:.2f} s.")
 if ra:
     extra = sum(p.recapture_seconds for p in ra.prompts)
     lines.append(f"- `replay_aware` grew and re-captured every decode graph {ra.recaptures} times "
                  f"({extra:.2f} s of it inside time to first token) and ends at "
-                 f"{S.fmt_bytes(ra.final_workspace_bytes)}"
-                 + (f" (`reserve` holds {S.fmt_bytes(rs.reserved_bytes)} from start-up)" if rs else "")
+                 f"{fmt_bytes(ra.final_workspace_bytes)}"
+                 + (f" (`reserve` holds {fmt_bytes(rs.reserved_bytes)} from start-up)" if rs else "")
                  + ": about the same memory, paid late, in steps, in the middle of serving.")
 if fb:
     lines.append(f"- `fallback` served {fb.fallback_calls} calls with `torch.empty`; its workspace stays at "
-                 f"{S.fmt_bytes(fb.reserved_bytes)}, its peak is {S.fmt_bytes(fb.peak_bytes)} "
+                 f"{fmt_bytes(fb.reserved_bytes)}, its peak is {fmt_bytes(fb.peak_bytes)} "
                  f"({fb.peak_source}).")
 for tag, rec in OVH.items():
     if rec is None or (tag == GPU_TAG and not SHOW_RECORDED):
@@ -578,5 +580,5 @@ for tag, rec in OVH.items():
                  f"{rec['three_views_hot_us']:.2f} µs per call with a known signature, "
                  f"{rec['three_views_cold_us']:.2f} µs for a new one (target ≤ {rec['target_us_three_views']:.0f} µs; "
                  f"`torch.empty` ×3: {next(r for r in rec['rows'] if r['views'] == 3)['torch_empty_us']:.2f} µs).")
-viz.show_md("\n".join(lines))
+show_md("\n".join(lines))
 print(f"notebook ran in {time.perf_counter() - T0:.1f} s on {DEVICE}")

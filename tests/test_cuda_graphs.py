@@ -26,7 +26,7 @@ from tqlab.engine import cuda_graph as cg
 from tqlab.engine import replay_guard as rg
 from tqlab.engine.model_runner import CaptureRecord
 from tqlab.lab import graph_demos as demos
-from tqlab.lab import graph_latency
+from tqlab.lab.recorded import banner_text, load_recorded
 from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -417,7 +417,8 @@ def test_recorded_data_has_provenance(path):
     prov = data["provenance"]
     for key in ("device", "date", "commit", "command", "torch"):
         assert prov.get(key), f"{path.name}: provenance.{key} is missing"
-    banner = graph_latency.recorded_banner(data)
+    assert load_recorded(path.stem).provenance["device"] == prov["device"]
+    banner = banner_text(prov)
     assert prov["device"] in banner and prov["date"] in banner and str(prov["commit"])[:12] in banner
 
 

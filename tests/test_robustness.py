@@ -311,7 +311,7 @@ def bench(tmp_path, monkeypatch):
 
 
 def _recording_with(path: Path, **fields) -> str:
-    from tqlab.recorded import make_provenance, save_recorded
+    from tqlab.provenance import make_provenance, save_recorded
     save_recorded(path.stem, fields, make_provenance("test", commit="0" * 40), data_dir=path.parent)
     return path.read_text()
 

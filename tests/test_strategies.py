@@ -24,6 +24,8 @@ from tqlab import strategies as S
 from tqlab.analysis import first_failing_prompt, unfixed_locked_bytes, workspace_bytes_for_prompt
 from tqlab.config import EngineConfig
 from tqlab.engine import LLMEngine
+from tqlab.lab.display import markdown_table
+from tqlab.lab.strategy_tables import strategy_table
 from tqlab.workspace import WorkspaceLockedError, format_mb, rewarm_workspace, ubatch_context
 
 TINY = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1, max_model_len=1024,
@@ -217,12 +219,12 @@ def test_counters(results):
 
 
 def test_table_rows(results):
-    rows = S.strategy_table([results[s] for s in S.STRATEGIES])
+    rows = strategy_table([results[s] for s in S.STRATEGIES])
     assert [r["strategy"] for r in rows] == list(S.STRATEGIES)
     assert rows[0]["TTFT 512-token"] == "dies" and rows[0]["survives max_model_len"] == "no"
     assert rows[2]["reserved"] == "64.00 KiB" and rows[2]["graph-safe"] == "yes"
     assert rows[3]["notes"] == "3 re-captures" and rows[4]["notes"] == "4 fallback calls"
-    md = S.format_table(rows)
+    md = markdown_table(None, rows)
     assert md.splitlines()[0].startswith("| strategy | seed fix | start-up | reserved | peak (computed) |")
     assert S.StrategyResult.from_dict(results["reserve"].to_dict()) == results["reserve"]
 

@@ -243,10 +243,10 @@ def test_decode_vs_vllm_figure_from_recorded():
     import matplotlib
 
     matplotlib.use("Agg")
-    from tqlab import recorded
+    from tqlab.provenance import load_recorded
     from tqlab.turboquant import figures
 
-    rec = recorded.load_recorded("turboquant_vs_vllm_h200")
+    rec = load_recorded("turboquant_vs_vllm_h200")
     assert rec.provenance["device"] == "NVIDIA H200"
     for shape in ("llama3.1-8b", "seed_tp8_rank"):
         data = figures.vs_vllm_series(rec, shape)

@@ -34,14 +34,13 @@ from typing import TYPE_CHECKING, Any, Mapping
 from .reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     _check_config,
-    _pos_int,
     chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
     plan_bytes,
     reservation_plan,
 )
-from .workspace import compute_layout, round_up
+from .workspace import compute_layout, positive_int, round_up
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import EngineConfig
@@ -272,8 +271,8 @@ def unfixed_locked_bytes(config: "EngineConfig") -> int:
 
 def prompt_chunks(prompt_tokens: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
     """``(cached_len, q_len)`` of each prefill chunk of a request running alone (a list: for small prompts)."""
-    n = _pos_int("prompt_tokens", prompt_tokens)
-    m = _pos_int("max_num_batched_tokens", max_num_batched_tokens)
+    n = positive_int("prompt_tokens", prompt_tokens)
+    m = positive_int("max_num_batched_tokens", max_num_batched_tokens)
     return [(start, min(m, n - start)) for start in range(0, n, m)]
 
 
@@ -308,7 +307,7 @@ def prompt_workspace_chunks(config: "EngineConfig", prompt_tokens: int) -> dict[
     more than 128 new tokens) and ``{"decode_kernel": (cached_len, q_len)}`` of its last short
     continuation chunk (no workspace call in vLLM 0.33); a key is absent when no chunk takes that path.
     """
-    _pos_int("prompt_tokens", prompt_tokens)
+    positive_int("prompt_tokens", prompt_tokens)
     m, n, out = config.max_num_batched_tokens, prompt_tokens, {}
     if not config.enable_chunked_prefill or n <= m:
         return out
@@ -329,7 +328,7 @@ def workspace_bytes_for_prompt(config: "EngineConfig", prompt_tokens: int) -> in
     Raises ``ValueError`` for a prompt shorter than 1 or longer than ``max_model_len``.
     """
     _check_config(config)
-    _pos_int("prompt_tokens", prompt_tokens)
+    positive_int("prompt_tokens", prompt_tokens)
     if prompt_tokens > config.max_model_len:
         raise ValueError(f"prompt_tokens {prompt_tokens} exceeds max_model_len {config.max_model_len}")
     top = prompt_workspace_chunks(config, prompt_tokens).get("continuation")
@@ -345,7 +344,7 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     Raises ``ValueError`` for a negative or non-int ``locked_bytes``.
     """
     _check_config(config)
-    _pos_int("locked_bytes", locked_bytes, 0)
+    positive_int("locked_bytes", locked_bytes, 0)
     limit = config.max_model_len - 1
     if limit < 1:
         return None
@@ -375,8 +374,8 @@ def safe_max_model_len(config: "EngineConfig", locked_bytes: int, *, schedule: s
     _check_config(config)
     if schedule not in ("alone", "any"):
         raise ValueError(f"schedule must be 'alone' or 'any', got {schedule!r}")
-    _pos_int("locked_bytes", locked_bytes, 0)
-    top = config.max_model_len if limit is None else _pos_int("limit", limit)
+    positive_int("locked_bytes", locked_bytes, 0)
+    top = config.max_model_len if limit is None else positive_int("limit", limit)
     if schedule == "alone":
         hit = _first_refused_chunk(config, max(1, top - 1), locked_bytes)
         if hit is None:
@@ -474,10 +473,10 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
     Raises ``ValueError`` for a prompt outside ``[1, max_model_len - max_tokens]``.
     """
     _check_config(config)
-    _pos_int("max_tokens", max_tokens)
+    positive_int("max_tokens", max_tokens)
     locked = locked_bytes(config, fix=fix)
     if prompt_tokens is not None:
-        _pos_int("prompt_tokens", prompt_tokens)
+        positive_int("prompt_tokens", prompt_tokens)
         if prompt_tokens + max_tokens > config.max_model_len:
             raise ValueError(f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens} exceeds "
                              f"max_model_len {config.max_model_len} (vLLM rejects the request)")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import subprocess
@@ -33,6 +34,7 @@ __all__ = [
     "git_commit",
     "has_cuda",
     "has_recorded",
+    "jsonable",
     "list_recorded",
     "load_recorded",
     "make_provenance",
@@ -114,13 +116,16 @@ def _device_name(device: str | None) -> str:
     return f"CPU ({platform.processor() or platform.machine() or 'unknown'})"
 
 
-def make_provenance(command: str, *, device: str | None = None, commit: str | None = None) -> dict[str, str]:
+def make_provenance(
+    command: str, *, device: str | None = None, commit: str | None = None, extra: Mapping[str, Any] | None = None
+) -> dict[str, str]:
     """A provenance object for a result measured right now by ``command``.
 
     ``device`` defaults to the CUDA device name (or ``"CPU (<arch>)"``),
     ``commit`` to ``git rev-parse HEAD`` of this checkout (``"unknown"`` outside
     git), the date is the current UTC time in ISO 8601, ``torch`` is
-    ``torch.__version__``. Raises ``ValueError`` for an empty command.
+    ``torch.__version__``; ``extra`` adds keys (e.g. ``cuda``, ``python``), which
+    :func:`validate_provenance` keeps. Raises ``ValueError`` for an empty command.
     """
     if not isinstance(command, str) or not command.strip():
         raise ValueError(f"command must be the non-empty command line that produced the result, got {command!r}")
@@ -132,6 +137,7 @@ def make_provenance(command: str, *, device: str | None = None, commit: str | No
         "commit": commit if commit is not None else (os.environ.get("TQLAB_COMMIT") or git_commit()),
         "command": command,
         "torch": torch.__version__,
+        **{str(k): str(v) for k, v in (extra or {}).items()},
     }
 
 
@@ -230,6 +236,17 @@ def save_recorded(
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` with dict keys turned into strings and floats NaN/inf into strings, for ``json.dumps``."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    return obj
 
 
 def short_sha(commit: str) -> str:

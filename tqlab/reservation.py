@@ -36,6 +36,7 @@ from .workspace import (
     WorkspaceManager,
     compute_layout,
     current_workspace_manager,
+    positive_int,
     round_up,
     ubatch_context,
 )
@@ -63,12 +64,6 @@ Shapes = tuple[tuple[tuple[int, ...], torch.dtype], ...]
 """One ``get_simultaneous`` call: a tuple of ``(shape, dtype)`` pairs."""
 
 
-def _pos_int(name: str, v: object, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return v
-
-
 def decode_workspace_shapes(
     batch_size: int,
     num_heads: int,
@@ -91,10 +86,10 @@ def decode_workspace_shapes(
         per-split partial outputs with their log-sum-exp in the last column,
         the reduced output, and the final log-sum-exp.
     """
-    b = _pos_int("batch_size", batch_size, 0)
-    h = _pos_int("num_heads", num_heads)
-    d = _pos_int("head_dim", head_dim)
-    s = _pos_int("num_kv_splits", num_kv_splits)
+    b = positive_int("batch_size", batch_size, 0)
+    h = positive_int("num_heads", num_heads)
+    d = positive_int("head_dim", head_dim)
+    s = positive_int("num_kv_splits", num_kv_splits)
     if not isinstance(output_dtype, torch.dtype):
         raise TypeError(f"output_dtype must be a torch.dtype, got {output_dtype!r}")
     return (
@@ -118,10 +113,10 @@ def continuation_workspace_shapes(cached_len: int, num_kv_heads: int, head_dim: 
         Two ``((1, Hk, round_up(cached_len, block_size), D), float16)`` pairs:
         dequantized cached K and V.
     """
-    c = _pos_int("cached_len", cached_len, 0)
-    hk = _pos_int("num_kv_heads", num_kv_heads)
-    d = _pos_int("head_dim", head_dim)
-    bs = _pos_int("block_size", block_size)
+    c = positive_int("cached_len", cached_len, 0)
+    hk = positive_int("num_kv_heads", num_kv_heads)
+    d = positive_int("head_dim", head_dim)
+    bs = positive_int("block_size", block_size)
     shape = (1, hk, round_up(c, bs), d)
     return ((shape, torch.float16), (shape, torch.float16))
 
@@ -162,8 +157,8 @@ def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int)
     not an :class:`~tqlab.config.EngineConfig`.
     """
     _check_config(config)
-    _pos_int("cached_len", cached_len, 0)
-    _pos_int("q_len", q_len, 1)
+    positive_int("cached_len", cached_len, 0)
+    positive_int("q_len", q_len, 1)
     if cached_len == 0:
         return ChunkRequest(cached_len, q_len, "prefill", None)
     if q_len <= CONTINUATION_DECODE_THRESHOLD:
@@ -191,7 +186,7 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
     ((1,4,8192,128) f16, (1,4,8192,128) f16)]``.
     """
     _check_config(config)
-    batch = config.max_num_seqs if decode_batch is None else _pos_int("decode_batch", decode_batch)
+    batch = config.max_num_seqs if decode_batch is None else positive_int("decode_batch", decode_batch)
     plan = [
         decode_workspace_shapes(
             batch, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype

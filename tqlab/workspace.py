@@ -58,6 +58,7 @@ from .workspace_layout import (
     allocator_headroom,
     compute_layout,
     format_mb,
+    positive_int,
     round_up,
 )
 
@@ -73,6 +74,7 @@ __all__ = [
     "current_ubatch_id",
     "current_workspace_manager",
     "format_mb",
+    "positive_int",
     "init_workspace_manager",
     "is_workspace_manager_initialized",
     "lock_workspace",

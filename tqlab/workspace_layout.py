@@ -17,7 +17,8 @@ from typing import Sequence
 import torch
 
 __all__ = [
-    "ALIGNMENT", "MAX_BYTES", "MiB", "WorkspaceLayout", "allocator_headroom", "compute_layout", "format_mb", "round_up",
+    "ALIGNMENT", "MAX_BYTES", "MiB", "WorkspaceLayout", "allocator_headroom", "compute_layout", "format_mb",
+    "positive_int", "round_up",
 ]
 
 ALIGNMENT = 256
@@ -28,6 +29,16 @@ MiB = 1 << 20
 
 MAX_BYTES = (1 << 63) - 1
 """Largest byte count a buffer can have: ``torch.empty`` takes an int64 size."""
+
+
+def positive_int(name: str, value: object, minimum: int = 1) -> int:
+    """``value`` if it is an int (not a bool) >= ``minimum``; else ``ValueError`` naming ``name``.
+
+    The one argument check of batch sizes, head counts, buckets and lengths across the package.
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+    return value
 
 
 def round_up(x: int, multiple: int) -> int:

@@ -22,7 +22,7 @@ import torch
 
 from ..analysis import decode_capture_rows
 from ..attention import Fp16KVCache, TurboQuantKVCache, split_kv_decode_reference
-from ..workspace import WorkspaceManager, current_ubatch_id
+from ..workspace import WorkspaceManager, current_ubatch_id, positive_int
 from .model_runner import CaptureRecord
 from .replay_guard import StalePointerError, WorkspaceSnapshot, check_workspace, snapshot_workspace, stale_slots
 from .workspace_client import CaptureRecorder, FrozenWorkspace, set_workspace
@@ -51,12 +51,6 @@ PAD_SLOT = -1
 """Slot id of a padded lane: the cache store skips it (vLLM's ``PAD_SLOT_ID``)."""
 
 
-def _pos_int(name: str, v: object, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return v
-
-
 # --------------------------------------------------------------------------- #
 # Buckets                                                                     #
 # --------------------------------------------------------------------------- #
@@ -77,7 +71,7 @@ def select_bucket(batch_size: int, sizes: Sequence[int]) -> int | None:
     Raises:
         ValueError: ``batch_size < 1`` or an empty / non-positive ``sizes``.
     """
-    b = _pos_int("batch_size", batch_size)
+    b = positive_int("batch_size", batch_size)
     ordered = sorted(sizes)
     if not ordered or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in ordered):
         raise ValueError(f"sizes must be a non-empty sequence of positive ints, got {sizes!r}")
@@ -139,8 +133,8 @@ class StaticDecodeInputs:
     """
 
     def __init__(self, max_batch: int, max_blocks_per_seq: int, device: torch.device | str):
-        self.max_batch = _pos_int("max_batch", max_batch)
-        self.max_blocks_per_seq = _pos_int("max_blocks_per_seq", max_blocks_per_seq)
+        self.max_batch = positive_int("max_batch", max_batch)
+        self.max_blocks_per_seq = positive_int("max_blocks_per_seq", max_blocks_per_seq)
         self.device = torch.device(device)
         dev = self.device
         self.input_ids = torch.zeros(max_batch, dtype=torch.long, device=dev)
@@ -162,7 +156,7 @@ class StaticDecodeInputs:
         return (self.input_ids[:bucket], self.slot_mapping[:bucket], self.block_tables[:bucket], self.seq_lens[:bucket])
 
     def _check_bucket(self, bucket: int) -> int:
-        b = _pos_int("bucket", bucket)
+        b = positive_int("bucket", bucket)
         if b > self.max_batch:
             raise ValueError(f"bucket {b} is larger than the static buffers ({self.max_batch} rows)")
         return b
@@ -397,7 +391,7 @@ class CUDAGraphDecodeRunner:
             mode = "cuda" if dev.type == "cuda" else "simulated"
         if mode == "cuda" and dev.type != "cuda":
             raise ValueError(f"mode='cuda' needs a CUDA runner, this one is on {dev}")
-        _pos_int("num_warmups", num_warmups, 0)
+        positive_int("num_warmups", num_warmups, 0)
         self.runner = runner
         self.mode = mode
         self.kind = "cuda_graph" if mode == "cuda" else "simulated_graph"
@@ -406,7 +400,7 @@ class CUDAGraphDecodeRunner:
         self.keep_captured_buffers = bool(keep_captured_buffers) or mode == "simulated"
         cfg = runner.config
         largest = max((*decode_capture_rows(cfg), cfg.max_num_seqs))
-        self.max_batch = largest if max_batch is None else _pos_int("max_batch", max_batch)
+        self.max_batch = largest if max_batch is None else positive_int("max_batch", max_batch)
         self.static = StaticDecodeInputs(self.max_batch, runner.max_blocks_per_seq, dev)
         self.graphs: dict[int, CapturedBucket] = {}
         self.records: dict[int, CaptureRecord] = {}
@@ -449,10 +443,10 @@ class CUDAGraphDecodeRunner:
             ValueError: ``batch_size`` outside ``1..max_batch``.
             WorkspaceLockedError: the workspace is locked and the step needs more.
         """
-        b = _pos_int("batch_size", batch_size)
+        b = positive_int("batch_size", batch_size)
         if b > self.max_batch:
             raise ValueError(f"batch_size {b} exceeds the static buffers ({self.max_batch} rows)")
-        nw = self.num_warmups if num_warmups is None else _pos_int("num_warmups", num_warmups, 0)
+        nw = self.num_warmups if num_warmups is None else positive_int("num_warmups", num_warmups, 0)
         ws = self.workspace
         self.static.pad(0, b)
         views = self.static.views(b)

@@ -3,6 +3,7 @@
 * :mod:`.recorded` — the one recorded-data API (pick the device, load/save ``data/*.json``, the banner);
 * :mod:`.display` — ``fmt_bytes``, the Markdown/text tables, ``show_md``, ``show_error``, ``progress``;
 * :mod:`.plots_workspace` — byte maps, lifecycle timelines, phases, bars, need curves (matplotlib, lazily);
+* :mod:`.strategy_tables` — notebook 06's comparison table and the ``data/strategies_<tag>.json`` payload;
 * :mod:`.widgets` — the three interactive explorers (ipywidgets, lazily).
 
 Import the submodule you need (``from tqlab.lab import display, plots_workspace``);

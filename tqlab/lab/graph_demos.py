@@ -30,7 +30,8 @@ from ..engine.cuda_graph import (
 )
 from ..engine.replay_guard import StalePointerError
 from ..reservation import decode_workspace_shapes, reserve_workspace
-from ..workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, ubatch_context
+from ..strategies.fixes import sync_device
+from ..workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, positive_int, ubatch_context
 
 __all__ = [
     "BatchDependentSplitsBackend",
@@ -50,12 +51,6 @@ __all__ = [
     "stale_replay_demo",
     "warmup_demo",
 ]
-
-
-def _pos_int(name: str, v: object, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise ValueError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return v
 
 
 # --------------------------------------------------------------------------- #
@@ -106,9 +101,9 @@ class BatchDependentSplitsBackend(TurboQuantAttentionBackend):
     def __init__(self, config: EngineConfig, workspace, cache_format=None, *, small_batch_max: int = 2,
                  small_batch_splits: int | None = None):
         super().__init__(config, workspace, cache_format)
-        self.small_batch_max = _pos_int("small_batch_max", small_batch_max)
+        self.small_batch_max = positive_int("small_batch_max", small_batch_max)
         self.small_batch_splits = (
-            4 * self.num_kv_splits if small_batch_splits is None else _pos_int("small_batch_splits", small_batch_splits)
+            4 * self.num_kv_splits if small_batch_splits is None else positive_int("small_batch_splits", small_batch_splits)
         )
 
     def num_kv_splits_for(self, batch: int) -> int:
@@ -200,8 +195,8 @@ def prepare_decode_batch(runner, batch: int, context_len: int, *, seed: int = 0)
 
     Raises ``ValueError`` if the cache has too few blocks or ``context_len`` exceeds ``max_model_len``.
     """
-    b = _pos_int("batch", batch)
-    ctx = _pos_int("context_len", context_len, 2)
+    b = positive_int("batch", batch)
+    ctx = positive_int("context_len", context_len, 2)
     cfg, dev = runner.config, runner.device
     if ctx > cfg.max_model_len:
         raise ValueError(f"context_len {ctx} exceeds max_model_len {cfg.max_model_len}")
@@ -240,11 +235,6 @@ def compare_logits(a: torch.Tensor, b: torch.Tensor) -> dict:
         "argmax_mismatch": int((a.argmax(-1) != b.argmax(-1)).sum()),
         "rows": int(a.shape[0]),
     }
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
 
 
 # --------------------------------------------------------------------------- #
@@ -306,7 +296,7 @@ def pointer_stability_demo(config: EngineConfig, device: str | torch.device = "c
         dr.static.fill(db, bucket)
         ref = dr.eager(bucket)[:n].clone()
         got = dr.run(*db.astuple()).clone()
-        _sync(eng.device)
+        sync_device(eng.device)
         views_now = ws.get_simultaneous(*shapes)
         rows.append({
             "step": step,
@@ -403,9 +393,9 @@ def _stale_without_guard(dr: CUDAGraphDecodeRunner, db: DecodeBatch, ref: torch.
     }
     old.fill_(0xAB)
     new.fill_(0xCD)
-    _sync(dev)
+    sync_device(dev)
     got = dr.run(*db.astuple()).clone()
-    _sync(dev)
+    sync_device(dev)
     nd["old_buffer_bytes_overwritten"] = int((old != 0xAB).sum())
     nd["new_buffer_bytes_touched"] = int((new != 0xCD).sum())
     nd["exclusive_old_buffer"] = compare_logits(got, ref)
@@ -413,7 +403,7 @@ def _stale_without_guard(dr: CUDAGraphDecodeRunner, db: DecodeBatch, ref: torch.
     pattern = torch.arange(old.numel(), device=dev, dtype=torch.int64).remainder(251).to(torch.uint8)
     old.copy_(pattern)
     dr.run(*db.astuple())
-    _sync(dev)
+    sync_device(dev)
     nd["new_owner_bytes_corrupted"] = int((old != pattern).sum())
     nd["new_owner_bytes"] = old.numel()
     if concurrent_owner and dev.type == "cuda":

@@ -1,23 +1,15 @@
-"""Eager decode vs CUDA-graph replay, timed on a GPU, and the recorded results notebook 05 shows without one.
+"""Eager decode vs CUDA-graph replay, timed on a GPU (the numbers notebook 05 shows from a recording without one).
 
 :func:`measure_decode_latency` (CUDA events, medians, then torch.profiler's
 summed kernel time) is what ``benchmarks/bench_cuda_graphs.py`` records as
-``data/cuda_graphs_<name>.json``; :func:`load_recorded`, :func:`recorded_banner`,
-:func:`provenance`, :func:`jsonable` and :func:`format_table` read, label and
-print those recordings.
+``data/cuda_graphs_<name>.json`` (read and shown with :mod:`tqlab.lab.recorded`,
+printed with :func:`tqlab.lab.display.text_table`).
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import logging
-import math
-import os
-import platform
-import subprocess
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -28,11 +20,9 @@ from ..engine import LLMEngine
 from ..engine.cuda_graph import CUDAGraphDecodeRunner, select_bucket
 from .graph_demos import compare_logits, prepare_decode_batch
 
-__all__ = ["format_table", "jsonable", "load_recorded", "measure_decode_latency", "provenance", "recorded_banner"]
+__all__ = ["measure_decode_latency"]
 
 logger = logging.getLogger(__name__)
-
-DATA_DIR = Path(__file__).resolve().parent.parent.parent / "data"
 
 
 def _median(xs: list[float]) -> float:
@@ -164,81 +154,3 @@ def measure_decode_latency(config: EngineConfig, device: str | torch.device = "c
     del eng, dr, db, timed
     torch.cuda.empty_cache()
     return res
-
-
-# --------------------------------------------------------------------------- #
-# Recorded results (provenance, loading, banner, text table)                  #
-# --------------------------------------------------------------------------- #
-
-
-def _git_commit() -> str:
-    env = os.environ.get("TQLAB_COMMIT")
-    if env:
-        return env
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except Exception:
-        return "unknown"
-
-
-def provenance(command: str) -> dict:
-    """``{device, date, commit, command, torch, cuda, python, host}`` for a recorded result."""
-    dev = torch.cuda.get_device_name(0) if torch.cuda.is_available() else platform.processor() or "cpu"
-    return {
-        "device": dev,
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "commit": _git_commit(),
-        "command": command,
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-    }
-
-
-def load_recorded(name: str) -> dict | None:
-    """``data/cuda_graphs_<name>.json`` as a dict (with its ``provenance``), or None if absent."""
-    path = DATA_DIR / f"cuda_graphs_{name}.json"
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
-
-
-def recorded_banner(data: dict | None) -> str:
-    """A one-line banner naming device, date, commit and torch of recorded data (or saying there is none)."""
-    if not data:
-        return "RECORDED GPU DATA: none recorded yet under data/ (run the GPU command of benchmarks/bench_cuda_graphs.py)"
-    p = data.get("provenance", {})
-    return (f"RECORDED GPU DATA (not computed on this machine): device {p.get('device', '?')}, date {p.get('date', '?')}, "
-            f"commit {str(p.get('commit', '?'))[:12]}, torch {p.get('torch', '?')}")
-
-
-def jsonable(obj):
-    """``obj`` with dict keys turned into strings and floats NaN/inf into strings, for ``json.dumps``."""
-    if isinstance(obj, dict):
-        return {str(k): jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [jsonable(v) for v in obj]
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    return obj
-
-
-def format_table(rows: Sequence[dict], columns: Sequence[str], *, hex_cols: Sequence[str] = ()) -> str:
-    """Plain-text table of ``rows`` (dicts) for notebook output; ``hex_cols`` are printed as ``0x...``."""
-
-    def fmt(col, v):
-        if v is None:
-            return "-"
-        if col in hex_cols and isinstance(v, int):
-            return f"0x{v:x}"
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        if isinstance(v, (list, tuple)):
-            return "[" + ", ".join(fmt(col, x) for x in v) + "]"
-        return str(v)
-
-    cells = [[fmt(c, r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) if cells else len(c) for i, c in enumerate(columns)]
-    line = lambda vals: "  ".join(v.rjust(w) for v, w in zip(vals, widths))  # noqa: E731
-    return "\n".join([line(list(columns)), line(["-" * w for w in widths])] + [line(r) for r in cells])

@@ -3,10 +3,10 @@
 - ``fixes.py``     — the strategies (``none``, ``dummy_run``, ``reserve`` = vLLM PR #44053,
   ``replay_aware``, ``fallback``, and the control ``grow_no_recapture``) and
   :func:`make_strategy_engine`
-- ``measure.py``   — one strategy end to end, the comparison table, sweeps, the workspace timeline
+- ``measure.py``   — one strategy end to end, the comparison, sweeps, the workspace timeline
 - ``allocator.py`` — request traces, growth peaks, DBO slot policies, the manager's cost per call
 
-Figures are in :mod:`tqlab.lab.plots_strategies`.
+Figures are in :mod:`tqlab.lab.plots_strategies`, the comparison table in :mod:`tqlab.lab.strategy_tables`.
 """
 
 from .allocator import (
@@ -38,13 +38,9 @@ from .measure import (
     StrategyResult,
     compare_strategies,
     default_prompts,
-    fmt_bytes,
-    format_table,
     longest_surviving_prompt,
     results_from_payload,
-    results_payload,
     run_strategy,
-    strategy_table,
     threshold_sweep,
     warm_up_process,
     workspace_timeline,
@@ -67,8 +63,6 @@ __all__ = [
     "dbo_memory_held",
     "default_prompts",
     "dummy_run_chunks",
-    "fmt_bytes",
-    "format_table",
     "growth_peak",
     "growth_sizes_for_prompt",
     "long_context_dummy_run",
@@ -79,9 +73,7 @@ __all__ = [
     "overhead_requests",
     "replay_trace",
     "results_from_payload",
-    "results_payload",
     "run_strategy",
-    "strategy_table",
     "threshold_sweep",
     "warm_up_process",
     "workspace_call_overhead",

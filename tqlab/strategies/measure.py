@@ -1,4 +1,4 @@
-"""Measuring the fixes: one strategy end to end, the comparison table, and the sweeps notebook 06 charts.
+"""Measuring the fixes: one strategy end to end, the comparison, and the sweeps notebook 06 charts.
 
 :func:`run_strategy` / :func:`compare_strategies` build an engine per strategy
 and serve prompts (start-up time, reserved and peak bytes, time to first
@@ -25,10 +25,9 @@ from ..attention import kv_cache_bytes_per_token
 from ..config import EngineConfig
 from ..engine import LLMEngine
 from ..reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
-from ..workspace import MiB, WorkspaceLockedError
+from ..workspace import WorkspaceLockedError
 from .fixes import (
     STRATEGIES,
-    STRATEGY_INFO,
     FallbackWorkspace,
     ReplayAwareWorkspace,
     WorkspaceFallbackWarning,
@@ -43,14 +42,10 @@ __all__ = [
     "StrategyResult",
     "compare_strategies",
     "default_prompts",
-    "fmt_bytes",
-    "format_table",
     "free_memory",
     "longest_surviving_prompt",
     "results_from_payload",
-    "results_payload",
     "run_strategy",
-    "strategy_table",
     "threshold_sweep",
     "warm_up_process",
     "workspace_timeline",
@@ -376,66 +371,6 @@ def compare_strategies(
     return out
 
 
-def _fmt_s(x: float | None) -> str:
-    if x is None:
-        return "dies"
-    return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
-
-
-def fmt_bytes(n: int) -> str:
-    """Bytes for people: ``'64.00 MiB'``, ``'1.75 KiB'``, ``'512 B'`` (binary units)."""
-    if n >= MiB // 10:
-        return f"{n / MiB:.2f} MiB"
-    if n >= 1024:
-        return f"{n / 1024:.2f} KiB"
-    return f"{n} B"
-
-
-def strategy_table(results: Sequence[StrategyResult]) -> list[dict[str, str]]:
-    """One row per strategy with the columns of the comparison table, as display strings.
-
-    Prompt columns are named after the first two prompts' token counts.
-    """
-    rows = []
-    for r in results:
-        row = {
-            "strategy": r.strategy,
-            "seed fix": STRATEGY_INFO[r.strategy]["seed_fix"],
-            "start-up": _fmt_s(r.startup_s),
-            "reserved": fmt_bytes(r.reserved_bytes),
-            ("peak (cuda max allocated)" if r.peak_source != "computed" else "peak (computed)"): fmt_bytes(r.peak_bytes),
-        }
-        for p in r.prompts[:2]:
-            tag = f"{p.prompt_tokens}-token"
-            row[f"TTFT {tag}"] = _fmt_s(p.ttft_s) if p.ttft_s is not None else "dies"
-            row[f"decode step {tag}"] = _fmt_s(p.decode_step_s) if p.survived else "dies"
-        row["survives max_model_len"] = "yes" if r.survives_max_model_len else "no"
-        row["graph-safe"] = "yes" if r.graph_safe else "no"
-        extra = []
-        if r.recaptures:
-            extra.append(f"{r.recaptures} re-captures")
-        if r.fallback_calls:
-            extra.append(f"{r.fallback_calls} fallback calls")
-        if r.engines_built > 1:
-            extra.append(f"{r.engines_built} engines built")
-        row["notes"] = ", ".join(extra)
-        rows.append(row)
-    return rows
-
-
-def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Rows of equal keys as a Markdown table (what the notebook displays)."""
-    if not rows:
-        return ""
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(str(r.get(c, "")) for c in cols) + " |")
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------- #
 # Chart helpers: bytes against the configuration                              #
 # --------------------------------------------------------------------------- #
@@ -536,21 +471,7 @@ def workspace_timeline(engine: LLMEngine) -> list[dict[str, Any]]:
 
 
 
-def results_payload(config: EngineConfig, results: Sequence[StrategyResult], *, prompts: Sequence[int],
-                    decode_steps: int, preset: str | None = None, overrides: dict | None = None) -> dict[str, Any]:
-    """The JSON object stored as ``data/strategies_<tag>.json`` (without provenance): inputs, results, table."""
-    return dict(
-        preset=preset or config.preset,
-        overrides=dict(overrides or {}),
-        config=config.to_dict(),
-        prompts=list(prompts),
-        decode_steps=decode_steps,
-        strategies=[r.to_dict() for r in results],
-        table=strategy_table(results),
-    )
-
-
 def results_from_payload(payload: dict[str, Any]) -> list[StrategyResult]:
-    """The :class:`StrategyResult` list back from :func:`results_payload`'s object (or a loaded recording)."""
+    """The :class:`StrategyResult` list back from a ``data/strategies_<tag>.json`` object
+    (:func:`tqlab.lab.strategy_tables.results_payload` writes it)."""
     return [StrategyResult.from_dict(d) for d in payload["strategies"]]
-

@@ -250,7 +250,7 @@ def vs_vllm_series(rec: Mapping[str, Any], shape: str) -> dict[str, Any]:
     Raises:
         ValueError: no row of that shape.
     """
-    all_rows = rec["rows"]  # a dict or a tqlab.recorded.RecordedResult
+    all_rows = rec["rows"]  # a dict or a tqlab.provenance.RecordedResult
     rows = [r for r in all_rows if r["shape"] == shape]
     if not rows:
         raise ValueError(f"no rows for shape {shape!r}; recorded: {sorted({r['shape'] for r in all_rows})}")

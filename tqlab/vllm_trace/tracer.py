@@ -292,6 +292,7 @@ class WorkspaceTracer:
             tracer.locks.append(LockRecord("unlock", _vllm_sizes(manager), _caller(2)))
             return out
 
+        # vLLM's manager names its caller by frame qualname (it has no workspace_wrapper): hence _disguise, here only
         manager._ensure_workspace_size = _disguise(_ensure_workspace_size, "WorkspaceManager._ensure_workspace_size")
         manager.lock = _disguise(_lock, "WorkspaceManager.lock")
         manager.unlock = _disguise(_unlock, "WorkspaceManager.unlock")
@@ -329,8 +330,7 @@ class WorkspaceTracer:
             tracer.locks.append(LockRecord("unlock", tuple(manager.sizes_bytes()), _caller(2)))
             return out
 
-        # tqlab names the first frame outside tqlab/workspace.py: file the wrappers there.
-        # tqlab's manager skips frames marked as wrappers when it names a caller
+        # tqlab's manager skips frames marked with workspace_wrapper when it names a caller (no _disguise needed)
         manager.get_simultaneous = tq_ws.workspace_wrapper(get_simultaneous)
         manager.lock = tq_ws.workspace_wrapper(_lock, wraps=("lock",))
         manager.unlock = tq_ws.workspace_wrapper(_unlock, wraps=("lock",))
