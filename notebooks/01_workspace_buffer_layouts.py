@@ -103,7 +103,7 @@ print(f"running on {device!r}; every view starts at a multiple of ALIGNMENT = {A
 # the reduced output, and the final log-sum-exp. It asks for all three in **one**
 # `get_simultaneous` call. Where inside the flat `uint8` buffer does each one start?
 #
-# The rule (seed 002, §3.2): view *i* starts at the sum of the sizes of the views before
+# The rule (`WorkspaceManager.get_simultaneous`, `vllm/v1/worker/workspace.py`): view *i* starts at the sum of the sizes of the views before
 # it, each size rounded up to `ALIGNMENT` bytes; the call needs the sum of all rounded
 # sizes. We use tiny shapes first so that the padding is visible.
 
@@ -171,7 +171,7 @@ show_md(
 # **Question.** Every `get_simultaneous` call carves its views from offset 0 of the
 # *same* buffer. What happens to the tensors of the previous call?
 #
-# **The FlashAttention DCP pattern** (seed 002, §6.1). With decode context parallelism the
+# **The FlashAttention DCP pattern** (vLLM's FlashAttention backend with decode context parallelism). With decode context parallelism the
 # backend asks for a buffer for the context attention output, consumes it (the DCP
 # combine), and only then asks for a second buffer for the query attention output. The
 # second call reuses the first one's bytes: two large outputs never occupy memory at once.
@@ -214,7 +214,7 @@ if HAS_POINTERS:
 print(f"context_out now holds {k} overwritten and {flat.numel() - k} original elements")
 
 # %% [markdown]
-# **The fused-MoE pattern** (seed 002, §6.2). A fused MoE layer needs three intermediate
+# **The fused-MoE pattern** (vLLM's fused-MoE layer). A fused MoE layer needs three intermediate
 # buffers, but the first (`workspace13`) and the last (`fused_out`) are never alive at the
 # same time. So it asks for *two* views — a shared region big enough for either, and
 # `workspace2` — and reshapes the shared region twice. Three logical buffers, two
@@ -266,11 +266,11 @@ print("shared region checks passed; workspace2 starts at byte", shared.offsets[1
 # exists at the worst moment of that growth?
 #
 # `resize_` (or "allocate the new buffer, then drop the old one") holds both at once:
-# old + new. vLLM drops its reference to the old buffer *first* (seed 002, §3.3.1), so the
+# old + new. vLLM drops its reference to the old buffer *first* (`_ensure_workspace_size`), so the
 # peak is only the new size. `tqlab` can do either (`growth_policy=`), and every resize
 # event records `peak_bytes`. The accounting below uses the `meta` device, which allocates
 # nothing, so the sizes can be realistic. With two DBO slots, vLLM today grows only the
-# slot that asked; seed 002 describes growing every slot (`grow_all_slots=True`).
+# slot that asked; earlier vLLM revisions grew every slot (`grow_all_slots=True`).
 
 # %%
 small, big = 64 * MiB, 128 * MiB
@@ -296,7 +296,7 @@ scenarios = {
     "1 slot, free then allocate (vLLM)": grow_scenario(1, "free_then_allocate"),
     "1 slot, allocate then free (resize_)": grow_scenario(1, "allocate_then_free"),
     "2 slots, free then allocate, requesting slot only (vLLM)": grow_scenario(2, "free_then_allocate"),
-    "2 slots, free then allocate, every slot (seed 002)": grow_scenario(2, "free_then_allocate", grow_all=True),
+    "2 slots, free then allocate, every slot (earlier vLLM)": grow_scenario(2, "free_then_allocate", grow_all=True),
 }
 show_md(
     markdown_table(
@@ -339,7 +339,7 @@ print("growth accounting checks passed")
 # the old one: writes through it never reach the workspace again. (It also keeps the old
 # memory alive: the free in "free then allocate" happens only when nobody holds a view.)
 # A CUDA graph captured with the old address would replay into that old memory — this is
-# why vLLM locks the workspace after capture (seed 002, §8).
+# why vLLM locks the workspace after capture (`GPUModelRunner.capture_model`, `vllm/v1/worker/gpu_model_runner.py`).
 
 # %%
 g = WorkspaceManager(device)
@@ -493,7 +493,7 @@ else:
     raise AssertionError("an empty locked workspace accepted a request")
 
 # %% [markdown]
-# ### Reserve the maximum first, then slice (seed 002, §6.3)
+# ### Reserve the maximum first, then slice
 #
 # The sparse-attention indexer shows the healthy pattern: during profiling it asks once
 # for *all* its buffers at their largest; afterwards each path asks for a subset and
@@ -624,7 +624,7 @@ print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize w
 # %% [markdown]
 # ## 7 · The lifecycle: init → warm-up → lock → serve → re-warm
 #
-# **Question.** How do the pieces fit together in an engine's life (seed 002, §4)?
+# **Question.** How do the pieces fit together in an engine's life?
 #
 # 1. **init** — `init_workspace_manager(device, num_ubatches)`: slots exist, empty.
 # 2. **warm-up / capture** — every consumer runs once; decode buckets go largest first,
@@ -632,7 +632,7 @@ print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize w
 # 3. **lock** — `lock_workspace()`: sizes and addresses are frozen (CUDA graphs recorded them).
 # 4. **serve** — every call fits, nothing is allocated, addresses never change... until a
 #    request asks for more than warm-up ever did: a violation (the bug of notebook 02).
-# 5. **re-warm** — elastic EP scaling unlocks, warms up again and re-locks (seed 002, §6.5).
+# 5. **re-warm** — elastic EP scaling unlocks, warms up again and re-locks (vLLM's elastic expert parallelism).
 #    `rewarm_workspace()` re-locks even when the warm-up raises.
 #
 # We drive the module-level helpers with vLLM's names, using the per-rank shapes of the

@@ -16,7 +16,7 @@
 # %% [markdown]
 # # 02 · Reproduce "Workspace is locked"
 #
-# A bug report against vLLM 0.20 (seed 003): an eight-GPU server running
+# A bug report against vLLM 0.20: an eight-GPU server running
 # Nemotron-3-Super-120B with the TurboQuant KV cache dies on the first long prompt with
 #
 # > `AssertionError: Workspace is locked but allocation from 'turboquant_attn.py:757:_continuation_prefill' requires 2.00 MB, current size is 0.26 MB.`
@@ -72,7 +72,7 @@ from tqlab.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
 
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"
-# The bug report's own words (seed 003), quoted so that the run below can be checked against them.
+# The bug report's own words, quoted so that the run below can be checked against them.
 BUG_REPORT_NUMBERS = "requires 2.00 MB, current size is 0.26 MB"
 print(f"engine device: {device!r}")
 

@@ -123,7 +123,7 @@ ax = plots.plot_byte_maps(
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** The PR's own unit test (seed 000) expects these exact calls for its
+# **Predict, then run.** The PR's own unit test (in vLLM PR #44053) expects these exact calls for its
 # fake configuration, which is the preset `pr-44053-unit-test`. The cell checks our plan
 # against the expected list copied from the test.
 
@@ -526,7 +526,7 @@ else:
 # the slot sizes vLLM's own builder leaves. tqlab's `reserve_workspace` makes the same
 # calls once per slot. A continuation chunk that runs in the second micro-batch after the
 # lock then finds slot 1 at whatever *other* start-up work left there. That depends on the
-# deployment (other workspace consumers, such as fused MoE, grow it too; seed 002 lists
+# deployment (other workspace consumers, such as fused MoE, grow it too; `grep current_workspace_manager` over vLLM lists
 # them), and the parity suite did not model it. In the report's deployment, start-up
 # without the fix left only the decode scratch in slot 0 (notebook 02), below the report's
 # chunk; the cell locks right after the reservation, the case where nothing else touched

@@ -273,7 +273,12 @@ def plan(preset, prompt_tokens, json_path, **overrides) -> None:
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if json_path is not None:
-        _write_json(pred.to_json(), json_path)
+        # The top level always describes the deployment (as inspect-vllm's does); a --prompt-tokens
+        # prediction goes under "prompt".
+        obj = pred.to_json() if prompt_tokens is None else _predict(config, sources=pred.sources).to_json()
+        if prompt_tokens is not None:
+            obj["prompt"] = {k: v for k, v in pred.to_json().items() if k != "sources"}
+        _write_json(obj, json_path)
         if json_path == "-":
             return
     console = _console()

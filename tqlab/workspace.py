@@ -1,7 +1,7 @@
 """The workspace: one flat byte buffer per ubatch slot, carved into typed views.
 
 Mirrors ``vllm/v1/worker/workspace.py`` (``WorkspaceManager``, introduced by vLLM
-PR #40941) as described in seed 002, written from scratch:
+PR #40941), written from scratch:
 
 * ``get_simultaneous((shape, dtype), ...)`` returns views into one ``uint8``
   buffer. View *i* starts at ``offset_i = sum(round_up(nbytes_j, 256) for j < i)``
@@ -9,7 +9,7 @@ PR #40941) as described in seed 002, written from scratch:
   until the next call, which reuses (overwrites) the same bytes.
 * Growth frees the old buffer *before* allocating the new one, so the peak is
   the new size, not old + new. Only the slot that asked grows (vLLM today;
-  ``grow_all_slots=True`` gives the all-slots behaviour seed 002 describes).
+  ``grow_all_slots=True`` gives the all-slots behaviour of earlier vLLM revisions).
 * ``lock()`` freezes the size: a request that does not fit raises
   :class:`WorkspaceLockedError` (an ``AssertionError``, as vLLM raises), naming
   the first caller outside this module and both sizes in MB (2**20 bytes).
@@ -230,7 +230,7 @@ class WorkspaceManager:
         num_ubatches: DBO slots (vLLM: 2 with ``--enable-dbo``, else 1).
             ``None`` means 1.
         grow_all_slots: if True, growth resizes every slot that is too small
-            (seed 002's description); default False grows only the requesting
+            (the description of vLLM's `vllm/v1/worker/workspace.py`); default False grows only the requesting
             slot (vLLM today).
         growth_policy: ``"free_then_allocate"`` (vLLM; peak = new size) or
             ``"allocate_then_free"`` (what ``resize_``/copy-growth costs:

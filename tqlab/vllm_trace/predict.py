@@ -298,7 +298,7 @@ def _request_prediction(config: EngineConfig, n: int, locked_unfixed, locked_fix
 
 
 BUG_REPORT_REQUIRED_MB = "2.00"
-"""The size the bug report (seed 003, vLLM 0.20) quotes for the refused ``_continuation_prefill`` call, as printed."""
+"""The size the bug report (vLLM 0.20) quotes for the refused ``_continuation_prefill`` call, as printed."""
 BUG_REPORT_LOCKED_MB = "0.26"
 """The workspace size at lock the bug report quotes, as printed (``current size is 0.26 MB``)."""
 

@@ -152,7 +152,10 @@ def _map_flags(g: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], li
         src["cudagraph_capture_sizes"] = ("flag --cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g
                                           else "flag --compilation-config cudagraph_capture_sizes")
     if "max_cudagraph_capture_size" in cc and cc["max_cudagraph_capture_size"] is not None:
-        kw["max_cudagraph_capture_size"] = _positive_ints("max_cudagraph_capture_size", [cc["max_cudagraph_capture_size"]])[0]
+        v = cc["max_cudagraph_capture_size"]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise VllmArgsError(f"compilation_config.max_cudagraph_capture_size must be a positive integer, got {v!r}")
+        kw["max_cudagraph_capture_size"] = v
         src["max_cudagraph_capture_size"] = "flag --compilation-config max_cudagraph_capture_size"
     _map_cudagraph_mode(g, cc, kw, src)
     spec = g.get("speculative_config")
@@ -470,7 +473,11 @@ def deployment_from_vllm(
     """
     shape = read_hf_config(model_config)
     kw, notes, sources = engine_config_kwargs_from_vllm(engine_args, shape, gpu_memory_gib=gpu_memory_gib, usage=usage)
-    return VllmDeployment(EngineConfig(**kw), notes, sources, shape)
+    try:
+        config = EngineConfig(**kw)
+    except ValueError as e:  # a combination of config.json fields (and flags) EngineConfig rejects: name the file
+        raise ValueError(f"{shape.path}: {e}") from None
+    return VllmDeployment(config, notes, sources, shape)
 
 
 def engine_config_from_vllm(
