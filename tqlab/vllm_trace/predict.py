@@ -342,7 +342,7 @@ def bug_report_max_num_batched_tokens(config: EngineConfig) -> int | None:
 def _bug_report_note(pred: Prediction) -> str | None:
     """A note when a request's first refused call differs from the report's 2.00 MB only by ``max_num_batched_tokens``."""
     c = pred.config
-    if pred.locked_source != "decode at the largest captured batch":
+    if not pred.locked_source.startswith("decode at the largest captured batch"):
         return None
     m = bug_report_max_num_batched_tokens(c)
     if m is None or m == c.max_num_batched_tokens:
@@ -404,6 +404,11 @@ def predict(
         locked_fixed = analysis.locked_bytes(config, fix=True)
         source = ("decode at the largest captured batch" if locked_unfixed is not None else
                   "vLLM 0.33 locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE")
+        if locked_unfixed is not None and config.num_speculative_tokens > 0:
+            k = config.num_speculative_tokens
+            source = (f"decode at the largest captured batch; with {k} speculative tokens its {1 + k}-token rows "
+                      "take the prefill path as first chunks and ask the workspace for nothing (vLLM 0.33 "
+                      "turboquant_attn: reorder_batch_threshold 1)")
         if not config.is_turboquant and locked_unfixed is not None:
             locked_unfixed = locked_fixed = 0
     else:
