@@ -531,6 +531,39 @@ else:
     raise AssertionError("the first failing prompt was served")
 
 # %% [markdown]
+# ### The block size of a hybrid model
+#
+# Nemotron-3-Super is a *hybrid* model: most of its layers are Mamba layers, and only a few use
+# attention. vLLM 0.33 then raises the attention block size until one attention page holds at
+# least one Mamba state page (`_align_hybrid_block_size`, `vllm/platforms/interface.py`), and the
+# continuation buffers are rounded up to that block size. The bug report does not print the block
+# size its server used, so the preset keeps vLLM's plain default of 16 (`tqlab inspect-vllm` says
+# "pass --block-size" for such a model). Another public report on a hybrid model (vLLM issue
+# #43357) ran with **2,080-token** blocks. **Predict, then run:** with 2,080-token blocks, does the
+# report's deployment crash at a different prompt length without the fix, and does the fix reserve
+# more or less than 64 MiB?
+
+# %%
+rows = []
+for bs in (16, 2080):
+    c = cfg.replace(block_size=bs)
+    locked = analysis.locked_bytes(c, fix=False)
+    rows.append(dict(block=bs, locked=locked, first_failing=first_failing_prompt(c, locked),
+                     crash_need=chunk_workspace_request(c, c.max_num_batched_tokens, T + 1).nbytes,
+                     with_fix=analysis.locked_bytes(c, fix=True)))
+show_md(markdown_table(["block size", "locked without the fix", "first failing prompt", "its refused call",
+                        "reserved with the fix"],
+                       [[f"{r['block']:,}", format_mb(r["locked"]) + " MB", f"{r['first_failing']:,}",
+                         format_mb(r["crash_need"]) + " MB", format_mb(r["with_fix"]) + " MB"] for r in rows]))
+small, big = rows
+assert small["first_failing"] == big["first_failing"]  # the crash does not move: the decode scratch is what locks
+assert big["crash_need"] > small["crash_need"] and big["with_fix"] > small["with_fix"]  # rounded up to 2,080
+show_md(f"The crash starts at the same prompt ({big['first_failing']:,} tokens): the locked size is the decode "
+        f"scratch, which the block size does not touch. The refused call grows from {format_mb(small['crash_need'])} "
+        f"to {format_mb(big['crash_need'])} MB, and the fix reserves {format_mb(big['with_fix'])} MB instead of "
+        f"{format_mb(small['with_fix'])} MB, because every continuation buffer is rounded up to a whole block.")
+
+# %% [markdown]
 # ## Next
 #
 # Notebook 03 applies the fix of vLLM PR #44053: reserve the worst case before the lock.

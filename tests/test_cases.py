@@ -368,3 +368,15 @@ def test_cli_help_imports_no_torch_and_shows_field_meaning():
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"
     r = _cli("plan", "--help")
     assert "token budget of one scheduler step" in r.output and "draft tokens k per step" in r.output
+
+
+def test_presets_lists_where_each_preset_s_numbers_come_from():
+    from click.testing import CliRunner
+
+    from tqlab.cli import app
+
+    r = CliRunner(env={"COLUMNS": "400"}).invoke(app, ["presets"])
+    assert r.exit_code == 0, r.output
+    assert "source of its numbers" in r.output
+    assert "tests/quantization/test_turboquant.py in vLLM PR #44053" in r.output  # pr-44053-unit-test's source
+    assert "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B" in r.output  # the bug report's model config

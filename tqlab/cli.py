@@ -118,9 +118,10 @@ def presets() -> None:
     """List the presets in data/presets/ with their sources."""
     from rich.table import Table
 
-    t = Table("preset", "title")
+    t = Table("preset", "title", "source of its numbers", show_lines=True)
     for name in list_presets():
-        t.add_row(name, load_preset(name)["title"])
+        data = load_preset(name)
+        t.add_row(name, data["title"], data["source"])
     _console().print(t)
 
 
