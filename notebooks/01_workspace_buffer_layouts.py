@@ -548,12 +548,18 @@ show_md(
 )
 
 # %% [markdown]
+# The caller reads `file:line:function`, as vLLM formats `turboquant_attn.py:757:_continuation_prefill`;
+# in Jupyter the file part is IPython's name for the cell's code (a number such as `312956335.py`,
+# the file the kernel compiled this cell into), and the line counts from the top of the cell.
+#
 # **Predict, then run.** The required size is the request's bytes rounded up to
-# `ALIGNMENT`; the caller is our function, not the manager; the workspace is untouched and
-# the violation is in the event log.
+# `ALIGNMENT`; the caller is our function (its file, the line of its `return`), not the
+# manager; the workspace is untouched and the violation is in the event log.
 
 # %%
 assert isinstance(err, AssertionError)
+_code = my_long_context_kernel.__code__
+assert err.caller == f"{os.path.basename(_code.co_filename)}:{_code.co_firstlineno + 2}:my_long_context_kernel"
 assert err.required_bytes == round_up(4096 * cfg.head_dim * torch.float16.itemsize, ALIGNMENT)
 assert err.current_bytes == size_before
 assert err.caller.endswith(":my_long_context_kernel")
