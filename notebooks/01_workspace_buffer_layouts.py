@@ -416,7 +416,7 @@ fig, ax = plt.subplots(figsize=(9, 2.2))
 labels = list(moments)
 olds = [o / 1024 for o, _ in moments.values()]
 news = [n / 1024 for _, n in moments.values()]
-ax.barh(labels, olds, color="#a0aec0", label="old buffer (kept alive by the view)")
+ax.barh(labels, olds, color="#a0aec0", label="old buffer (after growth only the held view keeps it)")
 ax.barh(labels, news, left=olds, color="#3182ce", label="new buffer (the manager's)")
 for y, (o, n) in enumerate(zip(olds, news)):
     ax.text(o + n, y, f" {o + n:,.0f} KiB", va="center", fontsize=9)
@@ -424,7 +424,7 @@ ax.invert_yaxis()
 ax.set_xlim(right=1.25 * max(o + n for o, n in zip(olds, news)))
 ax.set_xlabel("live workspace storage (KiB)")
 ax.set_title(f"Growing {old_bytes // 1024} KiB → {new_bytes // 1024} KiB while a consumer holds a view", loc="left", fontsize=10)
-ax.legend(fontsize=8, loc="lower right")
+ax.legend(fontsize=8, loc="upper right")
 plt.show()
 show_md(
     markdown_table(
