@@ -27,6 +27,7 @@
 # | where each view sits in the buffer: alignment, offsets, padding (a byte map) | 1 |
 # | views that share one buffer and overwrite each other — on purpose (FlashAttention DCP, fused MoE) | 2 |
 # | growth that frees the old buffer *before* allocating the new one, and what that saves at the peak | 3 |
+# | a view a consumer still holds keeps the old buffer alive across growth (vLLM PR #56902) | 3 |
 # | the lock, and an error that names the line that asked for too much | 4 |
 # | DBO: one buffer per ubatch slot, one slot per thread | 5 |
 # | the debug log (`TQLAB_DEBUG_WORKSPACE=1`, vLLM's `VLLM_DEBUG_WORKSPACE`) | 6 |
@@ -62,8 +63,11 @@ USE_RECORDED = True  # without CUDA, show recorded GPU measurements from data/ u
 RECORD_GPU = False  # on CUDA: also write the GPU measurement to data/ (with provenance) for CPU-only readers
 
 # %%
+import gc
 import math
+import os
 import threading
+import weakref
 
 import matplotlib.pyplot as plt
 
@@ -276,18 +280,34 @@ print("shared region checks passed; workspace2 starts at byte", shared.offsets[1
 small, big = 64 * MiB, 128 * MiB
 
 
-def grow_scenario(slots: int, policy: str, grow_all: bool = False) -> dict:
+def live_storage_bytes(manager: WorkspaceManager, held=()) -> int:
+    """Bytes of every distinct storage alive: the manager's slot buffers *and* those that held views keep alive.
+
+    `manager.live_bytes()` and the events' `peak_bytes` count only the manager's own buffers.
+    """
+    storages = {}  # id -> storage; holding the storage keeps its id unique while we count
+    for t in [manager.buffer(i) for i in range(manager.num_ubatches)] + list(held):
+        if t is not None:
+            st = t.untyped_storage()
+            storages[id(st)] = st
+    return sum(st.nbytes() for st in storages.values())
+
+
+def grow_scenario(slots: int, policy: str, grow_all: bool = False, hold_view: bool = False) -> dict:
     """Every slot to `small`, then slot 0 to `big`; report the peak and what stays live."""
     w = WorkspaceManager("meta", slots, growth_policy=policy, grow_all_slots=grow_all)
+    held = []
     for s in range(slots):
         with ubatch_context(s):
-            w.get_simultaneous(((small,), torch.uint8))
+            views = w.get_simultaneous(((small,), torch.uint8))
+            if hold_view and s == 0:
+                held = views  # a consumer keeps slot 0's view across the growth
     n_before = len(w.events)
     w.get_simultaneous(((big,), torch.uint8))
     growth = w.events[n_before:]
-    return {
-        "peak": max(e.peak_bytes for e in growth),
-        "live": w.live_bytes(),
+    return {  # held storages were alive through the whole growth, so they add to its peak
+        "peak": max(max(e.peak_bytes for e in growth), live_storage_bytes(w, held)),
+        "live": live_storage_bytes(w, held),
         "sizes": w.sizes_bytes(),
     }
 
@@ -297,6 +317,7 @@ scenarios = {
     "1 slot, allocate then free (resize_)": grow_scenario(1, "allocate_then_free"),
     "2 slots, free then allocate, requesting slot only (vLLM)": grow_scenario(2, "free_then_allocate"),
     "2 slots, free then allocate, every slot (earlier vLLM)": grow_scenario(2, "free_then_allocate", grow_all=True),
+    "1 slot, free then allocate, a view held (vLLM PR #56902)": grow_scenario(1, "free_then_allocate", hold_view=True),
 }
 show_md(
     markdown_table(
@@ -322,14 +343,20 @@ plt.show()
 # %% [markdown]
 # **Predict, then run.** One slot, free-then-allocate: the peak equals the new size.
 # Allocate-then-free: old + new. Two slots, vLLM's way: slot 1 keeps its old size and the
-# peak is slot 1 + the new slot 0. Seed 002's way: both slots end at the new size.
+# peak is slot 1 + the new slot 0. Earlier vLLM's way: both slots end at the new size. And
+# free-then-allocate with a view still held costs as much as `resize_`: old + new.
+#
+# *Where the accounting counts held views:* `WorkspaceManager.live_bytes()` and the resize
+# events' `peak_bytes` see only the manager's own buffers. `live_storage_bytes()` above adds
+# every storage a held view keeps alive; the table and the next subsection use it.
 
 # %%
-one_vllm, one_resize, two_vllm, two_all = scenarios.values()
+one_vllm, one_resize, two_vllm, two_all, one_held = scenarios.values()
 assert one_vllm["peak"] == big
 assert one_resize["peak"] == small + big
 assert two_vllm["peak"] == two_vllm["live"] == small + big and two_vllm["sizes"] == [big, small]
 assert two_all["live"] == 2 * big and two_all["sizes"] == [big, big]
+assert one_held["peak"] == one_held["live"] == small + big and one_held["sizes"] == [big]
 print("growth accounting checks passed")
 
 # %% [markdown]
@@ -352,6 +379,73 @@ if HAS_POINTERS:
     assert old_addr != new_addr  # the old storage is still alive (the view holds it), so the new one cannot be there
 else:
     print("meta device: no addresses to compare")
+
+# %% [markdown]
+# ### A view held across growth keeps the old buffer alive (vLLM PR #56902)
+#
+# **Question.** vLLM drops its own reference to the old buffer before allocating the new
+# one. But PyTorch frees a storage only when *nothing* refers to it — and a view a
+# consumer still holds refers to it. How many workspace bytes are really alive after the
+# growth, and when does the old buffer go? (vLLM PR #56902 looks at exactly this case.)
+#
+# We hold a view from `get_simultaneous`, force a growth, and count every live storage:
+# the manager's buffer (`size_bytes()`) plus the storage the held view points into
+# (`view.untyped_storage().nbytes()`). A weak reference to the old storage tells us when
+# it is really freed (PyTorch keeps one Python object per live storage).
+
+# %%
+hv_device = "cpu" if device == "meta" else device  # real storages, so "alive" means memory
+old_bytes, new_bytes = 64 * 1024, 4 * 64 * 1024
+hv = WorkspaceManager(hv_device)
+(held,) = hv.get_simultaneous(((old_bytes,), torch.uint8))  # a consumer keeps this view
+old_storage = weakref.ref(held.untyped_storage())
+hv.get_simultaneous(((new_bytes,), torch.uint8))  # growth: the manager frees its reference first
+growth_event = hv.events[-1]
+gc.collect()
+moments = {"before growth": (old_bytes, 0)}
+moments["after growth, view held"] = (held.untyped_storage().nbytes(), hv.size_bytes())
+held_live, held_manager_says = live_storage_bytes(hv, [held]), hv.live_bytes()
+old_alive_while_held = old_storage() is not None
+
+del held  # the consumer lets go
+gc.collect()
+moments["after del view"] = (0, hv.size_bytes())
+after_live, old_alive_after = live_storage_bytes(hv), old_storage() is not None
+
+fig, ax = plt.subplots(figsize=(9, 2.2))
+labels = list(moments)
+olds = [o / 1024 for o, _ in moments.values()]
+news = [n / 1024 for _, n in moments.values()]
+ax.barh(labels, olds, color="#a0aec0", label="old buffer (after growth only the held view keeps it)")
+ax.barh(labels, news, left=olds, color="#3182ce", label="new buffer (the manager's)")
+for y, (o, n) in enumerate(zip(olds, news)):
+    ax.text(o + n, y, f" {o + n:,.0f} KiB", va="center", fontsize=9)
+ax.invert_yaxis()
+ax.set_xlim(right=1.25 * max(o + n for o, n in zip(olds, news)))
+ax.set_xlabel("live workspace storage (KiB)")
+ax.set_title(f"Growing {old_bytes // 1024} KiB → {new_bytes // 1024} KiB while a consumer holds a view", loc="left", fontsize=10)
+ax.legend(fontsize=8, loc="upper right")
+plt.show()
+show_md(
+    markdown_table(
+        ("moment", "live storage bytes (counted)", "manager's `live_bytes()`", "old storage alive?"),
+        [("after growth, view held", f"{held_live:,}", f"{held_manager_says:,}", old_alive_while_held),
+         ("after del view", f"{after_live:,}", f"{hv.live_bytes():,}", old_alive_after)],
+    )
+)
+
+# %% [markdown]
+# **Predict, then run.** While the view is held: live bytes = old + new, although the
+# manager's own accounting (and the resize event's `peak_bytes`) says only new. After
+# `del view`: live bytes = new, and the old storage is gone.
+
+# %%
+assert held_live == old_bytes + new_bytes == old_bytes + hv.size_bytes()
+assert held_manager_says == growth_event.peak_bytes == new_bytes  # the bookkeeping misses the held view
+assert old_alive_while_held
+assert after_live == new_bytes == hv.size_bytes()
+assert not old_alive_after
+print(f"view held: {held_live:,} live bytes (old {old_bytes:,} + new {new_bytes:,}); after del: {after_live:,}")
 
 # %% [markdown]
 # ### On a GPU: the allocator's own peak
@@ -454,12 +548,18 @@ show_md(
 )
 
 # %% [markdown]
+# The caller reads `file:line:function`, as vLLM formats `turboquant_attn.py:757:_continuation_prefill`;
+# in Jupyter the file part is IPython's name for the cell's code (a number such as `312956335.py`,
+# the file the kernel compiled this cell into), and the line counts from the top of the cell.
+#
 # **Predict, then run.** The required size is the request's bytes rounded up to
-# `ALIGNMENT`; the caller is our function, not the manager; the workspace is untouched and
-# the violation is in the event log.
+# `ALIGNMENT`; the caller is our function (its file, the line of its `return`), not the
+# manager; the workspace is untouched and the violation is in the event log.
 
 # %%
 assert isinstance(err, AssertionError)
+_code = my_long_context_kernel.__code__
+assert err.caller == f"{os.path.basename(_code.co_filename)}:{_code.co_firstlineno + 2}:my_long_context_kernel"
 assert err.required_bytes == round_up(4096 * cfg.head_dim * torch.float16.itemsize, ALIGNMENT)
 assert err.current_bytes == size_before
 assert err.caller.endswith(":my_long_context_kernel")
@@ -611,8 +711,6 @@ _ = dbg.get_simultaneous(((MiB,), torch.uint8))  # outside the block: logged now
 # violation, unlock), none for the resize after it, and the variable is restored.
 
 # %%
-import os
-
 kinds_inside = [e.kind for e in dbg.events[:-1]]
 assert len(log_lines) == len(kinds_inside) == 5
 assert all(line.startswith("[WORKSPACE DEBUG]") for line in log_lines)

@@ -25,7 +25,8 @@
 # 2. why it is sized from `max_model_len` — and why that is enough;
 # 3. that the report's prompt now completes after the lock (live, on `DEVICE`), and so does a
 #    `max_model_len` prompt (on `meta`, shapes only);
-# 4. what it costs per preset, in MiB and as a share of the KV cache on one GPU;
+# 4. what it costs per preset, in MiB and as a share of the KV cache of `max_num_seqs` sequences
+#    of `max_model_len` tokens on one GPU;
 # 5. what it does not need to cover (short continuation chunks make no workspace call in
 #    vLLM 0.33), and the two deployments PR #44053 leaves exposed: chunked prefill off with
 #    prefix caching, and DBO's second ubatch slot.
@@ -57,6 +58,8 @@ DEVICE = "cpu"  # where the engine runs the report's prompt: "cpu", "cuda" or "m
 USE_RECORDED = True  # show vLLM's own results from the recorded parity run (data/parity_results.json, under a banner)
 
 # %%
+import math
+
 import matplotlib.pyplot as plt
 
 from tqlab import vllm_trace as vt
@@ -303,11 +306,14 @@ print("max_model_len prompt: served with the fix, refused without it")
 # much is that, next to the KV cache it serves?
 #
 # Per rank (one GPU) and per ubatch slot: the reservation is the larger of the two calls.
-# For the denominator we use **the KV cache one rank needs to hold `max_num_seqs` requests
-# of `max_model_len` tokens** in the configured cache format:
+# **"Share of the KV cache" has one meaning in this project:** reserved workspace (all
+# ubatch slots) divided by **the KV cache of `max_num_seqs` sequences of `max_model_len`
+# tokens** on one rank, in the configured cache format:
 # `kv_cache_bytes_per_token(config) × max_model_len × max_num_seqs`, where
 # `kv_cache_bytes_per_token` counts every attention layer on the rank (TurboQuant formats
-# are packed, `auto` is the model dtype). This is the same denominator `tqlab plan` prints.
+# are packed, `auto` is the model dtype). This is the same denominator `tqlab plan` prints;
+# notebook 06 uses it too, and shows the share of *one* `max_model_len` sequence
+# (`max_num_seqs` times larger) as an upper bound.
 
 # %%
 cost = []
@@ -340,6 +346,24 @@ plots.plot_bars([x["name"] for x in cost], [100 * x["res"] / x["kv"] for x in co
 ax2.set_yticklabels([])
 fig.tight_layout()
 plt.show()
+
+# %% [markdown]
+# **Predict, then run.** For the bug report's deployment the share is the reservation over
+# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
+# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
+
+# %%
+seed_cost = next(x for x in cost if x["name"] == PRESET)
+sc = seed_cost["cfg"]
+seed_share = seed_cost["res"] / (kv_cache_bytes_per_token(sc) * sc.max_model_len * sc.max_num_seqs)
+seed_share_one = seed_cost["res"] / (kv_cache_bytes_per_token(sc) * sc.max_model_len)
+assert seed_share == seed_cost["res"] / seed_cost["kv"]
+assert math.isclose(seed_share_one, sc.max_num_seqs * seed_share)
+show_md(
+    f"{PRESET}: share of the KV cache of {sc.max_num_seqs} sequences of {sc.max_model_len:,} tokens = "
+    f"**{100 * seed_share:.3f} %**; of one {sc.max_model_len:,}-token sequence (upper bound) = "
+    f"{100 * seed_share_one:.3f} %."
+)
 
 # %% [markdown]
 # The whole deployment pays this on every rank (× `tensor_parallel_size`). With DBO,
@@ -702,8 +726,8 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 lo, hi = min(cost, key=lambda x: x["res"] / x["kv"]), max(cost, key=lambda x: x["res"] / x["kv"])
 show_md(
     f"Across the presets the reservation is {100 * lo['res'] / lo['kv']:.3f} % ({lo['name']}) to "
-    f"{100 * hi['res'] / hi['kv']:.1f} % ({hi['name']}) of the KV cache a rank needs for `max_num_seqs` full-length "
-    f"requests. Where the dequant buffers dominate, both scale with the KV heads per rank and `max_model_len`, "
+    f"{100 * hi['res'] / hi['kv']:.1f} % ({hi['name']}) of the KV cache of `max_num_seqs` sequences of "
+    f"`max_model_len` tokens on a rank. Where the dequant buffers dominate, both scale with the KV heads per rank and `max_model_len`, "
     f"which cancel: what is left is fp16 buffers for *one* layer against a cache that holds *every* layer, packed, "
     f"for `max_num_seqs` requests. So the share is largest with few sequences and few attention layers — {PRESET} "
     f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MB "
