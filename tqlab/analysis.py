@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 from .reservation import (
     CONTINUATION_DECODE_THRESHOLD,
-    _check_config,
+    check_config,
     chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
@@ -162,7 +162,7 @@ def capture_sizes(config: "EngineConfig") -> tuple[int, ...]:
     Raises ``ValueError`` where vLLM 0.33 raises (inconsistent explicit sizes and
     ``max_cudagraph_capture_size``; no size left after the spec-decode rounding).
     """
-    _check_config(config)
+    check_config(config)
     sizes = _set_cudagraph_sizes(config)
     q = config.uniform_decode_query_len
     if sizes and q > 1 and cudagraph_mode(config) in _FULL_DECODE_MODES:
@@ -251,7 +251,7 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     :func:`tqlab.reservation.reservation_plan`. ``None`` for an eager or ``cudagraph_mode``
     NONE start-up in vLLM 0.33 (unless ``lock_workspace_when_eager``).
     """
-    _check_config(config)
+    check_config(config)
     if not locks_workspace(config):
         return None
     rows = decode_rows_at_lock(config)
@@ -327,7 +327,7 @@ def workspace_bytes_for_prompt(config: "EngineConfig", prompt_tokens: int) -> in
 
     Raises ``ValueError`` for a prompt shorter than 1 or longer than ``max_model_len``.
     """
-    _check_config(config)
+    check_config(config)
     positive_int("prompt_tokens", prompt_tokens)
     if prompt_tokens > config.max_model_len:
         raise ValueError(f"prompt_tokens {prompt_tokens} exceeds max_model_len {config.max_model_len}")
@@ -343,7 +343,7 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     ``j * m + 129`` tokens (its last chunk just crosses vLLM's 128-token threshold).
     Raises ``ValueError`` for a negative or non-int ``locked_bytes``.
     """
-    _check_config(config)
+    check_config(config)
     positive_int("locked_bytes", locked_bytes, 0)
     limit = config.max_model_len - 1
     if limit < 1:
@@ -371,7 +371,7 @@ def safe_max_model_len(config: "EngineConfig", locked_bytes: int, *, schedule: s
     the bound to trust on a busy server. O(log n). None if even a 2-token prompt can overflow.
     Raises ``ValueError`` for a bad ``schedule`` or ``locked_bytes``.
     """
-    _check_config(config)
+    check_config(config)
     if schedule not in ("alone", "any"):
         raise ValueError(f"schedule must be 'alone' or 'any', got {schedule!r}")
     positive_int("locked_bytes", locked_bytes, 0)
@@ -472,7 +472,7 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
     ``sources`` (where each input came from) is passed through to :meth:`Prediction.to_json`.
     Raises ``ValueError`` for a prompt outside ``[1, max_model_len - max_tokens]``.
     """
-    _check_config(config)
+    check_config(config)
     positive_int("max_tokens", max_tokens)
     locked = locked_bytes(config, fix=fix)
     if prompt_tokens is not None:

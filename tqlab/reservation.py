@@ -46,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CONTINUATION_DECODE_THRESHOLD",
+    "check_config",
     "ChunkRequest",
     "Shapes",
     "chunk_workspace_request",
@@ -141,7 +142,8 @@ class ChunkRequest:
         return 0 if self.shapes is None else compute_layout(self.shapes).total_bytes
 
 
-def _check_config(config: object) -> None:
+def check_config(config: object) -> None:
+    """Raise ``TypeError`` unless ``config`` is a :class:`tqlab.config.EngineConfig`."""
     from .config import EngineConfig
 
     if not isinstance(config, EngineConfig):
@@ -156,7 +158,7 @@ def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int)
     ``cached_len < 0`` or ``q_len < 1``, ``TypeError`` for a config that is
     not an :class:`~tqlab.config.EngineConfig`.
     """
-    _check_config(config)
+    check_config(config)
     positive_int("cached_len", cached_len, 0)
     positive_int("q_len", q_len, 1)
     if cached_len == 0:
@@ -185,7 +187,7 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
     TurboQuant backend has them. For ``pr-44053-unit-test``: ``[((16,8,4,129) f32, (16,8,128) f16, (16,8) f32),
     ((1,4,8192,128) f16, (1,4,8192,128) f16)]``.
     """
-    _check_config(config)
+    check_config(config)
     batch = config.max_num_seqs if decode_batch is None else positive_int("decode_batch", decode_batch)
     plan = [
         decode_workspace_shapes(

@@ -54,7 +54,7 @@ from .workspace_layout import (
     MAX_BYTES,
     MiB,
     WorkspaceLayout,
-    _is_exact_signature,
+    is_exact_signature,
     allocator_headroom,
     compute_layout,
     format_mb,
@@ -79,6 +79,7 @@ __all__ = [
     "is_workspace_manager_initialized",
     "lock_workspace",
     "reset_workspace_manager",
+    "restore_workspace_manager_on_error",
     "rewarm_workspace",
     "round_up",
     "ubatch_context",
@@ -333,7 +334,7 @@ class WorkspaceManager:
             lay = self._layouts.get(reqs)
         except TypeError:  # unhashable, e.g. list shapes
             return compute_layout(reqs), None
-        exact = _is_exact_signature(reqs)
+        exact = is_exact_signature(reqs)
         if lay is not None and exact:
             return lay, reqs
         lay = compute_layout(reqs)
@@ -573,6 +574,21 @@ def reset_workspace_manager() -> None:
     """Forget the process-wide manager (tests and notebooks)."""
     global _manager
     _manager = None
+
+
+@contextlib.contextmanager
+def restore_workspace_manager_on_error() -> Iterator[None]:
+    """Put the previous process-wide manager (or none) back if the body raises.
+
+    A failed engine start-up must not leave its half-built manager installed.
+    """
+    global _manager
+    previous = _manager
+    try:
+        yield
+    except BaseException:
+        _manager = previous
+        raise
 
 
 @contextlib.contextmanager

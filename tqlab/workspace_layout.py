@@ -18,7 +18,7 @@ import torch
 
 __all__ = [
     "ALIGNMENT", "MAX_BYTES", "MiB", "WorkspaceLayout", "allocator_headroom", "compute_layout", "format_mb",
-    "positive_int", "round_up",
+    "is_exact_signature", "positive_int", "round_up",
 ]
 
 ALIGNMENT = 256
@@ -166,7 +166,7 @@ def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], torch.dtype]
     return WorkspaceLayout(tuple(shapes), tuple(dtypes), tuple(nbytes), tuple(offsets), offset)
 
 
-def _is_exact_signature(reqs: tuple) -> bool:
+def is_exact_signature(reqs: tuple) -> bool:
     for req in reqs:
         if type(req) is not tuple or len(req) != 2 or type(req[0]) is not tuple:
             return False

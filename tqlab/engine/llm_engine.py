@@ -42,8 +42,7 @@ from ..config import EngineConfig
 from .cuda_graph import CUDAGraphDecodeRunner
 from .model_runner import ModelRunner
 from .scheduler import Request, Scheduler
-from .. import workspace as _workspace_module
-from ..workspace import init_workspace_manager
+from ..workspace import init_workspace_manager, restore_workspace_manager_on_error
 
 __all__ = ["EngineDeadError", "LLMEngine", "PhaseRecord", "RequestOutput"]
 
@@ -153,13 +152,9 @@ class LLMEngine:
             raise ValueError(f"kv_cache_tokens must be an int >= 1, got {kv_cache_tokens!r}")
         # vLLM installs one process-wide manager per worker; so do we, but a failed
         # start-up puts the previous one back instead of leaving a half-built one.
-        previous = _workspace_module._manager
-        try:
+        with restore_workspace_manager_on_error():
             self._start_up(fix, kv_cache_tokens, seed, use_cuda_graphs, decode_batch_reservation,
                            before_lock, after_profile)
-        except BaseException:
-            _workspace_module._manager = previous
-            raise
         self.startup_path_counts = dict(self.backend.path_counts)
         self.backend.path_counts = dict.fromkeys(self.backend.path_counts, 0)
 
