@@ -61,6 +61,15 @@ class Segment:
         return self.end - self.start
 
 
+
+def _finish_axes(ax, title: str | None):
+    """The house style every plot here ends with: no top/right spines, a left-aligned title. Returns ``ax``."""
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    if title:
+        ax.set_title(title, loc="left", fontsize=10)
+    return ax
+
 def layout_segments(
     layout: WorkspaceLayout, labels: Sequence[str] | None = None, buffer_bytes: int | None = None
 ) -> list[Segment]:
@@ -202,11 +211,7 @@ def plot_byte_maps(
     if any(s.kind == "free" for segs in all_segs for s in segs):
         handles.append(Patch(facecolor=_FREE_COLOR, edgecolor="#bbbbbb", label="unused by this call"))
     ax.legend(handles=handles, loc="upper right", fontsize=8, framealpha=0.9, bbox_to_anchor=(1.0, 1.35))
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    if title:
-        ax.set_title(title, loc="left", fontsize=10)
-    return ax
+    return _finish_axes(ax, title)
 
 
 def plot_layout(
@@ -419,11 +424,7 @@ def plot_workspace_timeline(
     else:
         ax.set_ylim(-0.04 * top, top * 1.18)
     ax.set_ylabel(f"workspace size ({uname})")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    if title:
-        ax.set_title(title, loc="left", fontsize=10)
-    return ax
+    return _finish_axes(ax, title)
 
 
 class PhaseMarker:
@@ -497,11 +498,7 @@ def plot_phases(
                 ha="right", va="bottom", fontsize=9)
     ax.set_ylim(0, top * 1.18)
     ax.set_ylabel("workspace after phase (MiB)")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    if title:
-        ax.set_title(title, loc="left", fontsize=10)
-    return ax
+    return _finish_axes(ax, title)
 
 
 # --------------------------------------------------------------------------- #
@@ -557,11 +554,7 @@ def plot_bars(
         ax.set_ylim(top=(max(values) if values else 1) * (3 if log else 1.18))
     if hline is not None and hline_label:
         ax.legend(fontsize=8)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    if title:
-        ax.set_title(title, loc="left", fontsize=10)
-    return ax
+    return _finish_axes(ax, title)
 
 
 def plot_need_curve(
@@ -602,8 +595,4 @@ def plot_need_curve(
     ax.set_xlim(0, max(xs) * 1.02 if max(xs) else 1)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8, loc="upper left")
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
-    if title:
-        ax.set_title(title, loc="left", fontsize=10)
-    return ax
+    return _finish_axes(ax, title)
