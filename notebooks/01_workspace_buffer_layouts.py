@@ -22,7 +22,7 @@
 # `tqlab.workspace` re-implements it in plain PyTorch so that every mechanism can be
 # watched on a laptop. This notebook walks through all of them, live:
 #
-# | you will see | section |
+# | you will learn | section |
 # |---|---|
 # | where each view sits in the buffer: alignment, offsets, padding (a byte map) | 1 |
 # | views that share one buffer and overwrite each other — on purpose (FlashAttention DCP, fused MoE) | 2 |

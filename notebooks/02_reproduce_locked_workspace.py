@@ -28,10 +28,13 @@
 # 2. why start-up under-counts: the profile run never takes the path that crashes;
 # 3. which chunk of the long prompt asks for more, and by exactly how much (predicted, then run);
 # 4. what is left afterwards: a dead engine;
-# 5. for every preset, the longest prompt that survives without the fix.
+# 5. what a hybrid model's larger attention block size changes, and what it does not.
+#
+# Which prompts survive without the fix, for every preset and on a busy server, is the
+# subject of notebook 09.
 #
 # **Hardware.** CPU (default). `DEVICE = "cuda"` runs the engine on a GPU; `"meta"` runs it
-# shape-only. The per-preset survey always runs on `meta` (shapes only, no arithmetic).
+# shape-only.
 #
 # **Run time.** Under a minute on a small CPU box; most of it is real attention (the profile
 # run and the long prompt's first chunk, on CPU with fewer layers: section 2 explains why
@@ -63,11 +66,11 @@ import matplotlib.pyplot as plt
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.config import EngineConfig, list_presets, load_preset
+from tqlab.config import EngineConfig, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
 from tqlab import analysis
-from tqlab.analysis import first_failing_prompt, prompt_chunks
+from tqlab.analysis import first_failing_prompt, prefill_chunks
 from tqlab.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
 
 device = recorded.pick_device(DEVICE)
@@ -213,7 +216,7 @@ show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_b
 # nothing; section 5 uses that.) What does each chunk of the report's prompt ask for?
 
 # %%
-chunks = prompt_chunks(PROMPT_TOKENS, cfg.max_num_batched_tokens)
+chunks = prefill_chunks(cfg, PROMPT_TOKENS)
 plan_rows, first_bad = [], None
 for i, (cached, q) in enumerate(chunks):
     req = chunk_workspace_request(cfg, cached, q)
@@ -405,168 +408,72 @@ else:
     )
 
 # %% [markdown]
-# ## 5 · How long a prompt survives, per preset
-#
-# **Question.** Without the fix, which prompts are safe? Every preset locks at its own
-# decode scratch size; the first chunk that asks for more kills the engine.
-# `tqlab.analysis.first_failing_prompt` finds the shortest such prompt exactly (without
-# trying every length), using the same per-chunk formula the backend uses.
-#
-# To get each preset's locked size we start it, without the fix, on the `meta` device
-# (shapes only). The workspace is one buffer shared by every layer, and capture runs the
-# largest decode bucket first, so a one-layer engine that captures only the largest bucket
-# locks at exactly the same size, much faster; the cell checks that on two presets with the
-# full engine.
-
-# %%
-def locked_without_fix(c: EngineConfig) -> int:
-    """Locked workspace bytes of an unfixed engine (one layer, largest capture bucket only)."""
-    quick = c.replace(num_hidden_layers=1, cudagraph_capture_sizes=(c.max_num_seqs,))
-    return LLMEngine(quick, fix=False, device="meta").locked_bytes
-
-
-for name in (PRESET, "pr-44053-unit-test"):  # full engine, every layer and bucket: same size
-    c = EngineConfig.from_preset(name)
-    assert LLMEngine(c, fix=False, device="meta").locked_bytes == locked_without_fix(c)
-
-survey = []
-for name in list_presets():
-    c = EngineConfig.from_preset(name)
-    locked = locked_without_fix(c)
-    bad = first_failing_prompt(c, locked)
-    if bad is None:
-        longest, path, need = c.max_model_len - 1, "—", None
-    else:
-        cached, q = prompt_chunks(bad, c.max_num_batched_tokens)[-1]
-        r = chunk_workspace_request(c, cached, q)
-        longest, path, need = bad - 1, f"{r.path} (cached {cached:,}, {q} new)", r.nbytes
-    survey.append(dict(name=name, cfg=c, locked=locked, bad=bad, longest=longest, path=path, need=need))
-
-show_md(
-    markdown_table(
-        ("preset", "locked (MB)", "longest surviving prompt", "max_model_len", "share", "first failing chunk", "it needs (MB)"),
-        [
-            (s["name"], format_mb(s["locked"]), f"{s['longest']:,}", f"{s['cfg'].max_model_len:,}",
-             f"{100 * s['longest'] / s['cfg'].max_model_len:.1f} %", s["path"],
-             "—" if s["need"] is None else format_mb(s["need"]))
-            for s in survey
-        ],
-    )
-)
-ax = plots.plot_bars(
-    [s["name"] for s in survey],
-    [100 * s["longest"] / s["cfg"].max_model_len for s in survey],
-    ylabel="longest surviving prompt, % of max_model_len (no fix)",
-    fmt="{:.1f} %",
-    horizontal=True,
-    title="Longest prompt that survives without the fix, as a share of max_model_len",
-)
-plt.show()
-
-# %% [markdown]
-# Why each preset fails where it does — computed from the same formulas, per preset:
-
-# %%
-reasons = []
-for s in survey:
-    c = s["cfg"]
-    if s["bad"] is None:
-        cont = chunk_workspace_request(c, c.max_model_len - 1, CONTINUATION_DECODE_THRESHOLD + 1).nbytes
-        if not c.enable_chunked_prefill or c.max_num_batched_tokens >= c.max_model_len:
-            why = "one chunk covers the whole context, so no continuation prefill ever happens"
-        else:
-            why = (f"its locked decode scratch ({format_mb(s['locked'])} MB, `max_num_seqs` = {c.max_num_seqs}) "
-                   f"already exceeds the dequant buffers at `max_model_len` ({format_mb(cont)} MB)")
-        reasons.append(f"- **{s['name']}** survives every prompt: {why}.")
-    else:
-        cached, q = prompt_chunks(s["bad"], c.max_num_batched_tokens)[-1]
-        s_cached, s_q = prompt_chunks(s["longest"], c.max_num_batched_tokens)[-1]
-        s_path = chunk_workspace_request(c, s_cached, s_q).path
-        reasons.append(
-            f"- **{s['name']}** fails on the dequant buffers of a continuation chunk of {q} new tokens once "
-            f"cached_len reaches {cached:,} tokens ({format_mb(s['need'])} MB > {format_mb(s['locked'])} MB). "
-            f"Its longest survivor ({s['longest']:,} tokens) ends in a chunk of {s_q} new tokens after "
-            f"{s_cached:,} cached: the `{s_path}` path, which makes no workspace call."
-        )
-show_md("\n".join(reasons))
-
-# %% [markdown]
-# Why the survivors end where they do: a continuation chunk of at most
-# `CONTINUATION_DECODE_THRESHOLD` new tokens does not dequantize. In vLLM 0.33 it runs the
-# decode kernel, one query row per new token, with the kernel's own scratch, and asks the
-# workspace for nothing (the parity suite checked this against vLLM's own code; tqlab's
-# backend does the same). So a prompt one chunk plus the threshold long is served; one
-# token more and its second chunk dequantizes.
-#
-# **Predict, then run.** On the bug report's preset, the longest surviving prompt completes
-# without a single workspace event after the lock, its last chunk on the decode-kernel
-# path; one token more kills the engine (both on `meta`: shape-only, fast).
-
-# %%
-row = next(s for s in survey if s["name"] == PRESET)
-m, T = row["cfg"].max_num_batched_tokens, CONTINUATION_DECODE_THRESHOLD
-assert row["longest"] == m + T and row["bad"] == row["longest"] + 1  # one chunk plus the threshold
-last_cached, last_q = prompt_chunks(row["longest"], m)[-1]
-assert chunk_workspace_request(row["cfg"], last_cached, last_q).shapes is None  # no workspace call
-
-ok_engine = LLMEngine(row["cfg"], fix=False, device="meta")
-events_at_lock = len(ok_engine.workspace.events)
-out = ok_engine.generate(row["longest"], max_tokens=1)
-assert out.finished and ok_engine.dead is None
-assert len(ok_engine.workspace.events) == events_at_lock  # nothing asked of the locked workspace
-assert ok_engine.backend.path_counts["decode_kernel"] == row["cfg"].num_hidden_layers  # once per layer
-show_md(
-    f"**{row['longest']:,} tokens** ({m:,} + {T}) on {PRESET}: served; its last chunk ({last_cached:,} cached + "
-    f"{last_q} new) ran the decode kernel in each of the {row['cfg'].num_hidden_layers} layers; "
-    f"{len(ok_engine.workspace.events) - events_at_lock} workspace events after the lock."
-)
-
-bad_engine = LLMEngine(row["cfg"], fix=False, device="meta")
-try:
-    bad_engine.generate(row["bad"], max_tokens=1)
-except WorkspaceLockedError as exc:
-    assert exc.required_bytes == row["need"]
-    show_error(exc, f"{row['bad']:,} tokens: one more than the longest survivor (caught)")
-else:
-    raise AssertionError("the first failing prompt was served")
-
-# %% [markdown]
-# ### The block size of a hybrid model
+# ## 5 · The block size of a hybrid model
 #
 # Nemotron-3-Super is a *hybrid* model: most of its layers are Mamba layers, and only a few use
-# attention. vLLM 0.33 then raises the attention block size until one attention page holds at
-# least one Mamba state page (`_align_hybrid_block_size`, `vllm/platforms/interface.py`), and the
-# continuation buffers are rounded up to that block size. The bug report does not print the block
-# size its server used, so the preset keeps vLLM's plain default of 16 (`tqlab inspect-vllm` says
-# "pass --block-size" for such a model). Another public report on a hybrid model (vLLM issue
-# #43357) ran with **2,080-token** blocks. **Predict, then run:** with 2,080-token blocks, does the
-# report's deployment crash at a different prompt length without the fix, and does the fix reserve
-# more or less than 64 MiB?
+# attention. Two things follow in vLLM 0.33.
+#
+# * The attention block size is raised until one attention page holds at least one Mamba state
+#   page (`_align_hybrid_block_size`, `vllm/platforms/interface.py`), and the continuation
+#   buffers are rounded up to that block size.
+# * Prefix caching is on by default, which turns the Mamba cache mode to "align"
+#   (`MambaModelConfig.verify_and_update_config`): the scheduler then ends every prefill chunk
+#   but a prompt's last on a block boundary, so the Mamba state can be cached there
+#   (`Scheduler._mamba_block_aligned_split`, `vllm/v1/core/sched/scheduler.py`). The preset
+#   says so (`mamba_block_aligned_split`); with 16-token blocks a 4,096-token chunk is already
+#   aligned, so nothing above changed.
+#
+# The bug report does not print the block size its server used, so the preset keeps vLLM's
+# plain default of 16 (`tqlab inspect-vllm` derives it from a `config.json`). Another public
+# report on a hybrid model (vLLM issue #43357) ran with **2,080-token** blocks.
+# **Predict, then run:** with 2,080-token blocks, does the report's deployment crash at a
+# different prompt length without the fix, and does the fix reserve more or less than 64 MiB?
 
 # %%
+T = CONTINUATION_DECODE_THRESHOLD  # a continuation chunk of more than T new tokens dequantizes
 rows = []
 for bs in (16, 2080):
     c = cfg.replace(block_size=bs)
     locked = analysis.locked_bytes(c, fix=False)
-    rows.append(dict(block=bs, locked=locked, first_failing=first_failing_prompt(c, locked),
-                     crash_need=chunk_workspace_request(c, c.max_num_batched_tokens, T + 1).nbytes,
-                     with_fix=analysis.locked_bytes(c, fix=True)))
-show_md(markdown_table(["block size", "locked without the fix", "first failing prompt", "its refused call",
-                        "reserved with the fix"],
+    first = first_failing_prompt(c, locked)
+    refused = analysis.first_refused_call(c, first, locked)
+    rows.append(dict(cfg=c, block=bs, locked=locked, first_failing=first, chunks=prefill_chunks(c, first),
+                     crash_need=refused["required_bytes"], with_fix=analysis.locked_bytes(c, fix=True)))
+show_md(markdown_table(["block size", "locked without the fix", "first failing prompt", "its chunks (cached, new)",
+                        "its refused call", "reserved with the fix"],
                        [[f"{r['block']:,}", format_mb(r["locked"]) + " MB", f"{r['first_failing']:,}",
+                         ", ".join(f"({cc:,}, {q:,})" for cc, q in r["chunks"]),
                          format_mb(r["crash_need"]) + " MB", format_mb(r["with_fix"]) + " MB"] for r in rows]))
 small, big = rows
-assert small["first_failing"] == big["first_failing"]  # the crash does not move: the decode scratch is what locks
-assert big["crash_need"] > small["crash_need"] and big["with_fix"] > small["with_fix"]  # rounded up to 2,080
-show_md(f"The crash starts at the same prompt ({big['first_failing']:,} tokens): the locked size is the decode "
-        f"scratch, which the block size does not touch. The refused call grows from {format_mb(small['crash_need'])} "
-        f"to {format_mb(big['crash_need'])} MB, and the fix reserves {format_mb(big['with_fix'])} MB instead of "
-        f"{format_mb(small['with_fix'])} MB, because every continuation buffer is rounded up to a whole block.")
+m = cfg.max_num_batched_tokens
+assert small["locked"] == big["locked"]  # the decode scratch, which the block size does not touch
+assert small["first_failing"] == m + T + 1  # one 4,096-token chunk, then more than the threshold
+assert big["chunks"][0][1] == m // 2080 * 2080 and big["first_failing"] == m + 1  # cut back to one block
+assert big["crash_need"] == analysis.continuation_bytes(big["cfg"], big["chunks"][1][0]) > big["locked"]
+assert big["with_fix"] > small["with_fix"]  # the reservation at max_model_len, rounded up to 2,080-token blocks
+
+engine_2080 = LLMEngine(big["cfg"], fix=False, device="meta")  # and the engine agrees, shapes only
+assert engine_2080.generate(big["first_failing"] - 1, max_tokens=1).finished
+try:
+    engine_2080.generate(big["first_failing"], max_tokens=1)
+except WorkspaceLockedError as exc:
+    assert exc.required_bytes == big["crash_need"]
+else:
+    raise AssertionError("the first failing prompt with 2,080-token blocks was served")
+show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_failing']:,} tokens instead of "
+        f"{small['first_failing']:,}: a prompt longer than one step's {m:,} tokens gets a first chunk cut back to "
+        f"{big['chunks'][0][1]:,} tokens (one block), so its second chunk dequantizes {big['chunks'][1][0]:,} cached "
+        f"tokens: {format_mb(big['crash_need'])} MB instead of {format_mb(small['crash_need'])} MB, still more than "
+        f"the {format_mb(big['locked'])} MB locked (the decode scratch, which the block size does not touch). "
+        f"The fix reserves {format_mb(big['with_fix'])} MB instead of {format_mb(small['with_fix'])} MB, because "
+        f"every continuation buffer is rounded up to a whole block.")
 
 # %% [markdown]
 # ## Next
 #
-# Notebook 03 applies the fix of vLLM PR #44053: reserve the worst case before the lock.
+# * Notebook 03 applies the fix of vLLM PR #44053: reserve the worst case before the lock.
+# * Notebook 09 asks which prompts survive without it, for every preset, alone and on a busy
+#   server.
 
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (engine on `{device}`).*")

@@ -77,7 +77,7 @@ from tqlab.reservation import (
     reservation_plan,
     reserve_workspace,
 )
-from tqlab.analysis import first_failing_prompt, prompt_chunks
+from tqlab.analysis import first_failing_prompt, prefill_chunks
 from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb, ubatch_context
 
 device = recorded.pick_device(DEVICE)
@@ -159,7 +159,7 @@ lengths = list(range(0, cfg.max_model_len, step)) + [cfg.max_model_len - 1]
 needs = [compute_layout(continuation_workspace_shapes(n, cfg.num_kv_heads_per_rank, cfg.head_dim, cfg.block_size)).total_bytes
          for n in lengths]
 locked_no_fix = compute_layout(plan[0]).total_bytes  # what capture locked in notebook 02: decode only
-cached_8k, q_8k = prompt_chunks(PROMPT_TOKENS, cfg.max_num_batched_tokens)[-1]
+cached_8k, q_8k = prefill_chunks(cfg, PROMPT_TOKENS)[-1]
 need_8k = chunk_workspace_request(cfg, cached_8k, q_8k).nbytes
 ax = plots.plot_need_curve(
     lengths,
@@ -279,7 +279,7 @@ meta_events = len(meta_engine.workspace.events)
 t = time.perf_counter()
 meta_out = meta_engine.generate(longest, max_tokens=1)
 meta_s = time.perf_counter() - t
-n_chunks = len(prompt_chunks(longest, cfg.max_num_batched_tokens))
+n_chunks = len(prefill_chunks(cfg, longest))
 show_md(f"{longest:,}-token prompt on `meta`: finished **{meta_out.finished}** after {n_chunks} chunks, in {meta_s:.1f} s.")
 
 unfixed = LLMEngine(cfg, fix=False, device="meta")
@@ -403,7 +403,7 @@ short_engine = LLMEngine(cfg, fix=False, device="meta")
 first_bad = first_failing_prompt(cfg, short_engine.locked_bytes)
 assert first_bad == m + T + 1
 survivor = first_bad - 1
-last_cached, last_q = prompt_chunks(survivor, m)[-1]
+last_cached, last_q = prefill_chunks(cfg, survivor)[-1]
 last_req = chunk_workspace_request(cfg, last_cached, last_q)
 assert last_req.path == "decode_kernel" and last_req.shapes is None and last_req.nbytes == 0
 
@@ -444,12 +444,17 @@ show_md(markdown_table(
 # reservation never made. tqlab's `reservation_plan` mirrors the PR's condition, so tqlab's
 # fixed engine is exposed the same way.
 #
-# Below: the report's deployment with chunked prefill off (vLLM then requires
-# `max_num_batched_tokens >= max_model_len`). `tqlab.vllm_trace.predict` gives the longest
-# request that fits the fixed workspace *under any chunking* — prefix-cache hits included.
+# Below: the report's attention shapes with chunked prefill off (vLLM then requires
+# `max_num_batched_tokens >= max_model_len`). For the hybrid Nemotron itself vLLM 0.33 refuses
+# that with prefix caching on ("Chunked prefill is required for Mamba prefix caching",
+# `MambaModelConfig.verify_and_update_config`), so the cell treats the shapes as an
+# attention-only model (`mamba_block_aligned_split=False`), where the case is real.
+# `tqlab.vllm_trace.predict` gives the longest request that fits the fixed workspace *under
+# any chunking* — prefix-cache hits included.
 
 # %%
-nocp = cfg.replace(enable_chunked_prefill=False, max_num_batched_tokens=cfg.max_model_len)
+nocp = cfg.replace(enable_chunked_prefill=False, max_num_batched_tokens=cfg.max_model_len,
+                   mamba_block_aligned_split=False)
 nocp_plan = reservation_plan(nocp)
 pred = vt.predict(nocp)
 show_md(markdown_table(

@@ -18,7 +18,7 @@
 #
 # The other notebooks use tqlab's own `WorkspaceManager` and reservation. This one puts
 # them next to **vLLM's own classes** (vLLM 0.33, which contains the fix, PR #44053) and
-# shows the same numbers from both:
+# shows the same numbers from both. You will learn, point by point, where tqlab matches vLLM:
 #
 # 1. the same call sequence through `vllm.v1.worker.workspace.WorkspaceManager` and
 #    `tqlab.workspace.WorkspaceManager`: view offsets, slot sizes, refusals, word for word;

@@ -179,11 +179,62 @@ def test_closed_forms_equal_brute_force(m, bs, locked):
     assert A.first_failing_prompt(c, locked) == _brute_first_failing(c, locked)
 
 
+def _simulated_chunks(c: EngineConfig, n: int, first_budget: int | None = None) -> list[tuple[int, int]]:
+    """Chunks of a prompt of n tokens, step by step as the scheduler draws them (first step's budget optional)."""
+    out, done, step = [], 0, 0
+    while done < n:
+        budget = first_budget if step == 0 and first_budget is not None else c.max_num_batched_tokens
+        q = A.mamba_block_aligned_split(c, done, min(budget, n - done), n)
+        assert q > 0 or budget < c.max_num_batched_tokens  # 0: nothing this step (vLLM: `break`)
+        if q:
+            out.append((done, q))
+        done, step = done + q, step + 1
+    return out
+
+
+@pytest.mark.parametrize("m, bs, locked", [(130, 16, 0), (200, 16, 70_000), (384, 32, 134_400), (1000, 16, 300_000),
+                                           (4100, 16, 0), (500, 208, 100_000), (300, 160, 0)])
+def test_block_aligned_closed_forms_equal_the_step_by_step_schedule(m, bs, locked):
+    from tqlab.reservation import chunk_workspace_request
+
+    c = EngineConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_model_len=3000, max_num_seqs=1,
+                     max_num_batched_tokens=m, block_size=bs, mamba_block_aligned_split=True)
+    first = None
+    for n in range(1, 3000):
+        chunks = _simulated_chunks(c, n)
+        assert A.prefill_chunks(c, n) == chunks, n
+        need = max(chunk_workspace_request(c, cc, q).nbytes for cc, q in chunks)
+        assert A.workspace_bytes_for_prompt(c, n) == need, n
+        if first is None and need > locked:
+            first = n
+    assert A.first_failing_prompt(c, locked) == first
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64])
+def test_block_aligned_busy_bound_is_reached_by_a_shared_first_step(bs):
+    """The "any schedule" bound: the shortest prompt some first-step share breaks is safe_max_model_len + 1."""
+    from tqlab.reservation import chunk_workspace_request
+
+    c = EngineConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_model_len=1200, max_num_seqs=1,
+                     max_num_batched_tokens=1024, block_size=bs, mamba_block_aligned_split=True)
+    locked = A.continuation_bytes(c, 300)  # holds 300 cached tokens (rounded up to a block), not more
+    broken = next(n for n in range(2, 1200) if any(
+        chunk_workspace_request(c, cc, q).nbytes > locked
+        for b in range(1, min(n, 1024) + 1) for cc, q in _simulated_chunks(c, n, b)))
+    assert A.safe_max_model_len(c, locked, schedule="any") == broken - 1
+    # buffers are sized in whole blocks, so `locked` holds round_up(300, bs) cached tokens; the next block
+    # boundary is the first cached length a step can leave that overflows, then 129 new tokens dequantize
+    assert broken == (-(-300 // bs) + 1) * bs + 129
+
+
 def test_huge_max_model_len_answers_at_once():
     c = EngineConfig.from_preset(NEMOTRON, max_model_len=10**12)
     t = time.perf_counter()
     assert A.first_failing_prompt(c, 268_544) == 4225
-    assert A.safe_max_model_len(c, 268_544, schedule="any") == 641
+    # the preset splits on 16-token blocks (hybrid, prefix caching on): a busy step can leave a
+    # prompt 512 or 528 cached tokens, never 513..527; 528 cached + 129 new = 657 tokens overflows
+    assert A.safe_max_model_len(c, 268_544, schedule="any") == 656
+    assert A.safe_max_model_len(c.replace(mamba_block_aligned_split=False), 268_544, schedule="any") == 641
     assert A.safe_max_model_len(c, 268_544, schedule="alone") == 4225
     assert A.predict(c, fix=True).verdict == "ok"
     assert A.workspace_bytes_for_prompt(c, 10**12 - 1) > 0

@@ -120,6 +120,17 @@ def test_scheduler_limits_are_validated():
     assert c.enable_chunked_prefill is False
 
 
+def test_mamba_block_aligned_split_is_validated():
+    with pytest.raises(ValueError, match=r"needs enable_chunked_prefill: vLLM 0.33 asserts 'Chunked prefill is required"):
+        EngineConfig(**HEADS, enable_chunked_prefill=False, max_num_batched_tokens=8192, mamba_block_aligned_split=True)
+    with pytest.raises(ValueError, match=r"block_size \(2080\) > max_num_batched_tokens \(2048\)"):
+        EngineConfig(**HEADS, block_size=2080, max_num_batched_tokens=2048, mamba_block_aligned_split=True)
+    with pytest.raises(ValueError, match="mamba_block_aligned_split must be True or False, got 1"):
+        EngineConfig(**HEADS, mamba_block_aligned_split=1)
+    assert EngineConfig.from_preset("nemotron-3-super-120b-a12b").mamba_block_aligned_split is True
+    assert EngineConfig.from_preset("llama-3.1-8b").mamba_block_aligned_split is False
+
+
 @pytest.mark.parametrize("bad", [(), (0, 4), (1, 2.0), (True,), [-8]])
 def test_bad_cudagraph_capture_sizes(bad):
     with pytest.raises(ValueError, match="cudagraph_capture_sizes"):

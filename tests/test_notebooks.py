@@ -47,6 +47,23 @@ def test_notebook_is_named_and_opens_as_the_convention_says(path):
         assert re.search(rf"^{name}\s*=", params[0].source, re.M), f"parameters cell must set {name}"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_reads_like_a_lecture(path):
+    """A header (what you learn, what you need, the run time) and at least three "predict, then run"
+    cells, each followed by a code cell that checks the prediction with an ``assert``."""
+    nb = nbformat.read(str(path), as_version=4)
+    head = nb.cells[0].source
+    for what, pattern in (("what you learn", r"you will learn"), ("what you need", r"what you need|hardware"),
+                          ("the run time", r"run time")):
+        assert re.search(pattern, head, re.I), f"{path.name}: the header does not say {what}"
+    checked = 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown" and re.search(r"predict, then run", cell.source, re.I):
+            code = next((c for c in nb.cells[i + 1:] if c.cell_type == "code"), None)
+            checked += code is not None and re.search(r"^\s*assert\b", code.source, re.M) is not None
+    assert checked >= 3, f"{path.name}: {checked} predict-then-run cells followed by an assert (want >= 3)"
+
+
 def test_no_orphan_scripts_in_notebooks_folder():
     assert rn.orphan_scripts(ROOT / "notebooks") == []
 

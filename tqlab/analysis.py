@@ -60,7 +60,9 @@ __all__ = [
     "first_refused_call",
     "locked_bytes",
     "locks_workspace",
+    "mamba_block_aligned_split",
     "predict",
+    "prefill_chunks",
     "prompt_chunks",
     "prompt_workspace_chunks",
     "safe_max_model_len",
@@ -270,10 +272,68 @@ def unfixed_locked_bytes(config: "EngineConfig") -> int:
 
 
 def prompt_chunks(prompt_tokens: int, max_num_batched_tokens: int) -> list[tuple[int, int]]:
-    """``(cached_len, q_len)`` of each prefill chunk of a request running alone (a list: for small prompts)."""
+    """``(cached_len, q_len)`` of each prefill chunk of a request running alone (a list: for small prompts).
+
+    Token-budget chunks only; :func:`prefill_chunks` adds a hybrid model's block alignment.
+    """
     n = positive_int("prompt_tokens", prompt_tokens)
     m = positive_int("max_num_batched_tokens", max_num_batched_tokens)
     return [(start, min(m, n - start)) for start in range(0, n, m)]
+
+
+def mamba_block_aligned_split(config: "EngineConfig", num_computed_tokens: int, num_new_tokens: int,
+                              prompt_len: int) -> int:
+    """New tokens the scheduler gives a prefilling request after vLLM 0.33's Mamba block alignment.
+
+    Mirrors ``Scheduler._mamba_block_aligned_split`` (``vllm/v1/core/sched/scheduler.py``), run
+    when ``config.mamba_block_aligned_split`` (a hybrid model with prefix caching on): a chunk
+    that is not the prompt's last is cut back to a multiple of ``block_size``; the last chunk
+    stays whole when its layers can store the block-boundary state from inside the chunk
+    (``is_mamba_prefill_checkpoint_valid`` with ``prefill_checkpoint_alignment`` 1, as
+    ``MambaMixer2`` declares), else it stops at the last block boundary before the prompt's end.
+    Modelled case: no prefix-cache hit, ``hash_block_size == block_size``, no EAGLE block drop.
+    Returns ``num_new_tokens`` unchanged otherwise; 0 means "schedule nothing this step".
+    """
+    start, n = num_computed_tokens, prompt_len
+    if not config.mamba_block_aligned_split or start >= n:
+        return num_new_tokens
+    bs, end = config.block_size, start + num_new_tokens
+    checkpoint = (n - 1) // bs * bs  # get_mamba_prefill_checkpoint_position(n, block_size, False)
+    internal = (end >= n and start % bs == 0 and -(-end // bs) - 2 > (start - 1) // bs
+                and start + bs <= checkpoint < end)
+    if end < n:
+        aligned = end // bs * bs
+        if aligned > start or bs <= config.max_num_batched_tokens:
+            end = aligned
+    stops = ((start // bs + 1) * bs if start % bs and not internal else 0, 0 if internal else checkpoint)
+    end = min((s for s in stops if start < s < end), default=end)
+    return max(end - start, 0)
+
+
+def _chunk_step(config: "EngineConfig") -> int:
+    """Tokens in each prefill chunk of a request alone that is not its last one."""
+    m = config.max_num_batched_tokens
+    return m // config.block_size * config.block_size if config.mamba_block_aligned_split else m
+
+
+def _last_chunk_index(config: "EngineConfig", n: int) -> int:
+    """Index of the last prefill chunk of a prompt of ``n`` tokens alone (chunk ``j`` starts at ``j * step``)."""
+    m, step = config.max_num_batched_tokens, _chunk_step(config)
+    return 0 if n <= m else -(-(n - m) // step)
+
+
+def prefill_chunks(config: "EngineConfig", prompt_tokens: int) -> list[tuple[int, int]]:
+    """``(cached_len, q_len)`` of each prefill chunk the scheduler gives a request of ``prompt_tokens`` alone.
+
+    Chunks of ``max_num_batched_tokens`` (all at once with chunked prefill off), each but the
+    last cut back to a block boundary under :func:`mamba_block_aligned_split`. The engine's
+    scheduler produces exactly these.
+    """
+    n = positive_int("prompt_tokens", prompt_tokens)
+    if not config.enable_chunked_prefill:
+        return [(0, n)]
+    step, last = _chunk_step(config), _last_chunk_index(config, n)
+    return [(j * step, step) for j in range(last)] + [(last * step, n - last * step)]
 
 
 def _first_refused_chunk(config: "EngineConfig", n: int, locked: int) -> tuple[int, int] | None:
@@ -282,22 +342,47 @@ def _first_refused_chunk(config: "EngineConfig", n: int, locked: int) -> tuple[i
     Closed form: only chunks with ``cached_len > 0`` and ``q_len > 128`` ask (dequant buffers
     monotone in ``cached_len``), so bisect on the chunk index.
     """
-    m = config.max_num_batched_tokens
-    if not config.enable_chunked_prefill or m <= CONTINUATION_DECODE_THRESHOLD or n <= m:
+    t = CONTINUATION_DECODE_THRESHOLD
+    if not config.enable_chunked_prefill or n <= config.max_num_batched_tokens:
         return None
-    last = (n - 1) // m  # index of the last chunk; chunks 1..last-1 have q = m > 128
-    last_q = n - last * m
-    hi = last if last_q > CONTINUATION_DECODE_THRESHOLD else last - 1
-    if hi < 1 or continuation_bytes(config, hi * m) <= locked:
+    step, last = _chunk_step(config), _last_chunk_index(config, n)
+    last_q = n - last * step
+    lo = 1 if step > t else last  # chunks before the last hold `step` new tokens
+    hi = last if last_q > t else last - 1
+    if hi < lo or continuation_bytes(config, hi * step) <= locked:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if continuation_bytes(config, mid * step) > locked:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo * step, (step if lo < last else last_q)
+
+
+def _first_failing_alone(config: "EngineConfig", locked: int, limit: int) -> int | None:
+    """Shortest prompt of at most ``limit`` tokens (alone) whose prefill needs more than ``locked``; None if none.
+
+    Chunk ``j`` starts at ``j * step``; the first overflowing start ``j`` is reached with more
+    than 128 new tokens by ``max(j * step + 129, (j - 1) * step + max_num_batched_tokens + 1)``
+    tokens (the second term: chunk ``j - 1`` must not be the last).
+    """
+    t, m = CONTINUATION_DECODE_THRESHOLD, config.max_num_batched_tokens
+    if not config.enable_chunked_prefill or m <= t:
+        return None
+    step = _chunk_step(config)
+    hi = (limit - t - 1) // step  # the last start with room for 129 new tokens
+    if hi < 1 or continuation_bytes(config, hi * step) <= locked:
         return None
     lo = 1
     while lo < hi:
         mid = (lo + hi) // 2
-        if continuation_bytes(config, mid * m) > locked:
+        if continuation_bytes(config, mid * step) > locked:
             hi = mid
         else:
             lo = mid + 1
-    return lo * m, (m if lo < last else last_q)
+    n = max(lo * step + t + 1, (lo - 1) * step + m + 1)
+    return n if n <= limit else None
 
 
 def prompt_workspace_chunks(config: "EngineConfig", prompt_tokens: int) -> dict[str, tuple[int, int]]:
@@ -308,17 +393,17 @@ def prompt_workspace_chunks(config: "EngineConfig", prompt_tokens: int) -> dict[
     continuation chunk (no workspace call in vLLM 0.33); a key is absent when no chunk takes that path.
     """
     positive_int("prompt_tokens", prompt_tokens)
-    m, n, out = config.max_num_batched_tokens, prompt_tokens, {}
-    if not config.enable_chunked_prefill or n <= m:
+    t, n, out = CONTINUATION_DECODE_THRESHOLD, prompt_tokens, {}
+    if not config.enable_chunked_prefill or n <= config.max_num_batched_tokens:
         return out
-    last = (n - 1) // m
-    last_q = n - last * m
-    if last_q > CONTINUATION_DECODE_THRESHOLD:
-        out["continuation"] = (last * m, last_q)
+    step, last = _chunk_step(config), _last_chunk_index(config, n)
+    last_q = n - last * step
+    if last_q > t:
+        out["continuation"] = (last * step, last_q)
     else:
-        out["decode_kernel"] = (last * m, last_q)
-        if last >= 2 and m > CONTINUATION_DECODE_THRESHOLD:
-            out["continuation"] = ((last - 1) * m, m)
+        out["decode_kernel"] = (last * step, last_q)
+        if last >= 2 and step > t:
+            out["continuation"] = ((last - 1) * step, step)
     return out
 
 
@@ -340,23 +425,20 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
 
     None if none does. Closed form: the first chunk index ``j >= 1`` whose dequant call at
     ``cached_len = j * max_num_batched_tokens`` overflows, found by bisection; the prompt is
-    ``j * m + 129`` tokens (its last chunk just crosses vLLM's 128-token threshold).
+    ``j * m + 129`` tokens (its last chunk just crosses vLLM's 128-token threshold). Under
+    :func:`mamba_block_aligned_split` chunks start at multiples of ``m`` cut back to a block.
     Raises ``ValueError`` for a negative or non-int ``locked_bytes``.
     """
     check_config(config)
     positive_int("locked_bytes", locked_bytes, 0)
-    limit = config.max_model_len - 1
-    if limit < 1:
-        return None
-    hit = _first_refused_chunk(config, limit, locked_bytes)
-    if hit is None:
-        return None
-    return hit[0] + CONTINUATION_DECODE_THRESHOLD + 1
+    return _first_failing_alone(config, locked_bytes, config.max_model_len - 1)
 
 
 def _need_any_schedule(config: "EngineConfig", length: int) -> int:
     """Largest call any chunking of a request of ``length`` tokens can make (busy scheduler, prefix-cache hits)."""
     c_max = length - (CONTINUATION_DECODE_THRESHOLD + 1)
+    if config.mamba_block_aligned_split:  # every chunk but a prompt's last ends on a block boundary
+        c_max = c_max // config.block_size * config.block_size
     if c_max < 1 or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
         return 0
     return continuation_bytes(config, c_max)
@@ -377,10 +459,9 @@ def safe_max_model_len(config: "EngineConfig", locked_bytes: int, *, schedule: s
     positive_int("locked_bytes", locked_bytes, 0)
     top = config.max_model_len if limit is None else positive_int("limit", limit)
     if schedule == "alone":
-        hit = _first_refused_chunk(config, max(1, top - 1), locked_bytes)
-        if hit is None:
+        first = _first_failing_alone(config, locked_bytes, max(1, top - 1))
+        if first is None:
             return top
-        first = hit[0] + CONTINUATION_DECODE_THRESHOLD + 1
         return None if first <= 2 else first  # prompts up to first - 1 fit: max_model_len = first
     if _need_any_schedule(config, top) <= locked_bytes:
         return top

@@ -66,6 +66,7 @@ _FIELD_HELP = {
     "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM 0.33's, FULL_AND_PIECEWISE)",
     "max_cudagraph_capture_size": "largest capture size (tokens); default min(2 * max_num_seqs * (1 + k), 512)",
     "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, not vLLM 0.33): lock after an eager start-up too",
+    "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
 }
 
 
@@ -134,6 +135,12 @@ class EngineConfig:
     Speculative decoding:
         num_speculative_tokens (0): draft tokens ``k``; the uniform decode query
         length is ``1 + k`` (vLLM ``VllmConfig.uniform_decode_query_len``).
+    Hybrid (Mamba + attention) models:
+        mamba_block_aligned_split (False): vLLM 0.33's ``Scheduler.need_mamba_block_aligned_split``,
+        on for a hybrid model with prefix caching on (``mamba_cache_mode`` "align", vLLM's
+        default there): a prefill chunk that is not the prompt's last ends on a multiple of
+        ``block_size`` (:func:`tqlab.analysis.mamba_block_aligned_split`). Requires
+        ``block_size <= max_num_batched_tokens`` (the case tqlab models).
 
     Frozen after validation (``c.max_num_seqs = 0`` raises
     ``dataclasses.FrozenInstanceError``); use :meth:`replace`.
@@ -160,6 +167,7 @@ class EngineConfig:
     cudagraph_mode: str | None = None
     max_cudagraph_capture_size: int | None = None
     lock_workspace_when_eager: bool = False
+    mamba_block_aligned_split: bool = False
     preset: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -173,7 +181,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be an int, got {v!r}")
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
-        for name in ("enable_chunked_prefill", "enable_dbo", "enforce_eager", "lock_workspace_when_eager"):
+        for name in ("enable_chunked_prefill", "enable_dbo", "enforce_eager", "lock_workspace_when_eager",
+                     "mamba_block_aligned_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_capture_fields()
@@ -203,6 +212,17 @@ class EngineConfig:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})"
+            )
+        if self.mamba_block_aligned_split and not self.enable_chunked_prefill:
+            raise ValueError(
+                "mamba_block_aligned_split (a hybrid model with prefix caching on) needs enable_chunked_prefill: "
+                "vLLM 0.33 asserts 'Chunked prefill is required for Mamba prefix caching' "
+                "(MambaModelConfig.verify_and_update_config); set mamba_block_aligned_split=False for prefix caching off"
+            )
+        if self.mamba_block_aligned_split and self.block_size > self.max_num_batched_tokens:
+            raise ValueError(
+                f"mamba_block_aligned_split with block_size ({self.block_size}) > max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}): vLLM then advances prefill by sub-block chunks, which tqlab does not model"
             )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(

@@ -5,7 +5,9 @@ scheduled first (one token each), then the unfinished prefill of running
 requests, then waiting requests are admitted while fewer than ``max_num_seqs``
 run. With chunked prefill a prompt is split into chunks of at most the
 remaining budget; a chunk after the first has cached tokens — a *continuation
-prefill*.
+prefill*. For a hybrid model with prefix caching on, each chunk but a prompt's last
+then ends on a block boundary (:func:`tqlab.analysis.mamba_block_aligned_split`,
+vLLM's ``Scheduler._mamba_block_aligned_split``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
+from ..analysis import mamba_block_aligned_split
 from ..config import EngineConfig
 
 __all__ = ["BlockPool", "Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
@@ -185,6 +188,8 @@ class Scheduler:
             nonlocal budget
             remaining = req.prompt_len - req.num_computed_tokens
             q = min(remaining, budget) if chunked else (remaining if remaining <= budget else 0)
+            if q > 0:
+                q = mamba_block_aligned_split(self.config, req.num_computed_tokens, q, req.prompt_len)
             if q <= 0:
                 return False
             self._grow(req, req.num_computed_tokens + q)
