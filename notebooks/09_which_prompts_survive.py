@@ -33,10 +33,10 @@
 #
 # **What you need.** Nothing but this repository. Every engine here runs on PyTorch's `meta`
 # device: shapes and workspace calls are real, no arithmetic is done, so full-size presets
-# with 100K-token contexts start in about a second. `DEVICE = "cpu"` also works, much more
-# slowly (real attention in every layer).
+# with 100K-token contexts start in about a second. `DEVICE = "cpu"` runs the same engines
+# with real attention in every layer (about a minute on a 2-core box).
 #
-# **Run time.** About 15 s on a 2-core CPU box; the last cell prints the measured time.
+# **Run time.** About 10 s on a 2-core CPU box; the last cell prints the measured time.
 # Five **predict, then run** cells state a prediction, then check it with an `assert`.
 
 # %%
