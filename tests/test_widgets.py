@@ -104,6 +104,18 @@ def test_prompt_need_curve_matches_the_per_prompt_prediction():
     assert at[512 + 128] == 524288 and at[512 + 129] == 2 * 4 * 512 * 128 * 2
 
 
+def test_need_curve_samples_the_jumps_of_a_block_aligned_hybrid():
+    # 2,080-token blocks, 4,096-token steps: a prompt of 4,097 tokens gets a first chunk cut back to
+    # 2,080 (Scheduler._mamba_block_aligned_split), so its second chunk dequantizes 2,080 cached tokens
+    cfg = EngineConfig.from_preset("nemotron-3-super-120b-a12b", block_size=2080, max_model_len=16384)
+    lengths, need = W.need_curve(cfg, points=20)
+    at = dict(zip(lengths, need))
+    assert at[4096] == 0 and at[4097] == 2 * 1 * 2080 * 128 * 2  # (1, 2080, 128) fp16-sized K and V, 1 KV head
+    # the third chunk starts at 4,160 cached tokens, but only once the second chunk cannot hold the rest:
+    # one step's 4,096 tokens past the second chunk's start
+    assert at[2080 + 4096 + 1] == 2 * 2 * 2080 * 128 * 2 > at[2080 + 4096] == at[4097]
+
+
 def test_figures_render_to_png():
     cfg = EngineConfig.from_preset(UNIT)
     assert W.figure_png(W.layout_figure(W.default_layout_requests())).startswith(PNG)

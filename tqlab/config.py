@@ -217,7 +217,8 @@ class EngineConfig:
             raise ValueError(
                 "mamba_block_aligned_split (a hybrid model with prefix caching on) needs enable_chunked_prefill: "
                 "vLLM 0.33 asserts 'Chunked prefill is required for Mamba prefix caching' "
-                "(MambaModelConfig.verify_and_update_config); set mamba_block_aligned_split=False for prefix caching off"
+                "(MambaModelConfig.verify_and_update_config); for prefix caching off set mamba_block_aligned_split=False "
+                "(tqlab: --no-mamba-block-aligned-split)"
             )
         if self.mamba_block_aligned_split and self.block_size > self.max_num_batched_tokens:
             raise ValueError(

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ...analysis import prompt_chunks
+from ...analysis import prefill_chunks
 from ...config import EngineConfig, list_presets, load_preset
 from ...reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
 from ...workspace import WorkspaceEvent, compute_layout
@@ -79,9 +79,8 @@ _TRACE_CACHE: dict[tuple, LifecycleTrace] = {}
 
 def _serving_steps(config: EngineConfig, prompt_tokens: int, max_tokens: int) -> list[tuple[str, str, int]]:
     """``(name, note, bytes the step's largest workspace call needs)`` of each serving step of one request alone."""
-    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else prompt_tokens
     steps = []
-    for cached, q in prompt_chunks(prompt_tokens, budget):
+    for cached, q in prefill_chunks(config, prompt_tokens):
         req = chunk_workspace_request(config, cached, q)
         note = {"prefill": "first chunk: no cached tokens, no workspace",
                 "decode_kernel": (f"continuation of {q} tokens <= {CONTINUATION_DECODE_THRESHOLD}: decode "

@@ -13,7 +13,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...analysis import decode_rows_at_lock, first_failing_prompt, locked_bytes, workspace_bytes_for_prompt
+from ...analysis import (
+    decode_rows_at_lock,
+    first_failing_prompt,
+    locked_bytes,
+    prefill_chunks,
+    workspace_bytes_for_prompt,
+)
 from ...config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
 from ...reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
 from ...workspace import compute_layout
@@ -102,8 +108,8 @@ def need_curve(config: EngineConfig, points: int = 240) -> tuple[list[int], list
     """Prompt lengths (tokens) and the largest workspace call (bytes) each makes while prefilling alone.
 
     ``points`` evenly spaced lengths in ``1 .. max_model_len - 1``, plus every chunk
-    boundary ``k * max_num_batched_tokens`` at ``+0``, ``+1``, ``+128`` and ``+129``
-    (up to 256 boundaries): a last chunk of at most 128 tokens runs the decode
+    start of :func:`tqlab.analysis.prefill_chunks` (and one step's budget past the
+    previous start) at ``+0``, ``+1``, ``+128`` and ``+129`` (up to 256 chunks): a last chunk of at most 128 tokens runs the decode
     kernel with its own scratch (no workspace call, vLLM 0.33), one of 129
     dequantizes the cached tokens, so the curve steps exactly there. Each value
     is :func:`tqlab.analysis.workspace_bytes_for_prompt`.
@@ -112,8 +118,9 @@ def need_curve(config: EngineConfig, points: int = 240) -> tuple[list[int], list
     m = config.max_num_batched_tokens if config.enable_chunked_prefill else n
     t = CONTINUATION_DECODE_THRESHOLD
     even = {max(1, round(1 + i * (n - 1) / (points - 1))) for i in range(points)}
-    chunks = n // m if n // m <= 256 else 0  # beyond that, the steps are finer than the figure
-    edges = {k * m + d for k in range(1, chunks + 1) for d in (0, 1, t, t + 1) if k * m + d <= n}
+    starts = [c for c, _ in prefill_chunks(config, n)] if n // m <= 256 else [0]  # beyond: finer than the figure
+    edges = {e + d for prev, start in zip(starts, starts[1:]) for e in (start, prev + m)
+             for d in (0, 1, t, t + 1) if e + d <= n}
     lengths = sorted(even | edges)
     return lengths, [workspace_bytes_for_prompt(config, p) for p in lengths]
 
