@@ -20,6 +20,7 @@ from tqlab.config import EngineConfig
 from tqlab.reservation import plan_bytes, reservation_plan
 from tqlab.vllm_trace.vllm_args import (
     VllmArgsError,
+    deployment_from_preset,
     deployment_from_vllm,
     engine_config_from_vllm,
     engine_config_kwargs_from_vllm,
@@ -150,7 +151,7 @@ def test_kwargs_and_sources_from_flags_config_and_defaults():
     assert set(src) == set(kw) | ({"cudagraph_capture_sizes", "enable_chunked_prefill", "enable_dbo", "enforce_eager",
                                    "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph",
                                    "cudagraph_mode", "num_speculative_tokens", "max_cudagraph_capture_size",
-                                   "lock_workspace_when_eager"} - set(kw))
+                                   "lock_workspace_when_eager", "mamba_block_aligned_split"} - set(kw))
     assert src["cudagraph_mode"] == "vLLM default (-O2: FULL_AND_PIECEWISE)" and "cudagraph_mode" not in kw
     assert "vLLM flags with no effect on the workspace: --enable-lora" in notes
     EngineConfig(**kw)
@@ -240,7 +241,8 @@ def test_report_43357_block_size_2080_and_the_455_mb_reservation():
     assert plan_bytes(reservation_plan(c)) == 477_102_080 == 455 * 2**20
     # the per-token KV figure counts the 16 attention layers only (64 would be 4x)
     assert c.kv_bytes_per_token_per_rank() == 2 * 4 * 256 * 16 * 2 == 65536
-    assert "--enable-prefix-caching" in d.notes[0]
+    # --enable-prefix-caching is read for a hybrid: it turns on the Mamba block-aligned split (block 2080 <= 2080 tokens)
+    assert c.mamba_block_aligned_split is True and not any("no effect on the workspace" in n for n in d.notes)
 
 
 def test_hybrid_block_size_follows_tp_dtypes_and_user_block():
@@ -264,6 +266,139 @@ def test_hybrid_without_mamba_fields_says_to_pass_block_size():
 def test_engine_config_from_vllm_keeps_its_two_tuple():
     cfg, notes = engine_config_from_vllm(REPORT_43357, QWEN36_27B)
     assert isinstance(cfg, EngineConfig) and cfg.block_size == 2080 and isinstance(notes, list)
+
+
+# --------------------------------------------------------------------------- #
+# Hybrid: the Mamba block-aligned prefill split (mamba_cache_mode "align")    #
+# --------------------------------------------------------------------------- #
+
+# A Nemotron-H-like config.json: the nemotron preset's attention dims (32 query / 2 KV heads, D 128, 8 attention
+# layers) in a Mamba2 stack (vLLM NemotronHForCausalLM's fields, as parity/test_vllm_flags_parity.py's MAMBA2).
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "num_attention_heads": 32, "num_key_value_heads": 2,
+              "head_dim": 128, "num_hidden_layers": 24, "hybrid_override_pattern": "M*E" * 8, "mamba_num_heads": 128,
+              "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4,
+              "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}
+NEMOTRON_LINE = ("vllm serve M -tp 8 --max-num-seqs 4 --max-model-len 131072 --kv-cache-dtype turboquant_3bit_nc "
+                 "--max-num-batched-tokens 4096")
+SPLIT_SRC = ("derived: {how} -> mamba_cache_mode \"align\" (vLLM MambaModelConfig.verify_and_update_config): "
+             "Scheduler._mamba_block_aligned_split ends every prefill chunk but a prompt's last on a block boundary")
+DEFAULT_ON = "prefix caching on by default for a generative hybrid model"
+
+
+@pytest.mark.parametrize("flag, how", [("", DEFAULT_ON), (" --enable-prefix-caching", "flag --enable-prefix-caching")])
+def test_hybrid_with_prefix_caching_on_splits_on_block_boundaries(flag, how):
+    line = REPORT_43357.replace(" --enable-prefix-caching", "") + flag
+    d = deployment_from_vllm(line, QWEN36_27B)
+    assert (d.config.mamba_block_aligned_split, d.config.block_size, d.config.max_num_batched_tokens) == (True, 2080, 2080)
+    assert d.sources["mamba_block_aligned_split"] == SPLIT_SRC.format(how=how)
+    assert d.notes[-1] == (f"mamba_block_aligned_split ({how}): vLLM 0.33 ends every prefill chunk but a prompt's last "
+                           "on a multiple of block_size 2080 (Scheduler._mamba_block_aligned_split); modelled as with "
+                           "FlashInfer's GDN prefill, which saves the state inside the last chunk (with the Triton GDN "
+                           "prefill vLLM also stops the last chunk at the prompt's last block boundary); with "
+                           "FlashInfer vLLM also rounds the block to a multiple of its 64-token checkpoint alignment "
+                           "(Platform._align_hybrid_block_size in \"align\" mode), not modelled: pass --block-size with "
+                           "the size vLLM logs")
+    assert not any("no effect on the workspace" in n for n in d.notes)
+    d = deployment_from_vllm(NEMOTRON_LINE.replace("4096", "8192") + " --block-size 8192", NEMOTRON_H)
+    assert (d.config.block_size, d.config.mamba_block_aligned_split) == (8192, True)  # Mamba2: no GDN caveat
+    assert d.notes[-1] == (f"mamba_block_aligned_split ({DEFAULT_ON}): vLLM 0.33 ends every prefill chunk but a "
+                           "prompt's last on a multiple of block_size 8192 (Scheduler._mamba_block_aligned_split)")
+
+
+@pytest.mark.parametrize("flag", ["--no-enable-prefix-caching", "--disable-prefix-caching",
+                                  "--no-enable-prefix-caching --mamba-cache-mode align"])
+def test_hybrid_with_prefix_caching_off_does_not_split(flag):
+    d = deployment_from_vllm(REPORT_43357.replace("--enable-prefix-caching", flag), QWEN36_27B)
+    assert d.config.mamba_block_aligned_split is False
+    assert d.sources["mamba_block_aligned_split"] == ("flag --no-enable-prefix-caching: mamba_cache_mode \"none\" "
+                                                      "(vLLM MambaModelConfig.verify_and_update_config), no block-aligned split")
+    assert not any("no effect on the workspace" in n for n in d.notes)
+
+
+@pytest.mark.parametrize("mode", ["none", "align"])
+def test_mamba_cache_mode_is_read_but_ignored_as_vllm_0_33_does(mode):
+    # vLLM 0.33: --mamba-cache-mode (choices align/none) is deprecated and never reaches CacheConfig; the mode
+    # follows --enable-prefix-caching, so "none" with prefix caching on still splits.
+    d = deployment_from_vllm(f"{REPORT_43357} --mamba-cache-mode {mode}", QWEN36_27B)
+    assert d.config.mamba_block_aligned_split is True
+    assert (f"--mamba-cache-mode {mode}: deprecated in vLLM 0.33 and ignored (EngineArgs.create_engine_config does not "
+            "pass it on); the Mamba cache mode follows --enable-prefix-caching") in d.notes
+    assert not any("no effect on the workspace" in n for n in d.notes)
+
+
+def test_mamba_cache_mode_all_is_refused_as_vllm_0_33s_parser_does():
+    with pytest.raises(VllmArgsError, match=r"--mamba-cache-mode: invalid choice: 'all' \(choose from 'align', 'none'\)"):
+        deployment_from_vllm(f"{REPORT_43357} --mamba-cache-mode all", QWEN36_27B)
+
+
+def test_dense_model_never_splits_and_the_prefix_caching_flags_have_no_effect():
+    kw, notes, src = engine_config_kwargs_from_vllm("vllm serve M --enable-prefix-caching --mamba-cache-mode align", MODEL)
+    assert "mamba_block_aligned_split" not in kw and src["mamba_block_aligned_split"] == "vLLM default"
+    assert EngineConfig(**kw).mamba_block_aligned_split is False
+    assert "vLLM flags with no effect on the workspace: --enable-prefix-caching, --mamba-cache-mode" in notes
+
+
+def test_hybrid_block_above_max_num_batched_tokens_leaves_the_split_off_with_a_note():
+    # Mamba2 page at TP 8: 3 x 1280 bf16 conv + 16 x 64 x 128 fp32 SSM = 531,968 B over 102 B per token -> 5216 > 4096
+    d = deployment_from_vllm(NEMOTRON_LINE, NEMOTRON_H)
+    assert (d.config.block_size, d.config.max_num_batched_tokens, d.config.mamba_block_aligned_split) == (5216, 4096, False)
+    assert d.sources["mamba_block_aligned_split"] == ("derived: off in tqlab: block_size 5216 > max_num_batched_tokens "
+                                                      "4096, vLLM's sub-block prefill chunks are not modelled")
+    assert d.notes[-1] == (f"{DEFAULT_ON}: vLLM 0.33 splits prefills on Mamba block boundaries (mamba_cache_mode "
+                           "\"align\", Scheduler._mamba_block_aligned_split), but with block_size 5216 > "
+                           "max_num_batched_tokens 4096 it advances the prefill in sub-block chunks, which tqlab does not "
+                           "model (mamba_block_aligned_split left off): the first failing prompt may differ")
+    d = deployment_from_vllm(REPORT_43357 + " --block-size 4096", QWEN36_27B)  # the user's block, above 2080 tokens
+    assert (d.config.block_size, d.config.mamba_block_aligned_split) == (4096, False)
+    assert "with block_size 4096 > max_num_batched_tokens 2080 it advances the prefill in sub-block chunks" in d.notes[-1]
+
+
+def test_hybrid_prefix_caching_without_chunked_prefill_is_refused_as_vllm_asserts():
+    line = REPORT_43357.replace("--enable-chunked-prefill", "--no-enable-chunked-prefill").replace("114688", "2080")
+    with pytest.raises(VllmArgsError, match="vLLM 0.33 asserts 'Chunked prefill is required for Mamba prefix caching'"):
+        deployment_from_vllm(line, QWEN36_27B)
+    d = deployment_from_vllm(line.replace("--enable-prefix-caching", "--no-enable-prefix-caching"), QWEN36_27B)
+    assert (d.config.enable_chunked_prefill, d.config.mamba_block_aligned_split) == (False, False)
+
+
+def test_hybrid_preset_takes_the_lines_prefix_caching_flags():
+    assert deployment_from_preset("vllm serve M", "nemotron-3-super-120b-a12b").config.mamba_block_aligned_split is True
+    d = deployment_from_preset("vllm serve M --no-enable-prefix-caching", "nemotron-3-super-120b-a12b")
+    assert d.config.mamba_block_aligned_split is False and d.notes == ["preset nemotron-3-super-120b-a12b"]
+    d = deployment_from_preset("vllm serve M --block-size 8192", "nemotron-3-super-120b-a12b")
+    assert (d.config.block_size, d.config.mamba_block_aligned_split) == (8192, False)
+    assert "tqlab does not model (mamba_block_aligned_split left off)" in d.notes[-1]
+    d = deployment_from_preset("vllm serve M --enable-prefix-caching", "qwen3-32b")  # dense preset: no effect
+    assert d.config.mamba_block_aligned_split is False
+    assert d.notes[-1] == "vLLM flags with no effect on the workspace: --enable-prefix-caching"
+
+
+@pytest.mark.parametrize("deploy, heads_bytes", [
+    # the nemotron preset's shape (TP 8: 2 KV heads -> 1 per rank, D 128) on 2080-token blocks
+    (lambda extra: deployment_from_preset("vllm serve M --block-size 2080" + extra, "nemotron-3-super-120b-a12b"),
+     1 * 128),
+    # Qwen3.6-27B (4 KV heads, D 256; its block is 2080) with a 4096-token batch
+    (lambda extra: deployment_from_vllm(REPORT_43357.replace("batched-tokens 2080", "batched-tokens 4096")
+                                        .replace(" --enable-prefix-caching", extra), QWEN36_27B), 4 * 256),
+])
+def test_block_aligned_split_moves_the_first_failing_prompt_from_4225_to_4097(deploy, heads_bytes):
+    from tqlab import analysis as A
+
+    on, off = deploy("").config, deploy(" --no-enable-prefix-caching").config
+    assert (on.mamba_block_aligned_split, off.mamba_block_aligned_split) == (True, False)
+    assert (on.block_size, on.max_num_batched_tokens) == (off.block_size, off.max_num_batched_tokens) == (2080, 4096)
+    locked = A.locked_bytes(on, fix=False)
+    assert locked == A.locked_bytes(off, fix=False)
+    # By hand: a continuation chunk after c > 0 cached tokens dequantizes round_up(c, 2080) >= 2080 tokens of K and V
+    # in fp16 per KV head on the rank: >= 2080 x heads x D x 2 x 2 B, above the locked size; so a prompt fails at its
+    # first chunk with cached > 0 and more than 128 new tokens (vLLM's decode-kernel threshold).
+    assert A.continuation_bytes(on, 1) == 2080 * heads_bytes * 2 * 2 > locked
+    # Off: chunks of 4096 -> the first such chunk is (4096, 129): 4096 + 129 = 4225 tokens.
+    # On: a prompt over 4096 tokens gets 4096 // 2080 * 2080 = 2080 first, then (2080, n - 2080) with n - 2080 >= 2017
+    # new tokens: 4097 already fails; 4096 tokens are one chunk (no cached tokens).
+    assert A.prefill_chunks(off, 4097) == [(0, 4096), (4096, 1)] and A.prefill_chunks(on, 4097) == [(0, 2080), (2080, 2017)]
+    assert A.prefill_chunks(on, 4096) == [(0, 4096)]
+    assert (A.first_failing_prompt(on, locked), A.first_failing_prompt(off, locked)) == (4097, 4225)
 
 
 # --------------------------------------------------------------------------- #

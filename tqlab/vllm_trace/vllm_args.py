@@ -4,7 +4,8 @@ The line is parsed by :mod:`tqlab.vllm_trace.vllm_flags` (vLLM's own flags, as
 data); config.json is read by :mod:`tqlab.vllm_trace.hf_config`. This module
 maps both onto :class:`~tqlab.config.EngineConfig` fields, saying for each
 where it came from (:class:`VllmDeployment` ``sources``), and sizes the
-attention block of hybrid models as vLLM does (:func:`hybrid_attention_block_size`).
+attention block of hybrid models as vLLM does (:func:`hybrid_attention_block_size`)
+and, from the prefix-caching flags, their Mamba block-aligned prefill split.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig, parse_dtype
+from ..config import EngineConfig, load_preset, parse_dtype
 from ..turboquant.spec import get_spec
 from .hf_config import ModelShape, read_hf_config
 from .vllm_flags import (
@@ -326,7 +327,8 @@ def engine_config_kwargs_from_vllm(
     length (``_get_and_verify_max_len``; auto may then be lowered by vLLM to
     fit GPU memory, which tqlab does not model); unset scheduler limits take
     :func:`vllm_default_limits`; hybrid models get
-    :func:`hybrid_attention_block_size`. Raises ``ValueError`` (one line) for
+    :func:`hybrid_attention_block_size` and ``mamba_block_aligned_split``
+    (:func:`_mamba_split`). Raises ``ValueError`` (one line) for
     bad flags, values or config.json fields.
     """
     given, notes = _given(engine_args)
@@ -335,6 +337,8 @@ def engine_config_kwargs_from_vllm(
     shape = model_config if isinstance(model_config, ModelShape) else read_hf_config(model_config)
     if shape.mamba is not None:  # these size the Mamba page, hence the hybrid attention block
         ignored = [f for f in ignored if f not in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype")]
+    if shape.hybrid is not None:  # these decide the Mamba block-aligned prefill split
+        ignored = [f for f in ignored if f not in _SPLIT_FLAGS]
     if ignored:
         notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
     kw.update(num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
@@ -350,6 +354,8 @@ def engine_config_kwargs_from_vllm(
     _scheduler_defaults(kw, src, notes, usage, gpu_memory_gib, given.get("performance_mode"))
     _skip_layers(shape, kw, src, notes, given.get("kv_cache_dtype_skip_layers") or [])
     _hybrid_block(shape, kw, src, notes, given)
+    if shape.hybrid is not None:
+        _mamba_split(given, kw, src, notes, gdn=shape.mamba is not None and shape.mamba.kind == "gdn")
     known = _field_names()
     for name in sorted(known - set(src) - {"preset"}):
         src[name] = "vLLM default"
@@ -459,6 +465,62 @@ def _hybrid_block(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], no
             notes.append(f"--block-size {user} raised to {block} as vLLM does for hybrid models")
 
 
+_SPLIT = "mamba_block_aligned_split"
+_SPLIT_FLAGS = ("--enable-prefix-caching", "--mamba-cache-mode")
+"""Flags read for a hybrid model: they decide :func:`_mamba_split` (otherwise no effect on the workspace)."""
+
+
+def _mamba_split(given: Mapping[str, Any], kw: dict[str, Any], src: dict[str, str], notes: list[str], *,
+                 gdn: bool = False) -> None:
+    """``mamba_block_aligned_split`` of a hybrid model as vLLM 0.33 decides it (``kw`` holds the final block size,
+    ``max_num_batched_tokens`` and ``enable_chunked_prefill``).
+
+    vLLM splits when ``Scheduler.need_mamba_block_aligned_split`` (Mamba layers and
+    ``cache_config.mamba_cache_mode == "align"``, ``vllm/v1/core/sched/scheduler.py`` ``Scheduler.__init__``);
+    ``MambaModelConfig.verify_and_update_config`` (``vllm/model_executor/models/config.py``, run for every
+    hybrid through ``HybridAttentionMambaModelConfig`` by ``VllmConfig.try_verify_and_update_config``) sets
+    "align" with prefix caching on and "none" with it off; prefix caching defaults to on for generative
+    hybrids (``EngineArgs._set_default_chunked_prefill_and_prefix_caching_args``,
+    ``ModelConfig.is_prefix_caching_supported``). ``--mamba-cache-mode`` (choices align/none) is deprecated
+    and never reaches ``CacheConfig`` (``EngineArgs.create_engine_config``). Prefix caching with chunked
+    prefill off: vLLM asserts, so :class:`VllmArgsError`. A block above ``max_num_batched_tokens``: vLLM
+    advances the prefill in sub-block chunks, not modelled: left off, with a note.
+    """
+    mode = given.get("mamba_cache_mode")
+    if mode is not None:
+        notes.append(f"--mamba-cache-mode {mode}: deprecated in vLLM 0.33 and ignored (EngineArgs.create_engine_config "
+                     "does not pass it on); the Mamba cache mode follows --enable-prefix-caching")
+    if given.get("enable_prefix_caching") is False:
+        kw[_SPLIT], src[_SPLIT] = False, ("flag --no-enable-prefix-caching: mamba_cache_mode \"none\" "
+                                          "(vLLM MambaModelConfig.verify_and_update_config), no block-aligned split")
+        return
+    how = ("flag --enable-prefix-caching" if given.get("enable_prefix_caching")
+           else "prefix caching on by default for a generative hybrid model")
+    if not kw.get("enable_chunked_prefill", True):
+        raise VllmArgsError("a hybrid model with prefix caching on needs chunked prefill: vLLM 0.33 asserts 'Chunked "
+                            "prefill is required for Mamba prefix caching' (MambaModelConfig.verify_and_update_config); "
+                            "add --no-enable-prefix-caching or drop --no-enable-chunked-prefill")
+    block, mbt = kw.get("block_size", 16), kw["max_num_batched_tokens"]  # 16: vLLM's default block
+    if block > mbt:
+        kw[_SPLIT], src[_SPLIT] = False, (f"derived: off in tqlab: block_size {block} > max_num_batched_tokens {mbt}, "
+                                          "vLLM's sub-block prefill chunks are not modelled")
+        notes.append(f"{how}: vLLM 0.33 splits prefills on Mamba block boundaries (mamba_cache_mode \"align\", "
+                     f"Scheduler._mamba_block_aligned_split), but with block_size {block} > max_num_batched_tokens {mbt} "
+                     "it advances the prefill in sub-block chunks, which tqlab does not model "
+                     "(mamba_block_aligned_split left off): the first failing prompt may differ")
+        return
+    kw[_SPLIT] = True
+    src[_SPLIT] = (f"derived: {how} -> mamba_cache_mode \"align\" (vLLM MambaModelConfig.verify_and_update_config): "
+                   "Scheduler._mamba_block_aligned_split ends every prefill chunk but a prompt's last on a block boundary")
+    notes.append(f"mamba_block_aligned_split ({how}): vLLM 0.33 ends every prefill chunk but a prompt's last on a "
+                 f"multiple of block_size {block} (Scheduler._mamba_block_aligned_split)"
+                 + ("; modelled as with FlashInfer's GDN prefill, which saves the state inside the last chunk "
+                    "(with the Triton GDN prefill vLLM also stops the last chunk at the prompt's last block boundary); "
+                    "with FlashInfer vLLM also rounds the block to a multiple of its 64-token checkpoint alignment "
+                    "(Platform._align_hybrid_block_size in \"align\" mode), not modelled: pass --block-size with the "
+                    "size vLLM logs" if gdn else ""))
+
+
 def deployment_from_vllm(
     engine_args: str | Sequence[str] | Mapping[str, Any] | None,
     model_config: str | os.PathLike | Mapping[str, Any],
@@ -498,13 +560,24 @@ def engine_config_from_vllm(
 def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str) -> VllmDeployment:
     """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
 
-    Fields the line sets say ``"flag --..."``; the others ``"preset NAME"``.
+    Fields the line sets say ``"flag --..."``; the others ``"preset NAME"``. A preset with
+    ``mamba_block_aligned_split`` (a hybrid) takes the line's prefix-caching flags (:func:`_mamba_split`).
     Raises ``ValueError`` for an unknown preset or bad flags (one line), and
     ``TypeError`` never: only EngineConfig fields are passed.
     """
     kw, src, notes, ignored = _flag_kwargs(engine_args)
     if kw.get("dtype") is not None:
         kw["dtype"] = parse_dtype(kw["dtype"])
+    base = load_preset(preset)["config"]
+    if base.get(_SPLIT):  # a hybrid preset with prefix caching on: the line's prefix-caching flags apply
+        given = _given(engine_args)[0]
+        ignored = [f for f in ignored if f not in _SPLIT_FLAGS]
+        merged = {k: kw.get(k, base.get(k, EngineConfig.__dataclass_fields__[k].default))
+                  for k in ("block_size", "max_num_batched_tokens", "enable_chunked_prefill")}
+        if ({"enable_prefix_caching", "mamba_cache_mode"} & set(given) or not merged["enable_chunked_prefill"]
+                or merged["block_size"] > merged["max_num_batched_tokens"]):
+            _mamba_split(given, merged, src, notes)
+            kw[_SPLIT] = merged[_SPLIT]
     config = EngineConfig.from_preset(preset, **kw)
     sources = {name: src.get(name, f"preset {preset}") for name in _field_names() - {"preset"}}
     if ignored:
