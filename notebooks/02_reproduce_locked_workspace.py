@@ -424,7 +424,8 @@ else:
 #   aligned, so nothing above changed.
 #
 # The bug report does not print the block size its server used, so the preset keeps vLLM's
-# plain default of 16 (`tqlab inspect-vllm` derives it from a `config.json`). Another public
+# plain default of 16 as a teaching value: vLLM 0.33 would raise it for this model, and
+# `tqlab inspect-vllm --config config.json` derives the size it would pick. Another public
 # report on a hybrid model (vLLM issue #43357) ran with **2,080-token** blocks.
 # **Predict, then run:** with 2,080-token blocks, does the report's deployment crash at a
 # different prompt length without the fix, and does the fix reserve more or less than 64 MiB?
@@ -450,7 +451,7 @@ assert small["locked"] == big["locked"]  # the decode scratch, which the block s
 assert small["first_failing"] == m + T + 1  # one 4,096-token chunk, then more than the threshold
 assert big["chunks"][0][1] == m // 2080 * 2080 and big["first_failing"] == m + 1  # cut back to one block
 assert big["crash_need"] == analysis.continuation_bytes(big["cfg"], big["chunks"][1][0]) > big["locked"]
-assert big["with_fix"] > small["with_fix"]  # the reservation at max_model_len, rounded up to 2,080-token blocks
+assert big["with_fix"] > small["with_fix"] == 64 * MiB  # the reservation at max_model_len, rounded up to 2,080-token blocks
 
 engine_2080 = LLMEngine(big["cfg"], fix=False, device="meta")  # and the engine agrees, shapes only
 assert engine_2080.generate(big["first_failing"] - 1, max_tokens=1).finished

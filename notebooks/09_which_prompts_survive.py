@@ -90,9 +90,10 @@ print(f"engine device: {device!r}; presets: {', '.join(configs)}")
 #
 # **Predict, then run.** Starting each preset's engine without the fix locks the workspace at
 # exactly the predicted size. The workspace is one buffer shared by every layer and capture
-# runs the largest batch first, so a one-layer engine that captures only the largest batch
-# locks at the same size, much faster (a FULL decode graph holds at most `max_num_seqs` rows); the cell checks that too, on two presets with every layer
-# and every batch size.
+# runs the largest batch first, so a one-layer engine that captures only a batch of
+# `max_num_seqs` requests locks at the same size, much faster, whenever the largest decode
+# capture holds exactly `max_num_seqs` rows (true of every preset here: the table's third
+# column). The cell checks that too, on two presets with every layer and every batch size.
 
 # %%
 def locked_without_fix(c: EngineConfig) -> int:
@@ -261,7 +262,9 @@ else:
 #
 # `safe_max_model_len(config, locked, schedule="any")` finds the largest context that no
 # chunking can break (the bound to trust on a busy server); `schedule="alone"` repeats the
-# survey's answer. Both bisect on the same per-chunk formula.
+# survey's answer. Both bisect on the same per-chunk formula. They answer in `max_model_len`,
+# which must leave room for one output token: the "alone" column is one more than §2's
+# longest surviving prompt.
 
 # %%
 bounds = []
@@ -298,7 +301,8 @@ plt.show()
 # dies on its second chunk, asking for exactly the continuation buffers of `n - 129` cached
 # tokens (a whole number of blocks); one token shorter, the same schedule is served, because
 # its first chunk is cut back to the block boundary below. The cell prints each step's
-# chunks as the scheduler handed them out.
+# chunks as the scheduler handed them out. (The preset's blocks are vLLM's default 16 tokens;
+# notebook 02 §5 shows what a larger hybrid block changes.)
 
 # %%
 def serve_behind(c: EngineConfig, n: int, *, fix: bool) -> tuple[list[str], WorkspaceLockedError | None]:
@@ -332,16 +336,18 @@ show_error(err, f"{n_bad:,} tokens on a busy server: refused ({err.required_byte
 
 steps_ok, err_ok = serve_behind(cfg, n_bad - 1, fix=False)
 assert err_ok is None
+cut = (n_bad - 1 - T - 1) // cfg.block_size * cfg.block_size  # the block boundary below its first step's share
+assert f"prompt {cut} new on 0 cached" in steps_ok[0] and steps_ok[1] == f"prompt {n_bad - 1 - cut} new on {cut} cached"
 assert n_bad < row["bad"] // 4  # far shorter than the first failing prompt alone
 assert (n_bad - T - 1) % cfg.block_size == 0  # the refused chunk starts on a block boundary
 show_md(f"**{n_bad - 1:,} tokens, the same schedule:** served ({'; '.join(steps_ok)}). Alone, the first failing "
         f"prompt is {row['bad']:,} tokens; behind another request, {n_bad:,}.")
 
 # %% [markdown]
-# The refused size and the locked size print as the same "0.26 MB" because vLLM's message
-# rounds to two decimals; in bytes the request is a little larger. The bug report's 8K prompt
-# was the first one long enough to fail *alone*; on a busy server with this configuration,
-# the first crash can come from a far shorter prompt.
+# The refused size and the locked size print alike in vLLM's message, which rounds to two
+# decimals; in bytes the request is a little larger (the cell above prints both). The bug
+# report's 8K prompt was the first one long enough to fail *alone*; on a busy server with this
+# configuration, the first crash can come from a far shorter prompt.
 
 # %% [markdown]
 # ## 5 · With the fix, nothing fails

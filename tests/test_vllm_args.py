@@ -604,3 +604,19 @@ def test_dense_turboquant_layers_exclude_vllms_boundary_layers(layers, extra, ex
 def test_a_model_with_every_layer_off_turboquant_is_an_error():
     with pytest.raises(VllmArgsError, match="every attention layer is kept off TurboQuant .*no TurboQuant workspace consumer"):
         engine_config_kwargs_from_vllm("vllm serve M --kv-cache-dtype turboquant_4bit_nc", {**MODEL, "num_hidden_layers": 2})
+
+
+def test_flags_that_move_chunk_boundaries_are_named_not_called_without_effect():
+    d = deployment_from_preset("vllm serve M --long-prefill-token-threshold 8 --max-num-scheduled-tokens 1000",
+                               "nemotron-3-super-120b-a12b")
+    assert not any("no effect on the workspace" in n for n in d.notes)
+    lpt = next(n for n in d.notes if n.startswith("--long-prefill-token-threshold 8:"))
+    assert "alone it is not capped, so the first failing prompt is unchanged" in lpt
+    assert "below block_size 16 those chunks end mid-block" in lpt  # the split is on for this hybrid preset
+    mst = next(n for n in d.notes if n.startswith("--max-num-scheduled-tokens 1000:"))
+    assert "tqlab chunks by max_num_batched_tokens (4096): not modelled" in mst
+    dense = deployment_from_preset("vllm serve M --long-prefill-token-threshold 8 --max-num-scheduled-tokens 8192",
+                                   "llama-3.1-8b")
+    lpt = next(n for n in dense.notes if n.startswith("--long-prefill-token-threshold 8:"))
+    assert "mid-block" not in lpt  # no block-aligned split on a dense model
+    assert not any(n.startswith("--max-num-scheduled-tokens") for n in dense.notes)  # 8192 = the budget: no change

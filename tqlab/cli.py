@@ -380,3 +380,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, locked_by
 
 def main() -> None:  # pragma: no cover
     app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

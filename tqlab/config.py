@@ -223,7 +223,8 @@ class EngineConfig:
         if self.mamba_block_aligned_split and self.block_size > self.max_num_batched_tokens:
             raise ValueError(
                 f"mamba_block_aligned_split with block_size ({self.block_size}) > max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}): vLLM then advances prefill by sub-block chunks, which tqlab does not model"
+                f"({self.max_num_batched_tokens}): vLLM then advances prefill by sub-block chunks, which tqlab does not model "
+                "(tqlab: --no-mamba-block-aligned-split analyses token-budget chunks)"
             )
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(

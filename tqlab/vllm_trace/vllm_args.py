@@ -115,7 +115,8 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
-                        "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers"}
+                        "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
+                        "long_prefill_token_threshold", "max_num_scheduled_tokens"}
 
 
 def _field_names() -> set[str]:
@@ -356,6 +357,7 @@ def engine_config_kwargs_from_vllm(
     _hybrid_block(shape, kw, src, notes, given)
     if shape.hybrid is not None:
         _mamba_split(given, kw, src, notes, gdn=shape.mamba is not None and shape.mamba.kind == "gdn")
+    _chunking_notes(given, kw.get("block_size", 16), kw["max_num_batched_tokens"], kw.get(_SPLIT, False), notes)
     known = _field_names()
     for name in sorted(known - set(src) - {"preset"}):
         src[name] = "vLLM default"
@@ -521,6 +523,23 @@ def _mamba_split(given: Mapping[str, Any], kw: dict[str, Any], src: dict[str, st
                     "size vLLM logs" if gdn else ""))
 
 
+def _chunking_notes(given: Mapping[str, Any], block: int, mbt: int, split: bool, notes: list[str]) -> None:
+    """Notes for the scheduler flags that move prefill chunk boundaries but are not EngineConfig fields."""
+    lpt, mst = given.get("long_prefill_token_threshold") or 0, given.get("max_num_scheduled_tokens")
+    if lpt > 0:
+        notes.append(f"--long-prefill-token-threshold {lpt}: vLLM caps the prefill chunk of a request that is not "
+                     "alone at this many tokens (Scheduler.schedule); alone it is not capped, so the first failing "
+                     "prompt is unchanged, and the any-chunking bound covers any chunking"
+                     + (f"; below block_size {block} those chunks end mid-block (Scheduler._mamba_block_aligned_split),"
+                        " which the any-chunking bound, counting whole blocks, does not model: it may be too high"
+                        if split and lpt < block else ""))
+    if mst is not None and mst < mbt:
+        notes.append(f"--max-num-scheduled-tokens {mst}: vLLM's scheduler issues at most {mst} tokens per step "
+                     "(Scheduler.__init__), so prefill chunks are that long; tqlab chunks by max_num_batched_tokens "
+                     f"({mbt}): not modelled, the first failing prompt comes earlier (for the chunking, analyse with "
+                     f"--max-num-batched-tokens {mst}; the capture sizes then change too)")
+
+
 def deployment_from_vllm(
     engine_args: str | Sequence[str] | Mapping[str, Any] | None,
     model_config: str | os.PathLike | Mapping[str, Any],
@@ -579,6 +598,8 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
             _mamba_split(given, merged, src, notes)
             kw[_SPLIT] = merged[_SPLIT]
     config = EngineConfig.from_preset(preset, **kw)
+    _chunking_notes(_given(engine_args)[0], config.block_size, config.max_num_batched_tokens,
+                    config.mamba_block_aligned_split, notes)
     sources = {name: src.get(name, f"preset {preset}") for name in _field_names() - {"preset"}}
     if ignored:
         notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
