@@ -210,5 +210,5 @@ def test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill(record):
     assert "_continuation_prefill" in res.error
     from tqlab.vllm_trace import predict
 
-    assert predict(cfg).fixed_safe_any_schedule == 641
+    assert predict(cfg).fixed_safe_any_schedule == 656  # hits are whole blocks: 528 cached + 129 new overflows
     record("vllm", res.error)

@@ -151,7 +151,8 @@ def test_kwargs_and_sources_from_flags_config_and_defaults():
     assert set(src) == set(kw) | ({"cudagraph_capture_sizes", "enable_chunked_prefill", "enable_dbo", "enforce_eager",
                                    "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph",
                                    "cudagraph_mode", "num_speculative_tokens", "max_cudagraph_capture_size",
-                                   "lock_workspace_when_eager", "mamba_block_aligned_split"} - set(kw))
+                                   "lock_workspace_when_eager", "mamba_block_aligned_split", "enable_prefix_caching"}
+                                  - set(kw))
     assert src["cudagraph_mode"] == "vLLM default (-O2: FULL_AND_PIECEWISE)" and "cudagraph_mode" not in kw
     assert "vLLM flags with no effect on the workspace: --enable-lora" in notes
     EngineConfig(**kw)
@@ -331,11 +332,14 @@ def test_mamba_cache_mode_all_is_refused_as_vllm_0_33s_parser_does():
         deployment_from_vllm(f"{REPORT_43357} --mamba-cache-mode all", QWEN36_27B)
 
 
-def test_dense_model_never_splits_and_the_prefix_caching_flags_have_no_effect():
+def test_dense_model_never_splits_and_reads_prefix_caching_as_a_field():
     kw, notes, src = engine_config_kwargs_from_vllm("vllm serve M --enable-prefix-caching --mamba-cache-mode align", MODEL)
     assert "mamba_block_aligned_split" not in kw and src["mamba_block_aligned_split"] == "vLLM default"
+    assert (kw["enable_prefix_caching"], src["enable_prefix_caching"]) == (True, "flag --enable-prefix-caching")
     assert EngineConfig(**kw).mamba_block_aligned_split is False
-    assert "vLLM flags with no effect on the workspace: --enable-prefix-caching, --mamba-cache-mode" in notes
+    assert "vLLM flags with no effect on the workspace: --mamba-cache-mode" in notes
+    kw, _, src = engine_config_kwargs_from_vllm("vllm serve M --no-enable-prefix-caching", MODEL)
+    assert (kw["enable_prefix_caching"], src["enable_prefix_caching"]) == (False, "flag --enable-prefix-caching")
 
 
 def test_hybrid_block_above_max_num_batched_tokens_leaves_the_split_off_with_a_note():
@@ -368,9 +372,9 @@ def test_hybrid_preset_takes_the_lines_prefix_caching_flags():
     d = deployment_from_preset("vllm serve M --block-size 8192", "nemotron-3-super-120b-a12b")
     assert (d.config.block_size, d.config.mamba_block_aligned_split) == (8192, False)
     assert "tqlab does not model (mamba_block_aligned_split left off)" in d.notes[-1]
-    d = deployment_from_preset("vllm serve M --enable-prefix-caching", "qwen3-32b")  # dense preset: no effect
-    assert d.config.mamba_block_aligned_split is False
-    assert d.notes[-1] == "vLLM flags with no effect on the workspace: --enable-prefix-caching"
+    d = deployment_from_preset("vllm serve M --no-enable-prefix-caching", "qwen3-32b")  # dense preset: the field only
+    assert (d.config.mamba_block_aligned_split, d.config.enable_prefix_caching) == (False, False)
+    assert d.notes == ["preset qwen3-32b"] and d.sources["enable_prefix_caching"] == "flag --enable-prefix-caching"
 
 
 @pytest.mark.parametrize("deploy, heads_bytes", [

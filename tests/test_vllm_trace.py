@@ -366,7 +366,13 @@ def test_predict_notes_for_reservation_gaps():
     p = predict(seed_config(enable_chunked_prefill=False, max_num_batched_tokens=131072, mamba_block_aligned_split=False))
     assert p.locked_fixed == p.locked_unfixed  # decode only: no continuation reservation
     assert any("prefix-cache hit" in n for n in p.notes)
-    assert p.fixed_safe_any_schedule == 641  # a prefix-cache hit can still crash the fixed engine
+    # a prefix-cache hit (whole 16-token blocks: get_computed_blocks) can still crash the fixed engine:
+    # 528 cached + 129 new is the first request whose dequant call exceeds the decode scratch
+    assert p.fixed_safe_any_schedule == 528 + 129 - 1
+    off = predict(seed_config(enable_chunked_prefill=False, max_num_batched_tokens=131072, mamba_block_aligned_split=False,
+                              enable_prefix_caching=False))
+    assert off.fixed_safe_any_schedule == 131072  # one step per prompt and no cache hits: no continuation chunk
+    assert not any("prefix-cache hit" in n for n in off.notes)
     d = predict(seed_config(enable_dbo=True))
     assert any("DBO" in n for n in d.notes)
     auto = predict(seed_config(kv_cache_dtype="auto"))

@@ -437,7 +437,11 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
 def _need_any_schedule(config: "EngineConfig", length: int) -> int:
     """Largest call any chunking of a request of ``length`` tokens can make (busy scheduler, prefix-cache hits)."""
     c_max = length - (CONTINUATION_DECODE_THRESHOLD + 1)
-    if config.mamba_block_aligned_split:  # every chunk but a prompt's last ends on a block boundary
+    if not config.enable_chunked_prefill:  # one step per prompt: only a prefix-cache hit leaves tokens cached
+        if not config.enable_prefix_caching:
+            return 0
+        c_max = c_max // config.block_size * config.block_size  # a hit is whole blocks (get_computed_blocks)
+    elif config.mamba_block_aligned_split:  # every chunk but a prompt's last ends on a block boundary
         c_max = c_max // config.block_size * config.block_size
     if c_max < 1 or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
         return 0
@@ -449,8 +453,9 @@ def safe_max_model_len(config: "EngineConfig", locked_bytes: int, *, schedule: s
     """Largest ``max_model_len`` (<= ``limit``, default the configured one) whose prompts all fit ``locked_bytes``.
 
     ``schedule="alone"``: each request prefilled alone in chunks of ``max_num_batched_tokens``;
-    ``"any"``: any chunking (continuation chunks with up to ``length - 129`` cached tokens),
-    the bound to trust on a busy server. O(log n). None if even a 2-token prompt can overflow.
+    ``"any"``: any chunking (continuation chunks with up to ``length - 129`` cached tokens;
+    whole blocks of them for a prefix-cache hit with chunked prefill off, or under the block-aligned
+    split; none with chunked prefill and prefix caching both off), the bound to trust on a busy server. O(log n). None if even a 2-token prompt can overflow.
     Raises ``ValueError`` for a bad ``schedule`` or ``locked_bytes``.
     """
     check_config(config)

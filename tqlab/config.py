@@ -66,6 +66,7 @@ _FIELD_HELP = {
     "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM 0.33's, FULL_AND_PIECEWISE)",
     "max_cudagraph_capture_size": "largest capture size (tokens); default min(2 * max_num_seqs * (1 + k), 512)",
     "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, not vLLM 0.33): lock after an eager start-up too",
+    "enable_prefix_caching": "prefix caching (vLLM's default on): a cache hit starts a prompt with whole blocks cached",
     "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
 }
 
@@ -135,6 +136,11 @@ class EngineConfig:
     Speculative decoding:
         num_speculative_tokens (0): draft tokens ``k``; the uniform decode query
         length is ``1 + k`` (vLLM ``VllmConfig.uniform_decode_query_len``).
+    Prefix caching:
+        enable_prefix_caching (True, vLLM's default for generative models): a prefix-cache hit
+        starts a request with whole blocks cached, i.e. with a continuation chunk, even with
+        chunked prefill off (``get_computed_blocks``); tqlab's engine has no prefix cache, the
+        analysis's any-chunking bound counts such hits.
     Hybrid (Mamba + attention) models:
         mamba_block_aligned_split (False): vLLM 0.33's ``Scheduler.need_mamba_block_aligned_split``,
         on for a hybrid model with prefix caching on (``mamba_cache_mode`` "align", vLLM's
@@ -167,6 +173,7 @@ class EngineConfig:
     cudagraph_mode: str | None = None
     max_cudagraph_capture_size: int | None = None
     lock_workspace_when_eager: bool = False
+    enable_prefix_caching: bool = True
     mamba_block_aligned_split: bool = False
     preset: str | None = field(default=None, compare=False)
 
@@ -182,7 +189,7 @@ class EngineConfig:
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         for name in ("enable_chunked_prefill", "enable_dbo", "enforce_eager", "lock_workspace_when_eager",
-                     "mamba_block_aligned_split"):
+                     "enable_prefix_caching", "mamba_block_aligned_split"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_capture_fields()
@@ -212,6 +219,12 @@ class EngineConfig:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})"
+            )
+        if self.mamba_block_aligned_split and not self.enable_prefix_caching:
+            raise ValueError(
+                "mamba_block_aligned_split needs enable_prefix_caching: vLLM 0.33 sets mamba_cache_mode 'align' only "
+                "with prefix caching on (MambaModelConfig.verify_and_update_config); "
+                "set mamba_block_aligned_split=False too (tqlab: --no-mamba-block-aligned-split)"
             )
         if self.mamba_block_aligned_split and not self.enable_chunked_prefill:
             raise ValueError(

@@ -424,7 +424,8 @@ def predict(
         reqs: list[RequestPrediction] = []
     else:
         reqs = [_request_prediction(config, n, locked_unfixed, locked_fixed) for n in tokens]
-        if not config.enable_chunked_prefill or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
+        if config.enable_prefix_caching and (not config.enable_chunked_prefill
+                                             or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD):
             notes.append(
                 "PR #44053 reserves continuation buffers only with chunked prefill on and max_num_batched_tokens > 128; "
                 "a prefix-cache hit still makes continuation chunks (see the any-chunking bound)"

@@ -113,6 +113,7 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "enable_chunked_prefill": "enable_chunked_prefill", "enable_dbo": "enable_dbo",
     "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
     "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
+    "enable_prefix_caching": "enable_prefix_caching",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
