@@ -426,7 +426,8 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     None if none does. Closed form: the first chunk index ``j >= 1`` whose dequant call at
     ``cached_len = j * max_num_batched_tokens`` overflows, found by bisection; the prompt is
     ``j * m + 129`` tokens (its last chunk just crosses vLLM's 128-token threshold). Under
-    :func:`mamba_block_aligned_split` chunks start at multiples of ``m`` cut back to a block.
+    :func:`mamba_block_aligned_split` chunks start at multiples of ``step``, ``m`` cut back to a
+    whole number of blocks, and the prompt is ``max(j * step + 129, (j - 1) * step + m + 1)``.
     Raises ``ValueError`` for a negative or non-int ``locked_bytes``.
     """
     check_config(config)
@@ -454,8 +455,9 @@ def safe_max_model_len(config: "EngineConfig", locked_bytes: int, *, schedule: s
 
     ``schedule="alone"``: each request prefilled alone in chunks of ``max_num_batched_tokens``;
     ``"any"``: any chunking (continuation chunks with up to ``length - 129`` cached tokens;
-    whole blocks of them for a prefix-cache hit with chunked prefill off, or under the block-aligned
-    split; none with chunked prefill and prefix caching both off), the bound to trust on a busy server. O(log n). None if even a 2-token prompt can overflow.
+    whole blocks of them for a prefix-cache hit with chunked prefill off, or under the
+    block-aligned split; none with chunked prefill and prefix caching both off), the bound
+    to trust on a busy server. O(log n). None if even a 2-token prompt can overflow.
     Raises ``ValueError`` for a bad ``schedule`` or ``locked_bytes``.
     """
     check_config(config)

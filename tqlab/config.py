@@ -220,29 +220,35 @@ class EngineConfig:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs ({self.max_num_seqs})"
             )
-        if self.mamba_block_aligned_split and not self.enable_prefix_caching:
+        self._check_mamba_split()
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
+                f">= max_model_len ({self.max_model_len}), as in vLLM"
+            )
+
+    def _check_mamba_split(self) -> None:
+        """``mamba_block_aligned_split`` needs what vLLM 0.33's "align" mode needs, in the case tqlab models."""
+        if not self.mamba_block_aligned_split:
+            return
+        if not self.enable_prefix_caching:
             raise ValueError(
                 "mamba_block_aligned_split needs enable_prefix_caching: vLLM 0.33 sets mamba_cache_mode 'align' only "
                 "with prefix caching on (MambaModelConfig.verify_and_update_config); "
                 "set mamba_block_aligned_split=False too (tqlab: --no-mamba-block-aligned-split)"
             )
-        if self.mamba_block_aligned_split and not self.enable_chunked_prefill:
+        if not self.enable_chunked_prefill:
             raise ValueError(
                 "mamba_block_aligned_split (a hybrid model with prefix caching on) needs enable_chunked_prefill: "
                 "vLLM 0.33 asserts 'Chunked prefill is required for Mamba prefix caching' "
                 "(MambaModelConfig.verify_and_update_config); for prefix caching off set mamba_block_aligned_split=False "
                 "(tqlab: --no-mamba-block-aligned-split)"
             )
-        if self.mamba_block_aligned_split and self.block_size > self.max_num_batched_tokens:
+        if self.block_size > self.max_num_batched_tokens:
             raise ValueError(
                 f"mamba_block_aligned_split with block_size ({self.block_size}) > max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}): vLLM then advances prefill by sub-block chunks, which tqlab does not model "
                 "(tqlab: --no-mamba-block-aligned-split analyses token-budget chunks)"
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
-                f">= max_model_len ({self.max_model_len}), as in vLLM"
             )
 
     def _check_capture_fields(self) -> None:
