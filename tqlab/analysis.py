@@ -336,6 +336,22 @@ def prefill_chunks(config: "EngineConfig", prompt_tokens: int) -> list[tuple[int
     return [(j * step, step) for j in range(last)] + [(last * step, n - last * step)]
 
 
+def _first_overflowing_start(config: "EngineConfig", lo: int, hi: int, step: int, locked: int) -> int | None:
+    """Smallest chunk index ``j`` in ``[lo, hi]`` whose dequant call at ``j * step`` cached tokens exceeds ``locked``.
+
+    Bisection: the dequant buffers grow with ``cached_len``. None when even ``hi`` fits (or the range is empty).
+    """
+    if hi < lo or continuation_bytes(config, hi * step) <= locked:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if continuation_bytes(config, mid * step) > locked:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def _first_refused_chunk(config: "EngineConfig", n: int, locked: int) -> tuple[int, int] | None:
     """``(cached_len, q_len)`` of the first chunk of a prompt of ``n`` (alone) that needs more than ``locked``.
 
@@ -349,15 +365,8 @@ def _first_refused_chunk(config: "EngineConfig", n: int, locked: int) -> tuple[i
     last_q = n - last * step
     lo = 1 if step > t else last  # chunks before the last hold `step` new tokens
     hi = last if last_q > t else last - 1
-    if hi < lo or continuation_bytes(config, hi * step) <= locked:
-        return None
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if continuation_bytes(config, mid * step) > locked:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo * step, (step if lo < last else last_q)
+    j = _first_overflowing_start(config, lo, hi, step, locked)
+    return None if j is None else (j * step, step if j < last else last_q)
 
 
 def _first_failing_alone(config: "EngineConfig", locked: int, limit: int) -> int | None:
@@ -371,17 +380,10 @@ def _first_failing_alone(config: "EngineConfig", locked: int, limit: int) -> int
     if not config.enable_chunked_prefill or m <= t:
         return None
     step = _chunk_step(config)
-    hi = (limit - t - 1) // step  # the last start with room for 129 new tokens
-    if hi < 1 or continuation_bytes(config, hi * step) <= locked:
+    j = _first_overflowing_start(config, 1, (limit - t - 1) // step, step, locked)  # room for 129 new tokens
+    if j is None:
         return None
-    lo = 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if continuation_bytes(config, mid * step) > locked:
-            hi = mid
-        else:
-            lo = mid + 1
-    n = max(lo * step + t + 1, (lo - 1) * step + m + 1)
+    n = max(j * step + t + 1, (j - 1) * step + m + 1)
     return n if n <= limit else None
 
 
