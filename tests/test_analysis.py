@@ -183,22 +183,26 @@ def _simulated_chunks(c: EngineConfig, n: int, first_budget: int | None = None) 
     """Chunks of a prompt of n tokens, step by step as the scheduler draws them (first step's budget optional)."""
     out, done, step = [], 0, 0
     while done < n:
-        budget = first_budget if step == 0 and first_budget is not None else c.max_num_batched_tokens
+        budget = first_budget if step == 0 and first_budget is not None else c.chunk_budget
         q = A.mamba_block_aligned_split(c, done, min(budget, n - done), n)
-        assert q > 0 or budget < c.max_num_batched_tokens  # 0: nothing this step (vLLM: `break`)
+        assert q > 0 or budget < c.chunk_budget  # 0: nothing this step (vLLM: `break`)
         if q:
             out.append((done, q))
         done, step = done + q, step + 1
     return out
 
 
-@pytest.mark.parametrize("m, bs, locked", [(130, 16, 0), (200, 16, 70_000), (384, 32, 134_400), (1000, 16, 300_000),
-                                           (4100, 16, 0), (500, 208, 100_000), (300, 160, 0)])
-def test_block_aligned_closed_forms_equal_the_step_by_step_schedule(m, bs, locked):
+@pytest.mark.parametrize("m, bs, locked, split, sched", [
+    (130, 16, 0, True, None), (200, 16, 70_000, True, None), (384, 32, 134_400, True, None),
+    (1000, 16, 300_000, True, None), (4100, 16, 0, True, None), (500, 208, 100_000, True, None),
+    (300, 160, 0, True, None), (1000, 16, 100_000, True, 300), (1000, 16, 100_000, False, 300),
+    (4096, 1, 0, False, 129), (4096, 1, 0, False, 128)])
+def test_block_aligned_closed_forms_equal_the_step_by_step_schedule(m, bs, locked, split, sched):
     from tqlab.reservation import chunk_workspace_request
 
     c = EngineConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_model_len=3000, max_num_seqs=1,
-                     max_num_batched_tokens=m, block_size=bs, mamba_block_aligned_split=True)
+                     max_num_batched_tokens=m, block_size=bs, mamba_block_aligned_split=split,
+                     max_num_scheduled_tokens=sched)
     first = None
     for n in range(1, 3000):
         chunks = _simulated_chunks(c, n)

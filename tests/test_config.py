@@ -123,8 +123,13 @@ def test_scheduler_limits_are_validated():
 def test_mamba_block_aligned_split_is_validated():
     with pytest.raises(ValueError, match=r"needs enable_chunked_prefill: vLLM 0.33 asserts 'Chunked prefill is required"):
         EngineConfig(**HEADS, enable_chunked_prefill=False, max_num_batched_tokens=8192, mamba_block_aligned_split=True)
-    with pytest.raises(ValueError, match=r"block_size \(2080\) > max_num_batched_tokens \(2048\)"):
+    with pytest.raises(ValueError, match=r"block_size \(2080\) > the prefill chunk \(2048 tokens per step\)"):
         EngineConfig(**HEADS, block_size=2080, max_num_batched_tokens=2048, mamba_block_aligned_split=True)
+    with pytest.raises(ValueError, match=r"block_size \(2080\) > the prefill chunk \(1024 tokens per step\)"):
+        EngineConfig(**HEADS, block_size=2080, max_num_scheduled_tokens=1024, mamba_block_aligned_split=True)
+    with pytest.raises(ValueError, match="max_num_scheduled_tokens must be None or an int >= 1, got 0"):
+        EngineConfig(**HEADS, max_num_scheduled_tokens=0)
+    assert EngineConfig(**HEADS, max_num_scheduled_tokens=10**6).chunk_budget == 8192  # capped by the batch
     with pytest.raises(ValueError, match="mamba_block_aligned_split must be True or False, got 1"):
         EngineConfig(**HEADS, mamba_block_aligned_split=1)
     assert EngineConfig.from_preset("nemotron-3-super-120b-a12b").mamba_block_aligned_split is True

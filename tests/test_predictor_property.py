@@ -33,11 +33,13 @@ def cases(draw):
     seqs = draw(st.integers(1, 40))
     m = draw(st.integers(max(seqs, 16), 700))
     bs = draw(st.sampled_from([1, 16, 32, 208, 2080]))
+    sched = draw(st.one_of(st.none(), st.integers(1, 800)))  # --max-num-scheduled-tokens: the step's budget
+    chunk = m if sched is None else min(sched, m)
     cfg = EngineConfig(
         num_attention_heads=hk * draw(st.sampled_from([1, 2, 4])), num_key_value_heads=hk,
         head_dim=draw(st.sampled_from([16, 64, 128])), num_hidden_layers=draw(st.integers(1, 2)),
         max_model_len=draw(st.integers(64, 3000)), max_num_seqs=seqs, max_num_batched_tokens=m,
-        block_size=bs, mamba_block_aligned_split=bs <= m and draw(st.booleans()),
+        block_size=bs, mamba_block_aligned_split=bs <= chunk and draw(st.booleans()), max_num_scheduled_tokens=sched,
         tq_max_kv_splits_for_cuda_graph=draw(st.sampled_from([1, 4, 32])),
         kv_cache_dtype=draw(st.sampled_from(["auto", "turboquant_4bit_nc"])),
         enable_dbo=draw(st.booleans()), num_speculative_tokens=draw(st.sampled_from([0, 1, 3])),

@@ -15,6 +15,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tqlab.analysis import first_failing_prompt
 from tqlab.cli import app
 from tqlab.config import EngineConfig
 from tqlab.reservation import plan_bytes, reservation_plan
@@ -151,7 +152,8 @@ def test_kwargs_and_sources_from_flags_config_and_defaults():
     assert set(src) == set(kw) | ({"cudagraph_capture_sizes", "enable_chunked_prefill", "enable_dbo", "enforce_eager",
                                    "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph",
                                    "cudagraph_mode", "num_speculative_tokens", "max_cudagraph_capture_size",
-                                   "lock_workspace_when_eager", "mamba_block_aligned_split", "enable_prefix_caching"}
+                                   "lock_workspace_when_eager", "mamba_block_aligned_split", "enable_prefix_caching",
+                                   "max_num_scheduled_tokens"}
                                   - set(kw))
     assert src["cudagraph_mode"] == "vLLM default (-O2: FULL_AND_PIECEWISE)" and "cudagraph_mode" not in kw
     assert "vLLM flags with no effect on the workspace: --enable-lora" in notes
@@ -610,17 +612,20 @@ def test_a_model_with_every_layer_off_turboquant_is_an_error():
         engine_config_kwargs_from_vllm("vllm serve M --kv-cache-dtype turboquant_4bit_nc", {**MODEL, "num_hidden_layers": 2})
 
 
-def test_flags_that_move_chunk_boundaries_are_named_not_called_without_effect():
+def test_flags_that_move_chunk_boundaries_are_modelled_or_named():
     d = deployment_from_preset("vllm serve M --long-prefill-token-threshold 8 --max-num-scheduled-tokens 1000",
                                "nemotron-3-super-120b-a12b")
     assert not any("no effect on the workspace" in n for n in d.notes)
     lpt = next(n for n in d.notes if n.startswith("--long-prefill-token-threshold 8:"))
     assert "alone it is not capped, so the first failing prompt is unchanged" in lpt
     assert "below block_size 16 those chunks end mid-block" in lpt  # the split is on for this hybrid preset
-    mst = next(n for n in d.notes if n.startswith("--max-num-scheduled-tokens 1000:"))
-    assert "tqlab chunks by max_num_batched_tokens (4096): not modelled" in mst
+    # --max-num-scheduled-tokens is the step's token budget (Scheduler.__init__): the prefill chunk
+    assert (d.config.max_num_scheduled_tokens, d.config.chunk_budget) == (1000, 1000)
+    assert d.sources["max_num_scheduled_tokens"] == "flag --max-num-scheduled-tokens"
+    # the split cuts 1000-token steps back to 992 (62 blocks): 992 + 129 new tokens is the first refused prompt
+    assert first_failing_prompt(d.config, 268_544) == 992 + 129
     dense = deployment_from_preset("vllm serve M --long-prefill-token-threshold 8 --max-num-scheduled-tokens 8192",
                                    "llama-3.1-8b")
     lpt = next(n for n in dense.notes if n.startswith("--long-prefill-token-threshold 8:"))
     assert "mid-block" not in lpt  # no block-aligned split on a dense model
-    assert not any(n.startswith("--max-num-scheduled-tokens") for n in dense.notes)  # 8192 = the budget: no change
+    assert dense.config.chunk_budget == 8192

@@ -303,7 +303,7 @@ def mamba_block_aligned_split(config: "EngineConfig", num_computed_tokens: int, 
                 and start + bs <= checkpoint < end)
     if end < n:
         aligned = end // bs * bs
-        if aligned > start or bs <= config.max_num_batched_tokens:
+        if aligned > start or bs <= (config.max_num_scheduled_tokens or config.max_num_batched_tokens):
             end = aligned
     stops = ((start // bs + 1) * bs if start % bs and not internal else 0, 0 if internal else checkpoint)
     end = min((s for s in stops if start < s < end), default=end)
@@ -312,20 +312,21 @@ def mamba_block_aligned_split(config: "EngineConfig", num_computed_tokens: int, 
 
 def _chunk_step(config: "EngineConfig") -> int:
     """Tokens in each prefill chunk of a request alone that is not its last one."""
-    m = config.max_num_batched_tokens
+    m = config.chunk_budget
     return m // config.block_size * config.block_size if config.mamba_block_aligned_split else m
 
 
 def _last_chunk_index(config: "EngineConfig", n: int) -> int:
     """Index of the last prefill chunk of a prompt of ``n`` tokens alone (chunk ``j`` starts at ``j * step``)."""
-    m, step = config.max_num_batched_tokens, _chunk_step(config)
+    m, step = config.chunk_budget, _chunk_step(config)
     return 0 if n <= m else -(-(n - m) // step)
 
 
 def prefill_chunks(config: "EngineConfig", prompt_tokens: int) -> list[tuple[int, int]]:
     """``(cached_len, q_len)`` of each prefill chunk the scheduler gives a request of ``prompt_tokens`` alone.
 
-    Chunks of ``max_num_batched_tokens`` (all at once with chunked prefill off), each but the
+    Chunks of :attr:`~tqlab.config.EngineConfig.chunk_budget` tokens (``max_num_batched_tokens``
+    unless ``max_num_scheduled_tokens`` is smaller; all at once with chunked prefill off), each but the
     last cut back to a block boundary under :func:`mamba_block_aligned_split`. The engine's
     scheduler produces exactly these.
     """
@@ -359,7 +360,7 @@ def _first_refused_chunk(config: "EngineConfig", n: int, locked: int) -> tuple[i
     monotone in ``cached_len``), so bisect on the chunk index.
     """
     t = CONTINUATION_DECODE_THRESHOLD
-    if not config.enable_chunked_prefill or n <= config.max_num_batched_tokens:
+    if not config.enable_chunked_prefill or n <= config.chunk_budget:
         return None
     step, last = _chunk_step(config), _last_chunk_index(config, n)
     last_q = n - last * step
@@ -373,10 +374,10 @@ def _first_failing_alone(config: "EngineConfig", locked: int, limit: int) -> int
     """Shortest prompt of at most ``limit`` tokens (alone) whose prefill needs more than ``locked``; None if none.
 
     Chunk ``j`` starts at ``j * step``; the first overflowing start ``j`` is reached with more
-    than 128 new tokens by ``max(j * step + 129, (j - 1) * step + max_num_batched_tokens + 1)``
+    than 128 new tokens by ``max(j * step + 129, (j - 1) * step + chunk_budget + 1)``
     tokens (the second term: chunk ``j - 1`` must not be the last).
     """
-    t, m = CONTINUATION_DECODE_THRESHOLD, config.max_num_batched_tokens
+    t, m = CONTINUATION_DECODE_THRESHOLD, config.chunk_budget
     if not config.enable_chunked_prefill or m <= t:
         return None
     step = _chunk_step(config)
@@ -396,7 +397,7 @@ def prompt_workspace_chunks(config: "EngineConfig", prompt_tokens: int) -> dict[
     """
     positive_int("prompt_tokens", prompt_tokens)
     t, n, out = CONTINUATION_DECODE_THRESHOLD, prompt_tokens, {}
-    if not config.enable_chunked_prefill or n <= config.max_num_batched_tokens:
+    if not config.enable_chunked_prefill or n <= config.chunk_budget:
         return out
     step, last = _chunk_step(config), _last_chunk_index(config, n)
     last_q = n - last * step
@@ -426,7 +427,7 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     """The shortest prompt (alone, at most ``max_model_len - 1`` tokens) whose prefill needs more than ``locked_bytes``.
 
     None if none does. Closed form: the first chunk index ``j >= 1`` whose dequant call at
-    ``cached_len = j * max_num_batched_tokens`` overflows, found by bisection; the prompt is
+    ``cached_len = j * m`` (``m``: the config's ``chunk_budget``) overflows, found by bisection; the prompt is
     ``j * m + 129`` tokens (its last chunk just crosses vLLM's 128-token threshold). Under
     :func:`mamba_block_aligned_split` chunks start at multiples of ``step``, ``m`` cut back to a
     whole number of blocks, and the prompt is ``max(j * step + 129, (j - 1) * step + m + 1)``.
@@ -446,7 +447,7 @@ def _need_any_schedule(config: "EngineConfig", length: int) -> int:
         c_max = c_max // config.block_size * config.block_size  # a hit is whole blocks (get_computed_blocks)
     elif config.mamba_block_aligned_split:  # every chunk but a prompt's last ends on a block boundary
         c_max = c_max // config.block_size * config.block_size
-    if c_max < 1 or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
+    if c_max < 1 or config.chunk_budget <= CONTINUATION_DECODE_THRESHOLD:
         return 0
     return continuation_bytes(config, c_max)
 
@@ -455,7 +456,7 @@ def safe_max_model_len(config: "EngineConfig", locked_bytes: int, *, schedule: s
                        limit: int | None = None) -> int | None:
     """Largest ``max_model_len`` (<= ``limit``, default the configured one) whose prompts all fit ``locked_bytes``.
 
-    ``schedule="alone"``: each request prefilled alone in chunks of ``max_num_batched_tokens``;
+    ``schedule="alone"``: each request prefilled alone in chunks of ``chunk_budget`` tokens;
     ``"any"``: any chunking (continuation chunks with up to ``length - 129`` cached tokens;
     whole blocks of them for a prefix-cache hit with chunked prefill off, or under the
     block-aligned split; none with chunked prefill and prefix caching both off), the bound

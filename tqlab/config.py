@@ -66,6 +66,7 @@ _FIELD_HELP = {
     "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM 0.33's, FULL_AND_PIECEWISE)",
     "max_cudagraph_capture_size": "largest capture size (tokens); default min(2 * max_num_seqs * (1 + k), 512)",
     "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, not vLLM 0.33): lock after an eager start-up too",
+    "max_num_scheduled_tokens": "tokens the scheduler issues per step, the prefill chunk size (default: max_num_batched_tokens)",
     "enable_prefix_caching": "prefix caching (vLLM's default on): a cache hit starts a prompt with whole blocks cached",
     "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
 }
@@ -117,7 +118,9 @@ class EngineConfig:
         tensor_parallel_size (1); enable_dbo (False: 1 ubatch slot, True: 2).
     Scheduler (vLLM defaults):
         max_model_len (8192 tokens), max_num_seqs (256),
-        max_num_batched_tokens (8192 tokens per step), enable_chunked_prefill (True).
+        max_num_batched_tokens (8192 tokens per step), enable_chunked_prefill (True),
+        max_num_scheduled_tokens (None: ``max_num_batched_tokens``; vLLM's
+        ``SchedulerConfig.max_num_scheduled_tokens``): see :attr:`chunk_budget`.
     Cache:
         block_size (16 tokens per KV-cache block), kv_cache_dtype (``auto`` or a
         TurboQuant preset), tq_max_kv_splits_for_cuda_graph (32: the fixed
@@ -173,6 +176,7 @@ class EngineConfig:
     cudagraph_mode: str | None = None
     max_cudagraph_capture_size: int | None = None
     lock_workspace_when_eager: bool = False
+    max_num_scheduled_tokens: int | None = None
     enable_prefix_caching: bool = True
     mamba_block_aligned_split: bool = False
     preset: str | None = field(default=None, compare=False)
@@ -244,10 +248,10 @@ class EngineConfig:
                 "(MambaModelConfig.verify_and_update_config); for prefix caching off set mamba_block_aligned_split=False "
                 "(tqlab: --no-mamba-block-aligned-split)"
             )
-        if self.block_size > self.max_num_batched_tokens:
+        if self.block_size > self.chunk_budget:
             raise ValueError(
-                f"mamba_block_aligned_split with block_size ({self.block_size}) > max_num_batched_tokens "
-                f"({self.max_num_batched_tokens}): vLLM then advances prefill by sub-block chunks, which tqlab does not model "
+                f"mamba_block_aligned_split with block_size ({self.block_size}) > the prefill chunk "
+                f"({self.chunk_budget} tokens per step): vLLM then advances prefill by sub-block chunks, which tqlab does not model "
                 "(tqlab: --no-mamba-block-aligned-split analyses token-budget chunks)"
             )
 
@@ -261,6 +265,9 @@ class EngineConfig:
             if not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES:
                 raise ValueError(f"cudagraph_mode must be None or one of {CUDAGRAPH_MODES}, got {mode!r}")
             object.__setattr__(self, "cudagraph_mode", mode.upper())
+        st = self.max_num_scheduled_tokens
+        if st is not None and (isinstance(st, bool) or not isinstance(st, int) or st < 1):
+            raise ValueError(f"max_num_scheduled_tokens must be None or an int >= 1, got {st!r}")
         mc = self.max_cudagraph_capture_size
         if mc is not None and (isinstance(mc, bool) or not isinstance(mc, int) or mc < 1):
             raise ValueError(f"max_cudagraph_capture_size must be None or an int >= 1, got {mc!r}")
@@ -284,6 +291,17 @@ class EngineConfig:
     def num_kv_heads_per_rank(self) -> int:
         """KV heads on one rank: ``num_key_value_heads // TP``, at least 1 (replicated)."""
         return max(1, self.num_key_value_heads // self.tensor_parallel_size)
+
+    @property
+    def chunk_budget(self) -> int:
+        """Tokens one scheduler step issues, so the prefill chunk of a request alone (tokens).
+
+        ``max_num_scheduled_tokens`` (vLLM: ``Scheduler.max_num_scheduled_tokens``, defaulting to
+        ``max_num_batched_tokens``) capped by ``max_num_batched_tokens`` (``Scheduler.schedule``'s
+        ``token_budget`` and ``input_budget``).
+        """
+        st = self.max_num_scheduled_tokens
+        return self.max_num_batched_tokens if st is None else min(st, self.max_num_batched_tokens)
 
     @property
     def num_ubatches(self) -> int:

@@ -1,6 +1,7 @@
 """Requests, KV-cache blocks and a chunked-prefill scheduler (vLLM V1 style, one rank).
 
-Each step has a token budget of ``max_num_batched_tokens``. Running decodes are
+Each step has a token budget of ``max_num_batched_tokens`` (or a smaller
+``max_num_scheduled_tokens``: ``EngineConfig.chunk_budget``). Running decodes are
 scheduled first (one token each), then the unfinished prefill of running
 requests, then waiting requests are admitted while fewer than ``max_num_seqs``
 run. With chunked prefill a prompt is split into chunks of at most the
@@ -175,7 +176,7 @@ class Scheduler:
         req.block_ids += self.pool.allocate(self._blocks_for(req, upto_tokens))
 
     def schedule(self) -> SchedulerOutput:
-        budget = self.config.max_num_batched_tokens
+        budget = self.config.chunk_budget  # vLLM: max_num_scheduled_tokens, within max_num_batched_tokens
         chunked = self.config.enable_chunked_prefill
         out = SchedulerOutput([], [])
         for req in self.running:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ..analysis import prompt_chunks, unfixed_locked_bytes
+from ..analysis import prefill_chunks, prompt_chunks, unfixed_locked_bytes
 from ..config import EngineConfig
 from ..reservation import (
     chunk_workspace_request,
@@ -57,17 +57,16 @@ class TraceCall:
 def long_request_trace(config: EngineConfig, prompt_tokens: int, decode_steps: int = 16) -> list[TraceCall]:
     """The workspace calls one request makes, in order: per prefill chunk and decode step, per layer.
 
-    Chunks come from :func:`tqlab.analysis.prompt_chunks`, each chunk's call
+    Chunks come from :func:`tqlab.analysis.prefill_chunks`, each chunk's call
     from :func:`~tqlab.reservation.chunk_workspace_request` (the backend's own
     path choice), decode steps use one decode row.
     """
     if prompt_tokens < 1 or prompt_tokens + decode_steps > config.max_model_len:
         raise ValueError(f"prompt_tokens {prompt_tokens} + decode_steps {decode_steps} must fit in max_model_len "
                          f"{config.max_model_len}")
-    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else prompt_tokens
     calls: list[TraceCall] = []
     step = 0
-    for cached, q in prompt_chunks(prompt_tokens, budget):
+    for cached, q in prefill_chunks(config, prompt_tokens):
         req = chunk_workspace_request(config, cached, q)
         if req.shapes is not None:
             for _ in range(config.num_hidden_layers):
@@ -264,9 +263,9 @@ def dbo_memory_held(config: EngineConfig, prompt_tokens: int, *, grow_all_slots:
     m = WorkspaceManager(device, 2, grow_all_slots=grow_all_slots)
     dec = decode_workspace_shapes(rows, config.num_heads_per_rank, config.head_dim,
                                   config.tq_max_kv_splits_for_cuda_graph, config.dtype)
-    budget = config.max_num_batched_tokens - rows
+    budget = config.chunk_budget - rows
     if budget < 1:
-        raise ValueError(f"max_num_batched_tokens {config.max_num_batched_tokens} leaves no room next to {rows} decodes")
+        raise ValueError(f"a step of {config.chunk_budget} tokens leaves no room next to {rows} decodes")
     held = []
     for cached, q in prompt_chunks(prompt_tokens, budget):
         req = chunk_workspace_request(config, cached, q)
@@ -288,8 +287,7 @@ def growth_sizes_for_prompt(config: EngineConfig, prompt_tokens: int) -> list[in
     """
     size = unfixed_locked_bytes(config)
     out = [size] if size else []
-    budget = config.max_num_batched_tokens if config.enable_chunked_prefill else prompt_tokens
-    for cached, q in prompt_chunks(prompt_tokens, budget):
+    for cached, q in prefill_chunks(config, prompt_tokens):
         need = chunk_workspace_request(config, cached, q).nbytes
         if need > size:
             size = need

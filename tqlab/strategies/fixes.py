@@ -266,7 +266,7 @@ def dummy_run_chunks(config: EngineConfig) -> list[tuple[int, int]]:
     if not config.enable_chunked_prefill:
         return []
     top = config.max_model_len - 1  # longest prompt: one token is generated
-    m = config.max_num_batched_tokens
+    m = config.chunk_budget
     chunks: list[tuple[int, int]] = []
     q_long = CONTINUATION_DECODE_THRESHOLD + 1
     if m >= q_long and top - q_long >= 1:

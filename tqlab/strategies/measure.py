@@ -316,7 +316,7 @@ def warm_up_process(config: EngineConfig, device: torch.device | str, seed: int 
         del e
         free_memory(dev)
         return
-    m = config.max_num_batched_tokens
+    m = config.chunk_budget
     n = min(config.max_model_len - 4, m + CONTINUATION_DECODE_THRESHOLD + 8) if config.enable_chunked_prefill else 64
     e = make_strategy_engine(config, "reserve", device=dev, seed=seed, **engine_kwargs)
     e.generate(max(1, n), max_tokens=3)

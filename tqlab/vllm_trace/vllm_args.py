@@ -113,7 +113,7 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "enable_chunked_prefill": "enable_chunked_prefill", "enable_dbo": "enable_dbo",
     "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
     "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
-    "enable_prefix_caching": "enable_prefix_caching",
+    "enable_prefix_caching": "enable_prefix_caching", "max_num_scheduled_tokens": "max_num_scheduled_tokens",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
@@ -358,7 +358,7 @@ def engine_config_kwargs_from_vllm(
     _hybrid_block(shape, kw, src, notes, given)
     if shape.hybrid is not None:
         _mamba_split(given, kw, src, notes, gdn=shape.mamba is not None and shape.mamba.kind == "gdn")
-    _chunking_notes(given, kw.get("block_size", 16), kw["max_num_batched_tokens"], kw.get(_SPLIT, False), notes)
+    _chunking_notes(given, kw.get("block_size", 16), kw.get(_SPLIT, False), notes)
     known = _field_names()
     for name in sorted(known - set(src) - {"preset"}):
         src[name] = "vLLM default"
@@ -503,12 +503,13 @@ def _mamba_split(given: Mapping[str, Any], kw: dict[str, Any], src: dict[str, st
         raise VllmArgsError("a hybrid model with prefix caching on needs chunked prefill: vLLM 0.33 asserts 'Chunked "
                             "prefill is required for Mamba prefix caching' (MambaModelConfig.verify_and_update_config); "
                             "add --no-enable-prefix-caching or drop --no-enable-chunked-prefill")
-    block, mbt = kw.get("block_size", 16), kw["max_num_batched_tokens"]  # 16: vLLM's default block
-    if block > mbt:
-        kw[_SPLIT], src[_SPLIT] = False, (f"derived: off in tqlab: block_size {block} > max_num_batched_tokens {mbt}, "
+    block, mbt, st = kw.get("block_size", 16), kw["max_num_batched_tokens"], kw.get("max_num_scheduled_tokens")
+    chunk, what = (mbt, "max_num_batched_tokens") if st is None or st >= mbt else (st, "max_num_scheduled_tokens")
+    if block > chunk:  # 16: vLLM's default block
+        kw[_SPLIT], src[_SPLIT] = False, (f"derived: off in tqlab: block_size {block} > {what} {chunk}, "
                                           "vLLM's sub-block prefill chunks are not modelled")
         notes.append(f"{how}: vLLM 0.33 splits prefills on Mamba block boundaries (mamba_cache_mode \"align\", "
-                     f"Scheduler._mamba_block_aligned_split), but with block_size {block} > max_num_batched_tokens {mbt} "
+                     f"Scheduler._mamba_block_aligned_split), but with block_size {block} > {what} {chunk} "
                      "it advances the prefill in sub-block chunks, which tqlab does not model "
                      "(mamba_block_aligned_split left off): the first failing prompt may differ")
         return
@@ -524,9 +525,9 @@ def _mamba_split(given: Mapping[str, Any], kw: dict[str, Any], src: dict[str, st
                     "size vLLM logs" if gdn else ""))
 
 
-def _chunking_notes(given: Mapping[str, Any], block: int, mbt: int, split: bool, notes: list[str]) -> None:
-    """Notes for the scheduler flags that move prefill chunk boundaries but are not EngineConfig fields."""
-    lpt, mst = given.get("long_prefill_token_threshold") or 0, given.get("max_num_scheduled_tokens")
+def _chunking_notes(given: Mapping[str, Any], block: int, split: bool, notes: list[str]) -> None:
+    """A note for ``--long-prefill-token-threshold``, which moves chunk boundaries on a busy server only."""
+    lpt = given.get("long_prefill_token_threshold") or 0
     if lpt > 0:
         notes.append(f"--long-prefill-token-threshold {lpt}: vLLM caps the prefill chunk of a request that is not "
                      "alone at this many tokens (Scheduler.schedule); alone it is not capped, so the first failing "
@@ -534,11 +535,6 @@ def _chunking_notes(given: Mapping[str, Any], block: int, mbt: int, split: bool,
                      + (f"; below block_size {block} those chunks end mid-block (Scheduler._mamba_block_aligned_split),"
                         " which the any-chunking bound, counting whole blocks, does not model: it may be too high"
                         if split and lpt < block else ""))
-    if mst is not None and mst < mbt:
-        notes.append(f"--max-num-scheduled-tokens {mst}: vLLM's scheduler issues at most {mst} tokens per step "
-                     "(Scheduler.__init__), so prefill chunks are that long; tqlab chunks by max_num_batched_tokens "
-                     f"({mbt}): not modelled, the first failing prompt comes earlier (for the chunking, analyse with "
-                     f"--max-num-batched-tokens {mst}; the capture sizes then change too)")
 
 
 def deployment_from_vllm(
@@ -593,14 +589,14 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
         given = _given(engine_args)[0]
         ignored = [f for f in ignored if f not in _SPLIT_FLAGS]
         merged = {k: kw.get(k, base.get(k, EngineConfig.__dataclass_fields__[k].default))
-                  for k in ("block_size", "max_num_batched_tokens", "enable_chunked_prefill")}
+                  for k in ("block_size", "max_num_batched_tokens", "enable_chunked_prefill", "max_num_scheduled_tokens")}
+        chunk = min(merged["max_num_scheduled_tokens"] or merged["max_num_batched_tokens"], merged["max_num_batched_tokens"])
         if ({"enable_prefix_caching", "mamba_cache_mode"} & set(given) or not merged["enable_chunked_prefill"]
-                or merged["block_size"] > merged["max_num_batched_tokens"]):
+                or merged["block_size"] > chunk):
             _mamba_split(given, merged, src, notes)
             kw[_SPLIT] = merged[_SPLIT]
     config = EngineConfig.from_preset(preset, **kw)
-    _chunking_notes(_given(engine_args)[0], config.block_size, config.max_num_batched_tokens,
-                    config.mamba_block_aligned_split, notes)
+    _chunking_notes(_given(engine_args)[0], config.block_size, config.mamba_block_aligned_split, notes)
     sources = {name: src.get(name, f"preset {preset}") for name in _field_names() - {"preset"}}
     if ignored:
         notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))

@@ -115,7 +115,7 @@ def need_curve(config: EngineConfig, points: int = 240) -> tuple[list[int], list
     is :func:`tqlab.analysis.workspace_bytes_for_prompt`.
     """
     n = config.max_model_len - 1
-    m = config.max_num_batched_tokens if config.enable_chunked_prefill else n
+    m = config.chunk_budget if config.enable_chunked_prefill else n
     t = CONTINUATION_DECODE_THRESHOLD
     even = {max(1, round(1 + i * (n - 1) / (points - 1))) for i in range(points)}
     starts = [c for c, _ in prefill_chunks(config, n)] if n // m <= 256 else [0]  # beyond: finer than the figure
