@@ -380,3 +380,23 @@ def test_presets_lists_where_each_preset_s_numbers_come_from():
     assert "source of its numbers" in r.output
     assert "tests/quantization/test_turboquant.py in vLLM PR #44053" in r.output  # pr-44053-unit-test's source
     assert "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B" in r.output  # the bug report's model config
+
+
+def test_plan_prefix_caching_off_turns_the_hybrid_split_off_as_vllm_does():
+    import json
+
+    r = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--no-enable-prefix-caching", "--json", "-")
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert (obj["verdict"], obj["first_failing_prompt_tokens"]) == ("crash", 4225)
+    assert obj["sources"]["enable_prefix_caching"] == "flag"  # exit 0: the preset's split went off with it
+    both = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--no-enable-prefix-caching",
+                "--mamba-block-aligned-split")
+    assert both.exit_code == 2 and "mamba_block_aligned_split needs enable_prefix_caching" in both.output
+
+
+def test_a_step_that_cannot_fit_a_prompt_is_refused_not_a_hang():
+    r = _cli("repro", "--preset", "llama-3.1-8b", "--max-model-len", "4096", "--max-num-batched-tokens", "4096",
+             "--no-enable-chunked-prefill", "--max-num-scheduled-tokens", "256", "--prompt-tokens", "1000",
+             "--device", "meta")
+    assert r.exit_code == 2 and "max_num_scheduled_tokens (256) < max_model_len (4096)" in r.output

@@ -130,6 +130,8 @@ def test_mamba_block_aligned_split_is_validated():
     with pytest.raises(ValueError, match="max_num_scheduled_tokens must be None or an int >= 1, got 0"):
         EngineConfig(**HEADS, max_num_scheduled_tokens=0)
     assert EngineConfig(**HEADS, max_num_scheduled_tokens=10**6).chunk_budget == 8192  # capped by the batch
+    with pytest.raises(ValueError, match=r"max_num_scheduled_tokens \(512\) < max_model_len \(8192\)"):
+        EngineConfig(**HEADS, enable_chunked_prefill=False, max_num_scheduled_tokens=512)
     with pytest.raises(ValueError, match="mamba_block_aligned_split must be True or False, got 1"):
         EngineConfig(**HEADS, mamba_block_aligned_split=1)
     assert EngineConfig.from_preset("nemotron-3-super-120b-a12b").mamba_block_aligned_split is True

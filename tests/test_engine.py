@@ -510,3 +510,14 @@ def test_bad_token_ids_and_bad_device():
         engine.add_request([1, 2, 512])
     with pytest.raises(ValueError, match="bogus"):
         LLMEngine(c, device="bogus")
+
+
+def test_an_empty_schedule_with_work_left_raises_instead_of_spinning(monkeypatch):
+    from tqlab.engine.scheduler import SchedulerOutput
+
+    eng = LLMEngine(EngineConfig(num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_model_len=256,
+                                 max_num_seqs=1, max_num_batched_tokens=256), fix=False, device="meta")
+    eng.add_request(10)
+    monkeypatch.setattr(eng.scheduler, "schedule", lambda: SchedulerOutput([], []))
+    with pytest.raises(RuntimeError, match=r"the scheduler can schedule nothing: request 0 \(10 prompt tokens\)"):
+        eng.step()

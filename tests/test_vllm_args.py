@@ -629,3 +629,11 @@ def test_flags_that_move_chunk_boundaries_are_modelled_or_named():
     lpt = next(n for n in dense.notes if n.startswith("--long-prefill-token-threshold 8:"))
     assert "mid-block" not in lpt  # no block-aligned split on a dense model
     assert dense.config.chunk_budget == 8192
+
+
+def test_a_kv_connector_is_named_where_the_any_chunking_bound_stops():
+    d = deployment_from_preset("vllm serve M --no-enable-prefix-caching --kv-transfer-config "
+                               "'{\"kv_connector\":\"OffloadingConnector\",\"kv_role\":\"kv_both\"}'", "llama-3.1-8b")
+    assert not any("no effect on the workspace" in n for n in d.notes)
+    assert any(n.startswith("--kv-transfer-config: a KV connector's external hit") and n.endswith("may be too high")
+               for n in d.notes)

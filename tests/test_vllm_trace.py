@@ -443,7 +443,7 @@ def test_inspect_readme_example_names_the_first_refused_call_and_the_chunk_size_
     assert req["first_refused_fixed"] is None and req["verdict"] == "CRASH without the fix, ok with it"
     assert ("first refused call without the fix (vLLM dies here): continuation prefill (dequant), cached 2048 q 2048: "
             "1.00 MB > 0.26 MB at lock") in text
-    assert "chunks of max_num_batched_tokens 2048: vLLM default (`vllm serve`" in text
+    assert "chunks of 2048 tokens (max_num_batched_tokens 2048: vLLM default (`vllm serve`" in text
     (note,) = [n for n in pred["notes"] if n.startswith("the bug report's '2.00 MB'")]
     assert "first refused call with max_num_batched_tokens 4096: cached 4096" in note
     assert "two fp16 (1, 1, 4096, 128) buffers = 2 x 1 x 4096 x 128 x 2 bytes = 2,097,152 bytes" in note

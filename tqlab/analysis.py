@@ -439,7 +439,11 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
 
 
 def _need_any_schedule(config: "EngineConfig", length: int) -> int:
-    """Largest call any chunking of a request of ``length`` tokens can make (busy scheduler, prefix-cache hits)."""
+    """Largest call any chunking of a request of ``length`` tokens can make (busy scheduler, prefix-cache hits).
+
+    Modelled: text-only requests without a KV connector or a streaming-input session (those can leave
+    any number of tokens cached in vLLM 0.33, whatever the chunking and prefix-caching settings).
+    """
     c_max = length - (CONTINUATION_DECODE_THRESHOLD + 1)
     if not config.enable_chunked_prefill:  # one step per prompt: only a prefix-cache hit leaves tokens cached
         if not config.enable_prefix_caching:

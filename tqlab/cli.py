@@ -61,6 +61,8 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
         except ValueError:
             raise click.BadParameter(f"not a comma-separated list of ints: {ov['cudagraph_capture_sizes']!r}",
                                      param_hint="--cudagraph-capture-sizes") from None
+    if ov.get("enable_prefix_caching") is False:  # vLLM: mamba_cache_mode "none" then, no block-aligned split
+        ov.setdefault("mamba_block_aligned_split", False)
     try:
         if preset:
             return EngineConfig.from_preset(preset, **ov)

@@ -53,8 +53,8 @@ _FIELD_HELP = {
     "tensor_parallel_size": "tensor-parallel ranks; heads are split across them (count)",
     "max_model_len": "longest request, prompt + output (tokens)",
     "max_num_seqs": "most requests running in one step (count)",
-    "max_num_batched_tokens": "token budget of one scheduler step, the prefill chunk size (tokens)",
-    "enable_chunked_prefill": "split long prompts into chunks of max_num_batched_tokens",
+    "max_num_batched_tokens": "token budget of one scheduler step (tokens); the prefill chunk unless max_num_scheduled_tokens is smaller",
+    "enable_chunked_prefill": "split long prompts into chunks of one step's token budget",
     "block_size": "tokens per KV-cache block (page)",
     "dtype": "model dtype: bfloat16, float16 or float32",
     "kv_cache_dtype": "KV-cache format: auto or a TurboQuant preset",
@@ -229,6 +229,12 @@ class EngineConfig:
             raise ValueError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens}) must be "
                 f">= max_model_len ({self.max_model_len}), as in vLLM"
+            )
+        if not self.enable_chunked_prefill and self.chunk_budget < self.max_model_len:
+            raise ValueError(
+                f"without chunked prefill a prompt is prefilled in one step, but max_num_scheduled_tokens "
+                f"({self.max_num_scheduled_tokens}) < max_model_len ({self.max_model_len}): vLLM's scheduler would "
+                "never schedule a longer prompt (Scheduler.schedule breaks when it does not fit the token budget)"
             )
 
     def _check_mamba_split(self) -> None:

@@ -317,6 +317,11 @@ class LLMEngine:
         self._check_alive()
         sched = self.scheduler.schedule()
         if sched.is_empty:
+            if self.scheduler.has_unfinished():  # nothing runs and nothing can be admitted: waiting would never end
+                waiting = self.scheduler.waiting[0]
+                raise RuntimeError(f"the scheduler can schedule nothing: request {waiting.request_id} "
+                                   f"({waiting.prompt_len} prompt tokens) does not fit a step of "
+                                   f"{self.config.chunk_budget} tokens")
             return []
         try:
             sampled = self.runner.execute_model(sched)

@@ -259,8 +259,8 @@ def dummy_run_chunks(config: EngineConfig) -> list[tuple[int, int]]:
       block (its request does not depend on ``cached_len``). As in vLLM 0.33
       it makes none, so this step is normally absent.
 
-    Without chunked prefill there are no continuation chunks (tqlab has no
-    prefix caching) and the list is empty. For the bug report's deployment
+    Without chunked prefill the list is empty: only a prefix-cache hit makes a
+    continuation chunk then, and this strategy, like PR #44053, does not cover it. For the bug report's deployment
     (``max_model_len`` 131072): ``[(130942, 129)]``.
     """
     if not config.enable_chunked_prefill:

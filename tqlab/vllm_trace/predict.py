@@ -85,7 +85,7 @@ class ConsumerNeed:
 
 @dataclass(frozen=True)
 class RequestPrediction:
-    """A prompt of ``prompt_tokens`` prefilled alone (chunks of ``max_num_batched_tokens``), then decoded.
+    """A prompt of ``prompt_tokens`` prefilled alone (chunks of the config's ``chunk_budget``), then decoded.
 
     ``consumers``: each consumer's *largest* call. ``first_refused_unfixed`` /
     ``first_refused_fixed``: the *first* call, in serving order (chunks in
@@ -187,7 +187,10 @@ class Prediction:
              f"{format_mb(self.locked_fixed)} MB with it" if self.locked_unfixed is not None else
              f"workspace never locked ({self.locked_source}): no request can hit the locked-workspace assertion"),
         ]
-        out.append(f"chunks of max_num_batched_tokens {c.max_num_batched_tokens}: {self.max_num_batched_tokens_source}")
+        out.append(f"chunks of {c.chunk_budget} tokens (max_num_batched_tokens {c.max_num_batched_tokens}: "
+                   f"{self.max_num_batched_tokens_source}"
+                   + (f"; max_num_scheduled_tokens {c.max_num_scheduled_tokens})" if c.chunk_budget < c.max_num_batched_tokens
+                      else ")"))
         for r in self.requests:
             if r.rejected is not None:
                 out.append(f"request of {r.prompt_tokens} prompt tokens: rejected: {r.rejected} "
@@ -424,11 +427,13 @@ def predict(
         reqs: list[RequestPrediction] = []
     else:
         reqs = [_request_prediction(config, n, locked_unfixed, locked_fixed) for n in tokens]
-        if config.enable_prefix_caching and (not config.enable_chunked_prefill
-                                             or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD):
+        if not config.enable_chunked_prefill or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
             notes.append(
                 "PR #44053 reserves continuation buffers only with chunked prefill on and max_num_batched_tokens > 128; "
-                "a prefix-cache hit still makes continuation chunks (see the any-chunking bound)"
+                + ("a prefix-cache hit still makes continuation chunks (see the any-chunking bound)"
+                   if config.enable_prefix_caching else
+                   "with prefix caching off too, the any-chunking bound counts none; a KV connector's external hit, "
+                   "a multimodal encoder budget or a streaming-input session can still make one (not modelled)")
             )
     if config.num_ubatches > 1:
         notes.append("DBO: vLLM's _reserve_workspace sizes only the slot it runs in (slot 0); slot 1 can still overflow")

@@ -117,7 +117,7 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
-                        "long_prefill_token_threshold", "max_num_scheduled_tokens"}
+                        "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config"}
 
 
 def _field_names() -> set[str]:
@@ -526,7 +526,11 @@ def _mamba_split(given: Mapping[str, Any], kw: dict[str, Any], src: dict[str, st
 
 
 def _chunking_notes(given: Mapping[str, Any], block: int, split: bool, notes: list[str]) -> None:
-    """A note for ``--long-prefill-token-threshold``, which moves chunk boundaries on a busy server only."""
+    """Notes for flags that move chunk boundaries or cached lengths in ways tqlab does not model."""
+    if given.get("kv_transfer_config"):
+        notes.append("--kv-transfer-config: a KV connector's external hit (Scheduler.schedule, "
+                     "num_external_computed_tokens) can start a request with tokens cached whatever the prefix "
+                     "caching and chunking flags; the any-chunking bound does not model it and may be too high")
     lpt = given.get("long_prefill_token_threshold") or 0
     if lpt > 0:
         notes.append(f"--long-prefill-token-threshold {lpt}: vLLM caps the prefill chunk of a request that is not "

@@ -215,7 +215,7 @@ def lifecycle_figure(traces: Sequence[LifecycleTrace], step: int | None = None):
     axes[-1].set_xlim(-0.6, n - 0.4)
     cfg = longest.config
     fig.suptitle(f"{cfg.preset or 'custom'}: prompt {longest.prompt_tokens:,} tokens in chunks of "
-                 f"{cfg.max_num_batched_tokens:,}; workspace after each step (grey = lock)", fontsize=9)
+                 f"{cfg.chunk_budget:,}; workspace after each step (grey = lock)", fontsize=9)
     return fig
 
 
