@@ -256,13 +256,7 @@ show_md(markdown_table(["cached_len", "packed K+V read (3bit_nc)", "fp16 workspa
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 ax.plot(lens, [r["workspace_bytes"] / 2**20 for r in wv], marker="o", label="continuation workspace (2 × fp16)")
 ax.plot(lens, [r["packed_bytes"] / 2**20 for r in wv], marker="s", label="packed slots it dequantizes")
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("cached_len (tokens)")
-ax.set_ylabel("MiB")
-ax.set_title(f"{cfg.preset}: one rank, Hk={hk}, D={D}")
-ax.grid(alpha=0.3, which="both")
-ax.legend(fontsize=8)
+figures.finish_loglog(ax, "cached_len (tokens)", "MiB", f"{cfg.preset}: one rank, Hk={hk}, D={D}")
 plt.show()
 
 # %% [markdown]

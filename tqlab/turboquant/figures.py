@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 from .spec import TQ_PRESETS, fp16_slot_bytes, get_spec
 
 __all__ = [
+    "finish_loglog",
     "FIELD_COLORS",
     "slot_table",
     "plot_slot_layouts",
@@ -53,6 +54,18 @@ FIELD_COLORS = {
     "val_zero": "#f6e05e",
     "pad": "#e2e8f0",
 }
+
+
+def finish_loglog(ax, xlabel: str, ylabel: str, title: str, *, fontsize: int = 8, ncol: int = 1):
+    """The figures' log-log house style: x in powers of two, y log, both grids, a legend. Returns ``ax``."""
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=fontsize, ncol=ncol)
+    return ax
 
 
 def slot_table(head_dim: int = 128, presets: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -223,14 +236,7 @@ def plot_decode_bench(bench: Mapping[str, Any], shape: str, batch: int, ax=None)
         if pts:
             ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", lw=2 if kind == "sdpa_fp16" else 1,
                     color="k" if kind == "sdpa_fp16" else None, label=kind.replace("turboquant_", ""))
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("ms per decode step (one layer)")
-    ax.set_title(f"{shape}, batch {batch}")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
-    return ax
+    return finish_loglog(ax, "context (tokens)", "ms per decode step (one layer)", f"{shape}, batch {batch}")
 
 
 def vs_vllm_series(rec: Mapping[str, Any], shape: str) -> dict[str, Any]:
@@ -280,11 +286,5 @@ def plot_decode_vs_vllm(rec: Mapping[str, Any], shape: str, ax=None, best: bool 
                         label=f"{who} {preset.removeprefix('turboquant_')}")
     pts = data["sdpa"]
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "k-", marker="D", lw=2, label="fp16 SDPA (flash)")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("ms per decode step (one layer)")
-    ax.set_title(f"{shape}, batch {data['batch']}: decode time, L2 flushed")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2)
-    return ax
+    return finish_loglog(ax, "context (tokens)", "ms per decode step (one layer)",
+                         f"{shape}, batch {data['batch']}: decode time, L2 flushed", fontsize=7, ncol=2)

@@ -45,8 +45,8 @@ TQ_KERNEL_BLOCK = 16
 """min of ``TurboQuantAttentionBackend.get_supported_kernel_block_sizes()`` = [16, 32, 64, 128]."""
 
 
-def _flag_kwargs(engine_args) -> tuple[dict[str, Any], dict[str, str], list[str], list[str]]:
-    """``(EngineConfig kwargs, their sources, notes, ignored)`` from the flags alone (no config.json)."""
+def _flag_kwargs(engine_args) -> tuple[dict[str, Any], dict[str, str], list[str], list[str], dict[str, Any]]:
+    """``(EngineConfig kwargs, their sources, notes, ignored, the parsed flags)`` from the flags alone (no config.json)."""
     given, notes = _given(engine_args)
     kw, src, more, ignored = _map_flags(given)
     if kw.get("max_model_len") == -1:
@@ -58,7 +58,7 @@ def _flag_kwargs(engine_args) -> tuple[dict[str, Any], dict[str, str], list[str]
         v = kw.pop(k)
         if src.get(k, "").startswith("flag"):
             ignored.append(f"{k}={v!r} (not modelled by this EngineConfig)")
-    return kw, {k: v for k, v in src.items() if k in kw}, notes + more, ignored
+    return kw, {k: v for k, v in src.items() if k in kw}, notes + more, ignored, given
 
 
 def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | None) -> tuple[dict[str, Any], list[str]]:
@@ -70,7 +70,7 @@ def parse_engine_args(engine_args: str | Sequence[str] | Mapping[str, Any] | Non
     model's config.json (``--max-model-len auto``) are left out; see
     :func:`engine_config_kwargs_from_vllm`. Raises :class:`VllmArgsError`.
     """
-    kw, _src, _notes, ignored = _flag_kwargs(engine_args)
+    kw, _src, _notes, ignored, _given_flags = _flag_kwargs(engine_args)
     return kw, ignored
 
 
@@ -585,12 +585,11 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     Raises ``ValueError`` for an unknown preset or bad flags (one line), and
     ``TypeError`` never: only EngineConfig fields are passed.
     """
-    kw, src, notes, ignored = _flag_kwargs(engine_args)
+    kw, src, notes, ignored, given = _flag_kwargs(engine_args)
     if kw.get("dtype") is not None:
         kw["dtype"] = parse_dtype(kw["dtype"])
     base = load_preset(preset)["config"]
     if base.get(_SPLIT):  # a hybrid preset with prefix caching on: the line's prefix-caching flags apply
-        given = _given(engine_args)[0]
         ignored = [f for f in ignored if f not in _SPLIT_FLAGS]
         merged = {k: kw.get(k, base.get(k, EngineConfig.__dataclass_fields__[k].default))
                   for k in ("block_size", "max_num_batched_tokens", "enable_chunked_prefill", "max_num_scheduled_tokens")}
@@ -600,7 +599,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
             _mamba_split(given, merged, src, notes)
             kw[_SPLIT] = merged[_SPLIT]
     config = EngineConfig.from_preset(preset, **kw)
-    _chunking_notes(_given(engine_args)[0], config.block_size, config.mamba_block_aligned_split, notes)
+    _chunking_notes(given, config.block_size, config.mamba_block_aligned_split, notes)
     sources = {name: src.get(name, f"preset {preset}") for name in _field_names() - {"preset"}}
     if ignored:
         notes.append("vLLM flags with no effect on the workspace: " + ", ".join(ignored))
