@@ -29,6 +29,7 @@ __all__ = [
     "list_presets",
     "load_preset",
     "parse_dtype",
+    "step_token_budget",
 ]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "data" / "presets"
@@ -70,6 +71,12 @@ _FIELD_HELP = {
     "enable_prefix_caching": "prefix caching (vLLM's default on): a cache hit starts a prompt with whole blocks cached",
     "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
 }
+
+
+def step_token_budget(max_num_batched_tokens: int, max_num_scheduled_tokens: int | None) -> int:
+    """Tokens one scheduler step issues (:attr:`EngineConfig.chunk_budget`, for callers without a config yet)."""
+    st = max_num_scheduled_tokens
+    return max_num_batched_tokens if st is None else min(st, max_num_batched_tokens)
 
 
 def field_help(name: str) -> str:
@@ -306,8 +313,7 @@ class EngineConfig:
         ``max_num_batched_tokens``) capped by ``max_num_batched_tokens`` (``Scheduler.schedule``'s
         ``token_budget`` and ``input_budget``).
         """
-        st = self.max_num_scheduled_tokens
-        return self.max_num_batched_tokens if st is None else min(st, self.max_num_batched_tokens)
+        return step_token_budget(self.max_num_batched_tokens, self.max_num_scheduled_tokens)
 
     @property
     def num_ubatches(self) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig, load_preset, parse_dtype
+from ..config import EngineConfig, load_preset, parse_dtype, step_token_budget
 from ..turboquant.spec import get_spec
 from .hf_config import ModelShape, read_hf_config
 from .vllm_flags import (
@@ -504,7 +504,8 @@ def _mamba_split(given: Mapping[str, Any], kw: dict[str, Any], src: dict[str, st
                             "prefill is required for Mamba prefix caching' (MambaModelConfig.verify_and_update_config); "
                             "add --no-enable-prefix-caching or drop --no-enable-chunked-prefill")
     block, mbt, st = kw.get("block_size", 16), kw["max_num_batched_tokens"], kw.get("max_num_scheduled_tokens")
-    chunk, what = (mbt, "max_num_batched_tokens") if st is None or st >= mbt else (st, "max_num_scheduled_tokens")
+    chunk = step_token_budget(mbt, st)
+    what = "max_num_batched_tokens" if chunk == mbt else "max_num_scheduled_tokens"
     if block > chunk:  # 16: vLLM's default block
         kw[_SPLIT], src[_SPLIT] = False, (f"derived: off in tqlab: block_size {block} > {what} {chunk}, "
                                           "vLLM's sub-block prefill chunks are not modelled")
@@ -593,7 +594,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
         ignored = [f for f in ignored if f not in _SPLIT_FLAGS]
         merged = {k: kw.get(k, base.get(k, EngineConfig.__dataclass_fields__[k].default))
                   for k in ("block_size", "max_num_batched_tokens", "enable_chunked_prefill", "max_num_scheduled_tokens")}
-        chunk = min(merged["max_num_scheduled_tokens"] or merged["max_num_batched_tokens"], merged["max_num_batched_tokens"])
+        chunk = step_token_budget(merged["max_num_batched_tokens"], merged["max_num_scheduled_tokens"])
         if ({"enable_prefix_caching", "mamba_cache_mode"} & set(given) or not merged["enable_chunked_prefill"]
                 or merged["block_size"] > chunk):
             _mamba_split(given, merged, src, notes)
