@@ -2,7 +2,7 @@
 
 * Without ``--record`` a run writes under ``build/`` (git-ignored), so a smoke
   run never touches ``data/``.
-* ``--record`` writes under ``data/`` (``tqlab.provenance.DATA_DIR``), the
+* ``--record`` writes under ``data/`` (``tqlab.core.provenance.DATA_DIR``), the
   recordings notebooks show. A destination inside ``data/`` that already holds
   a recording is replaced only by a run of at least as many iterations as the
   recording holds; ``--force`` replaces it anyway. The check runs before the
@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
-from tqlab.provenance import DATA_DIR
+from tqlab.core.provenance import DATA_DIR
 
 __all__ = ["BUILD_DIR", "add_record_arguments", "default_dir", "overwrite_refusal"]
 

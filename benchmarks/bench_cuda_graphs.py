@@ -43,8 +43,8 @@ for _p in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 
 from tqlab.lab import graph_latency as latency  # noqa: E402
-from tqlab.provenance import jsonable, make_provenance  # noqa: E402
-from tqlab.config import EngineConfig  # noqa: E402
+from tqlab.core.provenance import jsonable, make_provenance  # noqa: E402
+from tqlab.core.config import EngineConfig  # noqa: E402
 
 from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
 

@@ -49,10 +49,10 @@ for _p in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 
 from tqlab import strategies as S  # noqa: E402
-from tqlab.config import EngineConfig  # noqa: E402
+from tqlab.core.config import EngineConfig  # noqa: E402
 from tqlab.lab.display import markdown_table  # noqa: E402
 from tqlab.lab.strategy_tables import results_payload, strategy_table  # noqa: E402
-from tqlab.provenance import make_provenance, recorded_path, save_recorded  # noqa: E402
+from tqlab.core.provenance import make_provenance, recorded_path, save_recorded  # noqa: E402
 
 from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
 

@@ -53,7 +53,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tqlab.provenance import make_provenance  # noqa: E402
+from tqlab.core.provenance import make_provenance  # noqa: E402
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
 
 SHAPES = {
@@ -65,7 +65,7 @@ MODEL_DTYPE = torch.bfloat16
 
 
 def provenance(args) -> dict:
-    """:func:`tqlab.provenance.make_provenance` plus the triton, CUDA, Python and driver versions."""
+    """:func:`tqlab.core.provenance.make_provenance` plus the triton, CUDA, Python and driver versions."""
     import triton
 
     extra = {"triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}

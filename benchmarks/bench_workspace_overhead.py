@@ -47,7 +47,7 @@ for _p in (ROOT, ROOT / "benchmarks"):
 import torch  # noqa: E402
 
 from tqlab import strategies as S  # noqa: E402
-from tqlab.provenance import make_provenance, recorded_path, save_recorded  # noqa: E402
+from tqlab.core.provenance import make_provenance, recorded_path, save_recorded  # noqa: E402
 
 from _recording import add_record_arguments, default_dir, overwrite_refusal  # noqa: E402
 

@@ -19,7 +19,7 @@
 # vLLM keeps the scratch memory of its hot path in a single `WorkspaceManager`
 # (`vllm/v1/worker/workspace.py`, added by vLLM PR #40941). Attention backends, fused MoE
 # and the sparse indexer all ask it for temporary tensors instead of calling `torch.empty`.
-# `tqlab.workspace` re-implements it in plain PyTorch so that every mechanism can be
+# `tqlab.core.workspace` re-implements it in plain PyTorch so that every mechanism can be
 # watched on a laptop. This notebook walks through all of them, live:
 #
 # | you will learn | section |
@@ -71,13 +71,13 @@ import weakref
 
 import matplotlib.pyplot as plt
 
-from tqlab.analysis import decode_capture_rows
-from tqlab.config import EngineConfig
+from tqlab.predict.analysis import decode_capture_rows
+from tqlab.core.config import EngineConfig
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import debug_workspace_log, markdown_table, show_error, show_md
-from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes, reservation_plan
-from tqlab.workspace import (
+from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes, reservation_plan
+from tqlab.core.workspace import (
     ALIGNMENT,
     MiB,
     WorkspaceLockedError,

@@ -66,12 +66,12 @@ import matplotlib.pyplot as plt
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.config import EngineConfig, load_preset
+from tqlab.core.config import EngineConfig, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
-from tqlab.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
-from tqlab import analysis
-from tqlab.analysis import first_failing_prompt, prefill_chunks
-from tqlab.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
+from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
+from tqlab.predict import analysis
+from tqlab.predict.analysis import first_failing_prompt, prefill_chunks
+from tqlab.core.workspace import MiB, WorkspaceLockedError, compute_layout, format_mb
 
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"
@@ -177,7 +177,7 @@ engine = LLMEngine(run_cfg, fix=False, device=device, on_phase=marker)
 startup_s = time.perf_counter() - t
 show_md(plots.phases_markdown(engine.phases))
 print(f"start-up took {startup_s:.1f} s on {device}")
-# predict, then run: the one predictor (tqlab.analysis) says what the lock froze
+# predict, then run: the one predictor (tqlab.predict.analysis) says what the lock froze
 assert engine.locked_bytes == analysis.locked_bytes(run_cfg, fix=False) == 268_544
 
 # %% [markdown]
@@ -283,41 +283,42 @@ show_md(
 # %%
 import re
 
-from tqlab import vllm_trace as vt
+from tqlab import vllm as vt
+from tqlab.predict import report as rp
 
 REPORT_ONSET = "beyond ~6-8K tokens"  # the report's words: where crashes start, in cached KV tokens
 hk, d = cfg.num_kv_heads_per_rank, cfg.head_dim
-m_report = vt.bug_report_max_num_batched_tokens(cfg)  # the chunk size whose first refusal prints "2.00 MB"
+m_report = rp.bug_report_max_num_batched_tokens(cfg)  # the chunk size whose first refusal prints "2.00 MB"
 two_buffers = 2 * 1 * hk * m_report * d * 2  # 2 buffers x batch 1 x Hk x cached_len x D x 2 bytes (fp16)
-assert two_buffers == 2 * MiB and format_mb(two_buffers) == vt.BUG_REPORT_REQUIRED_MB
+assert two_buffers == 2 * MiB and format_mb(two_buffers) == rp.BUG_REPORT_REQUIRED_MB
 assert m_report == cfg.max_num_batched_tokens  # the preset uses the inferred value
 m_default, _, why_default = vt.vllm_default_limits("serve")  # no GPU size given: vLLM's small-GPU default
 why_default = why_default.split(";")[0]
 alt = cfg.replace(max_num_batched_tokens=m_default)
-alt_first = vt.predict(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+alt_first = rp.predict(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
 alt_locked, alt_refused = locked_and_refused(alt)  # run on meta: the engine refuses what the predictor named
 assert (alt_refused, alt_locked) == (alt_first.nbytes, engine.locked_bytes)
 assert alt_first.cached_len == m_default and alt_first.nbytes == 2 * 1 * hk * m_default * d * 2
 rows, matches = [], []
-for label, c, m_ in ((f"preset (inferred from {vt.BUG_REPORT_REQUIRED_MB} MB)", cfg, m_report),
+for label, c, m_ in ((f"preset (inferred from {rp.BUG_REPORT_REQUIRED_MB} MB)", cfg, m_report),
                      (f"vLLM default ({why_default})", alt, m_default)):
-    f = vt.predict(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+    f = rp.predict(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
     rows.append((label, f"{m_:,}", f"{first_failing_prompt(c, engine.locked_bytes):,}", f"{f.cached_len:,}",
                  f"{format_mb(f.nbytes)} MB"))
-    matches.append(format_mb(f.nbytes) == vt.BUG_REPORT_REQUIRED_MB)
+    matches.append(format_mb(f.nbytes) == rp.BUG_REPORT_REQUIRED_MB)
 assert matches == [True, False]  # only the inferred chunk size reproduces the report's exact number
 onset_low = int(re.search(r"~(\d+)-", REPORT_ONSET).group(1)) * 1000  # the low end of the report's onset, in tokens
 assert max(m_report, m_default) < onset_low  # both first refusals come at fewer cached tokens than the report says
 show_md(
     f"The report says crashes start *{REPORT_ONSET}* of cached KV and does not give `max_num_batched_tokens`. "
-    f"The preset's {m_report:,} comes from the {vt.BUG_REPORT_REQUIRED_MB} MB: 2 × 1 × {hk} × {m_report:,} × {d} × 2 "
+    f"The preset's {m_report:,} comes from the {rp.BUG_REPORT_REQUIRED_MB} MB: 2 × 1 × {hk} × {m_report:,} × {d} × 2 "
     f"bytes = {two_buffers:,} bytes = {format_mb(two_buffers)} MB.\n\n"
     + markdown_table(("max_num_batched_tokens", "value", "shortest crashing prompt", "first refused: cached_len",
                       "it asks for"), rows)
     + f"\n\nWith vLLM's default of {m_default:,} the same {PROMPT_TOKENS:,}-token prompt would have died one "
     f"smaller chunk in, printing `requires {format_mb(alt_refused)} MB, current size is {format_mb(alt_locked)} MB`. "
     f"Both chunk sizes crash a prompt of this length, and both put the first crash earlier than the report's "
-    f"wording; only {m_report:,} reproduces its one exact number, {vt.BUG_REPORT_REQUIRED_MB} MB."
+    f"wording; only {m_report:,} reproduces its one exact number, {rp.BUG_REPORT_REQUIRED_MB} MB."
 )
 
 # %% [markdown]

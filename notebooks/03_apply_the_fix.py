@@ -62,14 +62,15 @@ import math
 
 import matplotlib.pyplot as plt
 
-from tqlab import vllm_trace as vt
+from tqlab import vllm as vt
+from tqlab.predict import report as rp
 from tqlab.attention import kv_cache_bytes_per_token
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.config import EngineConfig, list_presets, load_preset
+from tqlab.core.config import EngineConfig, list_presets, load_preset
 from tqlab.engine import LLMEngine
-from tqlab.reservation import (
+from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
     continuation_workspace_shapes,
@@ -77,8 +78,8 @@ from tqlab.reservation import (
     reservation_plan,
     reserve_workspace,
 )
-from tqlab.analysis import first_failing_prompt, prefill_chunks
-from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb, ubatch_context
+from tqlab.predict.analysis import first_failing_prompt, prefill_chunks
+from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb, ubatch_context
 
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"
@@ -99,7 +100,7 @@ print(f"engine device: {device!r}; preset {PRESET}; prompt {PROMPT_TOKENS:,} tok
 #    exceeds `CONTINUATION_DECODE_THRESHOLD`. That condition is the PR's; section 6 shows a
 #    deployment where a continuation chunk happens without it.
 #
-# `tqlab.reservation` computes both with the *same functions* the backend calls while
+# `tqlab.core.reservation` computes both with the *same functions* the backend calls while
 # serving: one formula per buffer, so the reservation cannot drift from its consumer.
 
 # %%
@@ -449,21 +450,21 @@ show_md(markdown_table(
 # that with prefix caching on ("Chunked prefill is required for Mamba prefix caching",
 # `MambaModelConfig.verify_and_update_config`), so the cell treats the shapes as an
 # attention-only model (`mamba_block_aligned_split=False`), where the case is real.
-# `tqlab.vllm_trace.predict` gives the longest request that fits the fixed workspace *under
+# `tqlab.predict.report` gives the longest request that fits the fixed workspace *under
 # any chunking* — prefix-cache hits included.
 
 # %%
 nocp = cfg.replace(enable_chunked_prefill=False, max_num_batched_tokens=cfg.max_model_len,
                    mamba_block_aligned_split=False)
 nocp_plan = reservation_plan(nocp)
-pred = vt.predict(nocp)
+pred = rp.predict(nocp)
 show_md(markdown_table(
     ("", "chunked prefill on (the report)", "chunked prefill off"),
     [
         ("reservation calls", len(plan), len(nocp_plan)),
         ("workspace at lock with the fix (MB)", format_mb(reserved), format_mb(pred.locked_fixed)),
         ("longest request safe under any chunking, with the fix",
-         f"{vt.predict(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
+         f"{rp.predict(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
         ("max_model_len", f"{cfg.max_model_len:,}", f"{nocp.max_model_len:,}"),
     ],
 ))
@@ -481,7 +482,7 @@ print("\n".join(f"predict: {n}" for n in pred.notes))
 
 # %%
 assert nocp_plan == plan[:1] and pred.locked_fixed == pred.locked_unfixed == locked_no_fix
-assert vt.predict(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
+assert rp.predict(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
 hit_engine = LLMEngine(nocp.replace(num_hidden_layers=1), fix=True, device="meta")  # one layer: same calls
 assert hit_engine.locked_bytes == pred.locked_fixed
 
@@ -616,11 +617,11 @@ show_md(markdown_table(
 # *lock-on-eager* (`lock_workspace_when_eager=True`, a proposed upstream change, off by
 # default): what would change if eager start-ups locked too.
 #
-# **Predict, then run**: `tqlab.analysis.predict` gives each row's lock and verdict, then the
+# **Predict, then run**: `tqlab.predict.analysis.predict` gives each row's lock and verdict, then the
 # engine runs the report's prompt (on `meta`: same code, shapes only) and must agree.
 
 # %%
-from tqlab import analysis
+from tqlab.predict import analysis
 
 regimes = {
     "eager (vLLM 0.33: never locked)": (cfg.replace(enforce_eager=True), False),

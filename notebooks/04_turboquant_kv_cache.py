@@ -64,10 +64,10 @@ USE_RECORDED = True  # without CUDA (or when True), show the recorded H200 bench
 # %%
 import matplotlib.pyplot as plt
 
-from tqlab.config import EngineConfig
+from tqlab.core.config import EngineConfig
 from tqlab.lab import recorded
 from tqlab.lab.display import fmt_bytes, markdown_table, show_md
-from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
+from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes
 from tqlab.turboquant import (
     TQ_PRESETS,
     decode_attention,
@@ -79,9 +79,9 @@ from tqlab.turboquant import (
     store_kv,
     TurboQuantSpec,
 )
-from tqlab.turboquant import figures
+from tqlab.lab import plots_turboquant as figures
 from tqlab.turboquant.accuracy import accuracy_table, key_mse
-from tqlab.workspace import WorkspaceManager
+from tqlab.core.workspace import WorkspaceManager
 
 device = recorded.pick_device(DEVICE)
 D = 128  # head_dim of the bug report's model (and of Llama-3.1-8B)
@@ -188,7 +188,7 @@ plt.show()
 #
 # The attention backend (`tqlab/attention/turboquant_attn.py`, mirroring vLLM's `turboquant_attn.py`) calls three
 # operations on the packed cache. Two of them write into **workspace** buffers whose shapes come from
-# `tqlab/reservation.py` — one formula per buffer:
+# `tqlab/core/reservation.py` — one formula per buffer:
 #
 # * `store_kv` — quantize new K/V, write their slots (no workspace);
 # * `dequant_kv` — a *continuation prefill* (a chunk whose request already has cached tokens)
@@ -232,7 +232,7 @@ print(f"decode: mid_out {tuple(mid.shape)} f32, output {tuple(out.shape)} {out.d
 # so the workspace is the larger of the two layouts, not their sum.
 
 # %%
-from tqlab.workspace import compute_layout  # noqa: E402
+from tqlab.core.workspace import compute_layout  # noqa: E402
 
 assert tuple(k_buf.shape) == (1, hk, -(-n_tok // bs) * bs, D) and k_buf.dtype == torch.float16
 assert tuple(mid.shape) == (1, hq, cfg.tq_max_kv_splits_for_cuda_graph, D + 1)

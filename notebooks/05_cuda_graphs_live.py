@@ -68,7 +68,7 @@ from tqlab.lab import graph_demos as demos
 from tqlab.lab import graph_latency as latency
 from tqlab.lab.display import text_table
 from tqlab.lab.recorded import banner_text, has_recorded, jsonable, load_recorded, make_provenance, show_banner
-from tqlab.analysis import decode_capture_rows, decode_rows_at_lock
+from tqlab.predict.analysis import decode_capture_rows, decode_rows_at_lock
 from tqlab.engine.replay_guard import StalePointerError
 from tqlab.lab.plots_graphs import plot_latency
 
@@ -107,9 +107,9 @@ import matplotlib.pyplot as plt
 
 from tqlab.lab import memory_budget as mb
 from tqlab.lab import piecewise as pw
-from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
+from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes
 from tqlab.lab.display import fmt_bytes, markdown_table, show_md
-from tqlab.workspace import WorkspaceManager, compute_layout
+from tqlab.core.workspace import WorkspaceManager, compute_layout
 
 # %% [markdown]
 # ## 1 · Buckets and static inputs
@@ -121,7 +121,7 @@ from tqlab.workspace import WorkspaceManager, compute_layout
 # the longest request fits.
 
 # %%
-from tqlab.config import EngineConfig
+from tqlab.core.config import EngineConfig
 
 for name in ("nemotron-3-super-120b-a12b", "llama-3.1-8b"):
     sizes = decode_capture_rows(EngineConfig.from_preset(name))

@@ -75,14 +75,14 @@ import matplotlib.pyplot as plt
 import torch
 
 from tqlab import strategies as S
-from tqlab.analysis import unfixed_locked_bytes
-from tqlab.config import EngineConfig, list_presets
+from tqlab.predict.analysis import unfixed_locked_bytes
+from tqlab.core.config import EngineConfig, list_presets
 from tqlab.lab import plots_strategies as plots
 from tqlab.lab.display import fmt_bytes, markdown_table, show_md
 from tqlab.lab.plots_workspace import PhaseMarker, plot_workspace_timeline
 from tqlab.lab.recorded import has_recorded, load_recorded, make_provenance, save_recorded, show_banner
 from tqlab.lab.strategy_tables import results_payload, strategy_table
-from tqlab.workspace import WorkspaceLockedError
+from tqlab.core.workspace import WorkspaceLockedError
 
 T0 = time.perf_counter()
 if DEVICE == "auto":
@@ -280,7 +280,7 @@ assert cont <= SEED_ROW["reserved_bytes"] < cont + 2**20
 # the decode scratch at `max_num_seqs` rows, so the longest prompt that survives is decided by the
 # first continuation chunk of more than 128 new tokens whose dequant buffers (cached length × KV heads
 # × head_dim, twice, float16) need more. (Shorter continuation chunks run the decode kernel with its
-# own scratch and ask the workspace for nothing, as in vLLM 0.33.) `tqlab.reservation.first_failing_prompt`
+# own scratch and ask the workspace for nothing, as in vLLM 0.33.) `tqlab.core.reservation.first_failing_prompt`
 # finds it exactly, without simulating every length. The star is the bug report's deployment.
 
 # %%

@@ -21,11 +21,11 @@
 # shows the same numbers from both. You will learn, point by point, where tqlab matches vLLM:
 #
 # 1. the same call sequence through `vllm.v1.worker.workspace.WorkspaceManager` and
-#    `tqlab.workspace.WorkspaceManager`: view offsets, slot sizes, refusals, word for word;
+#    `tqlab.core.workspace.WorkspaceManager`: view offsets, slot sizes, refusals, word for word;
 # 2. the reservation that vLLM's `TurboQuantMetadataBuilder` makes, next to
-#    `tqlab.reservation.reservation_plan`, for every preset;
+#    `tqlab.core.reservation.reservation_plan`, for every preset;
 # 3. the bug report's assertion, raised by vLLM's own `_continuation_prefill`;
-# 4. `tqlab.vllm_trace.WorkspaceTracer` attached to vLLM's manager in the bug report's scenario:
+# 4. `tqlab.vllm.WorkspaceTracer` attached to vLLM's manager in the bug report's scenario:
 #    the high-water mark per caller, the size at lock, and the violation with its caller;
 # 5. the predictor behind `tqlab inspect-vllm`: a `vllm serve` command line plus the
 #    model's `config.json` give, per consumer, the workspace a prompt needs and the
@@ -54,7 +54,7 @@ _T0 = time.perf_counter()
 import torch
 
 import tqlab
-from tqlab.vllm_trace import vllm_available, vllm_version
+from tqlab.vllm import vllm_available, vllm_version
 
 print(
     f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
@@ -69,12 +69,13 @@ PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/prese
 CACHED_LEN = None  # cached tokens before the long continuation chunk; None: the chunk vLLM refuses first (computed)
 
 # %%
-from tqlab import vllm_trace as vt
-from tqlab.config import EngineConfig, load_preset
+from tqlab import vllm as vt
+from tqlab.predict import report as rp
+from tqlab.core.config import EngineConfig, load_preset
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.lab.recorded import show_parity_banner
-from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
-from tqlab.workspace import compute_layout, format_mb
+from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes
+from tqlab.core.workspace import compute_layout, format_mb
 
 if DEVICE != "cpu":
     print(f"DEVICE={DEVICE!r} ignored: this notebook only runs vLLM's Python classes, on the CPU")
@@ -105,7 +106,7 @@ print(f"mode: {'LIVE, vLLM ' + str(vllm_version()) if LIVE else 'recorded result
 
 # %%
 PROMPT = load_preset(PRESET)["default_prompt_tokens"]  # the bug report's "~8K tokens" prompt
-first = vt.predict(config, [PROMPT]).requests[0].first_refused_unfixed  # the call vLLM dies on
+first = rp.predict(config, [PROMPT]).requests[0].first_refused_unfixed  # the call vLLM dies on
 if not LIVE:  # the recorded runs used one cached length: predict for that one
     rec_cached = {r["vllm"]["cached_len"] for r in recorded["test_seed_scenario_table:rows"]}
     assert len(rec_cached) == 1, rec_cached
@@ -114,11 +115,11 @@ if not LIVE:  # the recorded runs used one cached length: predict for that one
     CACHED_LEN = min(rec_cached)
 CACHED_LEN = first.cached_len if CACHED_LEN is None else CACHED_LEN
 HK, D = config.num_kv_heads_per_rank, config.head_dim
-LOCKED = vt.locked_bytes_without_fix(config)  # decode at the largest captured batch
+LOCKED = rp.locked_bytes_without_fix(config)  # decode at the largest captured batch
 ONE_ROW = compute_layout(decode_workspace_shapes(1, config.num_heads_per_rank, D, config.tq_max_kv_splits_for_cuda_graph,
                                                  config.dtype)).total_bytes
 CONT = compute_layout(continuation_workspace_shapes(CACHED_LEN, HK, D, config.block_size)).total_bytes
-FIXED = vt.predict(config).locked_fixed  # with PR #44053's reservation
+FIXED = rp.predict(config).locked_fixed  # with PR #44053's reservation
 TAIL = f"requires {format_mb(CONT)} MB, current size is {format_mb(LOCKED)} MB. Workspace growth is not allowed after locking."
 show_md(markdown_table(
     ["prediction", "bytes", "MB"],
@@ -132,7 +133,7 @@ show_md(markdown_table(
     ],
 ))
 print(f"predicted refusal: ... {TAIL}")
-print(f"bug report (vLLM 0.20): requires {vt.BUG_REPORT_REQUIRED_MB} MB, current size is {vt.BUG_REPORT_LOCKED_MB} MB")
+print(f"bug report (vLLM 0.20): requires {rp.BUG_REPORT_REQUIRED_MB} MB, current size is {rp.BUG_REPORT_LOCKED_MB} MB")
 
 # %% [markdown]
 # ## 1 · One call sequence, two workspace managers
@@ -141,7 +142,7 @@ print(f"bug report (vLLM 0.20): requires {vt.BUG_REPORT_REQUIRED_MB} MB, current
 # lock/unlock. The steps are the bug report's decode views, a small request in slot 1, empty
 # views, the lock, a request that fits, the continuation request for `CACHED_LEN` cached
 # tokens that does not, the decode views at `max_num_seqs` rows on slot 1, then an unlock. Both managers are called from the same line of
-# `tqlab/vllm_trace/`, so their refusal messages must match to the letter, caller included.
+# `tqlab/vllm/`, so their refusal messages must match to the letter, caller included.
 
 # %%
 if LIVE:
@@ -179,7 +180,7 @@ show_md(f"Slot 0 refused **{format_mb(CONT)} MB** at **{format_mb(LOCKED)} MB**;
 # ## 2 · The reservation (PR #44053), vLLM's builder vs `reservation_plan`
 #
 # vLLM's `TurboQuantMetadataBuilder` is built with stand-in configs, as vLLM's own unit
-# test builds it (`tqlab.vllm_trace.fake_vllm_configs`). A recorder stands in for the
+# test builds it (`tqlab.vllm.fake_vllm_configs`). A recorder stands in for the
 # workspace manager and keeps the calls.
 
 # %%
@@ -237,7 +238,7 @@ for side in ("vllm", "tqlab"):
     assert fixed[side]["error"] is None and fixed[side]["size_at_lock"][0] == FIXED
 vllm_sizes = unfixed["vllm"]["error"].split("' requires ", 1)[1]
 assert vllm_sizes == unfixed["tqlab"]["error"].split("' requires ", 1)[1]  # vLLM's message sizes == tqlab's
-report_says = f"requires {vt.BUG_REPORT_REQUIRED_MB} MB, current size is {vt.BUG_REPORT_LOCKED_MB} MB"
+report_says = f"requires {rp.BUG_REPORT_REQUIRED_MB} MB, current size is {rp.BUG_REPORT_LOCKED_MB} MB"
 show_md(markdown_table(
     ["source", "refusal"],
     [["bug report (vLLM 0.20, `turboquant_attn.py:757`)", report_says],
@@ -257,7 +258,7 @@ print(f"vLLM's refusal {'matches' if same_as_report else 'differs from'} the bug
 # tqlab's manager it is `get_simultaneous`. No vLLM file changes. The tracer records
 # every caller's high-water mark, the slot sizes at each lock, and every refusal with its
 # caller. The wrapper frames carry the names the managers skip, so the managers still
-# name the real caller. In a real deployment, `tqlab.vllm_trace.install_vllm_hook(path)`
+# name the real caller. In a real deployment, `tqlab.vllm.install_vllm_hook(path)`
 # does the same for every manager the worker process creates, and writes the report
 # to JSON when the process exits.
 
@@ -313,10 +314,10 @@ model_json = {  # the fields of the model's config.json that size the workspace
     "num_hidden_layers": config.num_hidden_layers,
     "torch_dtype": str(config.dtype).removeprefix("torch."),
 }
-first_two_chunks = config.max_num_batched_tokens + 1 + vt.CONTINUATION_DECODE_THRESHOLD  # 128 new tokens: last safe
+first_two_chunks = config.max_num_batched_tokens + 1 + rp.CONTINUATION_DECODE_THRESHOLD  # 128 new tokens: last safe
 prompts = [config.max_num_batched_tokens, first_two_chunks - 1, first_two_chunks, 2 * config.max_num_batched_tokens]
 print(serve_cmd)
-report = vt.inspect_vllm(serve_cmd, model_json, prompt_tokens=prompts, demo=LIVE)
+report = rp.inspect_vllm(serve_cmd, model_json, prompt_tokens=prompts, demo=LIVE)
 
 # %% [markdown]
 # **Predict, then run.** Computed by hand from the chunk rule: the prompt of
@@ -335,7 +336,7 @@ assert not any(r["crashes_fixed"] for r in by_len.values())
 assert report["prediction"]["first_failing_prompt"] == first_two_chunks
 for n in prompts[2:]:
     f = by_len[n]["first_refused_unfixed"]
-    assert (f["consumer"], f["cached_len"], f["nbytes"]) == (vt.DEQUANT_CHUNK, m, want), f
+    assert (f["consumer"], f["cached_len"], f["nbytes"]) == (rp.DEQUANT_CHUNK, m, want), f
 assert report["prediction"]["max_num_batched_tokens_source"] == "flag --max-num-batched-tokens"
 if LIVE:
     (v_unfixed, *v_fixed) = report["demo"]
@@ -354,14 +355,14 @@ show_md(f"First refused call: cached {m:,}, 2 × {HK} × {m:,} × {D} × 2 bytes
 
 # %%
 bare_cmd = serve_cmd.replace(f" --max-num-batched-tokens {m}", "")
-bare = vt.inspect_vllm(bare_cmd, model_json, prompt_tokens=[PROMPT])["prediction"]
+bare = rp.inspect_vllm(bare_cmd, model_json, prompt_tokens=[PROMPT])["prediction"]
 m0 = bare["max_num_batched_tokens"]
 f0 = bare["requests"][0]["first_refused_unfixed"]
 assert bare["max_num_batched_tokens_source"].startswith("vLLM default (`vllm serve`")
 assert m0 < m and (f0["cached_len"], f0["nbytes"]) == (m0, 2 * HK * m0 * D * 2)
-assert any(n.startswith(f"the bug report's '{vt.BUG_REPORT_REQUIRED_MB} MB'") for n in bare["notes"])
+assert any(n.startswith(f"the bug report's '{rp.BUG_REPORT_REQUIRED_MB} MB'") for n in bare["notes"])
 show_md(f"Default chunk {m0:,}: first refused call at cached {m0:,}, **{format_mb(f0['nbytes'])} MB** "
-        f"(the bug report: {vt.BUG_REPORT_REQUIRED_MB} MB, with chunks of {m:,}).")
+        f"(the bug report: {rp.BUG_REPORT_REQUIRED_MB} MB, with chunks of {m:,}).")
 
 # %% [markdown]
 # The two bounds differ a lot. A request prefilled alone survives until its second chunk
@@ -392,7 +393,7 @@ show_md(markdown_table(
         ["current_workspace_manager() before init", "AssertionError", "RuntimeError"],
         ["DBO: slot sizes after the builder's reservation", f"{dbo_v} (only the slot it runs in)",
          f"{dbo_t} (reserve_workspace sizes every slot)"],
-        [f"continuation chunk of ≤ {vt.CONTINUATION_DECODE_THRESHOLD} new tokens (found by this suite, now agreeing)",
+        [f"continuation chunk of ≤ {rp.CONTINUATION_DECODE_THRESHOLD} new tokens (found by this suite, now agreeing)",
          rec["test_short_continuation_chunks_make_no_workspace_call:vllm_q128"]
          + " (the decode kernel allocates its own buffers)",
          f"{rec['test_short_continuation_chunks_make_no_workspace_call:tqlab_reservation_q128_bytes']} bytes asked of the workspace "

@@ -22,10 +22,10 @@
 # PR #44053 reserves and which prompt would crash without it, and to watch the lifecycle that decides it:
 #
 # 1. **Layout explorer** — one `get_simultaneous` call, view by view: offsets, 256-byte padding, total
-#    (`tqlab.workspace.compute_layout`, mirroring `vllm/v1/worker/workspace.py`).
+#    (`tqlab.core.workspace.compute_layout`, mirroring `vllm/v1/worker/workspace.py`).
 # 2. **Reservation planner** — what `_reserve_workspace` (vLLM PR #44053) reserves per tensor-parallel rank
 #    for a deployment, its share of the KV cache, and the longest prompt that survives *without* the fix
-#    (`tqlab.reservation`).
+#    (`tqlab.core.reservation`).
 # 3. **Lifecycle stepper** — the small engine (`tqlab.engine.LLMEngine`) on `device="meta"`, stepped phase by
 #    phase (init workspace → metadata builder → profile run → CUDA graph capture → lock → serving), with and
 #    without the fix.
@@ -49,7 +49,7 @@ STEPPER_PRESET = "pr-44053-unit-test"  # small and fast on the meta device
 from IPython.display import Markdown, display
 
 from tqlab.lab import widgets as tw
-from tqlab.config import EngineConfig, load_preset
+from tqlab.core.config import EngineConfig, load_preset
 
 # %% [markdown]
 # ## 1 · Layout explorer
@@ -70,7 +70,7 @@ layout_ui
 # multiple of 256 and the total is the sum.
 
 # %%
-from tqlab.workspace import compute_layout  # noqa: E402
+from tqlab.core.workspace import compute_layout  # noqa: E402
 
 lay = compute_layout(tw.default_layout_requests())
 assert lay.nbytes == (16 * 8 * 4 * 129 * 4, 16 * 8 * 128 * 2, 16 * 8 * 4)

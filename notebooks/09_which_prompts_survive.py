@@ -20,7 +20,7 @@
 # "Workspace is locked" in their own deployment asks the next questions: *which* prompts are
 # safe on my server, and how short can a fatal one be? This notebook answers them for every
 # preset in `data/presets/`, with the one analysis that `tqlab plan` and `tqlab inspect-vllm`
-# use (`tqlab.analysis`), and checks each answer on the engine. You will learn:
+# use (`tqlab.predict.analysis`), and checks each answer on the engine. You will learn:
 #
 # 1. the workspace each preset locks without the fix, predicted in closed form and confirmed
 #    by starting the engine;
@@ -61,15 +61,15 @@ USE_RECORDED = False  # nothing here needs a GPU: every number is computed live
 # %%
 import matplotlib.pyplot as plt
 
-from tqlab import analysis
-from tqlab.analysis import first_failing_prompt, prefill_chunks, safe_max_model_len
-from tqlab.config import EngineConfig, list_presets
+from tqlab.predict import analysis
+from tqlab.predict.analysis import first_failing_prompt, prefill_chunks, safe_max_model_len
+from tqlab.core.config import EngineConfig, list_presets
 from tqlab.engine import LLMEngine
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request
-from tqlab.workspace import WorkspaceLockedError, format_mb
+from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request
+from tqlab.core.workspace import WorkspaceLockedError, format_mb
 
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment, one tensor-parallel rank
@@ -85,7 +85,7 @@ print(f"engine device: {device!r}; presets: {', '.join(configs)}")
 # Capture runs the decode graphs, largest batch first; TurboQuant's split-KV decode asks the
 # workspace for its scratch, sized by the rows of that batch. Nothing else touches the
 # workspace before the lock (notebook 02 §2 shows why the profile run does not). So
-# `tqlab.analysis.locked_bytes(config, fix=False)` predicts the locked size in closed form
+# `tqlab.predict.analysis.locked_bytes(config, fix=False)` predicts the locked size in closed form
 # from the capture sizes vLLM 0.33 picks (`VllmConfig._set_cudagraph_sizes`).
 #
 # **Predict, then run.** Starting each preset's engine without the fix locks the workspace at
@@ -125,7 +125,7 @@ show_md(markdown_table(("preset", "capture sizes", "decode rows at the lock", "p
 # asks: it dequantizes the cached keys and values into fp16 buffers sized by `cached_len`.
 # Those buffers grow with `cached_len`, so `first_failing_prompt` bisects on the chunk index
 # instead of trying every length, using the same per-chunk formula the backend uses
-# (`tqlab.reservation.chunk_workspace_request`).
+# (`tqlab.core.reservation.chunk_workspace_request`).
 
 # %%
 survey = []

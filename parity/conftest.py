@@ -4,7 +4,7 @@ Runs only with vLLM importable (the separate venv made by parity/install.sh).
 Without vLLM the whole folder is skipped with a message, unless
 PARITY_REQUIRE_VLLM=1 (set by parity/run.sh), which turns that into an error.
 
-For the whole session, ``tqlab.vllm_trace.vllm_cpu_patches()`` is active:
+For the whole session, ``tqlab.vllm.vllm_cpu_patches()`` is active:
 ``torch.accelerator.empty_cache`` is a no-op (vLLM 0.33's WorkspaceManager
 calls it on every growth and a CPU-only torch raises) and, without Triton,
 ``turboquant_attn.triton`` gains a ``next_power_of_2``. Nothing else of vLLM is
@@ -72,7 +72,7 @@ def _vllm_on_cpu():
     if not HAVE_VLLM:
         yield
         return
-    from tqlab.vllm_trace import vllm_cpu_patches
+    from tqlab.vllm import vllm_cpu_patches
 
     with vllm_cpu_patches():
         yield
@@ -116,18 +116,18 @@ def pytest_sessionfinish(session, exitstatus):
         return
     import torch
 
-    from tqlab.vllm_trace import vllm_version
+    from tqlab.vllm import vllm_version
 
     counts: dict[str, int] = {}
     for outcome in _OUTCOMES.values():
         counts[outcome] = counts.get(outcome, 0) + 1
     # the code the results depend on: this folder and the tqlab modules it compares
     dirty = _git(
-        "status", "--porcelain", "--", "parity", "tqlab/workspace.py", "tqlab/reservation.py",
-        "tqlab/config.py", "tqlab/analysis.py", "tqlab/vllm_trace", "tqlab/attention", "data/presets",
+        "status", "--porcelain", "--", "parity", "tqlab/core/workspace.py", "tqlab/core/reservation.py",
+        "tqlab/core/config.py", "tqlab/predict/analysis.py", "tqlab/vllm", "tqlab/attention", "data/presets",
     )
     data = {
-        # the keys of tqlab.provenance.PROVENANCE_KEYS (device, date, commit, command, torch) + vLLM's
+        # the keys of tqlab.core.provenance.PROVENANCE_KEYS (device, date, commit, command, torch) + vLLM's
         "provenance": {
             "device": f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
             "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),

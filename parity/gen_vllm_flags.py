@@ -1,4 +1,4 @@
-"""Generate ``tqlab/vllm_trace/vllm_0_33_flags.json``: the flags of ``vllm serve``, read from vLLM's own parser.
+"""Generate ``tqlab/vllm/vllm_0_33_flags.json``: the flags of ``vllm serve``, read from vLLM's own parser.
 
 Run in the parity environment (vLLM 0.33 installed, CPU is enough)::
 
@@ -29,7 +29,7 @@ import json
 import sys
 from pathlib import Path
 
-OUT = Path(__file__).resolve().parent.parent / "tqlab" / "vllm_trace" / "vllm_0_33_flags.json"
+OUT = Path(__file__).resolve().parent.parent / "tqlab" / "vllm" / "vllm_0_33_flags.json"
 
 
 def _type_name(fn) -> tuple[str, bool]:

@@ -1,4 +1,4 @@
-"""CUDA graph capture sizes: vLLM 0.33's own ``VllmConfig._set_cudagraph_sizes`` vs ``tqlab.analysis.capture_sizes``.
+"""CUDA graph capture sizes: vLLM 0.33's own ``VllmConfig._set_cudagraph_sizes`` vs ``tqlab.predict.analysis.capture_sizes``.
 
 vLLM's method runs on a minimal stand-in ``self`` (the pattern of vLLM's own unit tests:
 ``SimpleNamespace`` configs) holding vLLM's real ``CompilationConfig``; then, as
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tqlab.analysis import capture_sizes
-from tqlab.config import EngineConfig
+from tqlab.predict.analysis import capture_sizes
+from tqlab.core.config import EngineConfig
 
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 

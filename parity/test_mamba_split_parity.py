@@ -3,7 +3,7 @@
 vLLM's method (``vllm/v1/core/sched/scheduler.py``) runs as an unbound function on a
 ``SimpleNamespace`` stand-in for the scheduler holding exactly the attributes it reads, set
 as ``Scheduler.__init__`` sets them for the case tqlab models
-(:func:`tqlab.analysis.mamba_block_aligned_split`):
+(:func:`tqlab.predict.analysis.mamba_block_aligned_split`):
 
 * ``mamba_cache_mode`` "align" (the method only runs then: ``need_mamba_block_aligned_split``);
 * ``hash_block_size == block_size == cache_config.block_size`` (no ``--prefix-match-unit``), so
@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from tqlab import analysis as A
-from tqlab.config import EngineConfig
+from tqlab.predict import analysis as A
+from tqlab.core.config import EngineConfig
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
 N_RANDOM = 4000
@@ -139,7 +139,7 @@ def test_a_513_token_first_step_is_cut_to_512():
                                    (48, 100), (16, 16)])
 def test_prefill_chunks_alone_equal_vllms_step_by_step(bs, m, record):
     """The engine-level consequence: the chunks a request alone gets, step by step through vLLM's method,
-    equal :func:`tqlab.analysis.prefill_chunks` (which the first-failing-prompt closed forms use)."""
+    equal :func:`tqlab.predict.analysis.prefill_chunks` (which the first-failing-prompt closed forms use)."""
     cfg = _config(bs, m)
     lengths = sorted({*range(1, 3 * m + 2 * bs + 3, max(1, m // 97)), *(k * bs + d for k in range(1, 3 * m // bs + 2)
                                                                        for d in (-1, 0, 1)),

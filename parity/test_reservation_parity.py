@@ -2,7 +2,7 @@
 
 vLLM's builder is constructed with stand-in configs, the pattern of vLLM's own
 unit test (``SimpleNamespace`` configs; a recording workspace manager patched
-into ``turboquant_attn``), see ``tqlab.vllm_trace.fake_vllm_configs``. Per-rank
+into ``turboquant_attn``), see ``tqlab.vllm.fake_vllm_configs``. Per-rank
 head counts go through vLLM's real ``ModelConfig`` methods and the KV cache
 spec is vLLM's real ``FullAttentionSpec``.
 """
@@ -14,10 +14,11 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tqlab.config import KV_CACHE_DTYPES, EngineConfig, list_presets
-from tqlab.reservation import plan_bytes, reservation_plan, reserve_workspace
-from tqlab.vllm_trace import fake_vllm_configs, predict, vllm_reservation_calls
-from tqlab.workspace import WorkspaceManager
+from tqlab.core.config import KV_CACHE_DTYPES, EngineConfig, list_presets
+from tqlab.core.reservation import plan_bytes, reservation_plan, reserve_workspace
+from tqlab.vllm import fake_vllm_configs, vllm_reservation_calls
+from tqlab.predict.report import predict
+from tqlab.core.workspace import WorkspaceManager
 
 TQ_DTYPES = [k for k in KV_CACHE_DTYPES if k.startswith("turboquant_")]
 _SEEN: list[dict] = []

@@ -15,10 +15,10 @@ import re
 
 import torch
 
-from tqlab.config import EngineConfig
-from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes
-from tqlab.vllm_trace import WorkspaceTracer, run_seed_scenario, run_vllm_seed_scenario
-from tqlab.workspace import WorkspaceManager
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes
+from tqlab.vllm import WorkspaceTracer, run_seed_scenario, run_vllm_seed_scenario
+from tqlab.core.workspace import WorkspaceManager
 
 SEED_TAIL = "requires 2.00 MB, current size is 0.26 MB. Workspace growth is not allowed after locking."
 
@@ -114,7 +114,7 @@ def test_tracer_reports_match_on_both_managers(vws):
 
 
 def test_install_hook_traces_managers_vllm_creates(vws, tmp_path):
-    from tqlab.vllm_trace import install_vllm_hook, uninstall_vllm_hook
+    from tqlab.vllm import install_vllm_hook, uninstall_vllm_hook
 
     tracer = install_vllm_hook(tmp_path / "trace.json")
     try:
@@ -135,8 +135,8 @@ def test_install_hook_traces_managers_vllm_creates(vws, tmp_path):
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from tqlab.reservation import chunk_workspace_request  # noqa: E402
-from tqlab.vllm_trace import locked_bytes_without_fix  # noqa: E402
+from tqlab.core.reservation import chunk_workspace_request  # noqa: E402
+from tqlab.predict.report import locked_bytes_without_fix  # noqa: E402
 
 _PRED: list[bool] = []
 
@@ -181,8 +181,9 @@ def test_zz_record_predictor_coverage(record):
 def test_short_continuation_chunks_make_no_workspace_call(record):
     """vLLM 0.33: a continuation chunk of <= 128 new tokens runs the decode kernel with its own
     buffers (no workspace call). This suite found tqlab modelling it as decode views with q_len
-    rows; tqlab.reservation.chunk_workspace_request now agrees with vLLM (shapes None, 0 bytes)."""
-    from tqlab.vllm_trace import chunk_shapes, vllm_prefill_chunk_requests
+    rows; tqlab.core.reservation.chunk_workspace_request now agrees with vLLM (shapes None, 0 bytes)."""
+    from tqlab.vllm import vllm_prefill_chunk_requests
+    from tqlab.predict.report import chunk_shapes
 
     cfg = seed_config()
     for q in (1, 5, 128):
@@ -208,7 +209,7 @@ def test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill(record):
     res = run_vllm_seed_scenario(cfg, cached_len=4096, q_len=200, fixed=True)
     assert res.error is not None and res.error.endswith(SEED_TAIL)
     assert "_continuation_prefill" in res.error
-    from tqlab.vllm_trace import predict
+    from tqlab.predict.report import predict
 
     assert predict(cfg).fixed_safe_any_schedule == 656  # hits are whole blocks: 528 cached + 129 new overflows
     record("vllm", res.error)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tqlab.config import EngineConfig
-from tqlab.vllm_trace import compare_managers, compare_reservations, inspect_vllm, run_seed_scenario, run_vllm_seed_scenario
+from tqlab.core.config import EngineConfig
+from tqlab.vllm import compare_managers, compare_reservations, run_seed_scenario, run_vllm_seed_scenario
+from tqlab.predict.report import inspect_vllm
 
 
 def test_manager_table(record):

@@ -1,9 +1,9 @@
 """tqlab's `vllm serve` reading vs vLLM 0.33's own parser and page sizes (issue 11 section 5, issue 14).
 
-* The checked-in ``tqlab/vllm_trace/vllm_0_33_flags.json`` equals what
+* The checked-in ``tqlab/vllm/vllm_0_33_flags.json`` equals what
   ``parity/gen_vllm_flags.py`` generates from this vLLM (``make_arg_parser`` =
   ``FrontendArgs`` + ``EngineArgs.add_cli_args`` on a ``FlexibleArgumentParser``).
-* Serve lines: :func:`tqlab.vllm_trace.vllm_args.parse_serve_args` gives the
+* Serve lines: :func:`tqlab.vllm.deployment.parse_serve_args` gives the
   same values as ``vllm serve``'s parser, and refuses the lines it refuses.
 * Hybrid block size inputs: the Mamba state page (:meth:`MambaState.page_bytes`)
   equals vLLM's ``MambaSpec.page_size_bytes`` from ``MambaStateShapeCalculator``,
@@ -25,8 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gen_vllm_flags
 
 from tqlab.turboquant.spec import get_spec
-from tqlab.vllm_trace.hf_config import read_hf_config
-from tqlab.vllm_trace.vllm_args import FLAGS_FILE, VllmArgsError, parse_serve_args
+from tqlab.vllm.hf_config import read_hf_config
+from tqlab.vllm.deployment import FLAGS_FILE, VllmArgsError, parse_serve_args
 
 
 def test_checked_in_flag_table_is_what_vllm_generates():
@@ -199,7 +199,7 @@ def _vllm_hybrid_block(kind, hf_text, *, kv, tp, hk, d, block, spec):
 @pytest.mark.parametrize("kv", ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_3bit_nc"])
 @pytest.mark.parametrize("tp, spec, block", [(1, 0, 16), (2, 0, 16), (1, 3, 16), (4, 1, 64), (1, 0, 4096)])
 def test_hybrid_block_size_equals_vllms(kind, kv, tp, spec, block):
-    from tqlab.vllm_trace.vllm_args import deployment_from_vllm
+    from tqlab.vllm.deployment import deployment_from_vllm
 
     hk, d = (4, 256) if kind == "gdn" else (8, 128)
     text = {"num_attention_heads": 32, "num_key_value_heads": hk, "head_dim": d, "num_hidden_layers": 8,
@@ -237,7 +237,7 @@ def test_boundary_skip_layers_equal_vllms(layers):
 
     from vllm.model_executor.layers.quantization.turboquant.config import TurboQuantConfig
 
-    from tqlab.vllm_trace.vllm_args import engine_config_kwargs_from_vllm
+    from tqlab.vllm.deployment import engine_config_kwargs_from_vllm
 
     mc = types.SimpleNamespace(is_hybrid=False, hf_text_config=types.SimpleNamespace(num_hidden_layers=layers))
     theirs = layers - len(TurboQuantConfig.get_boundary_skip_layers(mc))

@@ -21,8 +21,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tqlab.workspace as tws
-from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, ubatch_context
+import tqlab.core.workspace as tws
+from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, ubatch_context
 
 DTYPES = [
     torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,

@@ -1,4 +1,4 @@
-"""tqlab.analysis: vLLM 0.33's capture sizes and lock, closed-form prompt analyses, predict() and its JSON.
+"""tqlab.predict.analysis: vLLM 0.33's capture sizes and lock, closed-form prompt analyses, predict() and its JSON.
 
 Expected values are vLLM 0.33's (``vllm/config/vllm.py`` ``_set_cudagraph_sizes``,
 ``vllm/v1/worker/gpu_model_runner.py`` ``capture_model`` / ``_dummy_run``); the capture
@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from tqlab import analysis as A
-from tqlab.config import EngineConfig
-from tqlab.reservation import plan_bytes, reservation_plan
-from tqlab.workspace import format_mb
+from tqlab.predict import analysis as A
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import plan_bytes, reservation_plan
+from tqlab.core.workspace import format_mb
 
 HEADS = dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128)
 NEMOTRON = "nemotron-3-super-120b-a12b"
@@ -141,7 +141,7 @@ def test_bug_report_deployment_crashes_at_4225_tokens_only_with_graphs():
 
 def test_hybrid_block_size_2080_reservation_is_455_mb():
     # A hybrid model's attention layers only (16 of 64 with full_attention_interval 4), per rank Hk 4, D 256,
-    # on the large page vLLM uses for them (2,080 tokens); the layer count is read by tqlab.vllm_trace.
+    # on the large page vLLM uses for them (2,080 tokens); the layer count is read by tqlab.vllm.
     c = EngineConfig(num_attention_heads=32, num_key_value_heads=4, head_dim=256, num_hidden_layers=16,
                      max_model_len=114_688, kv_cache_dtype="turboquant_4bit_nc", block_size=2080)
     assert reservation_plan(c)[1][0][0] == (1, 4, 116_480, 256)  # round_up(114_687, 2080)
@@ -164,7 +164,7 @@ def _brute_first_failing(c: EngineConfig, locked: int) -> int | None:
 
 def _brute_bytes(c: EngineConfig, n: int) -> int:
     budget = c.max_num_batched_tokens if c.enable_chunked_prefill else n
-    from tqlab.reservation import chunk_workspace_request
+    from tqlab.core.reservation import chunk_workspace_request
 
     return max(chunk_workspace_request(c, cc, q).nbytes for cc, q in A.prompt_chunks(n, budget))
 
@@ -198,7 +198,7 @@ def _simulated_chunks(c: EngineConfig, n: int, first_budget: int | None = None) 
     (300, 160, 0, True, None), (1000, 16, 100_000, True, 300), (1000, 16, 100_000, False, 300),
     (4096, 1, 0, False, 129), (4096, 1, 0, False, 128)])
 def test_block_aligned_closed_forms_equal_the_step_by_step_schedule(m, bs, locked, split, sched):
-    from tqlab.reservation import chunk_workspace_request
+    from tqlab.core.reservation import chunk_workspace_request
 
     c = EngineConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_model_len=3000, max_num_seqs=1,
                      max_num_batched_tokens=m, block_size=bs, mamba_block_aligned_split=split,
@@ -217,7 +217,7 @@ def test_block_aligned_closed_forms_equal_the_step_by_step_schedule(m, bs, locke
 @pytest.mark.parametrize("bs", [16, 32, 64])
 def test_block_aligned_busy_bound_is_reached_by_a_shared_first_step(bs):
     """The "any schedule" bound: the shortest prompt some first-step share breaks is safe_max_model_len + 1."""
-    from tqlab.reservation import chunk_workspace_request
+    from tqlab.core.reservation import chunk_workspace_request
 
     c = EngineConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=64, max_model_len=1200, max_num_seqs=1,
                      max_num_batched_tokens=1024, block_size=bs, mamba_block_aligned_split=True)

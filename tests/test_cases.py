@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tqlab.config import EngineConfig
+from tqlab.core.config import EngineConfig
 from tqlab.engine import LLMEngine
-from tqlab.reservation import (
+from tqlab.core.reservation import (
     chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
@@ -19,7 +19,7 @@ from tqlab.reservation import (
     reservation_plan,
     reserve_workspace,
 )
-from tqlab.workspace import (
+from tqlab.core.workspace import (
     MiB,
     WorkspaceLockedError,
     WorkspaceManager,
@@ -93,7 +93,7 @@ def test_locked_empty_kind_with_speculative_decoding_in_the_drafter(k, crashes):
     # which TurboQuant routes to _prefill_attention as first chunks (seq_lens = max_query_len in
     # _dummy_run): no workspace call, so it locks at 0 bytes. The drafter's passes 2..k are one-token
     # decodes through _decode_attention (k = 1 has none).
-    from tqlab.analysis import predict
+    from tqlab.predict.analysis import predict
 
     c = EngineConfig(**MTP_LIKE, kv_cache_dtype="turboquant_4bit_nc", num_speculative_tokens=k)
     engine = LLMEngine(c, fix=False, device="meta")
@@ -286,7 +286,7 @@ def test_continuation_rounds_to_the_2080_token_page(cached, rounded):
 
 
 # --------------------------------------------------------------------------- #
-# The CLI: repro / plan against tqlab.analysis (vLLM 0.33 semantics)         #
+# The CLI: repro / plan against tqlab.predict.analysis (vLLM 0.33 semantics)         #
 # --------------------------------------------------------------------------- #
 
 
@@ -356,7 +356,7 @@ def test_plan_huge_max_model_len_is_a_one_line_error():
     assert r.exit_code == 2 and r.exception is None or isinstance(r.exception, SystemExit)
     assert "Traceback" not in r.output
     errors = [line for line in r.output.splitlines() if line.startswith("Error:")]
-    # one line, naming the continuation buffer's shape that torch cannot size (tqlab.workspace's check)
+    # one line, naming the continuation buffer's shape that torch cannot size (tqlab.core.workspace's check)
     assert len(errors) == 1 and "overflows torch's 64-bit size computation" in errors[0], r.output
 
 

@@ -4,7 +4,7 @@
 Every call must exit 0, 1 or 2, print at most one line after ``Error:``, never a
 traceback, and answer within a few seconds. Sizes are kept to what answers in
 about a second today (``max_model_len`` <= 2**20); the two known slow/crashing
-inputs of code outside tqlab.vllm_trace.vllm_args are pinned as xfail below.
+inputs of code outside tqlab.vllm.deployment are pinned as xfail below.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""EngineConfig (tqlab/config.py) and the presets in data/presets/: defaults, validation, TP rule, facts."""
+"""EngineConfig (tqlab/core/config.py) and the presets in data/presets/: defaults, validation, TP rule, facts."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from tqlab.config import KV_CACHE_DTYPES, PRESET_DIR, EngineConfig, list_presets, load_preset, parse_dtype
+from tqlab.core.config import KV_CACHE_DTYPES, PRESET_DIR, EngineConfig, list_presets, load_preset, parse_dtype
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
 PR_TEST = "pr-44053-unit-test"
@@ -150,9 +150,9 @@ def test_scalar_cudagraph_capture_sizes_names_the_field():
 
 
 def test_capture_sizes_moved_to_analysis():
-    # vLLM 0.33's capture sizes live in tqlab.analysis.capture_sizes (tests/test_analysis.py); they are not
+    # vLLM 0.33's capture sizes live in tqlab.predict.analysis.capture_sizes (tests/test_analysis.py); they are not
     # capped at max_num_seqs: the old EngineConfig.capture_sizes() dropped explicit 8 and 32 here, vLLM keeps them.
-    from tqlab.analysis import capture_sizes
+    from tqlab.predict.analysis import capture_sizes
 
     assert not hasattr(EngineConfig, "capture_sizes")
     c = EngineConfig(**HEADS, max_num_seqs=8, cudagraph_capture_sizes=[8, 2, 2, 32])
@@ -194,7 +194,7 @@ def test_bad_vllm_033_fields(kw, match):
 
 
 def test_field_help_gives_meaning_and_unit():
-    from tqlab.config import field_help
+    from tqlab.core.config import field_help
 
     assert "(tokens)" in field_help("max_num_batched_tokens")
     assert "1 + k" in field_help("num_speculative_tokens")

@@ -20,14 +20,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tqlab.analysis import decode_capture_rows
-from tqlab.config import EngineConfig
+from tqlab.predict.analysis import decode_capture_rows
+from tqlab.core.config import EngineConfig
 from tqlab.engine import cuda_graph as cg
 from tqlab.engine import replay_guard as rg
 from tqlab.engine.model_runner import CaptureRecord
 from tqlab.lab import graph_demos as demos
 from tqlab.lab.recorded import banner_text, load_recorded
-from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
+from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = torch.cuda.is_available()

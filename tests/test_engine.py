@@ -20,17 +20,17 @@ import torch
 import torch.nn.functional as F
 
 from tqlab.attention import Fp16KVCache, TurboQuantAttentionBackend
-from tqlab.config import EngineConfig
+from tqlab.core.config import EngineConfig
 from tqlab.engine import EngineDeadError, LLMEngine
-from tqlab.reservation import (
+from tqlab.core.reservation import (
     chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
     plan_bytes,
     reservation_plan,
 )
-from tqlab.analysis import workspace_bytes_for_prompt
-from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, reset_workspace_manager, ubatch_context
+from tqlab.predict.analysis import workspace_bytes_for_prompt
+from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, reset_workspace_manager, ubatch_context
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
 PR_TEST = "pr-44053-unit-test"

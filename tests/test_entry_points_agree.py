@@ -2,7 +2,7 @@
 
 The engine on ``meta`` (what it locks, whether the prompt crashes), ``tqlab repro``'s and
 ``tqlab plan --json``'s prediction, ``tqlab inspect-vllm``'s report and the reservation planner
-widget all call :mod:`tqlab.analysis`; on random deployments of the bug report's model their
+widget all call :mod:`tqlab.predict.analysis`; on random deployments of the bug report's model their
 numbers must be identical.
 """
 
@@ -14,13 +14,13 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tqlab import analysis
+from tqlab.predict import analysis
 from tqlab.cli import app
-from tqlab.config import EngineConfig
+from tqlab.core.config import EngineConfig
 from tqlab.engine import LLMEngine
 from tqlab.lab.widgets.planner import plan_summary
-from tqlab.vllm_trace import inspect_vllm
-from tqlab.workspace import WorkspaceLockedError
+from tqlab.predict.report import inspect_vllm
+from tqlab.core.workspace import WorkspaceLockedError
 
 PRESET = "nemotron-3-super-120b-a12b"
 KEYS = ("capture_sizes", "decode_rows_at_lock", "locked_bytes", "verdict", "first_failing_prompt_tokens",

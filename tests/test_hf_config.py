@@ -1,4 +1,4 @@
-"""tqlab.vllm_trace.hf_config: the one validated reader of a model's config.json (issue 14, issue 11 section 4)."""
+"""tqlab.vllm.hf_config: the one validated reader of a model's config.json (issue 14, issue 11 section 4)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tqlab.vllm_trace.hf_config import HFConfigError, read_hf_config
+from tqlab.vllm.hf_config import HFConfigError, read_hf_config
 
 BASE = {"num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 4,
         "max_position_embeddings": 8192}

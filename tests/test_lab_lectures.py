@@ -4,7 +4,7 @@ import torch
 
 from tqlab.lab import memory_budget as mb
 from tqlab.lab import piecewise as pw
-from tqlab.workspace import WorkspaceManager
+from tqlab.core.workspace import WorkspaceManager
 
 
 def test_turboquant_modes_match_vllm_rules():

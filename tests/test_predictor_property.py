@@ -1,4 +1,4 @@
-"""Property: ``tqlab.analysis.predict`` says what ``LLMEngine`` does, on the ``meta`` device.
+"""Property: ``tqlab.predict.analysis.predict`` says what ``LLMEngine`` does, on the ``meta`` device.
 
 Random configs x prompt lengths x start-up modes (graphs, eager, PIECEWISE, NONE, lock-on-eager,
 explicit capture sizes) x speculative ``k`` in {0, 1, 3} x fix on/off: the predicted capture sizes,
@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tqlab.analysis import decode_capture_sizes, predict
-from tqlab.config import EngineConfig
+from tqlab.predict.analysis import decode_capture_sizes, predict
+from tqlab.core.config import EngineConfig
 from tqlab.engine import LLMEngine
-from tqlab.workspace import WorkspaceLockedError
+from tqlab.core.workspace import WorkspaceLockedError
 
 MODES = {
     "graphs": {},

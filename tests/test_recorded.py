@@ -1,4 +1,4 @@
-"""tqlab.lab.recorded (on tqlab.provenance): recorded results with provenance, the banner, device helpers."""
+"""tqlab.lab.recorded (on tqlab.core.provenance): recorded results with provenance, the banner, device helpers."""
 
 from __future__ import annotations
 
@@ -231,7 +231,7 @@ def test_parity_banner_is_the_one_banner_with_vllm_words(capsys):
 
 
 def test_provenance_is_the_core_of_lab_recorded():
-    from tqlab import provenance
+    from tqlab.core import provenance
 
     assert recorded.load_recorded is provenance.load_recorded
     assert provenance.git_commit("/") == "unknown"  # outside git: never raises

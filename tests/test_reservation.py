@@ -1,4 +1,4 @@
-"""Reservation (tqlab/reservation.py, mirrors PR #44053 ``_reserve_workspace``): exact shapes and bytes.
+"""Reservation (tqlab/core/reservation.py, mirrors PR #44053 ``_reserve_workspace``): exact shapes and bytes.
 
 One formula per buffer: the consumers' shapes, the plan for pr-44053-unit-test exactly
 as in the issue, the conditions for the continuation reservation, reserve_workspace on
@@ -13,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tqlab.reservation as res
-from tqlab.config import EngineConfig
-from tqlab.reservation import (
+import tqlab.core.reservation as res
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
     continuation_workspace_shapes,
@@ -24,8 +24,8 @@ from tqlab.reservation import (
     reservation_plan,
     reserve_workspace,
 )
-from tqlab.analysis import first_failing_prompt, prompt_chunks, workspace_bytes_for_prompt
-from tqlab.workspace import (
+from tqlab.predict.analysis import first_failing_prompt, prompt_chunks, workspace_bytes_for_prompt
+from tqlab.core.workspace import (
     MiB,
     WorkspaceLockedError,
     WorkspaceManager,

@@ -10,14 +10,14 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tqlab import workspace as ws
+from tqlab.core import workspace as ws
 from tqlab.cli import app
-from tqlab.config import EngineConfig
+from tqlab.core.config import EngineConfig
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.engine.scheduler import BlockPool, Scheduler
-from tqlab.reservation import chunk_workspace_request, reservation_plan
-from tqlab.analysis import first_failing_prompt, workspace_bytes_for_prompt
-from tqlab.workspace import WorkspaceLockedError, WorkspaceManager
+from tqlab.core.reservation import chunk_workspace_request, reservation_plan
+from tqlab.predict.analysis import first_failing_prompt, workspace_bytes_for_prompt
+from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
 
@@ -311,7 +311,7 @@ def bench(tmp_path, monkeypatch):
 
 
 def _recording_with(path: Path, **fields) -> str:
-    from tqlab.provenance import make_provenance, save_recorded
+    from tqlab.core.provenance import make_provenance, save_recorded
     save_recorded(path.stem, fields, make_provenance("test", commit="0" * 40), data_dir=path.parent)
     return path.read_text()
 

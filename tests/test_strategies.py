@@ -21,12 +21,12 @@ import pytest
 import torch
 
 from tqlab import strategies as S
-from tqlab.analysis import first_failing_prompt, unfixed_locked_bytes, workspace_bytes_for_prompt
-from tqlab.config import EngineConfig
+from tqlab.predict.analysis import first_failing_prompt, unfixed_locked_bytes, workspace_bytes_for_prompt
+from tqlab.core.config import EngineConfig
 from tqlab.engine import LLMEngine
 from tqlab.lab.display import markdown_table
 from tqlab.lab.strategy_tables import strategy_table
-from tqlab.workspace import WorkspaceLockedError, format_mb, rewarm_workspace, ubatch_context
+from tqlab.core.workspace import WorkspaceLockedError, format_mb, rewarm_workspace, ubatch_context
 
 TINY = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1, max_model_len=1024,
             max_num_seqs=2, max_num_batched_tokens=256, block_size=16, dtype="float32",

@@ -389,7 +389,7 @@ def test_meta_tensors_only_check_shapes():
 
 # ----------------------------------------------------------------------------- notebook helpers
 def test_figures_data_helpers():
-    from tqlab.turboquant import figures
+    from tqlab.lab import plots_turboquant as figures
 
     rows = {r["preset"]: r for r in figures.slot_table(128)}
     assert rows["turboquant_3bit_nc"]["slot B"] == 102 and rows["turboquant_3bit_nc"]["ratio"] == 5.02

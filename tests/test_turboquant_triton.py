@@ -243,8 +243,8 @@ def test_decode_vs_vllm_figure_from_recorded():
     import matplotlib
 
     matplotlib.use("Agg")
-    from tqlab.provenance import load_recorded
-    from tqlab.turboquant import figures
+    from tqlab.core.provenance import load_recorded
+    from tqlab.lab import plots_turboquant as figures
 
     rec = load_recorded("turboquant_vs_vllm_h200")
     assert rec.provenance["device"] == "NVIDIA H200"

@@ -14,7 +14,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from tqlab.lab import display, plots_workspace as plots  # noqa: E402
-from tqlab.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, rewarm_workspace, ubatch_context  # noqa: E402
+from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, rewarm_workspace, ubatch_context  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -187,7 +187,7 @@ class _Rec:
 
 
 def test_phase_marker_records_event_counts(capsys):
-    from tqlab.workspace import init_workspace_manager, reset_workspace_manager
+    from tqlab.core.workspace import init_workspace_manager, reset_workspace_manager
 
     marker = plots.PhaseMarker(echo=True)
     reset_workspace_manager()
@@ -236,7 +236,7 @@ def test_plot_need_curve_draws_levels_and_points():
 # --------------------------------------------------------------------------- debug log
 def test_debug_workspace_log_collects_and_restores(monkeypatch, capsys):
     monkeypatch.delenv("TQLAB_DEBUG_WORKSPACE", raising=False)
-    log = logging.getLogger("tqlab.workspace")
+    log = logging.getLogger("tqlab.core.workspace")
     handlers_before, prop_before = list(log.handlers), log.propagate
     m = WorkspaceManager("meta")
     with display.debug_workspace_log() as lines:

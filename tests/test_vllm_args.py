@@ -1,4 +1,4 @@
-"""tqlab.vllm_trace.vllm_args: `vllm serve` lines read as vLLM 0.33 reads them (issue 11 sections 4-5, issue 14).
+"""tqlab.vllm.deployment: `vllm serve` lines read as vLLM 0.33 reads them (issue 11 sections 4-5, issue 14).
 
 Expected values of the serve-line cases were taken from vLLM 0.33's own parser
 (``vllm serve``'s ``FlexibleArgumentParser``); ``parity/test_vllm_flags_parity.py``
@@ -15,11 +15,11 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tqlab.analysis import first_failing_prompt
+from tqlab.predict.analysis import first_failing_prompt
 from tqlab.cli import app
-from tqlab.config import EngineConfig
-from tqlab.reservation import plan_bytes, reservation_plan
-from tqlab.vllm_trace.vllm_args import (
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import plan_bytes, reservation_plan
+from tqlab.vllm.deployment import (
     VllmArgsError,
     deployment_from_preset,
     deployment_from_vllm,
@@ -181,7 +181,7 @@ def test_cudagraph_speculative_and_attention_config_at_dict_level():
     assert kw["cudagraph_capture_sizes"] == (1, 2) and kw["tq_max_kv_splits_for_cuda_graph"] == 16
     assert src["cudagraph_capture_sizes"] == "flag --compilation-config cudagraph_capture_sizes"
     # the fields the other engineer adds to EngineConfig: mapped when present, named in the notes until then
-    from tqlab.vllm_trace.vllm_args import _given, _map_flags
+    from tqlab.vllm.deployment import _given, _map_flags
     full, fsrc, _, _ = _map_flags(_given(
         """vllm serve M --speculative-config '{"num_speculative_tokens":3}' -cc.cudagraph_mode FULL_DECODE_ONLY""")[0])
     assert (full["num_speculative_tokens"], full["cudagraph_mode"]) == (3, "FULL_DECODE_ONLY")
@@ -388,7 +388,7 @@ def test_hybrid_preset_takes_the_lines_prefix_caching_flags():
                                         .replace(" --enable-prefix-caching", extra), QWEN36_27B), 4 * 256),
 ])
 def test_block_aligned_split_moves_the_first_failing_prompt_from_4225_to_4097(deploy, heads_bytes):
-    from tqlab import analysis as A
+    from tqlab.predict import analysis as A
 
     on, off = deploy("").config, deploy(" --no-enable-prefix-caching").config
     assert (on.mamba_block_aligned_split, off.mamba_block_aligned_split) == (True, False)
@@ -483,7 +483,7 @@ def test_config_yaml_is_expanded_as_vllm_and_the_line_wins(tmp_path):
 def test_fields_being_added_to_engine_config_are_passed_once_they_exist(monkeypatch):
     """After the merge EngineConfig gains num_speculative_tokens, cudagraph_mode, max_cudagraph_capture_size and
     lock_workspace_when_eager: the kwargs carry them with their sources (simulated here on the field list)."""
-    import tqlab.vllm_trace.vllm_args as va
+    import tqlab.vllm.deployment as va
 
     new = {"num_speculative_tokens", "cudagraph_mode", "max_cudagraph_capture_size", "lock_workspace_when_eager"}
     base = va._field_names()
@@ -497,7 +497,7 @@ def test_fields_being_added_to_engine_config_are_passed_once_they_exist(monkeypa
     assert src["lock_workspace_when_eager"].startswith("tqlab variant, off")
     assert not any(n.startswith("read but not modelled") for n in notes)
     kw, _, src = engine_config_kwargs_from_vllm("vllm serve M --enforce-eager", MODEL)
-    # the field stays None: tqlab.analysis.cudagraph_mode derives NONE from enforce_eager, as VllmConfig.__post_init__ does
+    # the field stays None: tqlab.predict.analysis.cudagraph_mode derives NONE from enforce_eager, as VllmConfig.__post_init__ does
     assert "cudagraph_mode" not in kw and kw["enforce_eager"] is True
     assert src["cudagraph_mode"] == "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
 
@@ -562,7 +562,7 @@ def test_dict_engine_args_take_dests_aliases_and_false_booleans():
 
 
 def test_deployment_from_preset_says_which_fields_the_line_set():
-    from tqlab.vllm_trace.vllm_args import deployment_from_preset
+    from tqlab.vllm.deployment import deployment_from_preset
 
     d = deployment_from_preset("vllm serve M --enable-lora -tp 8 --max-num-seq 4 --dtype float16", "nemotron-3-super-120b-a12b")
     assert (d.config.tensor_parallel_size, d.config.max_num_seqs, d.config.dtype) == (8, 4, torch.float16)

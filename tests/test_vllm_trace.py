@@ -1,4 +1,4 @@
-"""tqlab.vllm_trace without vLLM: the tracer on tqlab's manager and on a vLLM-shaped stand-in,
+"""tqlab.vllm without vLLM: the tracer on tqlab's manager and on a vLLM-shaped stand-in,
 engine-argument parsing, config.json reading and the crash predictor.
 
 The same functions are checked against vLLM's own classes in parity/ (own venv).
@@ -16,24 +16,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tqlab.config import EngineConfig
-from tqlab.reservation import continuation_workspace_shapes, decode_workspace_shapes, plan_bytes, reservation_plan
-from tqlab.vllm_trace import (
-    DECODE,
-    DEQUANT_CHUNK,
-    SHORT_CHUNK,
-    WorkspaceTracer,
-    bug_report_max_num_batched_tokens,
-    chunk_shapes,
-    engine_config_from_vllm,
-    inspect_vllm,
-    locked_bytes_without_fix,
-    parse_engine_args,
-    predict,
-    run_seed_scenario,
-    safe_max_model_len,
-)
-from tqlab.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes, plan_bytes, reservation_plan
+from tqlab.vllm import WorkspaceTracer, engine_config_from_vllm, parse_engine_args, run_seed_scenario
+from tqlab.predict.report import DECODE, DEQUANT_CHUNK, SHORT_CHUNK, bug_report_max_num_batched_tokens, chunk_shapes, inspect_vllm, locked_bytes_without_fix, predict, safe_max_model_len
+from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
 MiB = 1 << 20
 SEED_TAIL = "requires 2.00 MB, current size is 0.26 MB. Workspace growth is not allowed after locking."
@@ -69,7 +56,7 @@ def _request(manager, reqs):
 
 
 def test_import_does_not_import_vllm():
-    code = "import sys, tqlab.vllm_trace as t; assert 'vllm' not in sys.modules, sorted(m for m in sys.modules if m.startswith('vllm'))"
+    code = "import sys, tqlab.vllm as t; assert 'vllm' not in sys.modules, sorted(m for m in sys.modules if m.startswith('vllm'))"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     subprocess.run([sys.executable, "-c", code], check=True, env=env)
 
@@ -181,7 +168,7 @@ class WorkspaceManager_:  # renamed below to "WorkspaceManager", the name vLLM's
         self._locked = False
 
     def get_simultaneous(self, *reqs):
-        from tqlab.workspace import compute_layout
+        from tqlab.core.workspace import compute_layout
 
         lay = compute_layout(reqs)
         buf = self._ensure_workspace_size(lay.total_bytes)
@@ -348,7 +335,7 @@ def test_predict_seed_deployment():
 def test_predict_tqlab_engine_model_and_measured_lock():
     cfg = seed_config()
     # (the short_chunks_use_workspace variant -- short chunks taking workspace decode views -- modelled
-    # neither vLLM 0.33 nor tqlab's engine and was removed with the move to tqlab.analysis)
+    # neither vLLM 0.33 nor tqlab's engine and was removed with the move to tqlab.predict.analysis)
     p = predict(cfg, [4101])
     assert not p.requests[0].crashes_unfixed and p.first_failing_prompt == 4225
     q = predict(cfg, [8192], locked_bytes=2 * MiB)
@@ -480,7 +467,7 @@ def test_first_refused_call_is_in_serving_order_and_decode_counts():
 
 
 def test_demo_steps_continuation_cached_len():
-    from tqlab.vllm_trace import demo_steps
+    from tqlab.vllm import demo_steps
 
     cont = [st for st in demo_steps(seed_config()) if st[0] == "get" and st[2][0][1] == torch.float16]
     assert cont[0][2] == continuation_workspace_shapes(4096, 1, 128, 16)  # default: max_num_batched_tokens
@@ -491,7 +478,7 @@ def test_demo_steps_continuation_cached_len():
 
 
 def test_vllm_default_limits():
-    from tqlab.vllm_trace import vllm_default_limits
+    from tqlab.vllm import vllm_default_limits
 
     assert vllm_default_limits()[:2] == (2048, 256)
     assert vllm_default_limits("llm", 80)[:2] == (16384, 1024)
@@ -519,7 +506,7 @@ def test_bug_report_max_num_batched_tokens_is_inferred_from_its_2_mb():
 
 def test_recorded_parity_results_load_with_provenance_and_banner(capsys):
     from tqlab.lab.recorded import show_parity_banner
-    from tqlab.vllm_trace import format_trace_report, load_parity_results
+    from tqlab.vllm import format_trace_report, load_parity_results
 
     prov, rec = load_parity_results()
     for key in ("device", "date", "commit", "command", "torch", "vllm"):

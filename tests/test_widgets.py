@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tqlab.lab import widgets as W
-from tqlab.analysis import unfixed_locked_bytes
-from tqlab.config import EngineConfig
-from tqlab.reservation import decode_workspace_shapes
-from tqlab.analysis import workspace_bytes_for_prompt
-from tqlab.workspace import compute_layout
+from tqlab.predict.analysis import unfixed_locked_bytes
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import decode_workspace_shapes
+from tqlab.predict.analysis import workspace_bytes_for_prompt
+from tqlab.core.workspace import compute_layout
 
 PNG = b"\x89PNG\r\n\x1a\n"
 UNIT = "pr-44053-unit-test"
@@ -284,7 +284,7 @@ def test_reservation_planner_rejects_unknown_preset():
 
 @needs_ipywidgets
 def test_lifecycle_stepper_steps_both_engines():
-    from tqlab.config import load_preset
+    from tqlab.core.config import load_preset
 
     default = W.lifecycle_stepper(UNIT)
     assert default.prompt_tokens.value == min(load_preset(UNIT)["default_prompt_tokens"], 8190)
@@ -318,7 +318,7 @@ def test_lifecycle_stepper_rejects_out_of_range_prompt():
 
 
 def test_planner_numbers_are_the_analysis_numbers():
-    from tqlab.analysis import first_failing_prompt
+    from tqlab.predict.analysis import first_failing_prompt
 
     for preset in ("pr-44053-unit-test", "nemotron-3-super-120b-a12b", "llama-3.1-8b"):
         cfg = EngineConfig.from_preset(preset)

@@ -1,4 +1,4 @@
-"""WorkspaceManager (tqlab/workspace.py, mirrors vllm/v1/worker/workspace.py): exact behaviour.
+"""WorkspaceManager (tqlab/core/workspace.py, mirrors vllm/v1/worker/workspace.py): exact behaviour.
 
 Layout and offsets, views sharing one buffer, zero-size requests, free-then-allocate
 growth (measured through the event log), the lock and its exact error text, state
@@ -19,8 +19,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import tqlab.workspace as wsmod
-from tqlab.workspace import (
+import tqlab.core.workspace as wsmod
+from tqlab.core.workspace import (
     ALIGNMENT,
     MiB,
     WorkspaceLockedError,
@@ -662,7 +662,7 @@ def test_constructor_defaults():
 
 def test_debug_logging_when_enabled(monkeypatch, caplog):
     monkeypatch.setenv("TQLAB_DEBUG_WORKSPACE", "1")
-    caplog.set_level(logging.INFO, logger="tqlab.workspace")
+    caplog.set_level(logging.INFO, logger="tqlab.core.workspace")
     ws = WorkspaceManager("meta", 2)
     line = _next_line()
     ws.get_simultaneous(((2 * MiB,), u8))
@@ -670,7 +670,7 @@ def test_debug_logging_when_enabled(monkeypatch, caplog):
     with pytest.raises(WorkspaceLockedError):
         ws.get_simultaneous(((3 * MiB,), u8))
     ws.unlock()
-    msgs = [r.getMessage() for r in caplog.records if r.name == "tqlab.workspace"]
+    msgs = [r.getMessage() for r in caplog.records if r.name == "tqlab.core.workspace"]
     caller = f"{THIS_FILE}:{line}:test_debug_logging_when_enabled"
     assert msgs[0] == (
         f"[WORKSPACE DEBUG] Resized workspace from '{caller}': 0.00 MB -> 2.00 MB (slot 0 of 2, total memory 2.00 MB)"
@@ -693,7 +693,7 @@ def test_no_debug_logging_when_disabled(monkeypatch, caplog, value):
     ws.get_simultaneous(((MiB,), u8))
     ws.lock()
     ws.unlock()
-    assert [r for r in caplog.records if r.name == "tqlab.workspace"] == []
+    assert [r for r in caplog.records if r.name == "tqlab.core.workspace"] == []
     assert len(ws.events) == 3  # events are recorded regardless
 
 

@@ -27,8 +27,8 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import tqlab.workspace as wsmod
-from tqlab.workspace import (
+import tqlab.core.workspace as wsmod
+from tqlab.core.workspace import (
     ALIGNMENT,
     MAX_BYTES,
     WorkspaceLockedError,

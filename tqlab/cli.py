@@ -1,6 +1,6 @@
 """``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm`` (and ``python -m tqlab``).
 
-Every :class:`~tqlab.config.EngineConfig` field is an override flag
+Every :class:`~tqlab.core.config.EngineConfig` field is an override flag
 (``--max-num-seqs 2``, ``--kv-cache-dtype auto``, ``--no-enable-chunked-prefill``),
 as vLLM's CLI takes every engine argument, so any reported deployment can be
 replayed without writing a preset.
@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from .config import CUDAGRAPH_MODES, KV_CACHE_DTYPES, EngineConfig, field_help, list_presets, load_preset
+from tqlab.core.config import CUDAGRAPH_MODES, KV_CACHE_DTYPES, EngineConfig, field_help, list_presets, load_preset
 
 MiB = 1 << 20
 _SKIP = {"preset"}
@@ -90,7 +90,7 @@ def _sources(preset: str | None, overrides: dict[str, Any]) -> dict[str, str]:
 
 
 def _predict(config: EngineConfig, **kw):
-    from .analysis import predict
+    from tqlab.predict.analysis import predict
 
     try:
         return predict(config, **kw)
@@ -129,8 +129,8 @@ def presets() -> None:
 
 def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool) -> tuple[int, float]:
     """Rough ``(bytes, seconds)`` a CPU ``repro`` would build and take: KV cache + weights + workspace; matmuls + attention."""
-    from .analysis import decode_capture_sizes, locked_bytes
-    from .attention import kv_cache_bytes_per_token
+    from tqlab.predict.analysis import decode_capture_sizes, locked_bytes
+    from tqlab.attention import kv_cache_bytes_per_token
     hidden = config.num_heads_per_rank * config.head_dim
     layers = config.num_hidden_layers + (1 if config.num_speculative_tokens else 0)
     kv = kv_cache_bytes_per_token(config) * (prompt_tokens + 2)
@@ -153,7 +153,7 @@ def _pick_device(device: str, config: EngineConfig, prompt_tokens: int, fix: boo
         return "meta"
     return "cpu"
 def _describe(pred) -> str:
-    from .workspace import format_mb
+    from tqlab.core.workspace import format_mb
 
     if pred.verdict == "never_locked":
         return "completes: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph capture)"
@@ -176,12 +176,12 @@ def _describe(pred) -> str:
               help="auto: cpu, or meta (shapes only) when a CPU run would exceed ~4 GiB or ~30 s")
 @_override_options
 def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
-    """Walk the engine lifecycle and send one prompt; check the run against tqlab.analysis.predict.
+    """Walk the engine lifecycle and send one prompt; check the run against tqlab.predict.analysis.predict.
 
     Exit status 0 when the run behaves as predicted (crash, completes, or never locked), 1 otherwise.
     """
-    from .engine import LLMEngine
-    from .workspace import format_mb
+    from tqlab.engine import LLMEngine
+    from tqlab.core.workspace import format_mb
 
     console = _console()
     config = _build_config(preset, overrides)
@@ -221,8 +221,8 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
 
 def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
     """Send the one request and step until done; print the outcome. Returns whether it crashed."""
-    from .engine import EngineDeadError
-    from .workspace import format_mb
+    from tqlab.engine import EngineDeadError
+    from tqlab.core.workspace import format_mb
 
     console.print(f"[bold]request[/] {prompt_tokens}-token prompt, max_tokens={max_tokens}")
     try:
@@ -293,9 +293,9 @@ def _plan_lines(config: EngineConfig, pred) -> list:
     """What ``tqlab plan`` prints: config, the reservation table, the KV share and the verdict without the fix."""
     from rich.table import Table
 
-    from .attention import kv_cache_bytes_per_token
-    from .reservation import plan_bytes, reservation_plan
-    from .workspace import compute_layout, format_mb
+    from tqlab.attention import kv_cache_bytes_per_token
+    from tqlab.core.reservation import plan_bytes, reservation_plan
+    from tqlab.core.workspace import compute_layout, format_mb
 
     calls = reservation_plan(config)
     names = ["split-KV decode scratch (max_num_seqs rows)", "continuation-prefill dequant buffers (max_model_len - 1 cached)"]
@@ -357,7 +357,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, locked_by
     import math
     from pathlib import Path
 
-    from .vllm_trace import inspect_vllm
+    from tqlab.predict.report import inspect_vllm
 
     if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")

@@ -7,7 +7,7 @@ workspace consumers (split-KV decode, continuation prefill). The packed-cache
 kernels themselves are in :mod:`tqlab.turboquant`.
 """
 
-from .turboquant_attn import (
+from tqlab.attention.turboquant_attn import (
     AttentionMetadata,
     Fp16KVCache,
     KVCacheFormat,

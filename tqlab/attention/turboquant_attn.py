@@ -13,7 +13,7 @@ Mirrors the structure of ``vllm/v1/attention/backends/turboquant_attn.py``:
 
 The cache format plugs in behind :class:`KVCacheFormat`: :class:`Fp16KVCache`
 (unquantized, model dtype) here, the packed TurboQuant cache in
-``tqlab/turboquant``. Workspace shapes always come from ``tqlab/reservation.py``.
+``tqlab/turboquant``. Workspace shapes always come from ``tqlab/core/reservation.py``.
 All code runs on ``cpu``, ``cuda`` and ``meta`` (shape-only) tensors.
 """
 
@@ -26,14 +26,14 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from ..config import EngineConfig
-from ..reservation import (
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import (
     chunk_workspace_request,
     decode_workspace_shapes,
     reservation_plan,
     reserve_workspace,
 )
-from ..workspace import WorkspaceManager
+from tqlab.core.workspace import WorkspaceManager
 
 __all__ = [
     "AttentionMetadata",
@@ -220,7 +220,7 @@ class TurboQuantKVCache:
     """Packed TurboQuant cache ``(num_blocks, Hk, block_size, slot_bytes)`` uint8 (see ``tqlab.turboquant``)."""
 
     def __init__(self, config: EngineConfig):
-        from .. import turboquant as tq
+        from tqlab import turboquant as tq
 
         self._tq = tq
         self.spec = tq.get_spec(config.kv_cache_dtype)
@@ -305,7 +305,7 @@ class TurboQuantMetadataBuilder:
             self._reserve_workspace()
 
     def _reserve_workspace(self) -> None:
-        """Grow every ubatch slot to the plan of :func:`tqlab.reservation.reservation_plan`."""
+        """Grow every ubatch slot to the plan of :func:`tqlab.core.reservation.reservation_plan`."""
         self.reserved_plan = reserve_workspace(self.config, self.workspace, decode_batch=self._decode_batch)
 
     def plan(self) -> list:
@@ -382,7 +382,7 @@ class TurboQuantAttentionBackend:
     def forward_prefill(self, query, key, value, cache, block_table_row, cached_len: int) -> torch.Tensor:
         """One request's prefill chunk: query ``(q, Hq, D)``, key/value ``(q, Hk, D)`` -> ``(q, Hq, D)``.
 
-        The path is :func:`tqlab.reservation.chunk_workspace_request`'s.
+        The path is :func:`tqlab.core.reservation.chunk_workspace_request`'s.
         """
         q_len = query.shape[0]
         req = chunk_workspace_request(self.config, cached_len, q_len)

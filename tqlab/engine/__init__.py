@@ -7,6 +7,6 @@
   capture → lock → serve (vLLM ``EngineCore`` / ``GPUWorker``)
 """
 
-from .llm_engine import EngineDeadError, LLMEngine, PhaseRecord, RequestOutput
+from tqlab.engine.llm_engine import EngineDeadError, LLMEngine, PhaseRecord, RequestOutput
 
 __all__ = ["EngineDeadError", "LLMEngine", "PhaseRecord", "RequestOutput"]

@@ -20,12 +20,12 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..analysis import decode_capture_rows
-from ..attention import Fp16KVCache, TurboQuantKVCache, split_kv_decode_reference
-from ..workspace import WorkspaceManager, current_ubatch_id, positive_int
-from .model_runner import CaptureRecord
-from .replay_guard import StalePointerError, WorkspaceSnapshot, check_workspace, snapshot_workspace, stale_slots
-from .workspace_client import CaptureRecorder, FrozenWorkspace, set_workspace
+from tqlab.predict.analysis import decode_capture_rows
+from tqlab.attention import Fp16KVCache, TurboQuantKVCache, split_kv_decode_reference
+from tqlab.core.workspace import WorkspaceManager, current_ubatch_id, positive_int
+from tqlab.engine.model_runner import CaptureRecord
+from tqlab.engine.replay_guard import StalePointerError, WorkspaceSnapshot, check_workspace, snapshot_workspace, stale_slots
+from tqlab.engine.workspace_client import CaptureRecorder, FrozenWorkspace, set_workspace
 
 __all__ = [
     "NULL_BLOCK",

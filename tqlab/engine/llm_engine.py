@@ -9,7 +9,7 @@ workspace size after it, in ``engine.phases``):
 3. ``profile_run``     — a dummy prefill of ``max_num_batched_tokens`` fresh tokens
    (touches no workspace: this is the *undercount* of the bug report)
 4. ``capture``         — one FULL uniform-decode dummy batch per decode capture size,
-   largest first (:func:`tqlab.analysis.decode_capture_sizes`); skipped with
+   largest first (:func:`tqlab.predict.analysis.decode_capture_sizes`); skipped with
    ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
    metadata, so they ask the workspace for nothing
 5. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
@@ -18,11 +18,11 @@ workspace size after it, in ``engine.phases``):
    ``lock_workspace_when_eager`` is on
 6. serving             — ``add_request`` / ``step`` / ``generate``
 
-``engine.prediction`` is :func:`tqlab.analysis.predict` for this config and fix: what the
+``engine.prediction`` is :func:`tqlab.predict.analysis.predict` for this config and fix: what the
 start-up and a request alone should do.
 
 A request whose chunk needs more workspace than was locked raises
-:class:`~tqlab.workspace.WorkspaceLockedError` out of ``step()``; the engine is
+:class:`~tqlab.core.workspace.WorkspaceLockedError` out of ``step()``; the engine is
 then dead, like vLLM's EngineCore, and every later call raises
 :class:`EngineDeadError` that says why.
 """
@@ -36,13 +36,13 @@ from typing import Callable
 
 import torch
 
-from ..analysis import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace, predict
-from ..attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
-from ..config import EngineConfig
-from .cuda_graph import CUDAGraphDecodeRunner
-from .model_runner import ModelRunner
-from .scheduler import Request, Scheduler
-from ..workspace import init_workspace_manager, restore_workspace_manager_on_error
+from tqlab.predict.analysis import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace, predict
+from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
+from tqlab.core.config import EngineConfig
+from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
+from tqlab.engine.model_runner import ModelRunner
+from tqlab.engine.scheduler import Request, Scheduler
+from tqlab.core.workspace import init_workspace_manager, restore_workspace_manager_on_error
 
 __all__ = ["EngineDeadError", "LLMEngine", "PhaseRecord", "RequestOutput"]
 
@@ -87,7 +87,7 @@ class LLMEngine:
     """A one-rank serving engine that walks vLLM's start-up lifecycle.
 
     Args:
-        config: the deployment (:class:`~tqlab.config.EngineConfig`).
+        config: the deployment (:class:`~tqlab.core.config.EngineConfig`).
         fix: ``True`` (default) reserves the worst case in the metadata builder
             (PR #44053); ``False`` reproduces vLLM 0.20's crash.
         device: ``"cpu"``, ``"cuda"`` or ``"meta"`` (shape-only dry run: same

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..attention import TurboQuantAttentionBackend
-from ..config import EngineConfig
-from .scheduler import SchedulerOutput
+from tqlab.attention import TurboQuantAttentionBackend
+from tqlab.core.config import EngineConfig
+from tqlab.engine.scheduler import SchedulerOutput
 
 __all__ = ["CaptureRecord", "EagerDecodeRunner", "ModelRunner", "TinyModel"]
 
@@ -240,7 +240,7 @@ class ModelRunner:
     def capture_model(self, sizes: tuple[int, ...]) -> list[CaptureRecord]:
         """Warm up and capture one FULL uniform-decode dummy batch per size in ``sizes`` (tokens), largest first.
 
-        ``sizes`` are :func:`tqlab.analysis.decode_capture_sizes`. A batch has
+        ``sizes`` are :func:`tqlab.predict.analysis.decode_capture_sizes`. A batch has
         ``min(max_num_seqs, cdiv(size, 1 + k))`` rows (``GPUModelRunner._dummy_run``):
         decode rows through the decode runner when ``k = 0``, else first-chunk rows
         (:meth:`dummy_spec_decode`, no workspace call).

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..workspace import WorkspaceManager, format_mb
+from tqlab.core.workspace import WorkspaceManager, format_mb
 
 __all__ = ["StalePointerError", "WorkspaceSnapshot", "check_workspace", "snapshot_workspace", "stale_slots"]
 

@@ -4,7 +4,7 @@ The backend (``tqlab/attention/turboquant_attn.py``) calls only
 ``get_simultaneous`` on its workspace. A wrapper (capture's recorder, a
 simulated replay's frozen views, a strategy's fallback) implements exactly that
 (:class:`WorkspaceClient`), is put in place with :class:`set_workspace`, and
-names the real consumer through :func:`tqlab.workspace.workspace_wrapper`.
+names the real consumer through :func:`tqlab.core.workspace.workspace_wrapper`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Protocol, Sequence
 
 import torch
 
-from ..workspace import current_ubatch_id, workspace_wrapper
+from tqlab.core.workspace import current_ubatch_id, workspace_wrapper
 
 __all__ = ["CaptureRecorder", "FrozenWorkspace", "WorkspaceClient", "set_workspace"]
 
@@ -23,7 +23,7 @@ class WorkspaceClient(Protocol):
 
     ``TurboQuantAttentionBackend`` (``tqlab/attention/turboquant_attn.py``) calls
     only ``get_simultaneous``, so a wrapper implements exactly that. A wrapper
-    that passes calls on marks it with :func:`tqlab.workspace.workspace_wrapper`,
+    that passes calls on marks it with :func:`tqlab.core.workspace.workspace_wrapper`,
     so the manager's errors and events name the consumer, not the wrapper.
     """
 

@@ -4,7 +4,7 @@ One of each: :func:`fmt_bytes` (one unit rule, :func:`byte_unit`), :func:`markdo
 :func:`text_table` (the same cell rule, two renderings), :func:`show_md`,
 :func:`show_error`, :func:`progress` (a live bar in a live notebook, a text
 line in headless runs), :func:`debug_workspace_log` (collect the
-``TQLAB_DEBUG_WORKSPACE=1`` lines of ``tqlab.workspace``).
+``TQLAB_DEBUG_WORKSPACE=1`` lines of ``tqlab.core.workspace``).
 Nothing here imports matplotlib or ipywidgets.
 """
 
@@ -245,7 +245,7 @@ def debug_workspace_log(echo: bool = True) -> Iterator[list[str]]:
     exit, even if the body raises.
     """
     lines: list[str] = []
-    log = logging.getLogger("tqlab.workspace")
+    log = logging.getLogger("tqlab.core.workspace")
     old_env = os.environ.get("TQLAB_DEBUG_WORKSPACE")
     old_level, old_prop = log.level, log.propagate
     handler = _ListHandler(lines)

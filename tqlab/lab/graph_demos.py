@@ -17,21 +17,21 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..analysis import decode_capture_rows, decode_rows_at_lock
-from ..attention import TurboQuantAttentionBackend
-from ..config import EngineConfig
-from ..engine import LLMEngine
-from ..engine.cuda_graph import (
+from tqlab.predict.analysis import decode_capture_rows, decode_rows_at_lock
+from tqlab.attention import TurboQuantAttentionBackend
+from tqlab.core.config import EngineConfig
+from tqlab.engine import LLMEngine
+from tqlab.engine.cuda_graph import (
     CUDAGraphDecodeRunner,
     DecodeBatch,
     install_decode_runner,
     no_gc_during_capture,
     select_bucket,
 )
-from ..engine.replay_guard import StalePointerError
-from ..reservation import decode_workspace_shapes, reserve_workspace
-from ..strategies.fixes import sync_device
-from ..workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, positive_int, ubatch_context
+from tqlab.engine.replay_guard import StalePointerError
+from tqlab.core.reservation import decode_workspace_shapes, reserve_workspace
+from tqlab.strategies.fixes import sync_device
+from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, positive_int, ubatch_context
 
 __all__ = [
     "BatchDependentSplitsBackend",
@@ -417,7 +417,7 @@ def stale_replay_demo(config: EngineConfig, device: str | torch.device = "cpu", 
     """Unlock, grow the workspace, and replay a captured graph: with the lock, without guard, with the guard.
 
     1. ``lock``: the growth request after the lock is refused
-       (:class:`~tqlab.workspace.WorkspaceLockedError`); pointers unchanged;
+       (:class:`~tqlab.core.workspace.WorkspaceLockedError`); pointers unchanged;
        replay still equals eager.
     2. ``no_guard``: unlock, grow (the manager frees the captured buffer; the
        runner keeps a reference, so the memory stays ours), replay without the

@@ -14,11 +14,11 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..analysis import decode_capture_rows
-from ..config import EngineConfig
-from ..engine import LLMEngine
-from ..engine.cuda_graph import CUDAGraphDecodeRunner, select_bucket
-from .graph_demos import compare_logits, prepare_decode_batch
+from tqlab.predict.analysis import decode_capture_rows
+from tqlab.core.config import EngineConfig
+from tqlab.engine import LLMEngine
+from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner, select_bucket
+from tqlab.lab.graph_demos import compare_logits, prepare_decode_batch
 
 __all__ = ["measure_decode_latency"]
 

@@ -10,7 +10,7 @@ Mirrors three pieces of vLLM 0.33 (names kept):
   compilation splits the FX graph at the attention ops (``CompilationConfig._attention_ops``).
 
 ``PiecewiseForward`` runs a toy decoder (linear → attention → linear per layer) whose attention asks a
-:class:`tqlab.workspace.WorkspaceManager` for its decode scratch, under a simulated graph: a captured op is
+:class:`tqlab.core.workspace.WorkspaceManager` for its decode scratch, under a simulated graph: a captured op is
 recorded once and replayed without Python; an eager op runs (and calls the workspace) every step.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tqlab.reservation import decode_workspace_shapes
+from tqlab.core.reservation import decode_workspace_shapes
 
 
 class CUDAGraphMode(enum.Enum):

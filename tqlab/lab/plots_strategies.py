@@ -6,9 +6,9 @@ from __future__ import annotations
 import statistics
 from typing import Any, Sequence
 
-from ..config import EngineConfig
-from ..strategies.measure import StrategyResult
-from ..workspace import MiB
+from tqlab.core.config import EngineConfig
+from tqlab.strategies.measure import StrategyResult
+from tqlab.core.workspace import MiB
 
 __all__ = ["plot_dbo", "plot_growth", "plot_strategy_comparison", "plot_threshold_sweep", "plot_trace",
            "plot_workspace_vs_len"]

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..workspace import ALIGNMENT, MiB, WorkspaceEvent, WorkspaceLayout, round_up
-from .display import BYTE_UNITS, byte_unit, fmt_bytes, markdown_table
+from tqlab.core.workspace import ALIGNMENT, MiB, WorkspaceEvent, WorkspaceLayout, round_up
+from tqlab.lab.display import BYTE_UNITS, byte_unit, fmt_bytes, markdown_table
 
 __all__ = [
     "PhaseMarker",
@@ -442,7 +442,7 @@ class PhaseMarker:
         self.records: list[Any] = []
 
     def __call__(self, record: Any) -> None:
-        from ..workspace import current_workspace_manager, is_workspace_manager_initialized
+        from tqlab.core.workspace import current_workspace_manager, is_workspace_manager_initialized
 
         n = len(current_workspace_manager().events) if is_workspace_manager_initialized() else 0
         self.marks.append((record.name, n))

@@ -1,6 +1,6 @@
 """The one recorded-data API of the notebooks: pick the device, load or save a recording, show its banner.
 
-The files and their provenance are :mod:`tqlab.provenance` (re-exported here, so
+The files and their provenance are :mod:`tqlab.core.provenance` (re-exported here, so
 a notebook imports only this module). What this module adds is display:
 
 * :func:`pick_device` — the notebook's ``DEVICE`` parameter, with a printed line
@@ -18,7 +18,7 @@ import html
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..provenance import (
+from tqlab.core.provenance import (
     DATA_DIR,
     PROVENANCE_KEYS,
     RecordedResult,
@@ -33,7 +33,7 @@ from ..provenance import (
     short_sha,
     validate_provenance,
 )
-from .display import in_notebook, show_md
+from tqlab.lab.display import in_notebook, show_md
 
 __all__ = [
     "DATA_DIR",

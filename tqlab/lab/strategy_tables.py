@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..config import EngineConfig
-from ..strategies import STRATEGY_INFO, StrategyResult
-from .display import fmt_bytes
+from tqlab.core.config import EngineConfig
+from tqlab.strategies import STRATEGY_INFO, StrategyResult
+from tqlab.lab.display import fmt_bytes
 
 __all__ = ["results_payload", "strategy_table"]
 

@@ -9,7 +9,7 @@
 Figures are in :mod:`tqlab.lab.plots_strategies`, the comparison table in :mod:`tqlab.lab.strategy_tables`.
 """
 
-from .allocator import (
+from tqlab.strategies.allocator import (
     TraceCall,
     dbo_memory_held,
     growth_peak,
@@ -20,7 +20,7 @@ from .allocator import (
     replay_trace,
     workspace_call_overhead,
 )
-from .fixes import (
+from tqlab.strategies.fixes import (
     ALL_STRATEGIES,
     STRATEGIES,
     STRATEGY_INFO,
@@ -33,7 +33,7 @@ from .fixes import (
     long_context_dummy_run,
     make_strategy_engine,
 )
-from .measure import (
+from tqlab.strategies.measure import (
     PromptResult,
     StrategyResult,
     compare_strategies,

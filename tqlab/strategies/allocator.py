@@ -17,15 +17,15 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ..analysis import prefill_chunks, prompt_chunks, unfixed_locked_bytes
-from ..config import EngineConfig
-from ..reservation import (
+from tqlab.predict.analysis import prefill_chunks, prompt_chunks, unfixed_locked_bytes
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import (
     chunk_workspace_request,
     decode_workspace_shapes,
     reserve_workspace,
 )
-from ..workspace import WorkspaceManager, ubatch_context
-from .measure import free_memory
+from tqlab.core.workspace import WorkspaceManager, ubatch_context
+from tqlab.strategies.measure import free_memory
 
 __all__ = [
     "TraceCall",
@@ -57,8 +57,8 @@ class TraceCall:
 def long_request_trace(config: EngineConfig, prompt_tokens: int, decode_steps: int = 16) -> list[TraceCall]:
     """The workspace calls one request makes, in order: per prefill chunk and decode step, per layer.
 
-    Chunks come from :func:`tqlab.analysis.prefill_chunks`, each chunk's call
-    from :func:`~tqlab.reservation.chunk_workspace_request` (the backend's own
+    Chunks come from :func:`tqlab.predict.analysis.prefill_chunks`, each chunk's call
+    from :func:`~tqlab.core.reservation.chunk_workspace_request` (the backend's own
     path choice), decode steps use one decode row.
     """
     if prompt_tokens < 1 or prompt_tokens + decode_steps > config.max_model_len:
@@ -190,7 +190,7 @@ def growth_peak(sizes: Sequence[int], method: str, *, device: str | torch.device
     Methods:
         ``"resize_"``: ``buf.resize_(n)`` on a ``uint8`` tensor (torch allocates
         the new storage, copies, then frees the old one);
-        ``"free_then_allocate"``: :class:`~tqlab.workspace.WorkspaceManager` as vLLM grows it;
+        ``"free_then_allocate"``: :class:`~tqlab.core.workspace.WorkspaceManager` as vLLM grows it;
         ``"allocate_then_free"``: the manager allocating the new buffer before dropping the old.
 
     Returns ``{"method", "device", "final_bytes", "peak_bytes", "peak_source", "computed_peak_bytes"}``;
@@ -250,7 +250,7 @@ def dbo_memory_held(config: EngineConfig, prompt_tokens: int, *, grow_all_slots:
     """Workspace bytes held with two DBO ubatch slots while one long prompt prefills next to decodes.
 
     The workload, step by step: ubatch 0 runs the prompt's next prefill chunk
-    (its workspace call from :func:`~tqlab.reservation.chunk_workspace_request`),
+    (its workspace call from :func:`~tqlab.core.reservation.chunk_workspace_request`),
     ubatch 1 runs ``decode_rows`` decode rows (default ``max_num_seqs - 1``).
     The manager is unlocked and grows lazily; ``grow_all_slots=True`` resizes
     every slot to each new high-water mark, False only

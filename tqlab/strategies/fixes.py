@@ -24,11 +24,11 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig
-from ..engine import LLMEngine
-from ..engine.workspace_client import set_workspace
-from ..reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request
-from ..workspace import (
+from tqlab.core.config import EngineConfig
+from tqlab.engine import LLMEngine
+from tqlab.engine.workspace_client import set_workspace
+from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request
+from tqlab.core.workspace import (
     MiB,
     WorkspaceLockedError,
     WorkspaceManager,
@@ -120,7 +120,7 @@ class FallbackWorkspace:
     """Workspace client for fix 4: serve what fits from the manager, ``torch.empty`` the rest.
 
     ``get_simultaneous`` first asks the manager. If it raises
-    :class:`~tqlab.workspace.WorkspaceLockedError`, the call's tensors are
+    :class:`~tqlab.core.workspace.WorkspaceLockedError`, the call's tensors are
     allocated one by one with ``torch.empty(shape, dtype=dtype, device=...)``
     (freed when the consumer drops them), and a :class:`WorkspaceFallbackWarning`
     is issued the first time only. The manager stays locked and unchanged (it
@@ -180,8 +180,8 @@ class FallbackWorkspace:
 class ReplayAwareWorkspace:
     """Workspace client for fix 3: late growth followed by re-capture of every captured graph.
 
-    On :class:`~tqlab.workspace.WorkspaceLockedError` (outside a CUDA stream
-    capture) it runs, inside :func:`tqlab.workspace.rewarm_workspace` (which
+    On :class:`~tqlab.core.workspace.WorkspaceLockedError` (outside a CUDA stream
+    capture) it runs, inside :func:`tqlab.core.workspace.rewarm_workspace` (which
     re-locks even if something raises):
 
     1. grow the requesting slot to ``max(required, growth_factor * current)`` bytes;
@@ -248,7 +248,7 @@ def dummy_run_chunks(config: EngineConfig) -> list[tuple[int, int]]:
 
     One step per continuation path that asks the workspace for memory, each at
     the largest request it can make (the path and its call come from
-    :func:`tqlab.reservation.chunk_workspace_request`, as in the backend):
+    :func:`tqlab.core.reservation.chunk_workspace_request`, as in the backend):
 
     * the dequant path (``q_len > 128``): ``q_len = 129`` new tokens after
       ``cached_len = max_model_len - 1 - 129`` cached ones — the longest cached

@@ -4,7 +4,7 @@
 and serve prompts (start-up time, reserved and peak bytes, time to first
 token, decode step, survival of a ``max_model_len`` request, graph safety);
 :func:`workspace_vs_max_model_len` and :func:`threshold_sweep` are arithmetic
-on :mod:`tqlab.analysis`; :func:`workspace_timeline` tags the workspace events
+on :mod:`tqlab.predict.analysis`; :func:`workspace_timeline` tags the workspace events
 with the start-up phase they happened in. Runs on ``cpu``, ``meta`` and ``cuda``.
 """
 
@@ -20,13 +20,13 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
-from ..analysis import first_failing_prompt, unfixed_locked_bytes
-from ..attention import kv_cache_bytes_per_token
-from ..config import EngineConfig
-from ..engine import LLMEngine
-from ..reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
-from ..workspace import WorkspaceLockedError
-from .fixes import (
+from tqlab.predict.analysis import first_failing_prompt, unfixed_locked_bytes
+from tqlab.attention import kv_cache_bytes_per_token
+from tqlab.core.config import EngineConfig
+from tqlab.engine import LLMEngine
+from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
+from tqlab.core.workspace import WorkspaceLockedError
+from tqlab.strategies.fixes import (
     STRATEGIES,
     FallbackWorkspace,
     ReplayAwareWorkspace,
@@ -418,7 +418,7 @@ def threshold_sweep(config: EngineConfig, param: str, values: Iterable[int], *, 
             ``max_num_seqs > max_num_batched_tokens``).
 
     Returns rows ``{param: v, "locked_bytes", "longest_prompt", "first_failing"}``
-    (exact, from :func:`tqlab.analysis.first_failing_prompt`).
+    (exact, from :func:`tqlab.predict.analysis.first_failing_prompt`).
     """
     if param not in ("max_num_batched_tokens", "max_num_seqs", "tensor_parallel_size"):
         raise ValueError(f"param must be max_num_batched_tokens, max_num_seqs or tensor_parallel_size, got {param!r}")

@@ -26,9 +26,9 @@ Every op takes ``backend="auto" | "torch" | "triton"``.  Reference pieces for te
 :mod:`.accuracy` (error measurements), :mod:`.recorded` (recorded GPU data + banner).
 """
 
-from .codebook import LloydMaxCodebook, hadamard, lloyd_max, lloyd_max_standard
-from .ops import dequant_kv, decode_attention, reduce_splits, resolve_backend, split_bounds, store_kv, triton_available
-from .quant import (
+from tqlab.turboquant.codebook import LloydMaxCodebook, hadamard, lloyd_max, lloyd_max_standard
+from tqlab.turboquant.ops import dequant_kv, decode_attention, reduce_splits, resolve_backend, split_bounds, store_kv, triton_available
+from tqlab.turboquant.quant import (
     decode_keys,
     decode_slots,
     decode_values,
@@ -39,7 +39,7 @@ from .quant import (
     pack_indices,
     unpack_indices,
 )
-from .spec import TQ_PRESETS, SlotField, TurboQuantSpec, fp16_slot_bytes, get_spec, kv_cache_shape
+from tqlab.turboquant.spec import TQ_PRESETS, SlotField, TurboQuantSpec, fp16_slot_bytes, get_spec, kv_cache_shape
 
 __all__ = [
     "TQ_PRESETS",

@@ -33,9 +33,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .codebook import hadamard_sign_matrix, lloyd_max
-from .launch import DEFAULTS as _LAUNCH_DEFAULTS
-from .spec import TurboQuantSpec
+from tqlab.turboquant.codebook import hadamard_sign_matrix, lloyd_max
+from tqlab.turboquant.launch import DEFAULTS as _LAUNCH_DEFAULTS
+from tqlab.turboquant.spec import TurboQuantSpec
 
 _CONSTS: dict = {}
 

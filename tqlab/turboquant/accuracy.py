@@ -18,10 +18,10 @@ import math
 
 import torch
 
-from .codebook import lloyd_max_standard
-from .ops import decode_attention, store_kv
-from .quant import decode_keys, decode_values, encode_keys, encode_values
-from .spec import TQ_PRESETS, TurboQuantSpec, fp16_slot_bytes, get_spec, kv_cache_shape
+from tqlab.turboquant.codebook import lloyd_max_standard
+from tqlab.turboquant.ops import decode_attention, store_kv
+from tqlab.turboquant.quant import decode_keys, decode_values, encode_keys, encode_values
+from tqlab.turboquant.spec import TQ_PRESETS, TurboQuantSpec, fp16_slot_bytes, get_spec, kv_cache_shape
 
 __all__ = ["key_mse", "value_rel_mse", "attention_error", "accuracy_table", "sdpa_reference"]
 

@@ -29,8 +29,8 @@ import os
 
 import torch
 
-from .quant import decode_slots, encode_slots
-from .spec import TurboQuantSpec, get_spec
+from tqlab.turboquant.quant import decode_slots, encode_slots
+from tqlab.turboquant.spec import TurboQuantSpec, get_spec
 
 __all__ = [
     "store_kv",
@@ -141,7 +141,7 @@ SPLIT_POLICIES = ("vllm", "fill")
 def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, num_sms: int = 132,
                       programs_per_sm: int = 4, max_splits: int = 256) -> int:
     """Split count ``S`` of a decode call, i.e. ``mid_out.shape[2]`` (pass it to
-    :func:`tqlab.reservation.decode_workspace_shapes` as ``num_kv_splits``).
+    :func:`tqlab.core.reservation.decode_workspace_shapes` as ``num_kv_splits``).
 
     * ``"vllm"`` (default): 32, vLLM's fixed ``tq_max_kv_splits_for_cuda_graph``.
     * ``"fill"``: enough splits for ``programs_per_sm * num_sms`` programs (one per request x
@@ -215,7 +215,7 @@ def store_kv(
     if n == 0:
         return
     if resolve_backend(backend, dev) == "triton":
-        from . import _triton_kernels as tk
+        from tqlab.turboquant import _triton_kernels as tk
 
         tk.store_kv(cache, key, value, slot_mapping, spec)
         return
@@ -290,7 +290,7 @@ def dequant_kv(
         if int(used.min()) < 0 or int(used.max()) >= nb:
             raise ValueError(f"block_table_row[:{need}] holds block ids outside [0, {nb})")
     if resolve_backend(backend, dev) == "triton":
-        from . import _triton_kernels as tk
+        from tqlab.turboquant import _triton_kernels as tk
 
         tk.dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec)
         return
@@ -382,7 +382,7 @@ def decode_attention(
     if b == 0:
         return output
     if resolve_backend(backend, dev) == "triton":
-        from . import _triton_kernels as tk
+        from tqlab.turboquant import _triton_kernels as tk
 
         return tk.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
     return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)

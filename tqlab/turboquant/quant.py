@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from .codebook import hadamard, lloyd_max
-from .spec import TurboQuantSpec
+from tqlab.turboquant.codebook import hadamard, lloyd_max
+from tqlab.turboquant.spec import TurboQuantSpec
 
 __all__ = [
     "pack_indices",

@@ -9,8 +9,8 @@ imported lazily: ``import tqlab.lab.widgets`` works without it.
 * :mod:`.lifecycle` — two engines (without / with the fix) step by step.
 """
 
-from ._common import figure_png, snapshot
-from .layout_explorer import (
+from tqlab.lab.widgets._common import figure_png, snapshot
+from tqlab.lab.widgets.layout_explorer import (
     DTYPE_CHOICES,
     LayoutExplorer,
     LayoutRow,
@@ -23,7 +23,7 @@ from .layout_explorer import (
     parse_shape,
     refresh_layout,
 )
-from .lifecycle import (
+from tqlab.lab.widgets.lifecycle import (
     LifecycleStep,
     LifecycleStepper,
     LifecycleTrace,
@@ -33,7 +33,7 @@ from .lifecycle import (
     refresh_lifecycle,
     render_lifecycle,
 )
-from .planner import (
+from tqlab.lab.widgets.planner import (
     PlannerResult,
     ReservationPlanner,
     need_curve,

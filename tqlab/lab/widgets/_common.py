@@ -12,7 +12,7 @@ import io
 
 import torch
 
-from ...workspace import MiB
+from tqlab.core.workspace import MiB
 
 FIX_COLOR = "#1f77b4"
 NOFIX_COLOR = "#ff7f0e"

@@ -4,7 +4,7 @@ Pure functions :func:`layout_rows` / :func:`layout_figure` (static figures for
 headless runs) and the widget :func:`layout_explorer`, whose callbacks
 :func:`layout_add`, :func:`layout_remove` and :func:`refresh_layout` tests drive
 by setting ``.value`` on its controls. The layout is
-:func:`tqlab.workspace.compute_layout`, mirroring ``WorkspaceManager.get_simultaneous``
+:func:`tqlab.core.workspace.compute_layout`, mirroring ``WorkspaceManager.get_simultaneous``
 in ``vllm/v1/worker/workspace.py``.
 """
 
@@ -16,11 +16,11 @@ from typing import Sequence
 
 import torch
 
-from ...config import EngineConfig
-from ...reservation import reservation_plan
-from ...workspace import ALIGNMENT, WorkspaceLayout, compute_layout, round_up
-from ..plots_workspace import plot_layout
-from ._common import CRASH_COLOR, dtype_name, esc, figure_png, mib, require_widgets
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import reservation_plan
+from tqlab.core.workspace import ALIGNMENT, WorkspaceLayout, compute_layout, round_up
+from tqlab.lab.plots_workspace import plot_layout
+from tqlab.lab.widgets._common import CRASH_COLOR, dtype_name, esc, figure_png, mib, require_widgets
 
 __all__ = [
     "DTYPE_CHOICES",
@@ -85,7 +85,7 @@ class LayoutRow:
 
 
 def layout_rows(requests: Sequence[tuple[Sequence[int], torch.dtype]]) -> tuple[list[LayoutRow], WorkspaceLayout]:
-    """The rows of :func:`tqlab.workspace.compute_layout` for ``requests``, plus the layout itself.
+    """The rows of :func:`tqlab.core.workspace.compute_layout` for ``requests``, plus the layout itself.
 
     Raises what ``compute_layout`` raises (``TypeError``/``ValueError`` naming the bad request).
     """

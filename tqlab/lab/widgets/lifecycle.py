@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ...analysis import prefill_chunks
-from ...config import EngineConfig, list_presets, load_preset
-from ...reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
-from ...workspace import WorkspaceEvent, compute_layout
-from ._common import CRASH_COLOR, FIX_COLOR, NOFIX_COLOR, esc, figure_png, mib, require_widgets
+from tqlab.predict.analysis import prefill_chunks
+from tqlab.core.config import EngineConfig, list_presets, load_preset
+from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
+from tqlab.core.workspace import WorkspaceEvent, compute_layout
+from tqlab.lab.widgets._common import CRASH_COLOR, FIX_COLOR, NOFIX_COLOR, esc, figure_png, mib, require_widgets
 
 __all__ = [
     "LifecycleStep",
@@ -109,8 +109,8 @@ def lifecycle_trace(
 
     Raises ``ValueError`` for a prompt that does not fit ``max_model_len``.
     """
-    from ...engine import LLMEngine
-    from ...workspace import current_workspace_manager, is_workspace_manager_initialized
+    from tqlab.engine import LLMEngine
+    from tqlab.core.workspace import current_workspace_manager, is_workspace_manager_initialized
 
     if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
         raise ValueError(f"prompt_tokens must be an int >= 1, got {prompt_tokens!r}")

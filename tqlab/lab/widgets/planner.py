@@ -2,8 +2,8 @@
 
 :func:`plan_summary` / :func:`planner_figure` (static) and the widget
 :func:`reservation_planner` (preset + sliders; callbacks :func:`planner_load_preset`,
-:func:`refresh_planner`). Every number comes from :mod:`tqlab.analysis` and
-:mod:`tqlab.reservation` (the plan); nothing is recomputed here. Per
+:func:`refresh_planner`). Every number comes from :mod:`tqlab.predict.analysis` and
+:mod:`tqlab.core.reservation` (the plan); nothing is recomputed here. Per
 tensor-parallel rank; bytes unless MiB. Mirrors ``TurboQuantMetadataBuilder._reserve_workspace``
 in ``vllm/v1/attention/backends/turboquant_attn.py``.
 """
@@ -13,17 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ...analysis import (
+from tqlab.predict.analysis import (
     decode_rows_at_lock,
     first_failing_prompt,
     locked_bytes,
     prefill_chunks,
     workspace_bytes_for_prompt,
 )
-from ...config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
-from ...reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
-from ...workspace import compute_layout
-from ._common import CRASH_COLOR, FIX_COLOR, NOFIX_COLOR, dtype_name, esc, figure_png, mib, new_figure, require_widgets
+from tqlab.core.config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
+from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
+from tqlab.core.workspace import compute_layout
+from tqlab.lab.widgets._common import CRASH_COLOR, FIX_COLOR, NOFIX_COLOR, dtype_name, esc, figure_png, mib, new_figure, require_widgets
 
 __all__ = [
     "PlannerResult",
@@ -51,7 +51,7 @@ class PlannerResult:
     ``slots``: ubatch slots (2 with DBO); ``kv_cache_bytes``: KV cache of
     ``max_num_seqs x max_model_len`` tokens in ``kv_cache_dtype``, all layers;
     ``kv_share``: ``reserved_bytes * slots / kv_cache_bytes``;
-    ``unfixed_locked_bytes``: :func:`tqlab.analysis.locked_bytes` without the fix (None: never locked);
+    ``unfixed_locked_bytes``: :func:`tqlab.predict.analysis.locked_bytes` without the fix (None: never locked);
     ``first_failing_unfixed`` / ``first_failing_fixed``: shortest prompt (tokens)
     that crashes, or None when every prompt up to ``max_model_len`` survives.
     """
@@ -75,11 +75,11 @@ class PlannerResult:
 
 
 def plan_summary(config: EngineConfig) -> PlannerResult:
-    """The planner's numbers for ``config`` (see :class:`PlannerResult`), each from :mod:`tqlab.analysis`.
+    """The planner's numbers for ``config`` (see :class:`PlannerResult`), each from :mod:`tqlab.predict.analysis`.
 
     Raises ``TypeError`` for anything but an ``EngineConfig``.
     """
-    from ...attention import kv_cache_bytes_per_token  # the KV-cache size per token: the attention layer owns it
+    from tqlab.attention import kv_cache_bytes_per_token  # the KV-cache size per token: the attention layer owns it
 
     if not isinstance(config, EngineConfig):
         raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
@@ -108,11 +108,11 @@ def need_curve(config: EngineConfig, points: int = 240) -> tuple[list[int], list
     """Prompt lengths (tokens) and the largest workspace call (bytes) each makes while prefilling alone.
 
     ``points`` evenly spaced lengths in ``1 .. max_model_len - 1``, plus every chunk
-    start of :func:`tqlab.analysis.prefill_chunks` (and one step's budget past the
+    start of :func:`tqlab.predict.analysis.prefill_chunks` (and one step's budget past the
     previous start) at ``+0``, ``+1``, ``+128`` and ``+129`` (up to 256 chunks): a last chunk of at most 128 tokens runs the decode
     kernel with its own scratch (no workspace call, vLLM 0.33), one of 129
     dequantizes the cached tokens, so the curve steps exactly there. Each value
-    is :func:`tqlab.analysis.workspace_bytes_for_prompt`.
+    is :func:`tqlab.predict.analysis.workspace_bytes_for_prompt`.
     """
     n = config.max_model_len - 1
     m = config.chunk_budget if config.enable_chunked_prefill else n

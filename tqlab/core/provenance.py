@@ -9,7 +9,7 @@ Some numbers only exist on a GPU (CUDA graph replay latency,
      ...the results...}
 
 This core module reads, validates and writes those files (no display code), so
-the lower layers (``tqlab.vllm_trace``, ``benchmarks/``) can load recordings;
+the lower layers (``tqlab.vllm``, ``benchmarks/``) can load recordings;
 the notebooks use :mod:`tqlab.lab.recorded`, which adds the banner and
 ``pick_device`` on top. Nothing here imports CUDA-only code; :func:`has_cuda`
 never raises.
@@ -44,7 +44,7 @@ __all__ = [
     "validate_provenance",
 ]
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 """Where recorded results live (``data/*.json``; presets are in ``data/presets/``)."""
 
 PROVENANCE_KEYS = ("device", "date", "commit", "command", "torch")

@@ -14,15 +14,15 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from ..config import EngineConfig
-from ..reservation import (
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     continuation_workspace_shapes,
     decode_workspace_shapes,
     plan_bytes,
     reservation_plan,
 )
-from .tracer import VLLM_TURBOQUANT_MODULE, VLLM_WORKSPACE_MODULE, WorkspaceTracer
+from tqlab.vllm.tracer import VLLM_TURBOQUANT_MODULE, VLLM_WORKSPACE_MODULE, WorkspaceTracer
 
 PARITY_RESULTS = "parity_results"
 """``data/parity_results.json``: written by ``bash parity/run.sh --record``."""
@@ -33,9 +33,9 @@ def load_parity_results() -> tuple[dict[str, Any], dict[str, Any]]:
 
     ``records`` maps ``'<test name>:<key>'`` to what that test recorded, plus
     ``'summary'`` (outcome counts) and ``'tests'`` (outcome per test).
-    Raises ``FileNotFoundError``/``ValueError`` like :func:`tqlab.provenance.load_recorded`.
+    Raises ``FileNotFoundError``/``ValueError`` like :func:`tqlab.core.provenance.load_recorded`.
     """
-    from ..provenance import load_recorded
+    from tqlab.core.provenance import load_recorded
 
     res = load_recorded(PARITY_RESULTS)
     records = dict(res.data.get("records", {}))
@@ -394,7 +394,7 @@ def compare_managers(steps: Sequence[tuple] | None = None, num_ubatches: int = 2
 
     ws = importlib.import_module(VLLM_WORKSPACE_MODULE)
     ub = importlib.import_module("vllm.v1.worker.ubatching")
-    from ..workspace import WorkspaceManager, ubatch_context
+    from tqlab.core.workspace import WorkspaceManager, ubatch_context
 
     steps = demo_steps() if steps is None else steps
     rows = []
@@ -424,12 +424,12 @@ def compare_managers(steps: Sequence[tuple] | None = None, num_ubatches: int = 2
 
 
 def compare_reservations(presets: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """vLLM's ``TurboQuantMetadataBuilder`` reservation calls vs :func:`tqlab.reservation.reservation_plan`, per preset.
+    """vLLM's ``TurboQuantMetadataBuilder`` reservation calls vs :func:`tqlab.core.reservation.reservation_plan`, per preset.
 
     Rows: ``{"preset", "vllm_calls", "tqlab_calls", "reserved_bytes", "same"}``,
     calls as text. Imports vLLM.
     """
-    from ..config import list_presets
+    from tqlab.core.config import list_presets
 
     def fmt(calls):
         return " | ".join(
@@ -473,8 +473,8 @@ def run_seed_scenario(
 ) -> ScenarioResult:
     """The seed scenario on ``backend="tqlab"`` (our manager, no vLLM needed) or ``"vllm"``.
 
-    tqlab: our :class:`~tqlab.workspace.WorkspaceManager` on CPU with a tracer;
-    (fixed) :func:`tqlab.reservation.reserve_workspace`; decode call at
+    tqlab: our :class:`~tqlab.core.workspace.WorkspaceManager` on CPU with a tracer;
+    (fixed) :func:`tqlab.core.reservation.reserve_workspace`; decode call at
     ``max_num_seqs`` rows; lock; continuation call for ``cached_len``. The
     caller in the message is ``vllm_trace.py:<line>:_continuation_prefill``.
     ``"vllm"`` delegates to :func:`run_vllm_seed_scenario`.
@@ -483,8 +483,8 @@ def run_seed_scenario(
         return run_vllm_seed_scenario(config, cached_len=cached_len, fixed=fixed)
     if backend != "tqlab":
         raise ValueError(f"backend must be 'tqlab' or 'vllm', got {backend!r}")
-    from ..reservation import reserve_workspace
-    from ..workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
+    from tqlab.core.reservation import reserve_workspace
+    from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
     config = EngineConfig.from_preset("nemotron-3-super-120b-a12b") if config is None else config
     manager = WorkspaceManager("cpu", config.num_ubatches)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
-from ..workspace import compute_layout, format_mb
+from tqlab.core.workspace import compute_layout, format_mb
 
 
 VLLM_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
@@ -104,7 +104,7 @@ def _caller(skip_frames: int = 1) -> str:
     records is the one the manager itself would name.
     """
     frame = sys._getframe(skip_frames)
-    tq_ws = os.path.normcase(os.path.abspath(sys.modules["tqlab.workspace"].__file__))
+    tq_ws = os.path.normcase(os.path.abspath(sys.modules["tqlab.core.workspace"].__file__))
     while frame is not None:
         code = frame.f_code
         fname = os.path.normcase(os.path.abspath(code.co_filename))
@@ -124,7 +124,7 @@ def _disguise(fn: Callable, qualname: str, filename: str | None = None) -> Calla
     """Rename ``fn``'s code so workspace managers skip its frame when they name a caller.
 
     vLLM skips frames whose ``co_qualname`` starts with ``WorkspaceManager.``;
-    tqlab skips frames whose file is ``tqlab/workspace.py``. Without this the
+    tqlab skips frames whose file is ``tqlab/core/workspace.py``. Without this the
     tracer's wrapper would be reported as the caller in the manager's own
     error message. (``co_qualname`` exists from Python 3.11, as does vLLM.)
     """
@@ -141,7 +141,7 @@ def _disguise(fn: Callable, qualname: str, filename: str | None = None) -> Calla
 
 def _flavor(manager: Any) -> str:
     """``'vllm'`` or ``'tqlab'``: which growth path to wrap. TypeError for anything else."""
-    from .. import workspace as tq_ws
+    from tqlab.core import workspace as tq_ws
 
     if isinstance(manager, tq_ws.WorkspaceManager):
         return "tqlab"
@@ -149,7 +149,7 @@ def _flavor(manager: Any) -> str:
         return "vllm"
     raise TypeError(
         f"cannot trace {type(manager).__module__}.{type(manager).__qualname__}: expected vLLM's "
-        "vllm.v1.worker.workspace.WorkspaceManager or tqlab.workspace.WorkspaceManager"
+        "vllm.v1.worker.workspace.WorkspaceManager or tqlab.core.workspace.WorkspaceManager"
     )
 
 
@@ -298,7 +298,7 @@ class WorkspaceTracer:
         manager.unlock = _disguise(_unlock, "WorkspaceManager.unlock")
 
     def _wrap_tqlab(self, manager: Any) -> None:
-        from .. import workspace as tq_ws
+        from tqlab.core import workspace as tq_ws
 
         tracer = self
         get = manager.get_simultaneous

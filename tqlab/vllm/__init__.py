@@ -3,15 +3,14 @@
 - ``tracer.py``      — :class:`WorkspaceTracer` and :func:`install_vllm_hook` for a live vLLM (or tqlab) manager
 - ``cpu_harness.py`` — vLLM 0.33's ``WorkspaceManager`` / ``TurboQuantMetadataBuilder`` on a CPU, beside tqlab's
 - ``vllm_args.py``   — a deployment from ``vllm serve`` arguments plus the model's ``config.json``
-- ``predict.py``     — the crash predictor behind ``tqlab inspect-vllm``
 
-vLLM is imported lazily, only by functions whose names say ``vllm``; ``import tqlab.vllm_trace``
+vLLM is imported lazily, only by functions whose names say ``vllm``; ``import tqlab.vllm``
 works without it. Bytes everywhere; "MB" in text means 2**20 bytes, as in vLLM's messages.
 """
 
 from __future__ import annotations
 
-from .tracer import (
+from tqlab.vllm.tracer import (
     CallerStats,
     LockRecord,
     Violation,
@@ -22,7 +21,7 @@ from .tracer import (
     vllm_available,
     vllm_version,
 )
-from .cpu_harness import (
+from tqlab.vllm.cpu_harness import (
     PARITY_RESULTS,
     ScenarioResult,
     compare_managers,
@@ -36,8 +35,8 @@ from .cpu_harness import (
     vllm_prefill_chunk_requests,
     vllm_reservation_calls,
 )
-from .hf_config import HFConfigError, ModelShape, read_hf_config
-from .vllm_args import (
+from tqlab.vllm.hf_config import HFConfigError, ModelShape, read_hf_config
+from tqlab.vllm.deployment import (
     VllmDeployment,
     deployment_from_vllm,
     engine_config_from_vllm,
@@ -45,44 +44,15 @@ from .vllm_args import (
     parse_engine_args,
     vllm_default_limits,
 )
-from .vllm_flags import VllmArgsError, parse_serve_args
-from ..reservation import CONTINUATION_DECODE_THRESHOLD
-from .predict import (
-    DECODE,
-    DEQUANT_CHUNK,
-    SHORT_CHUNK,
-    BUG_REPORT_LOCKED_MB,
-    BUG_REPORT_REQUIRED_MB,
-    ConsumerNeed,
-    Prediction,
-    RequestPrediction,
-    bug_report_max_num_batched_tokens,
-    chunk_shapes,
-    inspect_vllm,
-    locked_bytes_without_fix,
-    predict,
-    safe_max_model_len,
-    stable_json,
-)
+from tqlab.vllm.flags import VllmArgsError, parse_serve_args
 
 __all__ = [
-    "CONTINUATION_DECODE_THRESHOLD",
-    "DECODE",
-    "DEQUANT_CHUNK",
     "PARITY_RESULTS",
-    "SHORT_CHUNK",
-    "BUG_REPORT_LOCKED_MB",
-    "BUG_REPORT_REQUIRED_MB",
     "CallerStats",
-    "ConsumerNeed",
     "LockRecord",
-    "Prediction",
-    "RequestPrediction",
     "ScenarioResult",
     "Violation",
     "WorkspaceTracer",
-    "bug_report_max_num_batched_tokens",
-    "chunk_shapes",
     "compare_managers",
     "compare_reservations",
     "demo_steps",
@@ -97,16 +67,11 @@ __all__ = [
     "read_hf_config",
     "fake_vllm_configs",
     "format_trace_report",
-    "inspect_vllm",
     "install_vllm_hook",
     "load_parity_results",
-    "locked_bytes_without_fix",
     "parse_engine_args",
-    "predict",
     "run_seed_scenario",
     "run_vllm_seed_scenario",
-    "safe_max_model_len",
-    "stable_json",
     "uninstall_vllm_hook",
     "vllm_available",
     "vllm_cpu_patches",

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .workspace import (
+from tqlab.core.workspace import (
     WorkspaceManager,
     compute_layout,
     current_workspace_manager,
@@ -42,7 +42,7 @@ from .workspace import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import EngineConfig
+    from tqlab.core.config import EngineConfig
 
 __all__ = [
     "CONTINUATION_DECODE_THRESHOLD",
@@ -143,11 +143,11 @@ class ChunkRequest:
 
 
 def check_config(config: object) -> None:
-    """Raise ``TypeError`` unless ``config`` is a :class:`tqlab.config.EngineConfig`."""
-    from .config import EngineConfig
+    """Raise ``TypeError`` unless ``config`` is a :class:`tqlab.core.config.EngineConfig`."""
+    from tqlab.core.config import EngineConfig
 
     if not isinstance(config, EngineConfig):
-        raise TypeError(f"config must be a tqlab.config.EngineConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a tqlab.core.config.EngineConfig, got {type(config).__name__}")
 
 
 def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int) -> ChunkRequest:
@@ -156,7 +156,7 @@ def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int)
     The attention backend decides its path with this function, so the
     predictor and the real run cannot disagree. Raises ``ValueError`` for
     ``cached_len < 0`` or ``q_len < 1``, ``TypeError`` for a config that is
-    not an :class:`~tqlab.config.EngineConfig`.
+    not an :class:`~tqlab.core.config.EngineConfig`.
     """
     check_config(config)
     positive_int("cached_len", cached_len, 0)

@@ -24,10 +24,10 @@ PR #40941), written from scratch:
 * A refused call changes nothing: bad input (``TypeError``/``ValueError``,
   checked on the 256-rounded sizes), a locked workspace, and a growth the
   allocator cannot give (``torch.OutOfMemoryError``, checked against
-  :func:`~tqlab.workspace_layout.allocator_headroom` *before* the old buffer is
+  :func:`~tqlab.core.workspace_layout.allocator_headroom` *before* the old buffer is
   freed) leave every slot's size, pointer and bytes as they were.
 
-The layout arithmetic lives in :mod:`tqlab.workspace_layout`; its public names
+The layout arithmetic lives in :mod:`tqlab.core.workspace_layout`; its public names
 are re-exported here.
 
 Module helpers keep vLLM's names: :func:`init_workspace_manager`,
@@ -49,7 +49,7 @@ from typing import Iterator, Sequence
 
 import torch
 
-from .workspace_layout import (
+from tqlab.core.workspace_layout import (
     ALIGNMENT,
     MAX_BYTES,
     MiB,
@@ -550,7 +550,7 @@ def current_workspace_manager() -> WorkspaceManager:
     """The process-wide manager. Raises ``RuntimeError`` if none was initialized."""
     if _manager is None:
         raise RuntimeError(
-            "WorkspaceManager is not initialized: call tqlab.workspace.init_workspace_manager(device) first"
+            "WorkspaceManager is not initialized: call tqlab.core.workspace.init_workspace_manager(device) first"
         )
     return _manager
 

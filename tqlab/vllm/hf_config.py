@@ -29,7 +29,7 @@ it mirrors in vLLM 0.33:
   ``attn_layer_period``/``attn_layer_offset``; explicit
   ``attn_layer_indices``/``attention_layer_indices``.
 * The Mamba state page of a hybrid model, for the attention block size
-  (``tqlab.vllm_trace.vllm_args.hybrid_attention_block_size``): Gated
+  (``tqlab.vllm.deployment.hybrid_attention_block_size``): Gated
   DeltaNet (Qwen3-Next/Qwen3.5: ``linear_*`` keys,
   ``MambaStateShapeCalculator.gated_delta_net_state_shape``) and Mamba2
   (Nemotron-H: ``mamba_num_heads``..., ``mamba2_state_shape``).

@@ -1,8 +1,8 @@
 """A deployment from a ``vllm serve`` line (or argv, or a dict) and the model's ``config.json``, as vLLM 0.33 reads them.
 
-The line is parsed by :mod:`tqlab.vllm_trace.vllm_flags` (vLLM's own flags, as
-data); config.json is read by :mod:`tqlab.vllm_trace.hf_config`. This module
-maps both onto :class:`~tqlab.config.EngineConfig` fields, saying for each
+The line is parsed by :mod:`tqlab.vllm.flags` (vLLM's own flags, as
+data); config.json is read by :mod:`tqlab.vllm.hf_config`. This module
+maps both onto :class:`~tqlab.core.config.EngineConfig` fields, saying for each
 where it came from (:class:`VllmDeployment` ``sources``), and sizes the
 attention block of hybrid models as vLLM does (:func:`hybrid_attention_block_size`)
 and, from the prefix-caching flags, their Mamba block-aligned prefill split.
@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
-from ..config import EngineConfig, load_preset, parse_dtype, step_token_budget
-from ..turboquant.spec import get_spec
-from .hf_config import ModelShape, read_hf_config
-from .vllm_flags import (
+from tqlab.core.config import EngineConfig, load_preset, parse_dtype, step_token_budget
+from tqlab.turboquant.spec import get_spec
+from tqlab.vllm.hf_config import ModelShape, read_hf_config
+from tqlab.vllm.flags import (
     FLAGS_FILE,
     VllmArgsError,
     human_readable_int,
@@ -191,7 +191,7 @@ def _map_cudagraph_mode(g, cc, kw, src) -> None:
     if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
         raise VllmArgsError(f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
     # Only a flag that names the mode sets the field; otherwise it stays None and
-    # tqlab.analysis.cudagraph_mode resolves it (enforce_eager -> NONE, else vLLM's -O2 default).
+    # tqlab.predict.analysis.cudagraph_mode resolves it (enforce_eager -> NONE, else vLLM's -O2 default).
     if g.get("enforce_eager"):
         src["cudagraph_mode"] = "derived: --enforce-eager sets cudagraph_mode NONE (vLLM)"
     elif mode is not None:

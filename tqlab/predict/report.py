@@ -1,6 +1,6 @@
 """The ``inspect-vllm`` report: per workspace consumer, what a request of N tokens needs against the locked size.
 
-Every number comes from :mod:`tqlab.analysis` (the one predictor, vLLM 0.33's semantics);
+Every number comes from :mod:`tqlab.predict.analysis` (the one predictor, vLLM 0.33's semantics);
 this module only arranges it per consumer and formats it.
 """
 
@@ -14,18 +14,18 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
 
-from .. import analysis
-from ..config import EngineConfig
-from ..reservation import (
+from tqlab.predict import analysis
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
     continuation_workspace_shapes,
     decode_workspace_shapes,
 )
-from ..workspace import compute_layout, format_mb
-from .cpu_harness import run_vllm_seed_scenario
-from .tracer import vllm_available, vllm_version
-from .vllm_args import deployment_from_preset, deployment_from_vllm
+from tqlab.core.workspace import compute_layout, format_mb
+from tqlab.vllm.cpu_harness import run_vllm_seed_scenario
+from tqlab.vllm.tracer import vllm_available, vllm_version
+from tqlab.vllm.deployment import deployment_from_preset, deployment_from_vllm
 
 # --------------------------------------------------------------------------- #
 # The predictor                                                               #
@@ -40,7 +40,7 @@ DECODE = "split-KV decode"
 def chunk_shapes(config: EngineConfig, cached_len: int, q_len: int):
     """``(consumer, shapes or None)``: the workspace call one prefill chunk makes.
 
-    The path is :func:`tqlab.reservation.chunk_workspace_request`'s (vLLM 0.33's
+    The path is :func:`tqlab.core.reservation.chunk_workspace_request`'s (vLLM 0.33's
     ``_prefill_attention``): ``"prefill"`` for a first chunk, :data:`SHORT_CHUNK` (decode
     kernel with its own scratch, no workspace) for ``q_len <= 128``, :data:`DEQUANT_CHUNK`
     with the dequant buffers above.
@@ -224,15 +224,15 @@ class Prediction:
 def locked_bytes_without_fix(config: EngineConfig) -> int:
     """Workspace bytes at lock before PR #44053, 0 when nothing locks or the cache is not TurboQuant.
 
-    :func:`tqlab.analysis.unfixed_locked_bytes` (vLLM 0.33: decode at the largest captured
-    decode batch; an eager start-up never locks). Kept for callers of ``tqlab.vllm_trace``.
+    :func:`tqlab.predict.analysis.unfixed_locked_bytes` (vLLM 0.33: decode at the largest captured
+    decode batch; an eager start-up never locks). Kept for callers of ``tqlab.vllm``.
     """
     return analysis.unfixed_locked_bytes(config) if config.is_turboquant else 0
 
 
 def safe_max_model_len(config: EngineConfig, locked_bytes: int, *, schedule: str = "any",
                        limit: int | None = None) -> int | None:
-    """:func:`tqlab.analysis.safe_max_model_len`, with the configured ``max_model_len`` for a non-TurboQuant cache."""
+    """:func:`tqlab.predict.analysis.safe_max_model_len`, with the configured ``max_model_len`` for a non-TurboQuant cache."""
     if not config.is_turboquant:
         return config.max_model_len if limit is None else limit
     return analysis.safe_max_model_len(config, locked_bytes, schedule=schedule, limit=limit)
@@ -394,12 +394,12 @@ def predict(
             rejected (:attr:`RequestPrediction.rejected`), not as crashes.
         locked_bytes: the workspace size at lock without the fix, if measured
             (e.g. :meth:`WorkspaceTracer.size_at_lock` or vLLM's
-            ``VLLM_DEBUG_WORKSPACE=1`` log); default :func:`tqlab.analysis.locked_bytes`
+            ``VLLM_DEBUG_WORKSPACE=1`` log); default :func:`tqlab.predict.analysis.locked_bytes`
             (None, "never locked", for an eager or ``cudagraph_mode`` NONE start-up).
         max_num_batched_tokens_source: where ``config.max_num_batched_tokens``
             came from, for the report (e.g. "given", "vLLM default ...").
 
-    Every size is :mod:`tqlab.analysis`'s. Raises ``ValueError`` for a bad length or
+    Every size is :mod:`tqlab.predict.analysis`'s. Raises ``ValueError`` for a bad length or
     size. Not TurboQuant (``kv_cache_dtype="auto"``): no consumer.
     """
     if locked_bytes is None:
@@ -484,7 +484,7 @@ def _demo(config: EngineConfig, pred: Prediction, report: dict[str, Any], text: 
 def stable_json(config: EngineConfig, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The documented top-level object of ``inspect-vllm --json`` (the same as ``tqlab plan --json``).
 
-    :meth:`tqlab.analysis.Prediction.to_json` for the deployment as configured, without the fix.
+    :meth:`tqlab.predict.analysis.Prediction.to_json` for the deployment as configured, without the fix.
     A non-TurboQuant cache makes none of these workspace calls in vLLM: verdict ``ok``, 0 bytes.
     """
     obj = analysis.predict(config, sources=sources).to_json()

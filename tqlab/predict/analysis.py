@@ -1,7 +1,7 @@
 """The one analysis of a deployment, as vLLM 0.33 runs it: capture sizes, the lock, the first failing prompt.
 
-Every answer here is computed from an :class:`~tqlab.config.EngineConfig` and the
-consumers' shape functions in :mod:`tqlab.reservation`; the engine, ``tqlab repro``,
+Every answer here is computed from an :class:`~tqlab.core.config.EngineConfig` and the
+consumers' shape functions in :mod:`tqlab.core.reservation`; the engine, ``tqlab repro``,
 ``tqlab plan``, ``tqlab inspect-vllm``, the planner widget and the notebooks call
 these functions, so their answers cannot drift apart. Bytes everywhere; every size
 question is answered in closed form or by bisection (O(log n) in ``max_model_len``
@@ -31,7 +31,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .reservation import (
+from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     check_config,
     chunk_workspace_request,
@@ -40,10 +40,10 @@ from .reservation import (
     plan_bytes,
     reservation_plan,
 )
-from .workspace import compute_layout, positive_int, round_up
+from tqlab.core.workspace import compute_layout, positive_int, round_up
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .config import EngineConfig
+    from tqlab.core.config import EngineConfig
 
 __all__ = [
     "DEFAULT_MAX_GRAPH_SIZE",
@@ -250,7 +250,7 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     Without the fix: decode views at :func:`decode_rows_at_lock` rows when ``k = 0``
     (the FULL decode capture runs ``_decode_attention``), else 0 (no capture asks the
     workspace for anything). With the fix (PR #44053): at least the largest call of
-    :func:`tqlab.reservation.reservation_plan`. ``None`` for an eager or ``cudagraph_mode``
+    :func:`tqlab.core.reservation.reservation_plan`. ``None`` for an eager or ``cudagraph_mode``
     NONE start-up in vLLM 0.33 (unless ``lock_workspace_when_eager``).
     """
     check_config(config)
@@ -325,7 +325,7 @@ def _last_chunk_index(config: "EngineConfig", n: int) -> int:
 def prefill_chunks(config: "EngineConfig", prompt_tokens: int) -> list[tuple[int, int]]:
     """``(cached_len, q_len)`` of each prefill chunk the scheduler gives a request of ``prompt_tokens`` alone.
 
-    Chunks of :attr:`~tqlab.config.EngineConfig.chunk_budget` tokens (``max_num_batched_tokens``
+    Chunks of :attr:`~tqlab.core.config.EngineConfig.chunk_budget` tokens (``max_num_batched_tokens``
     unless ``max_num_scheduled_tokens`` is smaller; all at once with chunked prefill off), each but the
     last cut back to a block boundary under :func:`mamba_block_aligned_split`. The engine's
     scheduler produces exactly these.

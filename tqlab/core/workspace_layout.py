@@ -1,6 +1,6 @@
 """Workspace bytes: 256-byte aligned layouts of ``(shape, dtype)`` requests, and the allocator's limits.
 
-Split out of :mod:`tqlab.workspace` (which re-exports every public name here);
+Split out of :mod:`tqlab.core.workspace` (which re-exports every public name here);
 mirrors the size computation of ``WorkspaceManager.get_simultaneous`` in
 ``vllm/v1/worker/workspace.py``: ``actual = prod(shape) * dtype.itemsize``,
 ``aligned = round_up(actual, 256)``, offsets are the running sum of ``aligned``.

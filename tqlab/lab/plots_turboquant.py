@@ -7,7 +7,7 @@ lazily, so importing this module never needs a display.
 * :func:`plot_key_journey` -- one key vector to bytes and back (from ``quant.key_journey``);
 * :func:`plot_accuracy` -- compression ratio vs attention error (rows of ``accuracy.accuracy_table``);
 * :func:`workspace_vs_cache` -- continuation-prefill workspace bytes vs the packed bytes they come
-  from, per cached length (shapes from ``tqlab.reservation``);
+  from, per cached length (shapes from ``tqlab.core.reservation``);
 * :func:`bench_summary` / :func:`plot_decode_bench` -- the recorded GPU benchmark
   (``data/turboquant_bench.json``) as tables and a plot;
 * :func:`vs_vllm_series` / :func:`plot_decode_vs_vllm` -- decode time against context for tqlab,
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping, Sequence
 
-from .spec import TQ_PRESETS, fp16_slot_bytes, get_spec
+from tqlab.turboquant.spec import TQ_PRESETS, fp16_slot_bytes, get_spec
 
 __all__ = [
     "finish_loglog",
@@ -118,7 +118,7 @@ def plot_key_journey(journey: Mapping[str, Any], spec, max_bytes: int = 24):
     import matplotlib.pyplot as plt
     import numpy as np
 
-    from .codebook import lloyd_max
+    from tqlab.turboquant.codebook import lloyd_max
 
     spec = get_spec(spec)
     k = journey["key"].numpy()
@@ -184,11 +184,11 @@ def plot_accuracy(rows: Sequence[Mapping[str, Any]], ax=None):
 def workspace_vs_cache(cached_lens: Sequence[int], num_kv_heads: int, head_dim: int, block_size: int,
                        spec) -> list[dict[str, int]]:
     """Per cached length: bytes of the two fp16 continuation-prefill workspace buffers
-    (``tqlab.reservation.continuation_workspace_shapes``) and of the packed slots they are
+    (``tqlab.core.reservation.continuation_workspace_shapes``) and of the packed slots they are
     dequantized from (``cached_len * Hk * slot_bytes``)."""
     import torch
 
-    from ..reservation import continuation_workspace_shapes
+    from tqlab.core.reservation import continuation_workspace_shapes
 
     spec = get_spec(spec)
     out = []
@@ -256,7 +256,7 @@ def vs_vllm_series(rec: Mapping[str, Any], shape: str) -> dict[str, Any]:
     Raises:
         ValueError: no row of that shape.
     """
-    all_rows = rec["rows"]  # a dict or a tqlab.provenance.RecordedResult
+    all_rows = rec["rows"]  # a dict or a tqlab.core.provenance.RecordedResult
     rows = [r for r in all_rows if r["shape"] == shape]
     if not rows:
         raise ValueError(f"no rows for shape {shape!r}; recorded: {sorted({r['shape'] for r in all_rows})}")

@@ -32,7 +32,7 @@ __all__ = [
     "step_token_budget",
 ]
 
-PRESET_DIR = Path(__file__).resolve().parent.parent / "data" / "presets"
+PRESET_DIR = Path(__file__).resolve().parents[2] / "data" / "presets"
 
 KV_CACHE_DTYPES = (
     "auto",
@@ -132,12 +132,12 @@ class EngineConfig:
         block_size (16 tokens per KV-cache block), kv_cache_dtype (``auto`` or a
         TurboQuant preset), tq_max_kv_splits_for_cuda_graph (32: the fixed
         number of split-KV decode splits, vLLM's ``attention_config`` field).
-    Capture (vLLM 0.33 semantics, see :mod:`tqlab.analysis`):
+    Capture (vLLM 0.33 semantics, see :mod:`tqlab.predict.analysis`):
         enforce_eager (False). True: no capture; vLLM 0.33 then never locks the
         workspace (``gpu_worker.py`` ``compile_or_warm_up_model`` skips
         ``capture_model``, the only ``lock_workspace()`` of the serving path).
         cudagraph_capture_sizes (None: vLLM's default list,
-        :func:`tqlab.analysis.capture_sizes`), in tokens per captured batch.
+        :func:`tqlab.predict.analysis.capture_sizes`), in tokens per captured batch.
         cudagraph_mode (None: vLLM 0.33's default ``FULL_AND_PIECEWISE``; or
         one of :data:`CUDAGRAPH_MODES`; ``NONE`` captures nothing and never locks).
         max_cudagraph_capture_size (None: vLLM's default ceiling).
@@ -155,7 +155,7 @@ class EngineConfig:
         mamba_block_aligned_split (False): vLLM 0.33's ``Scheduler.need_mamba_block_aligned_split``,
         on for a hybrid model with prefix caching on (``mamba_cache_mode`` "align", vLLM's
         default there): a prefill chunk that is not the prompt's last ends on a multiple of
-        ``block_size`` (:func:`tqlab.analysis.mamba_block_aligned_split`). Requires
+        ``block_size`` (:func:`tqlab.predict.analysis.mamba_block_aligned_split`). Requires
         ``block_size <= max_num_batched_tokens`` (the case tqlab models).
 
     Frozen after validation (``c.max_num_seqs = 0`` raises
