@@ -232,7 +232,7 @@ print(f"decode: mid_out {tuple(mid.shape)} f32, output {tuple(out.shape)} {out.d
 # so the workspace is the larger of the two layouts, not their sum.
 
 # %%
-from tqlab.core.workspace import compute_layout  # noqa: E402
+from tqlab.core.workspace import compute_layout
 
 assert tuple(k_buf.shape) == (1, hk, -(-n_tok // bs) * bs, D) and k_buf.dtype == torch.float16
 assert tuple(mid.shape) == (1, hq, cfg.tq_max_kv_splits_for_cuda_graph, D + 1)

@@ -136,7 +136,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tqlab.core.reservation import chunk_workspace_request  # noqa: E402
-from tqlab.predict.report import locked_bytes_without_fix  # noqa: E402
+from tqlab.predict.analysis import unfixed_locked_bytes as locked_bytes_without_fix  # noqa: E402
 
 _PRED: list[bool] = []
 

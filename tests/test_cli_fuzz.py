@@ -15,7 +15,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,7 +90,8 @@ config_json = st.one_of(
             "rope_scaling": st.fixed_dictionaries({"rope_type": st.sampled_from(["dynamic", "yarn"]), "factor": junk}),
         },
     ).map(lambda d: json.dumps(d)),
-    st.builds(lambda d: json.dumps({"text_config": d}), st.dictionaries(st.sampled_from(["num_attention_heads", "head_dim"]), junk, max_size=2)),
+    st.builds(lambda d: json.dumps({"text_config": d}),
+              st.dictionaries(st.sampled_from(["num_attention_heads", "head_dim"]), junk, max_size=2)),
 )
 
 

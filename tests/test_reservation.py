@@ -174,7 +174,8 @@ def test_continuation_is_reserved_only_with_chunked_prefill_above_128_tokens(ove
 
 
 def test_plan_rounds_max_model_len_minus_one_to_the_block_in_use():
-    base = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_num_seqs=1, max_num_batched_tokens=4096)
+    base = dict(num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_num_seqs=1, max_num_batched_tokens=4096,
+                kv_cache_dtype="turboquant_4bit_nc")
     for mml, expected in [(4161, 4160), (4162, 6240), (2081, 2080), (2082, 4160)]:
         c = EngineConfig(**base, block_size=2080, max_model_len=mml)
         assert reservation_plan(c)[1][0][0] == (1, 2, expected, 64)
@@ -309,6 +310,7 @@ def _small_configs(draw):
         max_num_batched_tokens=draw(st.integers(8, 300)),
         block_size=draw(st.sampled_from([1, 16, 32, 100])),
         tq_max_kv_splits_for_cuda_graph=draw(st.sampled_from([1, 4, 32])),
+        turboquant_backend_on_unquantized=True,  # head_dim 8 is no TurboQuant size: the consumers on an auto cache
         dtype=draw(st.sampled_from(["bf16", "fp16", "fp32"])),
     )
 

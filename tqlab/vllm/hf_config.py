@@ -234,7 +234,8 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
     attn, hybrid = _attention_layers(r, n_layers)
     if not attn:
         raise HFConfigError(f"{where}: {hybrid} marks no attention layer: no TurboQuant workspace consumer")
-    sources["num_hidden_layers"] = (src + f"{hybrid}: {len(attn)} attention layers of {n_layers}") if hybrid else (src + "num_hidden_layers")
+    sources["num_hidden_layers"] = (src + f"{hybrid}: {len(attn)} attention layers of {n_layers}" if hybrid
+                                    else src + "num_hidden_layers")
     max_len, key = _max_len(r, raw)
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
     archs = raw.get("architectures")
