@@ -105,3 +105,56 @@ def test_speculative_tokens_as_a_string_and_bad_list_entries():
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes '[1, 2.5]'")[0])
     with pytest.raises(VllmArgsError, match=r"^cudagraph_capture_sizes\[0\] must be an integer, got 'x'$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes+ x,2")[0])
+
+
+# --------------------------------------------------------------------------- #
+# config.json: nesting, Nemotron-H spelled two ways                           #
+# --------------------------------------------------------------------------- #
+
+NEMOTRON_H = {"architectures": ["NemotronHForCausalLM"], "num_attention_heads": 32, "num_key_value_heads": 2,
+              "head_dim": 128, "num_hidden_layers": 24, "hybrid_override_pattern": "M*E" * 8, "mamba_num_heads": 128,
+              "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128, "conv_kernel": 4,
+              "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}
+NEMOTRON_LINE = "vllm serve M -tp 8 --max-num-seqs 4 --max-model-len 131072 --kv-cache-dtype turboquant_3bit_nc"
+
+
+def test_config_nested_100000_levels_is_one_line(tmp_path):
+    from tqlab.vllm.hf_config import HFConfigError, read_hf_config
+
+    p = tmp_path / "config.json"
+    p.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    with pytest.raises(HFConfigError, match=r"config.json: nested too deeply to read \(more than about \d+ levels"):
+        read_hf_config(p)
+
+
+def test_deep_json_in_a_flag_is_one_line():
+    deep = '{"a":' * 5000 + "1" + "}" * 5000
+    with pytest.raises(VllmArgsError, match=r"^vllm serve: argument --hf-overrides: JSON nested too deeply to read: "):
+        parse_serve_args(["vllm", "serve", "M", "--hf-overrides", deep])
+    with pytest.raises(VllmArgsError, match=r"^vllm serve: argument -cc.x: JSON nested too deeply to read: "):
+        parse_serve_args(["vllm", "serve", "M", "-cc.x", deep])
+
+
+def _layers_block_type(cfg):
+    kinds = {"M": "mamba", "*": "attention", "E": "moe", "-": "mlp"}
+    out = {k: v for k, v in cfg.items() if k != "hybrid_override_pattern"}
+    return {**out, "layers_block_type": [kinds[c] for c in cfg["hybrid_override_pattern"]]}
+
+
+def test_nemotron_h_block_does_not_depend_on_how_the_pattern_is_spelled():
+    # Mamba2 page at TP 8: 3 x 1280 bf16 conv + 16 x 64 x 128 fp32 SSM = 531,968 B over 102 B per token -> 5216
+    a = deployment_from_vllm(NEMOTRON_LINE, NEMOTRON_H)
+    b = deployment_from_vllm(NEMOTRON_LINE, _layers_block_type(NEMOTRON_H))
+    assert a.config.block_size == b.config.block_size == 5216
+    assert a.model.mamba == b.model.mamba and a.model.mamba.ssm_dtype == "float32"
+    assert a.model.attention_layers == b.model.attention_layers == tuple(range(1, 24, 3))
+
+
+def test_float32_ssm_default_is_keyed_on_the_architecture():
+    # vLLM's MODELS_CONFIG_MAP: only Nemotron-H architectures get the float32 default; another Mamba2 hybrid
+    # keeps the model dtype: 3 x 1280 bf16 conv + 16 x 64 x 128 bf16 SSM = 269,824 B -> 2656
+    other = {**NEMOTRON_H, "architectures": ["SomeMamba2Hybrid"]}
+    assert deployment_from_vllm(NEMOTRON_LINE, other).config.block_size == 2656
+    assert deployment_from_vllm(NEMOTRON_LINE, _layers_block_type(other)).config.block_size == 2656
+    fp16 = {**_layers_block_type(NEMOTRON_H), "mamba_ssm_cache_dtype": "float16"}
+    assert deployment_from_vllm(NEMOTRON_LINE, fp16).model.mamba.ssm_dtype == "float16"

@@ -114,7 +114,9 @@ def _json_object(value: str) -> Any:
     try:
         v = _json_value(value)
     except (json.JSONDecodeError, argparse.ArgumentTypeError, ValueError) as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {value!r}") from None
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {_short(value)}") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError(f"JSON nested too deeply to read: {_short(value)}") from None
     if not isinstance(v, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"key\": 1}}', got {value!r}")
     return v
@@ -229,6 +231,8 @@ def _preprocess(argv: list[str]) -> list[str]:
             name, *keys = key.split(".")
             try:
                 value: Any = json.loads(val)
+            except RecursionError:
+                raise VllmArgsError(f"vllm serve: argument {key}: JSON nested too deeply to read: {_short(val)}") from None
             except json.JSONDecodeError:
                 try:
                     value = human_readable_int(val)
@@ -266,6 +270,8 @@ def _pull_config_file(argv: list[str], notes: list[str]) -> list[str]:
         raise VllmArgsError(f"--config {path}: reading it needs PyYAML (pip install pyyaml)") from None
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except RecursionError:
+        raise VllmArgsError(f"--config {path}: nested too deeply to read") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise VllmArgsError(f"--config {path}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if not isinstance(data, dict):

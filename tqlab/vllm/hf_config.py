@@ -40,12 +40,13 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
+__all__ = ["NEMOTRON_H_ARCHITECTURES", "HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
 
 MAX_LEN_KEYS = (
     "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -148,6 +149,9 @@ def _load(source: str | os.PathLike | Mapping[str, Any]) -> tuple[str, Any]:
         raise HFConfigError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise HFConfigError(f"{name}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise HFConfigError(f"{name}: nested too deeply to read (more than about {sys.getrecursionlimit()} levels "
+                            "of objects or lists; a config.json is a few levels deep)") from None
     except OSError as e:
         raise HFConfigError(f"{name}: cannot be read ({e.strerror})") from None
 
@@ -243,7 +247,7 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
         path=where, num_attention_heads=hq, num_key_value_heads=hk, head_dim=d, num_hidden_layers=n_layers,
         attention_layers=attn, hybrid=hybrid, max_len=max_len, max_len_key=key,
         dtype=None if dtype is None else str(dtype), architecture=arch,
-        mamba=_mamba_state(r) if hybrid else None, model_max_length=r.int("model_max_length"), sources=sources,
+        mamba=_mamba_state(r, arch) if hybrid else None, model_max_length=r.int("model_max_length"), sources=sources,
     )
 
 
@@ -312,8 +316,18 @@ def _max_len(r: _Reader, raw: Mapping[str, Any]) -> tuple[int, str | None]:
     return int(best), key
 
 
-def _mamba_state(r: _Reader) -> MambaState | None:
-    """The per-layer recurrent state (GDN or Mamba2), or None if the config does not describe one."""
+NEMOTRON_H_ARCHITECTURES = frozenset({"NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Nano_VL_V2"})
+"""Architectures whose SSM state defaults to the config's ``mamba_ssm_cache_dtype``, else float32: vLLM 0.33
+``vllm/model_executor/models/config.py`` ``MODELS_CONFIG_MAP`` -> ``NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype``
+(``NemotronH_Nano_VL_V2`` reads its ``text_config``). Keyed on the architecture, as vLLM does, not on
+how the layer pattern is spelled (``hybrid_override_pattern`` or ``layers_block_type``)."""
+
+
+def _mamba_state(r: _Reader, arch: str | None = None) -> MambaState | None:
+    """The per-layer recurrent state (GDN or Mamba2), or None if the config does not describe one.
+
+    ``arch``: ``architectures[0]``; :data:`NEMOTRON_H_ARCHITECTURES` get vLLM's float32 SSM-state default.
+    """
     c = r.cfg
     ssm = c.get("mamba_ssm_dtype") if isinstance(c.get("mamba_ssm_dtype"), str) else None
     if "linear_num_value_heads" in c:
@@ -327,6 +341,6 @@ def _mamba_state(r: _Reader) -> MambaState | None:
         kernel = r.int("conv_kernel", required=True)
         # Nemotron-H: vLLM's NemotronHForCausalLMConfig uses the config's mamba_ssm_cache_dtype, else float32
         nem = c.get("mamba_ssm_cache_dtype") if isinstance(c.get("mamba_ssm_cache_dtype"), str) else "float32"
-        ssm = ssm or (nem if "hybrid_override_pattern" in c else None)
+        ssm = ssm or (nem if arch in NEMOTRON_H_ARCHITECTURES else None)
         return MambaState("mamba2", heads * hd, kernel - 1, (heads, hd, state), groups, state, ssm_dtype=ssm)
     return None
