@@ -201,7 +201,11 @@ def test_cudagraph_speculative_and_attention_config_at_dict_level():
                                                   "FULL_DECODE_ONLY, FULL_AND_PIECEWISE, got 'SOMETIMES'"),
     ("vllm serve M -O7", "--optimization-level (-O) must be 0, 1, 2 or 3, got '7'"),
     ("""vllm serve M --speculative-config '{"num_speculative_tokens":-1}'""",
-     "--speculative-config num_speculative_tokens must be an integer >= 0, got -1"),
+     "--speculative-config num_speculative_tokens must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got -1"),
+    ("""vllm serve M --speculative-config '{"num_speculative_tokens":0}'""",
+     "--speculative-config num_speculative_tokens must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got 0"),
+    ("""vllm serve M --speculative-config '{"num_speculative_tokens":2.5}'""",
+     "--speculative-config num_speculative_tokens must be an integer, got 2.5"),
     ("vllm serve M -ac.tq_max_kv_splits_for_cuda_graph x", "--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got 'x'"),
 ])
 def test_bad_config_values_are_one_line_errors(line, msg):

@@ -24,9 +24,12 @@ from tqlab.core.config import EngineConfig, load_preset, parse_dtype, step_token
 from tqlab.turboquant.spec import get_spec
 from tqlab.vllm.hf_config import ModelShape, read_hf_config
 from tqlab.vllm.flags import (
+    ENV_KEY,
     FLAGS_FILE,
     VllmArgsError,
+    env_flag,
     human_readable_int,
+    lax_int,
     human_readable_int_or_auto,
     parse_serve_args,
     vllm_flags,
@@ -117,7 +120,7 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
-                        "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config"}
+                        "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY}
 
 
 def _field_names() -> set[str]:
@@ -129,9 +132,14 @@ def _flag(dest: str) -> str:
 
 
 def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
-    if not isinstance(v, list) or not v or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in v):
+    """A list of sizes, each coerced as vLLM's pydantic config classes do (:func:`~tqlab.vllm.flags.lax_int`:
+    ``["1", "2", "4"]`` from ``-cc.cudagraph_capture_sizes+ 1,2,4``, ``[1, 2.0, 4]``); each must be >= 1."""
+    if not isinstance(v, list) or not v:
         raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
-    return tuple(v)
+    out = tuple(lax_int(s, f"{name}[{i}]") for i, s in enumerate(v))
+    if any(s < 1 for s in out):
+        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
+    return out
 
 
 def _map_flags(g: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], list[str], list[str]]:
@@ -155,24 +163,24 @@ def _map_flags(g: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], li
         src["cudagraph_capture_sizes"] = ("flag --cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g
                                           else "flag --compilation-config cudagraph_capture_sizes")
     if "max_cudagraph_capture_size" in cc and cc["max_cudagraph_capture_size"] is not None:
-        v = cc["max_cudagraph_capture_size"]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        v = lax_int(cc["max_cudagraph_capture_size"], "compilation_config.max_cudagraph_capture_size")
+        if v < 1:
             raise VllmArgsError(f"compilation_config.max_cudagraph_capture_size must be a positive integer, got {v!r}")
         kw["max_cudagraph_capture_size"] = v
         src["max_cudagraph_capture_size"] = "flag --compilation-config max_cudagraph_capture_size"
     _map_cudagraph_mode(g, cc, kw, src)
     spec = g.get("speculative_config")
     if spec is not None:
+        where = "--speculative-config num_speculative_tokens"
         k = spec.get("num_speculative_tokens")
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 0):
-            raise VllmArgsError(f"--speculative-config num_speculative_tokens must be an integer >= 0, got {k!r}")
+        k = None if k is None else lax_int(k, where)  # pydantic lax int: "3" is 3 (SpeculativeConfig)
+        if k is not None and k < 1:  # SpeculativeConfig.num_speculative_tokens: Field(gt=0)
+            raise VllmArgsError(f"{where} must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got {k!r}")
         if k is not None:
             kw["num_speculative_tokens"], src["num_speculative_tokens"] = k, "flag --speculative-config num_speculative_tokens"
     att = g.get("attention_config") or {}
     if "tq_max_kv_splits_for_cuda_graph" in att:
-        v = att["tq_max_kv_splits_for_cuda_graph"]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise VllmArgsError(f"--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got {v!r}")
+        v = lax_int(att["tq_max_kv_splits_for_cuda_graph"], "--attention-config tq_max_kv_splits_for_cuda_graph")
         kw["tq_max_kv_splits_for_cuda_graph"] = v
         src["tq_max_kv_splits_for_cuda_graph"] = "flag --attention-config tq_max_kv_splits_for_cuda_graph"
     ignored = sorted(_flag(d) for d in g if d not in _READ)
@@ -347,7 +355,7 @@ def engine_config_kwargs_from_vllm(
               head_dim=shape.head_dim, num_hidden_layers=shape.num_attention_layers)
     src.update(shape.sources)
     kw["dtype"] = _model_dtype(shape, kw.get("dtype"), notes, src)
-    _check_max_model_len(shape, kw.get("max_model_len", -1), notes)
+    _check_max_model_len(shape, kw.get("max_model_len", -1), notes, given.get(ENV_KEY))
     key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
     if kw.get("max_model_len", -1) == -1:
         how = "--max-model-len auto" if "max_model_len" in kw else "no --max-model-len"
@@ -425,16 +433,17 @@ def _skip_layers(shape: ModelShape, kw: dict[str, Any], src: dict[str, str], not
         notes.append("--kv-cache-dtype-skip-layers " + ", ".join(t for t in user if not t.isdigit()) + ": not modelled")
 
 
-def _check_max_model_len(shape: ModelShape, mml: int, notes: list[str]) -> None:
+def _check_max_model_len(shape: ModelShape, mml: int, notes: list[str], env: Mapping[str, str] | None = None) -> None:
     """vLLM ``_get_and_verify_max_len``: a ``--max-model-len`` above the derived length (and above
-    ``model_max_length``, if given) is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set."""
+    ``model_max_length``, if given) is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (in the
+    serve line's ``NAME=value`` prefix ``env``, else in this process's environment: ``flags.env_flag``)."""
     if mml == -1 or shape.max_len_key is None or mml <= shape.max_len:
         return
     if shape.model_max_length is not None and mml <= shape.model_max_length:
         return
     msg = (f"--max-model-len {mml} is greater than the derived max_model_len ({shape.max_len_key}={shape.max_len} "
            f"or model_max_length={shape.model_max_length} in {shape.path})")
-    if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() in ("1", "true"):
+    if env_flag(dict(env or {}), "VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
         notes.append(msg + ": allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN")
         return
     raise VllmArgsError(msg + "; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
