@@ -117,6 +117,9 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
     "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
     "enable_prefix_caching": "enable_prefix_caching", "max_num_scheduled_tokens": "max_num_scheduled_tokens",
+    # workspace consumers beyond TurboQuant (issue 19)
+    "decode_context_parallel_size": "decode_context_parallel_size", "data_parallel_size": "data_parallel_size",
+    "enable_expert_parallel": "enable_expert_parallel", "attention_backend": "attention_backend",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
@@ -183,6 +186,9 @@ def _map_flags(g: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str], li
         v = lax_int(att["tq_max_kv_splits_for_cuda_graph"], "--attention-config tq_max_kv_splits_for_cuda_graph")
         kw["tq_max_kv_splits_for_cuda_graph"] = v
         src["tq_max_kv_splits_for_cuda_graph"] = "flag --attention-config tq_max_kv_splits_for_cuda_graph"
+    if att.get("mla_prefill_backend") is not None:
+        kw["mla_prefill_backend"] = str(att["mla_prefill_backend"])
+        src["mla_prefill_backend"] = "flag --attention-config mla_prefill_backend"
     ignored = sorted(_flag(d) for d in g if d not in _READ)
     return kw, src, notes, ignored
 
@@ -354,6 +360,9 @@ def engine_config_kwargs_from_vllm(
     kw.update(num_attention_heads=shape.num_attention_heads, num_key_value_heads=shape.num_key_value_heads,
               head_dim=shape.head_dim, num_hidden_layers=shape.num_attention_layers)
     src.update(shape.sources)
+    for kind in ("mla", "indexer", "moe"):  # workspace consumers' model fields (issue 19)
+        if getattr(shape, kind) is not None:
+            kw[kind], src[kind] = getattr(shape, kind), f"config.json ({kind} fields)"
     kw["dtype"] = _model_dtype(shape, kw.get("dtype"), notes, src)
     _check_max_model_len(shape, kw.get("max_model_len", -1), notes, given.get(ENV_KEY))
     key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
