@@ -24,9 +24,12 @@ from tqlab.core.config import EngineConfig, check_kv_cache_dtype, is_turboquant,
 from tqlab.core.notes import Note, NoteKind
 from tqlab.vllm.draft import DeploymentDraft, FieldRecord
 from tqlab.vllm.flags import (
+    ENV_KEY,
     FLAGS_FILE,
     VllmArgsError,
+    env_flag,
     human_readable_int,
+    lax_int,
     human_readable_int_or_auto,
     parse_serve_args,
     vllm_flags,
@@ -156,22 +159,24 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
     "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
     "enable_prefix_caching": "enable_prefix_caching", "max_num_scheduled_tokens": "max_num_scheduled_tokens",
+    # workspace consumers beyond TurboQuant (issue 19)
+    "decode_context_parallel_size": "decode_context_parallel_size", "data_parallel_size": "data_parallel_size",
+    "enable_expert_parallel": "enable_expert_parallel", "attention_backend": "attention_backend",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
-                        "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config"}
-
-
-def _int_at_least(name: str, v: Any, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise VllmArgsError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return v
+                        "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY}
 
 
 def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
-    if not isinstance(v, list) or not v or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in v):
+    """A list of sizes, each coerced as vLLM's pydantic config classes do (:func:`~tqlab.vllm.flags.lax_int`:
+    ``["1", "2", "4"]`` from ``-cc.cudagraph_capture_sizes+ 1,2,4``, ``[1, 2.0, 4]``); each must be >= 1."""
+    if not isinstance(v, list) or not v:
         raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
-    return tuple(v)
+    out = tuple(lax_int(s, f"{name}[{i}]") for i, s in enumerate(v))
+    if any(s < 1 for s in out):
+        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
+    return out
 
 
 def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
@@ -183,23 +188,21 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     mml = d.get("max_model_len")
     if mml is not None and mml != -1 and mml < 1:  # ModelConfig.max_model_len: Field(ge=-1), then >= 1
         raise VllmArgsError(f"--max-model-len must be a positive integer or auto/-1, got {mml}")
-    if "kv_cache_dtype" in d:
-        try:
-            check_kv_cache_dtype(d.get("kv_cache_dtype"), "--kv-cache-dtype")
-        except ValueError as e:
-            raise VllmArgsError(str(e)) from None
     _map_capture_sizes(g, d)
     _map_cudagraph_mode(g, g.get("compilation_config") or {}, d)
     spec = g.get("speculative_config")
     if spec is not None and spec.get("num_speculative_tokens") is not None:
-        k = _int_at_least("--speculative-config num_speculative_tokens", spec["num_speculative_tokens"], 0)
+        where = "--speculative-config num_speculative_tokens"
+        k = lax_int(spec["num_speculative_tokens"], where)  # pydantic lax int: "3" is 3 (SpeculativeConfig)
+        if k < 1:  # SpeculativeConfig.num_speculative_tokens: Field(gt=0)
+            raise VllmArgsError(f"{where} must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got {k!r}")
         d.set("num_speculative_tokens", k, "flag --speculative-config num_speculative_tokens")
     att = g.get("attention_config") or {}
     if "tq_max_kv_splits_for_cuda_graph" in att:
-        v = att["tq_max_kv_splits_for_cuda_graph"]
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise VllmArgsError(f"--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got {v!r}")
+        v = lax_int(att["tq_max_kv_splits_for_cuda_graph"], "--attention-config tq_max_kv_splits_for_cuda_graph")
         d.set("tq_max_kv_splits_for_cuda_graph", v, "flag --attention-config tq_max_kv_splits_for_cuda_graph")
+    if att.get("mla_prefill_backend") is not None:
+        d.set("mla_prefill_backend", str(att["mla_prefill_backend"]), "flag --attention-config mla_prefill_backend")
     d.ignored = sorted(_flag(k) for k in g if k not in _READ)
     return d
 
@@ -217,8 +220,8 @@ def _map_capture_sizes(g: Mapping[str, Any], d: DeploymentDraft) -> None:
               "flag --cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g
               else "flag --compilation-config cudagraph_capture_sizes")
     if cc.get("max_cudagraph_capture_size") is not None:
-        v = cc["max_cudagraph_capture_size"]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        v = lax_int(cc["max_cudagraph_capture_size"], "compilation_config.max_cudagraph_capture_size")
+        if v < 1:
             raise VllmArgsError(f"compilation_config.max_cudagraph_capture_size must be a positive integer, got {v!r}")
         d.set("max_cudagraph_capture_size", v, "flag --compilation-config max_cudagraph_capture_size")
 
@@ -294,9 +297,10 @@ def _model_dtype(shape: ModelShape, d: DeploymentDraft) -> None:
     d.set("dtype", dt, "config.json torch_dtype" if shape.dtype else "derived: no torch_dtype in config.json, bfloat16")
 
 
-def _max_model_len(shape: ModelShape, d: DeploymentDraft) -> None:
+def _max_model_len(shape: ModelShape, d: DeploymentDraft, env: Mapping[str, str] | None = None) -> None:
     """vLLM ``_get_and_verify_max_len``: a ``--max-model-len`` above the derived length (and above
-    ``model_max_length``, if given) is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set;
+    ``model_max_length``, if given) is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (in the
+    serve line's ``NAME=value`` prefix ``env``, else in this process's environment: ``flags.env_flag``);
     ``auto`` (-1) or none: the derived length (vLLM may then lower auto to fit GPU memory: not modelled)."""
     mml = d.get("max_model_len", -1)
     too_long = (mml != -1 and shape.max_len_key is not None and mml > shape.max_len
@@ -304,7 +308,7 @@ def _max_model_len(shape: ModelShape, d: DeploymentDraft) -> None:
     if too_long:
         msg = (f"--max-model-len {mml} is greater than the derived max_model_len ({shape.max_len_key}={shape.max_len} "
                f"or model_max_length={shape.model_max_length} in {shape.path})")
-        if os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0").strip().lower() not in ("1", "true"):
+        if not env_flag(dict(env or {}), "VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
             raise VllmArgsError(msg + "; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
         d.note(NoteKind.INFO, msg + ": allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN", "max_model_len")
     if mml != -1:
@@ -396,9 +400,20 @@ def _default_sources(d: DeploymentDraft) -> None:
                  "tqlab teaching variant, off: a vLLM deployment runs TurboQuant's backend only for a TurboQuant cache")
 
 
+def _check_kv_cache_dtype(d: DeploymentDraft, mla: bool) -> None:
+    """``--kv-cache-dtype`` as tqlab models it (:func:`tqlab.core.config.check_kv_cache_dtype`; MLA-only layouts
+    need a model with MLA), a one-line :class:`VllmArgsError` naming the flag otherwise."""
+    if "kv_cache_dtype" in d:
+        try:
+            check_kv_cache_dtype(d.get("kv_cache_dtype"), "--kv-cache-dtype", mla=mla)
+        except ValueError as e:
+            raise VllmArgsError(str(e)) from None
+
+
 def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None, usage: str) -> DeploymentDraft:
     """Every reader, in vLLM's order, on one draft: flags, config.json, defaults, skip layers, hybrid rules."""
     d, given = _read_flags(engine_args)
+    _check_kv_cache_dtype(d, getattr(shape, "mla", None) is not None)
     if shape.mamba is not None:  # these size the Mamba page, hence the hybrid attention block
         d.ignored = [f for f in d.ignored if f not in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype")]
     if shape.hybrid is not None:  # these decide the Mamba block-aligned prefill split
@@ -411,8 +426,11 @@ def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None,
         d.set(name, value, "config.json")
     for name, how in shape.sources.items():
         d.set_source(name, how)
+    for kind in ("mla", "indexer", "moe"):  # workspace consumers' model fields (issue 19)
+        if getattr(shape, kind) is not None:
+            d.set(kind, getattr(shape, kind), f"config.json ({kind} fields)")
     _model_dtype(shape, d)
-    _max_model_len(shape, d)
+    _max_model_len(shape, d, given.get(ENV_KEY))
     _scheduler_defaults(d, usage, gpu_memory_gib, given.get("performance_mode"))
     _skip_layers(shape, d, given.get("kv_cache_dtype_skip_layers") or [])
     apply_hybrid_block(shape, d, given)
@@ -512,6 +530,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     flags (one line), and ``TypeError`` never: only EngineConfig fields are passed.
     """
     d, given = _flag_draft(engine_args)
+    _check_kv_cache_dtype(d, load_preset(preset)["config"].get("mla") is not None)
     if "dtype" in d:
         d.set_value("dtype", parse_dtype(d.get("dtype")))
     base = load_preset(preset)["config"]
