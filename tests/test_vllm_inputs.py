@@ -93,12 +93,13 @@ def test_capture_size_lists_are_coerced_as_vllm_does(line):
 def test_two_spellings_of_one_dict_flag_are_two_flags_the_last_wins():
     # FlexibleArgumentParser collects dotted args per spelling ("--compilation-config", "-cc") and appends
     # each as its own flag; argparse keeps the last
-    kw = _map_flags(_given("vllm serve M --compilation-config.cudagraph_capture_sizes+=1,2 -cc.cudagraph_capture_sizes+ 4")[0])  # the draft the flags alone make
+    line = "vllm serve M --compilation-config.cudagraph_capture_sizes+=1,2 -cc.cudagraph_capture_sizes+ 4"
+    kw = _map_flags(_given(line)[0])  # the draft the flags alone make
     assert kw.get("cudagraph_capture_sizes") == (4,)
 
 
 def test_speculative_tokens_as_a_string_and_bad_list_entries():
-    kw = _map_flags(_given("""vllm serve M --speculative-config '{"num_speculative_tokens": "3"}'""")[0])  # the draft the flags alone make
+    kw = _map_flags(_given("""vllm serve M --speculative-config '{"num_speculative_tokens": "3"}'""")[0])  # a draft
     assert kw.get("num_speculative_tokens") == 3
     with pytest.raises(VllmArgsError, match=r"^cudagraph_capture_sizes\[1\] must be an integer, got 2.5$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes '[1, 2.5]'")[0])
