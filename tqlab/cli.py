@@ -185,8 +185,12 @@ def presets() -> None:
     """List the presets in data/presets/ with their sources."""
     from rich.table import Table
 
-    t = Table("preset", "title", "source of its numbers", show_lines=True)
-    for name in list_presets():
+    names = list_presets()
+    t = Table(show_lines=True)
+    t.add_column("preset", no_wrap=True, min_width=max(map(len, names), default=6))  # a name is copied whole
+    t.add_column("title")
+    t.add_column("source of its numbers")
+    for name in names:
         data = load_preset(name)
         t.add_row(name, data["title"], data["source"])
     _console().print(t)
@@ -247,6 +251,12 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     from tqlab.core.workspace import format_mb
 
     console = _console()
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("no CUDA device is available here; use cpu, meta (shapes only) or auto",
+                                     param_hint="--device")
     config = _build_config(preset, overrides)
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
@@ -426,7 +436,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     Reads engine args + the model's config.json; prints the workspace each
     prompt needs, whether it overflows the locked size with and without the
     fix, and the safe max_model_len. vLLM itself is only needed for --demo.
-    ``--json -`` writes the report to standard output, and nothing else. Bad
+    "--json -" writes the report to standard output, and nothing else. Bad
     input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
     field, --gpu-memory-gib that is not a finite number > 0, a --json path in
     a missing folder) is a one-line usage error (exit 2).
@@ -434,6 +444,10 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     import math
 
     from tqlab.predict.report import inspect_vllm
+
+    if (model_config is None) == (preset is None):
+        raise click.UsageError("give the model as --config FILE (its config.json, or its folder) or --preset NAME "
+                               "(`tqlab presets`), not " + ("both" if preset else "neither"))
 
     if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
