@@ -158,7 +158,7 @@ def test_reservation_sizes_every_ubatch_slot():
     # and in the engine: DBO + fix sizes both slots at build_backend
     engine = LLMEngine(c.replace(max_model_len=2048), fix=True, device="meta")
     expected = plan_bytes(reservation_plan(engine.config))
-    assert engine.phases[1].workspace_bytes == (expected, expected)
+    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (expected, expected)
 
 
 # --------------------------------------------------------------------------- #

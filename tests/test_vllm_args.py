@@ -153,8 +153,9 @@ def test_kwargs_and_sources_from_flags_config_and_defaults():
                                    "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph",
                                    "cudagraph_mode", "num_speculative_tokens", "max_cudagraph_capture_size",
                                    "lock_workspace_when_eager", "mamba_block_aligned_split", "enable_prefix_caching",
-                                   "turboquant_backend_on_unquantized",
-                                   "max_num_scheduled_tokens"}
+                                   "max_num_scheduled_tokens", "mla", "indexer", "moe", "decode_context_parallel_size",
+                                   "data_parallel_size", "enable_expert_parallel", "attention_backend",
+                                   "mla_prefill_backend", "gpu", "turboquant_backend_on_unquantized"}
                                   - set(kw))
     assert src["cudagraph_mode"] == "vLLM default (-O2: FULL_AND_PIECEWISE)" and "cudagraph_mode" not in kw
     assert "vLLM flags with no effect on the workspace: --enable-lora" in notes

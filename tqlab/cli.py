@@ -18,7 +18,7 @@ import click
 from tqlab.core.config import CUDAGRAPH_MODES, KV_CACHE_DTYPES, EngineConfig, field_help, list_presets, load_preset
 
 MiB = 1 << 20
-_SKIP = {"preset"}
+_SKIP = {"preset", "mla", "indexer", "moe"}  # the model-field groups come from config.json (inspect-vllm)
 _CPU_BYTES_LIMIT = 4 << 30  # a CPU run that would build more than this goes to meta
 _CPU_SECONDS_LIMIT = 30.0
 _CPU_FLOPS = 1e11  # assumed float32 throughput of one shared CPU core set (FLOP/s), for the estimate only
@@ -109,6 +109,8 @@ def _override_options(f):
         elif fld.name == "cudagraph_mode":
             opt = click.option(flag, fld.name, type=click.Choice(CUDAGRAPH_MODES, case_sensitive=False), default=None,
                                help=hlp)
+        elif fld.name in ("gpu", "attention_backend", "mla_prefill_backend"):
+            opt = click.option(flag, fld.name, type=str, default=None, help=hlp)
         elif fld.name in ("dtype", "cudagraph_capture_sizes"):
             opt = click.option(flag, fld.name, type=str, default=None,
                                help=hlp + (", comma-separated" if fld.name == "cudagraph_capture_sizes" else ""))

@@ -116,6 +116,15 @@ _FIELD_HELP = {
     "max_num_scheduled_tokens": "tokens the scheduler issues per step, the prefill chunk size (default: max_num_batched_tokens)",
     "enable_prefix_caching": "prefix caching (vLLM's default on): a cache hit starts a prompt with whole blocks cached",
     "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
+    "mla": "MLA fields (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, q_lora_rank) or none",
+    "indexer": "sparse attention indexer fields (index_topk, index_head_dim, index_n_heads) or none",
+    "moe": "MoE fields (num_experts, num_experts_per_tok, moe_intermediate_size, hidden_size, ...) or none",
+    "decode_context_parallel_size": "decode context parallelism -dcp: KV cache sharded across this many TP ranks (count)",
+    "data_parallel_size": "data-parallel replicas -dp (count)",
+    "enable_expert_parallel": "--enable-expert-parallel: experts sharded across TP x DP ranks instead of tensor-parallel",
+    "attention_backend": "--attention-backend (vLLM's AttentionBackendEnum name); none: vLLM's default for the GPU",
+    "mla_prefill_backend": "--attention-config.mla_prefill_backend (FLASH_ATTN, TRTLLM_RAGGED, FLASHINFER, ...); none: default",
+    "gpu": "GPU target vLLM would read SM count, compute capability and defaults from (H100, H200, B200, A4000, ...)",
     "turboquant_backend_on_unquantized": "teaching variant, not a vLLM deployment: TurboQuant's backend and its workspace "
                                          "consumers on an unquantized (kv_cache_dtype auto) cache",
 }
@@ -240,6 +249,16 @@ class EngineConfig:
     max_num_scheduled_tokens: int | None = None
     enable_prefix_caching: bool = True
     mamba_block_aligned_split: bool = False
+    # Workspace consumers beyond TurboQuant (issue 19; tqlab.core.consumers): model fields and parallelism.
+    mla: Any = None
+    indexer: Any = None
+    moe: Any = None
+    decode_context_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    attention_backend: str | None = None
+    mla_prefill_backend: str | None = None
+    gpu: str = "H200"
     turboquant_backend_on_unquantized: bool = False
     preset: str | None = field(default=None, compare=False)
 
@@ -259,6 +278,7 @@ class EngineConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_capture_fields()
+        self._check_consumer_fields()
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
         check_kv_cache_dtype(self.kv_cache_dtype)
         if self.turboquant_backend_on_unquantized and self.kv_cache_dtype != "auto":
@@ -302,6 +322,32 @@ class EngineConfig:
                 f"({self.max_num_scheduled_tokens}) < max_model_len ({self.max_model_len}): vLLM's scheduler would "
                 "never schedule a longer prompt (Scheduler.schedule breaks when it does not fit the token budget)"
             )
+
+    def _check_consumer_fields(self) -> None:
+        """Validate (and normalise) the MLA / indexer / MoE / parallelism / GPU fields (issue 19)."""
+        from tqlab.core.hardware import gpu_target
+        from tqlab.core.model_arch import arch_from_dict
+
+        for kind in ("mla", "indexer", "moe"):
+            object.__setattr__(self, kind, arch_from_dict(kind, getattr(self, kind)))
+        for name in ("decode_context_parallel_size", "data_parallel_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.tensor_parallel_size % self.decode_context_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size ({self.tensor_parallel_size}) must be divisible by decode_context_parallel_size "
+                f"({self.decode_context_parallel_size}), as vLLM's ParallelConfig requires"
+            )
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise ValueError(f"enable_expert_parallel must be True or False, got {self.enable_expert_parallel!r}")
+        for name in ("attention_backend", "mla_prefill_backend"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise ValueError(f"{name} must be None or a backend name, got {v!r}")
+            if v is not None:
+                object.__setattr__(self, name, v.strip().upper())
+        object.__setattr__(self, "gpu", gpu_target(self.gpu).name)
 
     def _check_mamba_split(self) -> None:
         """``mamba_block_aligned_split`` needs what vLLM 0.33's "align" mode needs, in the case tqlab models."""
@@ -408,6 +454,10 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["dtype"] = str(self.dtype).removeprefix("torch.")
+        from tqlab.core.model_arch import arch_to_dict
+
+        for kind in ("mla", "indexer", "moe"):
+            d[kind] = arch_to_dict(d[kind])
         return d
 
     @classmethod

@@ -160,16 +160,13 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "enforce_eager": "enforce_eager", "kv_cache_dtype": "kv_cache_dtype", "dtype": "dtype",
     "max_model_len": "max_model_len", "max_cudagraph_capture_size": "max_cudagraph_capture_size",
     "enable_prefix_caching": "enable_prefix_caching", "max_num_scheduled_tokens": "max_num_scheduled_tokens",
+    # workspace consumers beyond TurboQuant (issue 19)
+    "decode_context_parallel_size": "decode_context_parallel_size", "data_parallel_size": "data_parallel_size",
+    "enable_expert_parallel": "enable_expert_parallel", "attention_backend": "attention_backend",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
                         "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY}
-
-
-def _int_at_least(name: str, v: Any, minimum: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-        raise VllmArgsError(f"{name} must be an integer >= {minimum}, got {v!r}")
-    return v
 
 
 def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
@@ -227,6 +224,8 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     if "tq_max_kv_splits_for_cuda_graph" in att:
         v = lax_int(att["tq_max_kv_splits_for_cuda_graph"], "--attention-config tq_max_kv_splits_for_cuda_graph")
         d.set("tq_max_kv_splits_for_cuda_graph", v, "flag --attention-config tq_max_kv_splits_for_cuda_graph")
+    if att.get("mla_prefill_backend") is not None:
+        d.set("mla_prefill_backend", str(att["mla_prefill_backend"]), "flag --attention-config mla_prefill_backend")
     d.ignored = sorted(_flag(k) for k in g if k not in _READ)
     return d
 
@@ -466,6 +465,9 @@ def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None,
         d.set(name, value, "config.json")
     for name, how in shape.sources.items():
         d.set_source(name, how)
+    for kind in ("mla", "indexer", "moe"):  # workspace consumers' model fields (issue 19)
+        if getattr(shape, kind) is not None:
+            d.set(kind, getattr(shape, kind), f"config.json ({kind} fields)")
     _model_dtype(shape, d)
     _max_model_len(shape, d, given.get(ENV_KEY))
     _scheduler_defaults(d, usage, gpu_memory_gib, given.get("performance_mode"))

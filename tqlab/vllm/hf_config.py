@@ -33,6 +33,12 @@ it mirrors in vLLM 0.33:
   DeltaNet (Qwen3-Next/Qwen3.5: ``linear_*`` keys,
   ``MambaStateShapeCalculator.gated_delta_net_state_shape``) and Mamba2
   (Nemotron-H: ``mamba_num_heads``..., ``mamba2_state_shape``).
+* MLA, the sparse indexer and MoE (issue 19, :func:`_consumer_fields`): a model whose ``model_type`` is in
+  vLLM's ``is_deepseek_mla`` list (``model_arch_config_convertor.py``) and has ``kv_lora_rank`` uses MLA: its head
+  size is ``kv_lora_rank + qk_rope_head_dim`` (``get_head_size``; 576 for DeepSeek-V3) and it has one KV head
+  (``ModelConfig.get_num_kv_heads``: "during decode it becomes MQA"); ``index_topk``/``index_head_dim``/
+  ``index_n_heads`` give the sparse indexer; ``n_routed_experts`` or ``num_experts`` (> 1) with
+  ``num_experts_per_tok`` and ``moe_intermediate_size`` give a MoE block.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqlab.core.model_arch import IndexerFields, MLAFields, MoEFields
 from tqlab.vllm.hf_families import FALCON_TYPES, apply_hf_overrides, family_view
 
 __all__ = ["KV_HEAD_KEYS", "NEMOTRON_H_ARCHITECTURES", "HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
@@ -147,6 +154,9 @@ class ModelShape:
         """The longest ``--max-model-len`` vLLM accepts without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
         (``max_len`` unless longrope made ``max_len`` only the default)."""
         return self.max_len if self.max_len_limit is None else self.max_len_limit
+    mla: MLAFields | None = None
+    indexer: IndexerFields | None = None
+    moe: MoEFields | None = None
 
     @property
     def num_attention_layers(self) -> int:
@@ -273,6 +283,12 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any], hf_overrides: 
             raise r.fail("hidden_size", f"({hidden}) is not divisible by num_attention_heads ({hq}); give head_dim")
         d = hidden // hq
         sources["head_dim"] = f"derived: hidden_size // num_attention_heads = {hidden} // {hq} = {d}"
+    mla, indexer, moe = _consumer_fields(r, raw)
+    if mla is not None:
+        hk, d = 1, mla.head_size
+        sources["num_key_value_heads"] = "derived: MLA, one latent KV head (vLLM ModelConfig.get_num_kv_heads)"
+        sources["head_dim"] = (f"derived: MLA head size kv_lora_rank + qk_rope_head_dim = {mla.kv_lora_rank} + "
+                               f"{mla.qk_rope_head_dim} = {d} (vLLM get_head_size)")
     n_layers = r.int("num_hidden_layers") or 1
     attn, hybrid = _attention_layers(r, n_layers)
     if not attn:
@@ -291,6 +307,7 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any], hf_overrides: 
         dtype=None if dtype is None else str(dtype), architecture=arch,
         mamba=_mamba_state(r, arch) if hybrid else None, model_max_length=r.int("model_max_length"), sources=sources,
         max_len_limit=limit, max_len_limit_key=limit_key, notes=tuple(notes), hf_overrides=tuple(sorted(overridden)),
+        mla=mla, indexer=indexer, moe=moe,
     )
 
 
@@ -437,3 +454,43 @@ def _mamba_state(r: _Reader, arch: str | None = None) -> MambaState | None:
         ssm = ssm or (nem if arch in NEMOTRON_H_ARCHITECTURES else None)
         return MambaState("mamba2", heads * hd, kernel - 1, (heads, hd, state), groups, state, ssm_dtype=ssm)
     return None
+
+
+MLA_MODEL_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots3_note", "deepseek_mtp", "k3_dspark", "glm5_next",
+    "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
+    "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
+    "hy_v4", "hy_v4_mtp",
+})
+"""vLLM 0.33 ``is_deepseek_mla``'s model types (DeepSeek-V4/V4.1, compressed-KV models, are left out: tqlab does not model them)."""
+
+
+def _consumer_fields(r: _Reader, raw: Mapping[str, Any]) -> tuple[MLAFields | None, IndexerFields | None, MoEFields | None]:
+    """``(mla, indexer, moe)`` read from config.json as vLLM does (see the module docstring); None where absent."""
+    c = r.cfg
+    model_type = c.get("model_type", raw.get("model_type"))
+    mla = None
+    if model_type in MLA_MODEL_TYPES and c.get("kv_lora_rank") is not None:
+        try:
+            mla = MLAFields(r.int("kv_lora_rank", required=True), r.int("qk_rope_head_dim", minimum=0) or 0,
+                            r.int("qk_nope_head_dim", required=True), r.int("v_head_dim", required=True),
+                            r.int("q_lora_rank"))
+        except ValueError as e:
+            raise HFConfigError(f"{r.where}: {e}") from None
+    indexer = None
+    if c.get("index_topk") is not None:
+        indexer = IndexerFields(r.int("index_topk", required=True), r.int("index_head_dim", required=True),
+                                r.int("index_n_heads", required=True))
+    moe = None
+    experts = r.int("n_routed_experts") or r.int("num_experts")
+    if experts is not None and experts > 1 and c.get("num_experts_per_tok") is not None:
+        hidden = r.int("hidden_size", required=True)
+        inter = r.int("moe_intermediate_size") or r.int("intermediate_size", required=True)
+        qcfg = raw.get("quantization_config")
+        quant = qcfg.get("quant_method") if isinstance(qcfg, dict) else None
+        try:
+            moe = MoEFields(experts, r.int("num_experts_per_tok", required=True), inter, hidden,
+                            r.int("n_shared_experts", minimum=0) or 0, None if quant is None else str(quant))
+        except ValueError as e:
+            raise HFConfigError(f"{r.where}: {e}") from None
+    return mla, indexer, moe
