@@ -314,3 +314,15 @@ def test_engine_config_errors_name_each_fields_source(tmp_path):
         deployment_from_vllm("vllm serve M --max-num-batched-tokens 100 --max-num-seqs 200", p)
     assert str(e.value) == ("max_num_batched_tokens (100) must be >= max_num_seqs (200) "
                             "(max_num_batched_tokens: flag --max-num-batched-tokens; max_num_seqs: flag --max-num-seqs)")
+
+
+def test_hf_overrides_on_a_preset_set_its_model_fields():
+    from tqlab.vllm.deployment import deployment_from_preset
+
+    d = deployment_from_preset("""vllm serve M --hf-overrides '{"num_key_value_heads": 4, "max_position_embeddings": 8192}'""",
+                               "llama-3.1-8b")
+    assert (d.config.num_key_value_heads, d.sources["num_key_value_heads"]) == (4, "flag --hf-overrides num_key_value_heads")
+    assert any(n.startswith("--hf-overrides max_position_embeddings: a preset has no config.json") for n in d.notes)
+    assert not any("no effect on the workspace" in n and "--hf-overrides" in n for n in d.notes)
+    with pytest.raises(VllmArgsError, match=r"^--hf-overrides num_key_value_heads must be an integer >= 1, got '4'$"):
+        deployment_from_preset("vllm serve M --hf-overrides.num_key_value_heads '\"4\"'", "llama-3.1-8b")

@@ -63,8 +63,10 @@ def request_options(*, several: bool = False):
         names = ("--prompt-tokens", "--tokens") if several else ("--prompt-tokens",)
         hlp = ("prompt length to check (repeatable; default max_model_len - 1)" if several
                else "prompt length in tokens (repro: default the preset's, e.g. 8192; plan: also predict this prompt)")
-        f = click.option("--max-tokens", type=HumanInt(1), default=1, show_default=True,
-                         help="tokens to generate (vLLM serves prompt + max_tokens <= max_model_len)")(f)
+        mt_help = "tokens to generate (vLLM caps it at max_model_len - prompt)"
+        if several:  # inspect-vllm: each later decode step makes the same split-KV call as the first
+            mt_help += "; the decode call does not grow with length, so the verdict depends on the prompt alone"
+        f = click.option("--max-tokens", type=HumanInt(1), default=1, show_default=True, help=mt_help)(f)
         return click.option(*names, "prompt_tokens", type=HumanInt(1), multiple=several,
                             default=() if several else None, help=hlp)(f)
     return deco

@@ -560,6 +560,32 @@ def _preset_split(d: DeploymentDraft, given: Mapping[str, Any], base: Mapping[st
         d.notes += merged.notes
 
 
+_PRESET_MODEL_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers")
+"""config.json keys a preset records as EngineConfig fields of the same name (``--hf-overrides`` sets them)."""
+
+
+def _preset_hf_overrides(given: Mapping[str, Any], d: DeploymentDraft) -> None:
+    """``--hf-overrides`` on a preset: the model keys the preset records take the override (as vLLM would set
+    them in its config.json); other keys need the config.json itself (``--config``): a note says so."""
+    over = given.get("hf_overrides")
+    if over is None:
+        return
+    if not isinstance(over, Mapping):
+        raise VllmArgsError(f"--hf-overrides must be a JSON object such as '{{\"num_key_value_heads\": 4}}', got {over!r}")
+    d.ignored = [f for f in d.ignored if f != "--hf-overrides"]
+    for key in _PRESET_MODEL_KEYS:
+        if key in over:
+            v = over[key]  # as read_hf_config reads config.json: an integer (4.0 is 4), never a string
+            v = int(v) if isinstance(v, float) and v.is_integer() else v
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise VllmArgsError(f"--hf-overrides {key} must be an integer >= 1, got {over[key]!r}")
+            d.set(key, v, f"flag --hf-overrides {key}")
+    rest = sorted(k for k in over if k not in _PRESET_MODEL_KEYS)
+    if rest:
+        d.note(NoteKind.NOT_MODELLED, "--hf-overrides " + ", ".join(rest) + ": a preset has no config.json to apply "
+               "them to; give the model's config.json with --config to see their effect")
+
+
 def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str) -> VllmDeployment:
     """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
 
@@ -571,6 +597,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     d, given = _flag_draft(engine_args)
     if "dtype" in d:
         d.set_value("dtype", parse_dtype(d.get("dtype")))
+    _preset_hf_overrides(given, d)
     base = load_preset(preset)["config"]
     if base.get(SPLIT):
         _preset_split(d, given, base)
