@@ -560,8 +560,9 @@ def _preset_split(d: DeploymentDraft, given: Mapping[str, Any], base: Mapping[st
         d.notes += merged.notes
 
 
-_PRESET_MODEL_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers")
-"""config.json keys a preset records as EngineConfig fields of the same name (``--hf-overrides`` sets them)."""
+_PRESET_MODEL_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim")
+"""config.json keys a preset records as EngineConfig fields of the same name (``--hf-overrides`` sets them;
+a preset's ``num_hidden_layers`` counts attention layers only, so config.json's is not it)."""
 
 
 def _preset_hf_overrides(given: Mapping[str, Any], d: DeploymentDraft) -> None:
