@@ -120,7 +120,7 @@ def record(out_dir: Path = RECORDED) -> Path:
     save_recorded(out_dir.name, {
         "preset": PRESET, "engine_args": ENGINE_ARGS, "cached_len": CACHED_LEN, "world_size": WORLD,
         "records": sorted(p.name for p in out_dir.glob("*.json")),
-        "what": " ".join(__doc__.split("\n\n")[1].split()),
+        "what": " ".join(" ".join(__doc__.split("\n\n")[1:3]).split()),
         "outcome": {str(r): {"plugin_loaded": v[0], "refusal": v[1], "exit_code": v[2]} for r, v in outcome.items()},
     }, prov, out_dir.parent)
     return out_dir
