@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
-from tqlab.core.workspace import compute_layout, format_mb
+from tqlab.core.workspace import format_mb
 
 
 VLLM_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
@@ -344,7 +344,7 @@ class WorkspaceTracer:
             caller = _caller(2)
             slot = tq_ws.current_ubatch_id()
             try:
-                need = compute_layout(shapes_and_dtypes).total_bytes
+                need = manager.layout(*shapes_and_dtypes).total_bytes  # the manager's cached layout
                 current = manager.size_bytes(slot)
             except (TypeError, ValueError):
                 return get(*shapes_and_dtypes)  # let the manager raise its own error
