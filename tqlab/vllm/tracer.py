@@ -115,17 +115,17 @@ def _caller(skip_frames: int = 1) -> str:
     frame = sys._getframe(skip_frames)
     while frame is not None:
         code = frame.f_code
-        skip = _SKIP_CODE.get(code)
-        if skip is None:
-            skip = _SKIP_CODE[code] = _skipped(code)
-        if skip:
+        base = _CODE_NAME.get(code)
+        if base is None:
+            base = _CODE_NAME[code] = "" if _skipped(code) else os.path.basename(code.co_filename)
+        if not base:
             frame = frame.f_back
             continue
-        return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}"
+        return f"{base}:{frame.f_lineno}:{code.co_name}"
     return "unknown"
 
 
-_SKIP_CODE: dict[Any, bool] = {}  # code object -> skipped by _caller (per call: one dict lookup per frame)
+_CODE_NAME: dict[Any, str] = {}  # code object -> its file's base name, "" when _caller skips it (one lookup per frame)
 
 
 def _skipped(code: Any) -> bool:
