@@ -1,4 +1,4 @@
-"""``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm`` (and ``python -m tqlab``).
+"""``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm``, ``trace-report`` (and ``python -m tqlab``).
 
 Every :class:`~tqlab.core.config.EngineConfig` field is an override flag
 (``--max-num-seqs 2``, ``--kv-cache-dtype auto``, ``--no-enable-chunked-prefill``),
@@ -469,6 +469,39 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
         import json
 
         click.echo(json.dumps(report, indent=2, default=str))
+
+
+@app.command("trace-report")
+@click.argument("trace_dir", type=click.Path(file_okay=False))
+@click.option("--config", "model_config", type=click.Path(exists=True), default=None,
+              help="the model's config.json (or its folder), to compare with the prediction")
+@click.option("--preset", type=str, default=None, help="a tqlab preset instead of --config")
+@click.option("--args", "engine_args", type=str, default=None, help='the `vllm serve ...` command line of the deployment')
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="also write the merged report as JSON ('-': standard output, then only the JSON)")
+def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) -> None:
+    """Merge the vLLM plugin's per-process records in TRACE_DIR; hold them against the prediction.
+
+    Run vLLM with TQLAB_VLLM_TRACE=TRACE_DIR (tqlab installed in vLLM's environment):
+    each process that creates a workspace manager writes TRACE_DIR/<host>-<pid>.json.
+    Prints one row per rank (lock size per slot, largest request per consumer,
+    refusals), whether the ranks agree and, with --config/--preset and --args,
+    each disagreement with inspect-vllm's prediction, else "as predicted". A
+    truncated or foreign JSON file is skipped with a one-line warning.
+    """
+    from tqlab.predict.trace_report import render, trace_report
+
+    try:
+        report = trace_report(trace_dir, engine_args, model_config, preset=preset)
+    except (ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    if json_path is not None:
+        _write_json(report, json_path)
+        if json_path == "-":
+            return
+    console = _console()
+    for line in render(report):
+        console.print(line)
 
 
 def main() -> None:  # pragma: no cover
