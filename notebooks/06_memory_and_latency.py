@@ -319,7 +319,8 @@ print(f"the deployment: unfixed lock {fmt_mb(unfixed_locked_bytes(SEED))}, longe
 # happens when the first prompt's continuation chunk arrives? The shaded stretch is locked; a red cross is a
 # request the locked workspace refused (its size and caller are in the panel's title). One MB scale for every
 # panel, logarithmic above the smallest size. (In vLLM 0.33 the reservation runs when the metadata builders are
-# created, after the profile run: notebook 05 §8.)
+# created, after the profile run: notebook 05 §8; the `reserve` panel shows the phase in which tqlab's engine
+# runs it.)
 #
 # **Predict, then run.** Which strategies end the start-up bigger than `none`? Which one grows *after* the lock,
 # and how does it get to?
