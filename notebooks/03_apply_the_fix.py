@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (tqlab)
 #     language: python
-#     name: python3
+#     name: tqlab
 # ---
 
 # %% [markdown]
@@ -19,7 +19,9 @@
 # vLLM PR #44053 ("Reserve workspace before CUDA graph capture") fixes notebook 02's crash
 # in a few lines: when the TurboQuant attention backend builds its metadata builder, its new
 # `_reserve_workspace()` asks the workspace for the **largest** buffers its two consumers can
-# ever need, before the profile run, before capture, before the lock. You will learn:
+# ever need — after the profile run (vLLM 0.33 builds the metadata builders in
+# `initialize_kv_cache`, after `determine_available_memory`), before capture, before the lock.
+# You will learn:
 #
 # 1. what the reservation asks for, call by call, and how it lays out in the buffer;
 # 2. why it is sized from `max_model_len` — and why that is enough;
@@ -196,8 +198,11 @@ show_md(
 #
 # **Question.** Notebook 02 crashed on this prompt. With the reservation, what happens?
 #
-# Same preset, same start-up, `fix=True`. The workspace now grows while the metadata
-# builder is built — before the profile run — and capture finds it already big enough.
+# Same preset, same start-up, `fix=True`. The profile run still touches no workspace; the
+# workspace grows when the metadata builder is built right after it (vLLM 0.33:
+# `Worker.determine_available_memory` runs `profile_run`, then `initialize_kv_cache` →
+# `initialize_metadata_builders` → `TurboQuantMetadataBuilder.__init__` → `_reserve_workspace`),
+# and capture finds it already big enough.
 #
 # **Fewer layers on CPU.** Every attention layer makes the same workspace calls, one after
 # the other, into the one shared buffer: the workspace numbers are *per layer call*, and the
@@ -259,8 +264,11 @@ assert out.finished and engine.dead is None
 assert len(engine.workspace.events) == events_at_lock  # nothing happened to the workspace while serving
 assert engine.workspace.size_bytes() == engine.locked_bytes == reserved
 by_phase = {p.name: p.workspace_bytes[0] for p in engine.phases}
-assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), before the profile run
-assert by_phase["profile_run"] == by_phase["capture"] == reserved  # capture found it big enough
+phase_order = [p.name for p in engine.phases]
+assert phase_order.index("profile_run") < phase_order.index("build_backend") < phase_order.index("capture")
+assert by_phase["profile_run"] == 0  # the profile run asks nothing of the workspace (vLLM 0.33 too)
+assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), after the profile run
+assert by_phase["capture"] == reserved  # capture found it big enough
 print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MB")
 
 # %% [markdown]
