@@ -580,7 +580,7 @@ assert 170_000 < cached_at_oom < 190_000  # 88 MiB holds ~180K cached tokens at 
 assert B["lazy\nutil 0.905"].fails_at == "serve" and B["lazy\nutil 0.905"].free == FREE_AT_OOM
 assert B["PR #44053\nutil 0.905"].fails_at == "start-up"
 assert B["lazy\nutil 0.85"].fails_at is None and B["PR #44053\nutil 0.85"].fails_at is None
-print(f"88 MiB = {cached_at_oom:,} cached tokens at Hk·D = {HK_D}; the reservation for {MAX_LEN:,}: {fmt_mb(reserve)}")
+print(f"{fmt_mb(ASKED)} = {cached_at_oom:,} cached tokens at Hk·D = {HK_D}; the reservation for {MAX_LEN:,}: {fmt_mb(reserve)}")
 
 # %% [markdown]
 # At 0.905 the lazy engine dies at serve time; with the reservation the same budget fails at **start-up**,
