@@ -52,12 +52,12 @@ def parity_points(
 
 
 def plot_parity_side_by_side(points: Sequence[tuple[str, str, int, int]], title: str | None = None):
-    """Paired markers per row (vLLM ●, tqlab ◆), one panel per ``panel`` name; returns the Figure."""
-    from matplotlib.figure import Figure
+    """Paired markers per row (vLLM ●, tqlab ◆), one panel per ``panel`` name; returns the pyplot Figure."""
+    import matplotlib.pyplot as plt
 
     panels = list(dict.fromkeys(p[0] for p in points))
     heights = [sum(p[0] == name for p in points) for name in panels]
-    fig = Figure(figsize=(8.5, 1.4 + 0.42 * len(points)), layout="constrained")
+    fig = plt.figure(figsize=(8.5, 1.4 + 0.42 * len(points)), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0]
     for ax, name in zip(axes, panels):
         rows = [p for p in points if p[0] == name]
@@ -65,8 +65,8 @@ def plot_parity_side_by_side(points: Sequence[tuple[str, str, int, int]], title:
         for y, (_, label, v, t) in zip(ys, rows):
             ax.plot([v / MiB], [y + 0.17], "o", color=VLLM_COLOR, ms=8, label="vLLM 0.33 (its own classes)")
             ax.plot([t / MiB], [y - 0.17], "D", color=TQLAB_COLOR, ms=7, label="tqlab")
-            mark = "=" if v == t else "≠"
-            ax.annotate(f"{t / MiB:.2f} MiB {mark}", (max(v, t) / MiB, y), xytext=(10, 0), textcoords="offset points",
+            text = f"both {t / MiB:.2f} MiB" if v == t else f"vLLM {v / MiB:.2f} ≠ tqlab {t / MiB:.2f} MiB"
+            ax.annotate(text, (max(v, t) / MiB, y), xytext=(10, 0), textcoords="offset points",
                         va="center", fontsize=8)
         ax.set_yticks(ys, [p[1] for p in rows], fontsize=8)
         ax.set_ylim(-0.6, len(rows) - 0.4)

@@ -1,0 +1,43 @@
+"""tqlab.lab.plots_parity: notebook 07's vLLM-vs-tqlab picture (data exact, figure renders)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tqlab.core.workspace import MiB
+from tqlab.lab.plots_parity import parity_points, plot_parity_side_by_side
+
+
+def _side(lock: int, cont: int) -> dict:
+    return {"size_at_lock": [lock], "trace": {"callers": [
+        {"caller": "turboquant_attn.py:942:_continuation_prefill", "high_water_bytes": cont},
+        {"caller": "turboquant_attn.py:1122:_decode_attention", "high_water_bytes": lock}]}}
+
+
+SEED = [{"fixed": False, "vllm": _side(268544, 2 * MiB), "tqlab": _side(268544, 2 * MiB)},
+        {"fixed": True, "vllm": _side(64 * MiB, 2 * MiB), "tqlab": _side(64 * MiB, 2 * MiB)}]
+
+
+def test_parity_points_pairs_every_value():
+    pts = parity_points({"a": (16 * MiB, 16 * MiB), "b": (1, 2)}, SEED)
+    assert pts == [
+        ("reservation per preset (PR #44053)", "a", 16 * MiB, 16 * MiB),
+        ("reservation per preset (PR #44053)", "b", 1, 2),
+        ("the bug report's scenario", "size at lock, no fix", 268544, 268544),
+        ("the bug report's scenario", "_continuation_prefill asks", 2 * MiB, 2 * MiB),
+        ("the bug report's scenario", "size at lock, with the fix", 64 * MiB, 64 * MiB),
+    ]
+    with pytest.raises(ValueError, match="one unfixed and one fixed"):
+        parity_points({}, SEED[:1])
+
+
+def test_plot_has_one_panel_per_group_and_names_a_mismatch():
+    fig = plot_parity_side_by_side(parity_points({"a": (MiB, 2 * MiB)}, SEED), title="t")
+    top, bottom = fig.axes
+    assert top.get_title(loc="left").startswith("reservation") and bottom.get_xscale() == "log"
+    texts = [t.get_text() for t in top.texts]
+    assert texts == ["vLLM 1.00 ≠ tqlab 2.00 MiB"]
+    assert [t.get_text() for t in bottom.texts] == ["both 0.26 MiB", "both 2.00 MiB", "both 64.00 MiB"]
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
