@@ -365,7 +365,7 @@ def test_plan_json_to_stdout_holds_only_the_json(tmp_path):
     assert r2.exit_code == 0 and "never locked" in r2.output
     assert json.loads(f.read_text())["verdict"] == "never_locked"
     bad = _cli("plan", "--preset", PR_TEST, "--json", str(tmp_path / "missing" / "x.json"))
-    assert bad.exit_code == 2 and "cannot write --json" in bad.output
+    assert bad.exit_code == 2 and "missing does not exist" in bad.output and "config" not in bad.output  # checked first
 
 
 def test_plan_huge_max_model_len_is_a_one_line_error():

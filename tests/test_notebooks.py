@@ -230,6 +230,26 @@ def test_summary_name_per_selection():
     assert rn.summary_name("a/b") == "summary-a-b.json"
 
 
+@pytest.mark.parametrize("out", ["notebooks", "notebooks/", ".", "notebooks/.."])
+def test_run_refuses_an_out_folder_that_is_or_holds_the_stored_notebooks(out, capsys, monkeypatch):
+    """``make run NB=07 BUILD=notebooks`` overwrote the stored notebook (issue 22); now nothing runs."""
+    monkeypatch.chdir(rn.REPO_ROOT)
+    stored = {p: p.read_bytes() for p in rn.NOTEBOOK_DIR.iterdir()}
+    assert rn.main(["run", "--only", "07", "--out", out, "--kernel", "no-such-kernel-xyz"]) == 2
+    err = capsys.readouterr().err
+    how = "is" if Path(out).resolve() == rn.NOTEBOOK_DIR else "holds"
+    assert err == (f"error: --out {out} {how} the folder of the stored notebooks ({rn.NOTEBOOK_DIR}): executed "
+                   "copies would overwrite them or litter the checkout; use a folder outside it, e.g. --out build\n")
+    assert {p: p.read_bytes() for p in rn.NOTEBOOK_DIR.iterdir()} == stored
+
+
+def test_execute_notebook_never_writes_over_the_stored_file(tmp_path, kernel):
+    _write_pair(tmp_path, "01_alpha", "# %%\npass\n")
+    nb = tmp_path / "01_alpha.ipynb"
+    with pytest.raises(ValueError, match="refusing to write the executed notebook over the stored one"):
+        rn.execute_notebook(nb, tmp_path, kernel, 60, html=False)
+
+
 def test_unknown_kernel_is_refused_by_name():
     with pytest.raises(ValueError, match="'no-such-kernel-xyz' is not registered"):
         rn.resolve_kernel("no-such-kernel-xyz")

@@ -9,7 +9,8 @@ Sub-commands::
           notebook and an HTML rendering into --out, print a table of status and
           seconds per notebook, write <out>/summary.json (summary-<selection>.json
           for --only / explicit notebooks).  Exit status 1 when any
-          notebook failed, 2 when nothing matched.
+          notebook failed, 2 when nothing matched or --out is or holds the
+          stored notebooks' folder (checked before anything runs).
     check Notebooks stored clean (no outputs, no execution counts, no saved
           widget state or execution timestamps), each paired with a jupytext
           py:percent file whose cells (type, source, tags) are identical, and
@@ -323,6 +324,8 @@ def execute_notebook(
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         target = out_dir / path.name
+        if target.resolve() == path.resolve():
+            raise ValueError(f"refusing to write the executed notebook over the stored one: {path}")
         nbformat.write(nb, str(target))
         result.executed_path = str(target)
         if html:
@@ -368,6 +371,23 @@ def _print_table(results: list[NotebookResult], kernel: str, out_dir: Path | Non
     console.print(table)
 
 
+def out_dir_problem(out_dir: str | Path, notebooks: list[Path]) -> str | None:
+    """Why ``out_dir`` must not receive executed copies of ``notebooks``, or None.
+
+    Refused: the folder of a stored notebook itself (the executed copy would
+    overwrite it, as ``make run BUILD=notebooks`` once did) and a folder that
+    holds it (``--out .`` from the notebooks' parent). A folder inside it
+    (``notebooks/build``, git-ignored) is allowed.
+    """
+    out = Path(out_dir).resolve()
+    for folder in sorted({p.resolve().parent for p in notebooks} | {NOTEBOOK_DIR.resolve()}):
+        if out == folder or out in folder.parents:
+            how = "is" if out == folder else "holds"
+            return (f"--out {out_dir} {how} the folder of the stored notebooks ({folder}): executed copies would "
+                    f"overwrite them or litter the checkout; use a folder outside it, e.g. --out build")
+    return None
+
+
 def summary_name(only: str | None, notebooks: list[str] | None = None) -> str:
     """``summary.json`` for a full run; ``summary-<selection>.json`` for ``--only`` / explicit notebooks.
 
@@ -394,12 +414,16 @@ def cmd_run(args) -> int:
         what = f"matching {args.only!r} " if args.only else ""
         print(f"error: no notebooks {what}in {args.dir} (available: {available})", file=sys.stderr)
         return 2
+    out_dir = Path(args.out) if args.out else None
+    problem = out_dir_problem(args.out, paths) if out_dir is not None else None
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         kernel, exe = resolve_kernel(args.kernel)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out) if args.out else None
     print(f"executing {len(paths)} notebook(s) with kernel {kernel!r} ({exe})", flush=True)
     results = []
     for i, p in enumerate(paths, 1):

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence, TextIO
 
 from tqlab.predict import analysis
 from tqlab.core.config import EngineConfig
+from tqlab.core.notes import NoteKind
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
@@ -552,7 +553,8 @@ def inspect_vllm(
     ):
         source += (f": inferred from the bug report's {BUG_REPORT_REQUIRED_MB} MB; the report does not give "
                    "max_num_batched_tokens")
-    notes = [n for n in notes if not n.startswith("max_num_batched_tokens not given")]  # said by the source line
+    notes = [n for n in notes  # the defaulted chunk size is said by the source line
+             if not (n.kind is NoteKind.DEFAULTED and n.field == "max_num_batched_tokens")]
     pred = predict(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source)
     pred.notes[:0] = notes
     report: dict[str, Any] = stable_json(config, {**sources, "max_num_batched_tokens": source})
