@@ -41,3 +41,31 @@ def test_plot_has_one_panel_per_group_and_names_a_mismatch():
     import matplotlib.pyplot as plt
 
     plt.close(fig)
+
+
+def test_notebook_04_figures_label_every_axis_and_keep_legends_off_the_data():
+    """Issue 21: 04's key journey had panels 1 and 4 without a y label; legends covered data there and in the
+    tqlab-vs-vLLM decode chart."""
+    import matplotlib.pyplot as plt
+    import torch
+
+    from tqlab.core.provenance import load_recorded
+    from tqlab.lab import plots_turboquant as figures
+    from tqlab.turboquant import get_spec, key_journey
+
+    spec = get_spec("turboquant_3bit_nc")
+    figures.plot_key_journey(key_journey(torch.randn(128, generator=torch.Generator().manual_seed(4)), spec), spec)
+    axes = plt.gcf().axes
+    assert [a.get_ylabel() for a in axes] == ["k[i]", "(H u)[i]", "", "k[i] and k_hat[i]"]
+    for a in (axes[1], axes[3]):  # headroom above the data for the legend
+        ys = [float(max(line.get_ydata())) for line in a.get_lines()] + [float(c.get_offsets()[:, 1].max())
+                                                                            for c in a.collections]
+        data_top = max(ys)
+        assert a.get_ylim()[1] > data_top * 1.2
+    plt.close("all")
+    ax = figures.plot_decode_vs_vllm(load_recorded("turboquant_vs_vllm_h200"), "llama3.1-8b")
+    leg = ax.get_legend()
+    assert [t.get_text() for t in leg.get_texts()] == [
+        "k8v4", "4bit_nc", "k3v4_nc", "3bit_nc", "tqlab", "vLLM 0.33", "byte limit", "fp16 SDPA (flash)"]
+    assert leg.get_bbox_to_anchor().transformed(ax.transAxes.inverted()).y0 < 0  # below the axes
+    plt.close("all")
