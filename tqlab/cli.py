@@ -230,6 +230,7 @@ def _describe(pred) -> str:
 
     if pred.verdict == "never_locked":
         return "completes: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph capture)"
+    # vLLM's own message, quoted: its "MB" is 2**20 bytes (MiB, the unit of tqlab's other lines)
     what = (f"locked-workspace assertion: {pred.first_refused_call['caller']} requires "
             f"{format_mb(pred.first_refused_call['required_bytes'])} MB, current size is "
             f"{format_mb(pred.first_refused_call['current_bytes'])} MB") if pred.verdict == "crash" else "completes"
@@ -273,7 +274,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     device = _pick_device(device, config, prompt_tokens, fix, console)
 
     def show(p) -> None:
-        sizes = ", ".join(f"{format_mb(b)} MB" for b in p.workspace_bytes)
+        sizes = ", ".join(f"{format_mb(b)} MiB" for b in p.workspace_bytes)
         console.print(f"  {p.name:<15} workspace [{sizes}]  {p.seconds * 1000:8.1f} ms  {p.note}")
 
     console.print(f"[bold]lifecycle[/] on {device}")
@@ -317,7 +318,7 @@ def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
     out = engine.outputs[max(engine.outputs)]
     console.print(
         f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
-        f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
+        f"workspace {format_mb(engine.workspace.size_bytes())} MiB (locked: {engine.workspace.is_locked()}); "
         f"paths used: {engine.backend.path_counts}"
     )
     return False
@@ -412,7 +413,7 @@ def _plan_lines(config: EngineConfig, pred) -> list:
         return out
     bad = pred.first_failing_prompt_tokens
     out.append(
-        f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MB): "
+        f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
         + (f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
            else "every prompt up to max_model_len survives its prefill")
         + f"; verdict: {pred.verdict}"
