@@ -33,6 +33,8 @@ CASES = {  # name: (hq, hk, batch, ctx, presets, splits)
     "llama_128k": (32, 8, 16, 131072, ["turboquant_3bit_nc"], (32,)),
     "seed_128k": (4, 1, 4, 131072, ["turboquant_3bit_nc", "turboquant_k8v4"], (128, 256)),
     "seed_32k": (4, 1, 4, 32768, ["turboquant_3bit_nc"], (256,)),
+    "llama_32k_splits": (32, 8, 16, 32768, ["turboquant_3bit_nc"], (16, 32, 64)),
+    "seed_128k_splits": (4, 1, 4, 131072, ["turboquant_3bit_nc"], (64, 128, 256, 512)),
 }
 FAST_CFGS = [(64, 4), (32, 4)]
 FAST_MODES = [(False, False), (True, False), (False, True), (True, True)]  # (prefetch, norm_mma)

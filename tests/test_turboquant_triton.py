@@ -362,7 +362,12 @@ def test_fast_dequant_matches_reference(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_gpu_fast_equals_portable(name):
     """On the GPU the fast kernels (prmt tables, every launch variant) equal the portable
-    kernels to fp16 rounding, at the benchmark's size class (GQA 4, 4K context, block 16)."""
+    kernels to fp16 rounding, at the benchmark's size class (GQA 4, 4K context, block 16).
+
+    Not bit-equal by design: the fast kernel normalizes each key by the norm of the fp16
+    centroids its MMA multiplies, the portable one by the fp32 centroids' norm (rotated presets;
+    up to 2**-11 relative per centroid, the same for every token), so partial log-sum-exps
+    of |x| ~ 10 move by a few 1e-3: the tolerance is fp16's spacing at 16."""
     from tqlab.turboquant import _triton_fast as tf
     from tqlab.turboquant import _triton_kernels as tk
 
@@ -390,7 +395,7 @@ def test_gpu_fast_equals_portable(name):
         for block_t, warps, prefetch, norm_mma in ((64, 4, False, False), (32, 4, True, True), (128, 8, False, True)):
             got = run(tf.decode_attention, lut=lut, block_t=block_t, num_warps=warps, prefetch=prefetch,
                       norm_mma=norm_mma)
-            _assert_decode_close([ref, got], atol=4e-3, rtol=2e-3)
+            _assert_decode_close([ref, got], atol=1e-2, rtol=2e-3)
     k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
     v0 = k0.clone()
     tk.dequant_kv(cache, bt[0], ctx - 5, k0, v0, spec)
