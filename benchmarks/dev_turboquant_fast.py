@@ -134,14 +134,18 @@ def decode_variants(timer, log, cases, cfgs, rows=None, save=lambda: None) -> li
                 out = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(b, hq, device="cuda")
                 variants = [("portable", {})]
+                if not cfgs:  # the launch defaults only (ops' choice of kernel)
+                    variants = [("fast" if not spec.key_fp8 else "portable", {})]
+                    cfgs = []
                 lut = 0 if spec.key_fp8 else 2
-                for pf, nm in FAST_MODES:
+                for pf, nm in (FAST_MODES if cfgs else []):
                     if spec.key_fp8 and nm:
                         continue
                     variants += [("fast", {"lut": lut, "block_t": bt_, "num_warps": nw, "prefetch": pf, "norm_mma": nm})
                                  for bt_, nw in cfgs]
-                variants.append(("fast", {"lut": lut, "block_t": 64, "num_warps": 4, "prefetch": True,
-                                          "norm_mma": False, "maxnreg": 128}))
+                if cfgs:
+                    variants.append(("fast", {"lut": lut, "block_t": 64, "num_warps": 4, "prefetch": True,
+                                              "norm_mma": False, "maxnreg": 128}))
                 for impl, kw in variants:
                     stats: dict = {}
                     try:
@@ -257,7 +261,7 @@ def main() -> int:
             bad = [r for r in res["check"] if not r["ok"]]
             print(f"CHECK: {len(res['check']) - len(bad)} ok, {len(bad)} failed", flush=True)
         elif sec == "decode":
-            cfgs = [tuple(int(x) for x in c.split("x")) for c in args.cfgs.split(",")]
+            cfgs = [] if args.cfgs == "default" else [tuple(int(x) for x in c.split("x")) for c in args.cfgs.split(",")]
             decode_variants(ColdTimer(), log, args.cases.split(","), cfgs, res["decode"], save)
         elif sec == "dequant":
             dequant_variants(log, res["copy"]["GBps"], res["dequant"], save)
