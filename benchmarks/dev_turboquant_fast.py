@@ -37,6 +37,7 @@ CASES = {  # name: (hq, hk, batch, ctx, presets, splits)
     "seed_128k_splits": (4, 1, 4, 131072, ["turboquant_3bit_nc"], (64, 128, 256, 512)),
 }
 FAST_CFGS = [(64, 4), (32, 4)]
+STAGED = False
 FAST_MODES = [(False, False), (True, False), (False, True), (True, True)]  # (prefetch, norm_mma)
 
 
@@ -66,6 +67,9 @@ def check(log) -> list:
             for lut in ((0,) if spec.key_fp8 else (0, 1, 2)):
                 for bt_, nw in ((64, 4), (32, 4), (128, 8)):
                     variants.append(("fast", {"lut": lut, "block_t": bt_, "num_warps": nw}))
+            if STAGED:
+                variants = variants[:2] + [("fast", {}), ("fast", {"staged": True, "norm_mma": True}),
+                                           ("fast", {"staged": True, "norm_mma": True, "block_t": 128, "num_warps": 8})]
             for impl, kw in variants:
                 mid = torch.full((b, hq, 32, d + 1), float("nan"), device="cuda")
                 out = torch.full((b, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -86,7 +90,7 @@ def check(log) -> list:
                     log(row)
             # dequant
             outs = {}
-            for impl, kw in [("torch", {}), ("portable", {}), ("fast", {"lut": 0}), ("fast", {"lut": 2})]:
+            for impl, kw in ([] if STAGED else [("torch", {}), ("portable", {}), ("fast", {"lut": 0}), ("fast", {"lut": 2})]):
                 if spec.key_fp8 and kw.get("lut") == 2:
                     continue
                 ko = torch.full((1, hk, ctx, d), float("nan"), device="cuda", dtype=torch.float16)
@@ -98,6 +102,8 @@ def check(log) -> list:
                 else:
                     tf.dequant_kv(cache, bt[0], ctx - 5, ko, vo, spec, **kw)
                 outs[(impl, kw.get("lut"))] = (ko, vo)
+            if not outs:
+                continue
             k0, v0 = outs[("torch", None)]
             for key, (ko, vo) in outs.items():
                 row = {"check": "dequant", "hq": hq, "preset": name, "impl": key[0], "lut": key[1],
@@ -136,7 +142,9 @@ def decode_variants(timer, log, cases, cfgs, rows=None, save=lambda: None) -> li
                 variants = [("portable", {})]
                 if not cfgs:  # the launch defaults only (ops' choice of kernel)
                     variants = [("fast" if not spec.key_fp8 else "portable", {})]
-                    cfgs = []
+                if STAGED:  # whole blocks staged through shared memory (experiment)
+                    variants += [("fast", {"staged": True, "norm_mma": True, "block_t": bt_, "num_warps": nw})
+                                 for bt_, nw in ((64, 4), (32, 4), (128, 8), (64, 8))]
                 lut = 0 if spec.key_fp8 else 2
                 for pf, nm in (FAST_MODES if cfgs else []):
                     if spec.key_fp8 and nm:
@@ -238,7 +246,10 @@ def main() -> int:
     ap.add_argument("--norm-mma", type=int, default=0)
     ap.add_argument("--impl", default="fast")
     ap.add_argument("--commit", default=None)
+    ap.add_argument("--staged", action="store_true")
     args = ap.parse_args()
+    global STAGED
+    STAGED = args.staged
     if args.one:
         return one(args)
     t0 = time.time()
