@@ -319,11 +319,12 @@ def test_fast_centroid_tables_are_exact(name, d):
         assert [r[f"${i}"] for i in range(16)] == cent[c].tolist()
 
 
-@pytest.mark.parametrize("prefetch,norm_mma", [(False, False), (True, True)])
+@pytest.mark.parametrize("prefetch,norm_mma,staged", [(False, False, False), (True, True, False), (False, True, True)])
 @pytest.mark.parametrize("name", PRESETS)
-def test_fast_decode_matches_reference(name, prefetch, norm_mma):
+def test_fast_decode_matches_reference(name, prefetch, norm_mma, staged):
     """The fast decode kernel (lanes along D, polynomial centroids off the GPU) gives the
-    reference decode: empty request, fewer tokens than splits, several tiles, GQA 4."""
+    reference decode: empty request, fewer tokens than splits, several tiles, GQA 4; also the
+    staged experiment (whole blocks through shared memory, split edges inside blocks)."""
     from tqlab.turboquant import _triton_fast as tf
 
     spec = TQ_PRESETS[name]
@@ -335,8 +336,8 @@ def test_fast_decode_matches_reference(name, prefetch, norm_mma):
     (m0, o0, l0), _ = _decode_both(spec, q, cache, bt, seq_lens, s=4)
     mid = torch.full_like(m0, float("nan"))
     out, lse = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
-    tf.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=16, prefetch=prefetch,
-                        norm_mma=norm_mma)
+    tf.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=32 if staged else 16,
+                        prefetch=prefetch, norm_mma=norm_mma, staged=staged)
     _assert_decode_close([(m0, o0, l0), (mid, out, lse)])
 
 
