@@ -211,6 +211,8 @@ def _locked(config: "EngineConfig", fix: bool, measured: int | None) -> tuple[in
         locked = locked_bytes(config, fix=fix)
         return locked, locked_bytes(config, fix=True), "capture" if locked is not None else "never_locked"
     positive_int("locked_bytes", measured, 0)
+    if not locks_workspace(config):  # eager / cudagraph_mode NONE: vLLM 0.33 never locks, whatever was measured
+        return None, None, "never_locked"
     fixed = max(measured, locked_bytes(config.replace(lock_workspace_when_eager=True), fix=True))
     return (fixed if fix else measured), fixed, "measured"
 

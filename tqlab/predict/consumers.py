@@ -136,6 +136,7 @@ class ConsumerReport:
     requests: list[RequestPrediction]
     notes: list[Note] = field(default_factory=list)
     max_num_batched_tokens_source: str = "EngineConfig"
+    measured_locked_bytes: int | None = None
 
     @property
     def locked_unfixed(self) -> int | None:
@@ -165,9 +166,13 @@ class ConsumerReport:
     def locked_source(self) -> str:
         """The lock's origin in words (:data:`tqlab.predict.analysis.LOCKED_SOURCES` spelled out)."""
         src, k = self.prediction.locked_source, self.config.num_speculative_tokens
-        if src != "capture":
-            return {"measured": "measured", "never_locked": "vLLM 0.33 locks only at the end of CUDA graph capture: "
-                    "enforce_eager / cudagraph_mode NONE"}[src]
+        if src == "measured":
+            return "measured"
+        if src == "never_locked" and self.measured_locked_bytes is not None:
+            return (f"vLLM 0.33 locks only at the end of CUDA graph capture, which this deployment (enforce_eager / "
+                    f"cudagraph_mode NONE) never runs: the measured {self.measured_locked_bytes:,} bytes are never locked")
+        if src == "never_locked":
+            return "vLLM 0.33 locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE"
         if k > 0:
             return (f"decode at the largest captured batch; with {k} speculative tokens its {1 + k}-token rows "
                     "take the prefill path as first chunks and ask the workspace for nothing (vLLM 0.33 "
@@ -277,14 +282,18 @@ def _decode_shapes(config: EngineConfig):
                                    config.tq_max_kv_splits_for_cuda_graph, config.dtype)
 
 
-def _first_refused(config: EngineConfig, n: int, locked) -> ConsumerNeed | None:
+def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed) -> ConsumerNeed | None:
+    """The first call refused at ``locked`` bytes, or None; its ``fits_unfixed``/``fits_fixed`` say whether
+    it fits each locked size (a call refused without the fix may fit with it)."""
     call = analysis.first_refused_call(config, n, locked)
     if call is None:
         return None
+    b = call["required_bytes"]
+    fits = [size is None or b <= size for size in (locked_unfixed, locked_fixed)]
     if call["caller"] == "_continuation_prefill":
         cached, q = call["cached_len"], call["q_len"]
-        return ConsumerNeed(DEQUANT_CHUNK, cached, q, chunk_shapes(config, cached, q)[1], call["required_bytes"], False, False)
-    return ConsumerNeed(DECODE, n, 1, _decode_shapes(config), call["required_bytes"], False, False)
+        return ConsumerNeed(DEQUANT_CHUNK, cached, q, chunk_shapes(config, cached, q)[1], b, *fits)
+    return ConsumerNeed(DECODE, n, 1, _decode_shapes(config), b, *fits)
 
 
 def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
@@ -300,7 +309,8 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
         return RequestPrediction(n, (), 0, False, False, rejected=rejected)
     best = _consumer_needs(config, n, locked_unfixed, locked_fixed)
     needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
-    first_u, first_f = _first_refused(config, n, locked_unfixed), _first_refused(config, n, locked_fixed)
+    first_u = _first_refused(config, n, locked_unfixed, locked_unfixed, locked_fixed)
+    first_f = _first_refused(config, n, locked_fixed, locked_unfixed, locked_fixed)
     return RequestPrediction(
         n, needs, max((x.nbytes for x in needs), default=0), first_u is not None, first_f is not None,
         first_refused_unfixed=first_u, first_refused_fixed=first_f,
@@ -327,4 +337,4 @@ def consumer_report(config: EngineConfig, prompt_tokens: Sequence[int] = (), *, 
     tokens = list(prompt_tokens) or [max(1, config.max_model_len - 1)]
     reqs = ([request_prediction(config, n, pred.locked_bytes, pred.locked_bytes_with_fix) for n in tokens]
             if pred.turboquant_consumers else [])
-    return ConsumerReport(config, pred, reqs, list(pred.notes), max_num_batched_tokens_source)
+    return ConsumerReport(config, pred, reqs, list(pred.notes), max_num_batched_tokens_source, locked_bytes)
