@@ -244,9 +244,10 @@ def test_parse_seed_command_line():
         "max_num_seqs": 4,
         "max_model_len": 131072,
         "kv_cache_dtype": "turboquant_3bit_nc",
+        "enable_expert_parallel": True,  # sizes the fused-MoE scratch (tqlab.core.consumers.fused_moe)
     }
     # real vLLM 0.33 flags that do not size the workspace (the table generated from vLLM; see tests/test_vllm_args.py)
-    assert ignored == ["--enable-expert-parallel", "--gpu-memory-utilization", "--mamba-ssm-cache-dtype", "--trust-remote-code"]
+    assert ignored == ["--gpu-memory-utilization", "--mamba-ssm-cache-dtype", "--trust-remote-code"]
 
 
 @pytest.mark.parametrize(
