@@ -88,7 +88,7 @@ def _summary(results: dict) -> dict:
     return summary
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=None,
                     help="output file (default: build/cuda_graphs_latency.json, or data/ with --record)")
@@ -104,14 +104,19 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file this run writes: ``--out``, else ``build/`` (``data/`` with ``--record``)."""
+    return [Path(args.out) if args.out else default_dir(args) / "cuda_graphs_latency.json"]
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     names = [m.strip() for m in args.models.split(",") if m.strip()]
     bad = [m for m in names if m not in MODELS]
     if bad:
         print(f"unknown model(s) {bad}; choose from {sorted(MODELS)}", file=sys.stderr)
         return 2
-    dest = Path(args.out) if args.out else default_dir(args) / "cuda_graphs_latency.json"
+    dest = output_paths(args)[0]
     refusal = overwrite_refusal(dest, args.iters * sum(len(MODELS[m]["batches"]) for m in names),
                                 lambda d: sum(r["iters"] * len(r["rows"]) for r in d["results"].values()),
                                 force=args.force, unit="timed iterations (iters x batches)")

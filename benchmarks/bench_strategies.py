@@ -109,7 +109,7 @@ def _record_memory(args, config: EngineConfig, overrides: dict, dev: torch.devic
     print(f"allocator experiments -> {path}")
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="nemotron-3-super-120b-a12b")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="EngineConfig override")
@@ -127,9 +127,19 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The files this run may write: ``strategies_<tag>.json`` (and ``strategies_memory_<tag>.json`` with
+    ``--memory``/``--memory-only``) in ``--out-dir``, else ``build/`` (``data/`` with ``--record``)."""
+    out_dir = Path(args.out_dir) if args.out_dir else default_dir(args)
+    tag = args.tag or args.device.split(":")[0]
+    names = [] if args.memory_only else [f"strategies_{tag}"]
+    names += [f"strategies_memory_{tag}"] if (args.memory or args.memory_only) else []
+    return [recorded_path(n, out_dir) for n in names]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("--device cuda but torch.cuda.is_available() is False; nothing recorded", file=sys.stderr)
         return 2

@@ -403,7 +403,9 @@ def main_vs_vllm(args) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="data/turboquant_bench.json")
+    ap.add_argument("--out", default=None, help="output file (default: build/turboquant_bench.json, with --vs-vllm "
+                    "build/turboquant_vs_vllm_h200.json; data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
     ap.add_argument("--commit", default=None, help="git commit to record (the GPU box has no .git)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     ap.add_argument("--no-sweep", action="store_true")
@@ -416,14 +418,24 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+build_parser = _parser
+
+
+def output_paths(args) -> list[Path]:
+    """The file this run writes: ``--out``, else ``build/`` (``data/`` with ``--record``), as benchmarks/_recording.py."""
+    from _recording import default_dir
+
+    return [Path(args.out) if args.out else
+            default_dir(args) / ("turboquant_vs_vllm_h200.json" if args.vs_vllm else "turboquant_bench.json")]
+
+
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
+    args.out = str(output_paths(args)[0])
     if not torch.cuda.is_available():
         print("bench_turboquant: needs a CUDA device", file=sys.stderr)
         return 2
     if args.vs_vllm:
-        if args.out == "data/turboquant_bench.json":
-            args.out = "data/turboquant_vs_vllm_h200.json"
         return main_vs_vllm(args)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

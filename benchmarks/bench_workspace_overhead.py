@@ -55,7 +55,7 @@ TARGET_US_THREE_VIEWS = 15.0
 QUOTED_VLLM_033_US = 29.0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", help="cpu or cuda")
     ap.add_argument("--tag", default=None, help="file tag: data/workspace_overhead_<tag>.json (default: the device)")
@@ -63,7 +63,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--number", type=int, default=20000, help="calls per timed run")
     ap.add_argument("--repeats", type=int, default=7)
     add_record_arguments(ap)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file this run writes: ``workspace_overhead_<tag>.json`` in ``--out-dir``, else ``build/`` (``data/`` with
+    ``--record``)."""
+    tag = args.tag or args.device.split(":")[0]
+    return [recorded_path(f"workspace_overhead_{tag}", Path(args.out_dir) if args.out_dir else default_dir(args))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.number < 1 or args.repeats < 1:
         print(f"--number and --repeats must be >= 1, got {args.number} and {args.repeats}", file=sys.stderr)
         return 2
@@ -72,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     tag = args.tag or args.device.split(":")[0]
     out_dir = Path(args.out_dir) if args.out_dir else default_dir(args)
-    refusal = overwrite_refusal(recorded_path(f"workspace_overhead_{tag}", out_dir), args.number * args.repeats,
+    refusal = overwrite_refusal(output_paths(args)[0], args.number * args.repeats,
                                 lambda d: d["number"] * d["repeats"], force=args.force, unit="timed calls per case")
     if refusal:
         print(refusal, file=sys.stderr)

@@ -1,10 +1,15 @@
 """Development run for the TurboQuant decode/dequant kernels (one device call): correctness against
 the torch reference at real sizes, then launch-config variants timed the same way as the
-side-by-side benchmark (CUDA-graph replay, L2 flushed, median).  Writes JSON to ``--out``.
+side-by-side benchmark (CUDA-graph replay, L2 flushed, median).
 
-    python benchmarks/dev_turboquant_variants.py --out $OUT/variants.json [--quick] [--one CASE]
+Writes ``build/turboquant_variants.json`` (git-ignored); ``--record`` writes
+``data/turboquant_variants.json`` instead; ``--out`` names any file. Needs a CUDA device.
 
-``--one llama_3bit_32k`` runs a single decode launch of that case (for Nsight Compute).
+    python benchmarks/dev_turboquant_variants.py [--out $OUT/variants.json] [--quick]
+    python benchmarks/dev_turboquant_variants.py --one llama_3bit_32k
+
+``--quick`` is a smoke run: the correctness check, the first case only, 5 replays, no dequant
+variants. ``--one CASE`` runs a single decode launch of that case (for Nsight Compute).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _recording import default_dir  # noqa: E402
 from _vs_vllm import ColdTimer  # noqa: E402
 from bench_turboquant import copy_bandwidth, fill_paged, provenance  # noqa: E402
 
@@ -142,17 +148,43 @@ def one(case: str) -> None:
     torch.cuda.synchronize()
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="variants.json")
-    ap.add_argument("--commit", default=None)
-    ap.add_argument("--one", default=None)
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None,
+                    help="output file (default: build/turboquant_variants.json, or data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
+    ap.add_argument("--commit", default=None, help="git commit to record (the GPU box has no .git)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: correctness check, the first case only, 5 replays, no dequant variants")
+    ap.add_argument("--one", default=None, choices=sorted(CASES), help="one decode launch of this case, no JSON")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--no-dequant", action="store_true")
-    args = ap.parse_args()
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The files this run writes: ``--out``, else ``build/`` (``data/`` with ``--record``); none with ``--one``."""
+    if args.one:
+        return []
+    return [Path(args.out) if args.out else default_dir(args) / "turboquant_variants.json"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        print(f"--cases: unknown case(s) {bad}; choose from {sorted(CASES)}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("dev_turboquant_variants.py needs a CUDA device (torch.cuda.is_available() is False); nothing written",
+              file=sys.stderr)
+        return 2
     if args.one:
         one(args.one)
         return 0
+    if args.quick:
+        cases = cases[:1]
     t0 = time.time()
 
     def log(row):
@@ -160,15 +192,18 @@ def main() -> int:
                                                       for k, v in row.items()), flush=True)
 
     res = {"provenance": provenance(args)}
-    res["copy"] = copy_bandwidth(1024 * 2**20)
+    res["copy"] = copy_bandwidth((64 if args.quick else 1024) * 2**20)
     log({"copy_GBps": res["copy"]["GBps"]})
-    timer = ColdTimer(replays=15)
+    timer = ColdTimer(replays=5 if args.quick else 15)
     res["check"] = check(log)
-    res["decode"] = decode_variants(timer, log, args.cases.split(","))
-    if not args.no_dequant:
+    res["decode"] = decode_variants(timer, log, cases)
+    if not (args.no_dequant or args.quick):
         res["dequant"] = dequant_variants(timer, res["copy"]["GBps"], log)
     res["wall_s"] = time.time() - t0
-    Path(args.out).write_text(json.dumps(res, indent=1))
+    out = output_paths(args)[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=1))
+    print(f"wrote {out} in {res['wall_s']:.1f}s")
     return 0 if all(r["ok"] for r in res["check"]) else 1
 
 

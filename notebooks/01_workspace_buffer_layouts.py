@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (tqlab)
 #     language: python
-#     name: python3
+#     name: tqlab
 # ---
 
 # %% [markdown]
@@ -694,6 +694,7 @@ else:
 
 # %%
 dbg = WorkspaceManager(device, num_ubatches=2)
+env_before = os.environ.get("TQLAB_DEBUG_WORKSPACE")  # yours, if you started Jupyter with it set
 with debug_workspace_log() as log_lines:
     dbg.get_simultaneous(*real)
     with ubatch_context(1):
@@ -704,11 +705,12 @@ with debug_workspace_log() as log_lines:
     except WorkspaceLockedError:
         pass
     dbg.unlock()
-_ = dbg.get_simultaneous(((MiB,), torch.uint8))  # outside the block: logged nowhere
+_ = dbg.get_simultaneous(((MiB,), torch.uint8))  # outside the block: not collected
 
 # %% [markdown]
 # **Predict, then run.** One line per event inside the block (resize, resize, lock,
-# violation, unlock), none for the resize after it, and the variable is restored.
+# violation, unlock), none collected for the resize after it, and the variable is back to
+# what it was before the block (unset, unless you ran Jupyter with `TQLAB_DEBUG_WORKSPACE=1`).
 
 # %%
 kinds_inside = [e.kind for e in dbg.events[:-1]]
@@ -716,8 +718,9 @@ assert len(log_lines) == len(kinds_inside) == 5
 assert all(line.startswith("[WORKSPACE DEBUG]") for line in log_lines)
 assert "Resized workspace" in log_lines[0] and "Resized workspace" in log_lines[1]
 assert "Workspace locked" in log_lines[2] and "violation" in log_lines[3] and "Workspace unlocked" in log_lines[4]
-assert os.environ.get("TQLAB_DEBUG_WORKSPACE") in (None, "0", "")
-print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize was not logged")
+assert os.environ.get("TQLAB_DEBUG_WORKSPACE") == env_before
+print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize was not collected; "
+      f"TQLAB_DEBUG_WORKSPACE is back to {env_before!r}")
 
 # %% [markdown]
 # ## 7 · The lifecycle: init → warm-up → lock → serve → re-warm

@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (tqlab)
 #     language: python
-#     name: python3
+#     name: tqlab
 # ---
 
 # %% [markdown]
@@ -27,7 +27,7 @@
 #    for a deployment, its share of the KV cache, and the longest prompt that survives *without* the fix
 #    (`tqlab.core.reservation`).
 # 3. **Lifecycle stepper** — the small engine (`tqlab.engine.LLMEngine`) on `device="meta"`, stepped phase by
-#    phase (init workspace → metadata builder → profile run → CUDA graph capture → lock → serving), with and
+#    phase (init workspace → load model → profile run → metadata builder → CUDA graph capture → lock → serving), with and
 #    without the fix.
 #
 # Every explorer cell first shows a **static figure at the defaults** (what an HTML export or a headless run

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqlab.attention import Fp16KVCache, TurboQuantAttentionBackend
 from tqlab.core.config import EngineConfig
 from tqlab.engine import EngineDeadError, LLMEngine
+from tqlab.engine.llm_engine import STARTUP_PHASES
 from tqlab.core.reservation import (
     chunk_workspace_request,
     continuation_workspace_shapes,
@@ -35,7 +36,7 @@ from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, re
 NEMOTRON = "nemotron-3-super-120b-a12b"
 PR_TEST = "pr-44053-unit-test"
 NEMOTRON_LOCKED = 268_544  # decode capture at max_num_seqs=4 per rank; see test_reservation.py
-PHASES = ["init_workspace", "build_backend", "profile_run", "capture", "lock"]
+PHASES = ["init_workspace", "load_model", "profile_run", "build_backend", "capture", "lock"]
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +81,7 @@ def test_nemotron_without_fix_crashes_with_the_exact_message_and_the_engine_is_d
     engine = LLMEngine(c, fix=False, device="meta")
     assert [p.name for p in engine.phases] == PHASES
     # profile run touches no workspace (the undercount); decode capture sizes it to 0.26 MB
-    assert [p.workspace_bytes for p in engine.phases] == [(0,), (0,), (0,), (NEMOTRON_LOCKED,), (NEMOTRON_LOCKED,)]
+    assert [p.workspace_bytes for p in engine.phases] == [(0,), (0,), (0,), (0,), (NEMOTRON_LOCKED,), (NEMOTRON_LOCKED,)]
     assert engine.locked_bytes == NEMOTRON_LOCKED and engine.workspace.is_locked()
 
     with pytest.raises(WorkspaceLockedError) as ei:
@@ -171,7 +172,7 @@ def test_without_fix_on_cpu_the_crash_is_the_same():
 def test_nemotron_with_fix_completes_a_max_model_len_prompt_on_meta():
     c = EngineConfig.from_preset(NEMOTRON)
     engine = LLMEngine(c, fix=True, device="meta")
-    assert [p.workspace_bytes for p in engine.phases] == [(0,)] + [(64 * MiB,)] * 4
+    assert [p.workspace_bytes for p in engine.phases] == [(0,)] * 3 + [(64 * MiB,)] * 3
     assert engine.locked_bytes == 64 * MiB == plan_bytes(engine.builder.reserved_plan)
     n_events = len(engine.workspace.events)
 
@@ -425,7 +426,7 @@ def test_eager_mode_never_locks_as_in_vllm_033(fix):
     c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, enforce_eager=True)
     engine = LLMEngine(c, fix=fix, device="meta")
     assert [p.name for p in engine.phases] == PHASES
-    assert engine.phases[3].note == "skipped (enforce_eager)" and engine.captures == []
+    assert {p.name: p for p in engine.phases}["capture"].note == "skipped (enforce_eager)" and engine.captures == []
     assert not engine.workspace.is_locked() and engine.locked_bytes is None
     assert [e.kind for e in engine.workspace.events if e.kind in ("lock", "unlock")] == []
     assert engine.workspace.size_bytes() == (plan_bytes(reservation_plan(c)) if fix else 0)
@@ -455,7 +456,7 @@ def test_lock_on_eager_variant_locks_what_eager_start_up_grew(fix):
 def test_dbo_reservation_sizes_both_slots():
     c = EngineConfig.from_preset(NEMOTRON, enable_dbo=True)
     engine = LLMEngine(c, fix=True, device="meta")
-    assert engine.phases[1].workspace_bytes == (64 * MiB, 64 * MiB)  # sized at build_backend
+    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (64 * MiB, 64 * MiB)
     assert engine.workspace.sizes_bytes() == [64 * MiB, 64 * MiB]
     assert engine.workspace.is_locked()
     with ubatch_context(1):  # the sibling slot serves the worst case too
@@ -480,8 +481,25 @@ def test_before_lock_hook_runs_as_its_own_phase_before_the_lock():
 
     engine = LLMEngine(EngineConfig.from_preset(NEMOTRON), fix=False, device="meta", before_lock=warm)
     assert seen == [False]
-    assert [p.name for p in engine.phases] == PHASES[:4] + ["before_lock", "lock"]
+    assert [p.name for p in engine.phases] == PHASES[:5] + ["before_lock", "lock"]
     assert engine.workspace.is_locked()
+
+
+def test_start_up_order_is_vllm_033s_reservation_after_the_profile_run():
+    # vLLM 0.33: determine_available_memory -> profile_run, then initialize_kv_cache ->
+    # initialize_metadata_builders -> TurboQuantMetadataBuilder.__init__ -> _reserve_workspace, then
+    # capture_model -> lock_workspace (parity/test_startup_order_parity.py reads that order in vLLM's source).
+    assert PHASES == [name for name, _ in STARTUP_PHASES]
+    c = EngineConfig.from_preset(NEMOTRON)
+    engine = LLMEngine(c, fix=True, device="meta")
+    assert [p.name for p in engine.phases] == PHASES
+    after = {p.name: p.workspace_bytes for p in engine.phases}
+    reserved = plan_bytes(reservation_plan(c))
+    # the profile run sees an empty workspace; the builder's reservation comes after it
+    assert after["load_model"] == after["profile_run"] == (0,)
+    assert after["build_backend"] == after["lock"] == (reserved,) and reserved == 64 * MiB
+    kinds = [e.kind for e in engine.workspace.events]
+    assert kinds.index("lock") > max(i for i, k in enumerate(kinds) if k == "resize")
 
 
 # --------------------------------------------------------------------------- #

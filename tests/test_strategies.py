@@ -114,7 +114,7 @@ def test_dummy_run_chunks(tiny, nemotron):
 def test_dummy_run_grows_before_capture(tiny):
     e = S.make_strategy_engine(tiny, "dummy_run")
     names = [p.name for p in e.phases]
-    assert names == ["init_workspace", "build_backend", "profile_run", "after_profile", "capture", "lock"]
+    assert names == ["init_workspace", "load_model", "profile_run", "build_backend", "after_profile", "capture", "lock"]
     after = dict((p.name, p.workspace_bytes) for p in e.phases)
     # continuation at cached 894 -> round_up(894, 16) = 896: 2 x (1,1,896,16) f16 = 64 * 896
     assert after["profile_run"] == (0,) and after["after_profile"] == (57344,) == after["lock"]
@@ -222,7 +222,7 @@ def test_table_rows(results):
     rows = strategy_table([results[s] for s in S.STRATEGIES])
     assert [r["strategy"] for r in rows] == list(S.STRATEGIES)
     assert rows[0]["TTFT 512-token"] == "dies" and rows[0]["survives max_model_len"] == "no"
-    assert rows[2]["reserved"] == "64.00 KiB" and rows[2]["graph-safe"] == "yes"
+    assert rows[2]["reserved"] == "0.06 MB" and rows[2]["graph-safe"] == "yes"
     assert rows[3]["notes"] == "3 re-captures" and rows[4]["notes"] == "4 fallback calls"
     md = markdown_table(None, rows)
     assert md.splitlines()[0].startswith("| strategy | seed fix | start-up | reserved | peak (computed) |")

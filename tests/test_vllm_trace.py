@@ -89,8 +89,12 @@ def test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation():
         "growths": 1,
         "violations": 1,
         "slots": [0],
+        "before_lock_bytes": 268544,  # the decode scratch at max_num_seqs rows
+        "after_lock_bytes": 2 * MiB,  # the refused continuation request
+        "high_water_phase": "after lock",
     }
     assert by["test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation"]["high_water_bytes"] == 256
+    assert by["test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation"]["high_water_phase"] == "before lock"
     assert rep["size_at_lock_bytes"] == [268544]
     (v,) = rep["violations"]
     assert (v["required_bytes"], v["current_bytes"], v["slot"]) == (2 * MiB, 268544, 0)
@@ -244,7 +248,7 @@ def test_parse_seed_command_line():
         "max_num_seqs": 4,
         "max_model_len": 131072,
         "kv_cache_dtype": "turboquant_3bit_nc",
-        "enable_expert_parallel": True,  # sizes the fused-MoE scratch (tqlab.core.consumers.fused_moe)
+        "enable_expert_parallel": True,  # read since issue 19 (the fused-MoE consumer's sharding)
     }
     # real vLLM 0.33 flags that do not size the workspace (the table generated from vLLM; see tests/test_vllm_args.py)
     assert ignored == ["--gpu-memory-utilization", "--mamba-ssm-cache-dtype", "--trust-remote-code"]

@@ -20,7 +20,15 @@ PR #40941), written from scratch:
 * Thread safety (beyond vLLM, whose manager has no mutex): growth checks the
   lock flag, allocates and publishes the new buffer under ``threading.RLock``,
   and ``lock()``/``unlock()`` take the same lock, so after ``lock()`` returns no
-  thread can grow or move a buffer. The no-growth fast path takes no lock.
+  thread can grow or move a buffer. The no-growth fast path takes no lock;
+  the view cache (tqlab's, vLLM carves fresh views on every call) stores an
+  entry under the same lock and only while the buffer it was carved from is
+  still the slot's, so a growth in another thread never leaves views of a
+  freed buffer in the cache (issue 22).
+* After ``lock()`` no buffer moves through the manager. ``Tensor.resize_`` on a
+  handed-out view can still reallocate the shared storage (vLLM 0.33 has the
+  same hole); every request while locked compares the slot's ``data_ptr()`` with
+  the one recorded at ``lock()`` and raises :class:`WorkspaceMovedError`.
 * A refused call changes nothing: bad input (``TypeError``/``ValueError``,
   checked on the 256-rounded sizes), a locked workspace, and a growth the
   allocator cannot give (``torch.OutOfMemoryError``, checked against
@@ -70,6 +78,7 @@ __all__ = [
     "WorkspaceLayout",
     "WorkspaceLockedError",
     "WorkspaceManager",
+    "WorkspaceMovedError",
     "compute_layout",
     "current_ubatch_id",
     "current_workspace_manager",
@@ -153,12 +162,43 @@ class WorkspaceLockedError(AssertionError):
         )
 
 
+class WorkspaceMovedError(RuntimeError):
+    """A locked slot's buffer no longer has the storage it had at ``lock()``.
+
+    ``Tensor.resize_`` on a handed-out view (or on :meth:`WorkspaceManager.buffer`)
+    to more bytes than the slot holds reallocates the storage
+    the view shares with the slot's buffer: the buffer moves although the manager
+    never grew it, and a CUDA graph captured before the lock would write into the
+    freed block. vLLM 0.33 has the same hole and does not notice
+    (``WorkspaceManager.lock`` in ``vllm/v1/worker/workspace.py`` only sets a flag);
+    tqlab records every slot's ``data_ptr()`` at ``lock()`` and compares it on every
+    request and persistent-resource call while locked.
+
+    Attributes: ``ubatch``, ``lane``, ``locked_ptr``, ``current_ptr``,
+    ``locked_bytes`` (the slot's size at lock), ``current_bytes`` (its storage now).
+    """
+
+    def __init__(self, ubatch: int, lane: int, locked_ptr: int, current_ptr: int, locked_bytes: int,
+                 current_bytes: int):
+        self.ubatch, self.lane = ubatch, lane
+        self.locked_ptr, self.current_ptr = locked_ptr, current_ptr
+        self.locked_bytes, self.current_bytes = locked_bytes, current_bytes
+        super().__init__(
+            f"workspace slot (ubatch {ubatch}, lane {lane}) moved while locked: it held {locked_bytes} bytes "
+            f"({format_mb(locked_bytes)} MB) at 0x{locked_ptr:x} at lock(), its storage is now {current_bytes} "
+            f"bytes ({format_mb(current_bytes)} MB) at 0x{current_ptr:x}. Something resized a handed-out view (or "
+            "buffer()) in place: Tensor.resize_ beyond the storage reallocates the storage the view shares with "
+            "the workspace. Never resize a workspace view; ask get_simultaneous for the shape you need."
+        )
+
+
 @dataclass(frozen=True)
 class WorkspaceEvent:
     """One entry of ``WorkspaceManager.events``.
 
-    ``kind`` is ``"resize"``, ``"lock"``, ``"unlock"``, ``"violation"`` or
-    ``"alloc_failed"``; ``old_bytes``/``new_bytes`` are the slot's size before
+    ``kind`` is ``"resize"``, ``"lock"``, ``"unlock"``, ``"violation"``,
+    ``"alloc_failed"`` or ``"moved"`` (a locked slot's storage was reallocated
+    behind the manager's back: old and new storage bytes); ``old_bytes``/``new_bytes`` are the slot's size before
     and after (for a violation: current and required); ``live_bytes`` is the sum
     of all slots after the event and ``peak_bytes`` the most live workspace
     bytes that existed at once during it; ``t`` is ``time.monotonic()``.
@@ -268,6 +308,8 @@ class WorkspaceManager:
         self._num_ubatches = n
         self._buffers: list[torch.Tensor | None] = [None] * n
         self._locked = False
+        self._locked_ptrs: list[int] = [0] * n  # each slot's data_ptr() at lock()
+        self._locked_sizes: list[int] = [0] * n
         self.grow_all_slots = bool(grow_all_slots)
         self.growth_policy = growth_policy
         self.events: list[WorkspaceEvent] = []
@@ -380,15 +422,18 @@ class WorkspaceManager:
             self._check_slot(slot)
         lay, key = self._layout_and_key(shapes_and_dtypes)
         buf = self._buffers[slot]
+        if self._locked and buf is not None and buf.data_ptr() != self._locked_ptrs[slot]:
+            self._raise_moved(slot)
         if key is not None:
             cached = self._views.get((key, slot))
             if cached is not None and cached[0] is buf:
                 # Fresh aliases of private views: callers may reshape theirs in place.
                 return [v.view(shape) for v, shape in zip(cached[1], lay.shapes)]
             cached = None  # must not pin an old buffer across growth
+        owner = buf  # the slot buffer these views are carved from (None: the empty stand-in)
         if (0 if buf is None else buf.numel()) < lay.total_bytes:
-            buf = None  # drop our reference too, so growth really frees first
-            buf = self._grow(slot, lay.total_bytes)
+            buf = owner = None  # drop our references too, so growth really frees first
+            buf = owner = self._grow(slot, lay.total_bytes)
         elif buf is None:  # every request is empty and nothing was ever allocated
             if self._empty is None:
                 self._empty = torch.empty(0, dtype=torch.uint8, device=self._device)
@@ -398,11 +443,24 @@ class WorkspaceManager:
             for shape, dt, n, off in zip(lay.shapes, lay.dtypes, lay.nbytes, lay.offsets)
         ]
         if key is not None:
-            if len(self._views) > 4096:
-                self._views.clear()
-            self._views[(key, slot)] = (self._buffers[slot], views)
+            self._cache_views(key, slot, owner, views)
             return [v.view(shape) for v, shape in zip(views, lay.shapes)]
         return views
+
+    def _cache_views(self, key: tuple, slot: int, owner: torch.Tensor | None, views: list[torch.Tensor]) -> None:
+        """Cache ``views`` of ``owner`` for ``key`` only if ``owner`` is still the slot's buffer.
+
+        Checked and stored under the mutex that growth holds while it publishes a
+        new buffer and clears the cache, so a growth in another thread between
+        this call's read of the buffer and its store can never leave (new buffer,
+        views of the old one) in the cache (issue 22).
+        """
+        with self._mutex:
+            if self._buffers[slot] is not owner:
+                return
+            if len(self._views) > 4096:
+                self._views.clear()
+            self._views[(key, slot)] = (owner, views)
 
     # -- growth --------------------------------------------------------------- #
     def _record(self, kind: str, caller: str, old: int, new: int, slot: int, peak: int | None = None) -> None:
@@ -507,12 +565,24 @@ class WorkspaceManager:
         """Freeze every slot's size (vLLM: after CUDA graph capture).
 
         Waits for a growth in progress in another thread; once this returns, no
-        thread can grow or move a buffer until :meth:`unlock`.
+        thread can grow or move a buffer through the manager until :meth:`unlock`.
+        Each slot's ``data_ptr()`` and size are recorded here; a request while
+        locked on a slot whose storage was reallocated behind the manager's back
+        (``resize_`` on a handed-out view) raises :class:`WorkspaceMovedError`.
         """
         caller = _caller_info("lock")
         with self._mutex:
+            # Pointers first: a request that sees _locked True must find them set.
+            self._locked_ptrs, self._locked_sizes = self.data_ptrs(), self.sizes_bytes()
             self._locked = True
             self._record("lock", caller, self.live_bytes(), self.live_bytes(), _UBATCH.get())
+
+    def _raise_moved(self, slot: int) -> None:
+        """Record a ``"moved"`` event and raise :class:`WorkspaceMovedError` for ``slot``."""
+        buf = self._buffers[slot]
+        ptr, nbytes = buf.data_ptr(), buf.untyped_storage().nbytes()
+        self._record("moved", _caller_info(), self._locked_sizes[slot], nbytes, slot)
+        raise WorkspaceMovedError(slot, 0, self._locked_ptrs[slot], ptr, self._locked_sizes[slot], nbytes)
 
     def unlock(self) -> None:
         """Allow growth again (vLLM: only elastic EP re-warm-up does this)."""
