@@ -101,18 +101,28 @@ def plugin_import_ms(runs: int = 7) -> list[float]:
                                  check=True).stdout.strip()) for _ in range(runs)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--number", type=int, default=20000, help="calls per timed run")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out-dir", default=None, help="output folder (default: build/, or data/ with --record)")
     add_record_arguments(ap)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file this run writes: ``trace_overhead_cpu.json`` in ``--out-dir``, else ``build/`` (``data/`` with ``--record``)."""
+    return [recorded_path("trace_overhead_cpu", Path(args.out_dir) if args.out_dir else default_dir(args))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.number < 1 or args.repeats < 1:
         print(f"--number and --repeats must be >= 1, got {args.number} and {args.repeats}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out_dir) if args.out_dir else default_dir(args)
-    refusal = overwrite_refusal(recorded_path("trace_overhead_cpu", out_dir), args.number * args.repeats,
+    (path,) = output_paths(args)
+    out_dir = path.parent
+    refusal = overwrite_refusal(path, args.number * args.repeats,
                                 lambda d: d["number"] * d["repeats"], force=args.force, unit="timed calls per case")
     if refusal:
         print(refusal, file=sys.stderr)
