@@ -111,8 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def output_paths(args: argparse.Namespace) -> list[Path]:
-    """The file this run writes: ``trace_overhead_cpu.json`` in ``--out-dir``, else ``build/`` (``data/`` with
-    ``--record``)."""
+    """The file this run writes: ``trace_overhead_cpu.json`` in ``--out-dir``, else ``build/`` (``data/`` with ``--record``)."""
     return [recorded_path("trace_overhead_cpu", Path(args.out_dir) if args.out_dir else default_dir(args))]
 
 
@@ -121,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.number < 1 or args.repeats < 1:
         print(f"--number and --repeats must be >= 1, got {args.number} and {args.repeats}", file=sys.stderr)
         return 2
-    out_dir = output_paths(args)[0].parent
-    refusal = overwrite_refusal(output_paths(args)[0], args.number * args.repeats,
+    (path,) = output_paths(args)
+    out_dir = path.parent
+    refusal = overwrite_refusal(path, args.number * args.repeats,
                                 lambda d: d["number"] * d["repeats"], force=args.force, unit="timed calls per case")
     if refusal:
         print(refusal, file=sys.stderr)
