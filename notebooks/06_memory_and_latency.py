@@ -242,6 +242,8 @@ if REC_TABLE is not None:
 # vLLM accepts at start-up; that share is the *largest* the workspace can be next to any KV cache. A quantized
 # cache makes either share larger: the workspace holds the dequantized float16 copy of one layer, the cache
 # holds every layer at 3–4 bits. (No preset enables DBO, so every number here is one ubatch slot; section 7.)
+# Several presets coincide at some lengths (same KV heads and head_dim per rank): each preset's points are
+# shifted sideways by a few percent, every other one drawn hollow, and the cell prints where they coincide.
 #
 # **Predict, then run.** For the bug report's deployment (`max_num_seqs` 4), how does the share of
 # `max_num_seqs` full-length sequences compare with the share of one? Which call dominates the reservation?
