@@ -88,7 +88,7 @@ sync: $(STAMP)
 # layers of .importlinter (cli > lab > strategies | vllm_trace > engine > ... > core).
 check: $(STAMP)
 	$(PY) tools/run_notebooks.py check
-	$(VENV)/bin/lint-imports --config .importlinter
+	$(VENV)/bin/lint-imports .importlinter  # positional: --config is deprecated (import-linter 2.x warns)
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

@@ -471,6 +471,87 @@ show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_fa
         f"every continuation buffer is rounded up to a whole block.")
 
 # %% [markdown]
+# ## 6 · What else the bug report says, checked
+#
+# The report (vLLM issue #41565, the session's seed 003) makes four more claims. Its words and
+# numbers are loaded from `data/seed_sources.json` (transcribed from the report, with provenance);
+# each claim gets a run you can repeat:
+#
+# * **the prompt**: `'In computational science, ' * 2000` plus `" Reply OK."`, `max_tokens` 50, "~8K
+#   tokens after tokenization";
+# * **independent of the sparse-V PR #41422** ("the same crash with the sparse-V PR applied AND with
+#   stock v0.20.0");
+# * **a v0.20 regression**: it came with PR #40941 (the `WorkspaceManager` wired into TurboQuant's
+#   continuation prefill); the v0.18-era fork (PR #38479), which had no shared locked workspace, ran
+#   the same workloads cleanly — on 8× RTX A4000, CUDA 13.0, driver 580.76.05, PyTorch 2.11;
+# * **one of a family**: PR #39931's hybrid GDN `chunk_fwd_o` out-of-memory, mitigated there with a
+#   1.25 GiB safety-margin overlay in `gpu_worker.py`, and PRs #41185 and #41123 share the failure mode
+#   "the dummy run undercounts the real workload".
+#
+# **Predict, then run.** (1) How many tokens is the report's prompt, counted without a tokenizer, and
+# does the exact count matter for the crash? (2) Does the crash need anything besides stock TurboQuant
+# and the locked workspace — sparse-V code, or a shortage of GPU memory? (3) If every call got its own
+# `torch.empty` buffers, as before the shared workspace, would the prompt be served? (4) Would a
+# 1.25 GiB memory overlay like #39931's help?
+
+# %%
+import re
+import warnings
+
+from tqlab.core.provenance import load_recorded
+from tqlab.strategies.fixes import make_strategy_engine
+
+src = load_recorded("seed_sources")
+br = src["bug_report"]
+show_md(f"*From `data/seed_sources.json`: {src.provenance['command'][:120]}…*")
+prompt_text = br["prompt"]["unit"] * br["prompt"]["repeat"] + br["prompt"]["suffix"]
+# Tokenizer-free count: every word and every punctuation mark is at least one token for a BPE
+# vocabulary in which these common English words are whole tokens; the chat template adds a few more.
+n_prompt = len(re.findall(r"\w+|[^\w\s]", prompt_text))
+first_bad_len = first_failing_prompt(cfg, engine.locked_bytes)  # the unfixed engine of section 2
+assert first_bad_len <= n_prompt < cfg.max_model_len  # any length in this range crashes: the exact count does not matter
+rows6 = []
+for label, kv in (("stock TurboQuant, default KV cache", None), ("… with 16× max_model_len of KV cache", 16 * cfg.max_model_len)):
+    u = LLMEngine(cfg, fix=False, device="meta", kv_cache_tokens=kv)
+    try:
+        u.generate(n_prompt, max_tokens=br["prompt"]["max_tokens"])
+        rows6.append((label, "served", "—"))
+    except WorkspaceLockedError as exc6:
+        refused_bytes = exc6.required_bytes
+        rows6.append((label, f"requires {format_mb(exc6.required_bytes)} MB, current size is {format_mb(exc6.current_bytes)} MB",
+                      f"{len(u.outputs[0].output_token_ids)} of {br['prompt']['max_tokens']}"))
+per_call = make_strategy_engine(cfg, "fallback", device="meta")  # the call that does not fit gets torch.empty
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the fallback warns once that it allocates: expected here
+    served = per_call.generate(n_prompt, max_tokens=2).finished
+rows6.append(("every refused call gets its own torch.empty (no lock on it)", "served" if served else "refused", "—"))
+show_md(markdown_table(("engine (tqlab, no sparse-V code anywhere)", "the report's prompt", "tokens generated"), rows6))
+overlay = br["family"][0]["mitigation_bytes"]
+print(f"prompt: {n_prompt:,} words and punctuation marks (the report: {br['prompt']['report_says']}); "
+      f"every prompt from {first_bad_len:,} tokens up crashes")
+print(f"#39931's overlay: {overlay / MiB:,.0f} MiB of free memory; the refused request: "
+      f"{format_mb(refused_bytes)} MiB; the lock refuses growth whatever memory is free")
+assert rows6[0][1] == rows6[1][1] == BUG_REPORT_NUMBERS  # the report's numbers, with or without spare memory
+assert rows6[0][2] == f"0 of {br['prompt']['max_tokens']}"  # it dies in prefill: max_tokens plays no part
+assert served  # without a lock on the buffers (the pre-#40941 way) the prompt is served
+assert overlay > refused_bytes
+print(f"the report's stack: vLLM {br['vllm']}, {br['hardware']}, CUDA {br['cuda']}, driver {br['driver']}, "
+      f"PyTorch {br['torch']}; regression PR #{br['regression_pr']['pr']} (merged {br['regression_pr']['merged']}), "
+      f"clean fork PR #{br['clean_fork_pr']['pr']}, sparse-V PR #{br['sparse_v_pr']['pr']}, family "
+      + ", ".join(f"#{f['pr']}" for f in br["family"]))
+
+# %% [markdown]
+# **What this shows.** The prompt is about 8K tokens however it is tokenized, and any length from the
+# first failing one up crashes, so the count needs no tokenizer. tqlab's engine has no sparse-V code and
+# crashes with the report's numbers: the bug needs only stock TurboQuant and the locked workspace
+# (#41422 is independent). More KV-cache memory changes nothing, so a memory overlay like #39931's —
+# free memory kept back for a pass the profile run undercounts — does not help here: the lock refuses
+# growth, not memory. Giving the refused call its own buffers serves the prompt, which is what the
+# pre-workspace-manager fork (#38479) did — the regression is PR #40941's lock meeting a lazily sized
+# consumer. The report's versions (printed above from the recording) matter only in that its vLLM was
+# the first release with that lock; tqlab models vLLM 0.33, which still has it.
+
+# %% [markdown]
 # ## Next
 #
 # * Notebook 03 applies the fix of vLLM PR #44053: reserve the worst case before the lock.

@@ -346,8 +346,8 @@ show_md(
     )
 )
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 3.6))
-plots.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], ax=ax1, horizontal=True, log=True,
-              ylabel="reserved workspace per rank (MiB, log scale)", fmt="{:,.1f} MiB",
+plots.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], ax=ax1, horizontal=True, log=False,
+              ylabel="reserved workspace per rank (MiB)", fmt="{:,.1f} MiB",
               title="Workspace reserved by the fix")
 plots.plot_bars([x["name"] for x in cost], [100 * x["res"] / x["kv"] for x in cost], ax=ax2, horizontal=True,
               ylabel="% of the rank's KV cache (max_num_seqs × max_model_len)", fmt="{:.2f} %",
@@ -620,7 +620,9 @@ show_md(markdown_table(
 # `GPUModelRunner.capture_model` (`vllm/v1/worker/gpu_model_runner.py`). With `--enforce-eager`
 # the worker skips `capture_model` (`vllm/v1/worker/gpu_worker.py`, `compile_or_warm_up_model`),
 # so an eager server **never locks**: it cannot hit the assertion, which is why `--enforce-eager`
-# is the workaround users are told. Its price is decode speed: no CUDA graph replay (notebook 05
+# is the workaround users report (vLLM PR #46067's description lists "`--enforce-eager` works (no
+# graphs)" among the symptoms of a TurboQuant CUDA-graph bug, issue #45670; the reporters of issue
+# #40807 run `--enforce-eager` to get past TurboQuant's capture-time crash). Its price is decode speed: no CUDA graph replay (notebook 05
 # measures replay against eager launches on a GPU). The fourth row is the named variant
 # *lock-on-eager* (`lock_workspace_when_eager=True`, a proposed upstream change, off by
 # default): what would change if eager start-ups locked too.
@@ -679,8 +681,12 @@ show_md(markdown_table(
 #   which asks the workspace for decode views at the batch's rows — and is refused. With `k = 1`
 #   there is no such pass.
 #
-# That is the public report's kind: TurboQuant 4bit_nc with an MTP drafter dies with
-# "requires 0.76 MB, current size is 0.00 MB" in the drafter's decode. Here with 24 query heads
+# That is the kind of failure public reports show: vLLM issue #42544 (`turboquant_k3v4_nc` with an
+# MTP drafter, `num_speculative_tokens` 2) dies on the first request with `'turboquant_attn.py:...:
+# _decode_attention' requires 0.76 MB, current size is 0.00 MB`, and Sandermage/genesis-vllm-patches
+# PR #28 quotes the same message for `turboquant_4bit_nc` with MTP, raised in the drafter's forward
+# pass. (Their model is Qwen3.6-27B; the numbers below are tqlab's, for a layout that gives a
+# decode row of the same size.) Here with 24 query heads
 # of 256 per rank and one request (a decode row of 802,048 bytes):
 
 # %%
@@ -716,10 +722,64 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 #   `_reserve_workspace` sizes the decode views from the target's `model_config`
 #   (`get_num_attention_heads`) and the builder's own `kv_cache_spec`.
 # * DBO's second slot (6c) and chunked prefill off with prefix caching (6b), as without speculation.
-# * A second public report crashes *during graph capture* in the continuation path with speculative
-#   decoding and chunked prefill on. vLLM 0.33's code does not lead there for this backend:
+# * vLLM issue #40807 (fix proposed in PR #43747) crashes *during graph capture* in the continuation
+#   path with speculative decoding and chunked prefill on (`query_start_loc.tolist()` while capturing). vLLM 0.33's code does not lead there for this backend:
 #   `_dummy_run` sets `seq_lens = max_query_len`, so a captured `1 + k`-token row is a first chunk,
 #   not a continuation. tqlab does not reproduce that report; it models what 0.33's source does.
+
+# %% [markdown]
+# ## 8 · What the PR's record says, checked
+#
+# vLLM PR #44053 ("[Bugfix][V1][TurboQuant] Reserve workspace before CUDA graph capture") superseded
+# PR #40798 and fixes issue #41565 (notebook 02's bug report). Its date, its review comments, its
+# benchmark and the risks a review listed are loaded from `data/seed_sources.json` (transcribed from
+# the session's seed 000, with provenance). Two of them are claims about the code that tqlab can test:
+#
+# * the benchmark: serving throughput and time to first token move by a few per cent, **TPOT
+#   (time per output token) essentially unchanged**;
+# * a risk: **other backends may share the bug** (the review names FlashAttention).
+#
+# **Predict, then run.** Does the fix change anything a decode step does — the calls it makes to the
+# workspace, the kernels it picks? And of vLLM 0.33's other workspace consumers, how many reserve
+# ahead the way TurboQuant now does?
+
+# %%
+from tqlab.core.provenance import load_recorded
+
+seed = load_recorded("seed_sources")
+pr = seed["fix_pr"]
+show_md(markdown_table(("", "from the PR's record (data/seed_sources.json)"), [
+    ("PR", f"#{pr['pr']}: {pr['title']}"),
+    ("merged", pr["merged"]),
+    ("supersedes / fixes", f"PR #{pr['supersedes']} / issue #{pr['fixes']}"),
+    *[(f"comment: {c['who']}", c["what"]) for c in pr["comments"]],
+    ("benchmark (before → after)", f"{pr['benchmark']['req_s'][0]} → {pr['benchmark']['req_s'][1]} req/s, TTFT "
+                                   f"{pr['benchmark']['ttft_ms'][0]:,} → {pr['benchmark']['ttft_ms'][1]:,} ms; TPOT "
+                                   f"{pr['benchmark']['tpot']}"),
+    *[("risk", r) for r in pr["risks"]],
+]))
+# TPOT: the same short request, decoded by an engine with and without the fix (both serve it).
+unit = EngineConfig.from_preset("pr-44053-unit-test")
+n_dec = 4
+decode_calls = {}
+for fix in (False, True):
+    e = LLMEngine(unit, fix=fix, device="meta")
+    at_lock = len(e.workspace.events)
+    out_e = e.generate(unit.max_num_batched_tokens // 2, max_tokens=n_dec)
+    decode_calls[fix] = (dict(e.backend.path_counts), len(e.workspace.events) - at_lock, out_e.finished)
+assert decode_calls[False] == decode_calls[True]  # same kernels, same calls, no workspace event after the lock
+consumers = load_recorded("vllm_workspace_consumers")
+others = [f for f in consumers["files"] if "turboquant" not in f]
+other_reservers = [f for f in consumers["reservers"] if "turboquant" not in f]
+assert len(other_reservers) < len(others)  # most consumers rely on what start-up happens to run
+show_md(
+    f"Serving {n_dec} tokens after a {unit.max_num_batched_tokens // 2:,}-token prompt: paths "
+    f"{decode_calls[True][0]} and {decode_calls[True][1]} workspace events after the lock, **with and without the "
+    f"fix alike** — the fix adds no work to a decode step, which is what an unchanged TPOT needs (tqlab measures "
+    f"no GPU time here). Of the {len(others)} other files of vLLM {consumers['vllm_version']} that call the "
+    f"workspace, {len(other_reservers)} reserve ahead ({', '.join(f'`{f}`' for f in other_reservers)}); the rest "
+    f"are safe only if start-up reaches their largest size. Notebook 07 §2b lists them, live from vLLM's source."
+)
 
 # %% [markdown]
 # ## Summary

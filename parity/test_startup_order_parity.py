@@ -84,3 +84,25 @@ def test_vllm_reserves_after_the_profile_run_and_locks_after_capture(record):
     assert [p.name for p in engine.phases] == vllm_order
     record("vllm_order", vllm_order)
     record("engine_phases", [p.name for p in engine.phases])
+
+
+def test_reservation_returns_early_without_a_manager_in_both(vws, record):
+    """PR #44053's ``_reserve_workspace`` starts with ``if not is_workspace_manager_initialized(): return``."""
+    import importlib
+
+    import torch
+
+    from tqlab.core.reservation import reserve_workspace
+    from tqlab.core.workspace import is_workspace_manager_initialized, reset_workspace_manager
+    from tqlab.vllm import fake_vllm_configs
+
+    tq = importlib.import_module("vllm.v1.attention.backends.turboquant_attn")
+    config = EngineConfig.from_preset("nemotron-3-super-120b-a12b")
+    vllm_config, spec = fake_vllm_configs(config)
+    assert not vws.is_workspace_manager_initialized()
+    tq.TurboQuantMetadataBuilder(kv_cache_spec=spec, layer_names=["model.layers.0.self_attn.attn"],
+                                 vllm_config=vllm_config, device=torch.device("cpu"))  # no error, no manager made
+    assert not vws.is_workspace_manager_initialized()
+    reset_workspace_manager()
+    assert reserve_workspace(config) == [] and not is_workspace_manager_initialized()
+    record("outcome", "vLLM builder and tqlab reserve_workspace: no manager -> return, nothing reserved")

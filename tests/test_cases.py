@@ -330,6 +330,23 @@ def test_repro_auto_device_picks_meta_for_a_big_model_and_says_so():
     assert "device meta (shapes only): a CPU run would build about" in r.output and "--device cpu forces it" in r.output
 
 
+def test_plan_and_repro_print_one_unit_mib_outside_vllms_quoted_message():
+    """Units: 2**20 bytes is "MiB" in tqlab's own lines; "MB" only inside vLLM's quoted assertion text."""
+    import re
+
+    plan = _cli("plan", "--preset", "nemotron-3-super-120b-a12b")
+    repro = _cli("repro", "--preset", PR_TEST, "--prompt-tokens", "8190", "--device", "meta")
+    for r in (plan, repro):
+        assert r.exit_code == 0, r.output
+        own = re.sub(r"requires \d+\.\d\d MB, current size is \d+\.\d\d MB", "", r.output)
+        assert " MB" not in own, r.output
+    assert "locks at 268,544 bytes (0.26 MiB)" in plan.output and "64.00 MiB per ubatch slot" in plan.output
+    assert "requires 8.00 MB, current size is 0.28 MB" in repro.output  # vLLM's wording, quoted
+    builder = next(line for line in repro.output.splitlines() if line.strip().startswith("build_backend"))
+    # the unfixed engine is vLLM 0.33 without PR #44053, not "vLLM 0.20" (README: the versions)
+    assert "[0.00 MiB]" in builder and "vLLM 0.33 without PR #44053" in builder
+
+
 def test_plan_json_to_stdout_holds_only_the_json(tmp_path):
     import json
 

@@ -31,6 +31,7 @@ from tqlab.core.workspace import (
     WorkspaceManager,
     compute_layout,
     init_workspace_manager,
+    is_workspace_manager_initialized,
     reset_workspace_manager,
     ubatch_context,
 )
@@ -223,6 +224,18 @@ def test_reserve_workspace_defaults_to_the_module_manager():
         m = init_workspace_manager("meta")
         reserve_workspace(EngineConfig.from_preset(NEMOTRON))
         assert m.sizes_bytes() == [64 * MiB]
+    finally:
+        reset_workspace_manager()
+
+
+def test_reserve_workspace_returns_early_when_no_manager_is_initialized():
+    # vLLM PR #44053: `if not is_workspace_manager_initialized(): return` at the top of _reserve_workspace
+    reset_workspace_manager()
+    assert reserve_workspace(EngineConfig.from_preset(NEMOTRON)) == []
+    assert not is_workspace_manager_initialized()  # nothing was created on the way
+    m = init_workspace_manager("meta")
+    try:
+        assert len(reserve_workspace(EngineConfig.from_preset(NEMOTRON))) == 2 and m.sizes_bytes() == [64 * MiB]
     finally:
         reset_workspace_manager()
 

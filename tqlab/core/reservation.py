@@ -36,6 +36,7 @@ from tqlab.core.workspace import (
     WorkspaceManager,
     compute_layout,
     current_workspace_manager,
+    is_workspace_manager_initialized,
     positive_int,
     round_up,
     ubatch_context,
@@ -216,9 +217,14 @@ def reserve_workspace(
     Every DBO slot is sized: a reservation made in slot 0 alone leaves slot 1
     empty, and slot 1's first request after the lock would fail.
 
-    Returns the plan. Raises ``WorkspaceLockedError`` if the manager is locked
-    and too small (reserve before locking).
+    Returns the plan. Without ``manager`` and with no process-wide manager initialized it
+    returns ``[]`` at once and reserves nothing, as vLLM PR #44053's ``_reserve_workspace``
+    does (``if not is_workspace_manager_initialized(): return``,
+    ``vllm/v1/attention/backends/turboquant_attn.py``). Raises ``WorkspaceLockedError`` if the
+    manager is locked and too small (reserve before locking).
     """
+    if manager is None and not is_workspace_manager_initialized():
+        return []  # vLLM: no manager yet (e.g. a builder made outside a worker) -> no reservation
     m = current_workspace_manager() if manager is None else manager
     plan = reservation_plan(config, decode_batch=decode_batch)
     for slot in range(m.num_ubatches):

@@ -111,7 +111,8 @@ class LLMEngine:
     Args:
         config: the deployment (:class:`~tqlab.core.config.EngineConfig`).
         fix: ``True`` (default) reserves the worst case in the metadata builder
-            (PR #44053); ``False`` reproduces vLLM 0.20's crash.
+            (PR #44053); ``False`` is vLLM 0.33 without that PR, which reproduces the crash reported
+            against vLLM 0.20 (same unreserved ``_continuation_prefill`` path).
         device: ``"cpu"``, ``"cuda"`` or ``"meta"`` (shape-only dry run: same
             code, no arithmetic, any length in about a second).
         kv_cache_tokens: KV-cache capacity in tokens (default: enough for the
@@ -197,7 +198,7 @@ class LLMEngine:
         with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
             self.runner.profile_run(profile_tokens)
         # vLLM 0.33: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
-        with self._phase("build_backend", "with _reserve_workspace() (PR #44053)" if fix else "no reservation (vLLM 0.20)"):
+        with self._phase("build_backend", "with _reserve_workspace() (PR #44053)" if fix else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)"):
             self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
                                                      decode_batch=decode_batch_reservation)
             if (self.device.type == "cuda" and use_cuda_graphs and decode_capture_sizes(config)
