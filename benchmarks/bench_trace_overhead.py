@@ -101,18 +101,28 @@ def plugin_import_ms(runs: int = 7) -> list[float]:
                                  check=True).stdout.strip()) for _ in range(runs)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--number", type=int, default=20000, help="calls per timed run")
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--out-dir", default=None, help="output folder (default: build/, or data/ with --record)")
     add_record_arguments(ap)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file this run writes: ``trace_overhead_cpu.json`` in ``--out-dir``, else ``build/`` (``data/`` with
+    ``--record``)."""
+    return [recorded_path("trace_overhead_cpu", Path(args.out_dir) if args.out_dir else default_dir(args))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.number < 1 or args.repeats < 1:
         print(f"--number and --repeats must be >= 1, got {args.number} and {args.repeats}", file=sys.stderr)
         return 2
-    out_dir = Path(args.out_dir) if args.out_dir else default_dir(args)
-    refusal = overwrite_refusal(recorded_path("trace_overhead_cpu", out_dir), args.number * args.repeats,
+    out_dir = output_paths(args)[0].parent
+    refusal = overwrite_refusal(output_paths(args)[0], args.number * args.repeats,
                                 lambda d: d["number"] * d["repeats"], force=args.force, unit="timed calls per case")
     if refusal:
         print(refusal, file=sys.stderr)
@@ -141,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "number": args.number, "repeats": args.repeats, "views": [[list(s), str(d)] for s, d in shapes],
         "statistic": "minimum over repeats of the mean per call (host microseconds); *_median_us: median over repeats",
         "rows": rows, "target_ratio": TARGET_RATIO, "judged_manager": "vllm" if "vllm" in rows else "tqlab",
-        "meets_target": ok, "plugin_import_ms": imports, "plugin_import_median_ms": statistics.median(imports), "plugin_import_budget_ms": IMPORT_BUDGET_MS,
+        "meets_target": ok, "plugin_import_ms": imports, "plugin_import_median_ms": statistics.median(imports),
+        "plugin_import_budget_ms": IMPORT_BUDGET_MS,
     }, prov, data_dir=out_dir)
     print(f"target traced <= {TARGET_RATIO}x untraced ({'vllm' if 'vllm' in rows else 'tqlab'} manager): "
           f"{'met' if ok else 'MISSED'} -> {path}")

@@ -4,6 +4,7 @@ poisoned outputs), then decode and dequant variants timed like the side-by-side 
 (decode: CUDA-graph replay, L2 flushed, median; dequant: graph replay, bandwidth share of copy).
 
     python benchmarks/dev_turboquant_fast.py --out $OUT/fast.json [--sections check,decode,dequant]
+    python benchmarks/dev_turboquant_fast.py --record --commit X   # data/turboquant_fast_variants_h200.json
     python benchmarks/dev_turboquant_fast.py --one llama_3bit_32k --lut 2 --block-t 64   # for ncu
 """
 
@@ -21,6 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _recording import default_dir  # noqa: E402
 from _vs_vllm import ColdTimer  # noqa: E402
 from bench_turboquant import copy_bandwidth, fill_paged, provenance, sdpa, time_graph  # noqa: E402
 
@@ -33,8 +35,11 @@ CASES = {  # name: (hq, hk, batch, ctx, presets, splits)
     "llama_128k": (32, 8, 16, 131072, ["turboquant_3bit_nc"], (32,)),
     "seed_128k": (4, 1, 4, 131072, ["turboquant_3bit_nc", "turboquant_k8v4"], (128, 256)),
     "seed_32k": (4, 1, 4, 32768, ["turboquant_3bit_nc"], (256,)),
+    "llama_32k_splits": (32, 8, 16, 32768, ["turboquant_3bit_nc"], (16, 32, 64)),
+    "seed_128k_splits": (4, 1, 4, 131072, ["turboquant_3bit_nc"], (64, 128, 256, 512)),
 }
 FAST_CFGS = [(64, 4), (32, 4)]
+STAGED = False
 FAST_MODES = [(False, False), (True, False), (False, True), (True, True)]  # (prefetch, norm_mma)
 
 
@@ -64,6 +69,9 @@ def check(log) -> list:
             for lut in ((0,) if spec.key_fp8 else (0, 1, 2)):
                 for bt_, nw in ((64, 4), (32, 4), (128, 8)):
                     variants.append(("fast", {"lut": lut, "block_t": bt_, "num_warps": nw}))
+            if STAGED:
+                variants = variants[:2] + [("fast", {}), ("fast", {"staged": True, "norm_mma": True}),
+                                           ("fast", {"staged": True, "norm_mma": True, "block_t": 128, "num_warps": 8})]
             for impl, kw in variants:
                 mid = torch.full((b, hq, 32, d + 1), float("nan"), device="cuda")
                 out = torch.full((b, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -84,7 +92,7 @@ def check(log) -> list:
                     log(row)
             # dequant
             outs = {}
-            for impl, kw in [("torch", {}), ("portable", {}), ("fast", {"lut": 0}), ("fast", {"lut": 2})]:
+            for impl, kw in ([] if STAGED else [("torch", {}), ("portable", {}), ("fast", {"lut": 0}), ("fast", {"lut": 2})]):
                 if spec.key_fp8 and kw.get("lut") == 2:
                     continue
                 ko = torch.full((1, hk, ctx, d), float("nan"), device="cuda", dtype=torch.float16)
@@ -96,6 +104,8 @@ def check(log) -> list:
                 else:
                     tf.dequant_kv(cache, bt[0], ctx - 5, ko, vo, spec, **kw)
                 outs[(impl, kw.get("lut"))] = (ko, vo)
+            if not outs:
+                continue
             k0, v0 = outs[("torch", None)]
             for key, (ko, vo) in outs.items():
                 row = {"check": "dequant", "hq": hq, "preset": name, "impl": key[0], "lut": key[1],
@@ -132,14 +142,20 @@ def decode_variants(timer, log, cases, cfgs, rows=None, save=lambda: None) -> li
                 out = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(b, hq, device="cuda")
                 variants = [("portable", {})]
+                if not cfgs:  # the launch defaults only (ops' choice of kernel)
+                    variants = [("fast" if not spec.key_fp8 else "portable", {})]
+                if STAGED:  # whole blocks staged through shared memory (experiment)
+                    variants += [("fast", {"staged": True, "norm_mma": True, "block_t": bt_, "num_warps": nw})
+                                 for bt_, nw in ((64, 4), (32, 4), (128, 8), (64, 8))]
                 lut = 0 if spec.key_fp8 else 2
-                for pf, nm in FAST_MODES:
+                for pf, nm in (FAST_MODES if cfgs else []):
                     if spec.key_fp8 and nm:
                         continue
                     variants += [("fast", {"lut": lut, "block_t": bt_, "num_warps": nw, "prefetch": pf, "norm_mma": nm})
                                  for bt_, nw in cfgs]
-                variants.append(("fast", {"lut": lut, "block_t": 64, "num_warps": 4, "prefetch": True,
-                                          "norm_mma": False, "maxnreg": 128}))
+                if cfgs:
+                    variants.append(("fast", {"lut": lut, "block_t": 64, "num_warps": 4, "prefetch": True,
+                                              "norm_mma": False, "maxnreg": 128}))
                 for impl, kw in variants:
                     stats: dict = {}
                     try:
@@ -216,9 +232,11 @@ def one(args) -> int:
     return 0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="fast.json")
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None,
+                    help="output file (default: build/turboquant_fast_variants_h200.json, or data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
     ap.add_argument("--sections", default="check,decode,dequant")
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--cfgs", default=",".join(f"{a}x{b}" for a, b in FAST_CFGS))
@@ -232,12 +250,30 @@ def main() -> int:
     ap.add_argument("--norm-mma", type=int, default=0)
     ap.add_argument("--impl", default="fast")
     ap.add_argument("--commit", default=None)
-    args = ap.parse_args()
+    ap.add_argument("--staged", action="store_true")
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The files this run writes: ``--out``, else ``build/`` (``data/`` with ``--record``); none with ``--one``."""
+    if args.one:
+        return []
+    return [Path(args.out) if args.out else default_dir(args) / "turboquant_fast_variants_h200.json"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dev_turboquant_fast.py times CUDA kernels: no CUDA device here", file=sys.stderr)
+        return 2
+    global STAGED
+    STAGED = args.staged
     if args.one:
         return one(args)
     t0 = time.time()
     res = {"provenance": provenance(args), "check": [], "decode": [], "dequant": []}
-    out = Path(args.out)
+    out = output_paths(args)[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
 
     def log(row):
         print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
@@ -255,7 +291,7 @@ def main() -> int:
             bad = [r for r in res["check"] if not r["ok"]]
             print(f"CHECK: {len(res['check']) - len(bad)} ok, {len(bad)} failed", flush=True)
         elif sec == "decode":
-            cfgs = [tuple(int(x) for x in c.split("x")) for c in args.cfgs.split(",")]
+            cfgs = [] if args.cfgs == "default" else [tuple(int(x) for x in c.split("x")) for c in args.cfgs.split(",")]
             decode_variants(ColdTimer(), log, args.cases.split(","), cfgs, res["decode"], save)
         elif sec == "dequant":
             dequant_variants(log, res["copy"]["GBps"], res["dequant"], save)

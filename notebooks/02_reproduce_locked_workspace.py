@@ -295,14 +295,14 @@ assert m_report == cfg.max_num_batched_tokens  # the preset uses the inferred va
 m_default, _, why_default = vt.vllm_default_limits("serve")  # no GPU size given: vLLM's small-GPU default
 why_default = why_default.split(";")[0]
 alt = cfg.replace(max_num_batched_tokens=m_default)
-alt_first = rp.predict(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+alt_first = rp.consumer_report(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
 alt_locked, alt_refused = locked_and_refused(alt)  # run on meta: the engine refuses what the predictor named
 assert (alt_refused, alt_locked) == (alt_first.nbytes, engine.locked_bytes)
 assert alt_first.cached_len == m_default and alt_first.nbytes == 2 * 1 * hk * m_default * d * 2
 rows, matches = [], []
 for label, c, m_ in ((f"preset (inferred from {rp.BUG_REPORT_REQUIRED_MB} MB)", cfg, m_report),
                      (f"vLLM default ({why_default})", alt, m_default)):
-    f = rp.predict(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+    f = rp.consumer_report(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
     rows.append((label, f"{m_:,}", f"{first_failing_prompt(c, engine.locked_bytes):,}", f"{f.cached_len:,}",
                  f"{format_mb(f.nbytes)} MB"))
     matches.append(format_mb(f.nbytes) == rp.BUG_REPORT_REQUIRED_MB)

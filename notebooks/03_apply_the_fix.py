@@ -465,14 +465,14 @@ show_md(markdown_table(
 nocp = cfg.replace(enable_chunked_prefill=False, max_num_batched_tokens=cfg.max_model_len,
                    mamba_block_aligned_split=False)
 nocp_plan = reservation_plan(nocp)
-pred = rp.predict(nocp)
+pred = rp.consumer_report(nocp)
 show_md(markdown_table(
     ("", "chunked prefill on (the report)", "chunked prefill off"),
     [
         ("reservation calls", len(plan), len(nocp_plan)),
         ("workspace at lock with the fix (MB)", format_mb(reserved), format_mb(pred.locked_fixed)),
         ("longest request safe under any chunking, with the fix",
-         f"{rp.predict(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
+         f"{rp.consumer_report(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
         ("max_model_len", f"{cfg.max_model_len:,}", f"{nocp.max_model_len:,}"),
     ],
 ))
@@ -490,7 +490,7 @@ print("\n".join(f"predict: {n}" for n in pred.notes))
 
 # %%
 assert nocp_plan == plan[:1] and pred.locked_fixed == pred.locked_unfixed == locked_no_fix
-assert rp.predict(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
+assert rp.consumer_report(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
 hit_engine = LLMEngine(nocp.replace(num_hidden_layers=1), fix=True, device="meta")  # one layer: same calls
 assert hit_engine.locked_bytes == pred.locked_fixed
 

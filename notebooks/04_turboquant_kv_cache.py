@@ -260,7 +260,7 @@ print(f"decode: mid_out {tuple(mid.shape)} f32, output {tuple(out.shape)} {out.d
 # shared workspace: does it need the sum of the two layouts, or the larger one?
 
 # %%
-from tqlab.core.workspace import compute_layout  # noqa: E402
+from tqlab.core.workspace import compute_layout
 
 assert tuple(k_buf.shape) == (1, hk, -(-n_tok // bs) * bs, D) and k_buf.dtype == torch.float16
 assert tuple(mid.shape) == (1, hq, cfg.tq_max_kv_splits_for_cuda_graph, D + 1)
@@ -333,7 +333,7 @@ else:
 # and dequantize to the same fp16 values as the torch reference?
 
 # %%
-from tqlab.turboquant.ops import resolve_backend  # noqa: E402
+from tqlab.turboquant.ops import resolve_backend
 
 picked = resolve_backend("auto", torch.device(device))
 small = torch.zeros(kv_cache_shape(2, 1, 16, 64, spec), dtype=torch.uint8, device=device)
@@ -348,9 +348,10 @@ print(f"backend='auto' on {device}: {picked}; cache bytes identical to the torch
 
 # %% [markdown]
 # **Speed on an H200** (`benchmarks/bench_turboquant.py`): full dequant bandwidth as a share of the
-# measured device copy bandwidth (target ≥ 70 %), and decode vs fp16 SDPA (flash) on an unquantized
-# cache of the same context (target ≥ 1.5× faster at 32K). Shapes per rank: the bug report's model (Hq 4,
-# Hk 1, D 128) and Llama-3.1-8B (Hq 32, Hk 8, D 128).
+# measured device copy bandwidth (issue 20's target: ≥ 60 % for the rotated presets at ≥ 32K), and
+# decode vs fp16 SDPA (flash) on an unquantized cache of the same context (target: at least as fast at
+# 32K and 128K). Shapes per rank: the bug report's model (Hq 4, Hk 1, D 128) and Llama-3.1-8B (Hq 32,
+# Hk 8, D 128). The cell after the tables says which recorded rows meet the targets.
 
 # %%
 bench = None
@@ -387,13 +388,22 @@ if bench is not None:
     figures.plot_decode_bench(bench, "llama3.1-8b", 16, ax=axes[0])
     figures.plot_decode_bench(bench, "seed_per_rank", 1, ax=axes[1])
     plt.show()
+    rotated = [r for r in bench["dequant"] if r["cached_len"] >= 32768 and r["kind"] != "turboquant_k8v4"]
+    met = [r for r in rotated if r["share_of_copy"] >= 0.60]
+    show_md(f"Dequant target (≥ 60 % of copy, rotated presets, ≥ 32K): **{len(met)} of {len(rotated)} rows meet "
+            f"it**; the rotated presets reach {100 * min(r['share_of_copy'] for r in rotated):.0f}–"
+            f"{100 * max(r['share_of_copy'] for r in rotated):.0f} %.")
 
 # %% [markdown]
 # **Reading the numbers.** The fp8-key preset dequantizes at a large share of the copy bandwidth; the
 # rotated presets pay for the inverse Hadamard rotation and the unpacking. Where decode time goes is in
-# `benchmarks/NOTES_turboquant.md` (Nsight Compute on the H200): the kernel is bound by instruction issue
-# and latency, not by memory — many registers per thread leave few warps in flight, and every
-# 2-byte-aligned slot is unpacked by the thread that owns it.
+# `benchmarks/NOTES_turboquant.md` (Nsight Compute on the H200). Since issue 20 the rotated presets run
+# the *fast* kernels (`tqlab/turboquant/_triton_fast.py`): a thread holds one group of 16 codes of a
+# token (lanes along D), centroids come from an exact byte-permute (`prmt`) table of the fp16 values,
+# and fewer registers let more programs share an SM. That made the rotated presets' decode faster by
+# a fraction, not by the several-fold the smaller cache allows: the profile shows the load/store unit
+# busy with 2-byte reads of 102-byte slots while DRAM stays mostly idle — wide, aligned block loads
+# staged through shared memory are the step still missing (the notes' version table has the numbers).
 #
 # ### tqlab's kernels beside vLLM 0.33's own, and the byte limit
 #
@@ -405,7 +415,8 @@ if bench is not None:
 #
 # **Predict, then run:** (1) is tqlab faster than vLLM's kernel on every recorded row? (2) Is either
 # faster than fp16 SDPA at 128K tokens on the Llama-3.1-8B shard? (3) What share of the byte limit does
-# tqlab reach — closer to 10 % or to 90 %?
+# tqlab reach — closer to 10 % or to 90 %? (4) Issue 20 asks for tqlab ≥ 5× vLLM's speed and at least
+# SDPA's at 32K and 128K on every row: how many rows meet each?
 
 # %%
 vs = recorded.show_recorded("turboquant_vs_vllm_h200")
@@ -428,6 +439,22 @@ if vs is not None:
     assert min(speedup) > 1  # (1) faster than vLLM's own kernel everywhere it was measured
     assert all(r["sdpa_over_tqlab"] < 1 and r["vllm_ms"] > r["sdpa_fp16_ms"] for r in llama_128k)  # (2) no
     assert max(frac) < 0.5  # (3) far from the byte limit
+    # (4) issue 20's targets, row by row; "best" = the faster of vLLM's 32 splits and the "fill" split count
+    long_rows = [r for r in rows if r["ctx"] >= 32768]
+    at_sdpa = [r for r in long_rows if r["sdpa_over_tqlab_best"] >= 1.0]
+    at_5x = [r for r in rows if r["vllm_over_tqlab_best"] >= 5.0]
+
+    def _names(rs):
+        return ", ".join(f"{r['shape'].split('_')[0]} {r['preset'].removeprefix('turboquant_')} "
+                         f"{r['ctx'] // 1024}K" for r in rs) or "none"
+
+    show_md(f"Issue 20's targets in this recording: **at least SDPA's speed** at 32K/128K: "
+            f"{len(at_sdpa)} of {len(long_rows)} rows ({_names(at_sdpa)}); **≥ 5× vLLM 0.33**: {len(at_5x)} of "
+            f"{len(rows)} rows; **≥ 2× SDPA** for 3bit_nc on the Llama shard at 128K: "
+            f"{'met' if any(r['preset'] == 'turboquant_3bit_nc' and r['sdpa_over_tqlab_best'] >= 2 for r in llama_128k) else 'not met'}"
+            f"; **≥ 40 % of the byte limit** on the Llama shard: "
+            f"{sum(r['tqlab_frac_of_byte_limit'] >= 0.4 for r in rows if r['shape'] == 'llama3.1-8b')} rows.")
+    assert len(at_sdpa) < len(long_rows) and len(at_5x) < len(rows)  # (4) partly: most rows miss them
 
 # %%
 if bench is not None:

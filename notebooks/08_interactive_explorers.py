@@ -70,7 +70,7 @@ layout_ui
 # multiple of 256 and the total is the sum.
 
 # %%
-from tqlab.core.workspace import compute_layout  # noqa: E402
+from tqlab.core.workspace import compute_layout
 
 lay = compute_layout(tw.default_layout_requests())
 assert lay.nbytes == (16 * 8 * 4 * 129 * 4, 16 * 8 * 128 * 2, 16 * 8 * 4)

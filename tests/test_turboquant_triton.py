@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
+from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRESETS = sorted(TQ_PRESETS)
@@ -319,11 +319,12 @@ def test_fast_centroid_tables_are_exact(name, d):
         assert [r[f"${i}"] for i in range(16)] == cent[c].tolist()
 
 
-@pytest.mark.parametrize("prefetch,norm_mma", [(False, False), (True, True)])
+@pytest.mark.parametrize("prefetch,norm_mma,staged", [(False, False, False), (True, True, False), (False, True, True)])
 @pytest.mark.parametrize("name", PRESETS)
-def test_fast_decode_matches_reference(name, prefetch, norm_mma):
+def test_fast_decode_matches_reference(name, prefetch, norm_mma, staged):
     """The fast decode kernel (lanes along D, polynomial centroids off the GPU) gives the
-    reference decode: empty request, fewer tokens than splits, several tiles, GQA 4."""
+    reference decode: empty request, fewer tokens than splits, several tiles, GQA 4; also the
+    staged experiment (whole blocks through shared memory, split edges inside blocks)."""
     from tqlab.turboquant import _triton_fast as tf
 
     spec = TQ_PRESETS[name]
@@ -335,8 +336,8 @@ def test_fast_decode_matches_reference(name, prefetch, norm_mma):
     (m0, o0, l0), _ = _decode_both(spec, q, cache, bt, seq_lens, s=4)
     mid = torch.full_like(m0, float("nan"))
     out, lse = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
-    tf.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=16, prefetch=prefetch,
-                        norm_mma=norm_mma)
+    tf.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=32 if staged else 16,
+                        prefetch=prefetch, norm_mma=norm_mma, staged=staged)
     _assert_decode_close([(m0, o0, l0), (mid, out, lse)])
 
 
@@ -362,7 +363,12 @@ def test_fast_dequant_matches_reference(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_gpu_fast_equals_portable(name):
     """On the GPU the fast kernels (prmt tables, every launch variant) equal the portable
-    kernels to fp16 rounding, at the benchmark's size class (GQA 4, 4K context, block 16)."""
+    kernels to fp16 rounding, at the benchmark's size class (GQA 4, 4K context, block 16).
+
+    Not bit-equal by design: the fast kernel normalizes each key by the norm of the fp16
+    centroids its MMA multiplies, the portable one by the fp32 centroids' norm (rotated presets;
+    up to 2**-11 relative per centroid, the same for every token), so partial log-sum-exps
+    of |x| ~ 10 move by a few 1e-3: the tolerance is fp16's spacing at 16."""
     from tqlab.turboquant import _triton_fast as tf
     from tqlab.turboquant import _triton_kernels as tk
 
@@ -390,7 +396,7 @@ def test_gpu_fast_equals_portable(name):
         for block_t, warps, prefetch, norm_mma in ((64, 4, False, False), (32, 4, True, True), (128, 8, False, True)):
             got = run(tf.decode_attention, lut=lut, block_t=block_t, num_warps=warps, prefetch=prefetch,
                       norm_mma=norm_mma)
-            _assert_decode_close([ref, got], atol=4e-3, rtol=2e-3)
+            _assert_decode_close([ref, got], atol=1e-2, rtol=2e-3)
     k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
     v0 = k0.clone()
     tk.dequant_kv(cache, bt[0], ctx - 5, k0, v0, spec)

@@ -202,15 +202,16 @@ def presets() -> None:
 
 def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool) -> tuple[int, float]:
     """Rough ``(bytes, seconds)`` a CPU ``repro`` would build and take: KV cache + weights + workspace; matmuls + attention."""
-    from tqlab.predict.analysis import decode_capture_sizes, locked_bytes
     from tqlab.attention import kv_cache_bytes_per_token
+    from tqlab.core.vllm_rules import decode_capture_sizes, decode_rows
+    from tqlab.predict.analysis import locked_bytes
+
     hidden = config.num_heads_per_rank * config.head_dim
     layers = config.num_hidden_layers + (1 if config.num_speculative_tokens else 0)
     kv = kv_cache_bytes_per_token(config) * (prompt_tokens + 2)
     weights = layers * 4 * hidden * hidden * 4
     ws = (locked_bytes(config.replace(lock_workspace_when_eager=True), fix=fix) or 0) * config.num_ubatches
-    q = config.uniform_decode_query_len
-    rows = sum(min(config.max_num_seqs, -(-s // q)) * q for s in decode_capture_sizes(config))
+    rows = sum(decode_rows(config, s) * config.uniform_decode_query_len for s in decode_capture_sizes(config))
     tokens = prompt_tokens + min(config.max_num_batched_tokens, config.max_model_len) + 2 * rows
     flops = layers * tokens * hidden * hidden * 8 + layers * prompt_tokens ** 2 * hidden * 2
     return kv + weights + ws, flops / _CPU_FLOPS
@@ -225,6 +226,8 @@ def _pick_device(device: str, config: EngineConfig, prompt_tokens: int, fix: boo
                       f"take about {seconds:.0f} s; --device cpu forces it")
         return "meta"
     return "cpu"
+
+
 def _describe(pred) -> str:
     from tqlab.core.workspace import format_mb
 

@@ -373,6 +373,170 @@ def _decode_fast_kernel(
     tl.store(mrow + D, part_lse, mask=gmask)
 
 
+# ----------------------------------------------------------------------------- staged decode
+@triton.jit
+def _g(flat, idx, T: tl.constexpr, NG: tl.constexpr):
+    """``flat[idx]`` for an int32 index tensor ``[T, NG]`` (Triton stages ``flat`` through shared
+    memory: one ``LDS`` per element)."""
+    return tl.reshape(tl.gather(flat, tl.reshape(idx, (T * NG,)), 0), (T, NG))
+
+
+@triton.jit
+def _fun(a, b):
+    """The 32-bit window over the high half of ``a`` and the low half of ``b``."""
+    return ((a >> 16) & 0xFFFF) | (b << 16)
+
+
+@triton.jit
+def _staged_windows(flat, a, par, BITS: tl.constexpr, T: tl.constexpr, NG: tl.constexpr):
+    """The windows of :func:`_group_words` from the staged block: ``a`` = int32 index of each
+    group's first word (``[T, NG]``), ``par`` = that word is the high half."""
+    a0 = _g(flat, a, T, NG)
+    a1 = _g(flat, a + 1, T, NG)
+    f0 = a0
+    f1 = _fun(a0, a1)
+    f2 = a1
+    f3 = a1
+    f4 = a1
+    f5 = a1
+    f6 = a1
+    f7 = a1
+    f8 = a1
+    if BITS > 2:
+        a2 = _g(flat, a + 2, T, NG)
+        f3 = _fun(a1, a2)
+        f4 = a2
+    if BITS > 4:
+        a3 = _g(flat, a + 3, T, NG)
+        a4 = _g(flat, a + 4, T, NG)
+        f5 = _fun(a2, a3)
+        f6 = a3
+        f7 = _fun(a3, a4)
+        f8 = a4
+    return (tl.where(par, f1, f0), tl.where(par, f2, f1), tl.where(par, f3, f2), tl.where(par, f4, f3),
+            tl.where(par, f5, f4), tl.where(par, f6, f5), tl.where(par, f7, f6), tl.where(par, f8, f7))
+
+
+@triton.jit
+def _decode_staged_kernel(
+    q_ptr, cache32_ptr, bt_ptr, sl_ptr, mid_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
+    stride_qb, stride_qh, stride_cb32, stride_ch32, stride_btb, stride_mb, stride_mh, stride_ms,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr, SLOT_W: tl.constexpr, BWP: tl.constexpr,
+    LUT: tl.constexpr, LUT_ASM: tl.constexpr, NORM_MMA: tl.constexpr,
+):
+    """As :func:`_decode_fast_kernel`, but each tile is whole cache blocks: every block's
+    contiguous slot bytes are read with 16-byte loads (``BLOCK_SIZE * slot_bytes`` a multiple of
+    16) and staged through shared memory, from where each thread gathers its group's words."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    g = tl.arange(0, GP)
+    gmask = g < GROUP
+    heads = hk * GROUP + g
+    cols = tl.arange(0, D)
+    seq_len = tl.load(sl_ptr + b).to(tl.int32)
+    chunk = tl.cdiv(seq_len, num_splits)
+    start = tl.minimum(s * chunk, seq_len)
+    end = tl.minimum(start + chunk, seq_len)
+    KB: tl.constexpr = 8 if KEY_FP8 else KBITS
+    NG: tl.constexpr = D // 16
+    NBLK: tl.constexpr = BLOCK_T // BLOCK_SIZE
+    BW32: tl.constexpr = BLOCK_SIZE * SLOT_W // 2
+
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
+    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+    if not KEY_FP8:
+        q = tk._fwht(q, GP, D) * inv_sqrt_d
+    q = q.to(tl.float16)
+    ones = tl.full([GP, D], 1.0, dtype=tl.float16)
+
+    # gather indices inside a tile of NBLK staged blocks (the same for every tile)
+    tt = tl.arange(0, BLOCK_T)
+    jj = tt // BLOCK_SIZE
+    pw = (tt % BLOCK_SIZE) * SLOT_W  # first 16-bit word of each token's slot in its block
+    gg = tl.arange(0, NG)
+    wk = pw[:, None] + gg[None, :] * KB
+    ak = jj[:, None] * BWP + (wk >> 1)
+    park = (wk & 1) == 1
+    wv = pw[:, None] + VIDX_W + gg[None, :] * VBITS
+    av = jj[:, None] * BWP + (wv >> 1)
+    parv = (wv & 1) == 1
+    wn = pw + (0 if KEY_FP8 else KNORM_W)
+    an = jj * BWP + (wn >> 1)
+    parn = (wn & 1) == 1
+    ws = pw + VSCALE_W
+    as_ = jj * BWP + (ws >> 1)
+    pars = (ws & 1) == 1
+    ii = tl.arange(0, BWP)
+
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    acc_z = tl.zeros([GP], dtype=tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    blo = start // BLOCK_SIZE
+    bhi = tl.where(end > start, tl.cdiv(end, BLOCK_SIZE), blo)  # an empty split runs no tile
+    for b0 in tl.range(blo, bhi, NBLK, num_stages=1):
+        jb = b0 + tl.arange(0, NBLK)
+        bid = tl.load(bt_row + jb, mask=jb < bhi, other=-1).to(tl.int64)
+        okb = (jb < bhi) & (bid >= 0) & (bid < num_blocks)
+        base = tl.multiple_of(tl.where(okb, bid, 0) * stride_cb32 + hk * stride_ch32, 4)
+        src = tl.load(cache32_ptr + base[:, None] + ii[None, :], mask=okb[:, None] & (ii[None, :] < BW32), other=0)
+        flat = tl.reshape(src, (NBLK * BWP,))
+        t = b0 * BLOCK_SIZE + tt
+        in_seq = (t >= start) & (t < end)  # a bad block id reads as zero slots (score 0, value 0)
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _staged_windows(flat, ak, park, KB, BLOCK_T, NG)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _staged_windows(flat, av, parv, VBITS, BLOCK_T, NG)
+        xn = tl.gather(flat, an, 0)
+        kn = tl.where(parn, (xn >> 16) & 0xFFFF, xn & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        xs0 = tl.gather(flat, as_, 0)
+        xs1 = tl.gather(flat, as_ + 1, 0)
+        vs = tl.where(pars, (xs0 >> 16) & 0xFFFF, xs0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        vz = tl.where(pars, xs1 & 0xFFFF, (xs0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        vs = tl.where(in_seq, vs.to(tl.float32), 0.0)  # slots outside the split may hold anything
+        vz = tl.where(in_seq, vz.to(tl.float32), 0.0)
+        m_i, l_i, acc, acc_z = _fast_tile(
+            q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
+            in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+            D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, NORM_MMA)
+
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = (acc + acc_z[:, None]) * inv_l[:, None]
+    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
+    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
+    tl.store(mrow + D, part_lse, mask=gmask)
+
+
+def staged_ok(cache) -> bool:
+    """The staged kernel reads whole blocks as int32 x 4: a block's slots must be 16-byte sized."""
+    nb, hk, bs, sb = cache.shape
+    return (bs * sb) % 16 == 0
+
+
+def _decode_staged_launch(query, cache, block_tables, seq_lens, spec, scale, mid_out, block_t, lut, opts, norm_mma):
+    bsz, hq, d = query.shape
+    nb, hk, bs, sb = cache.shape
+    block_t = max(block_t, bs)
+    group = hq // hk
+    bw32 = bs * sb // 4
+    return _decode_staged_kernel[(bsz, hk, mid_out.shape[2])](
+        query, cache.view(-1).view(torch.int32), block_tables, seq_lens, mid_out, *tk._centroid_poly(spec, d),
+        scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
+        query.stride(0), query.stride(1), cache.stride(0) // 4, cache.stride(1) // 4,
+        block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
+        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        **tk._field_words(spec, d), SLOT_W=sb // 2, BWP=triton.next_power_of_2(bw32),
+        LUT=lut, LUT_ASM=_asm_for(spec, d, lut), NORM_MMA=norm_mma, **opts,
+    )
+
+
 def _lut_mode(spec: TurboQuantSpec, device, lut, cfg) -> int:
     """0 (polynomial), 1 or 2 (``prmt`` tables): the table only where PTX runs and keys are 3/4-bit."""
     if lut is None:
@@ -414,8 +578,9 @@ def use_fast(spec: TurboQuantSpec, device: torch.device) -> bool:
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      block_t: int | None = None, num_warps: int | None = None, lut: int | None = None,
                      maxnreg: int | None = None, stats: dict | None = None, prefetch: bool | None = None,
-                     norm_mma: bool | None = None):
-    """The fast split kernel, then the portable reduction (``_triton_kernels._reduce_kernel``)."""
+                     norm_mma: bool | None = None, staged: bool | None = None):
+    """The fast split kernel, then the portable reduction (``_triton_kernels._reduce_kernel``).
+    ``staged``: whole cache blocks through shared memory (:func:`_decode_staged_kernel`)."""
     cfg = FAST_DEFAULTS["fast_decode"]
     block_t = block_t or cfg["block_t"]
     opts = {"num_warps": num_warps or cfg["num_warps"]}
@@ -426,6 +591,13 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     nb, hk, bs, sb = cache.shape
     group = hq // hk
     s_splits = mid_out.shape[2]
+    staged = bool(cfg.get("staged", False) if staged is None else staged) and staged_ok(cache)
+    if staged:
+        nm = bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma)
+        kern = _decode_staged_launch(query, cache, block_tables, seq_lens, spec, scale, mid_out, block_t, lut, opts, nm)
+        tk._record(stats, kern)
+        tk.reduce(mid_out, output, lse)
+        return output
     kern = _decode_fast_kernel[(bsz, hk, s_splits)](
         query, cache.view(torch.uint16), block_tables, seq_lens, mid_out, *tk._centroid_poly(spec, d),
         scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, s_splits,

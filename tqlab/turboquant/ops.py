@@ -138,7 +138,7 @@ VLLM_NUM_SPLITS = 32  # vLLM's attention_config.tq_max_kv_splits_for_cuda_graph
 SPLIT_POLICIES = ("vllm", "fill")
 
 
-def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, num_sms: int = 132,
+def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, num_sms: int | None = None,
                       programs_per_sm: int = 4, max_splits: int = 256) -> int:
     """Split count ``S`` of a decode call, i.e. ``mid_out.shape[2]`` (pass it to
     :func:`tqlab.core.reservation.decode_workspace_shapes` as ``num_kv_splits``).
@@ -149,11 +149,22 @@ def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, nu
       splits, so more bytes are in flight; ``B * S`` stays about ``programs_per_sm * num_sms /
       Hk``, so the workspace ``B * Hq * S * (D + 1) * 4`` bytes is no larger than at the batch
       where the policy reaches 32.  Depends on ``B`` and ``Hk`` only, never on the context, so
-      it is fixed per captured CUDA graph.
+      it is fixed per captured CUDA graph.  ``num_sms``: None = the current CUDA device's
+      multiprocessor count (132 on an H200; 132 without CUDA).  4 programs per SM is what the fast
+      decode kernel's 127 registers allow (issue 20); measured on the seed rank at 128K: 128 and
+      256 splits within 2 %, 64 and 512 splits 19 % / 67 % slower (``split_rows`` of
+      ``data/turboquant_fast_variants_h200.json``).
+
+    This is the one place the split count is chosen: size the decode workspace with it
+    (:func:`tqlab.reservation.decode_workspace_shapes`' ``num_kv_splits``, which the engine and
+    planner take from ``tq_max_kv_splits_for_cuda_graph``) and allocate ``mid_out`` with it.
 
     Raises:
         ValueError: unknown policy or non-positive sizes.
     """
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+            if torch.cuda.is_available() else 132
     for name, v in (("batch", batch), ("num_kv_heads", num_kv_heads), ("num_sms", num_sms),
                     ("programs_per_sm", programs_per_sm), ("max_splits", max_splits)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:

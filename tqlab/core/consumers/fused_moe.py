@@ -84,7 +84,8 @@ class FusedMoE(Consumer):
         if moe.moe_intermediate_size % tp:
             raise ValueError(f"moe_intermediate_size ({moe.moe_intermediate_size}) must be divisible by "
                              f"tensor_parallel_size ({tp}) for tensor-parallel experts")
-        call = moe_allocate_buffers_call(config.max_num_batched_tokens, 2 * moe.moe_intermediate_size // tp,
+        gated = not moe.activation.endswith("_no_mul")  # MoEActivation.is_gated
+        call = moe_allocate_buffers_call(config.max_num_batched_tokens, (2 if gated else 1) * moe.moe_intermediate_size // tp,
                                          moe.hidden_size, moe.num_experts_per_tok, config.dtype,
-                                         gated=not moe.activation.endswith("_no_mul"))
+                                         gated=gated)
         return ConsumerSizes("profile_run", [call], [call], slot="each ubatch the profile run uses")
