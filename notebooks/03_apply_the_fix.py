@@ -114,11 +114,11 @@ for consumer, call in zip(consumers, plan):
     lay = compute_layout(call)
     views = ", ".join(f"{tuple(s)} {str(d).removeprefix('torch.')}" for s, d in call)
     rows.append((consumer, views, f"{lay.total_bytes:,}", format_mb(lay.total_bytes)))
-show_md(markdown_table(("consumer", "views (shape dtype)", "bytes", "MB"), rows))
+show_md(markdown_table(("consumer", "views (shape dtype)", "bytes", "MiB"), rows))
 reserved = plan_bytes(plan)
 show_md(
     f"The calls never run at the same time, and each starts at offset 0 of the same buffer, so the "
-    f"workspace needs only the **largest** call: **{reserved:,} bytes = {format_mb(reserved)} MB** per "
+    f"workspace needs only the **largest** call: **{reserved:,} bytes = {format_mb(reserved)} MiB** per "
     f"ubatch slot on one rank."
 )
 ax = plots.plot_byte_maps(
@@ -188,8 +188,8 @@ worst = max(
 assert worst <= reserved == needs[-1]
 assert need_8k <= reserved
 show_md(
-    f"Checked {len(every_len):,} cached lengths: the largest need is {format_mb(worst)} MB ≤ reserved "
-    f"{format_mb(reserved)} MB. The report's chunk needs {format_mb(need_8k)} MB, "
+    f"Checked {len(every_len):,} cached lengths: the largest need is {format_mb(worst)} MiB ≤ reserved "
+    f"{format_mb(reserved)} MiB. The report's chunk needs {format_mb(need_8k)} MiB, "
     f"{reserved / need_8k:.0f}× below the reservation."
 )
 
@@ -230,8 +230,8 @@ per_layers = {n: workspace_numbers(cfg.replace(num_hidden_layers=n)) for n in (c
 assert per_layers[CPU_LAYERS] == per_layers[cfg.num_hidden_layers] and per_layers[CPU_LAYERS][0] == reserved
 show_md(
     f"On `meta`, {cfg.num_hidden_layers} and {CPU_LAYERS} layers give the same numbers: locked with the fix "
-    f"{format_mb(per_layers[CPU_LAYERS][0])} MB; without it locked {format_mb(per_layers[CPU_LAYERS][1])} MB and "
-    f"the report's chunk asks {format_mb(per_layers[CPU_LAYERS][2])} MB. The live engine runs "
+    f"{format_mb(per_layers[CPU_LAYERS][0])} MiB; without it locked {format_mb(per_layers[CPU_LAYERS][1])} MiB and "
+    f"the report's chunk asks {format_mb(per_layers[CPU_LAYERS][2])} MiB. The live engine runs "
     f"**{run_cfg.num_hidden_layers}** attention layers on `{device}`."
 )
 
@@ -269,7 +269,7 @@ assert phase_order.index("profile_run") < phase_order.index("build_backend") < p
 assert by_phase["profile_run"] == 0  # the profile run asks nothing of the workspace (vLLM 0.33 too)
 assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), after the profile run
 assert by_phase["capture"] == reserved  # capture found it big enough
-print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MB")
+print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MiB")
 
 # %% [markdown]
 # ## 4 · A `max_model_len` prompt (on `meta`)
@@ -437,7 +437,7 @@ show_md(markdown_table(
          "served"),
         (f"{first_bad:,}", f"{last_cached:,} + {last_q + 1}", chunk_workspace_request(cfg, last_cached, last_q + 1).path,
          "refused",
-         f"crash: asks {format_mb(bad_need)} MB of {format_mb(bad_engine.locked_bytes)} MB"),
+         f"crash: asks {format_mb(bad_need)} MiB of {format_mb(bad_engine.locked_bytes)} MiB"),
     ],
 ))
 
@@ -470,7 +470,7 @@ show_md(markdown_table(
     ("", "chunked prefill on (the report)", "chunked prefill off"),
     [
         ("reservation calls", len(plan), len(nocp_plan)),
-        ("workspace at lock with the fix (MB)", format_mb(reserved), format_mb(pred.locked_fixed)),
+        ("workspace at lock with the fix (MiB)", format_mb(reserved), format_mb(pred.locked_fixed)),
         ("longest request safe under any chunking, with the fix",
          f"{rp.predict(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
         ("max_model_len", f"{cfg.max_model_len:,}", f"{nocp.max_model_len:,}"),
@@ -597,14 +597,14 @@ for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_s
         try:
             mgr.get_simultaneous(*chunk_workspace_request(cfg, cached_8k, q_8k).shapes)
         except WorkspaceLockedError as exc:
-            slot1_result[label] = f"refused: asks {format_mb(exc.required_bytes)} MB of {format_mb(exc.current_bytes)} MB"
+            slot1_result[label] = f"refused: asks {format_mb(exc.required_bytes)} MiB of {format_mb(exc.current_bytes)} MiB"
         else:
             assert len(mgr.events) == events_before
             slot1_result[label] = "served, no growth"
 assert slot1_result["tqlab: every slot"].startswith("served")
 assert slot1_result["vLLM 0.33: slot 0 only"].startswith("refused")
 show_md(markdown_table(
-    ("reservation", "slot sizes (MB)", "per rank (MB)", f"× TP {cfg.tensor_parallel_size} (MB)",
+    ("reservation", "slot sizes (MiB)", "per rank (MiB)", f"× TP {cfg.tensor_parallel_size} (MiB)",
      "report's chunk in slot 1 after the lock"),
     [
         (label, " / ".join(format_mb(b) for b in mgr.sizes_bytes()), format_mb(mgr.live_bytes()),
@@ -804,7 +804,7 @@ show_md(
     f"`max_model_len` tokens on a rank. Where the dequant buffers dominate, both scale with the KV heads per rank and `max_model_len`, "
     f"which cancel: what is left is fp16 buffers for *one* layer against a cache that holds *every* layer, packed, "
     f"for `max_num_seqs` requests. So the share is largest with few sequences and few attention layers — {PRESET} "
-    f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MB "
+    f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MiB "
     f"per rank next to a {next(x for x in cost if x['name'] == PRESET)['kv'] / MiB:,.0f} MiB KV cache."
 )
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (live prompt on `{device}`).*")
