@@ -175,9 +175,9 @@ ax = plots.plot_need_curve(
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** Every cached length the server can meet — each block-aligned value
-# below `max_model_len`, and the last one — needs at most the reservation; and the
-# reservation is exactly the need at `max_model_len - 1`.
+# **Predict, then run.** Is there a cached length the server can meet — any block-aligned value
+# below `max_model_len`, or the last one — whose dequant call needs more than the reservation? At
+# which cached length is the need exactly the reservation?
 
 # %%
 every_len = range(0, cfg.max_model_len, cfg.block_size)
@@ -192,6 +192,11 @@ show_md(
     f"{format_mb(reserved)} MiB. The report's chunk needs {format_mb(need_8k)} MiB, "
     f"{reserved / need_8k:.0f}× below the reservation."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). Every cached length the server can meet — each block-aligned value
+# below `max_model_len`, and the last one — needs at most the reservation; and the
+# reservation is exactly the need at `max_model_len - 1`.
 
 # %% [markdown]
 # ## 3 · The report's prompt, after the lock
@@ -256,8 +261,8 @@ ax = plots.plot_workspace_timeline(engine.workspace.events, marker.marks,
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** The request finishes; after the lock there is no resize and no
-# violation; the buffer is the one that was locked (same size, same address).
+# **Predict, then run.** Does the request finish? After the lock, does the workspace resize or
+# refuse anything? Is the buffer still the one that was locked?
 
 # %%
 assert out.finished and engine.dead is None
@@ -270,6 +275,10 @@ assert by_phase["profile_run"] == 0  # the profile run asks nothing of the works
 assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), after the profile run
 assert by_phase["capture"] == reserved  # capture found it big enough
 print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MiB")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The request finishes; after the lock there is no resize and no
+# violation; the buffer is the one that was locked (same size, same address).
 
 # %% [markdown]
 # ## 4 · A `max_model_len` prompt (on `meta`)
@@ -300,13 +309,17 @@ else:
     raise AssertionError("the unfixed engine served a max_model_len prompt")
 
 # %% [markdown]
-# **Predict, then run.** With the fix: served, no workspace event after the lock. Without
-# it: refused at the first chunk that needs more than the decode scratch.
+# **Predict, then run.** With the fix, is the `max_model_len` prompt served, and does anything
+# happen to the workspace after the lock? Without it, where is it refused?
 
 # %%
 assert meta_out.finished and len(meta_engine.workspace.events) == meta_events
 assert unfixed.dead is not None
 print("max_model_len prompt: served with the fix, refused without it")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). With the fix: served, no workspace event after the lock. Without
+# it: refused at the first chunk that needs more than the decode scratch.
 
 # %% [markdown]
 # ## 5 · What it costs, per preset
@@ -357,9 +370,9 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** For the bug report's deployment the share is the reservation over
-# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
-# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
+# **Predict, then run.** For the bug report's deployment, what share of the KV cache is the
+# reservation — and how does the share of *one* `max_model_len` sequence (notebook 06's upper bound)
+# relate to it?
 
 # %%
 seed_cost = next(x for x in cost if x["name"] == PRESET)
@@ -373,6 +386,11 @@ show_md(
     f"**{100 * seed_share:.3f} %**; of one {sc.max_model_len:,}-token sequence (upper bound) = "
     f"{100 * seed_share_one:.3f} %."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). For the bug report's deployment the share is the reservation over
+# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
+# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
 
 # %% [markdown]
 # The whole deployment pays this on every rank (× `tensor_parallel_size`). With DBO,
@@ -401,10 +419,9 @@ show_md(
 # one chunk plus `CONTINUATION_DECODE_THRESHOLD` tokens long survives, because its second
 # chunk is short; one token more and the second chunk dequantizes and crashes.
 #
-# **Predict, then run.** `first_failing_prompt` puts the first failure of the unfixed
-# engine one token past one chunk plus the threshold. The prompt one token shorter is
-# served without a single workspace event after the lock, its last chunk on the
-# decode-kernel path (once per layer); the failing one is refused by the dequant call.
+# **Predict, then run.** Where does `first_failing_prompt` put the first failure of the unfixed
+# engine, in chunks and threshold? What happens to the prompt one token shorter — and which call
+# refuses the failing one?
 
 # %%
 m, T = cfg.max_num_batched_tokens, CONTINUATION_DECODE_THRESHOLD
@@ -440,6 +457,12 @@ show_md(markdown_table(
          f"crash: asks {format_mb(bad_need)} MiB of {format_mb(bad_engine.locked_bytes)} MiB"),
     ],
 ))
+
+# %% [markdown]
+# **Answer** (checked by the cell above). `first_failing_prompt` puts the first failure of the unfixed
+# engine one token past one chunk plus the threshold. The prompt one token shorter is
+# served without a single workspace event after the lock, its last chunk on the
+# decode-kernel path (once per layer); the failing one is refused by the dequant call.
 
 # %% [markdown]
 # ### 6b · First limit: chunked prefill off, prefix caching on
@@ -570,10 +593,9 @@ else:
 # chunk; the cell locks right after the reservation, the case where nothing else touched
 # slot 1.
 #
-# **Predict, then run.** tqlab's reservation: both slots at the reserved size. The same
-# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
-# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
-# the first and refused by the second.
+# **Predict, then run.** With DBO, what sizes do the two slots have after tqlab's reservation, and
+# after the same calls made in slot 0 only (vLLM's way)? After the lock, which of the two serves the
+# report's chunk in slot 1?
 
 # %%
 dbo_cfg = cfg.replace(enable_dbo=True)
@@ -612,6 +634,12 @@ show_md(markdown_table(
         for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_slot))
     ],
 ))
+
+# %% [markdown]
+# **Answer** (checked by the cell above). tqlab's reservation: both slots at the reserved size. The same
+# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
+# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
+# the first and refused by the second.
 
 # %% [markdown]
 # ## 7 · Three start-ups of the report's deployment, side by side

@@ -214,9 +214,8 @@ show_md(f"Survive every prompt without the fix: **{', '.join(sorted(survivors))}
 # code, and tqlab's backend does the same). So a prompt one chunk plus the threshold long is
 # served; one token more and its second chunk dequantizes.
 #
-# **Predict, then run.** On the bug report's preset, the longest surviving prompt completes
-# without a single workspace event after the lock, its last chunk on the decode-kernel
-# path; one token more kills the engine.
+# **Predict, then run.** On the bug report's preset, does the longest surviving prompt touch the
+# workspace after the lock? Which path does its last chunk take? What does one token more do?
 
 # %%
 row = next(s for s in survey if s["name"] == PRESET)
@@ -245,6 +244,11 @@ except WorkspaceLockedError as exc:
     show_error(exc, f"{row['bad']:,} tokens: one more than the longest survivor (caught)")
 else:
     raise AssertionError("the first failing prompt was served")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). On the bug report's preset, the longest surviving prompt completes
+# without a single workspace event after the lock, its last chunk on the decode-kernel
+# path; one token more kills the engine.
 
 # %% [markdown]
 # ## 4 · A busy server fails far earlier
@@ -354,8 +358,8 @@ show_md(f"**{n_bad - 1:,} tokens, the same schedule:** served ({'; '.join(steps_
 #
 # **Predict, then run.** With PR #44053, the metadata builder reserves the largest call each
 # consumer can make for `max_model_len` before the lock (notebook 03 shows what and what it
-# costs). Predict: for every preset, no prompt fails alone, the busy-server bound reaches
-# `max_model_len`, and both crashes above are served.
+# costs). For how many presets does some prompt still fail alone? How far does the busy-server bound
+# reach? Are the two crashes above served?
 
 # %%
 fixed_rows = []
@@ -373,6 +377,12 @@ steps_fixed, err_fixed = serve_behind(cfg, n_bad, fix=True)
 assert err_fixed is None  # and the busy-server one
 show_md(f"With the fix, {PRESET} serves the {row['bad']:,}-token prompt alone and the {n_bad:,}-token prompt "
         f"behind another request; it locked {format_mb(fixed.locked_bytes)} MiB instead of {format_mb(locked[PRESET])} MiB.")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). With PR #44053, the metadata builder reserves the largest call each
+# consumer can make for `max_model_len` before the lock (notebook 03 shows what and what it
+# costs). Predict: for every preset, no prompt fails alone, the busy-server bound reaches
+# `max_model_len`, and both crashes above are served.
 
 # %% [markdown]
 # ## Next
