@@ -34,6 +34,8 @@
 #    model's `config.json` give, per consumer, the workspace a prompt needs and the
 #    largest safe `max_model_len`;
 # 6. where tqlab and vLLM differ on purpose, and what the parity suite counted.
+# 7. tqlab's vLLM plugin: one record per rank of a real deployment, merged by
+#    `tqlab trace-report` and held against the prediction (a recorded two-rank run).
 #
 # **What you need.** CPU only. vLLM's pure-Python modules run on a CPU-only torch; its
 # kernels never run (see `parity/README.md`).
@@ -596,6 +598,103 @@ print(f"parity summary: {rec['summary']}")
 # parity suite shows vLLM's own code refusing that chunk with the fix in place
 # (`test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill`). That was shown with
 # vLLM's classes on CPU; it has not been run end to end on a GPU.
+
+# %% [markdown]
+# ## 7 · Every rank of a real deployment: the vLLM plugin
+#
+# Sections 3 and 4 ran vLLM's classes in this process. A real deployment runs one worker
+# process per GPU, and each builds its own `WorkspaceManager`. vLLM 0.33 calls every
+# `vllm.general_plugins` entry point in each process it starts
+# (`vllm/plugins/__init__.py`, `load_general_plugins`: the front end, the engine core and
+# every worker). tqlab registers one, `tqlab_trace`. Without `TQLAB_VLLM_TRACE` it returns
+# at once and changes nothing. With `TQLAB_VLLM_TRACE=DIR`, every process that creates a
+# workspace manager writes `DIR/<host>-<pid>.json`, which holds:
+#
+# * the rank as vLLM knows it (tensor, pipeline and data parallel group), the vLLM version
+#   and the config fields the worker can read;
+# * per consumer, the largest request and whether it came before or after the lock;
+# * every slot's size at every lock, and every refused request with vLLM's message.
+#
+# The file is rewritten (temp file, then rename) at every lock and at every refusal,
+# **before** vLLM's `AssertionError` leaves the manager, because a dying engine may never
+# run `atexit`. `tqlab trace-report DIR` merges the files: one row per rank, whether the
+# ranks agree, and with the deployment (`--config`/`--preset`, `--args`) every number held
+# against the prediction of section 5.
+#
+# The recording below comes from `parity/trace_ranks.py`. Two processes were spawned as
+# vLLM spawns its workers, each with vLLM's own plugin loader, a gloo process group
+# (tensor parallel 2) and the bug report's requests through vLLM's own TurboQuant code.
+# Rank 1 then died with `os._exit`, so no `atexit` ran. The parity suite re-runs this
+# with vLLM (`parity/test_plugin_parity.py`).
+#
+# **Predict, then run.** At tensor parallel 2 each rank holds 16 query heads. What size
+# does each rank's workspace lock at? Does the 129-token chunk after 4,096 cached tokens
+# fit? And does rank 1, which never ran `atexit`, leave a record? The next cell computes
+# the prediction before it reads the records.
+
+# %%
+from rich.console import Console
+
+from tqlab.core.provenance import DATA_DIR, load_recorded
+from tqlab.lab.recorded import show_banner
+from tqlab.predict import analysis
+from tqlab.predict.trace_report import load_trace_dir, render, trace_report
+from tqlab.vllm.deployment import deployment_from_preset
+
+TRACE = load_recorded("trace_two_ranks")
+show_banner(TRACE.provenance, what=f"Recorded two-rank trace: vLLM {TRACE.provenance['vllm']}",
+            why="two spawned ranks take about a minute; this shows their recording")
+tp2 = deployment_from_preset(TRACE.data["engine_args"], TRACE.data["preset"]).config
+TP2_LOCKED = analysis.locked_bytes(tp2, fix=False)
+TP2_CONT = analysis.continuation_bytes(tp2, TRACE.data["cached_len"])
+print(f"prediction for `{TRACE.data['engine_args']}`: per rank Hq {tp2.num_heads_per_rank}, "
+      f"lock at {format_mb(TP2_LOCKED)} MB without PR #44053; the chunk after {TRACE.data['cached_len']:,} cached "
+      f"tokens asks {format_mb(TP2_CONT)} MB -> {'refused' if TP2_CONT > TP2_LOCKED else 'fits'}")
+
+# %%
+TRACE_DIR = DATA_DIR / "trace_two_ranks"
+trace = trace_report(TRACE_DIR, TRACE.data["engine_args"], preset=TRACE.data["preset"])
+console = Console(width=130, highlight=False)
+for line in render(trace):
+    console.print(line)
+
+# %% [markdown]
+# **Check it yourself.** Both ranks locked at the predicted size and refused the
+# predicted request, with the same numbers on each rank, as tensor parallel ranks must.
+# Rank 1's record ends at the refusal, flushed before the assertion left the manager.
+
+# %%
+records, _ = load_trace_dir(TRACE_DIR)
+assert trace["verdict"] == "as predicted" and trace["ranks_agree"]
+assert [r["rank"]["tp"]["rank"] for r in records] == [0, 1]
+assert [r["event"] for r in records] == ["exit", "refused"]  # rank 1: no atexit, the refusal flush is its record
+for row in trace["rows"]:
+    assert row["lock_bytes"] == [TP2_LOCKED]
+    (refusal,) = row["refused"]
+    assert (refusal["required_bytes"], refusal["current_bytes"]) == (TP2_CONT, TP2_LOCKED)
+print(f"both ranks: locked at {format_mb(TP2_LOCKED)} MB, refused {format_mb(TP2_CONT)} MB: as predicted")
+
+# %% [markdown]
+# On your own deployment, three lines do the same (see the README):
+# `pip install` tqlab into vLLM's environment, start `vllm serve ...` with
+# `TQLAB_VLLM_TRACE=./tq-trace`, then run
+# `tqlab trace-report ./tq-trace --config config.json --args "vllm serve ..."`.
+# A record cut short by a killed process, or a stray JSON file in the folder, is skipped
+# with a one-line warning. The next cell shows it on a copy of the recording.
+
+# %%
+import shutil
+import tempfile
+from pathlib import Path
+
+with tempfile.TemporaryDirectory() as tmp:
+    copy = Path(tmp) / "tq-trace"
+    shutil.copytree(TRACE_DIR, copy)
+    first = sorted(copy.glob("*.json"))[0]
+    first.write_text(first.read_text()[:200])  # as if the process died mid-write without the atomic rename
+    cut = trace_report(copy, TRACE.data["engine_args"], preset=TRACE.data["preset"])
+print("\n".join(cut["warnings"]))
+assert len(cut["warnings"]) == 1 and len(cut["rows"]) == 1 and cut["verdict"] == "as predicted"
 
 # %%
 print(f"notebook ran in {time.perf_counter() - _T0:.1f} s ({'live vLLM' if LIVE else 'recorded parity results'})")

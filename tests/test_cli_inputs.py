@@ -73,3 +73,41 @@ def test_plan_json_in_a_missing_folder_fails_before_any_work():
     assert r.exit_code == 2
     assert "Invalid value for --json: /nonexistent/dir/out.json: folder /nonexistent/dir does not exist" in r.output
     assert "config" not in r.output
+
+
+def test_eager_with_a_measured_lock_size_is_never_locked_throughout_the_report():
+    from tqlab.predict.report import inspect_vllm
+
+    rep = inspect_vllm("vllm serve M --enforce-eager", preset=LLAMA, locked_bytes=0, prompt_tokens=[8192], quiet=True)
+    req = rep["prediction"]["requests"][0]
+    assert rep["verdict"] == "never_locked"
+    assert rep["prediction"]["locked_unfixed_bytes"] is None and rep["prediction"]["locked_fixed_bytes"] is None
+    assert (req["verdict"], req["crashes_unfixed"], req["first_refused_unfixed"]) == ("ok without the fix, ok with it",
+                                                                                      False, None)
+    assert "CRASH" not in rep["text"] and "the measured 0 bytes are never locked" in rep["text"]
+
+
+def test_first_refused_call_says_whether_it_fits_with_the_fix():
+    from tqlab.predict.report import inspect_vllm
+
+    rep = inspect_vllm("vllm serve M", preset=LLAMA, locked_bytes=100_000, prompt_tokens=[8192], quiet=True)
+    req = rep["prediction"]["requests"][0]
+    first = req["first_refused_unfixed"]
+    assert (req["crashes_unfixed"], req["crashes_fixed"]) == (True, False)
+    assert (first["consumer"], first["nbytes"], first["fits_unfixed"], first["fits_fixed"]) == (
+        "split-KV decode", 536_832, False, True)  # 536,832 B > 100,000 B at lock, <= 536,870,912 B reserved
+
+
+def test_messages_validate_first_and_name_flags():
+    import torch
+
+    if not torch.cuda.is_available():
+        r = _cli("repro", "--preset", LLAMA, "--device", "cuda")
+        assert r.exit_code == 2 and "Invalid value for --device: no CUDA device is available here" in r.output
+        assert "config" not in r.output.split("Error:")[0] and "lifecycle" not in r.output
+    r = _cli("inspect-vllm", "--args", "vllm serve M")
+    assert r.exit_code == 2 and "give the model as --config FILE" in r.output and "model_config" not in r.output
+    r = _cli("presets")
+    assert "│ nemotron-3-super-120b-a12b " in r.output  # the whole name on one line, at 80 columns too
+    r = _cli("inspect-vllm", "--help")
+    assert "``" not in r.output

@@ -89,8 +89,12 @@ def test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation():
         "growths": 1,
         "violations": 1,
         "slots": [0],
+        "before_lock_bytes": 268544,  # the decode scratch at max_num_seqs rows
+        "after_lock_bytes": 2 * MiB,  # the refused continuation request
+        "high_water_phase": "after lock",
     }
     assert by["test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation"]["high_water_bytes"] == 256
+    assert by["test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation"]["high_water_phase"] == "before lock"
     assert rep["size_at_lock_bytes"] == [268544]
     (v,) = rep["violations"]
     assert (v["required_bytes"], v["current_bytes"], v["slot"]) == (2 * MiB, 268544, 0)

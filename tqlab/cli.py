@@ -1,4 +1,4 @@
-"""``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm`` (and ``python -m tqlab``).
+"""``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm``, ``trace-report`` (and ``python -m tqlab``).
 
 Every :class:`~tqlab.core.config.EngineConfig` field is an override flag
 (``--max-num-seqs 2``, ``--kv-cache-dtype auto``, ``--no-enable-chunked-prefill``),
@@ -63,8 +63,10 @@ def request_options(*, several: bool = False):
         names = ("--prompt-tokens", "--tokens") if several else ("--prompt-tokens",)
         hlp = ("prompt length to check (repeatable; default max_model_len - 1)" if several
                else "prompt length in tokens (repro: default the preset's, e.g. 8192; plan: also predict this prompt)")
-        f = click.option("--max-tokens", type=HumanInt(1), default=1, show_default=True,
-                         help="tokens to generate (vLLM serves prompt + max_tokens <= max_model_len)")(f)
+        mt_help = "tokens to generate (vLLM caps it at max_model_len - prompt)"
+        if several:  # inspect-vllm: each later decode step makes the same split-KV call as the first
+            mt_help += "; the decode call does not grow with length, so the verdict depends on the prompt alone"
+        f = click.option("--max-tokens", type=HumanInt(1), default=1, show_default=True, help=mt_help)(f)
         return click.option(*names, "prompt_tokens", type=HumanInt(1), multiple=several,
                             default=() if several else None, help=hlp)(f)
     return deco
@@ -187,8 +189,12 @@ def presets() -> None:
     """List the presets in data/presets/ with their sources."""
     from rich.table import Table
 
-    t = Table("preset", "title", "source of its numbers", show_lines=True)
-    for name in list_presets():
+    names = list_presets()
+    t = Table(show_lines=True)
+    t.add_column("preset", no_wrap=True, min_width=max(map(len, names), default=6))  # a name is copied whole
+    t.add_column("title")
+    t.add_column("source of its numbers")
+    for name in names:
         data = load_preset(name)
         t.add_row(name, data["title"], data["source"])
     _console().print(t)
@@ -250,6 +256,12 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     from tqlab.core.workspace import format_mb
 
     console = _console()
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("no CUDA device is available here; use cpu, meta (shapes only) or auto",
+                                     param_hint="--device")
     config = _build_config(preset, overrides)
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
@@ -429,7 +441,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     Reads engine args + the model's config.json; prints the workspace each
     prompt needs, whether it overflows the locked size with and without the
     fix, and the safe max_model_len. vLLM itself is only needed for --demo.
-    ``--json -`` writes the report to standard output, and nothing else. Bad
+    "--json -" writes the report to standard output, and nothing else. Bad
     input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
     field, --gpu-memory-gib that is not a finite number > 0, a --json path in
     a missing folder) is a one-line usage error (exit 2).
@@ -437,6 +449,10 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     import math
 
     from tqlab.predict.report import inspect_vllm
+
+    if (model_config is None) == (preset is None):
+        raise click.UsageError("give the model as --config FILE (its config.json, or its folder) or --preset NAME "
+                               "(`tqlab presets`), not " + ("both" if preset else "neither"))
 
     if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
@@ -454,6 +470,39 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
         import json
 
         click.echo(json.dumps(report, indent=2, default=str))
+
+
+@app.command("trace-report")
+@click.argument("trace_dir", type=click.Path(file_okay=False))
+@click.option("--config", "model_config", type=click.Path(exists=True), default=None,
+              help="the model's config.json (or its folder), to compare with the prediction")
+@click.option("--preset", type=str, default=None, help="a tqlab preset instead of --config")
+@click.option("--args", "engine_args", type=str, default=None, help='the `vllm serve ...` command line of the deployment')
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="also write the merged report as JSON ('-': standard output, then only the JSON)")
+def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) -> None:
+    """Merge the vLLM plugin's per-process records in TRACE_DIR; hold them against the prediction.
+
+    Run vLLM with TQLAB_VLLM_TRACE=TRACE_DIR (tqlab installed in vLLM's environment):
+    each process that creates a workspace manager writes TRACE_DIR/<host>-<pid>.json.
+    Prints one row per rank (lock size per slot, largest request per consumer,
+    refusals), whether the ranks agree and, with --config/--preset and --args,
+    each disagreement with inspect-vllm's prediction, else "as predicted". A
+    truncated or foreign JSON file is skipped with a one-line warning.
+    """
+    from tqlab.predict.trace_report import render, trace_report
+
+    try:
+        report = trace_report(trace_dir, engine_args, model_config, preset=preset)
+    except (ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    if json_path is not None:
+        _write_json(report, json_path)
+        if json_path == "-":
+            return
+    console = _console()
+    for line in render(report):
+        console.print(line)
 
 
 def main() -> None:  # pragma: no cover

@@ -1,9 +1,10 @@
 """The CUDA-graph hazards of notebook 05, each as one function that returns its numbers.
 
 Warm-up before capture, pointer stability (replay == eager), the stale-pointer
-replay (without guard, with the lock, with the guard), and three cases from
-public reports: capture order, a consumer whose need is not monotonic in the
-batch, a warm-up after capture. Every demonstration stays in memory the process
+replay (without guard, with the lock, with the guard), and three cases: capture
+order (vLLM issue #45670, PR #46067), a consumer whose need is not monotonic in
+the batch (a constructed example), a warm-up after capture (vLLM issue #55336,
+PR #55341). Every demonstration stays in memory the process
 owns (the runner keeps the captured buffers), so a stale replay cannot crash.
 Also :class:`LiveCells`, the notebook's log of which GPU cells ran live.
 """
@@ -458,7 +459,7 @@ def stale_replay_demo(config: EngineConfig, device: str | torch.device = "cpu", 
 
 
 # --------------------------------------------------------------------------- #
-# Cases from public reports                                                   #
+# Cases: capture order, a non-monotonic need (constructed), a late warm-up    #
 # --------------------------------------------------------------------------- #
 
 

@@ -274,16 +274,20 @@ def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed) 
     return out
 
 
-def _first_refused(config: EngineConfig, n: int, locked) -> ConsumerNeed | None:
+def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed) -> ConsumerNeed | None:
+    """The first call refused at ``locked`` bytes, or None; its ``fits_unfixed``/``fits_fixed`` say whether
+    it fits each locked size (a call refused without the fix may fit with it)."""
     call = analysis.first_refused_call(config, n, locked)
     if call is None:
         return None
+    b = call["required_bytes"]
+    fits = [size is None or b <= size for size in (locked_unfixed, locked_fixed)]
     if call["caller"] == "_continuation_prefill":
         cached, q = call["cached_len"], call["q_len"]
-        return ConsumerNeed(DEQUANT_CHUNK, cached, q, chunk_shapes(config, cached, q)[1], call["required_bytes"], False, False)
+        return ConsumerNeed(DEQUANT_CHUNK, cached, q, chunk_shapes(config, cached, q)[1], b, *fits)
     shapes = decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim,
                                      config.tq_max_kv_splits_for_cuda_graph, config.dtype)
-    return ConsumerNeed(DECODE, n, 1, shapes, call["required_bytes"], False, False)
+    return ConsumerNeed(DECODE, n, 1, shapes, b, *fits)
 
 
 def _request_prediction(config: EngineConfig, n: int, locked_unfixed, locked_fixed) -> RequestPrediction:
@@ -294,7 +298,8 @@ def _request_prediction(config: EngineConfig, n: int, locked_unfixed, locked_fix
         return RequestPrediction(n, (), 0, False, False, rejected=rejected)
     best = _consumer_needs(config, n, locked_unfixed, locked_fixed)
     needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
-    first_u, first_f = _first_refused(config, n, locked_unfixed), _first_refused(config, n, locked_fixed)
+    first_u = _first_refused(config, n, locked_unfixed, locked_unfixed, locked_fixed)
+    first_f = _first_refused(config, n, locked_fixed, locked_unfixed, locked_fixed)
     return RequestPrediction(
         n, needs, max((x.nbytes for x in needs), default=0), first_u is not None, first_f is not None,
         first_refused_unfixed=first_u, first_refused_fixed=first_f,
@@ -415,6 +420,12 @@ def predict(
                       "turboquant_attn: reorder_batch_threshold 1)")
         if not config.is_turboquant and locked_unfixed is not None:
             locked_unfixed = locked_fixed = 0
+    elif analysis.locked_bytes(config, fix=False) is None:  # eager / cudagraph_mode NONE: vLLM never locks
+        if isinstance(locked_bytes, bool) or not isinstance(locked_bytes, int) or locked_bytes < 0:
+            raise ValueError(f"locked_bytes must be an int >= 0, got {locked_bytes!r}")
+        locked_unfixed = locked_fixed = None
+        source = (f"vLLM 0.33 locks only at the end of CUDA graph capture, which this deployment (enforce_eager / "
+                  f"cudagraph_mode NONE) never runs: the measured {locked_bytes:,} bytes are never locked")
     else:
         if isinstance(locked_bytes, bool) or not isinstance(locked_bytes, int) or locked_bytes < 0:
             raise ValueError(f"locked_bytes must be an int >= 0, got {locked_bytes!r}")

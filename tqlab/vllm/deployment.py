@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -179,11 +180,28 @@ def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
     return out
 
 
+_MINIMUM = {"max_num_batched_tokens": (1, "SchedulerConfig: Field(ge=1)"), "max_num_seqs": (1, "SchedulerConfig: Field(ge=1)"),
+            "block_size": (1, "CacheConfig: Field(gt=0)"), "tensor_parallel_size": (1, "ParallelConfig: Field(ge=1)")}
+"""Flags vLLM 0.33's pydantic config classes refuse below a minimum, with the field that says so."""
+
+
+def _blame(message: str, shape: ModelShape, d: DeploymentDraft) -> str:
+    """An :class:`EngineConfig` error with where each field it names came from (a flag, config.json, a default);
+    the file's path leads only when a field came from it."""
+    names = sorted(n for n in _field_names() if re.search(rf"\b{n}\b", message) and d.source(n))
+    where = "; ".join(f"{n}: {d.source(n)}" for n in names)
+    lead = f"{shape.path}: " if any(d.source(n).startswith("config.json") for n in names) or not names else ""
+    return f"{lead}{message}" + (f" ({where})" if where else "")
+
+
 def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     """Given flags -> a draft with their fields and sources, and ``ignored``; vLLM 0.33's rules, cited inline."""
     d = DeploymentDraft()
     for dest, fld in _DIRECT.items():
         if dest in g and g[dest] is not None:
+            if dest in _MINIMUM and g[dest] < _MINIMUM[dest][0]:
+                minimum, where = _MINIMUM[dest]
+                raise VllmArgsError(f"{_flag(dest)} must be >= {minimum} (vLLM {where}), got {g[dest]}")
             d.set(fld, g[dest], f"flag {_flag(dest)}")
     mml = d.get("max_model_len")
     if mml is not None and mml != -1 and mml < 1:  # ModelConfig.max_model_len: Field(ge=-1), then >= 1
@@ -303,15 +321,18 @@ def _model_dtype(shape: ModelShape, d: DeploymentDraft) -> None:
 
 
 def _max_model_len(shape: ModelShape, d: DeploymentDraft, env: Mapping[str, str] | None = None) -> None:
-    """vLLM ``_get_and_verify_max_len``: a ``--max-model-len`` above the derived length (and above
-    ``model_max_length``, if given) is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (in the
-    serve line's ``NAME=value`` prefix ``env``, else in this process's environment: ``flags.env_flag``);
-    ``auto`` (-1) or none: the derived length (vLLM may then lower auto to fit GPU memory: not modelled)."""
+    """vLLM ``_get_and_verify_max_len``: a ``--max-model-len`` above the derived length
+    (:attr:`ModelShape.longest_max_model_len`: above the default only with longrope) and above
+    ``model_max_length``, if given, is refused unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (in the
+    line's ``NAME=value`` prefix ``env``, else in this process's environment: ``flags.env_flag``);
+    ``auto`` (-1) or none: the default length (vLLM may then lower auto to fit GPU memory: not modelled)."""
     mml = d.get("max_model_len", -1)
-    too_long = (mml != -1 and shape.max_len_key is not None and mml > shape.max_len
+    limit = shape.longest_max_model_len
+    too_long = (mml != -1 and shape.max_len_key is not None and mml > limit
                 and (shape.model_max_length is None or mml > shape.model_max_length))
     if too_long:
-        msg = (f"--max-model-len {mml} is greater than the derived max_model_len ({shape.max_len_key}={shape.max_len} "
+        key = shape.max_len_limit_key or shape.max_len_key
+        msg = (f"--max-model-len {mml} is greater than the derived max_model_len ({key}={limit} "
                f"or model_max_length={shape.model_max_length} in {shape.path})")
         if not env_flag(dict(env or {}), "VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
             raise VllmArgsError(msg + "; vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
@@ -405,9 +426,33 @@ def _default_sources(d: DeploymentDraft) -> None:
                  "tqlab teaching variant, off: a vLLM deployment runs TurboQuant's backend only for a TurboQuant cache")
 
 
+def _read_shape(engine_args, model_config) -> ModelShape:
+    """config.json read with the line's ``--hf-overrides`` applied first, as vLLM's ``ModelConfig`` does
+    (:func:`tqlab.vllm.hf_families.apply_hf_overrides`); a :class:`ModelShape` is taken as it is."""
+    if isinstance(model_config, ModelShape):
+        return model_config
+    given, _ = _given(engine_args)
+    return read_hf_config(model_config, hf_overrides=given.get("hf_overrides"))
+
+
+def _hf_overrides_notes(shape: ModelShape, given: Mapping[str, Any], d: DeploymentDraft) -> None:
+    """``--hf-overrides``: read (not an ignored flag) once applied; say what it set."""
+    if given.get("hf_overrides") is None:
+        return
+    if not shape.hf_overrides:
+        d.note(NoteKind.NOT_MODELLED, "--hf-overrides not applied: the model shape was read before the line")
+        return
+    d.ignored = [f for f in d.ignored if f != "--hf-overrides"]
+    d.note(NoteKind.INFO, "--hf-overrides applied to config.json before it is read (vLLM ModelConfig): "
+           + ", ".join(shape.hf_overrides))
+    for text in shape.notes:
+        d.note(NoteKind.INFO, text)
+
+
 def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None, usage: str) -> DeploymentDraft:
     """Every reader, in vLLM's order, on one draft: flags, config.json, defaults, skip layers, hybrid rules."""
     d, given = _read_flags(engine_args)
+    _hf_overrides_notes(shape, given, d)
     if shape.mamba is not None:  # these size the Mamba page, hence the hybrid attention block
         d.ignored = [f for f in d.ignored if f not in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype")]
     if shape.hybrid is not None:  # these decide the Mamba block-aligned prefill split
@@ -459,7 +504,7 @@ def engine_config_kwargs_from_vllm(
     (:func:`tqlab.vllm.hybrid.apply_mamba_split`). Raises ``ValueError`` (one line) for
     bad flags, values or config.json fields.
     """
-    shape = model_config if isinstance(model_config, ModelShape) else read_hf_config(model_config)
+    shape = _read_shape(engine_args, model_config)
     d = _read_model(engine_args, shape, gpu_memory_gib=gpu_memory_gib, usage=usage)
     names = _field_names()
     return d.kwargs(names), list(d.notes), d.sources(names)
@@ -478,13 +523,13 @@ def deployment_from_vllm(
     Raises ``ValueError`` (one line) for bad flags, values, config.json
     fields or a combination EngineConfig rejects.
     """
-    shape = read_hf_config(model_config)
+    shape = _read_shape(engine_args, model_config)
     d = _read_model(engine_args, shape, gpu_memory_gib=gpu_memory_gib, usage=usage)
     names = _field_names()
     try:
         config = EngineConfig(**d.kwargs(names))
-    except ValueError as e:  # a combination of config.json fields (and flags) EngineConfig rejects: name the file
-        raise ValueError(f"{shape.path}: {e}") from None
+    except ValueError as e:  # a combination of config.json fields and flags EngineConfig rejects: name each source
+        raise ValueError(_blame(str(e), shape, d)) from None
     return VllmDeployment(config, list(d.notes), d.sources(names), shape, _records(d, config))
 
 
@@ -515,6 +560,33 @@ def _preset_split(d: DeploymentDraft, given: Mapping[str, Any], base: Mapping[st
         d.notes += merged.notes
 
 
+_PRESET_MODEL_KEYS = ("num_attention_heads", "num_key_value_heads", "head_dim")
+"""config.json keys a preset records as EngineConfig fields of the same name (``--hf-overrides`` sets them;
+a preset's ``num_hidden_layers`` counts attention layers only, so config.json's is not it)."""
+
+
+def _preset_hf_overrides(given: Mapping[str, Any], d: DeploymentDraft) -> None:
+    """``--hf-overrides`` on a preset: the model keys the preset records take the override (as vLLM would set
+    them in its config.json); other keys need the config.json itself (``--config``): a note says so."""
+    over = given.get("hf_overrides")
+    if over is None:
+        return
+    if not isinstance(over, Mapping):
+        raise VllmArgsError(f"--hf-overrides must be a JSON object such as '{{\"num_key_value_heads\": 4}}', got {over!r}")
+    d.ignored = [f for f in d.ignored if f != "--hf-overrides"]
+    for key in _PRESET_MODEL_KEYS:
+        if key in over:
+            v = over[key]  # as read_hf_config reads config.json: an integer (4.0 is 4), never a string
+            v = int(v) if isinstance(v, float) and v.is_integer() else v
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise VllmArgsError(f"--hf-overrides {key} must be an integer >= 1, got {over[key]!r}")
+            d.set(key, v, f"flag --hf-overrides {key}")
+    rest = sorted(k for k in over if k not in _PRESET_MODEL_KEYS)
+    if rest:
+        d.note(NoteKind.NOT_MODELLED, "--hf-overrides " + ", ".join(rest) + ": a preset has no config.json to apply "
+               "them to; give the model's config.json with --config to see their effect")
+
+
 def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str) -> VllmDeployment:
     """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
 
@@ -526,6 +598,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     d, given = _flag_draft(engine_args)
     if "dtype" in d:
         d.set_value("dtype", parse_dtype(d.get("dtype")))
+    _preset_hf_overrides(given, d)
     base = load_preset(preset)["config"]
     if base.get(SPLIT):
         _preset_split(d, given, base)
