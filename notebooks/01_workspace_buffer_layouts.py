@@ -65,7 +65,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # "cpu", "cuda" or "meta" (meta: shapes only, no memory)
+check_device(DEVICE, ("cpu", "cuda", "meta"), "01")  # one clear line for any other DEVICE
 USE_RECORDED = True  # without CUDA, show recorded GPU measurements from data/ under a banner
 RECORD_GPU = False  # on CUDA: also write the GPU measurement to data/ (with provenance) for CPU-only readers
 

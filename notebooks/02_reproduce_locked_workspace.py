@@ -56,7 +56,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # where the engine runs the long prompt: "cpu", "cuda" or "meta"
+check_device(DEVICE, ("cpu", "cuda", "meta"), "02")  # one clear line for any other DEVICE
 USE_RECORDED = True  # without CUDA, show a recorded GPU run from data/ (under a banner) if there is one
 RECORD_GPU = False  # on CUDA: also write this run to data/ (with provenance) for CPU-only readers
 

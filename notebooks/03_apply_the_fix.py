@@ -56,7 +56,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # where the engine runs the report's prompt: "cpu", "cuda" or "meta"
+check_device(DEVICE, ("cpu", "cuda", "meta"), "03")  # one clear line for any other DEVICE
 USE_RECORDED = True  # show vLLM's own results from the recorded parity run (data/parity_results.json, under a banner)
 
 # %%

@@ -60,7 +60,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # where the cache operations run: "cpu" or "cuda"
+check_device(DEVICE, ("cpu", "cuda"), "04", "its cells read real cache values; a meta tensor has none")
 USE_RECORDED = True  # without CUDA (or when True), show the recorded H200 benchmark under a banner
 
 # %%

@@ -63,9 +63,12 @@
 # %% tags=["parameters"]
 import os
 
+from tqlab.lab.recorded import check_device
+
 DEVICE = os.environ.get("DEVICE", "auto")  # "auto" | "cpu" | "cuda"
 USE_RECORDED = os.environ.get("USE_RECORDED", "auto")  # "auto" | "always" | "never"
 RECORD_DIR = os.environ.get("RECORD_DIR", "")  # "" | a folder for this run's CUDA measurements
+check_device(DEVICE, ("auto", "cpu", "cuda"), "06", "it measures real memory and time")
 
 # %%
 import statistics

@@ -70,7 +70,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # this notebook is CPU-only: vLLM's Python classes, never its kernels
+check_device(DEVICE, ("cpu",), "07", "it runs vLLM's Python classes, never its kernels")
 USE_RECORDED = True  # without vLLM, show the recorded parity results (under a banner)
 USE_VLLM = True  # run vLLM's classes live when vllm is importable
 PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/presets)
@@ -86,8 +89,6 @@ from tqlab.lab.recorded import show_parity_banner
 from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes
 from tqlab.core.workspace import compute_layout, format_mb
 
-if DEVICE != "cpu":
-    print(f"DEVICE={DEVICE!r} ignored: this notebook only runs vLLM's Python classes, on the CPU")
 LIVE = USE_VLLM and vllm_available()
 config = EngineConfig.from_preset(PRESET)
 recorded_prov, recorded = (None, None)

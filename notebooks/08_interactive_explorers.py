@@ -40,7 +40,10 @@
 # explorers' numbers with `assert`s.
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "meta"  # where the lifecycle stepper builds its engines ("meta" = shapes only, seconds)
+check_device(DEVICE, ("meta", "cpu", "cuda"), "08")  # one clear line for any other DEVICE
 USE_RECORDED = False  # nothing in this notebook needs a GPU: every number is computed live
 PLANNER_PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/presets/)
 STEPPER_PRESET = "pr-44053-unit-test"  # small and fast on the meta device

@@ -55,7 +55,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "meta"  # where the engines run: "meta" (shapes only, fast), "cpu" or "cuda" (real attention, slow)
+check_device(DEVICE, ("meta", "cpu", "cuda"), "09")  # one clear line for any other DEVICE
 USE_RECORDED = False  # nothing here needs a GPU: every number is computed live
 
 # %%
