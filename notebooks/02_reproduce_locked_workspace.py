@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (tqlab)
 #     language: python
-#     name: python3
+#     name: tqlab
 # ---
 
 # %% [markdown]
@@ -127,14 +127,17 @@ show_md(
 )
 
 # %% [markdown]
-# **Predict, then run.** Query heads per rank = query heads / TP. KV heads: fewer than
-# ranks here, so one per rank.
+# **Predict, then run.** How many query heads and how many KV heads does one rank see?
 
 # %%
 assert cfg.num_heads_per_rank == cfg.num_attention_heads // cfg.tensor_parallel_size
 assert cfg.num_key_value_heads < cfg.tensor_parallel_size and cfg.num_kv_heads_per_rank == 1
 assert kv_per_token_model == 8 * 1024  # the published KV-cache cost per token (preset source)
 print("per-rank shapes check out")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). Query heads per rank = query heads / TP. KV heads: fewer than
+# ranks here, so one per rank.
 
 # %% [markdown]
 # ## 2 · Start-up, phase by phase — and the under-count
@@ -191,8 +194,8 @@ assert engine.locked_bytes == analysis.locked_bytes(run_cfg, fix=False) == 268_5
 # lock ever sees. The continuation-prefill path, whose buffers grow with the cached length,
 # never runs before the lock.
 #
-# **Predict, then run.** The profile run's chunk is a "prefill" (no workspace request); the
-# locked size equals the decode layout at `max_num_seqs` rows.
+# **Predict, then run.** Does the profile run's chunk ask the workspace for anything? Which phase
+# sets the size that gets locked, and what layout is it?
 
 # %%
 profile_chunk = chunk_workspace_request(cfg, 0, min(cfg.max_num_batched_tokens, cfg.max_model_len))
@@ -205,7 +208,11 @@ assert profile_chunk.path == "prefill" and profile_chunk.shapes is None
 assert by_phase["profile_run"] == 0
 assert engine.locked_bytes == by_phase["capture"] == decode_at_max
 assert engine.workspace.is_locked()
-show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_bytes)} MB**: decode scratch only.")
+show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_bytes)} MiB**: decode scratch only.")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The profile run's chunk is a "prefill" (no workspace request); the
+# locked size equals the decode layout at `max_num_seqs` rows.
 
 # %% [markdown]
 # ## 3 · The long prompt
@@ -227,16 +234,16 @@ for i, (cached, q) in enumerate(chunks):
     if not fits and first_bad is None:
         first_bad = (i, req)
     plan_rows.append((i, cached, q, req.path, "—" if req.shapes is None else " + ".join(str(s) for s, _ in req.shapes),
-                      f"{req.nbytes:,}", f"{format_mb(req.nbytes)} MB", "yes" if fits else "**no**"))
+                      f"{req.nbytes:,}", f"{format_mb(req.nbytes)} MiB", "yes" if fits else "**no**"))
 show_md(
-    markdown_table(("chunk", "cached_len", "new tokens", "path", "workspace views", "bytes", "MB", "fits the lock?"),
+    markdown_table(("chunk", "cached_len", "new tokens", "path", "workspace views", "bytes", "MiB", "fits the lock?"),
                    plan_rows)
 )
 bad_chunk, bad_req = first_bad
 show_md(
     f"Prediction: chunk {bad_chunk} (cached_len {bad_req.cached_len:,}, {bad_req.q_len:,} new tokens > "
-    f"{CONTINUATION_DECODE_THRESHOLD}) asks for **{format_mb(bad_req.nbytes)} MB** while the lock holds "
-    f"**{format_mb(engine.locked_bytes)} MB** — {bad_req.nbytes / engine.locked_bytes:.1f}× too much."
+    f"{CONTINUATION_DECODE_THRESHOLD}) asks for **{format_mb(bad_req.nbytes)} MiB** while the lock holds "
+    f"**{format_mb(engine.locked_bytes)} MiB** — {bad_req.nbytes / engine.locked_bytes:.1f}× too much."
 )
 
 # %% [markdown]
@@ -258,8 +265,8 @@ crash_s = time.perf_counter() - t
 print(f"the prompt ran {crash_s:.1f} s before the assertion")
 
 # %% [markdown]
-# **Predict, then run.** The error carries the predicted bytes and the locked size, names
-# the continuation-prefill function as the caller, and prints the bug report's numbers.
+# **Predict, then run.** Which bytes and which locked size does the error carry, which function does
+# it name as the caller, and does it print the bug report's numbers?
 
 # %%
 assert isinstance(crash, AssertionError)  # what vLLM raises
@@ -271,6 +278,10 @@ show_md(
     f"Bug report: `{BUG_REPORT_NUMBERS}` · this run: `requires {format_mb(crash.required_bytes)} MB, "
     f"current size is {format_mb(crash.current_bytes)} MB` — the same."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The error carries the predicted bytes and the locked size, names
+# the continuation-prefill function as the caller, and prints the bug report's numbers.
 
 # %% [markdown]
 # ### What the report does not say: `max_num_batched_tokens`
@@ -298,16 +309,16 @@ assert m_report == cfg.max_num_batched_tokens  # the preset uses the inferred va
 m_default, _, why_default = vt.vllm_default_limits("serve")  # no GPU size given: vLLM's small-GPU default
 why_default = why_default.split(";")[0]
 alt = cfg.replace(max_num_batched_tokens=m_default)
-alt_first = rp.predict(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+alt_first = rp.consumer_report(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
 alt_locked, alt_refused = locked_and_refused(alt)  # run on meta: the engine refuses what the predictor named
 assert (alt_refused, alt_locked) == (alt_first.nbytes, engine.locked_bytes)
 assert alt_first.cached_len == m_default and alt_first.nbytes == 2 * 1 * hk * m_default * d * 2
 rows, matches = [], []
 for label, c, m_ in ((f"preset (inferred from {rp.BUG_REPORT_REQUIRED_MB} MB)", cfg, m_report),
                      (f"vLLM default ({why_default})", alt, m_default)):
-    f = rp.predict(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+    f = rp.consumer_report(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
     rows.append((label, f"{m_:,}", f"{first_failing_prompt(c, engine.locked_bytes):,}", f"{f.cached_len:,}",
-                 f"{format_mb(f.nbytes)} MB"))
+                 f"{format_mb(f.nbytes)} MiB"))
     matches.append(format_mb(f.nbytes) == rp.BUG_REPORT_REQUIRED_MB)
 assert matches == [True, False]  # only the inferred chunk size reproduces the report's exact number
 onset_low = int(re.search(r"~(\d+)-", REPORT_ONSET).group(1)) * 1000  # the low end of the report's onset, in tokens
@@ -315,7 +326,7 @@ assert max(m_report, m_default) < onset_low  # both first refusals come at fewer
 show_md(
     f"The report says crashes start *{REPORT_ONSET}* of cached KV and does not give `max_num_batched_tokens`. "
     f"The preset's {m_report:,} comes from the {rp.BUG_REPORT_REQUIRED_MB} MB: 2 × 1 × {hk} × {m_report:,} × {d} × 2 "
-    f"bytes = {two_buffers:,} bytes = {format_mb(two_buffers)} MB.\n\n"
+    f"bytes = {two_buffers:,} bytes = {format_mb(two_buffers)} MiB.\n\n"
     + markdown_table(("max_num_batched_tokens", "value", "shortest crashing prompt", "first refused: cached_len",
                       "it asks for"), rows)
     + f"\n\nWith vLLM's default of {m_default:,} the same {PROMPT_TOKENS:,}-token prompt would have died one "
@@ -356,8 +367,8 @@ else:
     raise AssertionError("a dead engine served a request")
 
 # %% [markdown]
-# **Predict, then run.** The dead-engine error keeps the original assertion as its cause;
-# adding a request fails the same way.
+# **Predict, then run.** After the crash, what does the next call to the engine raise, what does
+# that error keep as its cause, and does adding a new request work?
 
 # %%
 assert dead.cause is crash and engine.dead is crash
@@ -368,6 +379,10 @@ except EngineDeadError:
 else:
     raise AssertionError("add_request accepted work on a dead engine")
 print("the engine stays dead, and says why")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The dead-engine error keeps the original assertion as its cause;
+# adding a request fails the same way.
 
 # %% [markdown]
 # ### The same crash on a GPU
@@ -446,9 +461,9 @@ for bs in (16, 2080):
                      crash_need=refused["required_bytes"], with_fix=analysis.locked_bytes(c, fix=True)))
 show_md(markdown_table(["block size", "locked without the fix", "first failing prompt", "its chunks (cached, new)",
                         "its refused call", "reserved with the fix"],
-                       [[f"{r['block']:,}", format_mb(r["locked"]) + " MB", f"{r['first_failing']:,}",
+                       [[f"{r['block']:,}", format_mb(r["locked"]) + " MiB", f"{r['first_failing']:,}",
                          ", ".join(f"({cc:,}, {q:,})" for cc, q in r["chunks"]),
-                         format_mb(r["crash_need"]) + " MB", format_mb(r["with_fix"]) + " MB"] for r in rows]))
+                         format_mb(r["crash_need"]) + " MiB", format_mb(r["with_fix"]) + " MiB"] for r in rows]))
 small, big = rows
 m = cfg.max_num_batched_tokens
 assert small["locked"] == big["locked"]  # the decode scratch, which the block size does not touch
@@ -468,10 +483,91 @@ else:
 show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_failing']:,} tokens instead of "
         f"{small['first_failing']:,}: a prompt longer than one step's {m:,} tokens gets a first chunk cut back to "
         f"{big['chunks'][0][1]:,} tokens (one block), so its second chunk dequantizes {big['chunks'][1][0]:,} cached "
-        f"tokens: {format_mb(big['crash_need'])} MB instead of {format_mb(small['crash_need'])} MB, still more than "
-        f"the {format_mb(big['locked'])} MB locked (the decode scratch, which the block size does not touch). "
-        f"The fix reserves {format_mb(big['with_fix'])} MB instead of {format_mb(small['with_fix'])} MB, because "
+        f"tokens: {format_mb(big['crash_need'])} MiB instead of {format_mb(small['crash_need'])} MiB, still more than "
+        f"the {format_mb(big['locked'])} MiB locked (the decode scratch, which the block size does not touch). "
+        f"The fix reserves {format_mb(big['with_fix'])} MiB instead of {format_mb(small['with_fix'])} MiB, because "
         f"every continuation buffer is rounded up to a whole block.")
+
+# %% [markdown]
+# ## 6 · What else the bug report says, checked
+#
+# The report (vLLM issue #41565, the session's seed 003) makes four more claims. Its words and
+# numbers are loaded from `data/seed_sources.json` (transcribed from the report, with provenance);
+# each claim gets a run you can repeat:
+#
+# * **the prompt**: `'In computational science, ' * 2000` plus `" Reply OK."`, `max_tokens` 50, "~8K
+#   tokens after tokenization";
+# * **independent of the sparse-V PR #41422** ("the same crash with the sparse-V PR applied AND with
+#   stock v0.20.0");
+# * **a v0.20 regression**: it came with PR #40941 (the `WorkspaceManager` wired into TurboQuant's
+#   continuation prefill); the v0.18-era fork (PR #38479), which had no shared locked workspace, ran
+#   the same workloads cleanly — on 8× RTX A4000, CUDA 13.0, driver 580.76.05, PyTorch 2.11;
+# * **one of a family**: PR #39931's hybrid GDN `chunk_fwd_o` out-of-memory, mitigated there with a
+#   1.25 GiB safety-margin overlay in `gpu_worker.py`, and PRs #41185 and #41123 share the failure mode
+#   "the dummy run undercounts the real workload".
+#
+# **Predict, then run.** (1) How many tokens is the report's prompt, counted without a tokenizer, and
+# does the exact count matter for the crash? (2) Does the crash need anything besides stock TurboQuant
+# and the locked workspace — sparse-V code, or a shortage of GPU memory? (3) If every call got its own
+# `torch.empty` buffers, as before the shared workspace, would the prompt be served? (4) Would a
+# 1.25 GiB memory overlay like #39931's help?
+
+# %%
+import re
+import warnings
+
+from tqlab.core.provenance import load_recorded
+from tqlab.strategies.fixes import make_strategy_engine
+
+src = load_recorded("seed_sources")
+br = src["bug_report"]
+show_md(f"*From `data/seed_sources.json`: {src.provenance['command'][:120]}…*")
+prompt_text = br["prompt"]["unit"] * br["prompt"]["repeat"] + br["prompt"]["suffix"]
+# Tokenizer-free count: every word and every punctuation mark is at least one token for a BPE
+# vocabulary in which these common English words are whole tokens; the chat template adds a few more.
+n_prompt = len(re.findall(r"\w+|[^\w\s]", prompt_text))
+first_bad_len = first_failing_prompt(cfg, engine.locked_bytes)  # the unfixed engine of section 2
+assert first_bad_len <= n_prompt < cfg.max_model_len  # any length in this range crashes: the exact count does not matter
+rows6 = []
+for label, kv in (("stock TurboQuant, default KV cache", None), ("… with 16× max_model_len of KV cache", 16 * cfg.max_model_len)):
+    u = LLMEngine(cfg, fix=False, device="meta", kv_cache_tokens=kv)
+    try:
+        u.generate(n_prompt, max_tokens=br["prompt"]["max_tokens"])
+        rows6.append((label, "served", "—"))
+    except WorkspaceLockedError as exc6:
+        refused_bytes = exc6.required_bytes
+        rows6.append((label, f"requires {format_mb(exc6.required_bytes)} MB, current size is {format_mb(exc6.current_bytes)} MB",
+                      f"{len(u.outputs[0].output_token_ids)} of {br['prompt']['max_tokens']}"))
+per_call = make_strategy_engine(cfg, "fallback", device="meta")  # the call that does not fit gets torch.empty
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # the fallback warns once that it allocates: expected here
+    served = per_call.generate(n_prompt, max_tokens=2).finished
+rows6.append(("every refused call gets its own torch.empty (no lock on it)", "served" if served else "refused", "—"))
+show_md(markdown_table(("engine (tqlab, no sparse-V code anywhere)", "the report's prompt", "tokens generated"), rows6))
+overlay = br["family"][0]["mitigation_bytes"]
+print(f"prompt: {n_prompt:,} words and punctuation marks (the report: {br['prompt']['report_says']}); "
+      f"every prompt from {first_bad_len:,} tokens up crashes")
+print(f"#39931's overlay: {overlay / MiB:,.0f} MiB of free memory; the refused request: "
+      f"{format_mb(refused_bytes)} MiB; the lock refuses growth whatever memory is free")
+assert rows6[0][1] == rows6[1][1] == BUG_REPORT_NUMBERS  # the report's numbers, with or without spare memory
+assert rows6[0][2] == f"0 of {br['prompt']['max_tokens']}"  # it dies in prefill: max_tokens plays no part
+assert served  # without a lock on the buffers (the pre-#40941 way) the prompt is served
+assert overlay > refused_bytes
+print(f"the report's stack: vLLM {br['vllm']}, {br['hardware']}, CUDA {br['cuda']}, driver {br['driver']}, "
+      f"PyTorch {br['torch']}; regression PR #{br['regression_pr']['pr']} (merged {br['regression_pr']['merged']}), "
+      f"clean fork PR #{br['clean_fork_pr']['pr']}, sparse-V PR #{br['sparse_v_pr']['pr']}, family "
+      + ", ".join(f"#{f['pr']}" for f in br["family"]))
+
+# %% [markdown]
+# **What this shows.** The prompt is about 8K tokens however it is tokenized, and any length from the
+# first failing one up crashes, so the count needs no tokenizer. tqlab's engine has no sparse-V code and
+# crashes with the report's numbers: the bug needs only stock TurboQuant and the locked workspace
+# (#41422 is independent). More KV-cache memory changes nothing, so a memory overlay like #39931's —
+# free memory kept back for a pass the profile run undercounts — does not help here: the lock refuses
+# growth, not memory. Giving the refused call its own buffers serves the prompt, which is what the
+# pre-workspace-manager fork (#38479) did — the regression is PR #40941's lock meeting a lazily sized
+# consumer. The report's versions (printed above from the recording) matter only in that its vLLM was
+# the first release with that lock; tqlab models vLLM 0.33, which still has it.
 
 # %% [markdown]
 # ## Next

@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (tqlab)
 #     language: python
-#     name: python3
+#     name: tqlab
 # ---
 
 # %% [markdown]
@@ -19,7 +19,9 @@
 # vLLM PR #44053 ("Reserve workspace before CUDA graph capture") fixes notebook 02's crash
 # in a few lines: when the TurboQuant attention backend builds its metadata builder, its new
 # `_reserve_workspace()` asks the workspace for the **largest** buffers its two consumers can
-# ever need, before the profile run, before capture, before the lock. You will learn:
+# ever need — after the profile run (vLLM 0.33 builds the metadata builders in
+# `initialize_kv_cache`, after `determine_available_memory`), before capture, before the lock.
+# You will learn:
 #
 # 1. what the reservation asks for, call by call, and how it lays out in the buffer;
 # 2. why it is sized from `max_model_len` — and why that is enough;
@@ -115,11 +117,11 @@ for consumer, call in zip(consumers, plan):
     lay = compute_layout(call)
     views = ", ".join(f"{tuple(s)} {str(d).removeprefix('torch.')}" for s, d in call)
     rows.append((consumer, views, f"{lay.total_bytes:,}", format_mb(lay.total_bytes)))
-show_md(markdown_table(("consumer", "views (shape dtype)", "bytes", "MB"), rows))
+show_md(markdown_table(("consumer", "views (shape dtype)", "bytes", "MiB"), rows))
 reserved = plan_bytes(plan)
 show_md(
     f"The calls never run at the same time, and each starts at offset 0 of the same buffer, so the "
-    f"workspace needs only the **largest** call: **{reserved:,} bytes = {format_mb(reserved)} MB** per "
+    f"workspace needs only the **largest** call: **{reserved:,} bytes = {format_mb(reserved)} MiB** per "
     f"ubatch slot on one rank."
 )
 ax = plots.plot_byte_maps(
@@ -176,9 +178,9 @@ ax = plots.plot_need_curve(
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** Every cached length the server can meet — each block-aligned value
-# below `max_model_len`, and the last one — needs at most the reservation; and the
-# reservation is exactly the need at `max_model_len - 1`.
+# **Predict, then run.** Is there a cached length the server can meet — any block-aligned value
+# below `max_model_len`, or the last one — whose dequant call needs more than the reservation? At
+# which cached length is the need exactly the reservation?
 
 # %%
 every_len = range(0, cfg.max_model_len, cfg.block_size)
@@ -189,18 +191,26 @@ worst = max(
 assert worst <= reserved == needs[-1]
 assert need_8k <= reserved
 show_md(
-    f"Checked {len(every_len):,} cached lengths: the largest need is {format_mb(worst)} MB ≤ reserved "
-    f"{format_mb(reserved)} MB. The report's chunk needs {format_mb(need_8k)} MB, "
+    f"Checked {len(every_len):,} cached lengths: the largest need is {format_mb(worst)} MiB ≤ reserved "
+    f"{format_mb(reserved)} MiB. The report's chunk needs {format_mb(need_8k)} MiB, "
     f"{reserved / need_8k:.0f}× below the reservation."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). Every cached length the server can meet — each block-aligned value
+# below `max_model_len`, and the last one — needs at most the reservation; and the
+# reservation is exactly the need at `max_model_len - 1`.
 
 # %% [markdown]
 # ## 3 · The report's prompt, after the lock
 #
 # **Question.** Notebook 02 crashed on this prompt. With the reservation, what happens?
 #
-# Same preset, same start-up, `fix=True`. The workspace now grows while the metadata
-# builder is built — before the profile run — and capture finds it already big enough.
+# Same preset, same start-up, `fix=True`. The profile run still touches no workspace; the
+# workspace grows when the metadata builder is built right after it (vLLM 0.33:
+# `Worker.determine_available_memory` runs `profile_run`, then `initialize_kv_cache` →
+# `initialize_metadata_builders` → `TurboQuantMetadataBuilder.__init__` → `_reserve_workspace`),
+# and capture finds it already big enough.
 #
 # **Fewer layers on CPU.** Every attention layer makes the same workspace calls, one after
 # the other, into the one shared buffer: the workspace numbers are *per layer call*, and the
@@ -228,8 +238,8 @@ per_layers = {n: workspace_numbers(cfg.replace(num_hidden_layers=n)) for n in (c
 assert per_layers[CPU_LAYERS] == per_layers[cfg.num_hidden_layers] and per_layers[CPU_LAYERS][0] == reserved
 show_md(
     f"On `meta`, {cfg.num_hidden_layers} and {CPU_LAYERS} layers give the same numbers: locked with the fix "
-    f"{format_mb(per_layers[CPU_LAYERS][0])} MB; without it locked {format_mb(per_layers[CPU_LAYERS][1])} MB and "
-    f"the report's chunk asks {format_mb(per_layers[CPU_LAYERS][2])} MB. The live engine runs "
+    f"{format_mb(per_layers[CPU_LAYERS][0])} MiB; without it locked {format_mb(per_layers[CPU_LAYERS][1])} MiB and "
+    f"the report's chunk asks {format_mb(per_layers[CPU_LAYERS][2])} MiB. The live engine runs "
     f"**{run_cfg.num_hidden_layers}** attention layers on `{device}`."
 )
 
@@ -254,17 +264,24 @@ ax = plots.plot_workspace_timeline(engine.workspace.events, marker.marks,
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** The request finishes; after the lock there is no resize and no
-# violation; the buffer is the one that was locked (same size, same address).
+# **Predict, then run.** Does the request finish? After the lock, does the workspace resize or
+# refuse anything? Is the buffer still the one that was locked?
 
 # %%
 assert out.finished and engine.dead is None
 assert len(engine.workspace.events) == events_at_lock  # nothing happened to the workspace while serving
 assert engine.workspace.size_bytes() == engine.locked_bytes == reserved
 by_phase = {p.name: p.workspace_bytes[0] for p in engine.phases}
-assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), before the profile run
-assert by_phase["profile_run"] == by_phase["capture"] == reserved  # capture found it big enough
-print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MB")
+phase_order = [p.name for p in engine.phases]
+assert phase_order.index("profile_run") < phase_order.index("build_backend") < phase_order.index("capture")
+assert by_phase["profile_run"] == 0  # the profile run asks nothing of the workspace (vLLM 0.33 too)
+assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), after the profile run
+assert by_phase["capture"] == reserved  # capture found it big enough
+print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MiB")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The request finishes; after the lock there is no resize and no
+# violation; the buffer is the one that was locked (same size, same address).
 
 # %% [markdown]
 # ## 4 · A `max_model_len` prompt (on `meta`)
@@ -295,13 +312,17 @@ else:
     raise AssertionError("the unfixed engine served a max_model_len prompt")
 
 # %% [markdown]
-# **Predict, then run.** With the fix: served, no workspace event after the lock. Without
-# it: refused at the first chunk that needs more than the decode scratch.
+# **Predict, then run.** With the fix, is the `max_model_len` prompt served, and does anything
+# happen to the workspace after the lock? Without it, where is it refused?
 
 # %%
 assert meta_out.finished and len(meta_engine.workspace.events) == meta_events
 assert unfixed.dead is not None
 print("max_model_len prompt: served with the fix, refused without it")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). With the fix: served, no workspace event after the lock. Without
+# it: refused at the first chunk that needs more than the decode scratch.
 
 # %% [markdown]
 # ## 5 · What it costs, per preset
@@ -341,8 +362,8 @@ show_md(
     )
 )
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 3.6))
-plots.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], ax=ax1, horizontal=True, log=True,
-              ylabel="reserved workspace per rank (MiB, log scale)", fmt="{:,.1f} MiB",
+plots.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], ax=ax1, horizontal=True, log=False,
+              ylabel="reserved workspace per rank (MiB)", fmt="{:,.1f} MiB",
               title="Workspace reserved by the fix")
 plots.plot_bars([x["name"] for x in cost], [100 * x["res"] / x["kv"] for x in cost], ax=ax2, horizontal=True,
               ylabel="% of the rank's KV cache (max_num_seqs × max_model_len)", fmt="{:.2f} %",
@@ -352,9 +373,9 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** For the bug report's deployment the share is the reservation over
-# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
-# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
+# **Predict, then run.** For the bug report's deployment, what share of the KV cache is the
+# reservation — and how does the share of *one* `max_model_len` sequence (notebook 06's upper bound)
+# relate to it?
 
 # %%
 seed_cost = next(x for x in cost if x["name"] == PRESET)
@@ -368,6 +389,11 @@ show_md(
     f"**{100 * seed_share:.3f} %**; of one {sc.max_model_len:,}-token sequence (upper bound) = "
     f"{100 * seed_share_one:.3f} %."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). For the bug report's deployment the share is the reservation over
+# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
+# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
 
 # %% [markdown]
 # The whole deployment pays this on every rank (× `tensor_parallel_size`). With DBO,
@@ -396,10 +422,9 @@ show_md(
 # one chunk plus `CONTINUATION_DECODE_THRESHOLD` tokens long survives, because its second
 # chunk is short; one token more and the second chunk dequantizes and crashes.
 #
-# **Predict, then run.** `first_failing_prompt` puts the first failure of the unfixed
-# engine one token past one chunk plus the threshold. The prompt one token shorter is
-# served without a single workspace event after the lock, its last chunk on the
-# decode-kernel path (once per layer); the failing one is refused by the dequant call.
+# **Predict, then run.** Where does `first_failing_prompt` put the first failure of the unfixed
+# engine, in chunks and threshold? What happens to the prompt one token shorter — and which call
+# refuses the failing one?
 
 # %%
 m, T = cfg.max_num_batched_tokens, CONTINUATION_DECODE_THRESHOLD
@@ -432,9 +457,15 @@ show_md(markdown_table(
          "served"),
         (f"{first_bad:,}", f"{last_cached:,} + {last_q + 1}", chunk_workspace_request(cfg, last_cached, last_q + 1).path,
          "refused",
-         f"crash: asks {format_mb(bad_need)} MB of {format_mb(bad_engine.locked_bytes)} MB"),
+         f"crash: asks {format_mb(bad_need)} MiB of {format_mb(bad_engine.locked_bytes)} MiB"),
     ],
 ))
+
+# %% [markdown]
+# **Answer** (checked by the cell above). `first_failing_prompt` puts the first failure of the unfixed
+# engine one token past one chunk plus the threshold. The prompt one token shorter is
+# served without a single workspace event after the lock, its last chunk on the
+# decode-kernel path (once per layer); the failing one is refused by the dequant call.
 
 # %% [markdown]
 # ### 6b · First limit: chunked prefill off, prefix caching on
@@ -460,14 +491,14 @@ show_md(markdown_table(
 nocp = cfg.replace(enable_chunked_prefill=False, max_num_batched_tokens=cfg.max_model_len,
                    mamba_block_aligned_split=False)
 nocp_plan = reservation_plan(nocp)
-pred = rp.predict(nocp)
+pred = rp.consumer_report(nocp)
 show_md(markdown_table(
     ("", "chunked prefill on (the report)", "chunked prefill off"),
     [
         ("reservation calls", len(plan), len(nocp_plan)),
-        ("workspace at lock with the fix (MB)", format_mb(reserved), format_mb(pred.locked_fixed)),
+        ("workspace at lock with the fix (MiB)", format_mb(reserved), format_mb(pred.locked_fixed)),
         ("longest request safe under any chunking, with the fix",
-         f"{rp.predict(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
+         f"{rp.consumer_report(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
         ("max_model_len", f"{cfg.max_model_len:,}", f"{nocp.max_model_len:,}"),
     ],
 ))
@@ -485,7 +516,7 @@ print("\n".join(f"predict: {n}" for n in pred.notes))
 
 # %%
 assert nocp_plan == plan[:1] and pred.locked_fixed == pred.locked_unfixed == locked_no_fix
-assert rp.predict(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
+assert rp.consumer_report(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
 hit_engine = LLMEngine(nocp.replace(num_hidden_layers=1), fix=True, device="meta")  # one layer: same calls
 assert hit_engine.locked_bytes == pred.locked_fixed
 
@@ -565,10 +596,9 @@ else:
 # chunk; the cell locks right after the reservation, the case where nothing else touched
 # slot 1.
 #
-# **Predict, then run.** tqlab's reservation: both slots at the reserved size. The same
-# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
-# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
-# the first and refused by the second.
+# **Predict, then run.** With DBO, what sizes do the two slots have after tqlab's reservation, and
+# after the same calls made in slot 0 only (vLLM's way)? After the lock, which of the two serves the
+# report's chunk in slot 1?
 
 # %%
 dbo_cfg = cfg.replace(enable_dbo=True)
@@ -592,14 +622,14 @@ for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_s
         try:
             mgr.get_simultaneous(*chunk_workspace_request(cfg, cached_8k, q_8k).shapes)
         except WorkspaceLockedError as exc:
-            slot1_result[label] = f"refused: asks {format_mb(exc.required_bytes)} MB of {format_mb(exc.current_bytes)} MB"
+            slot1_result[label] = f"refused: asks {format_mb(exc.required_bytes)} MiB of {format_mb(exc.current_bytes)} MiB"
         else:
             assert len(mgr.events) == events_before
             slot1_result[label] = "served, no growth"
 assert slot1_result["tqlab: every slot"].startswith("served")
 assert slot1_result["vLLM 0.33: slot 0 only"].startswith("refused")
 show_md(markdown_table(
-    ("reservation", "slot sizes (MB)", "per rank (MB)", f"× TP {cfg.tensor_parallel_size} (MB)",
+    ("reservation", "slot sizes (MiB)", "per rank (MiB)", f"× TP {cfg.tensor_parallel_size} (MiB)",
      "report's chunk in slot 1 after the lock"),
     [
         (label, " / ".join(format_mb(b) for b in mgr.sizes_bytes()), format_mb(mgr.live_bytes()),
@@ -609,13 +639,21 @@ show_md(markdown_table(
 ))
 
 # %% [markdown]
+# **Answer** (checked by the cell above). tqlab's reservation: both slots at the reserved size. The same
+# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
+# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
+# the first and refused by the second.
+
+# %% [markdown]
 # ## 7 · Three start-ups of the report's deployment, side by side
 #
 # vLLM 0.33 calls `lock_workspace()` in one place on the serving path: the end of
 # `GPUModelRunner.capture_model` (`vllm/v1/worker/gpu_model_runner.py`). With `--enforce-eager`
 # the worker skips `capture_model` (`vllm/v1/worker/gpu_worker.py`, `compile_or_warm_up_model`),
 # so an eager server **never locks**: it cannot hit the assertion, which is why `--enforce-eager`
-# is the workaround users are told. Its price is decode speed: no CUDA graph replay (notebook 05
+# is the workaround users report (vLLM PR #46067's description lists "`--enforce-eager` works (no
+# graphs)" among the symptoms of a TurboQuant CUDA-graph bug, issue #45670; the reporters of issue
+# #40807 run `--enforce-eager` to get past TurboQuant's capture-time crash). Its price is decode speed: no CUDA graph replay (notebook 05
 # measures replay against eager launches on a GPU). The fourth row is the named variant
 # *lock-on-eager* (`lock_workspace_when_eager=True`, a proposed upstream change, off by
 # default): what would change if eager start-ups locked too.
@@ -674,8 +712,12 @@ show_md(markdown_table(
 #   which asks the workspace for decode views at the batch's rows — and is refused. With `k = 1`
 #   there is no such pass.
 #
-# That is the public report's kind: TurboQuant 4bit_nc with an MTP drafter dies with
-# "requires 0.76 MB, current size is 0.00 MB" in the drafter's decode. Here with 24 query heads
+# That is the kind of failure public reports show: vLLM issue #42544 (`turboquant_k3v4_nc` with an
+# MTP drafter, `num_speculative_tokens` 2) dies on the first request with `'turboquant_attn.py:...:
+# _decode_attention' requires 0.76 MB, current size is 0.00 MB`, and Sandermage/genesis-vllm-patches
+# PR #28 quotes the same message for `turboquant_4bit_nc` with MTP, raised in the drafter's forward
+# pass. (Their model is Qwen3.6-27B; the numbers below are tqlab's, for a layout that gives a
+# decode row of the same size.) Here with 24 query heads
 # of 256 per rank and one request (a decode row of 802,048 bytes):
 
 # %%
@@ -711,10 +753,64 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 #   `_reserve_workspace` sizes the decode views from the target's `model_config`
 #   (`get_num_attention_heads`) and the builder's own `kv_cache_spec`.
 # * DBO's second slot (6c) and chunked prefill off with prefix caching (6b), as without speculation.
-# * A second public report crashes *during graph capture* in the continuation path with speculative
-#   decoding and chunked prefill on. vLLM 0.33's code does not lead there for this backend:
+# * vLLM issue #40807 (fix proposed in PR #43747) crashes *during graph capture* in the continuation
+#   path with speculative decoding and chunked prefill on (`query_start_loc.tolist()` while capturing). vLLM 0.33's code does not lead there for this backend:
 #   `_dummy_run` sets `seq_lens = max_query_len`, so a captured `1 + k`-token row is a first chunk,
 #   not a continuation. tqlab does not reproduce that report; it models what 0.33's source does.
+
+# %% [markdown]
+# ## 8 · What the PR's record says, checked
+#
+# vLLM PR #44053 ("[Bugfix][V1][TurboQuant] Reserve workspace before CUDA graph capture") superseded
+# PR #40798 and fixes issue #41565 (notebook 02's bug report). Its date, its review comments, its
+# benchmark and the risks a review listed are loaded from `data/seed_sources.json` (transcribed from
+# the session's seed 000, with provenance). Two of them are claims about the code that tqlab can test:
+#
+# * the benchmark: serving throughput and time to first token move by a few per cent, **TPOT
+#   (time per output token) essentially unchanged**;
+# * a risk: **other backends may share the bug** (the review names FlashAttention).
+#
+# **Predict, then run.** Does the fix change anything a decode step does — the calls it makes to the
+# workspace, the kernels it picks? And of vLLM 0.33's other workspace consumers, how many reserve
+# ahead the way TurboQuant now does?
+
+# %%
+from tqlab.core.provenance import load_recorded
+
+seed = load_recorded("seed_sources")
+pr = seed["fix_pr"]
+show_md(markdown_table(("", "from the PR's record (data/seed_sources.json)"), [
+    ("PR", f"#{pr['pr']}: {pr['title']}"),
+    ("merged", pr["merged"]),
+    ("supersedes / fixes", f"PR #{pr['supersedes']} / issue #{pr['fixes']}"),
+    *[(f"comment: {c['who']}", c["what"]) for c in pr["comments"]],
+    ("benchmark (before → after)", f"{pr['benchmark']['req_s'][0]} → {pr['benchmark']['req_s'][1]} req/s, TTFT "
+                                   f"{pr['benchmark']['ttft_ms'][0]:,} → {pr['benchmark']['ttft_ms'][1]:,} ms; TPOT "
+                                   f"{pr['benchmark']['tpot']}"),
+    *[("risk", r) for r in pr["risks"]],
+]))
+# TPOT: the same short request, decoded by an engine with and without the fix (both serve it).
+unit = EngineConfig.from_preset("pr-44053-unit-test")
+n_dec = 4
+decode_calls = {}
+for fix in (False, True):
+    e = LLMEngine(unit, fix=fix, device="meta")
+    at_lock = len(e.workspace.events)
+    out_e = e.generate(unit.max_num_batched_tokens // 2, max_tokens=n_dec)
+    decode_calls[fix] = (dict(e.backend.path_counts), len(e.workspace.events) - at_lock, out_e.finished)
+assert decode_calls[False] == decode_calls[True]  # same kernels, same calls, no workspace event after the lock
+consumers = load_recorded("vllm_workspace_consumers")
+others = [f for f in consumers["files"] if "turboquant" not in f]
+other_reservers = [f for f in consumers["reservers"] if "turboquant" not in f]
+assert len(other_reservers) < len(others)  # most consumers rely on what start-up happens to run
+show_md(
+    f"Serving {n_dec} tokens after a {unit.max_num_batched_tokens // 2:,}-token prompt: paths "
+    f"{decode_calls[True][0]} and {decode_calls[True][1]} workspace events after the lock, **with and without the "
+    f"fix alike** — the fix adds no work to a decode step, which is what an unchanged TPOT needs (tqlab measures "
+    f"no GPU time here). Of the {len(others)} other files of vLLM {consumers['vllm_version']} that call the "
+    f"workspace, {len(other_reservers)} reserve ahead ({', '.join(f'`{f}`' for f in other_reservers)}); the rest "
+    f"are safe only if start-up reaches their largest size. Notebook 07 §2b lists them, live from vLLM's source."
+)
 
 # %% [markdown]
 # ## Summary
@@ -739,7 +835,7 @@ show_md(
     f"`max_model_len` tokens on a rank. Where the dequant buffers dominate, both scale with the KV heads per rank and `max_model_len`, "
     f"which cancel: what is left is fp16 buffers for *one* layer against a cache that holds *every* layer, packed, "
     f"for `max_num_seqs` requests. So the share is largest with few sequences and few attention layers — {PRESET} "
-    f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MB "
+    f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MiB "
     f"per rank next to a {next(x for x in cost if x['name'] == PRESET)['kv'] / MiB:,.0f} MiB KV cache."
 )
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (live prompt on `{device}`).*")

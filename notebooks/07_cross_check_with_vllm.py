@@ -8,9 +8,9 @@
 #       format_version: '1.3'
 #       jupytext_version: 1.19.6
 #   kernelspec:
-#     display_name: Python 3 (ipykernel)
+#     display_name: Python (tqlab)
 #     language: python
-#     name: python3
+#     name: tqlab
 # ---
 
 # %% [markdown]
@@ -23,14 +23,19 @@
 # 1. the same call sequence through `vllm.v1.worker.workspace.WorkspaceManager` and
 #    `tqlab.core.workspace.WorkspaceManager`: view offsets, slot sizes, refusals, word for word;
 # 2. the reservation that vLLM's `TurboQuantMetadataBuilder` makes, next to
-#    `tqlab.core.reservation.reservation_plan`, for every preset;
-# 3. the bug report's assertion, raised by vLLM's own `_continuation_prefill`;
+#    `tqlab.core.reservation.reservation_plan`, for every preset, and its early return when no
+#    workspace manager exists; 2b. every other workspace consumer of vLLM 0.33 (seed 002's
+#    table, counted in vLLM's source, FlashMLA sparse's reservation among them);
+# 3. the bug report's assertion, raised by vLLM's own `_continuation_prefill`, and one picture
+#    of every byte count of sections 2–3, vLLM's next to tqlab's;
 # 4. `tqlab.vllm.WorkspaceTracer` attached to vLLM's manager in the bug report's scenario:
 #    the high-water mark per caller, the size at lock, and the violation with its caller;
 # 5. the predictor behind `tqlab inspect-vllm`: a `vllm serve` command line plus the
 #    model's `config.json` give, per consumer, the workspace a prompt needs and the
 #    largest safe `max_model_len`;
 # 6. where tqlab and vLLM differ on purpose, and what the parity suite counted.
+# 7. tqlab's vLLM plugin: one record per rank of a real deployment, merged by
+#    `tqlab trace-report` and held against the prediction (a recorded two-rank run).
 #
 # **What you need.** CPU only. vLLM's pure-Python modules run on a CPU-only torch; its
 # kernels never run (see `parity/README.md`).
@@ -42,8 +47,11 @@
 # manager) and 5 always run live.
 #
 # **Run time.** Under 10 s without vLLM. With vLLM, about 30 s, most of it the import
-# of vLLM. Five **predict, then run** cells check tqlab's predictions against vLLM's own
-# classes with `assert`s.
+# of vLLM. Ten **predict, then run** cells ask a question first; the cell after it answers
+# it and checks tqlab's predictions against vLLM's own classes with `assert`s.
+#
+# **Units.** MiB = 2**20 bytes, as everywhere in tqlab (notebook 01); vLLM's own message says
+# "MB" for the same unit, and is quoted as it is.
 
 # %%
 import platform
@@ -74,6 +82,7 @@ CACHED_LEN = None  # cached tokens before the long continuation chunk; None: the
 # %%
 from tqlab import vllm as vt
 from tqlab.predict import report as rp
+from tqlab.predict.analysis import unfixed_locked_bytes
 from tqlab.core.config import EngineConfig, load_preset
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.lab.recorded import show_parity_banner
@@ -107,7 +116,7 @@ print(f"mode: {'LIVE, vLLM ' + str(vllm_version()) if LIVE else 'recorded result
 
 # %%
 PROMPT = load_preset(PRESET)["default_prompt_tokens"]  # the bug report's "~8K tokens" prompt
-first = rp.predict(config, [PROMPT]).requests[0].first_refused_unfixed  # the call vLLM dies on
+first = rp.consumer_report(config, [PROMPT]).requests[0].first_refused_unfixed  # the call vLLM dies on
 if not LIVE:  # the recorded runs used one cached length: predict for that one
     rec_cached = {r["vllm"]["cached_len"] for r in recorded["test_seed_scenario_table:rows"]}
     assert len(rec_cached) == 1, rec_cached
@@ -116,14 +125,14 @@ if not LIVE:  # the recorded runs used one cached length: predict for that one
     CACHED_LEN = min(rec_cached)
 CACHED_LEN = first.cached_len if CACHED_LEN is None else CACHED_LEN
 HK, D = config.num_kv_heads_per_rank, config.head_dim
-LOCKED = rp.locked_bytes_without_fix(config)  # decode at the largest captured batch
+LOCKED = unfixed_locked_bytes(config)  # decode at the largest captured batch
 ONE_ROW = compute_layout(decode_workspace_shapes(1, config.num_heads_per_rank, D, config.tq_max_kv_splits_for_cuda_graph,
                                                  config.dtype)).total_bytes
 CONT = compute_layout(continuation_workspace_shapes(CACHED_LEN, HK, D, config.block_size)).total_bytes
-FIXED = rp.predict(config).locked_fixed  # with PR #44053's reservation
+FIXED = rp.consumer_report(config).locked_fixed  # with PR #44053's reservation
 TAIL = f"requires {format_mb(CONT)} MB, current size is {format_mb(LOCKED)} MB. Workspace growth is not allowed after locking."
 show_md(markdown_table(
-    ["prediction", "bytes", "MB"],
+    ["prediction", "bytes", "MiB"],
     [
         [f"workspace at lock without the fix (decode, {config.max_num_seqs} rows)", f"{LOCKED:,}", format_mb(LOCKED)],
         ["workspace at lock with PR #44053", f"{FIXED:,}", format_mb(FIXED)],
@@ -162,9 +171,9 @@ print(f"{sum(r['same'] for r in rows)}/{len(rows)} steps identical")
 # row, so it refuses `max_num_seqs` rows. vLLM 0.33 grows only the slot that asks, and
 # so does tqlab.
 #
-# **Predict, then run.** Every step is identical. Exactly two steps are refused: slot 0's
-# continuation request (`CONT` bytes against `LOCKED`) and slot 1's decode views at
-# `max_num_seqs` rows (`LOCKED` bytes against one row's `ONE_ROW`).
+# **Predict, then run.** How many of the steps differ between the two managers? How many are
+# refused after the lock, on which slot, and asking how many bytes against how many? (Hint:
+# `CONT`, `LOCKED` and one decode row's `ONE_ROW` are in section 0's table.)
 
 # %%
 refused = [r for r in rows if "Workspace is locked" in r["vllm"]]
@@ -173,8 +182,8 @@ assert len(refused) == 2, [r["step"] for r in refused]
 assert refused[0]["vllm"].endswith(TAIL)
 assert refused[1]["vllm"].endswith(f"requires {format_mb(LOCKED)} MB, current size is {format_mb(ONE_ROW)} MB. "
                                    "Workspace growth is not allowed after locking.")
-show_md(f"Slot 0 refused **{format_mb(CONT)} MB** at **{format_mb(LOCKED)} MB**; slot 1 refused "
-        f"**{format_mb(LOCKED)} MB** at **{format_mb(ONE_ROW)} MB**: as predicted, in both managers.")
+show_md(f"Slot 0 refused **{format_mb(CONT)} MiB** at **{format_mb(LOCKED)} MiB**; slot 1 refused "
+        f"**{format_mb(LOCKED)} MiB** at **{format_mb(ONE_ROW)} MiB**: as predicted, in both managers.")
 
 # %% [markdown]
 #
@@ -188,9 +197,119 @@ show_md(f"Slot 0 refused **{format_mb(CONT)} MB** at **{format_mb(LOCKED)} MB**;
 rows = vt.compare_reservations() if LIVE else recorded["test_reservation_table:rows"]
 show_md(markdown_table(
     ["preset", "vLLM: TurboQuantMetadataBuilder._reserve_workspace", "tqlab: reservation_plan", "reserved", "same"],
-    [[r["preset"], r["vllm_calls"], r["tqlab_calls"], f"{format_mb(r['reserved_bytes'])} MB", "✔" if r["same"] else "✘"]
+    [[r["preset"], r["vllm_calls"], r["tqlab_calls"], f"{format_mb(r['reserved_bytes'])} MiB", "✔" if r["same"] else "✘"]
      for r in rows],
 ))
+
+# %% [markdown]
+# **Predict, then run.** For how many presets do vLLM's builder and `reservation_plan` make
+# different calls? Which preset reserves the most, and is it the longest `max_model_len` or
+# the most KV heads per rank that decides?
+
+# %%
+assert all(r["same"] for r in rows), [r["preset"] for r in rows if not r["same"]]
+biggest = max(rows, key=lambda r: r["reserved_bytes"])
+print(f"{sum(not r['same'] for r in rows)} of {len(rows)} presets differ; the largest reservation is "
+      f"{biggest['preset']}'s, {format_mb(biggest['reserved_bytes'])} MiB")
+
+# %% [markdown]
+# **The early return.** PR #44053's `_reserve_workspace` starts with
+# `if not is_workspace_manager_initialized(): return` (`vllm/v1/attention/backends/turboquant_attn.py`):
+# a metadata builder made outside a worker, with no workspace manager yet (a unit test, a
+# tool), reserves nothing and raises nothing. `tqlab.core.reservation.reserve_workspace` does
+# the same when it is given no manager and none is initialized.
+#
+# **Predict, then run.** With no manager initialized, does `reserve_workspace` raise, return
+# the plan, or return nothing? Does it create a manager on the way?
+
+# %%
+from tqlab.core.reservation import reserve_workspace
+from tqlab.core.workspace import init_workspace_manager, is_workspace_manager_initialized, reset_workspace_manager
+
+reset_workspace_manager()
+early = reserve_workspace(config)  # no manager given, none initialized
+assert early == [] and not is_workspace_manager_initialized()
+m_now = init_workspace_manager("meta")
+made = reserve_workspace(config)  # now the process-wide manager exists: the plan is made
+assert len(made) == 2 and m_now.size_bytes() == FIXED
+reset_workspace_manager()
+if LIVE:  # vLLM's own builder, with vLLM's manager reset: no error, no manager created
+    import importlib
+
+    import vllm.v1.worker.workspace as vws
+
+    tq = importlib.import_module("vllm.v1.attention.backends.turboquant_attn")
+    vws.reset_workspace_manager()
+    vllm_config, spec = vt.fake_vllm_configs(config)
+    with vt.vllm_cpu_patches():
+        tq.TurboQuantMetadataBuilder(kv_cache_spec=spec, layer_names=["model.layers.0.self_attn.attn"],
+                                     vllm_config=vllm_config, device=torch.device("cpu"))
+    assert not vws.is_workspace_manager_initialized()
+    print("vLLM's TurboQuantMetadataBuilder without a manager: built, nothing reserved (live)")
+else:
+    print("vLLM side (recorded): " + rec_early if (rec_early := recorded.get(
+        "test_reservation_returns_early_without_a_manager_in_both:outcome")) else
+          "vLLM side: run `bash parity/run.sh -k early` (parity/test_startup_order_parity.py) to see it")
+print(f"no manager: reserve_workspace returned {early}; with one: {len(made)} calls, {format_mb(FIXED)} MiB")
+
+# %% [markdown]
+# ## 2b · Who else asks the workspace: seed 002's table, counted in vLLM 0.33
+#
+# Seed 002 (a deep dive into the `WorkspaceManager`) lists its users: FlashAttention's DCP
+# path (`FlashAttnImpl`), FlashMLA sparse (`FlashMLASparseImpl`), fused MoE
+# (`FusedMoEModularKernel`), the sparse attention indexer, and Elastic EP, which only unlocks
+# and re-locks around a new warm-up. `tqlab.vllm.source_scan.workspace_consumers` reads vLLM's
+# source (nothing is imported) and counts every file that calls `current_workspace_manager()`,
+# its `get_simultaneous` calls, and which files reserve. Live when vLLM's source is installed
+# (`.venv-parity`); otherwise the recording `data/vllm_workspace_consumers.json`, made by
+# `python tools/record_consumers.py` from vLLM 0.33, with its provenance.
+#
+# **Predict, then run.** Seed 002 names five users. How many files of vLLM 0.33 call
+# `current_workspace_manager()` — about five, a dozen, or more? How many of them reserve ahead,
+# as TurboQuant now does?
+
+# %%
+import os
+
+from tqlab.core.provenance import load_recorded
+from tqlab.vllm.source_scan import find_vllm_source, workspace_consumers
+
+src = find_vllm_source(os.path.join(os.path.dirname(os.path.abspath(".")), ".venv-parity"))  # parity/install.sh
+if src is not None:
+    consumers, where = workspace_consumers(src), f"live, from {src}"
+else:
+    rec_c = load_recorded("vllm_workspace_consumers")
+    consumers = rec_c.data
+    p = rec_c.provenance
+    where = f"recorded: vLLM {p['vllm']}, {p['date']}, commit {p['commit'][:12]}, `{p['command']}`, {p['device']}"
+show_md(markdown_table(
+    ["seed 002's row", "consumer", "file in vLLM", "holds the seed's call", "get_simultaneous calls"],
+    [[r["scenario"], r["consumer"], f"`{r['file']}`", "✔" if r["present"] else "✘", r["get_simultaneous_calls"]]
+     for r in consumers["seed_table"]],
+))
+mla = consumers["flashmla_sparse_init"]
+print(f"{where}\n{len(consumers['files'])} files call current_workspace_manager() "
+      f"({sum(consumers['get_simultaneous_calls'].values())} get_simultaneous calls); "
+      f"{len(consumers['reservers'])} reserve: {consumers['reservers']}")
+assert all(r["present"] for r in consumers["seed_table"]), consumers["seed_table"]
+assert "v1/attention/backends/turboquant_attn.py" in consumers["reservers"]
+assert len(consumers["files"]) > len(consumers["seed_table"])  # the seed's table is a sample, not the list
+assert mla["found"] and mla["get_simultaneous_calls"] >= 1
+
+# %% [markdown]
+# **FlashMLA sparse reserves in `__init__`.** Seed 002 §6.4 shows `FlashMLASparseImpl.__init__`
+# calling `get_simultaneous` and *keeping* the views (`self.q_concat_buffer`, ...). vLLM 0.33's
+# `__init__` (in `vllm/v1/attention/backends/mla/flashmla_sparse.py`) still calls it at build
+# time — so the workspace grows before capture, like PR #44053's reservation — but keeps no
+# view ("Reserve capacity without retaining views that prevent old storage from being released
+# when another layer grows the shared workspace"); the counts above say how many views it keeps.
+# Each consumer is at risk of the bug exactly when its size depends on something neither the
+# profile run, the builders nor capture reach, as TurboQuant's cached length did.
+
+# %%
+print(f"FlashMLASparseImpl.__init__: {mla['get_simultaneous_calls']} get_simultaneous call(s), "
+      f"{mla['views_kept_as_attributes']} view(s) kept as attributes")
+assert mla["views_kept_as_attributes"] == 0  # vLLM 0.33 reserves capacity only (seed 002 kept the views)
 
 # %% [markdown]
 # ## 3 · The bug report's assertion, raised by vLLM's own code
@@ -220,14 +339,14 @@ def _outcome(d):
 
 show_md(markdown_table(
     ["PR #44053", "size at lock", "vLLM 0.33 (its own _continuation_prefill)", "tqlab"],
-    [["with" if r["fixed"] else "without", f"{format_mb(r['vllm']['size_at_lock'][0])} MB",
+    [["with" if r["fixed"] else "without", f"{format_mb(r['vllm']['size_at_lock'][0])} MiB",
       _outcome(r["vllm"]), _outcome(r["tqlab"])] for r in seed_rows],
 ))
 
 # %% [markdown]
-# **Predict, then run.** Without the fix, vLLM's own `_continuation_prefill` and tqlab's
-# manager refuse the predicted `CONT` bytes at the predicted `LOCKED` bytes, word for word
-# after the caller. With the fix both lock at the reservation's size and grant the buffers.
+# **Predict, then run.** Without the fix, what size does vLLM's own `_continuation_prefill`
+# ask for, against what size at lock — and does tqlab's manager word it the same way after the
+# caller? With the fix, at what size do both lock?
 
 # %%
 unfixed, fixed = (next(r for r in seed_rows if r["fixed"] is f) for f in (False, True))
@@ -249,6 +368,50 @@ show_md(markdown_table(
 same_as_report = report_says in unfixed["vllm"]["error"]
 print(f"vLLM's refusal {'matches' if same_as_report else 'differs from'} the bug report's numbers "
       f"(cached_len {CACHED_LEN:,}); the call sits on a different line in vLLM 0.33")
+
+# %% [markdown]
+# ### The picture: vLLM and tqlab, value by value
+#
+# Every byte count of sections 2 and 3, measured on both sides: the reservation vLLM's
+# builder makes per preset (its calls laid out by the workspace rule) next to tqlab's
+# `reservation_plan`, and the bug report's scenario — the size at lock without the fix, what
+# `_continuation_prefill` asks, the size at lock with the fix — from vLLM's manager and from
+# tqlab's. A dot (vLLM) and a diamond (tqlab) at the same height in each row agree.
+#
+# **Predict, then run.** Will any row show the two markers apart? And how many times larger
+# than the size at lock (without the fix) is the continuation request?
+
+# %%
+from tqlab.core.reservation import plan_bytes, reservation_plan
+import matplotlib.pyplot as plt
+
+from tqlab.lab.plots_parity import parity_points, plot_parity_side_by_side
+
+
+def _vllm_calls(preset: str) -> list:
+    """vLLM's builder calls for ``preset``: live, or from the recorded parity run (dtype names -> torch)."""
+    if LIVE:
+        with vt.vllm_cpu_patches():
+            return vt.vllm_reservation_calls(EngineConfig.from_preset(preset))
+    return [tuple((tuple(sh), getattr(torch, dt)) for sh, dt in call)
+            for call in recorded[f"test_presets_side_by_side[{preset}]:calls"]]
+
+
+presets_shown = [r["preset"] for r in vt.compare_reservations()] if LIVE else sorted(
+    k.split("[", 1)[1].split("]", 1)[0] for k in recorded if k.startswith("test_presets_side_by_side[") and
+    k.endswith(":calls"))
+reservations = {p: (plan_bytes(_vllm_calls(p)), plan_bytes(reservation_plan(EngineConfig.from_preset(p))))
+                for p in presets_shown}
+points = parity_points(reservations, seed_rows)
+fig = plot_parity_side_by_side(points, title=f"tqlab vs vLLM {vllm_version() if LIVE else recorded_prov['vllm'] + ' (recorded)'}"
+                               f": {PRESET} scenario at cached_len {CACHED_LEN:,}, reservations per preset")
+plt.show()
+
+# %%
+apart = [(panel, label) for panel, label, v, t in points if v != t]
+ratio = next(v for _, label, v, _ in points if label == "_continuation_prefill asks") / LOCKED
+assert apart == [], apart
+print(f"{len(points)} rows, {len(apart)} apart; the continuation request is {ratio:.1f}× the size at lock")
 
 # %% [markdown]
 #
@@ -275,9 +438,8 @@ print("--- tqlab's manager, without the fix (live)")
 print(vt.format_trace_report(m_trace.trace))
 
 # %% [markdown]
-# **Predict, then run.** Both tracers record one violation, by `_continuation_prefill`:
-# `CONT` bytes asked of a slot locked at `LOCKED`. The decode caller's high-water mark is
-# `LOCKED` (it set the size), and the continuation caller's is `CONT`.
+# **Predict, then run.** How many violations does each tracer record, by which caller? Which
+# caller's high-water mark set the size at lock?
 
 # %%
 for label, trace in (("vLLM", unfixed["vllm"]["trace"]), ("tqlab", m_trace.trace)):
@@ -287,7 +449,7 @@ for label, trace in (("vLLM", unfixed["vllm"]["trace"]), ("tqlab", m_trace.trace
     assert trace["size_at_lock_bytes"][0] == LOCKED
     high = {c["caller"].rsplit(":", 1)[1]: c["high_water_bytes"] for c in trace["callers"]}
     assert high["_continuation_prefill"] == CONT and high["_decode_attention"] == LOCKED, (label, high)
-print(f"both tracers: one violation, {format_mb(CONT)} MB asked at {format_mb(LOCKED)} MB, as predicted")
+print(f"both tracers: one violation, {format_mb(CONT)} MiB asked at {format_mb(LOCKED)} MiB, as predicted")
 
 # %% [markdown]
 # ## 5 · Predict it from the deployment: `tqlab inspect-vllm`
@@ -321,11 +483,10 @@ print(serve_cmd)
 report = rp.inspect_vllm(serve_cmd, model_json, prompt_tokens=prompts, demo=LIVE)
 
 # %% [markdown]
-# **Predict, then run.** Computed by hand from the chunk rule: the prompt of
-# `max_num_batched_tokens + 128` tokens is served (its second chunk is short); one token
-# more and the second chunk, at `cached_len = max_num_batched_tokens`, is the first
-# refused call, with two `(1, Hk, max_num_batched_tokens, D)` fp16 buffers. With vLLM
-# importable, vLLM's own classes refuse that chunk with exactly those bytes.
+# **Predict, then run.** Of the four prompt lengths above, which crash without the fix? For
+# the first that does: at what cached length is the refused chunk, and how many bytes do its
+# two fp16 dequant buffers take? (The chunk rule: the first chunk is `max_num_batched_tokens`
+# fresh tokens; a second chunk of at most 128 new tokens runs the decode kernel.)
 
 # %%
 m = config.max_num_batched_tokens
@@ -344,8 +505,9 @@ if LIVE:
     assert v_unfixed["error"].endswith(f"requires {format_mb(want)} MB, current size is {format_mb(LOCKED)} MB. "
                                        "Workspace growth is not allowed after locking.")
     assert all(r["error"] is None for r in v_fixed)
+print("crash without the fix: " + ", ".join(f"{n:,} tokens: {by_len[n]['crashes_unfixed']}" for n in prompts))
 show_md(f"First refused call: cached {m:,}, 2 × {HK} × {m:,} × {D} × 2 bytes = **{want:,} bytes = "
-        f"{format_mb(want)} MB**, as predicted{' and as vLLM raised it' if LIVE else ''}.")
+        f"{format_mb(want)} MiB**, as predicted{' and as vLLM raised it' if LIVE else ''}.")
 
 # %% [markdown]
 # **The same line without `--max-num-batched-tokens`.** The bug report does not give it.
@@ -362,8 +524,8 @@ f0 = bare["requests"][0]["first_refused_unfixed"]
 assert bare["max_num_batched_tokens_source"].startswith("vLLM default (`vllm serve`")
 assert m0 < m and (f0["cached_len"], f0["nbytes"]) == (m0, 2 * HK * m0 * D * 2)
 assert any(n.startswith(f"the bug report's '{rp.BUG_REPORT_REQUIRED_MB} MB'") for n in bare["notes"])
-show_md(f"Default chunk {m0:,}: first refused call at cached {m0:,}, **{format_mb(f0['nbytes'])} MB** "
-        f"(the bug report: {rp.BUG_REPORT_REQUIRED_MB} MB, with chunks of {m:,}).")
+show_md(f"Default chunk {m0:,}: first refused call at cached {m0:,}, **{format_mb(f0['nbytes'])} MiB** "
+        f"(the bug report's message: \"{rp.BUG_REPORT_REQUIRED_MB} MB\", with chunks of {m:,}).")
 
 # %% [markdown]
 # The two bounds differ a lot. A request prefilled alone survives until its second chunk
@@ -380,8 +542,8 @@ if LIVE:
     print(f"from the last recorded parity run: vLLM {prov['vllm']}, {prov['date']}, commit {prov['commit'][:12]}")
 else:
     show_parity_banner(prov)
-dbo_v = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]]
-dbo_t = [f"{format_mb(b)} MB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]]
+dbo_v = [f"{format_mb(b)} MiB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]]
+dbo_t = [f"{format_mb(b)} MiB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]]
 show_md(markdown_table(
     ["case", f"vLLM {prov['vllm']}", "tqlab"],
     [
@@ -418,9 +580,9 @@ show_md(markdown_table(
 ))
 
 # %% [markdown]
-# **Predict, then run.** The recorded parity run failed nothing, and every comparison it
-# counted was made: call sequences with refusals among them, every random config's
-# reservation, every predictor verdict (crashes + fits).
+# **Predict, then run.** Did the recorded parity run fail anything? Did every comparison it
+# counts actually happen (call sequences with refusals among them, random configs, predictor
+# verdicts)?
 
 # %%
 assert rec["summary"].get("failed", 0) == 0 and rec["summary"].get("error", 0) == 0
@@ -438,6 +600,103 @@ print(f"parity summary: {rec['summary']}")
 # parity suite shows vLLM's own code refusing that chunk with the fix in place
 # (`test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill`). That was shown with
 # vLLM's classes on CPU; it has not been run end to end on a GPU.
+
+# %% [markdown]
+# ## 7 · Every rank of a real deployment: the vLLM plugin
+#
+# Sections 3 and 4 ran vLLM's classes in this process. A real deployment runs one worker
+# process per GPU, and each builds its own `WorkspaceManager`. vLLM 0.33 calls every
+# `vllm.general_plugins` entry point in each process it starts
+# (`vllm/plugins/__init__.py`, `load_general_plugins`: the front end, the engine core and
+# every worker). tqlab registers one, `tqlab_trace`. Without `TQLAB_VLLM_TRACE` it returns
+# at once and changes nothing. With `TQLAB_VLLM_TRACE=DIR`, every process that creates a
+# workspace manager writes `DIR/<host>-<pid>.json`, which holds:
+#
+# * the rank as vLLM knows it (tensor, pipeline and data parallel group), the vLLM version
+#   and the config fields the worker can read;
+# * per consumer, the largest request and whether it came before or after the lock;
+# * every slot's size at every lock, and every refused request with vLLM's message.
+#
+# The file is rewritten (temp file, then rename) at every lock and at every refusal,
+# **before** vLLM's `AssertionError` leaves the manager, because a dying engine may never
+# run `atexit`. `tqlab trace-report DIR` merges the files: one row per rank, whether the
+# ranks agree, and with the deployment (`--config`/`--preset`, `--args`) every number held
+# against the prediction of section 5.
+#
+# The recording below comes from `parity/trace_ranks.py`. Two processes were spawned as
+# vLLM spawns its workers, each with vLLM's own plugin loader, a gloo process group
+# (tensor parallel 2) and the bug report's requests through vLLM's own TurboQuant code.
+# Rank 1 then died with `os._exit`, so no `atexit` ran. The parity suite re-runs this
+# with vLLM (`parity/test_plugin_parity.py`).
+#
+# **Predict, then run.** At tensor parallel 2 each rank holds 16 query heads. What size
+# does each rank's workspace lock at? Does the 129-token chunk after 4,096 cached tokens
+# fit? And does rank 1, which never ran `atexit`, leave a record? The next cell computes
+# the prediction before it reads the records.
+
+# %%
+from rich.console import Console
+
+from tqlab.core.provenance import DATA_DIR, load_recorded
+from tqlab.lab.recorded import show_banner
+from tqlab.predict import analysis
+from tqlab.predict.trace_report import load_trace_dir, render, trace_report
+from tqlab.vllm.deployment import deployment_from_preset
+
+TRACE = load_recorded("trace_two_ranks")
+show_banner(TRACE.provenance, what=f"Recorded two-rank trace: vLLM {TRACE.provenance['vllm']}",
+            why="two spawned ranks take about a minute; this shows their recording")
+tp2 = deployment_from_preset(TRACE.data["engine_args"], TRACE.data["preset"]).config
+TP2_LOCKED = analysis.locked_bytes(tp2, fix=False)
+TP2_CONT = analysis.continuation_bytes(tp2, TRACE.data["cached_len"])
+print(f"prediction for `{TRACE.data['engine_args']}`: per rank Hq {tp2.num_heads_per_rank}, "
+      f"lock at {format_mb(TP2_LOCKED)} MB without PR #44053; the chunk after {TRACE.data['cached_len']:,} cached "
+      f"tokens asks {format_mb(TP2_CONT)} MB -> {'refused' if TP2_CONT > TP2_LOCKED else 'fits'}")
+
+# %%
+TRACE_DIR = DATA_DIR / "trace_two_ranks"
+trace = trace_report(TRACE_DIR, TRACE.data["engine_args"], preset=TRACE.data["preset"])
+console = Console(width=130, highlight=False)
+for line in render(trace):
+    console.print(line)
+
+# %% [markdown]
+# **Check it yourself.** Both ranks locked at the predicted size and refused the
+# predicted request, with the same numbers on each rank, as tensor parallel ranks must.
+# Rank 1's record ends at the refusal, flushed before the assertion left the manager.
+
+# %%
+records, _ = load_trace_dir(TRACE_DIR)
+assert trace["verdict"] == "as predicted" and trace["ranks_agree"]
+assert [r["rank"]["tp"]["rank"] for r in records] == [0, 1]
+assert [r["event"] for r in records] == ["exit", "refused"]  # rank 1: no atexit, the refusal flush is its record
+for row in trace["rows"]:
+    assert row["lock_bytes"] == [TP2_LOCKED]
+    (refusal,) = row["refused"]
+    assert (refusal["required_bytes"], refusal["current_bytes"]) == (TP2_CONT, TP2_LOCKED)
+print(f"both ranks: locked at {format_mb(TP2_LOCKED)} MB, refused {format_mb(TP2_CONT)} MB: as predicted")
+
+# %% [markdown]
+# On your own deployment, three lines do the same (see the README):
+# `pip install` tqlab into vLLM's environment, start `vllm serve ...` with
+# `TQLAB_VLLM_TRACE=./tq-trace`, then run
+# `tqlab trace-report ./tq-trace --config config.json --args "vllm serve ..."`.
+# A record cut short by a killed process, or a stray JSON file in the folder, is skipped
+# with a one-line warning. The next cell shows it on a copy of the recording.
+
+# %%
+import shutil
+import tempfile
+from pathlib import Path
+
+with tempfile.TemporaryDirectory() as tmp:
+    copy = Path(tmp) / "tq-trace"
+    shutil.copytree(TRACE_DIR, copy)
+    first = sorted(copy.glob("*.json"))[0]
+    first.write_text(first.read_text()[:200])  # as if the process died mid-write without the atomic rename
+    cut = trace_report(copy, TRACE.data["engine_args"], preset=TRACE.data["preset"])
+print("\n".join(cut["warnings"]))
+assert len(cut["warnings"]) == 1 and len(cut["rows"]) == 1 and cut["verdict"] == "as predicted"
 
 # %%
 print(f"notebook ran in {time.perf_counter() - _T0:.1f} s ({'live vLLM' if LIVE else 'recorded parity results'})")

@@ -13,7 +13,9 @@
 #      CUDA/kernel and codec packages) and installs them under a constraint that
 #      pins torch==2.13.0, so nothing can pull a CUDA torch;
 #   4. installs the vLLM wheel itself with --no-deps;
-#   5. checks that the modules the suite needs import, and writes a stamp.
+#   5. checks that the modules the suite needs import, and writes a stamp;
+#   6. installs this project editable with --no-deps (its vllm.general_plugins entry point),
+#      also on later runs whenever the entry point is missing.
 # Prints the wall time of each step and the total (minutes).
 set -euo pipefail
 
@@ -40,7 +42,19 @@ print(f"vllm {vllm.__version__} / torch {torch.__version__}: workspace + turboqu
 PY
 }
 
+# tqlab itself, editable and --no-deps (its vllm.general_plugins entry point, parity/test_plugin_parity.py):
+# a few seconds, redone whenever the entry point is missing (a venv made before the plugin existed).
+install_project() {
+  if ! "$VENV/bin/python" -c 'import sys; from importlib.metadata import entry_points as e; sys.exit(not [p for p in e(group="vllm.general_plugins") if p.name == "tqlab_trace"])' 2>/dev/null; then
+    step "installing tqlab (editable, --no-deps) for its vllm.general_plugins entry point"
+    quiet "$VENV/bin/python" -m pip --disable-pip-version-check install -q --no-deps --no-build-isolation -e "$ROOT"
+  fi
+}
+# pip warns once per package about the machine's optional local index folders; drop that noise only
+quiet() { "$@" 2> >(grep -v "^WARNING: Location 'file://" >&2 || true); }
+
 if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$WANT" ]] && check_imports; then
+  install_project
   step "already installed ($WANT) in $VENV"
   exit 0
 fi
@@ -48,8 +62,6 @@ fi
 step "creating venv $VENV"
 "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check)
-# pip warns once per package about the machine's optional local index folders; drop that noise only
-quiet() { "$@" 2> >(grep -v "^WARNING: Location 'file://" >&2 || true); }
 
 CONSTRAINTS="$VENV/parity-constraints.txt"
 printf 'torch==%s\n' "$TORCH_VERSION" > "$CONSTRAINTS"
@@ -79,6 +91,7 @@ quiet "${PIP[@]}" install -q --no-deps "$WHEEL"
 
 step "checking imports"
 check_imports
+install_project
 echo "$WANT" > "$STAMP"
 rm -f "$WHEEL"
 t1=$(date +%s)

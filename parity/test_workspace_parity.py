@@ -66,7 +66,7 @@ def _outcome(fn, base_of):
     """Run ``fn``; describe the views (relative to the slot buffer) or the error."""
     try:
         views = fn()
-    except Exception as e:  # noqa: BLE001 - the type is part of the comparison
+    except Exception as e:
         # tqlab raises WorkspaceLockedError, an AssertionError subclass: compare as AssertionError
         return ("error", "AssertionError" if isinstance(e, AssertionError) else type(e).__name__, str(e))
     base = base_of()

@@ -25,8 +25,10 @@ SCRIPTS = sorted(p.stem for p in BENCH.glob("*.py") if not p.stem.startswith("_"
 MODES = {
     "bench_cuda_graphs": [[]],
     "bench_strategies": [[], ["--memory"], ["--memory-only"], ["--device", "meta"]],
+    "bench_trace_overhead": [[]],
     "bench_turboquant": [[], ["--vs-vllm"]],
     "bench_workspace_overhead": [[], ["--device", "cuda", "--tag", "h200"]],
+    "dev_turboquant_fast": [[], ["--sections", "check"]],
     "dev_turboquant_variants": [[], ["--quick"]],
 }
 
@@ -101,10 +103,13 @@ def test_benchmark_runs_without_record_leave_git_status_clean(scripts):
     runs = {"bench_workspace_overhead": ["--number", "2", "--repeats", "1"],
             "bench_strategies": ["--device", "meta", "--strategies", "none", "--decode-steps", "1", "--prompts", "8192"],
             "bench_turboquant": ["--quick", "--no-sweep", "--sections", "copy,store"],
-            "dev_turboquant_variants": ["--quick"], "bench_cuda_graphs": ["--iters", "1"]}
+            "dev_turboquant_variants": ["--quick"], "bench_cuda_graphs": ["--iters", "1"],
+            "dev_turboquant_fast": ["--sections", "check"], "bench_trace_overhead": ["--number", "2", "--repeats", "1"]}
     assert sorted(runs) == SCRIPTS
+    # bench_trace_overhead: 0 or 1 (its 2x target judged on 2 calls, noise); the CUDA ones refuse with 2
+    want = {"bench_workspace_overhead": {0}, "bench_strategies": {0}, "bench_trace_overhead": {0, 1}}
     for name, argv in runs.items():
         rc = scripts[name].main(argv)
-        assert rc == (0 if name in ("bench_workspace_overhead", "bench_strategies") else 2), name
+        assert rc in want.get(name, {2}), name
         assert status() == before, name
     assert (ROOT / "build" / "workspace_overhead_cpu.json").is_file()

@@ -66,7 +66,8 @@ def test_locked_empty_first_decode_needs_802048_bytes():
 
 
 MTP_LIKE = dict(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1,
-                max_model_len=1024, max_num_batched_tokens=1024)
+                max_model_len=1024, max_num_batched_tokens=1024,
+                turboquant_backend_on_unquantized=True)  # TurboQuant's consumers on an auto cache (teaching variant)
 
 
 def test_locked_empty_kind_in_the_engine_lock_on_eager_variant():
@@ -158,7 +159,7 @@ def test_reservation_sizes_every_ubatch_slot():
     # and in the engine: DBO + fix sizes both slots at build_backend
     engine = LLMEngine(c.replace(max_model_len=2048), fix=True, device="meta")
     expected = plan_bytes(reservation_plan(engine.config))
-    assert engine.phases[1].workspace_bytes == (expected, expected)
+    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (expected, expected)
 
 
 # --------------------------------------------------------------------------- #
@@ -276,7 +277,7 @@ def test_continuation_rounds_to_the_2080_token_page(cached, rounded):
     assert shape_k == shape_v == (1, 2, rounded, 128)
     assert dt_k == dt_v == torch.float16
     c = EngineConfig(num_attention_heads=16, num_key_value_heads=2, head_dim=128, block_size=2080,
-                     max_model_len=8320, max_num_seqs=1, max_num_batched_tokens=4096)
+                     max_model_len=8320, max_num_seqs=1, max_num_batched_tokens=4096, turboquant_backend_on_unquantized=True)
     req = chunk_workspace_request(c, cached, 200)
     assert req.path == "continuation" and req.shapes[0][0] == (1, 2, rounded, 128)
     assert req.nbytes == 2 * rounded * 2 * 128 * 2
@@ -330,6 +331,23 @@ def test_repro_auto_device_picks_meta_for_a_big_model_and_says_so():
     assert "device meta (shapes only): a CPU run would build about" in r.output and "--device cpu forces it" in r.output
 
 
+def test_plan_and_repro_print_one_unit_mib_outside_vllms_quoted_message():
+    """Units: 2**20 bytes is "MiB" in tqlab's own lines; "MB" only inside vLLM's quoted assertion text."""
+    import re
+
+    plan = _cli("plan", "--preset", "nemotron-3-super-120b-a12b")
+    repro = _cli("repro", "--preset", PR_TEST, "--prompt-tokens", "8190", "--device", "meta")
+    for r in (plan, repro):
+        assert r.exit_code == 0, r.output
+        own = re.sub(r"requires \d+\.\d\d MB, current size is \d+\.\d\d MB", "", r.output)
+        assert " MB" not in own, r.output
+    assert "locks at 268,544 bytes (0.26 MiB)" in plan.output and "64.00 MiB per ubatch slot" in plan.output
+    assert "requires 8.00 MB, current size is 0.28 MB" in repro.output  # vLLM's wording, quoted
+    builder = next(line for line in repro.output.splitlines() if line.strip().startswith("build_backend"))
+    # the unfixed engine is vLLM 0.33 without PR #44053, not "vLLM 0.20" (README: the versions)
+    assert "[0.00 MiB]" in builder and "vLLM 0.33 without PR #44053" in builder
+
+
 def test_plan_json_to_stdout_holds_only_the_json(tmp_path):
     import json
 
@@ -348,7 +366,7 @@ def test_plan_json_to_stdout_holds_only_the_json(tmp_path):
     assert r2.exit_code == 0 and "never locked" in r2.output
     assert json.loads(f.read_text())["verdict"] == "never_locked"
     bad = _cli("plan", "--preset", PR_TEST, "--json", str(tmp_path / "missing" / "x.json"))
-    assert bad.exit_code == 2 and "cannot write --json" in bad.output
+    assert bad.exit_code == 2 and "missing does not exist" in bad.output and "config" not in bad.output  # checked first
 
 
 def test_plan_huge_max_model_len_is_a_one_line_error():

@@ -41,12 +41,21 @@ def test_the_three_head_numbers_are_required(missing):
 
 
 def test_kv_cache_dtypes():
-    assert KV_CACHE_DTYPES == (
-        "auto", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
-    )
+    """vLLM 0.33's CacheDType less the MLA-only layouts and ultraquant_4bit; only the TurboQuant four are TurboQuant."""
+    from tqlab.core.config import TURBOQUANT_KV_CACHE_DTYPES, VLLM_CACHE_DTYPES
+
+    assert len(VLLM_CACHE_DTYPES) == 22 and set(VLLM_CACHE_DTYPES) - set(KV_CACHE_DTYPES) == {
+        "fp8_ds_mla", "nvfp4_ds_mla", "ultraquant_4bit"}
+    assert KV_CACHE_DTYPES[:6] == ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+    assert TURBOQUANT_KV_CACHE_DTYPES == (
+        "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
     for kv in KV_CACHE_DTYPES:
         c = EngineConfig(**HEADS, kv_cache_dtype=kv)
-        assert c.is_turboquant == (kv != "auto")
+        assert c.is_turboquant == c.has_turboquant_consumers == kv.startswith("turboquant_")
+    teach = EngineConfig(**HEADS, turboquant_backend_on_unquantized=True)
+    assert (teach.is_turboquant, teach.has_turboquant_consumers) == (False, True)
+    with pytest.raises(ValueError, match="turboquant_backend_on_unquantized .* needs kv_cache_dtype 'auto', got 'fp8'"):
+        EngineConfig(**HEADS, kv_cache_dtype="fp8", turboquant_backend_on_unquantized=True)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +100,7 @@ def test_bool_fields_reject_non_bools(field, bad):
         EngineConfig(**HEADS, **{field: bad})
 
 
-@pytest.mark.parametrize("bad", ["fp8", "turboquant", "TURBOQUANT_K8V4", None])
+@pytest.mark.parametrize("bad", ["fp8_ds_mla", "ultraquant_4bit", "turboquant", "TURBOQUANT_K8V4", None])
 def test_bad_kv_cache_dtype(bad):
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         EngineConfig(**HEADS, kv_cache_dtype=bad)

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from tqlab.attention import Fp16KVCache, TurboQuantAttentionBackend
 from tqlab.core.config import EngineConfig
 from tqlab.engine import EngineDeadError, LLMEngine
+from tqlab.engine.llm_engine import STARTUP_PHASES
 from tqlab.core.reservation import (
     chunk_workspace_request,
     continuation_workspace_shapes,
@@ -29,13 +30,13 @@ from tqlab.core.reservation import (
     plan_bytes,
     reservation_plan,
 )
-from tqlab.predict.analysis import workspace_bytes_for_prompt
+from tqlab.predict.analysis import predict, workspace_bytes_for_prompt
 from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, reset_workspace_manager, ubatch_context
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
 PR_TEST = "pr-44053-unit-test"
 NEMOTRON_LOCKED = 268_544  # decode capture at max_num_seqs=4 per rank; see test_reservation.py
-PHASES = ["init_workspace", "build_backend", "profile_run", "capture", "lock"]
+PHASES = ["init_workspace", "load_model", "profile_run", "build_backend", "capture", "lock"]
 
 
 @pytest.fixture(autouse=True)
@@ -80,7 +81,7 @@ def test_nemotron_without_fix_crashes_with_the_exact_message_and_the_engine_is_d
     engine = LLMEngine(c, fix=False, device="meta")
     assert [p.name for p in engine.phases] == PHASES
     # profile run touches no workspace (the undercount); decode capture sizes it to 0.26 MB
-    assert [p.workspace_bytes for p in engine.phases] == [(0,), (0,), (0,), (NEMOTRON_LOCKED,), (NEMOTRON_LOCKED,)]
+    assert [p.workspace_bytes for p in engine.phases] == [(0,), (0,), (0,), (0,), (NEMOTRON_LOCKED,), (NEMOTRON_LOCKED,)]
     assert engine.locked_bytes == NEMOTRON_LOCKED and engine.workspace.is_locked()
 
     with pytest.raises(WorkspaceLockedError) as ei:
@@ -149,7 +150,7 @@ def test_nemotron_without_fix_serves_prompts_up_to_4224_tokens():
 
 def test_without_fix_on_cpu_the_crash_is_the_same():
     c = EngineConfig.from_preset(PR_TEST, max_model_len=1280, max_num_batched_tokens=512, max_num_seqs=4,
-                                 kv_cache_dtype="auto")
+                                 kv_cache_dtype="auto", turboquant_backend_on_unquantized=True)  # teaching variant
     engine = LLMEngine(c, fix=False, device="cpu", kv_cache_tokens=1280)
     locked = engine.locked_bytes
     # only the decode capture at 4 rows: (4,8,4,129) f32 + (4,8,128) f16 + (4,8) f32 -> 256
@@ -171,7 +172,7 @@ def test_without_fix_on_cpu_the_crash_is_the_same():
 def test_nemotron_with_fix_completes_a_max_model_len_prompt_on_meta():
     c = EngineConfig.from_preset(NEMOTRON)
     engine = LLMEngine(c, fix=True, device="meta")
-    assert [p.workspace_bytes for p in engine.phases] == [(0,)] + [(64 * MiB,)] * 4
+    assert [p.workspace_bytes for p in engine.phases] == [(0,)] * 3 + [(64 * MiB,)] * 3
     assert engine.locked_bytes == 64 * MiB == plan_bytes(engine.builder.reserved_plan)
     n_events = len(engine.workspace.events)
 
@@ -218,7 +219,7 @@ def test_nemotron_with_fix_serves_the_8192_prompt_on_meta():
 # prefill in an early chunk shows up in the final logits. max_num_seqs 4 keeps the
 # decode capture short; the fp16 ("auto") cache is the backend boundary's baseline.
 CPU_CONFIG = dict(max_model_len=2304, max_num_batched_tokens=1024, max_num_seqs=4, num_hidden_layers=2,
-                  kv_cache_dtype="auto")
+                  kv_cache_dtype="auto", turboquant_backend_on_unquantized=True)  # TurboQuant's consumers, fp16 cache
 
 # Tolerance. Every difference from TinyModel.reference_forward (float32, dense, one
 # pass) comes from storing K/V in the float16 cache and float16 dequant buffers, and
@@ -351,7 +352,8 @@ def test_capture_froze_the_final_workspace_pointers_with_the_fix(cpu_engine):
 # so the float16 dequant buffers are exact and only float32 summation order differs
 # (~1e-6 here): atol 2e-5 / rtol 1e-4.
 SMALL = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, block_size=16, dtype="float32",
-             max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024, tq_max_kv_splits_for_cuda_graph=4)
+             max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024, tq_max_kv_splits_for_cuda_graph=4,
+             turboquant_backend_on_unquantized=True)  # the consumers' paths on an unquantized cache
 
 
 def _fp16_exact(*shape, gen):
@@ -425,12 +427,13 @@ def test_eager_mode_never_locks_as_in_vllm_033(fix):
     c = EngineConfig.from_preset(PR_TEST, max_model_len=1024, max_num_batched_tokens=512, enforce_eager=True)
     engine = LLMEngine(c, fix=fix, device="meta")
     assert [p.name for p in engine.phases] == PHASES
-    assert engine.phases[3].note == "skipped (enforce_eager)" and engine.captures == []
+    assert {p.name: p for p in engine.phases}["capture"].note == "skipped (enforce_eager)" and engine.captures == []
     assert not engine.workspace.is_locked() and engine.locked_bytes is None
     assert [e.kind for e in engine.workspace.events if e.kind in ("lock", "unlock")] == []
     assert engine.workspace.size_bytes() == (plan_bytes(reservation_plan(c)) if fix else 0)
     assert engine.generate(16, max_tokens=2).finished  # the decode grows the workspace: no assertion
-    assert engine.prediction.verdict == "never_locked"
+    assert predict(c, fix=fix).verdict == "never_locked"  # the predictor, beside the engine
+    assert not hasattr(engine, "prediction")  # the engine stores no prediction
 
 
 @pytest.mark.parametrize("fix", [True, False])
@@ -441,7 +444,7 @@ def test_lock_on_eager_variant_locks_what_eager_start_up_grew(fix):
     assert engine.workspace.is_locked()
     assert [e.kind for e in engine.workspace.events if e.kind in ("lock", "unlock")] == ["lock"]
     expected = plan_bytes(reservation_plan(c)) if fix else 0
-    assert engine.locked_bytes == expected == engine.prediction.locked_bytes
+    assert engine.locked_bytes == expected == predict(c, fix=fix).locked_bytes
     if not fix:
         # locked empty: the first decode after the prefill cannot grow it
         with pytest.raises(WorkspaceLockedError) as ei:
@@ -455,7 +458,7 @@ def test_lock_on_eager_variant_locks_what_eager_start_up_grew(fix):
 def test_dbo_reservation_sizes_both_slots():
     c = EngineConfig.from_preset(NEMOTRON, enable_dbo=True)
     engine = LLMEngine(c, fix=True, device="meta")
-    assert engine.phases[1].workspace_bytes == (64 * MiB, 64 * MiB)  # sized at build_backend
+    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (64 * MiB, 64 * MiB)
     assert engine.workspace.sizes_bytes() == [64 * MiB, 64 * MiB]
     assert engine.workspace.is_locked()
     with ubatch_context(1):  # the sibling slot serves the worst case too
@@ -480,8 +483,25 @@ def test_before_lock_hook_runs_as_its_own_phase_before_the_lock():
 
     engine = LLMEngine(EngineConfig.from_preset(NEMOTRON), fix=False, device="meta", before_lock=warm)
     assert seen == [False]
-    assert [p.name for p in engine.phases] == PHASES[:4] + ["before_lock", "lock"]
+    assert [p.name for p in engine.phases] == PHASES[:5] + ["before_lock", "lock"]
     assert engine.workspace.is_locked()
+
+
+def test_start_up_order_is_vllm_033s_reservation_after_the_profile_run():
+    # vLLM 0.33: determine_available_memory -> profile_run, then initialize_kv_cache ->
+    # initialize_metadata_builders -> TurboQuantMetadataBuilder.__init__ -> _reserve_workspace, then
+    # capture_model -> lock_workspace (parity/test_startup_order_parity.py reads that order in vLLM's source).
+    assert PHASES == [name for name, _ in STARTUP_PHASES]
+    c = EngineConfig.from_preset(NEMOTRON)
+    engine = LLMEngine(c, fix=True, device="meta")
+    assert [p.name for p in engine.phases] == PHASES
+    after = {p.name: p.workspace_bytes for p in engine.phases}
+    reserved = plan_bytes(reservation_plan(c))
+    # the profile run sees an empty workspace; the builder's reservation comes after it
+    assert after["load_model"] == after["profile_run"] == (0,)
+    assert after["build_backend"] == after["lock"] == (reserved,) and reserved == 64 * MiB
+    kinds = [e.kind for e in engine.workspace.events]
+    assert kinds.index("lock") > max(i for i, k in enumerate(kinds) if k == "resize")
 
 
 # --------------------------------------------------------------------------- #

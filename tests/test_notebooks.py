@@ -27,6 +27,31 @@ NOTEBOOKS = rn.find_notebooks(ROOT / "notebooks")
 
 # --------------------------------------------------------------------------- the repository's notebooks
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_opens_with_the_tqlab_kernel(path):
+    assert rn.kernelspec_problems(path) == []
+    assert nbformat.read(str(path), as_version=4).metadata["kernelspec"]["display_name"] == "Python (tqlab)"
+
+
+def test_kernelspec_check_names_the_generic_kernel_in_both_files(tmp_path):
+    path = _write_pair(tmp_path, "01_generic", "# %%\npass\n")
+    assert rn.kernelspec_problems(path) == []
+    generic = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    nb = nbformat.read(str(path), as_version=4)
+    nb.metadata["kernelspec"] = generic  # what a fresh Jupyter save writes
+    nbformat.write(nb, str(path))
+    assert rn.kernelspec_problems(path) == [
+        f"01_generic.ipynb: metadata kernelspec is {generic!r}, expected {rn.KERNELSPEC!r}"]
+    assert rn.main(["--dir", str(tmp_path), "check"]) == 1
+    nb.metadata["kernelspec"] = dict(rn.KERNELSPEC)
+    nbformat.write(nb, str(path))
+    twin = path.with_suffix(".py")
+    twin.write_text(twin.read_text().replace("name: tqlab", "name: python3"))
+    assert rn.kernelspec_problems(path) == [
+        "01_generic.py: jupytext header kernelspec is {'display_name': 'Python (tqlab)', 'language': 'python', "
+        f"'name': 'python3'}}, expected {rn.KERNELSPEC!r}"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_is_stored_clean(path):
     assert rn.clean_problems(path) == [], "run `make sync` (it strips outputs)"
 
@@ -77,7 +102,8 @@ def _write_pair(directory: Path, stem: str, py_percent: str) -> Path:
     py.write_text(textwrap.dedent(py_percent).lstrip(), encoding="utf-8")
     nb = jupytext.read(str(py), fmt="py:percent")
     nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = dict(rn.KERNELSPEC)
+    jupytext.write(nb, str(py), fmt="py:percent")  # the header names the kernel too
     path = directory / f"{stem}.ipynb"
     nbformat.write(nb, str(path))
     return path
@@ -186,9 +212,22 @@ def test_only_filter_and_no_match(tmp_path, capsys, kernel):
     assert rn.main(["--dir", str(tmp_path), "run", "--only", "99", "--out", ""]) == 2
     assert "no notebooks matching '99'" in capsys.readouterr().err
     out = tmp_path / "out"
+    out.mkdir()
+    # a partial run writes its own summary: the full run's summary.json is left alone
+    (out / "summary.json").write_text("full run", encoding="utf-8")
     assert rn.main(["--dir", str(tmp_path), "run", "--only", "02", "--out", str(out),
                     "--kernel", kernel, "--no-html"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["02_beta.ipynb", "summary.json"]
+    assert sorted(p.name for p in out.iterdir()) == ["02_beta.ipynb", "summary-02.json", "summary.json"]
+    assert (out / "summary.json").read_text(encoding="utf-8") == "full run"
+    assert [r["notebook"] for r in json.loads((out / "summary-02.json").read_text())["results"]] == ["02_beta.ipynb"]
+
+
+def test_summary_name_per_selection():
+    assert rn.summary_name(None) == rn.summary_name("") == rn.summary_name(" , ") == "summary.json"
+    assert rn.summary_name("02") == "summary-02.json"
+    assert rn.summary_name("01,03") == "summary-01_03.json"
+    assert rn.summary_name(None, ["notebooks/04_x.ipynb"]) == "summary-04_x.json"
+    assert rn.summary_name("a/b") == "summary-a-b.json"
 
 
 @pytest.mark.parametrize("out", ["notebooks", "notebooks/", ".", "notebooks/.."])

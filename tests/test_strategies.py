@@ -30,7 +30,7 @@ from tqlab.core.workspace import WorkspaceLockedError, format_mb, rewarm_workspa
 
 TINY = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1, max_model_len=1024,
             max_num_seqs=2, max_num_batched_tokens=256, block_size=16, dtype="float32",
-            tq_max_kv_splits_for_cuda_graph=4)
+            tq_max_kv_splits_for_cuda_graph=4, turboquant_backend_on_unquantized=True)  # consumers on an auto cache
 SEED_PROMPT, LONG_PROMPT, DECODE_STEPS = 512, 1015, 8  # 512 = 2 chunks (the seed's 8K prompt, scaled); 1015+9 = 1024
 
 
@@ -114,7 +114,7 @@ def test_dummy_run_chunks(tiny, nemotron):
 def test_dummy_run_grows_before_capture(tiny):
     e = S.make_strategy_engine(tiny, "dummy_run")
     names = [p.name for p in e.phases]
-    assert names == ["init_workspace", "build_backend", "profile_run", "after_profile", "capture", "lock"]
+    assert names == ["init_workspace", "load_model", "profile_run", "build_backend", "after_profile", "capture", "lock"]
     after = dict((p.name, p.workspace_bytes) for p in e.phases)
     # continuation at cached 894 -> round_up(894, 16) = 896: 2 x (1,1,896,16) f16 = 64 * 896
     assert after["profile_run"] == (0,) and after["after_profile"] == (57344,) == after["lock"]
@@ -222,7 +222,7 @@ def test_table_rows(results):
     rows = strategy_table([results[s] for s in S.STRATEGIES])
     assert [r["strategy"] for r in rows] == list(S.STRATEGIES)
     assert rows[0]["TTFT 512-token"] == "dies" and rows[0]["survives max_model_len"] == "no"
-    assert rows[2]["reserved"] == "64.00 KiB" and rows[2]["graph-safe"] == "yes"
+    assert rows[2]["reserved"] == "0.06 MB" and rows[2]["graph-safe"] == "yes"
     assert rows[3]["notes"] == "3 re-captures" and rows[4]["notes"] == "4 fallback calls"
     md = markdown_table(None, rows)
     assert md.splitlines()[0].startswith("| strategy | seed fix | start-up | reserved | peak (computed) |")

@@ -16,7 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
-from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
+from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRESETS = sorted(TQ_PRESETS)
@@ -258,3 +258,151 @@ def test_decode_vs_vllm_figure_from_recorded():
         assert len(ax.get_lines()) == 4 * 3 + 1
     with pytest.raises(ValueError, match="no rows"):
         figures.vs_vllm_series(rec, "nope")
+
+
+# ----------------------------------------------------------------------------- fast kernels (issue 20)
+def _ptx_emulate(asm: str, inputs: dict[str, int]) -> dict[str, int]:
+    """Run the straight-line 32-bit PTX of ``_triton_fast``'s table lookups (shr, shl, and, or,
+    xor, not, mul.lo, mov, prmt, ``mov.b32 {a, b}, r``) on python ints."""
+    import re
+
+    m32 = 0xFFFFFFFF
+
+    def prmt(a, b, sel):
+        src, out = (b << 32) | a, 0
+        for k in range(4):
+            nib = (sel >> (4 * k)) & 0xF
+            byte = (src >> (8 * (nib & 7))) & 0xFF
+            out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * k)
+        return out
+
+    reg = dict(inputs)
+    ops = {"shr.b32": lambda a, b: a >> b, "shl.b32": lambda a, b: (a << b) & m32, "and.b32": lambda a, b: a & b,
+           "or.b32": lambda a, b: a | b, "xor.b32": lambda a, b: a ^ b, "not.b32": lambda a: ~a & m32,
+           "mul.lo.u32": lambda a, b: (a * b) & m32, "mov.b32": lambda a: a, "prmt.b32": prmt}
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        pair = re.fullmatch(r"\{(\S+), (\S+)\}, (\S+)", args)
+        if pair:
+            reg[pair[1]], reg[pair[2]] = reg[pair[3]] & 0xFFFF, reg[pair[3]] >> 16
+            continue
+        dst, *src = [a.strip() for a in args.split(",")]
+        reg[dst] = ops[op](*[int(a, 0) if a[0].isdigit() else reg[a] for a in src])
+    return reg
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_4bit_nc"])
+def test_fast_centroid_tables_are_exact(name, d):
+    """The prmt tables give the fp16 centroid of every code, bit for bit (per 4 byte codes, and
+    per group of 16 packed codes)."""
+    import numpy as np
+
+    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant.codebook import lloyd_max
+
+    spec = TQ_PRESETS[name]
+    bits = spec.key_bits
+    cent = np.asarray(lloyd_max(bits, d).centroids, dtype=np.float16).view(np.uint16)
+    rng = np.random.default_rng(d + bits)
+    for _ in range(200):
+        c = rng.integers(0, 1 << bits, 16)
+        r = _ptx_emulate(tf.lut_asm(spec, d), {"$2": int(sum(int(c[i]) << (8 * i) for i in range(4)))})
+        got = [r["$0"] & 0xFFFF, r["$0"] >> 16, r["$1"] & 0xFFFF, r["$1"] >> 16]
+        assert got == cent[c[:4]].tolist()
+        packed = sum(int(c[i]) << (i * bits) for i in range(16))
+        words = [(packed >> (16 * k)) & 0xFFFF for k in range(bits + 1)]
+        r = _ptx_emulate(tf.lut_group_asm(spec, d), {f"${16 + k}": words[k] | words[k + 1] << 16 for k in range(bits)})
+        assert [r[f"${i}"] for i in range(16)] == cent[c].tolist()
+
+
+@pytest.mark.parametrize("prefetch,norm_mma,staged", [(False, False, False), (True, True, False), (False, True, True)])
+@pytest.mark.parametrize("name", PRESETS)
+def test_fast_decode_matches_reference(name, prefetch, norm_mma, staged):
+    """The fast decode kernel (lanes along D, polynomial centroids off the GPU) gives the
+    reference decode: empty request, fewer tokens than splits, several tiles, GQA 4; also the
+    staged experiment (whole blocks through shared memory, split edges inside blocks)."""
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = TQ_PRESETS[name]
+    cache = _filled(spec)
+    g = torch.Generator().manual_seed(13)
+    bt = torch.stack([torch.randperm(12, generator=g) for _ in range(3)]).to(torch.int32).to(DEV)
+    q = torch.randn(3, 8, 64, generator=g).to(DEV)
+    seq_lens = torch.tensor([0, 5, 171], device=DEV)
+    (m0, o0, l0), _ = _decode_both(spec, q, cache, bt, seq_lens, s=4)
+    mid = torch.full_like(m0, float("nan"))
+    out, lse = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    tf.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=32 if staged else 16,
+                        prefetch=prefetch, norm_mma=norm_mma, staged=staged)
+    _assert_decode_close([(m0, o0, l0), (mid, out, lse)])
+
+
+@pytest.mark.parametrize("name", PRESETS)
+def test_fast_dequant_matches_reference(name):
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = TQ_PRESETS[name]
+    cache = _filled(spec)
+    row = torch.tensor([5, 0, 11, 3, 7, 2], dtype=torch.int32, device=DEV)
+    k0 = torch.full((1, 2, 96, 64), 9.0, dtype=torch.float16, device=DEV)
+    v0 = k0.clone()
+    dequant_kv(cache, row, 83, k0, v0, spec, backend="torch")
+    for tiles in (1, 3):
+        k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
+        tf.dequant_kv(cache, row, 83, k1, v1, spec, block_t=16, tiles_per_program=tiles)
+        assert torch.all(k1[:, :, 83:] == 9) and torch.all(v1[:, :, 83:] == 9)
+        assert torch.allclose(k0.float(), k1.float(), atol=2e-3, rtol=1e-3)
+        assert torch.equal(v0, v1)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PRESETS)
+def test_gpu_fast_equals_portable(name):
+    """On the GPU the fast kernels (prmt tables, every launch variant) equal the portable
+    kernels to fp16 rounding, at the benchmark's size class (GQA 4, 4K context, block 16).
+
+    Not bit-equal by design: the fast kernel normalizes each key by the norm of the fp16
+    centroids its MMA multiplies, the portable one by the fp32 centroids' norm (rotated presets;
+    up to 2**-11 relative per centroid, the same for every token), so partial log-sum-exps
+    of |x| ~ 10 move by a few 1e-3: the tolerance is fp16's spacing at 16."""
+    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_kernels as tk
+
+    spec = TQ_PRESETS[name]
+    d, hk, hq, bs, ctx, b = 128, 8, 32, 16, 4096, 4
+    nb = b * ctx // bs
+    g = torch.Generator().manual_seed(21)
+    cache = torch.zeros(kv_cache_shape(nb, hk, bs, d, spec), dtype=torch.uint8, device=DEV)
+    n = nb * bs
+    store_kv(cache, torch.randn(n, hk, d, generator=g).to(DEV), torch.randn(n, hk, d, generator=g).to(DEV) * 2,
+             torch.randperm(n, generator=g).to(DEV), spec)
+    bt = torch.randperm(nb, generator=g).view(b, -1).to(torch.int32).to(DEV)
+    q = torch.randn(b, hq, d, generator=g).to(DEV, torch.float16)
+    seq_lens = torch.tensor([ctx, 1, 3001, 64], device=DEV)
+
+    def run(fn, **kw):
+        mid = torch.full((b, hq, 32, d + 1), float("nan"), device=DEV)
+        out = torch.full((b, hq, d), float("nan"), device=DEV, dtype=torch.float16)
+        lse = torch.full((b, hq), float("nan"), device=DEV)
+        fn(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, **kw)
+        return mid, out, lse
+
+    ref = run(tk.decode_attention)
+    for lut in ((0,) if spec.key_fp8 else (0, 1, 2)):
+        for block_t, warps, prefetch, norm_mma in ((64, 4, False, False), (32, 4, True, True), (128, 8, False, True)):
+            got = run(tf.decode_attention, lut=lut, block_t=block_t, num_warps=warps, prefetch=prefetch,
+                      norm_mma=norm_mma)
+            _assert_decode_close([ref, got], atol=1e-2, rtol=2e-3)
+    k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
+    v0 = k0.clone()
+    tk.dequant_kv(cache, bt[0], ctx - 5, k0, v0, spec)
+    for lut in ((0,) if spec.key_fp8 else (0, 2)):
+        k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
+        tf.dequant_kv(cache, bt[0], ctx - 5, k1, v1, spec, lut=lut)
+        assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all()
+        assert torch.allclose(k0[:, :, :ctx - 5].float(), k1[:, :, :ctx - 5].float(), atol=4e-3, rtol=2e-3)
+        assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5])

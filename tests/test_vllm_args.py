@@ -153,7 +153,9 @@ def test_kwargs_and_sources_from_flags_config_and_defaults():
                                    "kv_cache_dtype", "block_size", "tq_max_kv_splits_for_cuda_graph",
                                    "cudagraph_mode", "num_speculative_tokens", "max_cudagraph_capture_size",
                                    "lock_workspace_when_eager", "mamba_block_aligned_split", "enable_prefix_caching",
-                                   "max_num_scheduled_tokens"}
+                                   "max_num_scheduled_tokens", "mla", "indexer", "moe", "decode_context_parallel_size",
+                                   "data_parallel_size", "enable_expert_parallel", "attention_backend",
+                                   "mla_prefill_backend", "gpu", "turboquant_backend_on_unquantized"}
                                   - set(kw))
     assert src["cudagraph_mode"] == "vLLM default (-O2: FULL_AND_PIECEWISE)" and "cudagraph_mode" not in kw
     assert "vLLM flags with no effect on the workspace: --enable-lora" in notes
@@ -182,15 +184,19 @@ def test_cudagraph_speculative_and_attention_config_at_dict_level():
     assert src["cudagraph_capture_sizes"] == "flag --compilation-config cudagraph_capture_sizes"
     # the fields the other engineer adds to EngineConfig: mapped when present, named in the notes until then
     from tqlab.vllm.deployment import _given, _map_flags
-    full, fsrc, _, _ = _map_flags(_given(
-        """vllm serve M --speculative-config '{"num_speculative_tokens":3}' -cc.cudagraph_mode FULL_DECODE_ONLY""")[0])
+
+    def mapped(line):  # (values, sources) the flags alone record on a draft
+        d = _map_flags(_given(line)[0])
+        return {k: d.get(k) for k in d.fields if k in d}, {k: d.source(k) for k in d.fields}
+
+    full, fsrc = mapped("""vllm serve M --speculative-config '{"num_speculative_tokens":3}' -cc.cudagraph_mode FULL_DECODE_ONLY""")
     assert (full["num_speculative_tokens"], full["cudagraph_mode"]) == (3, "FULL_DECODE_ONLY")
     assert fsrc["num_speculative_tokens"] == "flag --speculative-config num_speculative_tokens"
-    eager_kw, eager_src = _map_flags(_given("vllm serve M --enforce-eager -O3")[0])[:2]
+    eager_kw, eager_src = mapped("vllm serve M --enforce-eager -O3")
     assert "cudagraph_mode" not in eager_kw and eager_src["cudagraph_mode"].startswith("derived: --enforce-eager")
-    assert _map_flags(_given("vllm serve M -O1")[0])[:2] == ({"cudagraph_mode": "PIECEWISE"}, {"cudagraph_mode": "flag -O1"})
-    assert _map_flags(_given("vllm serve M")[0])[1] == {"cudagraph_mode": "vLLM default (-O2: FULL_AND_PIECEWISE)"}
-    assert _map_flags(_given("vllm serve M --max-cudagraph-capture-size 64")[0])[0]["max_cudagraph_capture_size"] == 64
+    assert mapped("vllm serve M -O1") == ({"cudagraph_mode": "PIECEWISE"}, {"cudagraph_mode": "flag -O1"})
+    assert mapped("vllm serve M")[1] == {"cudagraph_mode": "vLLM default (-O2: FULL_AND_PIECEWISE)"}
+    assert mapped("vllm serve M --max-cudagraph-capture-size 64")[0]["max_cudagraph_capture_size"] == 64
 
 
 @pytest.mark.parametrize("line, msg", [
@@ -201,8 +207,13 @@ def test_cudagraph_speculative_and_attention_config_at_dict_level():
                                                   "FULL_DECODE_ONLY, FULL_AND_PIECEWISE, got 'SOMETIMES'"),
     ("vllm serve M -O7", "--optimization-level (-O) must be 0, 1, 2 or 3, got '7'"),
     ("""vllm serve M --speculative-config '{"num_speculative_tokens":-1}'""",
-     "--speculative-config num_speculative_tokens must be an integer >= 0, got -1"),
-    ("vllm serve M -ac.tq_max_kv_splits_for_cuda_graph x", "--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got 'x'"),
+     "--speculative-config num_speculative_tokens must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got -1"),
+    ("""vllm serve M --speculative-config '{"num_speculative_tokens":0}'""",
+     "--speculative-config num_speculative_tokens must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got 0"),
+    ("""vllm serve M --speculative-config '{"num_speculative_tokens":2.5}'""",
+     "--speculative-config num_speculative_tokens must be an integer, got 2.5"),
+    ("vllm serve M -ac.tq_max_kv_splits_for_cuda_graph x",
+     "--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got 'x'"),
 ])
 def test_bad_config_values_are_one_line_errors(line, msg):
     with pytest.raises(VllmArgsError) as e:
@@ -637,3 +648,37 @@ def test_a_kv_connector_is_named_where_the_any_chunking_bound_stops():
     assert not any("no effect on the workspace" in n for n in d.notes)
     assert any(n.startswith("--kv-transfer-config: a KV connector's external hit") and n.endswith("may be too high")
                for n in d.notes)
+
+
+def test_a_deployment_records_value_source_and_kind_tagged_notes_per_field():
+    from tqlab.core.notes import Note, NoteKind
+
+    d = deployment_from_vllm("vllm serve M --enable-lora", MODEL)
+    rec = d.fields["max_num_batched_tokens"]
+    assert (rec.value, rec.source) == (2048, d.sources["max_num_batched_tokens"]) == (
+        2048, "vLLM default (`vllm serve` on a GPU under 70 GiB; GPU size assumed, pass --gpu-memory-gib)")
+    (defaulted,) = rec.notes
+    assert isinstance(defaulted, Note) and (defaulted.kind, defaulted.field) == (NoteKind.DEFAULTED, "max_num_batched_tokens")
+    assert defaulted.to_dict()["kind"] == "defaulted" and str(defaulted).startswith("max_num_batched_tokens not given")
+    assert [str(n) for n in d.notes_of(NoteKind.IGNORED)] == ["vLLM flags with no effect on the workspace: --enable-lora"]
+    assert all(isinstance(n, Note) for n in d.notes)
+    assert set(d.fields) == set(d.sources) and all(r.value == getattr(d.config, k) for k, r in d.fields.items())
+    assert (d.fields["tensor_parallel_size"].value, d.fields["tensor_parallel_size"].source) == (1, "vLLM default")
+
+
+@pytest.mark.parametrize("dtype", ["auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "int8_per_token_head",
+                                   "nvfp4", "turboquant_4bit_nc"])
+def test_every_modelled_kv_cache_dtype_is_read(dtype):
+    from tqlab.core.config import is_turboquant
+
+    d = deployment_from_vllm(f"vllm serve M --kv-cache-dtype {dtype}", MODEL)
+    assert d.config.kv_cache_dtype == dtype and d.sources["kv_cache_dtype"] == "flag --kv-cache-dtype"
+    assert d.config.has_turboquant_consumers is is_turboquant(dtype)
+    assert d.config.num_hidden_layers == (28 if is_turboquant(dtype) else 32)  # boundary layers: TurboQuant only
+
+
+@pytest.mark.parametrize("dtype, why", [("fp8_ds_mla", "MLA-only"), ("ultraquant_4bit", "subclasses TurboQuant"),
+                                        ("fp9", "vLLM 0.33 accepts auto, float16")])
+def test_an_unmodelled_kv_cache_dtype_is_one_line_naming_the_flag(dtype, why):
+    with pytest.raises(VllmArgsError, match=f"--kv-cache-dtype '{dtype}' is not modelled: .*{why}"):
+        deployment_from_vllm(f"vllm serve M --kv-cache-dtype {dtype}", MODEL)

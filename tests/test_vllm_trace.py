@@ -19,7 +19,10 @@ import torch
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes, plan_bytes, reservation_plan
 from tqlab.vllm import WorkspaceTracer, engine_config_from_vllm, parse_engine_args, run_seed_scenario
-from tqlab.predict.report import DECODE, DEQUANT_CHUNK, SHORT_CHUNK, bug_report_max_num_batched_tokens, chunk_shapes, inspect_vllm, locked_bytes_without_fix, predict, safe_max_model_len
+from tqlab.predict.analysis import safe_max_model_len
+from tqlab.predict.analysis import unfixed_locked_bytes as locked_bytes_without_fix
+from tqlab.predict.report import DECODE, DEQUANT_CHUNK, SHORT_CHUNK, bug_report_max_num_batched_tokens, chunk_shapes, inspect_vllm
+from tqlab.predict.report import consumer_report as predict
 from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
 MiB = 1 << 20
@@ -89,8 +92,12 @@ def test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation():
         "growths": 1,
         "violations": 1,
         "slots": [0],
+        "before_lock_bytes": 268544,  # the decode scratch at max_num_seqs rows
+        "after_lock_bytes": 2 * MiB,  # the refused continuation request
+        "high_water_phase": "after lock",
     }
     assert by["test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation"]["high_water_bytes"] == 256
+    assert by["test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation"]["high_water_phase"] == "before lock"
     assert rep["size_at_lock_bytes"] == [268544]
     (v,) = rep["violations"]
     assert (v["required_bytes"], v["current_bytes"], v["slot"]) == (2 * MiB, 268544, 0)
@@ -244,9 +251,10 @@ def test_parse_seed_command_line():
         "max_num_seqs": 4,
         "max_model_len": 131072,
         "kv_cache_dtype": "turboquant_3bit_nc",
+        "enable_expert_parallel": True,  # read since issue 19 (the fused-MoE consumer's sharding)
     }
     # real vLLM 0.33 flags that do not size the workspace (the table generated from vLLM; see tests/test_vllm_args.py)
-    assert ignored == ["--enable-expert-parallel", "--gpu-memory-utilization", "--mamba-ssm-cache-dtype", "--trust-remote-code"]
+    assert ignored == ["--gpu-memory-utilization", "--mamba-ssm-cache-dtype", "--trust-remote-code"]
 
 
 @pytest.mark.parametrize(

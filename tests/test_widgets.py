@@ -133,24 +133,25 @@ def test_lifecycle_trace_without_and_with_the_fix():
     cfg = EngineConfig.from_preset(UNIT)
     off = W.lifecycle_trace(cfg, 8190, False)
     on = W.lifecycle_trace(cfg, 8190, True)
-    phases = ["init_workspace", "build_backend", "profile_run", "capture", "lock"]
-    assert [s.name for s in off.steps][:5] == phases == [s.name for s in on.steps][:5]
+    phases = ["init_workspace", "load_model", "profile_run", "build_backend", "capture", "lock"]
+    assert [s.name for s in off.steps][:6] == phases == [s.name for s in on.steps][:6]
     # without the fix: decode capture grows the workspace, the lock freezes 0.28 MiB,
     # the second chunk (4096 cached tokens, 4094 new) asks 8 MiB and crashes
-    assert [s.workspace_bytes for s in off.steps[:5]] == [(0,), (0,), (0,), (297472,), (297472,)]
-    assert off.locked_bytes == 297472 and off.crashed and len(off.steps) == 7
+    assert [s.workspace_bytes for s in off.steps[:6]] == [(0,), (0,), (0,), (0,), (297472,), (297472,)]
+    assert off.locked_bytes == 297472 and off.crashed and len(off.steps) == 8
     crash = off.steps[-1]
     assert crash.name == "chunk 4,096+4,094" and crash.need_bytes == 8388608
     assert crash.error.startswith("WorkspaceLockedError: Workspace is locked but allocation from ")
     assert "requires 8.00 MB, current size is 0.28 MB" in crash.error
     assert [e.kind for e in crash.events] == ["violation"]
-    assert [e.kind for e in off.steps[3].events] == ["resize"] and [e.kind for e in off.steps[4].events] == ["lock"]
-    # with the fix: the metadata builder reserves 16 MiB before capture; everything is served
-    assert on.steps[1].workspace_bytes == (16777216,)
-    assert [e.kind for e in on.steps[1].events] == ["resize", "resize"]
+    assert [e.kind for e in off.steps[4].events] == ["resize"] and [e.kind for e in off.steps[5].events] == ["lock"]
+    # with the fix: the metadata builder reserves 16 MiB after the profile run (vLLM 0.33's
+    # initialize_kv_cache), before capture; everything is served
+    assert on.steps[2].workspace_bytes == (0,) and on.steps[3].workspace_bytes == (16777216,)
+    assert [e.kind for e in on.steps[3].events] == ["resize", "resize"]
     assert on.locked_bytes == 16777216 and not on.crashed
-    assert [s.name for s in on.steps[5:]] == ["chunk 0+4,096", "chunk 4,096+4,094", "decode @8,190"]
-    assert all(s.workspace_bytes == (16777216,) for s in on.steps[1:])
+    assert [s.name for s in on.steps[6:]] == ["chunk 0+4,096", "chunk 4,096+4,094", "decode @8,190"]
+    assert all(s.workspace_bytes == (16777216,) for s in on.steps[3:])
     assert W.lifecycle_trace(cfg, 8190, True) is on  # cached
 
 
@@ -159,14 +160,14 @@ def test_lifecycle_trace_short_continuation_makes_no_workspace_call():
     cfg = EngineConfig.from_preset(UNIT)
     ok = W.lifecycle_trace(cfg, 4224, False)
     assert not ok.crashed and ok.locked_bytes == 297472
-    assert [s.name for s in ok.steps[5:]] == ["chunk 0+4,096", "chunk 4,096+128", "decode @4,224"]
-    short = ok.steps[6]
+    assert [s.name for s in ok.steps[6:]] == ["chunk 0+4,096", "chunk 4,096+128", "decode @4,224"]
+    short = ok.steps[7]
     assert short.note == ("continuation of 128 tokens <= 128: decode kernel, 128 rows, its own scratch: "
                           "no workspace call (vLLM 0.33)")
     assert (short.need_bytes, short.events, short.workspace_bytes, short.error) == (0, (), (297472,), None)
-    assert all(s.events == () for s in ok.steps[5:])  # nothing grows or violates while serving
+    assert all(s.events == () for s in ok.steps[6:])  # nothing grows or violates while serving
     bad = W.lifecycle_trace(cfg, 4225, False)
-    assert bad.crashed and len(bad.steps) == 7
+    assert bad.crashed and len(bad.steps) == 8
     crash = bad.steps[-1]
     assert crash.name == "chunk 4,096+129" and crash.need_bytes == 8388608
     assert crash.note == "continuation prefill: dequantize 4,096 cached tokens"
@@ -249,8 +250,11 @@ def test_reservation_planner_follows_its_sliders():
     assert ui.result.config.num_heads_per_rank == 4 and ui.result.consumers[0][2] == unfixed_locked_bytes(
         ui.result.config)
 
-    ui.kv_cache_dtype.value = "auto"
+    ui.kv_cache_dtype.value = "auto"  # vLLM runs another backend: no TurboQuant consumer, nothing to reserve or refuse
     assert ui.result.config.kv_cache_dtype == "auto"
+    assert (ui.result.consumers, ui.result.unfixed_locked_bytes, ui.result.first_failing_unfixed) == ((), 0, None)
+    assert ui.result.prediction.verdict == "ok"
+    ui.kv_cache_dtype.value = "turboquant_k8v4"
     ui.block_size.value = 2080
     assert ui.result.consumers[1][1][0][0] == (1, 2, 16640, 128)  # round_up(16383, 2080)
 
@@ -290,19 +294,21 @@ def test_lifecycle_stepper_steps_both_engines():
     assert default.prompt_tokens.value == min(load_preset(UNIT)["default_prompt_tokens"], 8190)
     ui = W.lifecycle_stepper(UNIT, prompt_tokens=8190)
     assert ui.prompt_tokens.value == 8190 and ui.prompt_tokens.max == 8190
-    assert [len(t.steps) for t in ui.traces] == [7, 8] and ui.step.max == 7 and ui.step.value == 0
+    assert [len(t.steps) for t in ui.traces] == [8, 9] and ui.step.max == 8 and ui.step.value == 0
     assert "init_workspace" in ui.detail.value
     ui.next_button.click()
-    assert ui.step.value == 1 and "build_backend" in ui.detail.value
+    assert ui.step.value == 1 and "load_model" in ui.detail.value
+    ui.step.value = 3  # the builders come after the profile run, as in vLLM 0.33
+    assert "build_backend" in ui.detail.value
     assert "resize 0.00 -&gt; 0.28 MiB" in ui.detail.value  # reservation, first call (decode views)
-    ui.step.value = 6
-    assert "VIOLATION" in ui.detail.value and "Workspace is locked" in ui.detail.value
     ui.step.value = 7
+    assert "VIOLATION" in ui.detail.value and "Workspace is locked" in ui.detail.value
+    ui.step.value = 8
     assert "engine dead" in ui.detail.value and "decode @8,190" in ui.detail.value
     ui.next_button.click()
-    assert ui.step.value == 7  # clamped
+    assert ui.step.value == 8  # clamped
     ui.back_button.click()
-    assert ui.step.value == 6
+    assert ui.step.value == 7
 
     png = ui.image.value
     ui.prompt_tokens.value = 4000  # one chunk: both engines serve it

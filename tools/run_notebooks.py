@@ -7,12 +7,14 @@ Sub-commands::
           Execute every notebooks/*.ipynb headless with nbclient (working
           directory = the notebook's folder, as in JupyterLab), write the executed
           notebook and an HTML rendering into --out, print a table of status and
-          seconds per notebook, write <out>/summary.json.  Exit status 1 when any
+          seconds per notebook, write <out>/summary.json (summary-<selection>.json
+          for --only / explicit notebooks).  Exit status 1 when any
           notebook failed, 2 when nothing matched or --out is or holds the
           stored notebooks' folder (checked before anything runs).
     check Notebooks stored clean (no outputs, no execution counts, no saved
-          widget state or execution timestamps) and each paired with a jupytext
-          py:percent file whose cells (type, source, tags) are identical.
+          widget state or execution timestamps), each paired with a jupytext
+          py:percent file whose cells (type, source, tags) are identical, and
+          both opening with the "Python (tqlab)" kernel (KERNELSPEC).
     strip Remove outputs / execution counts / widget state in place.
     sync  ``jupytext --sync`` every pair (the newer file wins), then strip.
 
@@ -42,6 +44,9 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 RAISES_TAG = "raises-exception"
 PAIRED_FORMAT = "py:percent"
+#: The kernel every notebook opens with: the one ``make setup`` registers (Makefile
+#: KERNEL_NAME / KERNEL_DISPLAY, named in the README), not the generic "Python 3 (ipykernel)".
+KERNELSPEC = {"display_name": "Python (tqlab)", "language": "python", "name": "tqlab"}
 FAILED_STATUSES = ("error", "missing-raise", "timeout", "crash")
 
 
@@ -127,6 +132,24 @@ def pairing_problems(path: Path) -> list[str]:
             what = "type" if x[0] != y[0] else "source" if x[1] != y[1] else "tags"
             problems.append(f"{path.name}: cell {i} {what} differs from {twin.name} (run `make sync`)")
             break
+    return problems
+
+
+def kernelspec_problems(path: Path) -> list[str]:
+    """Reasons why ``path`` (.ipynb) or its py:percent twin's header does not name :data:`KERNELSPEC`."""
+    import jupytext
+    import nbformat
+
+    path = Path(path)
+    problems = []
+    spec = dict(nbformat.read(str(path), as_version=4).metadata.get("kernelspec", {}))
+    if spec != KERNELSPEC:
+        problems.append(f"{path.name}: metadata kernelspec is {spec!r}, expected {KERNELSPEC!r}")
+    twin = path.with_suffix(".py")
+    if twin.exists():
+        twin_spec = dict(jupytext.read(str(twin), fmt=PAIRED_FORMAT).metadata.get("kernelspec", {}))
+        if twin_spec != KERNELSPEC:
+            problems.append(f"{twin.name}: jupytext header kernelspec is {twin_spec!r}, expected {KERNELSPEC!r}")
     return problems
 
 
@@ -365,6 +388,18 @@ def out_dir_problem(out_dir: str | Path, notebooks: list[Path]) -> str | None:
     return None
 
 
+def summary_name(only: str | None, notebooks: list[str] | None = None) -> str:
+    """``summary.json`` for a full run; ``summary-<selection>.json`` for ``--only`` / explicit notebooks.
+
+    A partial run (``make run NB=02``) must not overwrite the full run's summary.
+    """
+    picked = [Path(n).stem for n in notebooks or []] or [x.strip() for x in (only or "").split(",") if x.strip()]
+    if not picked:
+        return "summary.json"
+    slug = "_".join("".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in x) for x in picked)
+    return f"summary-{slug[:80]}.json"
+
+
 def cmd_run(args) -> int:
     if args.notebooks:
         paths = [Path(p) for p in args.notebooks]
@@ -407,7 +442,9 @@ def cmd_run(args) -> int:
             "total_seconds": round(total, 2),
             "results": [asdict(r) for r in results],
         }
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        name = summary_name(args.only, args.notebooks)
+        (out_dir / name).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        print(f"summary: {out_dir / name}")
     return 1 if failed else 0
 
 
@@ -416,7 +453,7 @@ def cmd_check(args) -> int:
     paths = find_notebooks(directory)
     problems = orphan_scripts(directory)
     for p in paths:
-        problems += clean_problems(p) + pairing_problems(p)
+        problems += clean_problems(p) + pairing_problems(p) + kernelspec_problems(p)
     for line in problems:
         print(line)
     print(f"checked {len(paths)} notebook(s): {'OK' if not problems else f'{len(problems)} problem(s)'}")

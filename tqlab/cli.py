@@ -1,4 +1,4 @@
-"""``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm`` (and ``python -m tqlab``).
+"""``tqlab`` command line: ``repro``, ``plan``, ``presets``, ``inspect-vllm``, ``trace-report`` (and ``python -m tqlab``).
 
 Every :class:`~tqlab.core.config.EngineConfig` field is an override flag
 (``--max-num-seqs 2``, ``--kv-cache-dtype auto``, ``--no-enable-chunked-prefill``),
@@ -18,13 +18,80 @@ import click
 from tqlab.core.config import CUDAGRAPH_MODES, KV_CACHE_DTYPES, EngineConfig, field_help, list_presets, load_preset
 
 MiB = 1 << 20
-_SKIP = {"preset"}
+_SKIP = {"preset", "mla", "indexer", "moe"}  # the model-field groups come from config.json (inspect-vllm)
 _CPU_BYTES_LIMIT = 4 << 30  # a CPU run that would build more than this goes to meta
 _CPU_SECONDS_LIMIT = 30.0
 _CPU_FLOPS = 1e11  # assumed float32 throughput of one shared CPU core set (FLOP/s), for the estimate only
 # Fixed cost of one layer in one CPU engine step (dispatch, not arithmetic), for the estimate only: the bug report's
 # deployment (8 layers) took 198 s for 1 prompt token + 8191 decode steps on the 2-core box (issue 22) = 3.0 ms.
 _CPU_LAYER_STEP_SECONDS = 3.0e-3
+
+
+class HumanInt(click.ParamType):
+    """A click type for every size and count flag: vLLM's ``human_readable_int`` (``8k`` = 8,000,
+    ``8K`` = 8,192, ``25.6k`` = 25,600; ``vllm/utils/argparse_utils.py``), the one parser
+    ``--args`` uses too (:func:`tqlab.vllm.flags.human_readable_int`); ``minimum``: the smallest value allowed."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int | None = None) -> None:
+        self.minimum = minimum
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            n = value
+        else:
+            import argparse
+
+            from tqlab.vllm.flags import human_readable_int  # lazy: `tqlab --help` must not pay for torch
+
+            try:
+                n = human_readable_int(str(value))
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                why = str(e) if isinstance(e, argparse.ArgumentTypeError) else "not an integer"
+                self.fail(f"{value!r}: {why} (sizes as vLLM writes them: 8k = 8000, 8K = 8192)", param, ctx)
+        if self.minimum is not None and n < self.minimum:
+            self.fail(f"{value!r} is below the minimum of {self.minimum}", param, ctx)
+        return n
+
+
+def request_options(*, several: bool = False):
+    """The request options every entry point takes (``repro``, ``plan``, ``inspect-vllm``), one decorator.
+
+    ``--prompt-tokens N`` (``inspect-vllm``: repeatable, alias ``--tokens``) and ``--max-tokens N``
+    (default 1: the prompt's prefill and its one output token; vLLM serves ``prompt + max_tokens <=
+    max_model_len``), both :class:`HumanInt`.
+    """
+    def deco(f):
+        names = ("--prompt-tokens", "--tokens") if several else ("--prompt-tokens",)
+        hlp = ("prompt length to check (repeatable; default max_model_len - 1)" if several
+               else "prompt length in tokens (repro: default the preset's, e.g. 8192; plan: also predict this prompt)")
+        mt_help = "tokens to generate (vLLM caps it at max_model_len - prompt)"
+        if several:  # inspect-vllm: each later decode step makes the same split-KV call as the first
+            mt_help += "; the decode call does not grow with length, so the verdict depends on the prompt alone"
+        f = click.option("--max-tokens", type=HumanInt(1), default=1, show_default=True, help=mt_help)(f)
+        return click.option(*names, "prompt_tokens", type=HumanInt(1), multiple=several,
+                            default=() if several else None, help=hlp)(f)
+    return deco
+
+
+def request_max_tokens(config: EngineConfig, prompt_tokens: int, max_tokens: int) -> tuple[int, str | None]:
+    """vLLM 0.33's length rules for one request -> ``(max_tokens served, note or None)``; the one check
+    ``repro`` and ``plan`` make (``inspect-vllm``'s report rejects the same prompts).
+
+    A generation prompt of ``max_model_len`` tokens or more is refused (``vllm/v1/engine/input_processor.py``
+    ``InputProcessor._validate_model_input``: no room for the first output token): ``click.UsageError``;
+    ``max_tokens`` is capped at ``max_model_len - prompt_tokens`` (``vllm/entrypoints/serve/utils/api_utils.py``
+    ``get_max_tokens``; the engine stops a request at ``max_model_len`` too), with a note.
+    """
+    room = config.max_model_len - prompt_tokens
+    if room < 1:
+        raise click.UsageError(
+            f"--prompt-tokens {prompt_tokens}: vLLM refuses a prompt of max_model_len ({config.max_model_len}) tokens "
+            "or more (no room for the first output token; InputProcessor._validate_model_input)")
+    if max_tokens <= room:
+        return max_tokens, None
+    return room, (f"--max-tokens {max_tokens} capped at max_model_len - prompt = {room}, as vLLM's get_max_tokens does")
 
 
 def _console():
@@ -47,11 +114,13 @@ def _override_options(f):
         elif fld.name == "cudagraph_mode":
             opt = click.option(flag, fld.name, type=click.Choice(CUDAGRAPH_MODES, case_sensitive=False), default=None,
                                help=hlp)
+        elif fld.name in ("gpu", "attention_backend", "mla_prefill_backend"):
+            opt = click.option(flag, fld.name, type=str, default=None, help=hlp)
         elif fld.name in ("dtype", "cudagraph_capture_sizes"):
             opt = click.option(flag, fld.name, type=str, default=None,
                                help=hlp + (", comma-separated" if fld.name == "cudagraph_capture_sizes" else ""))
         else:
-            opt = click.option(flag, fld.name, type=int, default=None, help=hlp)
+            opt = click.option(flag, fld.name, type=HumanInt(), default=None, help=hlp)
         f = opt(f)
     return f
 
@@ -123,8 +192,12 @@ def presets() -> None:
     """List the presets in data/presets/ with their sources."""
     from rich.table import Table
 
-    t = Table("preset", "title", "source of its numbers", show_lines=True)
-    for name in list_presets():
+    names = list_presets()
+    t = Table(show_lines=True)
+    t.add_column("preset", no_wrap=True, min_width=max(map(len, names), default=6))  # a name is copied whole
+    t.add_column("title")
+    t.add_column("source of its numbers")
+    for name in names:
         data = load_preset(name)
         t.add_row(name, data["title"], data["source"])
     _console().print(t)
@@ -133,15 +206,16 @@ def presets() -> None:
 def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool, max_tokens: int = 1) -> tuple[int, float]:
     """Rough ``(bytes, seconds)`` a CPU ``repro`` would build and take: KV cache + weights + workspace; matmuls +
     attention of the prefill, the profile run, capture and every decode step, plus a fixed cost per layer and step."""
-    from tqlab.predict.analysis import decode_capture_sizes, locked_bytes
     from tqlab.attention import kv_cache_bytes_per_token
+    from tqlab.core.vllm_rules import decode_capture_sizes, decode_rows
+    from tqlab.predict.analysis import locked_bytes
+
     hidden = config.num_heads_per_rank * config.head_dim
     layers = config.num_hidden_layers + (1 if config.num_speculative_tokens else 0)
     kv = kv_cache_bytes_per_token(config) * (prompt_tokens + max_tokens + 1)
     weights = layers * 4 * hidden * hidden * 4
     ws = (locked_bytes(config.replace(lock_workspace_when_eager=True), fix=fix) or 0) * config.num_ubatches
-    q = config.uniform_decode_query_len
-    rows = sum(min(config.max_num_seqs, -(-s // q)) * q for s in decode_capture_sizes(config))
+    rows = sum(decode_rows(config, s) * config.uniform_decode_query_len for s in decode_capture_sizes(config))
     decodes = max_tokens - 1  # the prefill's last step samples the first token
     tokens = prompt_tokens + min(config.max_num_batched_tokens, config.max_model_len) + 2 * rows + decodes
     attention = prompt_tokens ** 2 + decodes * (prompt_tokens + max_tokens / 2)  # query x key pairs
@@ -171,6 +245,7 @@ def _describe(pred) -> str:
 
     if pred.verdict == "never_locked":
         return "completes: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph capture)"
+    # vLLM's own message, quoted: its "MB" is 2**20 bytes (MiB, the unit of tqlab's other lines)
     what = (f"locked-workspace assertion: {pred.first_refused_call['caller']} requires "
             f"{format_mb(pred.first_refused_call['required_bytes'])} MB, current size is "
             f"{format_mb(pred.first_refused_call['current_bytes'])} MB") if pred.verdict == "crash" else "completes"
@@ -181,9 +256,7 @@ def _describe(pred) -> str:
 
 @app.command()
 @click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="prompt length in tokens (default: the preset's, e.g. 8192)")
-@click.option("--max-tokens", type=click.IntRange(min=1), default=1, show_default=True, help="tokens to generate")
+@request_options()
 @click.option("--fix/--no-fix", default=False, show_default=True,
               help="reserve the worst case before capture (vLLM PR #44053)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "meta"]), default="auto", show_default=True,
@@ -198,21 +271,25 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     from tqlab.core.workspace import format_mb
 
     console = _console()
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise click.BadParameter("no CUDA device is available here; use cpu, meta (shapes only) or auto",
+                                     param_hint="--device")
     config = _build_config(preset, overrides)
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
-    if prompt_tokens + max_tokens > config.max_model_len:
-        raise click.UsageError(
-            f"--prompt-tokens {prompt_tokens} + --max-tokens {max_tokens} = {prompt_tokens + max_tokens} exceeds "
-            f"max_model_len {config.max_model_len} (vLLM rejects such a request before it reaches the workspace)"
-        )
+    max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
     console.print(f"[bold]config[/] {_config_line(config)}")
+    if capped:
+        console.print(f"[yellow]note[/] {capped}")
     pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, fix=fix)
     console.print(f"[bold]prediction[/] prompt of {prompt_tokens} tokens, fix={'on' if fix else 'off'}: {_describe(pred)}")
     device = _pick_device(device, config, prompt_tokens, max_tokens, fix, console)
 
     def show(p) -> None:
-        sizes = ", ".join(f"{format_mb(b)} MB" for b in p.workspace_bytes)
+        sizes = ", ".join(f"{format_mb(b)} MiB" for b in p.workspace_bytes)
         console.print(f"  {p.name:<15} workspace [{sizes}]  {p.seconds * 1000:8.1f} ms  {p.note}")
 
     console.print(f"[bold]lifecycle[/] on {device}")
@@ -295,10 +372,23 @@ def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
     out = engine.outputs[max(engine.outputs)]
     console.print(
         f"[green]completed[/] request {out.request_id}: {len(out.output_token_ids)} token(s) generated; "
-        f"workspace {format_mb(engine.workspace.size_bytes())} MB (locked: {engine.workspace.is_locked()}); "
+        f"workspace {format_mb(engine.workspace.size_bytes())} MiB (locked: {engine.workspace.is_locked()}); "
         f"paths used: {engine.backend.path_counts}"
     )
     return False
+
+
+def _check_json_path(json_path: str | None) -> None:
+    """Refuse a ``--json FILE`` in a missing folder before any work (``-`` is standard output)."""
+    from pathlib import Path
+
+    if json_path is None or json_path == "-":
+        return
+    parent = Path(json_path).resolve().parent
+    if not parent.is_dir():
+        raise click.BadParameter(f"{json_path}: folder {parent} does not exist", param_hint="--json")
+    if Path(json_path).is_dir():
+        raise click.BadParameter(f"{json_path} is a folder; give a file name", param_hint="--json")
 
 
 def _write_json(obj: dict, json_path: str) -> None:
@@ -315,15 +405,18 @@ def _write_json(obj: dict, json_path: str) -> None:
 
 @app.command()
 @click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
-@click.option("--prompt-tokens", type=click.IntRange(min=1), default=None,
-              help="also predict this prompt length (tokens), alone, then one decode step")
+@request_options()
 @click.option("--json", "json_path", type=str, default=None,
               help="write the prediction as JSON to FILE ('-': stdout, which then holds only the JSON)")
 @_override_options
-def plan(preset, prompt_tokens, json_path, **overrides) -> None:
+def plan(preset, prompt_tokens, max_tokens, json_path, **overrides) -> None:
     """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit."""
+    _check_json_path(json_path)
     config = _build_config(preset, overrides)
-    pred = _predict(config, prompt_tokens=prompt_tokens, sources=_sources(preset, overrides))
+    capped = None
+    if prompt_tokens is not None:
+        max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
+    pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, sources=_sources(preset, overrides))
     try:
         lines = _plan_lines(config, pred)
     except ValueError as e:
@@ -338,7 +431,7 @@ def plan(preset, prompt_tokens, json_path, **overrides) -> None:
         if json_path == "-":
             return
     console = _console()
-    for line in lines:
+    for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
         console.print(line)
 
 
@@ -374,7 +467,7 @@ def _plan_lines(config: EngineConfig, pred) -> list:
         return out
     bad = pred.first_failing_prompt_tokens
     out.append(
-        f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MB): "
+        f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
         + (f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
            else "every prompt up to max_model_len survives its prefill")
         + f"; verdict: {pred.verdict}"
@@ -388,37 +481,37 @@ def _plan_lines(config: EngineConfig, pred) -> list:
 @click.option("--config", "model_config", type=click.Path(exists=True), default=None,
               help="the model's config.json (or its folder)")
 @click.option("--preset", type=str, default=None, help="a tqlab preset instead of --config")
-@click.option("--tokens", "prompt_tokens", type=click.IntRange(min=1), multiple=True,
-              help="prompt length to check (repeatable; default max_model_len)")
-@click.option("--locked-bytes", type=click.IntRange(min=0), default=None,
+@request_options(several=True)
+@click.option("--locked-bytes", type=HumanInt(0), default=None,
               help="workspace size measured at lock without the fix (bytes)")
 @click.option("--gpu-memory-gib", type=float, default=None, help="GPU memory, for vLLM's default batch limits")
 @click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the report as JSON ('-': standard output, then only the JSON)")
-def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, locked_bytes, gpu_memory_gib, demo, json_path) -> None:
+def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_tokens, locked_bytes, gpu_memory_gib, demo,
+                     json_path) -> None:
     """Predict, per workspace consumer, whether a vLLM deployment hits the locked-workspace crash.
 
     Reads engine args + the model's config.json; prints the workspace each
     prompt needs, whether it overflows the locked size with and without the
     fix, and the safe max_model_len. vLLM itself is only needed for --demo.
-    ``--json -`` writes the report to standard output, and nothing else. Bad
+    "--json -" writes the report to standard output, and nothing else. Bad
     input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
     field, --gpu-memory-gib that is not a finite number > 0, a --json path in
     a missing folder) is a one-line usage error (exit 2).
     """
     import math
-    from pathlib import Path
 
     from tqlab.predict.report import inspect_vllm
+
+    if (model_config is None) == (preset is None):
+        raise click.UsageError("give the model as --config FILE (its config.json, or its folder) or --preset NAME "
+                               "(`tqlab presets`), not " + ("both" if preset else "neither"))
 
     if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
     to_stdout = json_path == "-"
-    if json_path is not None and not to_stdout:
-        parent = Path(json_path).resolve().parent
-        if not parent.is_dir():
-            raise click.BadParameter(f"{json_path}: folder {parent} does not exist", param_hint="--json")
+    _check_json_path(json_path)
     try:
         report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
                               locked_bytes=locked_bytes, gpu_memory_gib=gpu_memory_gib, demo=demo,
@@ -431,6 +524,39 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, locked_by
         import json
 
         click.echo(json.dumps(report, indent=2, default=str))
+
+
+@app.command("trace-report")
+@click.argument("trace_dir", type=click.Path(file_okay=False))
+@click.option("--config", "model_config", type=click.Path(exists=True), default=None,
+              help="the model's config.json (or its folder), to compare with the prediction")
+@click.option("--preset", type=str, default=None, help="a tqlab preset instead of --config")
+@click.option("--args", "engine_args", type=str, default=None, help='the `vllm serve ...` command line of the deployment')
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="also write the merged report as JSON ('-': standard output, then only the JSON)")
+def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) -> None:
+    """Merge the vLLM plugin's per-process records in TRACE_DIR; hold them against the prediction.
+
+    Run vLLM with TQLAB_VLLM_TRACE=TRACE_DIR (tqlab installed in vLLM's environment):
+    each process that creates a workspace manager writes TRACE_DIR/<host>-<pid>.json.
+    Prints one row per rank (lock size per slot, largest request per consumer,
+    refusals), whether the ranks agree and, with --config/--preset and --args,
+    each disagreement with inspect-vllm's prediction, else "as predicted". A
+    truncated or foreign JSON file is skipped with a one-line warning.
+    """
+    from tqlab.predict.trace_report import render, trace_report
+
+    try:
+        report = trace_report(trace_dir, engine_args, model_config, preset=preset)
+    except (ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    if json_path is not None:
+        _write_json(report, json_path)
+        if json_path == "-":
+            return
+    console = _console()
+    for line in render(report):
+        console.print(line)
 
 
 def main() -> None:  # pragma: no cover

@@ -24,6 +24,12 @@ __all__ = [
     "CUDAGRAPH_MODES",
     "EngineConfig",
     "KV_CACHE_DTYPES",
+    "MLA_ONLY_KV_CACHE_DTYPES",
+    "NOT_MODELLED_KV_CACHE_DTYPES",
+    "TURBOQUANT_KV_CACHE_DTYPES",
+    "VLLM_CACHE_DTYPES",
+    "check_kv_cache_dtype",
+    "is_turboquant",
     "PRESET_DIR",
     "field_help",
     "list_presets",
@@ -34,14 +40,55 @@ __all__ = [
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "data" / "presets"
 
-KV_CACHE_DTYPES = (
-    "auto",
-    "turboquant_k8v4",
-    "turboquant_4bit_nc",
-    "turboquant_k3v4_nc",
-    "turboquant_3bit_nc",
+VLLM_CACHE_DTYPES = (
+    "auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla", "nvfp4_ds_mla",
+    "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc",
+    "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "ultraquant_4bit",
+    "int4_per_token_head", "int8_per_token_head", "fp8_per_token_head", "nvfp4", "nvfp4_4over6",
 )
-"""``auto`` = an unquantized cache in the model dtype; the rest are vLLM's TurboQuant presets."""
+"""Every ``--kv-cache-dtype`` vLLM 0.33 accepts: its ``CacheDType`` literal (``vllm/config/cache.py``), in its order."""
+
+TURBOQUANT_KV_CACHE_DTYPES = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
+"""vLLM 0.33's TurboQuant presets: the only caches whose backend (``TurboQuantAttentionBackend``) makes the
+split-KV decode and continuation-prefill workspace calls tqlab models."""
+
+MLA_ONLY_KV_CACHE_DTYPES = ("fp8_ds_mla", "nvfp4_ds_mla")
+"""Layouts for MLA models only ("The ds_mla layouts are MLA-only by construction",
+``VllmConfig.validate_nvfp4_kv_cache_with_mla``, ``vllm/config/vllm.py``); tqlab models dense and hybrid attention."""
+
+NOT_MODELLED_KV_CACHE_DTYPES = {
+    "ultraquant_4bit": "vLLM 0.33's ROCm UltraQuant backend subclasses TurboQuant's backend and metadata builder "
+                       "(vllm/v1/attention/backends/ultraquant_attn.py), so it has workspace consumers of its own "
+                       "that tqlab does not model",
+}
+"""vLLM dtypes tqlab refuses, with the reason (``EngineConfig`` names it in its error)."""
+
+KV_CACHE_DTYPES = tuple(d for d in VLLM_CACHE_DTYPES
+                        if d not in MLA_ONLY_KV_CACHE_DTYPES and d not in NOT_MODELLED_KV_CACHE_DTYPES)
+"""The ``kv_cache_dtype`` values tqlab accepts: vLLM 0.33's for a dense model, less the unmodelled ones.
+``auto`` = an unquantized cache in the model dtype; only :data:`TURBOQUANT_KV_CACHE_DTYPES` have TurboQuant's
+workspace consumers (:func:`is_turboquant`). The one list: the CLI, the deployment reader, the widget and the
+tests all take it from here."""
+
+
+def is_turboquant(kv_cache_dtype: str) -> bool:
+    """Whether ``kv_cache_dtype`` selects vLLM 0.33's TurboQuant backend (one of :data:`TURBOQUANT_KV_CACHE_DTYPES`)."""
+    return kv_cache_dtype in TURBOQUANT_KV_CACHE_DTYPES
+
+
+def check_kv_cache_dtype(kv_cache_dtype: Any, where: str = "kv_cache_dtype", *, mla: bool = False) -> str:
+    """``kv_cache_dtype`` if tqlab models it (the MLA-only layouts only for a model with MLA, ``mla``), else
+    ``ValueError`` naming it, ``where`` it came from, and why."""
+    if kv_cache_dtype in KV_CACHE_DTYPES or (mla and kv_cache_dtype in MLA_ONLY_KV_CACHE_DTYPES):
+        return kv_cache_dtype
+    if kv_cache_dtype in MLA_ONLY_KV_CACHE_DTYPES:
+        why = "an MLA-only layout (vLLM 0.33: ds_mla layouts are MLA-only) and this model has no MLA"
+    elif kv_cache_dtype in NOT_MODELLED_KV_CACHE_DTYPES:
+        why = NOT_MODELLED_KV_CACHE_DTYPES[kv_cache_dtype]
+    else:
+        why = f"vLLM 0.33 accepts {', '.join(VLLM_CACHE_DTYPES)}"
+    raise ValueError(f"{where} {kv_cache_dtype!r} is not modelled: {why}")
+
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 """vLLM 0.33's ``CUDAGraphMode`` names (``vllm/config/compilation.py``)."""
@@ -58,7 +105,7 @@ _FIELD_HELP = {
     "enable_chunked_prefill": "split long prompts into chunks of one step's token budget",
     "block_size": "tokens per KV-cache block (page)",
     "dtype": "model dtype: bfloat16, float16 or float32",
-    "kv_cache_dtype": "KV-cache format: auto or a TurboQuant preset",
+    "kv_cache_dtype": "KV-cache format as vLLM names it: auto, float16, fp8, ... or a TurboQuant preset",
     "tq_max_kv_splits_for_cuda_graph": "split-KV decode splits S, vLLM's attention_config field (count)",
     "enable_dbo": "dual-batch overlap: 2 workspace ubatch slots instead of 1",
     "enforce_eager": "no CUDA graph capture; in vLLM 0.33 the workspace is then never locked",
@@ -70,6 +117,17 @@ _FIELD_HELP = {
     "max_num_scheduled_tokens": "tokens the scheduler issues per step, the prefill chunk size (default: max_num_batched_tokens)",
     "enable_prefix_caching": "prefix caching (vLLM's default on): a cache hit starts a prompt with whole blocks cached",
     "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
+    "mla": "MLA fields (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, q_lora_rank) or none",
+    "indexer": "sparse attention indexer fields (index_topk, index_head_dim, index_n_heads) or none",
+    "moe": "MoE fields (num_experts, num_experts_per_tok, moe_intermediate_size, hidden_size, ...) or none",
+    "decode_context_parallel_size": "decode context parallelism -dcp: KV cache sharded across this many TP ranks (count)",
+    "data_parallel_size": "data-parallel replicas -dp (count)",
+    "enable_expert_parallel": "--enable-expert-parallel: experts sharded across TP x DP ranks instead of tensor-parallel",
+    "attention_backend": "--attention-backend (vLLM's AttentionBackendEnum name); none: vLLM's default for the GPU",
+    "mla_prefill_backend": "--attention-config.mla_prefill_backend (FLASH_ATTN, TRTLLM_RAGGED, FLASHINFER, ...); none: default",
+    "gpu": "GPU target vLLM would read SM count, compute capability and defaults from (H100, H200, B200, A4000, ...)",
+    "turboquant_backend_on_unquantized": "teaching variant, not a vLLM deployment: TurboQuant's backend and its workspace "
+                                         "consumers on an unquantized (kv_cache_dtype auto) cache",
 }
 
 
@@ -132,12 +190,12 @@ class EngineConfig:
         block_size (16 tokens per KV-cache block), kv_cache_dtype (``auto`` or a
         TurboQuant preset), tq_max_kv_splits_for_cuda_graph (32: the fixed
         number of split-KV decode splits, vLLM's ``attention_config`` field).
-    Capture (vLLM 0.33 semantics, see :mod:`tqlab.predict.analysis`):
+    Capture (vLLM 0.33 semantics, see :mod:`tqlab.core.vllm_rules`):
         enforce_eager (False). True: no capture; vLLM 0.33 then never locks the
         workspace (``gpu_worker.py`` ``compile_or_warm_up_model`` skips
         ``capture_model``, the only ``lock_workspace()`` of the serving path).
         cudagraph_capture_sizes (None: vLLM's default list,
-        :func:`tqlab.predict.analysis.capture_sizes`), in tokens per captured batch.
+        :func:`tqlab.core.vllm_rules.capture_sizes`), in tokens per captured batch.
         cudagraph_mode (None: vLLM 0.33's default ``FULL_AND_PIECEWISE``; or
         one of :data:`CUDAGRAPH_MODES`; ``NONE`` captures nothing and never locks).
         max_cudagraph_capture_size (None: vLLM's default ceiling).
@@ -155,8 +213,14 @@ class EngineConfig:
         mamba_block_aligned_split (False): vLLM 0.33's ``Scheduler.need_mamba_block_aligned_split``,
         on for a hybrid model with prefix caching on (``mamba_cache_mode`` "align", vLLM's
         default there): a prefill chunk that is not the prompt's last ends on a multiple of
-        ``block_size`` (:func:`tqlab.predict.analysis.mamba_block_aligned_split`). Requires
+        ``block_size`` (:func:`tqlab.core.vllm_rules.mamba_block_aligned_split`). Requires
         ``block_size <= max_num_batched_tokens`` (the case tqlab models).
+    Teaching variant (never set by a vLLM deployment reader):
+        turboquant_backend_on_unquantized (False): run TurboQuant's backend and its two workspace
+        consumers on an unquantized ``auto`` cache (a copy instead of a dequant), so the crash can be
+        shown without a quantized cache. vLLM 0.33 has no such deployment: with a non-TurboQuant
+        ``kv_cache_dtype`` it selects another backend and no TurboQuant consumer runs
+        (:attr:`has_turboquant_consumers`).
 
     Frozen after validation (``c.max_num_seqs = 0`` raises
     ``dataclasses.FrozenInstanceError``); use :meth:`replace`.
@@ -186,6 +250,17 @@ class EngineConfig:
     max_num_scheduled_tokens: int | None = None
     enable_prefix_caching: bool = True
     mamba_block_aligned_split: bool = False
+    # Workspace consumers beyond TurboQuant (issue 19; tqlab.core.consumers): model fields and parallelism.
+    mla: Any = None
+    indexer: Any = None
+    moe: Any = None
+    decode_context_parallel_size: int = 1
+    data_parallel_size: int = 1
+    enable_expert_parallel: bool = False
+    attention_backend: str | None = None
+    mla_prefill_backend: str | None = None
+    gpu: str = "H200"
+    turboquant_backend_on_unquantized: bool = False
     preset: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -200,15 +275,20 @@ class EngineConfig:
             if v < 1:
                 raise ValueError(f"{name} must be >= 1, got {v}")
         for name in ("enable_chunked_prefill", "enable_dbo", "enforce_eager", "lock_workspace_when_eager",
-                     "enable_prefix_caching", "mamba_block_aligned_split"):
+                     "enable_prefix_caching", "mamba_block_aligned_split", "turboquant_backend_on_unquantized"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         self._check_capture_fields()
+        self._check_consumer_fields()
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        check_kv_cache_dtype(self.kv_cache_dtype, mla=self.mla is not None)
+        if self.turboquant_backend_on_unquantized and self.kv_cache_dtype != "auto" and not self.is_turboquant:
+            raise ValueError(
+                "turboquant_backend_on_unquantized (a tqlab teaching variant) runs TurboQuant's backend on an "
+                f"unquantized cache: it needs kv_cache_dtype 'auto', got {self.kv_cache_dtype!r}"
+            )
         d = self.head_dim
-        if self.kv_cache_dtype.startswith("turboquant_") and (d < 16 or d > 512 or d & (d - 1)):
+        if self.is_turboquant and (d < 16 or d > 512 or d & (d - 1)):
             raise ValueError(
                 f"kv_cache_dtype={self.kv_cache_dtype!r} needs head_dim to be a power of two in [16, 512] "
                 f"(Hadamard rotation), got head_dim={d}"
@@ -243,6 +323,32 @@ class EngineConfig:
                 f"({self.max_num_scheduled_tokens}) < max_model_len ({self.max_model_len}): vLLM's scheduler would "
                 "never schedule a longer prompt (Scheduler.schedule breaks when it does not fit the token budget)"
             )
+
+    def _check_consumer_fields(self) -> None:
+        """Validate (and normalise) the MLA / indexer / MoE / parallelism / GPU fields (issue 19)."""
+        from tqlab.core.hardware import gpu_target
+        from tqlab.core.model_arch import arch_from_dict
+
+        for kind in ("mla", "indexer", "moe"):
+            object.__setattr__(self, kind, arch_from_dict(kind, getattr(self, kind)))
+        for name in ("decode_context_parallel_size", "data_parallel_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {v!r}")
+        if self.tensor_parallel_size % self.decode_context_parallel_size:
+            raise ValueError(
+                f"tensor_parallel_size ({self.tensor_parallel_size}) must be divisible by decode_context_parallel_size "
+                f"({self.decode_context_parallel_size}), as vLLM's ParallelConfig requires"
+            )
+        if not isinstance(self.enable_expert_parallel, bool):
+            raise ValueError(f"enable_expert_parallel must be True or False, got {self.enable_expert_parallel!r}")
+        for name in ("attention_backend", "mla_prefill_backend"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, str) or not v.strip()):
+                raise ValueError(f"{name} must be None or a backend name, got {v!r}")
+            if v is not None:
+                object.__setattr__(self, name, v.strip().upper())
+        object.__setattr__(self, "gpu", gpu_target(self.gpu).name)
 
     def _check_mamba_split(self) -> None:
         """``mamba_block_aligned_split`` needs what vLLM 0.33's "align" mode needs, in the case tqlab models."""
@@ -327,7 +433,15 @@ class EngineConfig:
 
     @property
     def is_turboquant(self) -> bool:
-        return self.kv_cache_dtype.startswith("turboquant_")
+        """Whether the cache is a TurboQuant preset (:func:`is_turboquant`): vLLM then runs TurboQuant's backend."""
+        return is_turboquant(self.kv_cache_dtype)
+
+    @property
+    def has_turboquant_consumers(self) -> bool:
+        """Whether TurboQuant's workspace consumers run: a TurboQuant cache, or the teaching variant
+        ``turboquant_backend_on_unquantized`` (never a vLLM deployment). False: no workspace call of theirs,
+        no reservation (PR #44053's fix lives in TurboQuant's metadata builder), nothing to overflow."""
+        return self.is_turboquant or self.turboquant_backend_on_unquantized
 
     def kv_bytes_per_token_per_rank(self) -> int:
         """Unquantized (model dtype) K+V bytes per token on one rank, all layers."""
@@ -341,6 +455,10 @@ class EngineConfig:
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["dtype"] = str(self.dtype).removeprefix("torch.")
+        from tqlab.core.model_arch import arch_to_dict
+
+        for kind in ("mla", "indexer", "moe"):
+            d[kind] = arch_to_dict(d[kind])
         return d
 
     @classmethod

@@ -429,6 +429,12 @@ class WorkspaceManager:
         """``data_ptr()`` of each slot's buffer (0 for an empty slot)."""
         return [0 if b is None else b.data_ptr() for b in self._buffers]
 
+    def clear_caches(self) -> None:
+        """Forget the cached layouts and views (buffers, size and lock untouched): the next call of any
+        signature is computed as if never seen (the cold path an overhead measurement times)."""
+        self._layouts.clear()
+        self._views.clear()
+
     # -- the core call ------------------------------------------------------- #
     def layout(self, *shapes_and_dtypes: tuple[Sequence[int], torch.dtype]) -> WorkspaceLayout:
         """The layout ``get_simultaneous`` would use (validated; allocates nothing)."""

@@ -18,7 +18,7 @@ import torch
 
 __all__ = [
     "ALIGNMENT", "MAX_BYTES", "MiB", "WorkspaceLayout", "allocator_headroom", "compute_layout", "format_mb",
-    "is_exact_signature", "positive_int", "round_up",
+    "cdiv", "is_exact_signature", "positive_int", "round_up",
 ]
 
 ALIGNMENT = 256
@@ -41,11 +41,21 @@ def positive_int(name: str, value: object, minimum: int = 1) -> int:
     return value
 
 
+def cdiv(a: int, b: int) -> int:
+    """Ceiling division of ints, ``ceil(a / b)`` without floats (vLLM's ``cdiv``, ``vllm/utils/math_utils.py``).
+
+    The one ceiling division of the package. ``b`` must be > 0 (``ValueError`` otherwise).
+    """
+    if b <= 0:
+        raise ValueError(f"cdiv: divisor must be > 0, got {b}")
+    return -(a // -b)
+
+
 def round_up(x: int, multiple: int) -> int:
     """Smallest multiple of ``multiple`` that is >= ``x`` (both ints; ``ValueError`` unless multiple > 0)."""
     if multiple <= 0:
         raise ValueError(f"round_up: multiple must be > 0, got {multiple}")
-    return -(-x // multiple) * multiple
+    return cdiv(x, multiple) * multiple
 
 
 def format_mb(nbytes: int) -> str:

@@ -4,22 +4,30 @@
 workspace size after it, in ``engine.phases``):
 
 1. ``init_workspace``  — ``init_workspace_manager(device, num_ubatches)`` (vLLM ``GPUWorker.init_device``)
-2. ``build_backend``   — attention backend + ``TurboQuantMetadataBuilder``; with the
-   fix its ``_reserve_workspace()`` grows the workspace here (vLLM PR #44053)
+2. ``load_model``      — the attention backend, scheduler and model runner (vLLM ``GPUWorker.load_model``);
+   no metadata builder yet, no workspace
 3. ``profile_run``     — a dummy prefill of ``max_num_batched_tokens`` fresh tokens
-   (touches no workspace: this is the *undercount* of the bug report)
-4. ``capture``         — one FULL uniform-decode dummy batch per decode capture size,
-   largest first (:func:`tqlab.predict.analysis.decode_capture_sizes`); skipped with
+   (vLLM ``GPUWorker.determine_available_memory`` → ``GPUModelRunner.profile_run``; touches no
+   workspace: this is the *undercount* of the bug report)
+4. ``build_backend``   — ``TurboQuantMetadataBuilder``; with the fix its ``_reserve_workspace()``
+   grows the workspace here (vLLM PR #44053). vLLM 0.33 creates the builders in
+   ``GPUModelRunner.initialize_kv_cache`` → ``initialize_attn_backend`` + ``initialize_metadata_builders``
+   → ``AttentionGroup.create_metadata_builders``, i.e. *after* the profile run: first inside
+   ``determine_available_memory``'s ``profile_cudagraph_memory`` (after ``profile_run`` returned,
+   via ``_init_minimal_kv_cache_for_profiling``) and again in ``GPUWorker.initialize_from_config``
+5. ``capture``         — one FULL uniform-decode dummy batch per decode capture size,
+   largest first (:func:`tqlab.core.vllm_rules.decode_capture_sizes`); skipped with
    ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
    metadata, so they ask the workspace for nothing
-5. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
+6. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
    vLLM 0.33's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
    (``GPUWorker.compile_or_warm_up_model`` skips capture), unless the named variant
    ``lock_workspace_when_eager`` is on
-6. serving             — ``add_request`` / ``step`` / ``generate``
+7. serving             — ``add_request`` / ``step`` / ``generate``
 
-``engine.prediction`` is :func:`tqlab.predict.analysis.predict` for this config and fix: what the
-start-up and a request alone should do.
+The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and stores no prediction: the
+predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and ``tqlab repro`` and the
+tests compare the two from outside.
 
 A request whose chunk needs more workspace than was locked raises
 :class:`~tqlab.core.workspace.WorkspaceLockedError` out of ``step()``; the engine is
@@ -37,9 +45,10 @@ from typing import Callable
 
 import torch
 
-from tqlab.predict.analysis import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace, predict
+from tqlab.core.workspace_layout import cdiv
 from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from tqlab.core.config import EngineConfig
+from tqlab.core.vllm_rules import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
 from tqlab.engine.model_runner import ModelRunner
 from tqlab.engine.scheduler import Request, Scheduler
@@ -57,6 +66,21 @@ class EngineDeadError(RuntimeError):
             f"EngineCore encountered an issue and is dead; no further requests are served. "
             f"Cause: {type(cause).__name__}: {cause}"
         )
+
+
+#: The start-up phases in vLLM 0.33's order, each with the vLLM call it mirrors
+#: (``vllm/v1/engine/core.py`` ``EngineCore._initialize_kv_caches`` calls the worker's
+#: ``determine_available_memory``, then ``initialize_from_config``, then ``compile_or_warm_up_model``).
+#: ``parity/test_startup_order_parity.py`` checks this order against vLLM's source.
+STARTUP_PHASES: tuple[tuple[str, str], ...] = (
+    ("init_workspace", "vllm/v1/worker/gpu_worker.py Worker.init_device -> init_workspace_manager"),
+    ("load_model", "vllm/v1/worker/gpu_worker.py Worker.load_model"),
+    ("profile_run", "vllm/v1/worker/gpu_worker.py Worker.determine_available_memory -> GPUModelRunner.profile_run"),
+    ("build_backend", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.initialize_kv_cache -> initialize_metadata_builders "
+                      "-> TurboQuantMetadataBuilder.__init__ -> _reserve_workspace"),
+    ("capture", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model"),
+    ("lock", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model -> lock_workspace"),
+)
 
 
 @dataclass(frozen=True)
@@ -90,7 +114,8 @@ class LLMEngine:
     Args:
         config: the deployment (:class:`~tqlab.core.config.EngineConfig`).
         fix: ``True`` (default) reserves the worst case in the metadata builder
-            (PR #44053); ``False`` reproduces vLLM 0.20's crash.
+            (PR #44053); ``False`` is vLLM 0.33 without that PR, which reproduces the crash reported
+            against vLLM 0.20 (same unreserved ``_continuation_prefill`` path).
         device: ``"cpu"``, ``"cuda"`` or ``"meta"`` (shape-only dry run: same
             code, no arithmetic, any length in about a second).
         kv_cache_tokens: KV-cache capacity in tokens (default: enough for the
@@ -103,8 +128,8 @@ class LLMEngine:
             (default ``max_num_seqs``, as PR #44053).
         before_lock: optional ``(engine) -> None`` run as its own phase just
             before the lock (e.g. a long-context dummy run strategy).
-        after_profile: optional ``(engine) -> None`` run as its own phase right
-            after the profile run, before capture (where vLLM's dummy runs are;
+        after_profile: optional ``(engine) -> None`` run as its own phase after the
+            profile run and the builders, before capture (where vLLM's warm-up dummy runs are;
             ``tqlab.strategies``' long-context dummy run uses it).
 
     The engine installs its workspace manager as the process-wide one
@@ -133,7 +158,7 @@ class LLMEngine:
     ):
         self.config = config
         self.fix = fix
-        self.prediction = predict(config, fix=fix)  # also validates capture sizes as vLLM does (ValueError)
+        capture_sizes(config)  # ValueError where vLLM 0.33 refuses the capture sizes, before anything is built
         try:
             self.device = torch.device(device)
         except (TypeError, RuntimeError):
@@ -167,22 +192,26 @@ class LLMEngine:
         config = self.config
         with self._phase("init_workspace", f"{config.num_ubatches} ubatch slot(s) on {self.device}"):
             self.workspace = init_workspace_manager(self.device, config.num_ubatches)
-        with self._phase("build_backend", "with _reserve_workspace() (PR #44053)" if fix else "no reservation (vLLM 0.20)"):
+        with self._phase("load_model", "attention backend, scheduler, model runner (no metadata builder yet)"):
             self.backend = TurboQuantAttentionBackend(config, self.workspace)
-            self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
-                                                     decode_batch=decode_batch_reservation)
             bs = config.block_size
             tokens = kv_cache_tokens if kv_cache_tokens is not None else _default_kv_tokens(config, self.device)
-            num_blocks = -(-tokens // bs) + 1  # + the null block
-            self.max_blocks_per_seq = -(-config.max_model_len // bs)
+            num_blocks = cdiv(tokens, bs) + 1  # + the null block
+            self.max_blocks_per_seq = cdiv(config.max_model_len, bs)
             self.scheduler = Scheduler(config, num_blocks)
             self.runner = ModelRunner(config, self.backend, self.device, num_blocks, self.max_blocks_per_seq, seed=seed)
-            if (self.device.type == "cuda" and use_cuda_graphs and decode_capture_sizes(config)
-                    and not config.num_speculative_tokens):
-                self._install_cuda_graphs()
         profile_tokens = min(config.max_num_batched_tokens, config.max_model_len)
         with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
             self.runner.profile_run(profile_tokens)
+        # vLLM 0.33: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
+        note = ("with _reserve_workspace() (PR #44053)" if fix
+                else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)")
+        with self._phase("build_backend", note):
+            self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
+                                                     decode_batch=decode_batch_reservation)
+            if (self.device.type == "cuda" and use_cuda_graphs and decode_capture_sizes(config)
+                    and not config.num_speculative_tokens):
+                self._install_cuda_graphs()
         if after_profile is not None:
             with self._phase("after_profile", getattr(after_profile, "__name__", "hook")):
                 after_profile(self)
@@ -293,7 +322,7 @@ class LLMEngine:
             raise ValueError(
                 f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {total} exceeds max_model_len ({self.config.max_model_len})"
             )
-        blocks = -(-total // self.config.block_size)
+        blocks = cdiv(total, self.config.block_size)
         if blocks > self.scheduler.pool.num_blocks - 1:
             raise ValueError(
                 f"request needs {blocks} KV-cache blocks but the cache has {self.scheduler.pool.num_blocks - 1}; "

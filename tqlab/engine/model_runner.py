@@ -12,7 +12,7 @@ prefill), ``capture_model`` (one FULL uniform-decode dummy batch per capture
 size, largest first, as ``_dummy_run(uniform_decode=True)``) and
 ``execute_model``. Capture goes through a *decode runner*:
 :class:`EagerDecodeRunner` on CPU/meta records what a capture would freeze (the
-workspace buffer pointers); ``tqlab.cuda_graphs`` provides a real
+workspace buffer pointers); :mod:`tqlab.engine.cuda_graph` provides a real
 ``torch.cuda.CUDAGraph`` runner on CUDA.
 
 Speculative decoding (``num_speculative_tokens = k > 0``) follows vLLM 0.33's
@@ -35,6 +35,7 @@ import torch
 
 from tqlab.attention import TurboQuantAttentionBackend
 from tqlab.core.config import EngineConfig
+from tqlab.core.vllm_rules import decode_rows
 from tqlab.engine.scheduler import BlockRuns, SchedulerOutput
 
 __all__ = ["CaptureRecord", "EagerDecodeRunner", "ModelRunner", "TinyModel"]
@@ -240,15 +241,15 @@ class ModelRunner:
     def capture_model(self, sizes: tuple[int, ...]) -> list[CaptureRecord]:
         """Warm up and capture one FULL uniform-decode dummy batch per size in ``sizes`` (tokens), largest first.
 
-        ``sizes`` are :func:`tqlab.predict.analysis.decode_capture_sizes`. A batch has
-        ``min(max_num_seqs, cdiv(size, 1 + k))`` rows (``GPUModelRunner._dummy_run``):
+        ``sizes`` are :func:`tqlab.core.vllm_rules.decode_capture_sizes`. A batch has
+        :func:`tqlab.core.vllm_rules.decode_rows` rows (``GPUModelRunner._dummy_run``):
         decode rows through the decode runner when ``k = 0``, else first-chunk rows
         (:meth:`dummy_spec_decode`, no workspace call).
         """
         q = self.config.uniform_decode_query_len
         records = []
         for size in sorted(sizes, reverse=True):
-            rows = min(self.config.max_num_seqs, -(-size // q))
+            rows = decode_rows(self.config, size)
             if q == 1:
                 records.append(self.decode_runner.capture(rows))
             else:

@@ -7,7 +7,7 @@ requests, then waiting requests are admitted while fewer than ``max_num_seqs``
 run. With chunked prefill a prompt is split into chunks of at most the
 remaining budget; a chunk after the first has cached tokens — a *continuation
 prefill*. For a hybrid model with prefix caching on, each chunk but a prompt's last
-then ends on a block boundary (:func:`tqlab.predict.analysis.mamba_block_aligned_split`,
+then ends on a block boundary (:func:`tqlab.core.vllm_rules.mamba_block_aligned_split`,
 vLLM's ``Scheduler._mamba_block_aligned_split``).
 """
 
@@ -17,7 +17,8 @@ import enum
 import itertools
 from dataclasses import dataclass, field
 
-from tqlab.predict.analysis import mamba_block_aligned_split
+from tqlab.core.workspace_layout import cdiv
+from tqlab.core.vllm_rules import mamba_block_aligned_split
 from tqlab.core.config import EngineConfig
 
 __all__ = ["BlockPool", "BlockRuns", "Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
@@ -235,7 +236,7 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def _blocks_for(self, req: Request, upto_tokens: int) -> int:
-        need = -(-upto_tokens // self.config.block_size)
+        need = cdiv(upto_tokens, self.config.block_size)
         return max(0, need - len(req.block_ids))
 
     def _grow(self, req: Request, upto_tokens: int) -> None:

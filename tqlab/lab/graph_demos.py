@@ -1,9 +1,10 @@
 """The CUDA-graph hazards of notebook 05, each as one function that returns its numbers.
 
 Warm-up before capture, pointer stability (replay == eager), the stale-pointer
-replay (without guard, with the lock, with the guard), and three cases from
-public reports: capture order, a consumer whose need is not monotonic in the
-batch, a warm-up after capture. Every demonstration stays in memory the process
+replay (without guard, with the lock, with the guard), and three cases: capture
+order (vLLM issue #45670, PR #46067), a consumer whose need is not monotonic in
+the batch (a constructed example), a warm-up after capture (vLLM issue #55336,
+PR #55341). Every demonstration stays in memory the process
 owns (the runner keeps the captured buffers), so a stale replay cannot crash.
 Also :class:`LiveCells`, the notebook's log of which GPU cells ran live.
 """
@@ -17,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from tqlab.core.workspace_layout import cdiv
 from tqlab.predict.analysis import decode_capture_rows, decode_rows_at_lock
 from tqlab.attention import TurboQuantAttentionBackend
 from tqlab.core.config import EngineConfig
@@ -201,7 +203,7 @@ def prepare_decode_batch(runner, batch: int, context_len: int, *, seed: int = 0)
     if ctx > cfg.max_model_len:
         raise ValueError(f"context_len {ctx} exceeds max_model_len {cfg.max_model_len}")
     bs = cfg.block_size
-    nper = -(-ctx // bs)
+    nper = cdiv(ctx, bs)
     num_blocks = runner.kv_caches[0].shape[0]
     if 1 + b * nper > num_blocks:
         raise ValueError(f"{b} requests of {ctx} tokens need {1 + b * nper} KV-cache blocks, the cache has {num_blocks}")
@@ -309,7 +311,8 @@ def pointer_stability_demo(config: EngineConfig, device: str | torch.device = "c
         cont = eng.backend.forward_prefill
         c = eng.config
         cached = min(c.max_model_len // 2, 200)
-        q = torch.zeros((c.max_num_batched_tokens, c.num_heads_per_rank, c.head_dim), dtype=eng.runner.model.compute_dtype, device=eng.device)
+        q = torch.zeros((c.max_num_batched_tokens, c.num_heads_per_rank, c.head_dim),
+                        dtype=eng.runner.model.compute_dtype, device=eng.device)
         kv = torch.zeros((q.shape[0], c.num_kv_heads_per_rank, c.head_dim), dtype=q.dtype, device=eng.device)
         cont(q, kv, kv, eng.runner.kv_caches[0], db.block_tables[0], cached_len=cached)
     return {
@@ -458,7 +461,7 @@ def stale_replay_demo(config: EngineConfig, device: str | torch.device = "cpu", 
 
 
 # --------------------------------------------------------------------------- #
-# Cases from public reports                                                   #
+# Cases: capture order, a non-monotonic need (constructed), a late warm-up    #
 # --------------------------------------------------------------------------- #
 
 

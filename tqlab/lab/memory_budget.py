@@ -81,16 +81,18 @@ def plot_budgets(budgets: dict, *, title: str = "", ax=None, unit: int = 2**30, 
             h = max(0, b.segments[seg]) / unit
             ax.bar(i, h, bottom=bottom, color=c, edgecolor="white", width=0.55, label=seg if i == 0 else None)
             bottom += h
+        if b.need_at_serve:  # too small to see at this scale: a marker beside the bar, the size in the label
+            ax.plot(i + 0.34, (b.total - b.free) / unit, marker="<", color="black", markersize=9, linestyle="none",
+                    label="asked at serve time (size above the bar)" if i == 0 else None)
+        status = {None: "runs", "serve": "OOM at serve time", "start-up": "fails at start-up"}[b.fails_at]
         if b.need_at_serve:
-            ax.bar(i + 0.33, b.need_at_serve / unit, bottom=(b.total - b.free) / unit, width=0.1, color="black",
-                   label="asked at serve time" if i == 0 else None)
-        ax.text(i, b.total / unit * 1.02, {None: "runs", "serve": "OOM at serve time",
-                                           "start-up": "fails at start-up"}[b.fails_at], ha="center", va="bottom",
+            status += f"\nasks {b.need_at_serve / 2**20:.0f} MB\n{max(0, b.free) / 2**20:.0f} MB free"
+        ax.text(i, b.total / unit * 1.02, status, ha="center", va="bottom",
                 fontsize=8, fontweight="bold", color="#c44e52" if b.fails_at else "#2f855a")
         ax.hlines(b.requested / unit, i - 0.3, i + 0.3, colors="black", linestyles="dashed",
                   label="gpu_memory_utilization × total" if i == 0 else None)
     ax.set_xticks(range(len(labels)), labels, fontsize=8)
-    ax.set_ylim(0, max(b.total for b in budgets.values()) / unit * 1.12)
+    ax.set_ylim(0, max(b.total for b in budgets.values()) / unit * 1.25)
     ax.set_ylabel(unit_name)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -98,21 +100,30 @@ def plot_budgets(budgets: dict, *, title: str = "", ax=None, unit: int = 2**30, 
 
 
 def zoom_budgets(budgets: dict, *, title: str = "", ax=None):
-    """The top of each bar in MiB: workspace, free, and what a lazy request asks for."""
+    """The top of each bar in MB (2**20 bytes): workspace held, free, and what a lazy request asks for."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.2))
     names = list(budgets)
     x = range(len(names))
-    mib = 2**20
-    ax.bar([i - 0.2 for i in x], [budgets[n].segments["workspace"] / mib for n in names], 0.2, color="#c44e52",
-           label="workspace held")
-    ax.bar(list(x), [max(0, budgets[n].free) / mib for n in names], 0.2, color="#b0b0b0", label="free")
-    ax.bar([i + 0.2 for i in x], [budgets[n].need_at_serve / mib for n in names], 0.2, color="black",
-           label="asked at serve time")
+    mb = 2**20
+    bars = (("workspace held", "#c44e52", lambda b: b.segments["workspace"]),
+            ("free", "#b0b0b0", lambda b: max(0, b.free)),
+            ("asked at serve time", "black", lambda b: b.need_at_serve))
+    top = max(f(budgets[n]) for n in names for _, _, f in bars) / mb
+    for k, (label, color, f) in enumerate(bars):
+        xs = [i + 0.26 * (k - 1) for i in x]
+        vals = [f(budgets[n]) / mb for n in names]
+        ax.bar(xs, vals, 0.26, color=color, label=label)
+        for xi, v in zip(xs, vals):
+            if v:
+                ax.text(xi, v + top * 0.01, f"{v:.0f}" if v >= 1 else f"{v:.2f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(list(x), names, fontsize=8)
-    ax.set_ylabel("MiB")
+    ax.set_ylabel("MB (2**20 bytes)")
+    ax.set_ylim(0, top * 1.35)
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", ncol=3, frameon=False)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
     return ax

@@ -10,7 +10,8 @@ from tqlab.core.config import EngineConfig
 from tqlab.strategies.measure import StrategyResult
 from tqlab.core.workspace import MiB
 
-__all__ = ["plot_dbo", "plot_growth", "plot_strategy_comparison", "plot_threshold_sweep", "plot_trace",
+__all__ = ["plot_dbo", "plot_growth", "plot_strategy_comparison", "plot_strategy_lifecycles", "plot_threshold_sweep",
+           "plot_trace",
            "plot_workspace_vs_len"]
 
 # --------------------------------------------------------------------------- #
@@ -44,20 +45,20 @@ def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | 
     ax.set_title("start-up time", loc="left", fontsize=10)
     ax = axes[1]
     w = 0.38
-    floor = 1e-3  # MiB; keeps a zero-byte bar drawable on the log axis
+    floor = 1e-3  # MB; keeps a zero-byte bar drawable on the log axis
     ax.bar([i - w / 2 for i in x], [max(r.reserved_bytes / MiB, floor) for r in results], w, color=cols,
            label="reserved at lock")
     ax.bar([i + w / 2 for i in x], [max(r.peak_bytes / MiB, floor) for r in results], w, color=cols, alpha=0.45,
            hatch="//",
            label=("peak: torch.cuda.max_memory_allocated" if results and results[0].peak_source != "computed"
                   else "peak: computed workspace (+ fallback) bytes"))
-    ax.set_ylabel("MiB")
+    ax.set_ylabel("MB (2**20 bytes)")
     ax.set_yscale("log")
-    lows = [max(v / MiB, floor) for r in results for v in (r.reserved_bytes, r.peak_bytes)]
-    if lows:
-        ax.set_ylim(bottom=min(lows) / 2)
+    vals = [max(v / MiB, floor) for r in results for v in (r.reserved_bytes, r.peak_bytes)]
+    if vals:  # two decades of headroom above the tallest bar hold the legend
+        ax.set_ylim(min(vals) / 2, max(vals) * 300)
     ax.set_title("workspace memory", loc="left", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", frameon=False)
     for ax, attr, label in ((axes[2], "ttft_s", "time to first token (s)"),
                             (axes[3], "decode_step_s", "decode step (ms)")):
         _per_prompt_bars(ax, results, attr, label, cols)
@@ -96,54 +97,79 @@ def _per_prompt_bars(ax, results: Sequence[StrategyResult], attr: str, label: st
             if died(p) or (p is not None and attr != "ttft_s" and not p.survived):
                 ax.plot([xi], [0], marker="X", color="#c53030", markersize=10, linestyle="none")
     ax.set_ylabel(label)
-    ax.set_title(label.split(" (")[0] + " (✗ = engine died; light = long prompt)", loc="left", fontsize=10)
+    from matplotlib.patches import Patch
+
+    ax.set_ylim(0, max([b.get_height() for b in ax.patches] + [1e-9]) * 1.3)  # headroom for the legend
+    handles = [Patch(facecolor="#718096", alpha=1.0 if j == 0 else 0.5, edgecolor="black", linewidth=0.3,
+                     label=f"{results[0].prompts[j].prompt_tokens:,}-token prompt") for j in range(nprompts)]
+    ax.legend(handles=handles, fontsize=7, loc="upper left", ncol=2, frameon=False)
+    ax.set_title(label.split(" (")[0] + " (✗ = engine died)", loc="left", fontsize=10)
 
 
 def plot_workspace_vs_len(rows_by_preset: dict[str, list[dict[str, Any]]]):
-    """Two panels: reserved workspace (MiB) and its share of one ``max_model_len`` sequence's KV cache, vs ``max_model_len``."""
+    """Two panels: reserved workspace (MB) and its share of one ``max_model_len`` sequence's KV cache, vs ``max_model_len``.
+
+    Presets often coincide at some lengths (the same heads and head_dim): each preset gets its own marker,
+    every other one hollow, and its points are shifted sideways by a few percent of a doubling, so a preset
+    is never hidden under another. Returns the Figure.
+    """
     import matplotlib.pyplot as plt
 
-    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.2))
-    for name, rows in rows_by_preset.items():
-        xs = [r["max_model_len"] for r in rows]
-        a.plot(xs, [r["reserved_bytes"] / MiB for r in rows], marker="o", label=name)
-        b.plot(xs, [100 * r["share"] for r in rows], marker="o", label=name)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(13, 4.4))
+    markers = "osD^vP*X"
+    n = len(rows_by_preset)
+    for k, (name, rows) in enumerate(rows_by_preset.items()):
+        shift = 2 ** (0.06 * (k - (n - 1) / 2))  # a few percent of a doubling on the log2 axis
+        xs = [r["max_model_len"] * shift for r in rows]
+        style = dict(marker=markers[k % len(markers)], color=f"C{k % 10}", markersize=7, label=name,
+                     markerfacecolor="white" if k % 2 else f"C{k % 10}", linewidth=1.6)
+        a.plot(xs, [r["reserved_bytes"] / MiB for r in rows], **style)
+        b.plot(xs, [100 * r["share"] for r in rows], **style)
     for ax in (a, b):
         ax.set_xscale("log", base=2)
         ax.set_xlabel("max_model_len (tokens)")
         _style(ax)
+    b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     a.set_yscale("log", base=2)
-    a.set_ylabel("reserved workspace per GPU (MiB)")
-    a.set_title("PR #44053's reservation (all ubatch slots)", loc="left", fontsize=10)
+    a.set_ylabel("reserved workspace per GPU (MB)")
+    a.set_title("PR #44053's reservation (one ubatch slot)", loc="left", fontsize=10)
     b.set_ylabel("% of the KV cache of one max_model_len sequence")
     b.set_title("workspace as a share of the smallest KV cache vLLM accepts", loc="left", fontsize=10)
-    a.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-def plot_threshold_sweep(sweeps: dict[str, list[dict[str, Any]]], config: EngineConfig):
-    """One panel per swept parameter: the longest prompt the unfixed engine survives; the deployment's value marked."""
+def plot_threshold_sweep(sweeps: dict[str, list[dict[str, Any]]], config: EngineConfig,
+                         titles: dict[str, str] | None = None):
+    """One panel per swept parameter: the longest prompt the unfixed engine survives; the deployment's value marked.
+
+    ``sweeps``: ``{param: tqlab.strategies.threshold_sweep(config, param, values)}``; ``titles``: a panel title
+    per parameter. One legend below the panels. Returns the Figure.
+    """
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.2 * len(sweeps), 4))
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5 * len(sweeps), 4.2))
     axes = [axes] if len(sweeps) == 1 else list(axes)
     for ax, (param, rows) in zip(axes, sweeps.items()):
         xs = [r[param] for r in rows]
         ys = [r["longest_prompt"] for r in rows]
-        ax.plot(xs, ys, marker="o", color="#c53030", label="longest surviving prompt (no fix)")
-        ax.axhline(config.max_model_len, color="#2f855a", linestyle="--", label=f"max_model_len {config.max_model_len}")
+        ax.plot(xs, ys, marker="o", color="#c53030", label="longest surviving prompt, no fix")
+        ax.axhline(config.max_model_len, color="#2f855a", linestyle="--", label=f"max_model_len {config.max_model_len:,}")
         here = getattr(config, param)
         if here in xs:
             ax.plot([here], [ys[xs.index(here)]], marker="*", markersize=14, color="black", linestyle="none",
-                    label=f"this deployment ({param}={here})")
+                    label="the bug report's deployment")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xlabel(param)
         ax.set_ylabel("prompt tokens")
+        ax.grid(alpha=0.3, which="both")
+        if titles and param in titles:
+            ax.set_title(titles[param], fontsize=10)
         _style(ax)
-        ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.08, 1, 1))
     return fig
 
 
@@ -174,7 +200,7 @@ def plot_trace(exp: dict[str, Any], *, recorded_note: str = ""):
             ax.plot([b / MiB for b in v["reserved"]], color=color, label=f"{mode}: memory_reserved")
             ax.plot([b / MiB for b in v["allocated"]], color=color, linestyle=":", label=f"{mode}: memory_allocated")
         ax.set_xlabel("engine step of the request")
-        ax.set_ylabel("MiB")
+        ax.set_ylabel("MB (2**20 bytes)")
         ax.set_title("caching allocator after each step (above what the process held before)", loc="left", fontsize=10)
         ax.legend(fontsize=7)
         _style(ax)
@@ -198,7 +224,7 @@ def plot_growth(growth: dict[str, dict[str, Any]], *, title: str = ""):
                 label="peak memory_reserved")
     ax.set_xticks(list(x))
     ax.set_xticklabels(methods)
-    ax.set_ylabel("MiB")
+    ax.set_ylabel("MB (2**20 bytes)")
     ax.set_title(title or "growth: peak memory", loc="left", fontsize=10)
     ax.legend(fontsize=8)
     _style(ax)
@@ -214,11 +240,35 @@ def plot_dbo(grow_all: dict[str, Any], grow_one: dict[str, Any]):
     for d, color, label in ((grow_all, "#c53030", "resize all slots (grow_all_slots=True)"),
                             (grow_one, "#2f855a", "resize the requesting slot (vLLM today)")):
         ax.step(range(1, len(d["held_bytes"]) + 1), [b / MiB for b in d["held_bytes"]], where="post", color=color,
-                label=f"{label}: {d['final_bytes'] / MiB:.2f} MiB held at the end")
+                label=f"{label}: {d['final_bytes'] / MiB:.2f} MB held at the end")
     ax.set_xlabel("engine step (ubatch 0: next prefill chunk; ubatch 1: decodes)")
-    ax.set_ylabel("workspace held, both slots (MiB)")
+    ax.set_ylabel("workspace held, both slots (MB)")
     ax.legend(fontsize=8)
     _style(ax)
     fig.tight_layout()
     return fig
 
+
+
+def plot_strategy_lifecycles(runs: Sequence[tuple[str, Sequence[Any], Sequence[tuple[str, int]], str]]):
+    """Stacked panels, one per strategy: the workspace size along its event log, all in MB on one log scale.
+
+    ``runs``: ``(strategy, workspace events, phase marks, outcome)`` each (marks as
+    :class:`tqlab.lab.plots_workspace.PhaseMarker` collects them). A refused request is a red cross; what it
+    asked for goes in the panel's title (``outcome``), so no label crosses the data. Returns the Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    from tqlab.lab.plots_workspace import plot_workspace_timeline, set_size_log_ticks
+
+    fig, axes = plt.subplots(len(runs), 1, figsize=(11, 2.9 * len(runs)))
+    axes = [axes] if len(runs) == 1 else list(axes)
+    for ax, (name, events, marks, outcome) in zip(axes, runs):
+        plot_workspace_timeline(events, marks, ax=ax, title=f"{name}: {outcome}", unit="MiB", yscale="log",
+                                annotate_violations=False)
+        ax.set_ylabel("workspace (MB)")
+    top = max(ax.get_ylim()[1] for ax in axes)
+    for ax in axes:  # one scale for every panel, so heights compare across strategies
+        set_size_log_ticks(ax, top)
+    fig.tight_layout()
+    return fig

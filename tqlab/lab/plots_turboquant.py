@@ -56,15 +56,17 @@ FIELD_COLORS = {
 }
 
 
-def finish_loglog(ax, xlabel: str, ylabel: str, title: str, *, fontsize: int = 8, ncol: int = 1):
-    """The figures' log-log house style: x in powers of two, y log, both grids, a legend. Returns ``ax``."""
+def finish_loglog(ax, xlabel: str, ylabel: str, title: str, *, fontsize: int = 8, ncol: int = 1, legend: bool = True):
+    """The figures' log-log house style: x in powers of two, y log, both grids, a legend (unless
+    ``legend=False``: the caller places its own). Returns ``ax``."""
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=fontsize, ncol=ncol)
+    if legend:
+        ax.legend(fontsize=fontsize, ncol=ncol)
     return ax
 
 
@@ -128,6 +130,7 @@ def plot_key_journey(journey: Mapping[str, Any], spec, max_bytes: int = 24):
     a.bar(range(d), k, color="#4a5568", width=1.0)
     a.set_title(f"1. key k (D={d}), ||k|| = {float(np.linalg.norm(k)):.3f}")
     a.set_xlabel("coordinate")
+    a.set_ylabel("k[i]")
     a = axes[0, 1]
     if "rotated" in journey:
         cb = lloyd_max(spec.key_bits, d)
@@ -139,7 +142,10 @@ def plot_key_journey(journey: Mapping[str, Any], spec, max_bytes: int = 24):
         for c in cb.centroids:
             a.axhline(c, color="#c05621", lw=0.4)
         a.set_title(f"2. rotate, then snap to {1 << spec.key_bits} Lloyd-Max levels for N(0, 1/{d})")
-        a.legend(fontsize=8, loc="upper right")
+        a.set_ylabel("(H u)[i]")
+        lo, hi = float(min(y.min(), cb.centroids.min())), float(max(y.max(), cb.centroids.max()))
+        a.set_ylim(lo - 0.05 * (hi - lo), hi + 0.35 * (hi - lo))  # headroom: the legend sits above the data
+        a.legend(fontsize=8, loc="upper center", ncol=2, framealpha=0.9)
     else:
         a.text(0.5, 0.5, "fp8 keys: no rotation, no codebook", ha="center", va="center")
     a.set_xlabel("coordinate")
@@ -157,8 +163,11 @@ def plot_key_journey(journey: Mapping[str, Any], spec, max_bytes: int = 24):
     a.plot(kh, color="#c05621", lw=1, ls="--", label="k_hat (dequantized)")
     rel = float(np.linalg.norm(k - kh) / np.linalg.norm(k))
     a.set_title(f"4. back: relative error {rel:.3f}")
-    a.legend(fontsize=8)
+    lo, hi = float(min(k.min(), kh.min())), float(max(k.max(), kh.max()))
+    a.set_ylim(lo - 0.05 * (hi - lo), hi + 0.3 * (hi - lo))  # headroom: the legend sits above the data
+    a.legend(fontsize=8, loc="upper center", ncol=2, framealpha=0.9)
     a.set_xlabel("coordinate")
+    a.set_ylabel("k[i] and k_hat[i]")
     fig.suptitle(f"One key's journey through {spec.name}")
     fig.tight_layout()
     return fig
@@ -286,5 +295,13 @@ def plot_decode_vs_vllm(rec: Mapping[str, Any], shape: str, ax=None, best: bool 
                         label=f"{who} {preset.removeprefix('turboquant_')}")
     pts = data["sdpa"]
     ax.plot([p[0] for p in pts], [p[1] for p in pts], "k-", marker="D", lw=2, label="fp16 SDPA (flash)")
-    return finish_loglog(ax, "context (tokens)", "ms per decode step (one layer)",
-                         f"{shape}, batch {data['batch']}: decode time, L2 flushed", fontsize=7, ncol=2)
+    finish_loglog(ax, "context (tokens)", "ms per decode step (one layer)",
+                  f"{shape}, batch {data['batch']}: decode time, L2 flushed", legend=False)
+    # One legend entry per colour (preset) and per line style (who), below the axes: never over the data.
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], color=c, lw=2, label=p.removeprefix("turboquant_")) for p, c in PRESET_COLORS.items()]
+    handles += [Line2D([], [], color="#555555", ls=ls, marker=mk, ms=4, label=who) for ls, mk, who in style.values()]
+    handles.append(Line2D([], [], color="k", marker="D", lw=2, label="fp16 SDPA (flash)"))
+    ax.legend(handles=handles, fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+    return ax

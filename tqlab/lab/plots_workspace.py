@@ -28,6 +28,7 @@ __all__ = [
     "plot_byte_maps",
     "plot_layout",
     "plot_need_curve",
+    "set_size_log_ticks",
     "plot_phases",
     "plot_workspace_timeline",
     "slot_sizes_after_events",
@@ -330,13 +331,19 @@ def _shade_locked(ax, points, x_end: float) -> bool:
     return lock_x is not None
 
 
-def _mark_events(ax, points, div: int, uname: str, top: float, log: bool, annotate_resizes: bool) -> None:
-    """Violations (red cross at the size asked for), lock/unlock lines, resize values."""
+def _mark_events(ax, points, div: int, uname: str, top: float, log: bool, annotate_resizes: bool,
+                 annotate_violations: bool = True) -> None:
+    """Violations (red cross at the size asked for, and a label unless ``annotate_violations`` is False),
+    lock/unlock lines, resize values."""
     label_y = top * (2.2 if log else 1.13)
     for x, _, ev in points:
         if ev is None:
             continue
-        if ev.kind == "violation":
+        if ev.kind == "violation" and not annotate_violations:
+            y = ev.new_bytes / div
+            ax.plot([x], [y], marker="X", color="#c53030", markersize=11, linestyle="none")
+            ax.plot([x, x], [ev.old_bytes / div, y], color="#c53030", linestyle=":")
+        elif ev.kind == "violation":
             y = ev.new_bytes / div
             ax.plot([x], [y], marker="X", color="#c53030", markersize=11, linestyle="none")
             ax.plot([x, x], [ev.old_bytes / div, y], color="#c53030", linestyle=":")
@@ -367,6 +374,21 @@ def _label_phases(ax, spans, x_end: float) -> None:
         ax.set_xlabel("workspace events, in order")
 
 
+def set_size_log_ticks(ax, top: float) -> None:
+    """On a symmetric-log size axis: y from 0 to ``top``, ticks at 0 and at 1, 2, 5 × each power of 10 above
+    the linear region (a tick inside it would print on top of the 0)."""
+    import math
+
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    linthresh = ax.yaxis.get_transform().linthresh
+    ax.set_ylim(0, top)
+    k0, k1 = math.floor(math.log10(linthresh)), math.floor(math.log10(top))
+    ticks = [m * 10.0**k for k in range(k0, k1 + 1) for m in (1, 2, 5) if linthresh <= m * 10.0**k <= top]
+    ax.yaxis.set_major_locator(FixedLocator([0.0] + ticks))
+    ax.yaxis.set_minor_locator(NullLocator())
+
+
 def plot_workspace_timeline(
     events: Sequence[WorkspaceEvent],
     phases: Sequence[tuple[str, int]] | None = None,
@@ -377,6 +399,7 @@ def plot_workspace_timeline(
     annotate_resizes: bool = True,
     unit: str | None = None,
     yscale: str = "auto",
+    annotate_violations: bool = True,
 ):
     """Workspace size of each ubatch slot along the event log (unit: B/KiB/MiB/GiB, picked to fit, or ``unit``).
 
@@ -386,7 +409,9 @@ def plot_workspace_timeline(
     (see :func:`timeline_points`). ``yscale``: ``"linear"``, ``"log"`` (a
     symmetric-log axis, so size 0 stays on it), or ``"auto"`` — log when the
     sizes span more than 20x (0.26 MB locked against a 64 MiB request would
-    otherwise sit on the baseline). Returns the ``Axes``.
+    otherwise sit on the baseline). ``annotate_violations=False`` draws a
+    violation's cross without its text label (say it in the title instead).
+    Returns the ``Axes``.
     Raises ``ValueError`` for an unknown ``unit`` or ``yscale``.
     """
     import matplotlib.pyplot as plt
@@ -410,7 +435,7 @@ def plot_workspace_timeline(
                 color=_VIEW_COLORS[s % len(_VIEW_COLORS)], label=f"slot {s}" if slots > 1 else "workspace size")
     top = biggest / div
     ends_locked = _shade_locked(ax, points, xs[-1])
-    _mark_events(ax, points, div, uname, top, log, annotate_resizes)
+    _mark_events(ax, points, div, uname, top, log, annotate_resizes, annotate_violations)
     _label_phases(ax, spans, xs[-1])
     handles, labs = ax.get_legend_handles_labels()
     if (ends_locked or any(e.kind == "lock" for e in events)) and "locked" not in labs:
@@ -420,7 +445,7 @@ def plot_workspace_timeline(
         smallest = min([v for p in points for v in p[1] if v > 0] + asked + [biggest]) / div
         ax.set_yscale("symlog", linthresh=smallest / 2)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))  # 0.1, 1, 10 rather than 10^k
-        ax.set_ylim(0, top * 3)
+        set_size_log_ticks(ax, top * 3)
     else:
         ax.set_ylim(-0.04 * top, top * 1.18)
     ax.set_ylabel(f"workspace size ({uname})")

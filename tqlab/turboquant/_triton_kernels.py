@@ -606,10 +606,16 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         **_field_words(spec, d), **opts,
     )
     _record(stats, kern)
+    reduce(mid_out, output, lse)
+    return output
+
+
+def reduce(mid_out, output, lse) -> None:
+    """Launch :func:`_reduce_kernel`: combine the split partials of ``mid_out`` into ``output``, ``lse``."""
+    bsz, hq, s_splits, d1 = mid_out.shape
     _reduce_kernel[(bsz, hq)](
         mid_out, output, lse, s_splits,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        D=d, SP=max(2, triton.next_power_of_2(s_splits)),
+        D=d1 - 1, SP=max(2, triton.next_power_of_2(s_splits)),
     )
-    return output

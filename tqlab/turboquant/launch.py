@@ -11,6 +11,12 @@ flushed; Llama-3.1-8B shard, batch 16, 32K context, and the seed rank at 128K), 
 """
 
 DEFAULTS: dict = {
+    # the fast kernels of issue 20 (``_triton_fast``), measured by benchmarks/dev_turboquant_fast.py:
+    # no software prefetch (it costs 75 registers: 4 -> 2 CTAs per SM), norm by 16 in-thread
+    # products + 3 shuffles (the MMA against ones cost more), tiles per dequant program: 2, or 1
+    # when that leaves fewer than 4 programs per SM
+    "fast_decode": {"block_t": 64, "num_warps": 4, "prefetch": False, "norm_mma": False, "lut": 2},
+    "fast_dequant": {"block_t": 64, "num_warps": 4, "tiles": 2, "lut": 2},
     "decode": {"block_t": 64, "num_warps": 4, "num_stages": 1, "maxnreg": None, "prefetch": True},
     "decode_fp8": {"block_t": 128, "num_warps": 4, "num_stages": 1, "maxnreg": None, "prefetch": False},
     "dequant": {"block_t": 64, "num_warps": 4, "num_stages": None, "maxnreg": None, "tiles": 8},

@@ -138,7 +138,7 @@ VLLM_NUM_SPLITS = 32  # vLLM's attention_config.tq_max_kv_splits_for_cuda_graph
 SPLIT_POLICIES = ("vllm", "fill")
 
 
-def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, num_sms: int = 132,
+def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, num_sms: int | None = None,
                       programs_per_sm: int = 4, max_splits: int = 256) -> int:
     """Split count ``S`` of a decode call, i.e. ``mid_out.shape[2]`` (pass it to
     :func:`tqlab.core.reservation.decode_workspace_shapes` as ``num_kv_splits``).
@@ -149,11 +149,22 @@ def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, nu
       splits, so more bytes are in flight; ``B * S`` stays about ``programs_per_sm * num_sms /
       Hk``, so the workspace ``B * Hq * S * (D + 1) * 4`` bytes is no larger than at the batch
       where the policy reaches 32.  Depends on ``B`` and ``Hk`` only, never on the context, so
-      it is fixed per captured CUDA graph.
+      it is fixed per captured CUDA graph.  ``num_sms``: None = the current CUDA device's
+      multiprocessor count (132 on an H200; 132 without CUDA).  4 programs per SM is what the fast
+      decode kernel's 127 registers allow (issue 20); measured on the seed rank at 128K: 128 and
+      256 splits within 2 %, 64 and 512 splits 19 % / 67 % slower (``split_rows`` of
+      ``data/turboquant_fast_variants_h200.json``).
+
+    This is the one place the split count is chosen: size the decode workspace with it
+    (:func:`tqlab.reservation.decode_workspace_shapes`' ``num_kv_splits``, which the engine and
+    planner take from ``tq_max_kv_splits_for_cuda_graph``) and allocate ``mid_out`` with it.
 
     Raises:
         ValueError: unknown policy or non-positive sizes.
     """
+    if num_sms is None:
+        num_sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count \
+            if torch.cuda.is_available() else 132
     for name, v in (("batch", batch), ("num_kv_heads", num_kv_heads), ("num_sms", num_sms),
                     ("programs_per_sm", programs_per_sm), ("max_splits", max_splits)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -234,6 +245,34 @@ def _gather_request(cache, block_row: torch.Tensor, length: int) -> torch.Tensor
     return slots.permute(1, 0, 2, 3).reshape(hk, nblk * bs, sb)[:, :length]
 
 
+def _check_dequant(cache, block_table_row, cached_len, k_out, v_out, spec) -> tuple[torch.device, int]:
+    """Types, shapes and devices of :func:`dequant_kv`'s arguments; (device, blocks used)."""
+    for nm, t in (("block_table_row", block_table_row), ("k_out", k_out), ("v_out", v_out)):
+        _need_tensor(nm, t)
+    if isinstance(cached_len, bool) or not isinstance(cached_len, int) or cached_len < 0:
+        raise ValueError(f"cached_len must be a non-negative python int, got {cached_len!r}")
+    if k_out.dtype != torch.float16 or v_out.dtype != torch.float16:
+        raise TypeError(f"k_out/v_out must be float16 workspace buffers, got {k_out.dtype}/{v_out.dtype}")
+    if k_out.dim() != 4 or k_out.shape != v_out.shape or k_out.shape[0] != 1:
+        raise ValueError(f"k_out and v_out must both be (1, Hk, L, D); got {tuple(k_out.shape)} and {tuple(v_out.shape)}")
+    _, hk, length, d = k_out.shape
+    _check_head_dim(d, spec)
+    nb, chk, bs, _ = _check_cache(cache, spec, d)
+    if hk != chk:
+        raise ValueError(f"k_out has {hk} kv heads, cache has {chk}")
+    if cached_len > length:
+        raise ValueError(f"cached_len {cached_len} exceeds the workspace buffer length {length}")
+    if block_table_row.dtype not in _INT_DTYPES or block_table_row.dim() != 1:
+        raise TypeError(f"block_table_row must be a 1-D int32/int64 tensor, got {block_table_row.dtype} {tuple(block_table_row.shape)}")
+    need = -(-cached_len // bs)
+    if need > block_table_row.shape[0]:
+        raise ValueError(f"cached_len {cached_len} needs {need} blocks, block_table_row has {block_table_row.shape[0]}")
+    if k_out.stride(-1) != 1 or v_out.stride(-1) != 1:
+        raise ValueError("k_out/v_out must have a unit stride in the last (head_dim) dimension")
+    dev = _same_device(cache=cache, block_table_row=block_table_row, k_out=k_out, v_out=v_out)
+    return dev, need
+
+
 def dequant_kv(
     cache: torch.Tensor,
     block_table_row: torch.Tensor,
@@ -260,29 +299,9 @@ def dequant_kv(
             block id out of range (CPU).
     """
     spec = get_spec(spec)
-    for nm, t in (("block_table_row", block_table_row), ("k_out", k_out), ("v_out", v_out)):
-        _need_tensor(nm, t)
-    if isinstance(cached_len, bool) or not isinstance(cached_len, int) or cached_len < 0:
-        raise ValueError(f"cached_len must be a non-negative python int, got {cached_len!r}")
-    if k_out.dtype != torch.float16 or v_out.dtype != torch.float16:
-        raise TypeError(f"k_out/v_out must be float16 workspace buffers, got {k_out.dtype}/{v_out.dtype}")
-    if k_out.dim() != 4 or k_out.shape != v_out.shape or k_out.shape[0] != 1:
-        raise ValueError(f"k_out and v_out must both be (1, Hk, L, D); got {tuple(k_out.shape)} and {tuple(v_out.shape)}")
-    _, hk, length, d = k_out.shape
-    _check_head_dim(d, spec)
-    nb, chk, bs, _ = _check_cache(cache, spec, d)
-    if hk != chk:
-        raise ValueError(f"k_out has {hk} kv heads, cache has {chk}")
-    if cached_len > length:
-        raise ValueError(f"cached_len {cached_len} exceeds the workspace buffer length {length}")
-    if block_table_row.dtype not in _INT_DTYPES or block_table_row.dim() != 1:
-        raise TypeError(f"block_table_row must be a 1-D int32/int64 tensor, got {block_table_row.dtype} {tuple(block_table_row.shape)}")
-    need = -(-cached_len // bs)
-    if need > block_table_row.shape[0]:
-        raise ValueError(f"cached_len {cached_len} needs {need} blocks, block_table_row has {block_table_row.shape[0]}")
-    if k_out.stride(-1) != 1 or v_out.stride(-1) != 1:
-        raise ValueError("k_out/v_out must have a unit stride in the last (head_dim) dimension")
-    dev = _same_device(cache=cache, block_table_row=block_table_row, k_out=k_out, v_out=v_out)
+    dev, need = _check_dequant(cache, block_table_row, cached_len, k_out, v_out, spec)
+    nb = cache.shape[0]
+    d = k_out.shape[-1]
     if _is_meta(cache, block_table_row, k_out, v_out) or cached_len == 0:
         return
     if dev.type == "cpu":
@@ -290,9 +309,10 @@ def dequant_kv(
         if int(used.min()) < 0 or int(used.max()) >= nb:
             raise ValueError(f"block_table_row[:{need}] holds block ids outside [0, {nb})")
     if resolve_backend(backend, dev) == "triton":
+        from tqlab.turboquant import _triton_fast as tf
         from tqlab.turboquant import _triton_kernels as tk
 
-        tk.dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec)
+        (tf if tf.use_fast(spec, dev) else tk).dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec)
         return
     k, v = decode_slots(_gather_request(cache, block_table_row, cached_len), spec, d)
     k_out[0, :, :cached_len] = k.to(torch.float16)
@@ -337,6 +357,24 @@ def decode_attention(
             sequence longer than its block table row or block id out of range (CPU).
     """
     spec = get_spec(spec)
+    dev = _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse)
+    if _is_meta(query, cache, block_tables, seq_lens, mid_out, output, lse):
+        return output
+    if dev.type == "cpu":
+        _check_decode_ranges(cache, block_tables, seq_lens)
+    if query.shape[0] == 0:
+        return output
+    if resolve_backend(backend, dev) == "triton":
+        from tqlab.turboquant import _triton_fast as tf
+        from tqlab.turboquant import _triton_kernels as tk
+
+        kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
+        return kernels.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
+    return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
+
+
+def _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse) -> torch.device:
+    """Types, shapes and devices of :func:`decode_attention`'s arguments; returns the device."""
     for nm, t in (("query", query), ("block_tables", block_tables), ("seq_lens", seq_lens),
                   ("mid_out", mid_out), ("output", output), ("lse", lse)):
         _need_tensor(nm, t)
@@ -367,25 +405,22 @@ def decode_attention(
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     if query.stride(-1) != 1 or output.stride(-1) != 1 or mid_out.stride(-1) != 1:
         raise ValueError("query/output/mid_out must have unit stride in the last dimension")
-    dev = _same_device(query=query, cache=cache, block_tables=block_tables, seq_lens=seq_lens,
-                       mid_out=mid_out, output=output, lse=lse)
-    if _is_meta(query, cache, block_tables, seq_lens, mid_out, output, lse):
-        return output
-    max_len = block_tables.shape[1] * bs
-    if dev.type == "cpu" and b:
-        if int(seq_lens.min()) < 0 or int(seq_lens.max()) > max_len:
-            raise ValueError(f"seq_lens must lie in [0, {max_len}] (max_blocks x block_size), got {seq_lens.tolist()}")
-        for i in range(b):
-            used = block_tables[i, : -(-int(seq_lens[i]) // bs)]
-            if used.numel() and (int(used.min()) < 0 or int(used.max()) >= nb):
-                raise ValueError(f"block_tables[{i}] holds block ids outside [0, {nb}) within its sequence")
-    if b == 0:
-        return output
-    if resolve_backend(backend, dev) == "triton":
-        from tqlab.turboquant import _triton_kernels as tk
+    return _same_device(query=query, cache=cache, block_tables=block_tables, seq_lens=seq_lens,
+                        mid_out=mid_out, output=output, lse=lse)
 
-        return tk.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
-    return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
+
+def _check_decode_ranges(cache, block_tables, seq_lens) -> None:
+    """CPU only (a host sync elsewhere): sequence lengths and the block ids they use."""
+    nb, bs = cache.shape[0], cache.shape[2]
+    max_len = block_tables.shape[1] * bs
+    if not seq_lens.numel():
+        return
+    if int(seq_lens.min()) < 0 or int(seq_lens.max()) > max_len:
+        raise ValueError(f"seq_lens must lie in [0, {max_len}] (max_blocks x block_size), got {seq_lens.tolist()}")
+    for i in range(seq_lens.shape[0]):
+        used = block_tables[i, : -(-int(seq_lens[i]) // bs)]
+        if used.numel() and (int(used.min()) < 0 or int(used.max()) >= nb):
+            raise ValueError(f"block_tables[{i}] holds block ids outside [0, {nb}) within its sequence")
 
 
 def _decode_reference(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse):

@@ -2,7 +2,11 @@
 
 - ``tracer.py``      — :class:`WorkspaceTracer` and :func:`install_vllm_hook` for a live vLLM (or tqlab) manager
 - ``cpu_harness.py`` — vLLM 0.33's ``WorkspaceManager`` / ``TurboQuantMetadataBuilder`` on a CPU, beside tqlab's
-- ``vllm_args.py``   — a deployment from ``vllm serve`` arguments plus the model's ``config.json``
+- ``flags.py``       — vLLM 0.33's ``vllm serve`` flags (generated data) and the line parser
+- ``hf_config.py``   — the model's ``config.json``
+- ``deployment.py``  — a deployment from ``vllm serve`` arguments plus ``config.json`` (or a preset), built
+  once on a ``draft.py`` :class:`DeploymentDraft` (per field: value, source, notes); ``hybrid.py``: hybrid
+  models' block size and Mamba block-aligned split
 
 vLLM is imported lazily, only by functions whose names say ``vllm``; ``import tqlab.vllm``
 works without it. Bytes everywhere; "MB" in text means 2**20 bytes, as in vLLM's messages.

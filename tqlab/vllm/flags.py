@@ -19,13 +19,15 @@ import argparse
 import difflib
 import functools
 import json
+import math
 import re
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FLAGS_FILE", "VllmArgsError", "human_readable_int", "human_readable_int_or_auto", "parse_serve_args", "vllm_flags"]
+__all__ = ["ENV_KEY", "FLAGS_FILE", "VllmArgsError", "env_flag", "human_readable_int", "human_readable_int_or_auto", "lax_int",
+           "parse_serve_args", "split_serve_line", "vllm_flags"]
 
 FLAGS_FILE = Path(__file__).with_name("vllm_0_33_flags.json")
 
@@ -73,6 +75,33 @@ def human_readable_int_or_auto(value: str) -> int:
     return human_readable_int(value)
 
 
+def lax_int(value: Any, where: str) -> int:
+    """An integer as vLLM 0.33's config classes take one: pydantic's lax mode (vLLM's configs are pydantic dataclasses).
+
+    ``3``, ``3.0``, ``"3"``, ``" 3 "``, ``"+3"``, ``"1_000"``, ``"3.0"`` and ``True`` (1) are integers;
+    ``2.5``, ``"3.5"``, ``"x"``, ``"1k"``, ``"1e3"``, ``"0x10"``, ``""``, ``inf``, ``None`` and lists are not
+    (``pydantic`` ``int`` in lax mode: what ``CompilationConfig(cudagraph_capture_sizes=["1", "2.0"])``
+    does; checked against pydantic in ``parity/test_config_readers_parity.py``). Range checks are the
+    caller's. Raises :class:`VllmArgsError` naming ``where`` (the flag and key) and the value.
+    """
+    v = value
+    if isinstance(v, str):
+        t = v.strip()
+        if re.fullmatch(r"[+-]?[0-9]+(?:_[0-9]+)*", t):
+            return int(t)
+        m = re.fullmatch(r"([+-]?[0-9]+(?:_[0-9]+)*)\.0*", t)
+        if m:
+            return int(m.group(1))
+        raise VllmArgsError(f"{where} must be an integer, got {value!r}")
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and math.isfinite(v) and v.is_integer() and abs(v) < 2**63:
+        return int(v)
+    raise VllmArgsError(f"{where} must be an integer, got {value!r}")
+
+
 def _json_value(value: str) -> Any:
     """A JSON flag value; bare ``80m``-style numbers expanded as vLLM's ``_expand_json_human_readable_numbers``."""
     parts = re.split(r'("(?:[^"\\]|\\.)*")', value)
@@ -85,7 +114,9 @@ def _json_object(value: str) -> Any:
     try:
         v = _json_value(value)
     except (json.JSONDecodeError, argparse.ArgumentTypeError, ValueError) as e:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {value!r}") from None
+        raise argparse.ArgumentTypeError(f"not valid JSON ({e}): {_short(value)}") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError(f"JSON nested too deeply to read: {_short(value)}") from None
     if not isinstance(v, dict):
         raise argparse.ArgumentTypeError(f"must be a JSON object such as '{{\"key\": 1}}', got {value!r}")
     return v
@@ -200,6 +231,8 @@ def _preprocess(argv: list[str]) -> list[str]:
             name, *keys = key.split(".")
             try:
                 value: Any = json.loads(val)
+            except RecursionError:
+                raise VllmArgsError(f"vllm serve: argument {key}: JSON nested too deeply to read: {_short(val)}") from None
             except json.JSONDecodeError:
                 try:
                     value = human_readable_int(val)
@@ -237,6 +270,8 @@ def _pull_config_file(argv: list[str], notes: list[str]) -> list[str]:
         raise VllmArgsError(f"--config {path}: reading it needs PyYAML (pip install pyyaml)") from None
     try:
         data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except RecursionError:
+        raise VllmArgsError(f"--config {path}: nested too deeply to read") from None
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise VllmArgsError(f"--config {path}: cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
     if not isinstance(data, dict):
@@ -270,6 +305,56 @@ def _strip_launcher(argv: list[str]) -> list[str]:
     return argv
 
 
+ENV_KEY = "env"
+"""Key of :func:`parse_serve_args`'s result holding the line's leading ``NAME=value`` words (only when there are some)."""
+_ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
+ENV_APPLIED = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "lets --max-model-len exceed the derived length (vllm/envs.py; "
+                                               "vllm/config/model.py _get_and_verify_max_len)"}
+"""Environment variables that change what tqlab computes, with what they do in vLLM 0.33."""
+_ENV_NOTED = {"CUDA_VISIBLE_DEVICES": "which GPUs the process sees; the workspace per rank follows "
+                                      "--tensor-parallel-size, not this list"}
+
+
+def env_flag(env: dict[str, str] | None, name: str) -> bool:
+    """A boolean vLLM environment variable as ``vllm/envs.py`` reads it (``"1"``/``"true"``, any case, stripped).
+
+    ``env``: the serve line's ``NAME=value`` words (:data:`ENV_KEY`); where the line does not set
+    ``name``, this process's environment decides (a shell's prefix overrides its environment).
+    """
+    import os
+
+    value = (env or {}).get(name, os.environ.get(name, "0"))
+    return value.strip().lower() in ("1", "true")
+
+
+def split_serve_line(line: str) -> tuple[list[str], dict[str, str], list[str]]:
+    """A pasted shell command -> ``(argv, environment words, notes)``, as a POSIX shell splits it.
+
+    A backslash at the end of a line continues it (``vllm serve M \\`` newline ``--max-model-len 8k``);
+    leading ``NAME=value`` words (and a leading ``env``) are the command's environment:
+    :data:`ENV_APPLIED` ones change the result, the others are noted. Raises :class:`VllmArgsError`
+    for unbalanced quotes.
+    """
+    text = re.sub(r"\\\r?\n", " ", line)
+    try:
+        words = shlex.split(text)
+    except ValueError as e:
+        raise VllmArgsError(f"vllm serve line: {e} (shell quoting)") from None
+    env: dict[str, str] = {}
+    notes: list[str] = []
+    if words[:1] == ["env"]:
+        words = words[1:]
+    while words and _ENV_WORD.fullmatch(words[0]) and not words[0].startswith("-"):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+        if name in ENV_APPLIED:
+            notes.append(f"environment {name}={value}: applied ({ENV_APPLIED[name]})")
+        else:
+            why = _ENV_NOTED.get(name, "not read by tqlab; no effect on the workspace in tqlab's model")
+            notes.append(f"environment {name}={value}: {why}")
+    return words, env, notes
+
+
 def _unknown_flag_error(extra: list[str]) -> VllmArgsError:
     for tok in extra:
         if tok.startswith("-") and not re.fullmatch(r"-\d+(\.\d+)?", tok):
@@ -284,7 +369,9 @@ def _unknown_flag_error(extra: list[str]) -> VllmArgsError:
 def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str, Any], list[str]]:
     """Parse a ``vllm serve`` line like vLLM 0.33 -> ``({dest: value} of the flags given, notes)``.
 
-    ``engine_args``: a shell-quoted string or argv; a leading ``vllm serve`` /
+    ``engine_args``: a shell-quoted string (multi-line with ``\\`` continuations, leading
+    ``NAME=value`` environment words: :func:`split_serve_line`; they come back under
+    :data:`ENV_KEY`) or argv; a leading ``vllm serve`` /
     ``python -m vllm.entrypoints.openai.api_server`` is dropped; the model is
     ``model_tag``; ``--config FILE.yaml`` is expanded as vLLM does. Values are converted with vLLM's own types (JSON configs
     are dicts). Raises :class:`VllmArgsError` (one line) for an unknown flag
@@ -292,11 +379,12 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
     """
     if engine_args is None:
         return {}, []
-    try:
-        argv = shlex.split(engine_args) if isinstance(engine_args, str) else [str(a) for a in engine_args]
-    except ValueError as e:
-        raise VllmArgsError(f"vllm serve line: {e} (shell quoting)") from None
+    env: dict[str, str] = {}
     notes: list[str] = []
+    if isinstance(engine_args, str):
+        argv, env, notes = split_serve_line(engine_args)
+    else:
+        argv = [str(a) for a in engine_args]
     argv = _preprocess(_pull_config_file(_strip_launcher(argv), notes))
     parser = _serve_parser()
     try:
@@ -314,4 +402,7 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
             full = [o for o in opts if o.startswith(name)]
             if len(full) == 1:
                 notes.append(f"{name} read as {full[0]}: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)")
-    return vars(ns), notes
+    given = vars(ns)
+    if env:
+        given[ENV_KEY] = env
+    return given, notes

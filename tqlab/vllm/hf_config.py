@@ -33,6 +33,12 @@ it mirrors in vLLM 0.33:
   DeltaNet (Qwen3-Next/Qwen3.5: ``linear_*`` keys,
   ``MambaStateShapeCalculator.gated_delta_net_state_shape``) and Mamba2
   (Nemotron-H: ``mamba_num_heads``..., ``mamba2_state_shape``).
+* MLA, the sparse indexer and MoE (issue 19, :func:`_consumer_fields`): a model whose ``model_type`` is in
+  vLLM's ``is_deepseek_mla`` list (``model_arch_config_convertor.py``) and has ``kv_lora_rank`` uses MLA: its head
+  size is ``kv_lora_rank + qk_rope_head_dim`` (``get_head_size``; 576 for DeepSeek-V3) and it has one KV head
+  (``ModelConfig.get_num_kv_heads``: "during decode it becomes MQA"); ``index_topk``/``index_head_dim``/
+  ``index_n_heads`` give the sparse indexer; ``n_routed_experts`` or ``num_experts`` (> 1) with
+  ``num_experts_per_tok`` and ``moe_intermediate_size`` give a MoE block.
 """
 
 from __future__ import annotations
@@ -40,12 +46,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
+from tqlab.core.model_arch import IndexerFields, MLAFields, MoEFields
+from tqlab.vllm.hf_families import FALCON_TYPES, apply_hf_overrides, family_view
+
+__all__ = ["KV_HEAD_KEYS", "NEMOTRON_H_ARCHITECTURES", "HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
 
 MAX_LEN_KEYS = (
     "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -55,6 +65,11 @@ MAX_LEN_KEYS = (
 ATTENTION_LAYER_TYPES = frozenset({"full_attention", "indexed_attention", "deepseek_sparse_attention", "qwen_sparse_attention"})
 """``layer_types`` values vLLM 0.33 counts as attention in a hybrid model (``_ATTENTION_LAYER_TYPES``)."""
 _ALL_ATTENTION_TYPES = ATTENTION_LAYER_TYPES | {"attention", "sliding_attention", "chunked_attention"}
+_ALLOWED_LAYER_TYPES = frozenset({
+    "full_attention", "sliding_attention", "chunked_attention", "window_attention", "indexed_attention",
+    "compressed_sparse_attention", "heavily_compressed_attention", "minimax_m3_sparse", "conv", "moe", "hybrid",
+    "hybrid_sliding", "reference_sliding_attention", "linear_attention", "sparse", "dense"})
+"""transformers' ``ALLOWED_LAYER_TYPES``: a ``rope_parameters`` keyed only by these is one dict per layer type."""
 _ROPE_NO_FACTOR = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
 DEFAULT_MAX_LEN = 2048
 """vLLM's fallback when config.json has none of :data:`MAX_LEN_KEYS`."""
@@ -107,10 +122,12 @@ class ModelShape:
     ``num_hidden_layers`` (all layers), ``attention_layers`` (indices of the
     layers with an attention KV cache: all of them unless hybrid),
     ``hybrid`` (the marker that said so, or None), ``max_len``/``max_len_key``
-    (vLLM's derived context length and the key it came from, None: default
-    2048), ``model_max_length`` (that key alone: vLLM lets a longer
+    (vLLM's default ``max_model_len`` and the key it came from, None: default
+    2048), ``max_len_limit``/``max_len_limit_key`` (the derived length a ``--max-model-len`` may
+    reach and its key: above ``max_len`` only with longrope), ``model_max_length`` (that key alone: vLLM lets a longer
     ``--max-model-len`` through up to it), ``dtype`` (``torch_dtype``/``dtype`` string or None), ``mamba``
-    (:class:`MambaState` or None), ``sources`` (field -> where it came from).
+    (:class:`MambaState` or None), ``sources`` (field -> where it came from), ``notes`` (what
+    ``--hf-overrides`` did that a reader should know), ``hf_overrides`` (the keys it set, dotted).
     """
 
     path: str
@@ -127,6 +144,19 @@ class ModelShape:
     mamba: MambaState | None = None
     model_max_length: int | None = None
     sources: dict[str, str] = field(default_factory=dict, compare=False)
+    max_len_limit: int | None = None
+    max_len_limit_key: str | None = None
+    notes: tuple[str, ...] = field(default=(), compare=False)
+    hf_overrides: tuple[str, ...] = ()
+
+    @property
+    def longest_max_model_len(self) -> int:
+        """The longest ``--max-model-len`` vLLM accepts without ``VLLM_ALLOW_LONG_MAX_MODEL_LEN``
+        (``max_len`` unless longrope made ``max_len`` only the default)."""
+        return self.max_len if self.max_len_limit is None else self.max_len_limit
+    mla: MLAFields | None = None
+    indexer: IndexerFields | None = None
+    moe: MoEFields | None = None
 
     @property
     def num_attention_layers(self) -> int:
@@ -148,6 +178,9 @@ def _load(source: str | os.PathLike | Mapping[str, Any]) -> tuple[str, Any]:
         raise HFConfigError(f"{name}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
         raise HFConfigError(f"{name}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    except RecursionError:  # json's decoder recurses once per nesting level
+        raise HFConfigError(f"{name}: nested too deeply to read (more than about {sys.getrecursionlimit()} levels "
+                            "of objects or lists; a config.json is a few levels deep)") from None
     except OSError as e:
         raise HFConfigError(f"{name}: cannot be read ({e.strerror})") from None
 
@@ -155,11 +188,19 @@ def _load(source: str | os.PathLike | Mapping[str, Any]) -> tuple[str, Any]:
 class _Reader:
     """Typed access to one config dict, every error naming the file and key."""
 
-    def __init__(self, where: str, cfg: Mapping[str, Any], prefix: str = "") -> None:
-        self.where, self.cfg, self.prefix = where, cfg, prefix
+    def __init__(self, where: str, cfg: Mapping[str, Any], prefix: str = "", overridden: set[str] | None = None) -> None:
+        self.where, self.cfg, self.prefix, self.overridden = where, cfg, prefix, overridden or set()
 
     def fail(self, key: str, msg: str) -> HFConfigError:
+        if key.split(".")[0] in self.overridden:
+            return HFConfigError(f"--hf-overrides {self.prefix}{key} {msg}")
         return HFConfigError(f"{self.where}: {self.prefix}{key} {msg}")
+
+    def src(self, key: str) -> str:
+        """Where ``key`` came from: ``"flag --hf-overrides KEY"`` or ``"config.json KEY"``."""
+        if key.split(":")[0] in self.overridden:
+            return f"flag --hf-overrides {self.prefix}{key}"
+        return f"config.json {self.prefix}{key}"
 
     def int(self, key: str, *, minimum: int = 1, required: bool = False) -> int | None:
         v = self.cfg.get(key)
@@ -189,13 +230,21 @@ def _short(v: Any) -> str:
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
+def read_hf_config(source: str | os.PathLike | Mapping[str, Any], hf_overrides: Any = None) -> ModelShape:
     """Read and validate a model's ``config.json`` (a path, its folder, or the parsed dict).
 
+    ``hf_overrides``: vLLM's ``--hf-overrides`` object, applied before anything is read
+    (:func:`~tqlab.vllm.hf_families.apply_hf_overrides`); errors in a value it set name the flag.
+    Families are read through their config class (:func:`~tqlab.vllm.hf_families.family_view`):
+    KV heads as ``ModelArchConfigConvertorBase.get_total_num_kv_heads`` (the first of
+    :data:`KV_HEAD_KEYS`, else the query heads; Falcon: 1 with ``multi_query`` unless
+    ``new_decoder_architecture``, ``FalconModelArchConfigConvertor``), layers as
+    ``get_num_hidden_layers`` (ChatGLM ``num_layers``), lengths as :func:`_max_len`.
+
     Raises :class:`HFConfigError` (a ``ValueError``) naming the file for: a
-    missing, empty, truncated or non-UTF-8 file; a top level that is not an
+    missing, empty, truncated, non-UTF-8 or too deeply nested file; a top level that is not an
     object; ``num_attention_heads`` missing/null/not a positive integer
-    (``32.7`` is an error, never truncated); ``num_key_value_heads`` not a
+    (``32.7`` is an error, never truncated); a KV-head key not a
     positive integer (absent: the query heads, as in vLLM; ``0`` is an error);
     no ``head_dim`` and no ``hidden_size``; ``hidden_size`` not divisible by
     the heads; a max-length key that is not a positive integer (``1e400`` is
@@ -205,23 +254,27 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
     where, raw = _load(source)
     if not isinstance(raw, dict):
         raise HFConfigError(f"{where}: the top level must be a JSON object, got {type(raw).__name__} {_short(raw)}")
+    overridden: set[str] = set()
+    notes: list[str] = []
+    if hf_overrides is not None:
+        try:
+            raw, overridden, notes = apply_hf_overrides(raw, hf_overrides)
+        except ValueError as e:
+            raise HFConfigError(str(e)) from None
     text = raw.get("text_config")
     if text is not None and not isinstance(text, dict):
         raise HFConfigError(f"{where}: text_config must be an object, got {_short(text)}")
-    cfg = text if text is not None else raw
-    r = _Reader(where, cfg, "text_config." if text is not None else "")
-    src = "config.json " + r.prefix
+    prefix = "text_config." if text is not None else ""
+    model_type = (text or {}).get("model_type") or raw.get("model_type")
+    cfg, family_src = family_view(text if text is not None else raw, model_type if isinstance(model_type, str) else None)
+    r = _Reader(where, cfg, prefix, {k[len(prefix):] for k in overridden if k.startswith(prefix)})
     sources: dict[str, str] = {}
     hq = r.int("num_attention_heads", required=True)
-    hk = r.int("num_key_value_heads")
-    sources["num_attention_heads"] = src + "num_attention_heads"
-    if hk is None:
-        hk, sources["num_key_value_heads"] = hq, "derived: no num_key_value_heads, = num_attention_heads (vLLM)"
-    else:
-        sources["num_key_value_heads"] = src + "num_key_value_heads"
+    sources["num_attention_heads"] = family_src.get("num_attention_heads", r.src("num_attention_heads"))
+    hk, sources["num_key_value_heads"] = _kv_heads(r, hq, model_type, family_src)
     d = r.int("head_dim")
     if d is not None:
-        sources["head_dim"] = src + "head_dim"
+        sources["head_dim"] = r.src("head_dim")
     else:
         hidden = r.int("hidden_size")
         if hidden is None:
@@ -230,12 +283,21 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
             raise r.fail("hidden_size", f"({hidden}) is not divisible by num_attention_heads ({hq}); give head_dim")
         d = hidden // hq
         sources["head_dim"] = f"derived: hidden_size // num_attention_heads = {hidden} // {hq} = {d}"
+    mla, indexer, moe = _consumer_fields(r, raw)
+    if mla is not None:
+        hk, d = 1, mla.head_size
+        sources["num_key_value_heads"] = "derived: MLA, one latent KV head (vLLM ModelConfig.get_num_kv_heads)"
+        sources["head_dim"] = (f"derived: MLA head size kv_lora_rank + qk_rope_head_dim = {mla.kv_lora_rank} + "
+                               f"{mla.qk_rope_head_dim} = {d} (vLLM get_head_size)")
     n_layers = r.int("num_hidden_layers") or 1
     attn, hybrid = _attention_layers(r, n_layers)
     if not attn:
         raise HFConfigError(f"{where}: {hybrid} marks no attention layer: no TurboQuant workspace consumer")
-    sources["num_hidden_layers"] = (src + f"{hybrid}: {len(attn)} attention layers of {n_layers}") if hybrid else (src + "num_hidden_layers")
-    max_len, key = _max_len(r, raw)
+    layers_src = family_src.get("num_hidden_layers", r.src("num_hidden_layers"))
+    sources["num_hidden_layers"] = (r.src(f"{hybrid}: {len(attn)} attention layers of {n_layers}") if hybrid else layers_src)
+    max_len, limit, limit_key, key = _max_len(r, model_type)
+    if key is not None and key.split(" ")[0] in family_src:
+        sources["max_len"] = family_src[key.split(" ")[0]]
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
     archs = raw.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
@@ -243,8 +305,27 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any]) -> ModelShape:
         path=where, num_attention_heads=hq, num_key_value_heads=hk, head_dim=d, num_hidden_layers=n_layers,
         attention_layers=attn, hybrid=hybrid, max_len=max_len, max_len_key=key,
         dtype=None if dtype is None else str(dtype), architecture=arch,
-        mamba=_mamba_state(r) if hybrid else None, model_max_length=r.int("model_max_length"), sources=sources,
+        mamba=_mamba_state(r, arch) if hybrid else None, model_max_length=r.int("model_max_length"), sources=sources,
+        max_len_limit=limit, max_len_limit_key=limit_key, notes=tuple(notes), hf_overrides=tuple(sorted(overridden)),
+        mla=mla, indexer=indexer, moe=moe,
     )
+
+
+KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query_group_num", "num_attention_groups")
+"""vLLM 0.33 ``CONFIG_FIELD_ALIASES["total_num_kv_heads"]`` (``vllm/transformers_utils/config.py``), in its order."""
+
+
+def _kv_heads(r: _Reader, hq: int, model_type: Any, family_src: Mapping[str, str]) -> tuple[int, str]:
+    """``(KV heads, source)``: ``get_total_num_kv_heads`` of vLLM's convertor for this family."""
+    if model_type in FALCON_TYPES and not r.cfg.get("new_decoder_architecture") and r.cfg.get("multi_query"):
+        return 1, ("derived: Falcon multi_query without new_decoder_architecture: one KV head "
+                   "(vLLM FalconModelArchConfigConvertor.get_total_num_kv_heads)")
+    for key in KV_HEAD_KEYS:
+        v = r.int(key)
+        if v is not None:
+            return v, family_src.get(key, r.src(key))
+    return hq, ("derived: no num_key_value_heads (nor n_head_kv, num_kv_heads, multi_query_group_num, "
+                "num_attention_groups), = num_attention_heads (vLLM)")
 
 
 def _attention_layers(r: _Reader, n: int) -> tuple[tuple[int, ...], str | None]:
@@ -285,7 +366,32 @@ def _attention_layers(r: _Reader, n: int) -> tuple[tuple[int, ...], str | None]:
     return tuple(range(n)), None
 
 
-def _max_len(r: _Reader, raw: Mapping[str, Any]) -> tuple[int, str | None]:
+def _rope_parameters(r: _Reader) -> list[dict[str, Any]]:
+    """The RoPE parameter dicts, one per layer type if nested (vLLM ``iter_rope_parameters``), with the
+    legacy ``type`` key read as ``rope_type`` and ``su`` as ``longrope`` (``patch_legacy_rope_type``)."""
+    rope = r.cfg.get("rope_parameters") or r.cfg.get("rope_scaling")
+    if not isinstance(rope, dict) or not rope:
+        return []
+    nested = set(rope) <= _ALLOWED_LAYER_TYPES | {"main", "compress"}
+    out = []
+    for rp in (rope.values() if nested else [rope]):
+        if isinstance(rp, dict) and rp:
+            rtype = rp.get("rope_type", rp.get("type", "default"))
+            out.append({**rp, "rope_type": "longrope" if rtype == "su" else rtype})
+    return out
+
+
+def _max_len(r: _Reader, model_type: Any) -> tuple[int, int, str | None, str | None]:
+    """``(max_model_len by default, the longest --max-model-len allowed, its key, the default's key)``
+    as vLLM 0.33 derives them.
+
+    ``derive_max_model_len_and_key`` (``vllm/transformers_utils/model_arch_config_convertor.py``):
+    the smallest of :data:`MAX_LEN_KEYS`, but a ``model_max_length`` (Command-R, Cohere2) replaces it
+    outright; none: 2048. ``_get_and_verify_max_len`` (``vllm/config/model.py``): times the RoPE
+    ``factor`` unless the type is su/longrope/llama3/yarn/deepseek_yarn/deepseek_llama_scaling or the
+    model is Gemma 3; the default is that length, except with longrope: ``original_max_position_embeddings``
+    (Phi-3-128k: 4096 by default, ``--max-model-len 131072`` accepted).
+    """
     best, key = math.inf, None
     for k in MAX_LEN_KEYS:
         v = r.cfg.get(k)
@@ -296,24 +402,42 @@ def _max_len(r: _Reader, raw: Mapping[str, Any]) -> tuple[int, str | None]:
         v = r.int(k)
         if v < best:
             best, key = v, k
-    if key is None:
-        return DEFAULT_MAX_LEN, None
-    rope = r.cfg.get("rope_parameters") or r.cfg.get("rope_scaling")
-    if isinstance(rope, dict) and "gemma3" not in str(raw.get("model_type", "")):
-        rtype = rope.get("rope_type", rope.get("type", "default"))
-        factor = rope.get("factor")
-        if rtype == "longrope":
-            orig = r.int("original_max_position_embeddings")
-            return (orig, "original_max_position_embeddings") if orig else (int(best), key)
-        if rtype not in _ROPE_NO_FACTOR and factor is not None:
-            if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 2**20:
-                raise r.fail("rope_scaling.factor", f"must be a positive number, got {factor!r}")
-            return int(best * factor), f"{key} x rope factor {factor}"
-    return int(best), key
+    mml = r.int("model_max_length")
+    if mml:
+        best, key = mml, "model_max_length"
+    derived: float = DEFAULT_MAX_LEN if key is None else best
+    ropes = _rope_parameters(r)
+    if ropes and "gemma3" not in str(model_type or ""):
+        factor: Any = 1.0
+        for rp in ropes:
+            if rp["rope_type"] not in _ROPE_NO_FACTOR:
+                factor = rp.get("factor", factor)
+        if factor is None:
+            factor = 1.0
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < 2**20:
+            raise r.fail("rope_scaling.factor", f"must be a positive number, got {factor!r}")
+        if factor != 1.0:
+            derived, key = derived * factor, f"{key or 'default 2048'} x rope factor {factor}"
+    limit = int(derived)
+    if any(rp["rope_type"] == "longrope" for rp in ropes):
+        orig = r.int("original_max_position_embeddings")
+        if orig:
+            return orig, limit, key, "original_max_position_embeddings"
+    return limit, limit, key, key
 
 
-def _mamba_state(r: _Reader) -> MambaState | None:
-    """The per-layer recurrent state (GDN or Mamba2), or None if the config does not describe one."""
+NEMOTRON_H_ARCHITECTURES = frozenset({"NemotronHForCausalLM", "NemotronHPuzzleForCausalLM", "NemotronH_Nano_VL_V2"})
+"""Architectures whose SSM state defaults to the config's ``mamba_ssm_cache_dtype``, else float32: vLLM 0.33
+``vllm/model_executor/models/config.py`` ``MODELS_CONFIG_MAP`` -> ``NemotronHForCausalLMConfig.update_mamba_ssm_cache_dtype``
+(``NemotronH_Nano_VL_V2`` reads its ``text_config``). Keyed on the architecture, as vLLM does, not on
+how the layer pattern is spelled (``hybrid_override_pattern`` or ``layers_block_type``)."""
+
+
+def _mamba_state(r: _Reader, arch: str | None = None) -> MambaState | None:
+    """The per-layer recurrent state (GDN or Mamba2), or None if the config does not describe one.
+
+    ``arch``: ``architectures[0]``; :data:`NEMOTRON_H_ARCHITECTURES` get vLLM's float32 SSM-state default.
+    """
     c = r.cfg
     ssm = c.get("mamba_ssm_dtype") if isinstance(c.get("mamba_ssm_dtype"), str) else None
     if "linear_num_value_heads" in c:
@@ -327,6 +451,46 @@ def _mamba_state(r: _Reader) -> MambaState | None:
         kernel = r.int("conv_kernel", required=True)
         # Nemotron-H: vLLM's NemotronHForCausalLMConfig uses the config's mamba_ssm_cache_dtype, else float32
         nem = c.get("mamba_ssm_cache_dtype") if isinstance(c.get("mamba_ssm_cache_dtype"), str) else "float32"
-        ssm = ssm or (nem if "hybrid_override_pattern" in c else None)
+        ssm = ssm or (nem if arch in NEMOTRON_H_ARCHITECTURES else None)
         return MambaState("mamba2", heads * hd, kernel - 1, (heads, hd, state), groups, state, ssm_dtype=ssm)
     return None
+
+
+MLA_MODEL_TYPES = frozenset({
+    "axk1", "deepseek_v2", "deepseek_v3", "deepseek_v32", "dots3_note", "deepseek_mtp", "k3_dspark", "glm5_next",
+    "glm5_next_text", "glm_moe_dsa", "glm4_moe_lite", "glm4_moe_lite_mtp", "kimi_k2", "kimi_linear", "longcat_flash",
+    "pangu_ultra_moe", "pangu_ultra_moe_mtp", "bailing_hybrid", "bailing_hybrid_mtp", "bailing_hybrid_v3_mtp",
+    "hy_v4", "hy_v4_mtp",
+})
+"""vLLM 0.33 ``is_deepseek_mla``'s model types (DeepSeek-V4/V4.1, compressed-KV models, are left out: tqlab does not model them)."""
+
+
+def _consumer_fields(r: _Reader, raw: Mapping[str, Any]) -> tuple[MLAFields | None, IndexerFields | None, MoEFields | None]:
+    """``(mla, indexer, moe)`` read from config.json as vLLM does (see the module docstring); None where absent."""
+    c = r.cfg
+    model_type = c.get("model_type", raw.get("model_type"))
+    mla = None
+    if model_type in MLA_MODEL_TYPES and c.get("kv_lora_rank") is not None:
+        try:
+            mla = MLAFields(r.int("kv_lora_rank", required=True), r.int("qk_rope_head_dim", minimum=0) or 0,
+                            r.int("qk_nope_head_dim", required=True), r.int("v_head_dim", required=True),
+                            r.int("q_lora_rank"))
+        except ValueError as e:
+            raise HFConfigError(f"{r.where}: {e}") from None
+    indexer = None
+    if c.get("index_topk") is not None:
+        indexer = IndexerFields(r.int("index_topk", required=True), r.int("index_head_dim", required=True),
+                                r.int("index_n_heads", required=True))
+    moe = None
+    experts = r.int("n_routed_experts") or r.int("num_experts")
+    if experts is not None and experts > 1 and c.get("num_experts_per_tok") is not None:
+        hidden = r.int("hidden_size", required=True)
+        inter = r.int("moe_intermediate_size") or r.int("intermediate_size", required=True)
+        qcfg = raw.get("quantization_config")
+        quant = qcfg.get("quant_method") if isinstance(qcfg, dict) else None
+        try:
+            moe = MoEFields(experts, r.int("num_experts_per_tok", required=True), inter, hidden,
+                            r.int("n_shared_experts", minimum=0) or 0, None if quant is None else str(quant))
+        except ValueError as e:
+            raise HFConfigError(f"{r.where}: {e}") from None
+    return mla, indexer, moe

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 
-from tqlab.core.workspace import compute_layout, format_mb
+from tqlab.core.workspace import format_mb
 
 
 VLLM_WORKSPACE_MODULE = "vllm.v1.worker.workspace"
@@ -55,6 +55,8 @@ class CallerStats:
     call's total, 256-byte aligned per view, in bytes); ``growths`` counts the
     requests that made the workspace grow; ``violations`` those refused by a
     locked workspace; ``slots`` the ubatch slots (vLLM: workspace ids) used.
+    ``before_lock_bytes`` / ``after_lock_bytes``: the largest request made while
+    the workspace was unlocked / locked (0: none in that phase).
     """
 
     caller: str
@@ -64,9 +66,16 @@ class CallerStats:
     growths: int = 0
     violations: int = 0
     slots: list[int] = field(default_factory=list)
+    before_lock_bytes: int = 0
+    after_lock_bytes: int = 0
+
+    @property
+    def high_water_phase(self) -> str:
+        """``"after lock"`` when the largest request came while locked, else ``"before lock"``."""
+        return "after lock" if self.after_lock_bytes >= self.high_water_bytes > 0 else "before lock"
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "high_water_phase": self.high_water_phase}
 
 
 @dataclass(frozen=True)
@@ -104,20 +113,27 @@ def _caller(skip_frames: int = 1) -> str:
     records is the one the manager itself would name.
     """
     frame = sys._getframe(skip_frames)
-    tq_ws = os.path.normcase(os.path.abspath(sys.modules["tqlab.core.workspace"].__file__))
     while frame is not None:
         code = frame.f_code
-        fname = os.path.normcase(os.path.abspath(code.co_filename))
-        qual = getattr(code, "co_qualname", code.co_name)
-        if (
-            fname == tq_ws
-            or fname.endswith(os.path.normcase("contextlib.py"))
-            or qual.startswith("WorkspaceManager.")
-        ):
+        base = _CODE_NAME.get(code)
+        if base is None:
+            base = _CODE_NAME[code] = "" if _skipped(code) else os.path.basename(code.co_filename)
+        if not base:
             frame = frame.f_back
             continue
-        return f"{os.path.basename(code.co_filename)}:{frame.f_lineno}:{code.co_name}"
+        return f"{base}:{frame.f_lineno}:{code.co_name}"
     return "unknown"
+
+
+_CODE_NAME: dict[Any, str] = {}  # code object -> its file's base name, "" when _caller skips it (one lookup per frame)
+
+
+def _skipped(code: Any) -> bool:
+    if getattr(code, "co_qualname", code.co_name).startswith("WorkspaceManager."):
+        return True
+    fname = os.path.normcase(os.path.abspath(code.co_filename))
+    tq_ws = os.path.normcase(os.path.abspath(sys.modules["tqlab.core.workspace"].__file__))
+    return fname == tq_ws or fname.endswith(os.path.normcase("contextlib.py"))
 
 
 def _disguise(fn: Callable, qualname: str, filename: str | None = None) -> Callable:
@@ -180,6 +196,10 @@ class WorkspaceTracer:
     ``attach`` wraps methods on the instance only (the class and other
     managers are untouched); ``detach`` restores them. One tracer can watch
     several managers. Thread-safe: DBO ubatch threads may call concurrently.
+    ``on_event``, if set, is called with ``"lock"``, ``"unlock"`` or
+    ``"refused"`` right after that event is recorded -- for a refusal, before
+    the manager's ``AssertionError`` propagates (the vLLM plugin flushes its
+    record there, :mod:`tqlab.vllm.trace_record`).
 
     Attributes:
         callers: ``{caller: CallerStats}``.
@@ -193,6 +213,7 @@ class WorkspaceTracer:
         self.locks: list[LockRecord] = []
         self._attached: list[tuple[Any, dict[str, Any]]] = []
         self._mutex = threading.Lock()
+        self.on_event: Callable[[str], None] | None = None
         if manager is not None:
             self.attach(manager)
 
@@ -232,6 +253,10 @@ class WorkspaceTracer:
     def attached(self) -> bool:
         return bool(self._attached)
 
+    def managers(self) -> list[Any]:
+        """The managers this tracer watches now, in attach order."""
+        return [m for m, _ in self._attached]
+
     def __enter__(self) -> "WorkspaceTracer":
         return self
 
@@ -239,30 +264,41 @@ class WorkspaceTracer:
         self.detach()
 
     # -- recording ------------------------------------------------------------ #
-    def _record_request(self, caller: str, nbytes: int, slot: int, grew: bool) -> None:
+    def _stats(self, caller: str, nbytes: int, slot: int, locked: bool) -> CallerStats:
+        """The caller's stats with one more request counted (call with the mutex held)."""
+        st = self.callers.get(caller)
+        if st is None:
+            st = self.callers[caller] = CallerStats(caller)
+        st.requests += 1
+        st.last_bytes = nbytes
+        if nbytes > st.high_water_bytes:
+            st.high_water_bytes = nbytes
+        if locked:
+            st.after_lock_bytes = max(st.after_lock_bytes, nbytes)
+        else:
+            st.before_lock_bytes = max(st.before_lock_bytes, nbytes)
+        if slot not in st.slots:
+            st.slots.append(slot)
+        return st
+
+    def _record_request(self, caller: str, nbytes: int, slot: int, grew: bool, locked: bool = False) -> None:
         with self._mutex:
-            st = self.callers.get(caller)
-            if st is None:
-                st = self.callers[caller] = CallerStats(caller)
-            st.requests += 1
-            st.last_bytes = nbytes
-            st.high_water_bytes = max(st.high_water_bytes, nbytes)
-            st.growths += int(grew)
-            if slot not in st.slots:
-                st.slots.append(slot)
+            self._stats(caller, nbytes, slot, locked).growths += int(grew)
 
     def _record_violation(self, caller: str, nbytes: int, current: int, slot: int, message: str) -> None:
         with self._mutex:
-            st = self.callers.get(caller)
-            if st is None:
-                st = self.callers[caller] = CallerStats(caller)
-            st.requests += 1
-            st.violations += 1
-            st.last_bytes = nbytes
-            st.high_water_bytes = max(st.high_water_bytes, nbytes)
-            if slot not in st.slots:
-                st.slots.append(slot)
+            self._stats(caller, nbytes, slot, True).violations += 1
             self.violations.append(Violation(caller, nbytes, current, slot, message))
+        self._notify("refused")
+
+    def _record_lock(self, kind: str, sizes: tuple[int, ...], caller: str) -> None:
+        with self._mutex:
+            self.locks.append(LockRecord(kind, sizes, caller))
+        self._notify(kind)
+
+    def _notify(self, event: str) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
 
     def _wrap_vllm(self, manager: Any) -> None:
         tracer = self
@@ -279,17 +315,17 @@ class WorkspaceTracer:
                 if manager.is_locked() and current < required_bytes:
                     tracer._record_violation(caller, required_bytes, current, slot, str(e))
                 raise
-            tracer._record_request(caller, required_bytes, slot, current < required_bytes)
+            tracer._record_request(caller, required_bytes, slot, current < required_bytes, manager.is_locked())
             return out
 
         def _lock(*a, **k):
             out = lock(*a, **k)
-            tracer.locks.append(LockRecord("lock", _vllm_sizes(manager), _caller(2)))
+            tracer._record_lock("lock", _vllm_sizes(manager), _caller(2))
             return out
 
         def _unlock(*a, **k):
             out = unlock(*a, **k)
-            tracer.locks.append(LockRecord("unlock", _vllm_sizes(manager), _caller(2)))
+            tracer._record_lock("unlock", _vllm_sizes(manager), _caller(2))
             return out
 
         # vLLM's manager names its caller by frame qualname (it has no workspace_wrapper): hence _disguise, here only
@@ -308,7 +344,7 @@ class WorkspaceTracer:
             caller = _caller(2)
             slot = tq_ws.current_ubatch_id()
             try:
-                need = compute_layout(shapes_and_dtypes).total_bytes
+                need = manager.layout(*shapes_and_dtypes).total_bytes  # the manager's cached layout
                 current = manager.size_bytes(slot)
             except (TypeError, ValueError):
                 return get(*shapes_and_dtypes)  # let the manager raise its own error
@@ -317,17 +353,17 @@ class WorkspaceTracer:
             except tq_ws.WorkspaceLockedError as e:
                 tracer._record_violation(caller, need, current, slot, str(e))
                 raise
-            tracer._record_request(caller, need, slot, current < need)
+            tracer._record_request(caller, need, slot, current < need, manager.is_locked())
             return out
 
         def _lock(*a, **k):
             out = lock(*a, **k)
-            tracer.locks.append(LockRecord("lock", tuple(manager.sizes_bytes()), _caller(2)))
+            tracer._record_lock("lock", tuple(manager.sizes_bytes()), _caller(2))
             return out
 
         def _unlock(*a, **k):
             out = unlock(*a, **k)
-            tracer.locks.append(LockRecord("unlock", tuple(manager.sizes_bytes()), _caller(2)))
+            tracer._record_lock("unlock", tuple(manager.sizes_bytes()), _caller(2))
             return out
 
         # tqlab's manager skips frames marked with workspace_wrapper when it names a caller (no _disguise needed)
@@ -396,14 +432,17 @@ _MISSING = object()
 _HOOK: dict[str, Any] = {}
 
 
-def install_vllm_hook(json_path: str | os.PathLike | None = None) -> WorkspaceTracer:
+def install_vllm_hook(json_path: str | os.PathLike | None = None, *, tracer: WorkspaceTracer | None = None,
+                      on_attach: Callable[[Any], None] | None = None) -> WorkspaceTracer:
     """Trace every vLLM workspace manager this process creates (and the current one).
 
     Wraps ``vllm.v1.worker.workspace.WorkspaceManager.__init__`` so each new
     manager gets the returned tracer attached; if a manager already exists it
-    is attached now. Run this in the process that owns the GPU (vLLM's worker
-    / EngineCore process), e.g. from a ``vllm.general_plugins`` entry point.
-    With ``json_path`` (default: env ``TQLAB_VLLM_TRACE``) the report is
+    is attached now; ``on_attach(manager)`` is then called. ``tracer``: the one to
+    attach (default a new :class:`WorkspaceTracer`). Run this in the
+    process that owns the GPU (vLLM's worker / EngineCore process); the
+    ``vllm.general_plugins`` entry point :mod:`tqlab.vllm_plugin` does, when
+    ``TQLAB_VLLM_TRACE`` is set. With ``json_path`` the tracer's report is
     written there as JSON when the process exits. Idempotent: a second call
     returns the same tracer. Imports vLLM; raises ``ImportError`` without it.
     """
@@ -412,27 +451,30 @@ def install_vllm_hook(json_path: str | os.PathLike | None = None) -> WorkspaceTr
     import importlib
 
     ws = importlib.import_module(VLLM_WORKSPACE_MODULE)
-    tracer = WorkspaceTracer()
+    tracer = WorkspaceTracer() if tracer is None else tracer
     cls = ws.WorkspaceManager
     orig_init = cls.__init__
 
     def __init__(self, *a, **k):
         orig_init(self, *a, **k)
         tracer.attach(self)
+        if on_attach is not None:
+            on_attach(self)
 
     cls.__init__ = _disguise(__init__, "WorkspaceManager.__init__")
+    _HOOK.update(tracer=tracer, cls=cls, init=orig_init)
     if ws.is_workspace_manager_initialized():
         tracer.attach(ws.current_workspace_manager())
-    path = json_path if json_path is not None else os.environ.get("TQLAB_VLLM_TRACE")
-    if path:
-        def _dump(p=Path(path)) -> None:
+        if on_attach is not None:
+            on_attach(ws.current_workspace_manager())
+    if json_path is not None:
+        def _dump(p=Path(json_path)) -> None:
             report = tracer.report()
             report["pid"] = os.getpid()
             p.write_text(json.dumps(report, indent=2))
 
         atexit.register(_dump)
         _HOOK["atexit"] = _dump
-    _HOOK.update(tracer=tracer, cls=cls, init=orig_init)
     return tracer
 
 

@@ -3,8 +3,10 @@
 :func:`lifecycle_trace` / :func:`lifecycle_figure` (static) and the widget
 :func:`lifecycle_stepper` (callbacks :func:`refresh_lifecycle`,
 :func:`render_lifecycle`). The engine is :class:`tqlab.engine.LLMEngine`; its
-phases follow vLLM's start-up in ``vllm/v1/worker/gpu_model_runner.py``
-(profile run, CUDA graph capture, then ``lock_workspace()``).
+phases follow vLLM 0.33's start-up order (``tqlab.engine.llm_engine.STARTUP_PHASES``):
+``init_workspace_manager``, ``load_model``, the profile run (``determine_available_memory``),
+then the metadata builders (``initialize_kv_cache`` → ``initialize_metadata_builders``, where
+PR #44053's ``_reserve_workspace`` runs), CUDA graph capture, then ``lock_workspace()``.
 """
 
 from __future__ import annotations
@@ -153,7 +155,7 @@ def lifecycle_trace(
     return trace
 
 
-_SHORT = {"init_workspace": "init", "build_backend": "backend", "profile_run": "profile",
+_SHORT = {"init_workspace": "init", "load_model": "load", "profile_run": "profile", "build_backend": "builder",
           "capture": "capture", "before_lock": "hook", "lock": "lock"}
 
 

@@ -1,0 +1,121 @@
+"""tqlab's vLLM general plugin, loaded by vLLM 0.33's own plugin loader, on two spawned "ranks".
+
+Needs the project installed in this venv (its ``vllm.general_plugins`` entry point):
+``parity/install.sh`` does it. vLLM 0.33: ``vllm/plugins/__init__.py``
+(``load_plugins_by_group``, ``load_general_plugins``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import trace_ranks
+
+ROOT = Path(__file__).resolve().parent.parent
+SEED_REFUSAL = ("Workspace is locked but allocation from 'turboquant_attn.py:942:_continuation_prefill' requires "
+                "2.00 MB, current size is 1.02 MB. Workspace growth is not allowed after locking.")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _project_installed():
+    from importlib.metadata import entry_points
+
+    if not [p for p in entry_points(group="vllm.general_plugins") if p.name == "tqlab_trace"]:
+        pytest.fail(f"tqlab's vllm.general_plugins entry point is not installed in {sys.prefix}: "
+                    "run `bash parity/install.sh` (it installs the project, editable, --no-deps)")
+
+
+def test_vllm_plugin_loader_finds_the_entry_point():
+    from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+    import tqlab.vllm_plugin
+
+    plugins = load_plugins_by_group(DEFAULT_PLUGINS_GROUP)
+    assert plugins["tqlab_trace"] is tqlab.vllm_plugin.register
+
+
+_UNTOUCHED = r"""
+import json, os, sys, time
+assert "TQLAB_VLLM_TRACE" not in os.environ
+import vllm.v1.worker.workspace as ws
+import vllm.plugins
+before = {k: id(v) for k, v in vars(ws.WorkspaceManager).items()}
+mods = set(sys.modules)
+t0 = time.perf_counter()
+vllm.plugins.load_general_plugins()   # vLLM's loader: imports tqlab.vllm_plugin and calls register()
+dt = time.perf_counter() - t0
+after = {k: id(v) for k, v in vars(ws.WorkspaceManager).items()}
+print(json.dumps({"same_class": before == after, "new_modules": sorted(set(sys.modules) - mods),
+                  "load_general_plugins_ms": dt * 1e3}))
+"""
+
+
+def test_plugin_without_trace_env_patches_nothing(record):
+    env = {k: v for k, v in os.environ.items() if k != "TQLAB_VLLM_TRACE"}
+    out = subprocess.run([sys.executable, "-c", _UNTOUCHED], env=env, cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=300)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["same_class"]
+    tq = [m for m in res["new_modules"] if m.startswith("tqlab")]
+    assert tq == ["tqlab", "tqlab.vllm_plugin"]  # nothing of the tracer, nothing patched
+    record("load_general_plugins_ms_untraced", round(res["load_general_plugins_ms"], 1))
+
+
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tq-trace")
+    return d, trace_ranks.run_two_ranks(d)
+
+
+def test_two_ranks_each_load_the_plugin_and_hit_the_refusal(two_ranks):
+    _, outcome = two_ranks
+    assert sorted(outcome) == [0, 1]
+    for rank, (loaded, error, code) in outcome.items():
+        assert loaded, f"rank {rank}: vLLM's load_general_plugins() did not start tqlab's tracer"
+        assert error == SEED_REFUSAL
+    assert (outcome[0][2], outcome[1][2]) == (0, 3)  # rank 1 died with os._exit: no atexit
+
+
+def test_both_records_on_disk_with_vllm_ranks(two_ranks, record):
+    d, _ = two_ranks
+    recs = [json.loads(p.read_text()) for p in sorted(d.glob("*.json"))]
+    assert len(recs) == 2 and not list(d.glob(".*.tmp"))
+    by_rank = {r["rank"]["tp"]["rank"]: r for r in recs}
+    assert sorted(by_rank) == [0, 1]
+    assert by_rank[0]["event"] == "exit" and by_rank[1]["event"] == "refused"  # flushed before the assertion left
+    for r in recs:
+        assert r["rank"]["tp"]["size"] == 2 and r["rank"]["world"]["size"] == 2
+        assert r["vllm_version"] == "0.33.0" and r["config"]["tensor_parallel_size"] == 2
+        assert r["size_at_lock_bytes"] == [1073408]
+        (v,) = r["refused"]
+        assert (v["required_bytes"], v["current_bytes"], v["slot"], v["message"]) == (2 << 20, 1073408, 0, SEED_REFUSAL)
+        cons = {c["caller"].rsplit(":", 1)[1]: c for c in r["consumers"]}
+        assert cons["_decode_attention"]["high_water_bytes"] == 1073408
+        assert cons["_decode_attention"]["high_water_phase"] == "before lock"
+        assert cons["_continuation_prefill"]["high_water_phase"] == "after lock"
+    record("records", {k: {"event": v["event"], "flushes": v["flushes"]} for k, v in by_rank.items()})
+
+
+def test_trace_report_finds_the_refusal_and_agrees_with_the_prediction(two_ranks, record):
+    from click.testing import CliRunner
+
+    from tqlab.cli import app
+    from tqlab.predict.trace_report import trace_report
+
+    d, _ = two_ranks
+    rep = trace_report(d, trace_ranks.ENGINE_ARGS, preset=trace_ranks.PRESET)
+    assert rep["ranks_agree"] and rep["verdict"] == "as predicted" and rep["warnings"] == []
+    assert [row["rank"] for row in rep["rows"]] == ["TP 0/2", "TP 1/2"]
+    assert all(len(row["refused"]) == 1 for row in rep["rows"])
+    assert rep["prediction"]["locked_bytes"] == 1073408
+    res = CliRunner().invoke(app, ["trace-report", str(d), "--preset", trace_ranks.PRESET,
+                                   "--args", trace_ranks.ENGINE_ARGS])
+    assert res.exit_code == 0, res.output
+    assert "as predicted" in res.output and res.output.count("refused continuation prefill") == 2
+    record("verdict", rep["verdict"])

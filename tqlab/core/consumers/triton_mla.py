@@ -1,0 +1,63 @@
+"""Triton MLA decode: the split-KV attention logits, reserved at the worst case.
+
+vLLM 0.33 ``vllm/v1/attention/backends/mla/triton_mla.py``: ``_reserve_attn_logits_workspace`` asks
+``((max_decode_rows, Hq * dcp, max_splits, kv_lora_rank + 1), float32)`` with
+``max_splits = _compute_num_kv_splits(max_model_len, sm_count) = min(next_pow2(max(1, max_model_len // 512)),
+2 * sm_count)``. ``TritonMLAMetadataBuilder.__init__`` calls it (phase ``init``) with
+``max_decode_rows = max_num_seqs * reorder_batch_threshold`` (1 + speculative tokens), and
+``TritonMLAImpl.reserve_workspace`` again from the profile run (``mla_attention.py``, ``attn_metadata is None``).
+``TritonMLAImpl.forward_mqa`` asks ``(B, Hq, splits(max_seq_len), kv_lora_rank + 1)`` with ``B <= max_decode_rows``.
+The SM count comes from the GPU target (``--gpu``). ``Hq`` = query heads per TP rank.
+
+Reads: ``mla``, ``max_num_seqs``, ``num_speculative_tokens``, ``num_attention_heads``, ``tensor_parallel_size``,
+``decode_context_parallel_size``, ``max_model_len``, ``gpu``, ``attention_backend``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tqlab.core.consumers.backends import attention_backend
+from tqlab.core.consumers.base import Consumer, ConsumerSizes, StartUp
+from tqlab.core.hardware import gpu_target
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tqlab.core.config import EngineConfig
+
+__all__ = ["TritonMLALogits", "attn_logits_call", "num_kv_splits"]
+
+_MIN_WORK_PER_SPLIT = 512
+_SPLIT_OCCUPANCY_MULTIPLIER = 2
+
+
+def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
+    """``_compute_num_kv_splits``: ``min(next_pow2(max(1, max_seq_len // 512)), 2 * sm_count)``."""
+    ideal = max(1, max_seq_len // _MIN_WORK_PER_SPLIT)
+    return min(1 << (ideal - 1).bit_length(), sm_count * _SPLIT_OCCUPANCY_MULTIPLIER)
+
+
+def attn_logits_call(max_decode_rows: int, q_num_heads: int, kv_lora_rank: int, max_model_len: int, sm_count: int):
+    """``_reserve_attn_logits_workspace``'s call: ``(((rows, heads, splits, kv_lora_rank + 1), float32),)``."""
+    import torch
+
+    splits = num_kv_splits(max_model_len, sm_count)
+    return (((max_decode_rows, q_num_heads, splits, kv_lora_rank + 1), torch.float32),)
+
+
+class TritonMLALogits(Consumer):
+    """Triton MLA's decode logits (see the module docstring)."""
+
+    name = "triton_mla_logits"
+    consumer = "triton_mla.py:forward_mqa"
+    source = "vllm/v1/attention/backends/mla/triton_mla.py _reserve_attn_logits_workspace, TritonMLAImpl.forward_mqa"
+    reads = ("mla", "max_num_seqs", "num_speculative_tokens", "num_attention_heads", "tensor_parallel_size",
+             "decode_context_parallel_size", "max_model_len", "gpu", "attention_backend")
+
+    def active(self, config: "EngineConfig") -> bool:
+        return config.mla is not None and attention_backend(config) == "TRITON_MLA"
+
+    def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
+        rows = config.max_num_seqs * config.uniform_decode_query_len
+        call = attn_logits_call(rows, config.num_heads_per_rank * config.decode_context_parallel_size,
+                                config.mla.kv_lora_rank, config.max_model_len, gpu_target(config.gpu).sm_count)
+        return ConsumerSizes("init", [call], [call])

@@ -1,0 +1,300 @@
+"""``tqlab trace-report DIR``: the per-process records of the vLLM plugin, merged, and held against the prediction.
+
+Each file ``DIR/<host>-<pid>.json`` is one process's record (:mod:`tqlab.vllm.trace_record`).
+This module reads them (a truncated or foreign file is skipped with a one-line warning),
+makes one row per rank (lock size per slot, largest request per consumer, refusals),
+says whether the ranks agree, and -- given the deployment -- compares every number with
+:mod:`tqlab.predict.analysis` (the predictor ``plan`` and ``inspect-vllm`` use) and names
+each disagreement. Sizes in bytes; "MB" in text is 2**20 bytes, as in vLLM's messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from tqlab.core.config import EngineConfig
+from tqlab.core.reservation import plan_bytes, reservation_plan
+from tqlab.core.workspace import format_mb
+from tqlab.predict import analysis
+from tqlab.predict.report import DECODE, DEQUANT_CHUNK
+from tqlab.vllm.trace_record import RECORD_FORMAT
+
+RESERVATION = "reservation (PR #44053)"
+# vLLM 0.33 vllm/v1/attention/backends/turboquant_attn.py: the function that asks the workspace -> consumer
+CONSUMER_OF_FUNCTION = {
+    "_decode_attention": DECODE,
+    "_continuation_prefill": DEQUANT_CHUNK,
+    "_reserve_workspace": RESERVATION,
+}
+_REQUIRED = ("rank", "consumers", "locks", "refused", "pid", "host")
+
+
+def consumer_name(caller: str) -> str:
+    """The consumer a caller ``'file.py:line:function'`` is (:data:`CONSUMER_OF_FUNCTION`), else its function name."""
+    func = caller.rsplit(":", 1)[-1]
+    return CONSUMER_OF_FUNCTION.get(func, func)
+
+
+def load_trace_dir(trace_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
+    """``(records, warnings)``: every ``*.json`` record in ``trace_dir``, sorted by rank then pid.
+
+    A file that is not JSON (e.g. cut short by a killed process), not an object, or not a
+    record of :data:`~tqlab.vllm.trace_record.RECORD_FORMAT` is skipped, with one line in
+    ``warnings`` naming it. Raises ``ValueError`` when ``trace_dir`` is not a folder.
+    """
+    d = Path(trace_dir)
+    if not d.is_dir():
+        raise ValueError(f"trace folder {str(trace_dir)!r} does not exist or is not a folder")
+    records, warnings = [], []
+    for path in sorted(d.glob("*.json")):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            warnings.append(f"skipped {path.name}: not readable JSON (truncated?): {str(e).splitlines()[0]}")
+            continue
+        if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT:
+            fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
+            warnings.append(f"skipped {path.name}: not a tqlab trace record (format {fmt!r}, want {RECORD_FORMAT!r})")
+            continue
+        missing = [k for k in _REQUIRED if k not in rec]
+        if missing:
+            warnings.append(f"skipped {path.name}: record lacks {', '.join(missing)}")
+            continue
+        rec["file"] = path.name
+        records.append(rec)
+    records.sort(key=lambda r: (_rank_key(r), r.get("host", ""), r.get("pid", 0)))
+    return records, warnings
+
+
+def _rank_key(rec: Mapping[str, Any]) -> tuple:
+    rank = rec.get("rank") or {}
+    return tuple(rank.get(k, {}).get("rank", 1 << 30) for k in ("dp", "pp", "tp"))
+
+
+def rank_label(rec: Mapping[str, Any]) -> str:
+    """``"DP 0 PP 0 TP 1/2"``-style label from the record's vLLM ranks, or ``"<host>-<pid>"`` when vLLM knew none."""
+    rank = rec.get("rank") or {}
+    parts = [f"{k.upper()} {rank[k]['rank']}/{rank[k]['size']}" for k in ("dp", "pp", "tp")
+             if k in rank and rank[k]["size"] > 1]
+    if not parts and "tp" in rank:
+        parts = [f"TP {rank['tp']['rank']}/{rank['tp']['size']}"]
+    return " ".join(parts) if parts else f"{rec.get('host')}-{rec.get('pid')}"
+
+
+@dataclass
+class RankRow:
+    """One process: lock sizes per slot (last lock), largest request and its phase per consumer, refusals."""
+
+    rank: str
+    file: str
+    event: str
+    lock_bytes: list[int] | None
+    consumers: dict[str, dict[str, Any]]
+    refused: list[dict[str, Any]]
+
+    def key(self) -> tuple:
+        """What must be equal on every tensor-parallel rank."""
+        cons = tuple(sorted((k, v["bytes"], v["phase"]) for k, v in self.consumers.items()))
+        refs = tuple((r["consumer"], r["required_bytes"], r["current_bytes"], r["slot"]) for r in self.refused)
+        return (tuple(self.lock_bytes or ()), cons, refs)
+
+
+def rank_row(rec: Mapping[str, Any]) -> RankRow:
+    """A :class:`RankRow` from one record (consumers named by :func:`consumer_name`)."""
+    cons: dict[str, dict[str, Any]] = {}
+    for c in rec["consumers"]:
+        name = consumer_name(c["caller"])
+        if name not in cons or c["high_water_bytes"] > cons[name]["bytes"]:
+            cons[name] = {"bytes": c["high_water_bytes"], "phase": c.get("high_water_phase", "?"), "caller": c["caller"]}
+    refused = [{"consumer": consumer_name(v["caller"]), **{k: v[k] for k in ("required_bytes", "current_bytes", "slot")}}
+               for v in rec["refused"]]
+    locks = [lk["sizes_bytes"] for lk in rec["locks"] if lk.get("kind") == "lock"]
+    return RankRow(rank_label(rec), rec["file"], str(rec.get("event", "?")), locks[-1] if locks else None, cons, refused)
+
+
+def rank_differences(rows: Sequence[RankRow]) -> list[str]:
+    """One line per rank whose lock sizes, largest requests or refusals differ from the first rank's ([] = agree)."""
+    out = []
+    for r in rows[1:]:
+        a, b = rows[0].key(), r.key()
+        what = [name for name, x, y in zip(("lock sizes", "largest requests", "refusals"), a, b) if x != y]
+        if what:
+            out.append(f"{r.rank} differs from {rows[0].rank} in {', '.join(what)}")
+    return out
+
+
+@dataclass
+class Comparison:
+    """The records held against the prediction: ``disagreements`` (each one line), ``agreements`` (the checks that held)."""
+
+    locked_unfixed: int | None
+    locked_fixed: int | None
+    bounds: dict[str, int]
+    disagreements: list[str] = field(default_factory=list)
+    agreements: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return "as predicted" if not self.disagreements else f"{len(self.disagreements)} disagreement(s) with the prediction"
+
+
+def consumer_bounds(config: EngineConfig) -> dict[str, int]:
+    """The largest request each consumer can make (bytes), per :mod:`tqlab.predict.analysis`.
+
+    Split-KV decode: ``max_num_seqs`` rows; continuation prefill: ``max_model_len - 1``
+    cached tokens; the PR #44053 reservation: its largest call (``plan_bytes``).
+    """
+    return {
+        DECODE: analysis.decode_bytes(config, config.max_num_seqs),
+        DEQUANT_CHUNK: analysis.continuation_bytes(config, max(1, config.max_model_len - 1)),
+        RESERVATION: plan_bytes(reservation_plan(config)),
+    }
+
+
+def _check_lock(row: RankRow, cmp: Comparison) -> None:
+    pu, pf = cmp.locked_unfixed, cmp.locked_fixed
+    if row.lock_bytes is None:
+        if pu is not None:
+            cmp.disagreements.append(f"{row.rank}: never locked (record ends at '{row.event}'); predicted a lock at "
+                                     f"{format_mb(pu)} MB without PR #44053, {format_mb(pf)} MB with it")
+        return
+    if pu is None:
+        cmp.disagreements.append(f"{row.rank}: locked, but the deployment is predicted never to lock (eager)")
+        return
+    for slot, size in enumerate(row.lock_bytes):
+        which = "without PR #44053" if size == pu else "with PR #44053" if size == pf else None
+        if which is None:
+            cmp.disagreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MB ({size:,} bytes); predicted "
+                                     f"{format_mb(pu)} MB ({pu:,}) without PR #44053, {format_mb(pf)} MB ({pf:,}) with it")
+        else:
+            cmp.agreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MB, as predicted {which}")
+
+
+def _check_consumers(row: RankRow, cmp: Comparison) -> None:
+    for name, c in sorted(row.consumers.items()):
+        bound = cmp.bounds.get(name)
+        if bound is None:
+            cmp.agreements.append(f"{row.rank}: {name} ({c['caller']}) is not a consumer tqlab predicts; not compared")
+        elif c["bytes"] > bound:
+            cmp.disagreements.append(f"{row.rank}: {name} asked for {format_mb(c['bytes'])} MB, more than the predicted "
+                                     f"largest {format_mb(bound)} MB")
+        elif name == RESERVATION and c["bytes"] != bound:
+            cmp.disagreements.append(f"{row.rank}: the reservation asked for {format_mb(c['bytes'])} MB; predicted "
+                                     f"{format_mb(bound)} MB")
+        else:
+            cmp.agreements.append(f"{row.rank}: {name} asked for at most {format_mb(c['bytes'])} MB "
+                                  f"({c['phase']}), within the predicted largest {format_mb(bound)} MB")
+
+
+def _check_refusals(row: RankRow, cmp: Comparison) -> None:
+    for r in row.refused:
+        req, cur = r["required_bytes"], r["current_bytes"]
+        locked = row.lock_bytes[r["slot"]] if row.lock_bytes and r["slot"] < len(row.lock_bytes) else None
+        if locked is not None and cur != locked:
+            cmp.disagreements.append(f"{row.rank}: refusal says slot {r['slot']} holds {format_mb(cur)} MB, "
+                                     f"the lock recorded {format_mb(locked)} MB")
+        elif cmp.locked_unfixed is not None and cur == cmp.locked_fixed and cur != cmp.locked_unfixed:
+            cmp.disagreements.append(f"{row.rank}: {r['consumer']} refused {format_mb(req)} MB with PR #44053's "
+                                     f"{format_mb(cur)} MB reserved; predicted: every request fits")
+        elif cmp.locked_unfixed is not None and req > cur:
+            cmp.agreements.append(f"{row.rank}: refused {r['consumer']}, {format_mb(req)} MB > {format_mb(cur)} MB at "
+                                  "lock, as predicted without PR #44053")
+
+
+def compare(rows: Sequence[RankRow], config: EngineConfig) -> Comparison:
+    """Hold each row against the prediction for ``config``: lock sizes, largest requests, refusals."""
+    cmp = Comparison(analysis.locked_bytes(config, fix=False), analysis.locked_bytes(config, fix=True),
+                     consumer_bounds(config))
+    for row in rows:
+        _check_lock(row, cmp)
+        _check_consumers(row, cmp)
+        _check_refusals(row, cmp)
+    return cmp
+
+
+def _deployment(engine_args, model_config, preset) -> EngineConfig | None:
+    from tqlab.vllm.deployment import deployment_from_preset, deployment_from_vllm
+
+    if model_config is None and preset is None:
+        if engine_args:
+            raise ValueError("--args needs --config (the model's config.json) or --preset")
+        return None
+    if model_config is not None and preset is not None:
+        raise ValueError("give one of --config or --preset, not both")
+    dep = deployment_from_preset(engine_args, preset) if preset else deployment_from_vllm(engine_args, model_config)
+    return dep.config
+
+
+def trace_report(trace_dir: str | os.PathLike, engine_args: str | Sequence[str] | None = None,
+                 model_config: str | os.PathLike | None = None, *, preset: str | None = None) -> dict[str, Any]:
+    """Merge the records in ``trace_dir``; with a deployment (``model_config`` or ``preset`` plus
+    ``engine_args``, as ``inspect-vllm`` reads them) compare them with the prediction.
+
+    Returns ``{"rows", "warnings", "ranks_agree", "rank_differences", "prediction", "verdict"}``
+    (JSON types; ``prediction``/``verdict`` None without a deployment). Raises ``ValueError``
+    (one line) for a missing folder, a folder without records, or a bad deployment.
+    """
+    records, warnings = load_trace_dir(trace_dir)
+    if not records:
+        raise ValueError(f"no tqlab trace record in {str(trace_dir)!r} (set TQLAB_VLLM_TRACE={trace_dir} for vLLM)")
+    rows = [rank_row(r) for r in records]
+    diffs = rank_differences(rows)
+    config = _deployment(engine_args, model_config, preset)
+    out: dict[str, Any] = {
+        "rows": [vars(r) for r in rows], "warnings": warnings, "ranks_agree": not diffs, "rank_differences": diffs,
+        "vllm_versions": sorted({str(r.get("vllm_version")) for r in records}), "prediction": None, "verdict": None,
+    }
+    if config is not None:
+        cmp = compare(rows, config)
+        out["prediction"] = {"locked_bytes": cmp.locked_unfixed, "locked_bytes_with_fix": cmp.locked_fixed,
+                             "largest_request_bytes": cmp.bounds, "disagreements": cmp.disagreements,
+                             "agreements": cmp.agreements}
+        out["verdict"] = cmp.verdict
+    return out
+
+
+def _mb(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{format_mb(nbytes)}"
+
+
+SHORT = {DECODE: "decode", DEQUANT_CHUNK: "continuation", RESERVATION: "reservation"}
+
+
+def render(report: Mapping[str, Any]) -> list[Any]:
+    """What ``tqlab trace-report`` prints: warnings, a rich table (rows: ranks), rank agreement, the comparison."""
+    from rich.table import Table
+
+    rows = report["rows"]
+    slots = max((len(r["lock_bytes"] or ()) for r in rows), default=0)
+    consumers = sorted({c for r in rows for c in r["consumers"]})
+    t = Table("rank", "last write", *[f"lock slot {i}" for i in range(slots)],
+              *[f"largest {SHORT.get(c, c)}" for c in consumers], "refused",
+              title="workspace per rank, MB (tqlab trace records)")
+    for r in rows:
+        locks = list(r["lock_bytes"] or ()) + [None] * (slots - len(r["lock_bytes"] or ()))
+        cons = [f"{_mb(r['consumers'][c]['bytes'])} ({r['consumers'][c]['phase']})" if c in r["consumers"] else "-"
+                for c in consumers]
+        refused = "\n".join(f"[bold red]{SHORT.get(x['consumer'], x['consumer'])} {_mb(x['required_bytes'])} > "
+                            f"{_mb(x['current_bytes'])}[/]" for x in r["refused"]) or "none"
+        t.add_row(r["rank"], r["event"], *[_mb(b) for b in locks], *cons, refused)
+    out: list[Any] = [f"[yellow]warning: {w}[/]" for w in report["warnings"]]
+    out.append(t)
+    out.append("records: " + ", ".join(f"{r['file']} ({r['rank']})" for r in rows)
+               + f"; vLLM {', '.join(report['vllm_versions'])}")
+    out.append(f"ranks: all {len(rows)} agree (lock sizes, largest requests, refusals)" if report["ranks_agree"] else
+               "[bold]ranks disagree[/]: " + "; ".join(report["rank_differences"]))
+    pred = report["prediction"]
+    if pred is None:
+        out.append("no deployment given (--config/--preset and --args): not compared with the prediction")
+        return out
+    out.append(f"prediction: lock at {_mb(pred['locked_bytes'])} MB without PR #44053, "
+               f"{_mb(pred['locked_bytes_with_fix'])} MB with it; largest request "
+               + ", ".join(f"{SHORT.get(k, k)} {_mb(v)} MB" for k, v in pred["largest_request_bytes"].items()))
+    out += [f"  [green]ok[/] {a}" for a in pred["agreements"]]
+    out += [f"  [bold red]DISAGREES[/] {d}" for d in pred["disagreements"]]
+    out.append(f"[bold]{report['verdict']}[/]")
+    return out

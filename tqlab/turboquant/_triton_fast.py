@@ -1,0 +1,684 @@
+"""Fast decode / dequant kernels for the TurboQuant cache (issue 20), same slot layout as
+:mod:`._triton_kernels` (whose portable kernels stay the reference).
+
+What differs from the portable kernels (see ``benchmarks/NOTES_turboquant.md``):
+
+* **Lanes along D.**  A tile is ``[BLOCK_T tokens, D]``; a thread holds one *group* of 16
+  consecutive codes of one token (``BITS`` 16-bit words, loaded once), eight lanes share a token
+  (D = 128), so one warp load reads the contiguous field bytes of four tokens instead of one
+  word of 32 tokens 102 bytes apart.  Codes are cut out of 32-bit windows of neighbouring words
+  and assembled with ``tl.join`` (the new axis stays in the thread), so a thread's 16 dims are
+  contiguous in registers: operand staging for the MMAs is wide, sums over D are 16 in-thread
+  adds and 3 shuffles.  Head dims stay in their natural order (no permutation of q or output).
+* **Exact centroid table lookup** (``LUT``): on the GPU a byte-permute (``prmt``) table of the
+  fp16 centroids (low bytes and high bytes, two ``prmt`` per 4 codes, two more to interleave),
+  through ``tl.inline_asm_elementwise``; the interpreter (no PTX) uses the exact odd polynomial
+  of the portable kernel, rounded to fp16 the same way.
+* **Norm correction by an MMA**: ``||y_hat||^2`` of every token is ``ones @ (y_hat * y_hat)^T``
+  on the tensor cores, in the score tile's own layout (fp16 squares, fp32 sums).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from tqlab.turboquant import _triton_kernels as tk
+from tqlab.turboquant.codebook import lloyd_max
+from tqlab.turboquant.spec import TurboQuantSpec
+
+_LUT_ASM: dict = {}
+
+
+# ----------------------------------------------------------------------------- centroid table
+def _fp16_bits(values) -> list[int]:
+    return [int(v) for v in np.asarray(values, dtype=np.float16).view(np.uint16)]
+
+
+def lut_asm(spec: TurboQuantSpec, d: int) -> str:
+    """PTX for ``tl.inline_asm_elementwise(pack=4)``: four uint8 codes in ``$2`` -> four fp16
+    centroids in ``$0, $1`` (two per register), by ``prmt`` lookups in the byte tables of the
+    fp16 centroids.  3 bits: one 8-entry table.  4 bits: the 8 positive centroids
+    ``c[8..15]`` (``c[i] = -c[15 - i]``, symmetric Lloyd-Max), index ``i ^ 7`` and the sign bit
+    set for ``i < 8``.  2 bits: the 4 centroids padded to 8.  (Key presets use 3 and 4 bits.)"""
+    key = (spec.key_bits, d)
+    if key in _LUT_ASM:
+        return _LUT_ASM[key]
+    bits = spec.key_bits
+    cent = np.asarray(lloyd_max(bits, d).centroids, dtype=np.float64)
+    if bits == 4:
+        table = cent[8:]
+    else:
+        table = np.concatenate([cent, np.zeros(8 - len(cent))])
+    h = _fp16_bits(table)
+    lo = [x & 0xFF for x in h]
+    hi = [x >> 8 for x in h]
+
+    def word(bs):
+        return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
+
+    lines = ["{", ".reg .b32 x, s, t, l, h, m, f;"]
+    if bits == 4:
+        # m: 0x07 in each byte whose code is < 8 (negative centroid); index = code ^ 7 there
+        lines += ["shr.b32 f, $2, 3;", "and.b32 f, f, 0x01010101;", "xor.b32 f, f, 0x01010101;",
+                  "mul.lo.u32 m, f, 7;", "xor.b32 x, $2, m;", "and.b32 x, x, 0x07070707;"]
+    else:
+        lines += ["and.b32 x, $2, 0x07070707;"]
+    lines += [
+        "shr.b32 t, x, 4;", "or.b32 s, x, t;",            # byte0 = c0 | c1 << 4, byte2 = c2 | c3 << 4
+        "and.b32 t, s, 0xFF;", "shr.b32 s, s, 8;", "and.b32 s, s, 0xFF00;", "or.b32 s, s, t;",
+        f"prmt.b32 l, {word(lo[:4])}, {word(lo[4:])}, s;",
+        f"prmt.b32 h, {word(hi[:4])}, {word(hi[4:])}, s;",
+        "prmt.b32 $0, l, h, 0x5140;", "prmt.b32 $1, l, h, 0x7362;",
+    ]
+    if bits == 4:  # sign bit 15 of each fp16 from the per-byte flags f (bit 0 of byte k)
+        lines += ["shl.b32 s, f, 15;", "and.b32 l, s, 0x8000;", "shl.b32 s, f, 23;", "and.b32 s, s, 0x80000000;",
+                  "or.b32 l, l, s;", "xor.b32 $0, $0, l;",
+                  "shr.b32 s, f, 1;", "and.b32 l, s, 0x8000;", "shl.b32 s, f, 7;", "and.b32 s, s, 0x80000000;",
+                  "or.b32 l, l, s;", "xor.b32 $1, $1, l;"]
+    lines.append("}")
+    _LUT_ASM[key] = "\n".join(lines)
+    return _LUT_ASM[key]
+
+
+def lut_group_asm(spec: TurboQuantSpec, d: int) -> str:
+    """PTX for ``tl.inline_asm_elementwise(pack=1)``: the 32-bit windows ``$16, $17, ...`` of one
+    group of 16 key codes -> their 16 fp16 centroids ``$0 .. $15``.  Four codes at a time: a
+    nibble selector (3 bits: cut from the packed bits by shifts and masks; 4 bits: the packed
+    nibbles themselves), then the same ``prmt`` table lookups as :func:`lut_asm`."""
+    bits = spec.key_bits
+    key = ("group", bits, d)
+    if key in _LUT_ASM:
+        return _LUT_ASM[key]
+    if bits not in (3, 4):
+        raise ValueError("group table lookup: 3- or 4-bit keys")
+    cent = np.asarray(lloyd_max(bits, d).centroids, dtype=np.float64)
+    h = _fp16_bits(cent[8:] if bits == 4 else cent)
+    lo = [x & 0xFF for x in h]
+    hi = [x >> 8 for x in h]
+
+    def word(bs):
+        return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
+
+    lines = ["{", ".reg .b32 q, s, t, l, h, m, f, r0, r1, tl0, tl1, th0, th1;",
+             f"mov.b32 tl0, {word(lo[:4])};", f"mov.b32 tl1, {word(lo[4:])};",
+             f"mov.b32 th0, {word(hi[:4])};", f"mov.b32 th1, {word(hi[4:])};"]
+    for k in range(4):  # quad k: codes 4k .. 4k+3
+        if bits == 3:  # bits 12k .. 12k+11 of the group: window 12k // 16 shifted by 12k % 16
+            lines += [f"shr.b32 q, ${16 + 12 * k // 16}, {12 * k % 16};",
+                      "and.b32 s, q, 0x7;", "shl.b32 t, q, 1;", "and.b32 t, t, 0x70;", "or.b32 s, s, t;",
+                      "shl.b32 t, q, 2;", "and.b32 t, t, 0x700;", "or.b32 s, s, t;",
+                      "shl.b32 t, q, 3;", "and.b32 t, t, 0x7000;", "or.b32 s, s, t;"]
+        else:  # nibbles of word k; codes < 8 -> index code ^ 7 and a sign flag
+            lines += [f"not.b32 f, ${16 + k};", "shr.b32 f, f, 3;", "and.b32 f, f, 0x1111;", "mul.lo.u32 m, f, 7;",
+                      f"xor.b32 s, ${16 + k}, m;", "and.b32 s, s, 0x7777;"]
+        lines += ["prmt.b32 l, tl0, tl1, s;", "prmt.b32 h, th0, th1, s;",
+                  "prmt.b32 r0, l, h, 0x5140;", "prmt.b32 r1, l, h, 0x7362;"]
+        if bits == 4:
+            lines += ["shl.b32 s, f, 15;", "and.b32 t, s, 0x8000;", "shl.b32 s, f, 27;", "and.b32 s, s, 0x80000000;",
+                      "or.b32 t, t, s;", "xor.b32 r0, r0, t;",
+                      "shl.b32 s, f, 7;", "and.b32 t, s, 0x8000;", "shl.b32 s, f, 19;", "and.b32 s, s, 0x80000000;",
+                      "or.b32 t, t, s;", "xor.b32 r1, r1, t;"]
+        lines += [f"mov.b32 {{${4 * k}, ${4 * k + 1}}}, r0;", f"mov.b32 {{${4 * k + 2}, ${4 * k + 3}}}, r1;"]
+    lines.append("}")
+    _LUT_ASM[key] = "\n".join(lines)
+    return _LUT_ASM[key]
+
+
+@triton.jit
+def _lut_group(w0, w1, w2, w3, KBITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr, ASM: tl.constexpr):
+    """fp16 centroids ``[T, D]`` of the key codes by :func:`lut_group_asm` (one asm per group)."""
+    if KBITS == 3:
+        e = tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [w0, w1, w2], dtype=(tl.float16,) * 16,
+                                      is_pure=True, pack=1)
+    else:
+        e = tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [w0, w1, w2, w3], dtype=(tl.float16,) * 16,
+                                      is_pure=True, pack=1)
+    a0 = tl.join(e[0], e[8])
+    a1 = tl.join(e[1], e[9])
+    a2 = tl.join(e[2], e[10])
+    a3 = tl.join(e[3], e[11])
+    a4 = tl.join(e[4], e[12])
+    a5 = tl.join(e[5], e[13])
+    a6 = tl.join(e[6], e[14])
+    a7 = tl.join(e[7], e[15])
+    b = tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7)))
+    return tl.reshape(b, (T, D))
+
+
+# ----------------------------------------------------------------------------- group unpacking
+@triton.jit
+def _pick(w0, w1, w2, w3, w4, w5, w6, w7, K: tl.constexpr):
+    if K == 0:
+        r = w0
+    elif K == 1:
+        r = w1
+    elif K == 2:
+        r = w2
+    elif K == 3:
+        r = w3
+    elif K == 4:
+        r = w4
+    elif K == 5:
+        r = w5
+    elif K == 6:
+        r = w6
+    else:
+        r = w7
+    return r
+
+
+@triton.jit
+def _group_words(cache16_ptr, base16, ok, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr):
+    """The ``BITS`` 16-bit words of each group of 16 codes of the field at word ``WOFF``, as
+    32-bit windows ``W_k = w_k | w_{k+1} << 16`` (int32 ``[T, D // 16]``; unused ones are W_0)."""
+    g = tl.arange(0, D // 16)
+    ptr = cache16_ptr + (base16[:, None] + WOFF) + g[None, :] * BITS
+    m = ok[:, None]
+    w0 = tl.load(ptr, mask=m, other=0).to(tl.int32)
+    w1 = tl.load(ptr + 1, mask=m, other=0).to(tl.int32)
+    w2 = w0
+    w3 = w0
+    w4 = w0
+    w5 = w0
+    w6 = w0
+    w7 = w0
+    if BITS > 2:
+        w2 = tl.load(ptr + 2, mask=m, other=0).to(tl.int32)
+    if BITS > 3:
+        w3 = tl.load(ptr + 3, mask=m, other=0).to(tl.int32)
+    if BITS > 4:
+        w4 = tl.load(ptr + 4, mask=m, other=0).to(tl.int32)
+        w5 = tl.load(ptr + 5, mask=m, other=0).to(tl.int32)
+        w6 = tl.load(ptr + 6, mask=m, other=0).to(tl.int32)
+        w7 = tl.load(ptr + 7, mask=m, other=0).to(tl.int32)
+    return (w0 | (w1 << 16), w1 | (w2 << 16), w2 | (w3 << 16), w3 | (w4 << 16),
+            w4 | (w5 << 16), w5 | (w6 << 16), w6 | (w7 << 16), w7)
+
+
+@triton.jit
+def _code(w0, w1, w2, w3, w4, w5, w6, w7, I: tl.constexpr, BITS: tl.constexpr, OR: tl.constexpr,
+          LSB: tl.constexpr):
+    """Code ``I`` of each group, moved to bit ``LSB`` and OR'd with ``OR``."""
+    P: tl.constexpr = I * BITS
+    S: tl.constexpr = P % 16 - LSB
+    win = _pick(w0, w1, w2, w3, w4, w5, w6, w7, P // 16)
+    if S > 0:
+        win = win >> S  # arithmetic shift: the sign bits land above the code's mask
+    elif S < 0:
+        win = win << (-S)
+    return (win & (((1 << BITS) - 1) << LSB)) | OR
+
+
+@triton.jit
+def _codes(w0, w1, w2, w3, w4, w5, w6, w7, BITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
+           OR: tl.constexpr = 0, LSB: tl.constexpr = 0):
+    """All codes of the tile, int32 ``[T, D]`` in natural head-dim order (a thread keeps the 16
+    codes of its group: ``tl.join`` adds in-thread axes)."""
+    # tl.join adds its axis last (least significant), so the first joins pair codes 8 apart
+    a0 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 0, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 8, BITS, OR, LSB))
+    a1 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 1, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 9, BITS, OR, LSB))
+    a2 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 2, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 10, BITS, OR, LSB))
+    a3 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 3, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 11, BITS, OR, LSB))
+    a4 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 4, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 12, BITS, OR, LSB))
+    a5 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 5, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 13, BITS, OR, LSB))
+    a6 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 6, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 14, BITS, OR, LSB))
+    a7 = tl.join(_code(w0, w1, w2, w3, w4, w5, w6, w7, 7, BITS, OR, LSB), _code(w0, w1, w2, w3, w4, w5, w6, w7, 15, BITS, OR, LSB))
+    b = tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7)))
+    return tl.reshape(b, (T, D))
+
+
+@triton.jit
+def _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
+                 KBITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr):
+    """fp16 centroids ``[T, D]`` of the key codes: LUT 2 = one ``prmt`` table asm per group of 16
+    codes, 1 = per 4 byte codes, 0 = the exact polynomial (portable, the interpreter's)."""
+    if LUT == 2:
+        yh = _lut_group(kw0, kw1, kw2, kw3, KBITS, D, T, LUT_ASM)
+    elif LUT == 1:
+        codes = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, KBITS, D, T).to(tl.uint8)
+        yh = tl.inline_asm_elementwise(LUT_ASM, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
+    else:
+        x = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, KBITS, D, T, 0x3F800000, 23 - KBITS).to(tl.float32, bitcast=True)
+        yh = tk._centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS).to(tl.float16)
+    return yh
+
+
+# ----------------------------------------------------------------------------- decode
+@triton.jit
+def _tile_loads(cache16_ptr, base16, ok, D: tl.constexpr, KB: tl.constexpr, VBITS: tl.constexpr,
+                KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
+    """Every word a decode tile needs, as the 32-bit windows of :func:`_group_words` (keys,
+    values) and fp32 key norm, value scale and zero; masked-out tokens read as zeros."""
+    kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, base16, ok, 0, KB, D)
+    kn = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, base16, ok, VIDX_W, VBITS, D)
+    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    return kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz
+
+
+@triton.jit
+def _fast_tile(q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
+               in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+               D: tl.constexpr, T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+               NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr, NORM_MMA: tl.constexpr):
+    """One online-softmax step over a tile of T tokens; keys and values as ``[T, D]`` fp16."""
+    if KEY_FP8:
+        kb = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, 8, D, T)
+        k16 = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        sc = tl.dot(q, tl.trans(k16)) * qk_scale
+    else:
+        k16 = _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
+                           KBITS, D, T, LUT, LUT_ASM)
+        sc = tl.dot(q, tl.trans(k16))
+        if NORM_CORR:
+            if NORM_MMA:  # ||y_hat||^2 per token, every row of the [GP, T] tile, by an MMA against ones
+                n2 = tl.dot(ones, tl.trans(k16 * k16))
+                sc = sc * (kn * qk_scale)[None, :] * tl.where(n2 > 0, tl.rsqrt(n2), 1.0)
+            else:  # 16 in-thread products per row, then 3 shuffles
+                y32 = k16.to(tl.float32)
+                n2 = tl.sum(y32 * y32, axis=1)
+                sc = sc * (kn * qk_scale * tl.where(n2 > 0, tl.rsqrt(n2), 1.0))[None, :]
+        else:
+            sc = sc * (kn * qk_scale)[None, :]
+    sc = tl.where(in_seq[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, T, 0x6400)
+    v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes
+    acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), v16)
+    acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
+    return m_new, l_i, acc, acc_z
+
+
+@triton.jit
+def _decode_fast_kernel(
+    q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
+    stride_qb, stride_qh, stride_cb, stride_ch, stride_ct, stride_btb, stride_mb, stride_mh, stride_ms,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+    PREFETCH: tl.constexpr, NORM_MMA: tl.constexpr,
+):
+    """One program = one (request, KV head, split), the whole GQA group against each slot;
+    with PREFETCH the packed words of tile i+1 are loaded before tile i is computed."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    g = tl.arange(0, GP)
+    gmask = g < GROUP
+    heads = hk * GROUP + g
+    cols = tl.arange(0, D)
+    seq_len = tl.load(sl_ptr + b).to(tl.int32)
+    chunk = tl.cdiv(seq_len, num_splits)
+    start = tl.minimum(s * chunk, seq_len)
+    end = tl.minimum(start + chunk, seq_len)
+    KB: tl.constexpr = 8 if KEY_FP8 else KBITS
+    NW: tl.constexpr = 0 if KEY_FP8 else KNORM_W
+
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
+    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+    if not KEY_FP8:  # q' = (q @ H) / sqrt(D): keys are never rotated back
+        q = tk._fwht(q, GP, D) * inv_sqrt_d
+    q = q.to(tl.float16)
+    ones = tl.full([GP, D], 1.0, dtype=tl.float16)
+
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    acc_z = tl.zeros([GP], dtype=tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    if PREFETCH:
+        t = start + tl.arange(0, BLOCK_T)
+        base16, ok = tk._slot_base16(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _tile_loads(
+            cache16_ptr, base16, ok, D, KB, VBITS, NW, VIDX_W, VSCALE_W)
+        for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
+            tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
+            base_n, ok_n = tk._slot_base16(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch,
+                                           stride_ct)
+            nxt = _tile_loads(cache16_ptr, base_n, ok_n, D, KB, VBITS, NW, VIDX_W, VSCALE_W)
+            m_i, l_i, acc, acc_z = _fast_tile(
+                q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
+                (t0 + tl.arange(0, BLOCK_T)) < end, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+                D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, NORM_MMA)
+            kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = nxt
+    else:
+        for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
+            t = t0 + tl.arange(0, BLOCK_T)
+            in_seq = t < end
+            base16, ok = tk._slot_base16(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+            kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _tile_loads(
+                cache16_ptr, base16, ok, D, KB, VBITS, NW, VIDX_W, VSCALE_W)
+            m_i, l_i, acc, acc_z = _fast_tile(
+                q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
+                in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+                D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, NORM_MMA)
+
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = (acc + acc_z[:, None]) * inv_l[:, None]
+    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
+    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
+    tl.store(mrow + D, part_lse, mask=gmask)
+
+
+# ----------------------------------------------------------------------------- staged decode
+@triton.jit
+def _g(flat, idx, T: tl.constexpr, NG: tl.constexpr):
+    """``flat[idx]`` for an int32 index tensor ``[T, NG]`` (Triton stages ``flat`` through shared
+    memory: one ``LDS`` per element)."""
+    return tl.reshape(tl.gather(flat, tl.reshape(idx, (T * NG,)), 0), (T, NG))
+
+
+@triton.jit
+def _fun(a, b):
+    """The 32-bit window over the high half of ``a`` and the low half of ``b``."""
+    return ((a >> 16) & 0xFFFF) | (b << 16)
+
+
+@triton.jit
+def _staged_windows(flat, a, par, BITS: tl.constexpr, T: tl.constexpr, NG: tl.constexpr):
+    """The windows of :func:`_group_words` from the staged block: ``a`` = int32 index of each
+    group's first word (``[T, NG]``), ``par`` = that word is the high half."""
+    a0 = _g(flat, a, T, NG)
+    a1 = _g(flat, a + 1, T, NG)
+    f0 = a0
+    f1 = _fun(a0, a1)
+    f2 = a1
+    f3 = a1
+    f4 = a1
+    f5 = a1
+    f6 = a1
+    f7 = a1
+    f8 = a1
+    if BITS > 2:
+        a2 = _g(flat, a + 2, T, NG)
+        f3 = _fun(a1, a2)
+        f4 = a2
+    if BITS > 4:
+        a3 = _g(flat, a + 3, T, NG)
+        a4 = _g(flat, a + 4, T, NG)
+        f5 = _fun(a2, a3)
+        f6 = a3
+        f7 = _fun(a3, a4)
+        f8 = a4
+    return (tl.where(par, f1, f0), tl.where(par, f2, f1), tl.where(par, f3, f2), tl.where(par, f4, f3),
+            tl.where(par, f5, f4), tl.where(par, f6, f5), tl.where(par, f7, f6), tl.where(par, f8, f7))
+
+
+@triton.jit
+def _decode_staged_kernel(
+    q_ptr, cache32_ptr, bt_ptr, sl_ptr, mid_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
+    stride_qb, stride_qh, stride_cb32, stride_ch32, stride_btb, stride_mb, stride_mh, stride_ms,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr, SLOT_W: tl.constexpr, BWP: tl.constexpr,
+    LUT: tl.constexpr, LUT_ASM: tl.constexpr, NORM_MMA: tl.constexpr,
+):
+    """As :func:`_decode_fast_kernel`, but each tile is whole cache blocks: every block's
+    contiguous slot bytes are read with 16-byte loads (``BLOCK_SIZE * slot_bytes`` a multiple of
+    16) and staged through shared memory, from where each thread gathers its group's words."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    g = tl.arange(0, GP)
+    gmask = g < GROUP
+    heads = hk * GROUP + g
+    cols = tl.arange(0, D)
+    seq_len = tl.load(sl_ptr + b).to(tl.int32)
+    chunk = tl.cdiv(seq_len, num_splits)
+    start = tl.minimum(s * chunk, seq_len)
+    end = tl.minimum(start + chunk, seq_len)
+    KB: tl.constexpr = 8 if KEY_FP8 else KBITS
+    NG: tl.constexpr = D // 16
+    NBLK: tl.constexpr = BLOCK_T // BLOCK_SIZE
+    BW32: tl.constexpr = BLOCK_SIZE * SLOT_W // 2
+
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
+    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+    if not KEY_FP8:
+        q = tk._fwht(q, GP, D) * inv_sqrt_d
+    q = q.to(tl.float16)
+    ones = tl.full([GP, D], 1.0, dtype=tl.float16)
+
+    # gather indices inside a tile of NBLK staged blocks (the same for every tile)
+    tt = tl.arange(0, BLOCK_T)
+    jj = tt // BLOCK_SIZE
+    pw = (tt % BLOCK_SIZE) * SLOT_W  # first 16-bit word of each token's slot in its block
+    gg = tl.arange(0, NG)
+    wk = pw[:, None] + gg[None, :] * KB
+    ak = jj[:, None] * BWP + (wk >> 1)
+    park = (wk & 1) == 1
+    wv = pw[:, None] + VIDX_W + gg[None, :] * VBITS
+    av = jj[:, None] * BWP + (wv >> 1)
+    parv = (wv & 1) == 1
+    wn = pw + (0 if KEY_FP8 else KNORM_W)
+    an = jj * BWP + (wn >> 1)
+    parn = (wn & 1) == 1
+    ws = pw + VSCALE_W
+    as_ = jj * BWP + (ws >> 1)
+    pars = (ws & 1) == 1
+    ii = tl.arange(0, BWP)
+
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    acc_z = tl.zeros([GP], dtype=tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    blo = start // BLOCK_SIZE
+    bhi = tl.where(end > start, tl.cdiv(end, BLOCK_SIZE), blo)  # an empty split runs no tile
+    for b0 in tl.range(blo, bhi, NBLK, num_stages=1):
+        jb = b0 + tl.arange(0, NBLK)
+        bid = tl.load(bt_row + jb, mask=jb < bhi, other=-1).to(tl.int64)
+        okb = (jb < bhi) & (bid >= 0) & (bid < num_blocks)
+        base = tl.multiple_of(tl.where(okb, bid, 0) * stride_cb32 + hk * stride_ch32, 4)
+        src = tl.load(cache32_ptr + base[:, None] + ii[None, :], mask=okb[:, None] & (ii[None, :] < BW32), other=0)
+        flat = tl.reshape(src, (NBLK * BWP,))
+        t = b0 * BLOCK_SIZE + tt
+        in_seq = (t >= start) & (t < end)  # a bad block id reads as zero slots (score 0, value 0)
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _staged_windows(flat, ak, park, KB, BLOCK_T, NG)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _staged_windows(flat, av, parv, VBITS, BLOCK_T, NG)
+        xn = tl.gather(flat, an, 0)
+        kn = tl.where(parn, (xn >> 16) & 0xFFFF, xn & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+        xs0 = tl.gather(flat, as_, 0)
+        xs1 = tl.gather(flat, as_ + 1, 0)
+        vs = tl.where(pars, (xs0 >> 16) & 0xFFFF, xs0 & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        vz = tl.where(pars, xs1 & 0xFFFF, (xs0 >> 16) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)
+        vs = tl.where(in_seq, vs.to(tl.float32), 0.0)  # slots outside the split may hold anything
+        vz = tl.where(in_seq, vz.to(tl.float32), 0.0)
+        m_i, l_i, acc, acc_z = _fast_tile(
+            q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
+            in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+            D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, NORM_MMA)
+
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = (acc + acc_z[:, None]) * inv_l[:, None]
+    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
+    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
+    tl.store(mrow + D, part_lse, mask=gmask)
+
+
+def staged_ok(cache) -> bool:
+    """The staged kernel reads whole blocks as int32 x 4: a block's slots must be 16-byte sized."""
+    nb, hk, bs, sb = cache.shape
+    return (bs * sb) % 16 == 0
+
+
+def _decode_staged_launch(query, cache, block_tables, seq_lens, spec, scale, mid_out, block_t, lut, opts, norm_mma):
+    bsz, hq, d = query.shape
+    nb, hk, bs, sb = cache.shape
+    block_t = max(block_t, bs)
+    group = hq // hk
+    bw32 = bs * sb // 4
+    return _decode_staged_kernel[(bsz, hk, mid_out.shape[2])](
+        query, cache.view(-1).view(torch.int32), block_tables, seq_lens, mid_out, *tk._centroid_poly(spec, d),
+        scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
+        query.stride(0), query.stride(1), cache.stride(0) // 4, cache.stride(1) // 4,
+        block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
+        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        **tk._field_words(spec, d), SLOT_W=sb // 2, BWP=triton.next_power_of_2(bw32),
+        LUT=lut, LUT_ASM=_asm_for(spec, d, lut), NORM_MMA=norm_mma, **opts,
+    )
+
+
+def _lut_mode(spec: TurboQuantSpec, device, lut, cfg) -> int:
+    """0 (polynomial), 1 or 2 (``prmt`` tables): the table only where PTX runs and keys are 3/4-bit."""
+    if lut is None:
+        lut = cfg.get("lut", 2)
+    return int(lut) if lut and use_lut(spec, device) else 0
+
+
+def _num_sms(device) -> int:
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return 132
+    return torch.cuda.get_device_properties(dev).multi_processor_count
+
+
+def _asm_for(spec: TurboQuantSpec, d: int, lut: int) -> str:
+    return {0: "", 1: lut_asm, 2: lut_group_asm}[lut](spec, d) if lut else ""
+
+
+def use_lut(spec: TurboQuantSpec, device: torch.device) -> bool:
+    """The ``prmt`` table needs PTX (a CUDA device, not the interpreter) and MSE keys."""
+    return torch.device(device).type == "cuda" and spec.key_bits in (3, 4) and not tk_interpret()
+
+
+def tk_interpret() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+FAST_DEFAULTS = tk.DEFAULTS  # keys "fast_decode", "fast_dequant" (launch.py)
+
+
+def use_fast(spec: TurboQuantSpec, device: torch.device) -> bool:
+    """The fast kernels serve the rotated (MSE-key) presets on CUDA; fp8 keys keep the portable
+    kernels (measured as fast or faster, benchmarks/NOTES_turboquant.md)."""
+    return torch.device(device).type == "cuda" and not spec.key_fp8 and not tk_interpret()
+
+
+def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
+                     block_t: int | None = None, num_warps: int | None = None, lut: int | None = None,
+                     maxnreg: int | None = None, stats: dict | None = None, prefetch: bool | None = None,
+                     norm_mma: bool | None = None, staged: bool | None = None):
+    """The fast split kernel, then the portable reduction (``_triton_kernels._reduce_kernel``).
+    ``staged``: whole cache blocks through shared memory (:func:`_decode_staged_kernel`)."""
+    cfg = FAST_DEFAULTS["fast_decode"]
+    block_t = block_t or cfg["block_t"]
+    opts = {"num_warps": num_warps or cfg["num_warps"]}
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    lut = _lut_mode(spec, query.device, lut, cfg)
+    bsz, hq, d = query.shape
+    nb, hk, bs, sb = cache.shape
+    group = hq // hk
+    s_splits = mid_out.shape[2]
+    staged = bool(cfg.get("staged", False) if staged is None else staged) and staged_ok(cache)
+    if staged:
+        nm = bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma)
+        kern = _decode_staged_launch(query, cache, block_tables, seq_lens, spec, scale, mid_out, block_t, lut, opts, nm)
+        tk._record(stats, kern)
+        tk.reduce(mid_out, output, lse)
+        return output
+    kern = _decode_fast_kernel[(bsz, hk, s_splits)](
+        query, cache.view(torch.uint16), block_tables, seq_lens, mid_out, *tk._centroid_poly(spec, d),
+        scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, s_splits,
+        query.stride(0), query.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
+        block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
+        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        **tk._field_words(spec, d), LUT=lut, LUT_ASM=_asm_for(spec, d, lut),
+        PREFETCH=bool(cfg.get("prefetch", False) if prefetch is None else prefetch),
+        NORM_MMA=bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma), **opts,
+    )
+    tk._record(stats, kern)
+    tk.reduce(mid_out, output, lse)
+    return output
+
+
+# ----------------------------------------------------------------------------- dequant
+@triton.jit
+def _dequant_fast_kernel(
+    cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    cached_len, num_blocks, stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+    BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
+    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
+    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+):
+    """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
+    writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs."""
+    pid = tl.program_id(0)
+    h = tl.program_id(1)
+    cols = tl.arange(0, D)
+    if not KEY_FP8:
+        sg = tl.load(signs_ptr + cols[:, None] * D + cols[None, :])  # fp16 +-1, exact
+    k_head = k_ptr + h.to(tl.int64) * stride_kh
+    v_head = v_ptr + h.to(tl.int64) * stride_vh
+    for i in tl.range(0, TILES):
+        t = (pid * TILES + i) * BLOCK_T + tl.arange(0, BLOCK_T)
+        in_len = t < cached_len
+        base16, ok = tk._slot_base16(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch, stride_ct)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, base16, ok, VIDX_W, VBITS, D)
+        vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, BLOCK_T, 0x6400)
+        vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vv = vz[:, None] + vs[:, None] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
+        tl.store(v_head + t[:, None] * stride_vt + cols[None, :], vv.to(tl.float16), mask=in_len[:, None])
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, base16, ok, 0, 8 if KEY_FP8 else KBITS, D)
+        if KEY_FP8:
+            kb = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, 8, D, BLOCK_T)
+            kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+            tl.store(k_head + t[:, None] * stride_kt + cols[None, :], kf, mask=in_len[:, None])
+        else:
+            yh = _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
+                              KBITS, D, BLOCK_T, LUT, LUT_ASM)
+            fac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+            if NORM_CORR:
+                y32 = yh.to(tl.float32)
+                yn = tl.sqrt(tl.sum(y32 * y32, axis=1))
+                fac = fac / tl.where(yn > 0, yn, 1.0)
+            kc = tl.dot(yh, sg) * (fac * inv_sqrt_d)[:, None]
+            tl.store(k_head + t[:, None] * stride_kt + cols[None, :], kc.to(tl.float16), mask=in_len[:, None])
+
+
+def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
+               block_t: int | None = None, num_warps: int | None = None, tiles_per_program: int | None = None,
+               lut: int | None = None, stats: dict | None = None):
+    cfg = FAST_DEFAULTS["fast_dequant"]
+    block_t = block_t or cfg["block_t"]
+    lut = _lut_mode(spec, cache.device, lut, cfg)
+    nb, hk, bs, sb = cache.shape
+    d = k_out.shape[-1]
+    signs16, _, _, _ = tk._consts(spec, d, cache.device)
+    n_tiles = triton.cdiv(cached_len, block_t)
+    if tiles_per_program is None:  # fewer tiles per program where 2 would leave < 4 programs per SM
+        tiles_per_program = cfg["tiles"] if hk * n_tiles // cfg["tiles"] >= 4 * _num_sms(cache.device) else 1
+    tiles = max(1, min(tiles_per_program, n_tiles))
+    kern = _dequant_fast_kernel[(triton.cdiv(n_tiles, tiles), hk)](
+        cache.view(torch.uint16), block_table_row, k_out, v_out, signs16, *tk._centroid_poly(spec, d),
+        cached_len, nb, cache.stride(0), cache.stride(1), cache.stride(2),
+        k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d),
+        BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        **tk._field_words(spec, d), LUT=lut, LUT_ASM=_asm_for(spec, d, lut), num_warps=num_warps or cfg["num_warps"],
+    )
+    tk._record(stats, kern)
