@@ -128,7 +128,8 @@ def inspect_vllm(
     note = bug_report_note(pred)
     if note is not None:
         pred.notes.append(note)
-    report: dict[str, Any] = analysis.predict(config, sources={**dep.sources, "max_num_batched_tokens": source}).to_json()
+    report: dict[str, Any] = analysis.predict(config, sources={**dep.sources, "max_num_batched_tokens": source},
+                                              locked_bytes=locked_bytes).to_json()
     report.update({"prediction": pred.to_dict(), "vllm_version": vllm_version()})
     text = [pred.format()]
     if demo:
