@@ -46,7 +46,7 @@
 #
 # Each section asks a question, then runs one cell that answers it with a picture, a small table and an
 # `assert` — the **predict, then run** check: decide your answer before you run the cell. Bytes are in
-# MB = 2**20 bytes, as vLLM's messages write them. Parameters: `DEVICE` (`auto`, `cpu`, `cuda`),
+# KiB/MiB/GiB (powers of 2; vLLM's messages call MiB "MB"). Parameters: `DEVICE` (`auto`, `cpu`, `cuda`),
 # `USE_RECORDED` (`auto`: recorded GPU figures when not on CUDA; `always`; `never`); both can also come from
 # environment variables.
 
@@ -76,7 +76,7 @@ from tqlab.lab import graph_latency as latency
 from tqlab.lab import memory_budget as mb
 from tqlab.lab import piecewise as pw
 from tqlab.lab import plots_graphs as gplots
-from tqlab.lab.display import fmt_mb, markdown_table, show_md
+from tqlab.lab.display import fmt_bytes, markdown_table, show_md
 from tqlab.lab.recorded import banner_text, has_recorded, jsonable, load_recorded, make_provenance, show_banner
 from tqlab.predict.analysis import decode_capture_rows, decode_rows_at_lock
 
@@ -167,7 +167,7 @@ RESULTS["warmup"] = r
 gplots.plot_capture_resizes(r)
 plt.show()
 show_md(markdown_table(("variant", "num_warmups", "workspace before", "workspace after", "capture ok"),
-                       [(k, v["num_warmups"], fmt_mb(v["workspace_bytes_before"]), fmt_mb(v["workspace_bytes_after"]),
+                       [(k, v["num_warmups"], fmt_bytes(v["workspace_bytes_before"]), fmt_bytes(v["workspace_bytes_after"]),
                          v["ok"]) for k, v in r.items()]))
 LIVE.ran("warmup")
 
@@ -178,7 +178,7 @@ if REC_LIVE and "warmup" in REC_LIVE:  # the same holds for real CUDA graphs (re
     g = REC_LIVE["warmup"]
     assert g["with_warmup"]["resizes_in_capture"] == 0 and g["without_warmup"]["resizes_in_capture"] >= 1
 print(f"with the warm-up: {r['with_warmup']['resizes_in_capture']} resizes inside the capture; without it: "
-      f"{r['without_warmup']['resizes_in_capture']}; both end at {fmt_mb(r['with_warmup']['workspace_bytes_after'])}")
+      f"{r['without_warmup']['resizes_in_capture']}; both end at {fmt_bytes(r['with_warmup']['workspace_bytes_after'])}")
 
 # %% [markdown]
 # The warm-up takes the growth out of the capture: when the capture asks, `_ensure_workspace_size` finds the
@@ -328,7 +328,7 @@ gplots.plot_graph_status({f"reserve: {x['reserve']}": x["replay"] for x in RESUL
 plt.show()
 show_md(markdown_table(["reservation"] + [f"need at bucket {b}" for b in RESULTS["case_b"][0]["need_bytes"]]
                        + ["stale buckets"],
-                       [[x["reserve"]] + [fmt_mb(v) for v in x["need_bytes"].values()] + [x["stale_buckets"]]
+                       [[x["reserve"]] + [fmt_bytes(v) for v in x["need_bytes"].values()] + [x["stale_buckets"]]
                         for x in RESULTS["case_b"]]))
 LIVE.ran("case_b")
 
@@ -352,7 +352,7 @@ gplots.plot_graph_status({f"late warm-up {w.replace('_', ' ')}": v["replay"] for
                          title="(c) a warm-up after capture")
 plt.show()
 show_md(markdown_table(("late warm-up", "workspace before → after", "buffer moved", "refused by the lock", "stale buckets"),
-                       [(w, f"{fmt_mb(v['bytes_before'])} → {fmt_mb(v['bytes_after'])}", v["moved"],
+                       [(w, f"{fmt_bytes(v['bytes_before'])} → {fmt_bytes(v['bytes_after'])}", v["moved"],
                          bool(v["warmup_refused"]), v["stale_buckets"]) for w, v in r.items()]))
 LIVE.ran("case_c")
 
@@ -479,7 +479,7 @@ except AssertionError as err:
 show_md(markdown_table(("replay", "Python ran", "workspace calls"),
                        [("FULL", ", ".join(full.python_ops) or "nothing", full.workspace_calls),
                         ("PIECEWISE", ", ".join(piece.python_ops), piece.workspace_calls)]))
-print(f"locked at {fmt_mb(ws.size_bytes())}; an eager attention that needs more:", bigger_error)
+print(f"locked at {fmt_bytes(ws.size_bytes())}; an eager attention that needs more:", bigger_error)
 
 assert full.workspace_calls == 0 and full.python_ops == []
 assert piece.workspace_calls == 2 and all(op.endswith("attention") for op in piece.python_ops)
@@ -527,7 +527,7 @@ for b in sorted(decode_capture_rows(DEMO), reverse=True):  # capture the large s
     grew_in_warmup = seq_ws.size_bytes() > before
     before = seq_ws.size_bytes()
     seq_ws.get_simultaneous(*shapes(b))  # the capture asks again
-    log.append((b, grew_in_warmup, seq_ws.size_bytes() > before, fmt_mb(seq_ws.size_bytes())))
+    log.append((b, grew_in_warmup, seq_ws.size_bytes() > before, fmt_bytes(seq_ws.size_bytes())))
 seq_ws.lock()  # lock_workspace()
 show_md(markdown_table(("bucket (capture order)", "grew in warm-up", "grew in capture", "workspace"), log))
 assert [g for _, g, _, _ in log] == [True] + [False] * (len(log) - 1)
@@ -576,14 +576,14 @@ mb.zoom_budgets(B, title="the top of each bar", ax=axes[1])
 plt.tight_layout()
 plt.show()
 show_md(markdown_table(("engine", "KV cache (GiB)", "workspace", "free", "fails at"),
-                       [(k.replace("\n", ", "), f"{b.segments['KV cache'] / GiB:.2f}", fmt_mb(b.segments["workspace"]),
-                         fmt_mb(max(0, b.free)), b.fails_at or "runs") for k, b in B.items()]))
+                       [(k.replace("\n", ", "), f"{b.segments['KV cache'] / GiB:.2f}", fmt_bytes(b.segments["workspace"]),
+                         fmt_bytes(max(0, b.free)), b.fails_at or "runs") for k, b in B.items()]))
 
 assert 170_000 < cached_at_oom < 190_000  # 88 MiB holds ~180K cached tokens at Hk·D = 128
 assert B["lazy\nutil 0.905"].fails_at == "serve" and B["lazy\nutil 0.905"].free == FREE_AT_OOM
 assert B["PR #44053\nutil 0.905"].fails_at == "start-up"
 assert B["lazy\nutil 0.85"].fails_at is None and B["PR #44053\nutil 0.85"].fails_at is None
-print(f"{fmt_mb(ASKED)} = {cached_at_oom:,} cached tokens at Hk·D = {HK_D}; the reservation for {MAX_LEN:,}: {fmt_mb(reserve)}")
+print(f"{fmt_bytes(ASKED)} = {cached_at_oom:,} cached tokens at Hk·D = {HK_D}; the reservation for {MAX_LEN:,}: {fmt_bytes(reserve)}")
 
 # %% [markdown]
 # At 0.905 the lazy engine dies at serve time; with the reservation the same budget fails at **start-up**,
@@ -615,10 +615,10 @@ S_FIXED = DEMO.tq_max_kv_splits_for_cuda_graph
 s_cap, s_rep = pw.dynamic_num_splits(35), pw.dynamic_num_splits(2400)
 dyn, fixed = pw.replay_writes(s_cap, s_rep, 1, hq, d), pw.replay_writes(S_FIXED, S_FIXED, 1, hq, d)
 show_md(markdown_table(["plan", "S at capture", "S at replay", "scratch captured", "replay writes", "out of bounds"],
-                       [["by context length", s_cap, s_rep, fmt_mb(dyn["buffer_bytes"]), fmt_mb(dyn["write_bytes"]),
-                         fmt_mb(dyn["out_of_bounds_bytes"])],
-                        ["fixed (vLLM)", S_FIXED, S_FIXED, fmt_mb(fixed["buffer_bytes"]), fmt_mb(fixed["write_bytes"]),
-                         fmt_mb(fixed["out_of_bounds_bytes"])]]))
+                       [["by context length", s_cap, s_rep, fmt_bytes(dyn["buffer_bytes"]), fmt_bytes(dyn["write_bytes"]),
+                         fmt_bytes(dyn["out_of_bounds_bytes"])],
+                        ["fixed (vLLM)", S_FIXED, S_FIXED, fmt_bytes(fixed["buffer_bytes"]), fmt_bytes(fixed["write_bytes"]),
+                         fmt_bytes(fixed["out_of_bounds_bytes"])]]))
 # The fixed plan's scratch is exactly the first view of PR #44053's decode reservation at one row:
 assert fixed["buffer_bytes"] == 1 * hq * S_FIXED * (d + 1) * 4
 assert (s_cap, s_rep) == (1, 32) and dyn["out_of_bounds_bytes"] == dyn["write_bytes"] - dyn["buffer_bytes"] > 0
@@ -627,7 +627,7 @@ print(f"dynamic plan: {dyn['out_of_bounds_bytes']:,} bytes written past the capt
 
 # %% [markdown]
 # The price of a fixed `S`: a short context still launches 32 splits (most of them empty), and the scratch is
-# sized for 32 at `max_num_seqs` rows — a fraction of a MB per rank, small next to the continuation buffers.
+# sized for 32 at `max_num_seqs` rows — a fraction of a MiB per rank, small next to the continuation buffers.
 # vLLM's comment says benchmarks showed no eager-mode regression.
 #
 # ## Closing check

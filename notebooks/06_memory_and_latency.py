@@ -55,8 +55,8 @@
 # **Run time.** About 15–40 s on the 2-core CPU box, depending on its load; the last cell prints it.
 #
 # Each section asks a question, then runs a cell that answers it with a picture, a small table and an `assert`
-# — the **predict, then run** check: decide your answer before you run the cell. Bytes are in MB = 2**20 bytes,
-# as vLLM's messages write them. Parameters: `DEVICE` (`auto`, `cpu`, `cuda`), `USE_RECORDED` (`auto`: recorded
+# — the **predict, then run** check: decide your answer before you run the cell. Bytes are in KiB/MiB/GiB
+# (powers of 2; vLLM's messages call MiB "MB"). Parameters: `DEVICE` (`auto`, `cpu`, `cuda`), `USE_RECORDED` (`auto`: recorded
 # GPU figures when not on CUDA; `always`; `never`), `RECORD_DIR` (non-empty: save this run's CUDA measurements
 # there as JSON with provenance). Each can also come from the environment variable of the same name.
 
@@ -135,11 +135,11 @@ print(f"comparison config: {TABLE_CFG.num_hidden_layers} layer(s), Hq/rank {TABL
       f"{TABLE_CFG.kv_cache_dtype}; prompts {TABLE_PROMPTS} tokens, then {DECODE_STEPS} decode steps")
 
 # %%
-# New in this lecture: the KV-cache bytes per token (section 2), MB formatting, the parity recording (section 7).
+# New in this lecture: the KV-cache bytes per token (section 2), binary-unit byte formatting, the parity recording (section 7).
 from tqlab.attention import kv_cache_bytes_per_token
 from tqlab.core.reservation import plan_bytes, reservation_plan, reserve_workspace
 from tqlab.core.workspace import WorkspaceManager, ubatch_context
-from tqlab.lab.display import fmt_mb
+from tqlab.lab.display import fmt_bytes
 from tqlab.vllm.cpu_harness import PARITY_RESULTS, load_parity_results
 
 # %% [markdown]
@@ -224,7 +224,7 @@ if REC_TABLE is not None:
     if REC_META is not None:  # full size on `meta`: the same bytes as on the H200, strategy by strategy
         meta = {r["strategy"]: r for r in REC_META["strategies"]}
         assert all(meta[s]["reserved_bytes"] == rec[s].reserved_bytes for s in rec)
-        print("reserved at the lock, full size:", {s: fmt_mb(r.reserved_bytes) for s, r in rec.items()},
+        print("reserved at the lock, full size:", {s: fmt_bytes(r.reserved_bytes) for s, r in rec.items()},
               "— the same on the meta device")
 
 # %% [markdown]
@@ -261,8 +261,8 @@ for name in list_presets():
     c = EngineConfig.from_preset(name)
     (r,) = S.workspace_vs_max_model_len(c, [c.max_model_len])
     kv_full = kv_cache_bytes_per_token(c) * c.max_model_len * c.max_num_seqs  # max_num_seqs full-length sequences
-    rows.append((name, c.max_model_len, c.max_num_seqs, c.kv_cache_dtype, fmt_mb(r["unfixed_bytes"]),
-                 fmt_mb(r["reserved_bytes"]), fmt_mb(kv_full), f"{100 * r['reserved_bytes'] / kv_full:.3f} %",
+    rows.append((name, c.max_model_len, c.max_num_seqs, c.kv_cache_dtype, fmt_bytes(r["unfixed_bytes"]),
+                 fmt_bytes(r["reserved_bytes"]), fmt_bytes(kv_full), f"{100 * r['reserved_bytes'] / kv_full:.3f} %",
                  f"{100 * r['share']:.1f} %"))
 show_md(markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unfixed lock", "reserved (fix)",
                         "KV cache (max_num_seqs × max_model_len)", "share of the KV cache",
@@ -279,8 +279,8 @@ assert cont <= SEED_ROW["reserved_bytes"] < cont + 2**20
 same = {(a, b): [r["max_model_len"] for r, q in zip(WS_ROWS[a], WS_ROWS[b]) if r["reserved_bytes"] == q["reserved_bytes"]]
         for a in WS_ROWS for b in WS_ROWS if a < b}
 same = {f"{a} = {b}": v for (a, b), v in same.items() if v}  # at these max_model_len values
-print(f"{SEED.preset}: reserved {fmt_mb(SEED_ROW['reserved_bytes'])}, the two continuation buffers "
-      f"{fmt_mb(cont)} of it; share of the KV cache {100 * share_full_batch:.3f} %, of one sequence "
+print(f"{SEED.preset}: reserved {fmt_bytes(SEED_ROW['reserved_bytes'])}, the two continuation buffers "
+      f"{fmt_bytes(cont)} of it; share of the KV cache {100 * share_full_batch:.3f} %, of one sequence "
       f"{100 * share_one:.3f} % (= {SEED.max_num_seqs}×).\nPresets whose reservations coincide (left panel): {same}")
 
 # %% [markdown]
@@ -313,7 +313,7 @@ assert longest["max_num_batched_tokens"] == sorted(longest["max_num_batched_toke
 assert longest["max_num_seqs"] == sorted(longest["max_num_seqs"])  # later with more decode rows
 assert len(set(longest["tensor_parallel_size"])) == 1  # query and KV heads per rank shrink together
 assert S.longest_surviving_prompt(SEED) in longest["tensor_parallel_size"]
-print(f"the deployment: unfixed lock {fmt_mb(unfixed_locked_bytes(SEED))}, longest surviving prompt "
+print(f"the deployment: unfixed lock {fmt_bytes(unfixed_locked_bytes(SEED))}, longest surviving prompt "
       f"{S.longest_surviving_prompt(SEED):,} tokens of max_model_len {SEED.max_model_len:,}; TP changes nothing")
 
 # %% [markdown]
@@ -322,7 +322,7 @@ print(f"the deployment: unfixed lock {fmt_mb(unfixed_locked_bytes(SEED))}, longe
 # **Question.** Each engine logs every resize, lock, unlock and violation. Where along start-up (init → load model →
 # profile run → build backend → [dummy run] → capture → lock → serve) does each strategy's workspace grow, and what
 # happens when the first prompt's continuation chunk arrives? The shaded stretch is locked; a red cross is a
-# request the locked workspace refused (its size and caller are in the panel's title). One MB scale for every
+# request the locked workspace refused (its size and caller are in the panel's title). One MiB scale for every
 # panel, logarithmic above the smallest size. (In vLLM 0.33 the reservation runs when the metadata builders are
 # created, after the profile run, as in tqlab's engine: notebook 05 §8.)
 #
@@ -338,8 +338,8 @@ for name in ("none", "dummy_run", "reserve", "replay_aware"):
         eng.generate(TABLE_PROMPTS[0], max_tokens=2)
         outcome = f"{TABLE_PROMPTS[0]:,}-token prompt served"
     except WorkspaceLockedError as err:
-        outcome = (f"died on the {TABLE_PROMPTS[0]:,}-token prompt: {fmt_mb(err.required_bytes)} asked by "
-                   f"{err.caller}, {fmt_mb(err.current_bytes)} locked")
+        outcome = (f"died on the {TABLE_PROMPTS[0]:,}-token prompt: {fmt_bytes(err.required_bytes)} asked by "
+                   f"{err.caller}, {fmt_bytes(err.current_bytes)} locked")
     marker.mark("serve", eng.workspace)
     LIFE[name] = (list(eng.workspace.events), list(marker.marks), outcome, eng.workspace.size_bytes())
     del eng
@@ -358,7 +358,7 @@ assert [k for k in kinds_after_first_lock(LIFE["dummy_run"][0]) if k != "lock"] 
 assert {"unlock", "resize"} <= set(kinds_after_first_lock(LIFE["replay_aware"][0]))  # grows by unlocking
 phases = [name for name, _ in LIFE["reserve"][1]]
 assert phases.index("profile_run") < phases.index("build_backend") < phases.index("capture")  # vLLM 0.33's order
-print({n: fmt_mb(v[3]) for n, v in LIFE.items()}, "at the end;",
+print({n: fmt_bytes(v[3]) for n, v in LIFE.items()}, "at the end;",
       "after the first lock:", {n: kinds_after_first_lock(v[0]) for n, v in LIFE.items()})
 
 # %% [markdown]
@@ -387,8 +387,8 @@ rows = []
 for mode, v in src["trace"].items():
     us = v["per_call_us"]
     rows.append((mode, len(us), f"{statistics.median(us):.1f}", f"{max(us):.1f}",
-                 fmt_mb(v["peak_reserved"]) if "peak_reserved" in v else "(CUDA only)",
-                 fmt_mb(v["peak_allocated"]) if "peak_allocated" in v else "(CUDA only)",
+                 fmt_bytes(v["peak_reserved"]) if "peak_reserved" in v else "(CUDA only)",
+                 fmt_bytes(v["peak_allocated"]) if "peak_allocated" in v else "(CUDA only)",
                  v.get("num_device_alloc", "(CUDA only)")))
 show_md(f"{'live' if src is MEM else 'recorded on ' + REC_MEM.provenance['device']}:\n\n" + markdown_table(
     ("mode", "calls", "median µs/call", "max µs/call", "peak reserved", "peak allocated", "cudaMalloc calls"), rows))
@@ -398,8 +398,8 @@ assert len(MEM["trace"]["workspace"]["per_call_us"]) == len(MEM["trace"]["torch_
 if "peak_reserved" in src["trace"]["workspace"]:  # GPU numbers, live or recorded
     te, wsv = src["trace"]["torch_empty"], src["trace"]["workspace"]
     assert te["peak_reserved"] > 2 * te["peak_allocated"] and te["num_device_alloc"] > wsv["num_device_alloc"]
-    print(f"torch.empty: {fmt_mb(te['peak_reserved'])} reserved for {fmt_mb(te['peak_allocated'])} allocated, "
-          f"{te['num_device_alloc']} cudaMalloc calls; views: {fmt_mb(wsv['peak_reserved'])}, {wsv['num_device_alloc']}")
+    print(f"torch.empty: {fmt_bytes(te['peak_reserved'])} reserved for {fmt_bytes(te['peak_allocated'])} allocated, "
+          f"{te['num_device_alloc']} cudaMalloc calls; views: {fmt_bytes(wsv['peak_reserved'])}, {wsv['num_device_alloc']}")
 
 # %% [markdown]
 # ## 6 · Growing: `resize_` vs free-then-allocate
@@ -422,8 +422,8 @@ if SHOW_RECORDED and REC_MEM is not None:
 old, new = MEM["growth_sizes"][-2:]
 assert MEM["growth"]["free_then_allocate"]["peak_bytes"] == new == MEM["growth"]["free_then_allocate"]["final_bytes"]
 assert MEM["growth"]["resize_"]["peak_bytes"] == MEM["growth"]["allocate_then_free"]["peak_bytes"] == old + new
-print(f"{len(MEM['growth_sizes'])} growths, {fmt_mb(MEM['growth_sizes'][0])} → {fmt_mb(new)}; peak: resize_ "
-      f"{fmt_mb(old + new)} (old + new), free-then-allocate {fmt_mb(new)}")
+print(f"{len(MEM['growth_sizes'])} growths, {fmt_bytes(MEM['growth_sizes'][0])} → {fmt_bytes(new)}; peak: resize_ "
+      f"{fmt_bytes(old + new)} (old + new), free-then-allocate {fmt_bytes(new)}")
 
 # %% [markdown]
 # ## 7 · DBO: which slots grow, and which slot does PR #44053 reserve?
@@ -462,9 +462,9 @@ for label, mgr in (("vLLM 0.33 (slot 0 only)", vllm_way), ("tqlab reserve_worksp
             mgr.get_simultaneous(*report_chunk)
             slot1[label] = "served"
         except WorkspaceLockedError as exc:
-            slot1[label] = f"refused: asks {fmt_mb(exc.required_bytes)}, slot 1 holds {fmt_mb(exc.current_bytes)}"
+            slot1[label] = f"refused: asks {fmt_bytes(exc.required_bytes)}, slot 1 holds {fmt_bytes(exc.current_bytes)}"
 show_md(markdown_table(("reservation", "slot sizes after it", "the largest continuation call in slot 1, after the lock"),
-                       [(k, " / ".join(fmt_mb(b) for b in m.sizes_bytes()), slot1[k])
+                       [(k, " / ".join(fmt_bytes(b) for b in m.sizes_bytes()), slot1[k])
                         for k, m in (("vLLM 0.33 (slot 0 only)", vllm_way),
                                      ("tqlab reserve_workspace (every slot)", tqlab_way))]))
 
@@ -478,8 +478,8 @@ if USE_RECORDED != "never" and has_recorded(PARITY_RESULTS):  # vLLM's own build
           f"(`{parity_prov['command']}`): slot sizes "
           f"{parity['test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes']}")
     assert vllm_way.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
-print(f"held at the end: every slot {fmt_mb(DBO_ALL['final_bytes'])}, requesting slot {fmt_mb(DBO_ONE['final_bytes'])}; "
-      f"vLLM's reservation: {[fmt_mb(b) for b in vllm_way.sizes_bytes()]}")
+print(f"held at the end: every slot {fmt_bytes(DBO_ALL['final_bytes'])}, requesting slot {fmt_bytes(DBO_ONE['final_bytes'])}; "
+      f"vLLM's reservation: {[fmt_bytes(b) for b in vllm_way.sizes_bytes()]}")
 
 # %% [markdown]
 # So with DBO, PR #44053 covers ubatch 0 only: whatever else runs in ubatch 1 before the lock decides slot 1's
@@ -638,15 +638,15 @@ lines = [f"On {where}:"]
 if rs and dr:
     lines.append(f"- `reserve` and `dummy_run` both survive `max_model_len`: "
                  f"{'yes' if rs.survives_max_model_len else 'no'} / {'yes' if dr.survives_max_model_len else 'no'}; "
-                 f"they hold {fmt_mb(rs.reserved_bytes)} / {fmt_mb(dr.reserved_bytes)} from start-up on.")
+                 f"they hold {fmt_bytes(rs.reserved_bytes)} / {fmt_bytes(dr.reserved_bytes)} from start-up on.")
 if ra:
     extra = sum(p.recapture_seconds for p in ra.prompts)
     lines.append(f"- `replay_aware` grew and re-captured every decode graph {ra.recaptures} times "
-                 f"({extra:.2f} s of it inside time to first token) and ends at {fmt_mb(ra.final_workspace_bytes)}: "
+                 f"({extra:.2f} s of it inside time to first token) and ends at {fmt_bytes(ra.final_workspace_bytes)}: "
                  "about the same memory as the reservation, paid late, in steps, in the middle of serving.")
 if fb:
     lines.append(f"- `fallback` served {fb.fallback_calls} calls with `torch.empty`; its workspace stays at "
-                 f"{fmt_mb(fb.reserved_bytes)}, its peak is {fmt_mb(fb.peak_bytes)} ({fb.peak_source}).")
+                 f"{fmt_bytes(fb.reserved_bytes)}, its peak is {fmt_bytes(fb.peak_bytes)} ({fb.peak_source}).")
 lines.append("- With DBO, vLLM 0.33's reservation sizes slot 0 only (section 7).")
 show_md("\n".join(lines))
 print(f"notebook ran in {time.perf_counter() - T0:.1f} s on {DEVICE}")

@@ -222,7 +222,7 @@ def test_table_rows(results):
     rows = strategy_table([results[s] for s in S.STRATEGIES])
     assert [r["strategy"] for r in rows] == list(S.STRATEGIES)
     assert rows[0]["TTFT 512-token"] == "dies" and rows[0]["survives max_model_len"] == "no"
-    assert rows[2]["reserved"] == "0.06 MB" and rows[2]["graph-safe"] == "yes"
+    assert rows[2]["reserved"] == "64.00 KiB" and rows[2]["graph-safe"] == "yes"
     assert rows[3]["notes"] == "3 re-captures" and rows[4]["notes"] == "4 fallback calls"
     md = markdown_table(None, rows)
     assert md.splitlines()[0].startswith("| strategy | seed fix | start-up | reserved | peak (computed) |")

@@ -59,7 +59,7 @@ def test_report_on_recorded_run_is_as_predicted():
 def test_cli_prints_refusal_on_both_ranks_and_as_predicted(tmp_path):
     res = CliRunner().invoke(app, ["trace-report", str(RECORDED), *DEPLOY, "--json", str(tmp_path / "r.json")])
     assert res.exit_code == 0, res.output
-    assert res.output.count("refused continuation prefill (dequant), 2.00 MB > 1.02 MB") == 2
+    assert res.output.count("refused continuation prefill (dequant), 2.00 MiB > 1.02 MiB") == 2
     assert "TP 0/2" in res.output and "TP 1/2" in res.output and "ranks: all 2 agree" in res.output
     assert res.output.rstrip().endswith("as predicted")
     assert json.loads((tmp_path / "r.json").read_text())["verdict"] == "as predicted"
@@ -91,7 +91,7 @@ def test_a_different_lock_size_is_named(trace_dir):
     rep = trace_report(trace_dir, META["engine_args"], preset=META["preset"])
     assert not rep["ranks_agree"] and rep["rank_differences"] == ["TP 1/2 differs from TP 0/2 in lock sizes"]
     assert rep["verdict"] == "2 disagreement(s) with the prediction"
-    assert rep["prediction"]["disagreements"][0].startswith("TP 1/2: slot 0 locked at 1.02 MB (1,073,664 bytes)")
+    assert rep["prediction"]["disagreements"][0].startswith("TP 1/2: slot 0 locked at 1.02 MiB (1,073,664 bytes)")
     assert "the lock recorded" in rep["prediction"]["disagreements"][1]
 
 

@@ -102,7 +102,7 @@ def test_tracer_on_tqlab_manager_records_per_caller_lock_and_violation():
     (v,) = rep["violations"]
     assert (v["required_bytes"], v["current_bytes"], v["slot"]) == (2 * MiB, 268544, 0)
     assert v["message"] == str(e.value)
-    assert "VIOLATION slot 0" in tracer.format() and "0.26 MB" in tracer.format()
+    assert "VIOLATION slot 0" in tracer.format() and "0.26 MiB" in tracer.format()
     json.dumps(rep)  # JSON-ready
 
 
@@ -437,13 +437,13 @@ def test_inspect_readme_example_names_the_first_refused_call_and_the_chunk_size_
     assert first["shapes"] == [[[1, 1, 2048, 128], "float16"], [[1, 1, 2048, 128], "float16"]]
     assert req["first_refused_fixed"] is None and req["verdict"] == "CRASH without the fix, ok with it"
     assert ("first refused call without the fix (vLLM dies here): continuation prefill (dequant), cached 2048 q 2048: "
-            "1.00 MB > 0.26 MB at lock") in text
+            "1.00 MiB > 0.26 MiB at lock") in text
     assert "chunks of 2048 tokens (max_num_batched_tokens 2048: vLLM default (`vllm serve`" in text
     (note,) = [n for n in pred["notes"] if n.startswith("the bug report's '2.00 MB'")]
     assert "first refused call with max_num_batched_tokens 4096: cached 4096" in note
     assert "two fp16 (1, 1, 4096, 128) buffers = 2 x 1 x 4096 x 128 x 2 bytes = 2,097,152 bytes" in note
     assert "The report does not give max_num_batched_tokens; 4096 is inferred" in note
-    assert "This prediction assumes 2048" in note and "at cached 2048 with 1.00 MB" in note
+    assert "This prediction assumes 2048" in note and "at cached 2048 with 1.00 MiB" in note
     assert "note: " + note in text
 
     given = inspect_vllm(README_ARGS + " --max-num-batched-tokens 4096", NEMOTRON_CONFIG, prompt_tokens=[8192], quiet=True)
@@ -527,7 +527,7 @@ def test_recorded_parity_results_load_with_provenance_and_banner(capsys):
     assert unfixed["vllm"]["error"].endswith(SEED_TAIL)
     assert fixed["vllm"]["error"] is None
     table = format_trace_report(unfixed["vllm"]["trace"])
-    assert "VIOLATION slot 0: turboquant_attn.py:" in table and "locked at 0.26 MB" in table
+    assert "VIOLATION slot 0: turboquant_attn.py:" in table and "locked at 0.26 MiB" in table
     assert all(r["same"] for r in rec["test_manager_table:rows"] + rec["test_reservation_table:rows"])
     with pytest.raises(ValueError, match="missing"):
         show_parity_banner({"device": "cpu"})
@@ -539,7 +539,7 @@ def test_inspect_vllm_eager_is_never_locked_and_json_has_the_stable_object(tmp_p
     buf = io.StringIO()
     rep = inspect_vllm("vllm serve M --enforce-eager", preset="pr-44053-unit-test", prompt_tokens=[100],
                        json_path=tmp_path / "r.json", out=buf)
-    assert "workspace never locked" in buf.getvalue() and "0.28 MB" not in buf.getvalue()
+    assert "workspace never locked" in buf.getvalue() and "0.28 MiB" not in buf.getvalue()
     obj = json.loads((tmp_path / "r.json").read_text())
     assert {k: obj[k] for k in ("capture_sizes", "decode_rows_at_lock", "locked_bytes", "verdict",
                                 "first_failing_prompt_tokens", "first_refused_call", "locked_bytes_with_fix")} == {

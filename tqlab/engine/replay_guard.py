@@ -36,8 +36,8 @@ class StalePointerError(RuntimeError):
         self.current_bytes = current_bytes
         super().__init__(
             f"refusing to replay the CUDA graph of decode bucket {bucket}: it was captured with workspace "
-            f"ubatch slot {slot} at 0x{captured_ptr:x} ({format_mb(captured_bytes)} MB), but that slot now "
-            f"lives at 0x{current_ptr:x} ({format_mb(current_bytes)} MB). The workspace was reallocated after "
+            f"ubatch slot {slot} at 0x{captured_ptr:x} ({format_mb(captured_bytes)} MiB), but that slot now "
+            f"lives at 0x{current_ptr:x} ({format_mb(current_bytes)} MiB). The workspace was reallocated after "
             "capture, so the graph would write into the freed buffer. Reserve the maximum workspace over all "
             "buckets before capture, lock it after capture, or re-capture."
         )

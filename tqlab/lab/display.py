@@ -23,7 +23,6 @@ __all__ = [
     "byte_unit",
     "debug_workspace_log",
     "fmt_bytes",
-    "fmt_mb",
     "in_notebook",
     "live_frontend",
     "markdown_table",
@@ -272,15 +271,3 @@ def debug_workspace_log(echo: bool = True) -> Iterator[list[str]]:
             os.environ.pop("TQLAB_DEBUG_WORKSPACE", None)
         else:
             os.environ["TQLAB_DEBUG_WORKSPACE"] = old_env
-
-
-def fmt_mb(nbytes: int, decimals: int = 2) -> str:
-    """Bytes in MB = 2**20 bytes, as vLLM's workspace messages write them: ``fmt_mb(272640) == '0.26 MB'``.
-
-    Raises ``ValueError`` for a negative count, ``TypeError`` for a non-integer.
-    """
-    if isinstance(nbytes, bool) or not isinstance(nbytes, int):
-        raise TypeError(f"nbytes must be an int, got {nbytes!r}")
-    if nbytes < 0:
-        raise ValueError(f"nbytes must be >= 0, got {nbytes}")
-    return f"{nbytes / (1 << 20):.{decimals}f} MB"

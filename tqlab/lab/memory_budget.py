@@ -86,7 +86,7 @@ def plot_budgets(budgets: dict, *, title: str = "", ax=None, unit: int = 2**30, 
                     label="asked at serve time (size above the bar)" if i == 0 else None)
         status = {None: "runs", "serve": "OOM at serve time", "start-up": "fails at start-up"}[b.fails_at]
         if b.need_at_serve:
-            status += f"\nasks {b.need_at_serve / 2**20:.0f} MB\n{max(0, b.free) / 2**20:.0f} MB free"
+            status += f"\nasks {b.need_at_serve / 2**20:.0f} MiB\n{max(0, b.free) / 2**20:.0f} MiB free"
         ax.text(i, b.total / unit * 1.02, status, ha="center", va="bottom",
                 fontsize=8, fontweight="bold", color="#c44e52" if b.fails_at else "#2f855a")
         ax.hlines(b.requested / unit, i - 0.3, i + 0.3, colors="black", linestyles="dashed",
@@ -100,7 +100,7 @@ def plot_budgets(budgets: dict, *, title: str = "", ax=None, unit: int = 2**30, 
 
 
 def zoom_budgets(budgets: dict, *, title: str = "", ax=None):
-    """The top of each bar in MB (2**20 bytes): workspace held, free, and what a lazy request asks for."""
+    """The top of each bar in MiB (2**20 bytes): workspace held, free, and what a lazy request asks for."""
     import matplotlib.pyplot as plt
 
     if ax is None:
@@ -120,7 +120,7 @@ def zoom_budgets(budgets: dict, *, title: str = "", ax=None):
             if v:
                 ax.text(xi, v + top * 0.01, f"{v:.0f}" if v >= 1 else f"{v:.2f}", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(list(x), names, fontsize=8)
-    ax.set_ylabel("MB (2**20 bytes)")
+    ax.set_ylabel("MiB (2**20 bytes)")
     ax.set_ylim(0, top * 1.35)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="upper left", ncol=3, frameon=False)

@@ -2,7 +2,7 @@
 graphs are stale, the piecewise forward, and eager decode vs CUDA-graph replay latency.
 
 Each function takes the numbers a :mod:`tqlab.lab.graph_demos` demonstration returns and draws them; none of
-them runs anything. Bytes are in MB = 2**20 bytes (vLLM's "MB").
+them runs anything. Bytes are in MiB = 2**20 bytes (vLLM's messages call it "MB").
 """
 
 from __future__ import annotations

@@ -45,14 +45,14 @@ def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | 
     ax.set_title("start-up time", loc="left", fontsize=10)
     ax = axes[1]
     w = 0.38
-    floor = 1e-3  # MB; keeps a zero-byte bar drawable on the log axis
+    floor = 1e-3  # MiB; keeps a zero-byte bar drawable on the log axis
     ax.bar([i - w / 2 for i in x], [max(r.reserved_bytes / MiB, floor) for r in results], w, color=cols,
            label="reserved at lock")
     ax.bar([i + w / 2 for i in x], [max(r.peak_bytes / MiB, floor) for r in results], w, color=cols, alpha=0.45,
            hatch="//",
            label=("peak: torch.cuda.max_memory_allocated" if results and results[0].peak_source != "computed"
                   else "peak: computed workspace (+ fallback) bytes"))
-    ax.set_ylabel("MB (2**20 bytes)")
+    ax.set_ylabel("MiB (2**20 bytes)")
     ax.set_yscale("log")
     vals = [max(v / MiB, floor) for r in results for v in (r.reserved_bytes, r.peak_bytes)]
     if vals:  # two decades of headroom above the tallest bar hold the legend
@@ -107,7 +107,7 @@ def _per_prompt_bars(ax, results: Sequence[StrategyResult], attr: str, label: st
 
 
 def plot_workspace_vs_len(rows_by_preset: dict[str, list[dict[str, Any]]]):
-    """Two panels: reserved workspace (MB) and its share of one ``max_model_len`` sequence's KV cache, vs ``max_model_len``.
+    """Two panels: reserved workspace (MiB) and its share of one ``max_model_len`` sequence's KV cache, vs ``max_model_len``.
 
     Presets often coincide at some lengths (the same heads and head_dim): each preset gets its own marker,
     every other one hollow, and its points are shifted sideways by a few percent of a doubling, so a preset
@@ -131,7 +131,7 @@ def plot_workspace_vs_len(rows_by_preset: dict[str, list[dict[str, Any]]]):
         _style(ax)
     b.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     a.set_yscale("log", base=2)
-    a.set_ylabel("reserved workspace per GPU (MB)")
+    a.set_ylabel("reserved workspace per GPU (MiB)")
     a.set_title("PR #44053's reservation (one ubatch slot)", loc="left", fontsize=10)
     b.set_ylabel("% of the KV cache of one max_model_len sequence")
     b.set_title("workspace as a share of the smallest KV cache vLLM accepts", loc="left", fontsize=10)
@@ -200,7 +200,7 @@ def plot_trace(exp: dict[str, Any], *, recorded_note: str = ""):
             ax.plot([b / MiB for b in v["reserved"]], color=color, label=f"{mode}: memory_reserved")
             ax.plot([b / MiB for b in v["allocated"]], color=color, linestyle=":", label=f"{mode}: memory_allocated")
         ax.set_xlabel("engine step of the request")
-        ax.set_ylabel("MB (2**20 bytes)")
+        ax.set_ylabel("MiB (2**20 bytes)")
         ax.set_title("caching allocator after each step (above what the process held before)", loc="left", fontsize=10)
         ax.legend(fontsize=7)
         _style(ax)
@@ -224,7 +224,7 @@ def plot_growth(growth: dict[str, dict[str, Any]], *, title: str = ""):
                 label="peak memory_reserved")
     ax.set_xticks(list(x))
     ax.set_xticklabels(methods)
-    ax.set_ylabel("MB (2**20 bytes)")
+    ax.set_ylabel("MiB (2**20 bytes)")
     ax.set_title(title or "growth: peak memory", loc="left", fontsize=10)
     ax.legend(fontsize=8)
     _style(ax)
@@ -240,9 +240,9 @@ def plot_dbo(grow_all: dict[str, Any], grow_one: dict[str, Any]):
     for d, color, label in ((grow_all, "#c53030", "resize all slots (grow_all_slots=True)"),
                             (grow_one, "#2f855a", "resize the requesting slot (vLLM today)")):
         ax.step(range(1, len(d["held_bytes"]) + 1), [b / MiB for b in d["held_bytes"]], where="post", color=color,
-                label=f"{label}: {d['final_bytes'] / MiB:.2f} MB held at the end")
+                label=f"{label}: {d['final_bytes'] / MiB:.2f} MiB held at the end")
     ax.set_xlabel("engine step (ubatch 0: next prefill chunk; ubatch 1: decodes)")
-    ax.set_ylabel("workspace held, both slots (MB)")
+    ax.set_ylabel("workspace held, both slots (MiB)")
     ax.legend(fontsize=8)
     _style(ax)
     fig.tight_layout()
@@ -251,7 +251,7 @@ def plot_dbo(grow_all: dict[str, Any], grow_one: dict[str, Any]):
 
 
 def plot_strategy_lifecycles(runs: Sequence[tuple[str, Sequence[Any], Sequence[tuple[str, int]], str]]):
-    """Stacked panels, one per strategy: the workspace size along its event log, all in MB on one log scale.
+    """Stacked panels, one per strategy: the workspace size along its event log, all in MiB on one log scale.
 
     ``runs``: ``(strategy, workspace events, phase marks, outcome)`` each (marks as
     :class:`tqlab.lab.plots_workspace.PhaseMarker` collects them). A refused request is a red cross; what it
@@ -266,7 +266,7 @@ def plot_strategy_lifecycles(runs: Sequence[tuple[str, Sequence[Any], Sequence[t
     for ax, (name, events, marks, outcome) in zip(axes, runs):
         plot_workspace_timeline(events, marks, ax=ax, title=f"{name}: {outcome}", unit="MiB", yscale="log",
                                 annotate_violations=False)
-        ax.set_ylabel("workspace (MB)")
+        ax.set_ylabel("workspace (MiB)")
     top = max(ax.get_ylim()[1] for ax in axes)
     for ax in axes:  # one scale for every panel, so heights compare across strategies
         set_size_log_ticks(ax, top)

@@ -408,7 +408,7 @@ def plot_workspace_timeline(
     dotted line from the size it had. ``phases`` labels spans of the log
     (see :func:`timeline_points`). ``yscale``: ``"linear"``, ``"log"`` (a
     symmetric-log axis, so size 0 stays on it), or ``"auto"`` — log when the
-    sizes span more than 20x (0.26 MB locked against a 64 MiB request would
+    sizes span more than 20x (0.26 MiB locked against a 64 MiB request would
     otherwise sit on the baseline). ``annotate_violations=False`` draws a
     violation's cross without its text label (say it in the title instead).
     Returns the ``Axes``.

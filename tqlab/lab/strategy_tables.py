@@ -1,7 +1,7 @@
 """Notebook 06's comparison table: one row of display strings per strategy, and the recording that stores it.
 
 :func:`strategy_table` turns :class:`tqlab.strategies.StrategyResult` objects
-into rows (bytes in MB = 2**20 bytes, :func:`tqlab.lab.display.fmt_mb`; show them with
+into rows (bytes in binary units, :func:`tqlab.lab.display.fmt_bytes`; show them with
 ``markdown_table(None, rows)``); :func:`results_payload` is the object saved as
 ``data/strategies_<tag>.json`` (inputs, results and that table, read back with
 :func:`tqlab.strategies.results_from_payload`). A recording's ``table`` is shown
@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from tqlab.core.config import EngineConfig
 from tqlab.strategies import STRATEGY_INFO, StrategyResult
-from tqlab.lab.display import fmt_mb
+from tqlab.lab.display import fmt_bytes
 
 __all__ = ["results_payload", "strategy_table"]
 
@@ -37,8 +37,8 @@ def strategy_table(results: Sequence[StrategyResult]) -> list[dict[str, str]]:
             "strategy": r.strategy,
             "seed fix": STRATEGY_INFO[r.strategy]["seed_fix"],
             "start-up": _fmt_s(r.startup_s),
-            "reserved": fmt_mb(r.reserved_bytes),
-            ("peak (cuda max allocated)" if r.peak_source != "computed" else "peak (computed)"): fmt_mb(r.peak_bytes),
+            "reserved": fmt_bytes(r.reserved_bytes),
+            ("peak (cuda max allocated)" if r.peak_source != "computed" else "peak (computed)"): fmt_bytes(r.peak_bytes),
         }
         for p in r.prompts[:2]:
             tag = f"{p.prompt_tokens}-token"

@@ -90,6 +90,6 @@ def bug_report_note(pred: ConsumerReport) -> Note | None:
             f"{t.nbytes:,} bytes. The report does not give max_num_batched_tokens; {m} is inferred from its "
             f"{BUG_REPORT_REQUIRED_MB} MB. This prediction assumes {c.max_num_batched_tokens} "
             f"({pred.max_num_batched_tokens_source}), so a prompt of {r.prompt_tokens} tokens is refused earlier, at cached "
-            f"{first.cached_len} with {format_mb(first.nbytes)} MB: the only difference is max_num_batched_tokens",
+            f"{first.cached_len} with {format_mb(first.nbytes)} MiB: the only difference is max_num_batched_tokens",
             "max_num_batched_tokens")
     return None

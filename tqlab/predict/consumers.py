@@ -205,8 +205,8 @@ class ConsumerReport:
             f"max_num_seqs {c.max_num_seqs}, max_num_batched_tokens {c.max_num_batched_tokens}, "
             f"chunked prefill {'on' if c.enable_chunked_prefill else 'off'}, max_model_len {c.max_model_len}, "
             f"kv_cache_dtype {c.kv_cache_dtype}",
-            (f"workspace at lock: {format_mb(self.locked_unfixed)} MB without PR #44053 ({self.locked_source}), "
-             f"{format_mb(self.locked_fixed)} MB with it" if self.locked_unfixed is not None else
+            (f"workspace at lock: {format_mb(self.locked_unfixed)} MiB without PR #44053 ({self.locked_source}), "
+             f"{format_mb(self.locked_fixed)} MiB with it" if self.locked_unfixed is not None else
              f"workspace never locked ({self.locked_source}): no request can hit the locked-workspace assertion"),
         ]
         out.append(f"chunks of {c.chunk_budget} tokens (max_num_batched_tokens {c.max_num_batched_tokens}: "
@@ -220,7 +220,7 @@ class ConsumerReport:
                 continue
             out.append(f"request of {r.prompt_tokens} prompt tokens (alone), largest call per consumer:")
             for n in r.consumers:
-                size = "no workspace" if n.shapes is None else f"{format_mb(n.nbytes):>7} MB"
+                size = "no workspace" if n.shapes is None else f"{format_mb(n.nbytes):>7} MiB"
                 out.append(
                     f"  {n.consumer:<35} cached {n.cached_len:>7} q {n.q_len:>6}: {size:>12}  "
                     f"{'fits' if n.fits_unfixed else 'OVERFLOWS'} without the fix, {'fits' if n.fits_fixed else 'OVERFLOWS'} with it"
@@ -230,7 +230,7 @@ class ConsumerReport:
                 if first is not None and locked is not None:
                     out.append(
                         f"  first refused call {label} the fix (vLLM dies here): {first.consumer}, cached {first.cached_len} "
-                        f"q {first.q_len}: {format_mb(first.nbytes)} MB > {format_mb(locked)} MB at lock"
+                        f"q {first.q_len}: {format_mb(first.nbytes)} MiB > {format_mb(locked)} MiB at lock"
                     )
             out.append(f"  -> {r.verdict}")
         if self.first_failing_prompt is not None:

@@ -5,7 +5,7 @@ This module reads them (a truncated or foreign file is skipped with a one-line w
 makes one row per rank (lock size per slot, largest request per consumer, refusals),
 says whether the ranks agree, and -- given the deployment -- compares every number with
 :mod:`tqlab.predict.analysis` (the predictor ``plan`` and ``inspect-vllm`` use) and names
-each disagreement. Sizes in bytes; "MB" in text is 2**20 bytes, as in vLLM's messages.
+each disagreement. Sizes in bytes; "MiB" in text is 2**20 bytes (vLLM's messages call it "MB").
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def _check_lock(row: RankRow, cmp: Comparison) -> None:
     if row.lock_bytes is None:
         if pu is not None:
             cmp.disagreements.append(f"{row.rank}: never locked (record ends at '{row.event}'); predicted a lock at "
-                                     f"{format_mb(pu)} MB without PR #44053, {format_mb(pf)} MB with it")
+                                     f"{format_mb(pu)} MiB without PR #44053, {format_mb(pf)} MiB with it")
         return
     if pu is None:
         cmp.disagreements.append(f"{row.rank}: locked, but the deployment is predicted never to lock (eager)")
@@ -168,10 +168,10 @@ def _check_lock(row: RankRow, cmp: Comparison) -> None:
     for slot, size in enumerate(row.lock_bytes):
         which = "without PR #44053" if size == pu else "with PR #44053" if size == pf else None
         if which is None:
-            cmp.disagreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MB ({size:,} bytes); predicted "
-                                     f"{format_mb(pu)} MB ({pu:,}) without PR #44053, {format_mb(pf)} MB ({pf:,}) with it")
+            cmp.disagreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MiB ({size:,} bytes); predicted "
+                                     f"{format_mb(pu)} MiB ({pu:,}) without PR #44053, {format_mb(pf)} MiB ({pf:,}) with it")
         else:
-            cmp.agreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MB, as predicted {which}")
+            cmp.agreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MiB, as predicted {which}")
 
 
 def _check_consumers(row: RankRow, cmp: Comparison) -> None:
@@ -180,14 +180,14 @@ def _check_consumers(row: RankRow, cmp: Comparison) -> None:
         if bound is None:
             cmp.agreements.append(f"{row.rank}: {name} ({c['caller']}) is not a consumer tqlab predicts; not compared")
         elif c["bytes"] > bound:
-            cmp.disagreements.append(f"{row.rank}: {name} asked for {format_mb(c['bytes'])} MB, more than the predicted "
-                                     f"largest {format_mb(bound)} MB")
+            cmp.disagreements.append(f"{row.rank}: {name} asked for {format_mb(c['bytes'])} MiB, more than the predicted "
+                                     f"largest {format_mb(bound)} MiB")
         elif name == RESERVATION and c["bytes"] != bound:
-            cmp.disagreements.append(f"{row.rank}: the reservation asked for {format_mb(c['bytes'])} MB; predicted "
-                                     f"{format_mb(bound)} MB")
+            cmp.disagreements.append(f"{row.rank}: the reservation asked for {format_mb(c['bytes'])} MiB; predicted "
+                                     f"{format_mb(bound)} MiB")
         else:
-            cmp.agreements.append(f"{row.rank}: {name} asked for at most {format_mb(c['bytes'])} MB "
-                                  f"({c['phase']}), within the predicted largest {format_mb(bound)} MB")
+            cmp.agreements.append(f"{row.rank}: {name} asked for at most {format_mb(c['bytes'])} MiB "
+                                  f"({c['phase']}), within the predicted largest {format_mb(bound)} MiB")
 
 
 def _check_refusals(row: RankRow, cmp: Comparison) -> None:
@@ -195,13 +195,13 @@ def _check_refusals(row: RankRow, cmp: Comparison) -> None:
         req, cur = r["required_bytes"], r["current_bytes"]
         locked = row.lock_bytes[r["slot"]] if row.lock_bytes and r["slot"] < len(row.lock_bytes) else None
         if locked is not None and cur != locked:
-            cmp.disagreements.append(f"{row.rank}: refusal says slot {r['slot']} holds {format_mb(cur)} MB, "
-                                     f"the lock recorded {format_mb(locked)} MB")
+            cmp.disagreements.append(f"{row.rank}: refusal says slot {r['slot']} holds {format_mb(cur)} MiB, "
+                                     f"the lock recorded {format_mb(locked)} MiB")
         elif cmp.locked_unfixed is not None and cur == cmp.locked_fixed and cur != cmp.locked_unfixed:
-            cmp.disagreements.append(f"{row.rank}: {r['consumer']} refused {format_mb(req)} MB with PR #44053's "
-                                     f"{format_mb(cur)} MB reserved; predicted: every request fits")
+            cmp.disagreements.append(f"{row.rank}: {r['consumer']} refused {format_mb(req)} MiB with PR #44053's "
+                                     f"{format_mb(cur)} MiB reserved; predicted: every request fits")
         elif cmp.locked_unfixed is not None and req > cur:
-            cmp.agreements.append(f"{row.rank}: refused {r['consumer']}, {format_mb(req)} MB > {format_mb(cur)} MB at "
+            cmp.agreements.append(f"{row.rank}: refused {r['consumer']}, {format_mb(req)} MiB > {format_mb(cur)} MiB at "
                                   "lock, as predicted without PR #44053")
 
 
@@ -273,7 +273,7 @@ def render(report: Mapping[str, Any]) -> list[Any]:
     consumers = sorted({c for r in rows for c in r["consumers"]})
     t = Table("rank", "last write", *[f"lock slot {i}" for i in range(slots)],
               *[f"largest {SHORT.get(c, c)}" for c in consumers], "refused",
-              title="workspace per rank, MB (tqlab trace records)")
+              title="workspace per rank, MiB (tqlab trace records)")
     for r in rows:
         locks = list(r["lock_bytes"] or ()) + [None] * (slots - len(r["lock_bytes"] or ()))
         cons = [f"{_mb(r['consumers'][c]['bytes'])} ({r['consumers'][c]['phase']})" if c in r["consumers"] else "-"
@@ -291,9 +291,9 @@ def render(report: Mapping[str, Any]) -> list[Any]:
     if pred is None:
         out.append("no deployment given (--config/--preset and --args): not compared with the prediction")
         return out
-    out.append(f"prediction: lock at {_mb(pred['locked_bytes'])} MB without PR #44053, "
-               f"{_mb(pred['locked_bytes_with_fix'])} MB with it; largest request "
-               + ", ".join(f"{SHORT.get(k, k)} {_mb(v)} MB" for k, v in pred["largest_request_bytes"].items()))
+    out.append(f"prediction: lock at {_mb(pred['locked_bytes'])} MiB without PR #44053, "
+               f"{_mb(pred['locked_bytes_with_fix'])} MiB with it; largest request "
+               + ", ".join(f"{SHORT.get(k, k)} {_mb(v)} MiB" for k, v in pred["largest_request_bytes"].items()))
     out += [f"  [green]ok[/] {a}" for a in pred["agreements"]]
     out += [f"  [bold red]DISAGREES[/] {d}" for d in pred["disagreements"]]
     out.append(f"[bold]{report['verdict']}[/]")

@@ -398,27 +398,27 @@ class WorkspaceTracer:
         }
 
     def format(self) -> str:
-        """A plain-text table of the report (sizes in MB = 2**20 bytes); see :func:`format_trace_report`."""
+        """A plain-text table of the report (sizes in MiB = 2**20 bytes); see :func:`format_trace_report`."""
         return format_trace_report(self.report())
 
 
 def format_trace_report(report: Mapping[str, Any]) -> str:
     """Text table of a :meth:`WorkspaceTracer.report` (live or loaded from JSON): one line per
-    caller (requests, high-water MB, growths, refusals), the size at lock, every violation."""
-    lines = [f"{'caller':<52} {'requests':>8} {'high-water MB':>13} {'growths':>7} {'refused':>7}"]
+    caller (requests, high-water MiB, growths, refusals), the size at lock, every violation."""
+    lines = [f"{'caller':<52} {'requests':>8} {'high-water MiB':>14} {'growths':>7} {'refused':>7}"]
     for c in report["callers"]:
         lines.append(
-            f"{c['caller']:<52} {c['requests']:>8} {format_mb(c['high_water_bytes']):>13} {c['growths']:>7} {c['violations']:>7}"
+            f"{c['caller']:<52} {c['requests']:>8} {format_mb(c['high_water_bytes']):>14} {c['growths']:>7} {c['violations']:>7}"
         )
     lock = report.get("size_at_lock_bytes")
     lines.append(
         "size at lock: "
-        + ("never locked" if lock is None else ", ".join(f"slot {i}: {format_mb(b)} MB" for i, b in enumerate(lock)))
+        + ("never locked" if lock is None else ", ".join(f"slot {i}: {format_mb(b)} MiB" for i, b in enumerate(lock)))
     )
     for v in report["violations"]:
         lines.append(
-            f"VIOLATION slot {v['slot']}: {v['caller']} needs {format_mb(v['required_bytes'])} MB, "
-            f"locked at {format_mb(v['current_bytes'])} MB"
+            f"VIOLATION slot {v['slot']}: {v['caller']} needs {format_mb(v['required_bytes'])} MiB, "
+            f"locked at {format_mb(v['current_bytes'])} MiB"
         )
     return "\n".join(lines)
 
