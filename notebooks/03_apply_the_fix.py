@@ -776,6 +776,7 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 
 # %%
 from tqlab.core.provenance import load_recorded
+from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
 
 seed = load_recorded("seed_sources")
 pr = seed["fix_pr"]
@@ -799,7 +800,8 @@ for fix in (False, True):
     out_e = e.generate(unit.max_num_batched_tokens // 2, max_tokens=n_dec)
     decode_calls[fix] = (dict(e.backend.path_counts), len(e.workspace.events) - at_lock, out_e.finished)
 assert decode_calls[False] == decode_calls[True]  # same kernels, same calls, no workspace event after the lock
-consumers = load_recorded("vllm_workspace_consumers")
+census, census_from = load_census(find_vllm_source())  # live from vLLM's source when installed, else recorded
+consumers = workspace_consumers(census)
 others = [f for f in consumers["files"] if "turboquant" not in f]
 other_reservers = [f for f in consumers["reservers"] if "turboquant" not in f]
 assert len(other_reservers) < len(others)  # most consumers rely on what start-up happens to run
@@ -809,7 +811,7 @@ show_md(
     f"fix alike** — the fix adds no work to a decode step, which is what an unchanged TPOT needs (tqlab measures "
     f"no GPU time here). Of the {len(others)} other files of vLLM {consumers['vllm_version']} that call the "
     f"workspace, {len(other_reservers)} reserve ahead ({', '.join(f'`{f}`' for f in other_reservers)}); the rest "
-    f"are safe only if start-up reaches their largest size. Notebook 07 §2b lists them, live from vLLM's source."
+    f"are safe only if start-up reaches their largest size ({census_from}). Notebook 07 §2b shows seed 002's rows."
 )
 
 # %% [markdown]

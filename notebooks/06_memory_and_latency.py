@@ -594,7 +594,7 @@ if REC_CLAIMS is not None:
 #   `_init_reorder_batch_threshold(1, supports_spec_as_decode=False)`, so verification batches (1 + k tokens per
 #   request) are not decodes for TurboQuant, and the FULL decode graphs of notebook 05 §7 do not cover them.
 # * *"Other backends may share the bug"* — answered per consumer: the cell below counts the files of vLLM 0.33
-#   that call `current_workspace_manager()` (MoE, Marlin, sparse indexers, several MLA and attention backends);
+#   that call the workspace, from the census of its call sites (`parity/gen_consumer_census.py`) (MoE, Marlin, sparse indexers, several MLA and attention backends);
 #   most ask for sizes fixed by the batch (seen at profile or capture); some reserve on purpose (MLA through
 #   `reserve_workspace()`, "called in the memory profiling run", `vllm/v1/attention/backend.py`; the sparse MQA
 #   indexer through `_reserve_workspaces`). A consumer is at risk exactly when its size depends on something
@@ -603,26 +603,13 @@ if REC_CLAIMS is not None:
 # **Predict, then run.** Is TurboQuant's backend among the callers, and how many files call the manager?
 
 # %%
-import glob
-import re
+from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
 
-VLLM_SRC = next(iter(sorted(glob.glob("/work/main/.venv-parity/lib/python3*/site-packages/vllm"))
-                     + sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(".")), ".venv-parity", "lib",
-                                                     "python3*", "site-packages", "vllm")))), None)
-if VLLM_SRC is None:
-    print("vLLM's source is not installed here (bash parity/run.sh makes .venv-parity): no count on this machine")
-else:
-    users, reservers = [], []
-    for path in glob.glob(os.path.join(VLLM_SRC, "**", "*.py"), recursive=True):
-        text = open(path, encoding="utf-8", errors="replace").read()
-        rel = os.path.relpath(path, VLLM_SRC)
-        if "current_workspace_manager()" in text and not rel.startswith("v1/worker/workspace"):
-            users.append(rel)
-            if re.search(r"def _?reserve_workspaces?\(", text) or "reserve_workspace()" in text:
-                reservers.append(rel)
-    show_md(f"{len(users)} files of vLLM (`{VLLM_SRC}`) call `current_workspace_manager()`; {len(reservers)} of them "
-            f"also define or call a reservation:\n\n" + "\n".join(f"* `{r}`" for r in sorted(reservers)))
-    assert "v1/attention/backends/turboquant_attn.py" in users and len(users) > 10
+census, census_from = load_census(find_vllm_source())  # live from vLLM's source when installed, else recorded
+users = workspace_consumers(census)
+show_md(f"{len(users['files'])} files of vLLM {users['vllm_version']} call the workspace ({census_from}); "
+        f"{len(users['reservers'])} of them reserve ahead:\n\n" + "\n".join(f"* `{r}`" for r in users["reservers"]))
+assert "v1/attention/backends/turboquant_attn.py" in users["reservers"] and len(users["files"]) > 10
 
 # %% [markdown]
 # ## Closing note

@@ -258,39 +258,33 @@ print(f"no manager: reserve_workspace returned {early}; with one: {len(made)} ca
 # Seed 002 (a deep dive into the `WorkspaceManager`) lists its users: FlashAttention's DCP
 # path (`FlashAttnImpl`), FlashMLA sparse (`FlashMLASparseImpl`), fused MoE
 # (`FusedMoEModularKernel`), the sparse attention indexer, and Elastic EP, which only unlocks
-# and re-locks around a new warm-up. `tqlab.vllm.source_scan.workspace_consumers` reads vLLM's
-# source (nothing is imported) and counts every file that calls `current_workspace_manager()`,
-# its `get_simultaneous` calls, and which files reserve. Live when vLLM's source is installed
-# (`.venv-parity`); otherwise the recording `data/vllm_workspace_consumers.json`, made by
-# `python tools/record_consumers.py` from vLLM 0.33, with its provenance.
+# and re-locks around a new warm-up. The census of vLLM's workspace call sites
+# (`parity/gen_consumer_census.py`, vLLM's source read with `ast`, nothing imported) lists every
+# `get_simultaneous` / `get_persistent` call with the phase that first sizes it;
+# `tqlab.vllm.source_scan.workspace_consumers` reads off it the files that call the workspace, their
+# `get_simultaneous` calls, and which files reserve ahead (a call site read as a reservation that a
+# phase before the lock runs). Live when vLLM's source is installed (`.venv-parity`); otherwise the
+# census's recording `data/vllm_0_33_workspace_consumers.json`, with its provenance.
 #
 # **Predict, then run.** Seed 002 names five users. How many files of vLLM 0.33 call
-# `current_workspace_manager()` — about five, a dozen, or more? How many of them reserve ahead,
+# the workspace — about five, a dozen, or more? How many of them reserve ahead,
 # as TurboQuant now does?
 
 # %%
-import os
+from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
 
-from tqlab.core.provenance import load_recorded
-from tqlab.vllm.source_scan import find_vllm_source, workspace_consumers
-
-src = find_vllm_source(os.path.join(os.path.dirname(os.path.abspath(".")), ".venv-parity"))  # parity/install.sh
-if src is not None:
-    consumers, where = workspace_consumers(src), f"live, from {src}"
-else:
-    rec_c = load_recorded("vllm_workspace_consumers")
-    consumers = rec_c.data
-    p = rec_c.provenance
-    where = f"recorded: vLLM {p['vllm']}, {p['date']}, commit {p['commit'][:12]}, `{p['command']}`, {p['device']}"
+src = find_vllm_source()  # $PARITY_VENV or the repository's .venv-parity (bash parity/run.sh makes it)
+census, where = load_census(src)  # live from vLLM's source when installed, else the recording
+consumers = workspace_consumers(census)
 show_md(markdown_table(
     ["seed 002's row", "consumer", "file in vLLM", "holds the seed's call", "get_simultaneous calls"],
     [[r["scenario"], r["consumer"], f"`{r['file']}`", "✔" if r["present"] else "✘", r["get_simultaneous_calls"]]
      for r in consumers["seed_table"]],
 ))
 mla = consumers["flashmla_sparse_init"]
-print(f"{where}\n{len(consumers['files'])} files call current_workspace_manager() "
+print(f"{where}\n{len(consumers['files'])} files call the workspace "
       f"({sum(consumers['get_simultaneous_calls'].values())} get_simultaneous calls); "
-      f"{len(consumers['reservers'])} reserve: {consumers['reservers']}")
+      f"{len(consumers['reservers'])} reserve ahead: {consumers['reservers']}")
 assert all(r["present"] for r in consumers["seed_table"]), consumers["seed_table"]
 assert "v1/attention/backends/turboquant_attn.py" in consumers["reservers"]
 assert len(consumers["files"]) > len(consumers["seed_table"])  # the seed's table is a sample, not the list

@@ -63,7 +63,8 @@ _CUDA: dict[tuple[str, str], tuple[str, str, str | None, str | None, str]] = {
         ("reserve+use", _PROFILE, None, "sparse_indexer", "profile branch (attn_metadata not a dict) reserves K-gather values/scales at "
          "total_seq_lens rows + 1 MiB top-k scratch; the prefill branch uses values/scales"),
     ("layers/sparse_mqa_indexer.py", "_prefill_k_workspaces"):
-        ("use", _PROFILE, "model_executor/layers/sparse_attn_indexer.py:sparse_attn_indexer", None, "MXFP4 K-gather, shared with the dense indexer"),
+        ("reserve+use", _PROFILE, None, None, "MXFP4 K-gather: SparseMQAIndexer._reserve_workspaces calls it in the profile "
+         "branch (attn_metadata not a dict), the prefill uses it"),
     ("warmup/deep_gemm_warmup.py", "_deepgemm_grouped_fp8_gemm_nt_contiguous_warmup._warmup"):
         ("use", "kernel_warmup", None, None, "DeepGEMM grouped FP8 warm-up at MAX_M rows"),
     ("deepseek_v4/nvidia/flashmla.py", "DeepseekV4FlashMLAAttention.forward_mqa"):
@@ -177,9 +178,26 @@ def find_call_sites(vllm_dir: Path) -> list[dict]:
         rel = path.relative_to(vllm_dir).as_posix()
         if rel == "v1/worker/workspace.py":
             continue
-        tree = ast.parse(path.read_text(encoding="utf-8"), filename=rel)
-        _visit(tree, rel, [], sites)
+        text = path.read_text(encoding="utf-8")
+        if any(c in text for c in CALLS):  # an attribute's name is in the text: parse only those files
+            _visit(ast.parse(text, filename=rel), rel, [], sites)
     return sites
+
+
+def find_unlock_sites(vllm_dir: Path) -> list[dict]:
+    """Every call of ``unlock_workspace()`` outside ``vllm/v1/worker/workspace.py`` (Elastic EP re-warms
+    after unlocking: seed 002's table names it): ``site``, ``path``, ``line``, ``function``."""
+    out: list[dict] = []
+    for path in sorted(vllm_dir.rglob("*.py")):
+        rel = path.relative_to(vllm_dir).as_posix()
+        text = path.read_text(encoding="utf-8")
+        if rel == "v1/worker/workspace.py" or "unlock_workspace" not in text:
+            continue
+        for fn in [n for n in ast.walk(ast.parse(text, filename=rel)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]:
+            for c in ast.walk(fn):
+                if isinstance(c, ast.Call) and getattr(c.func, "id", getattr(c.func, "attr", None)) == "unlock_workspace":
+                    out.append({"site": f"{rel}:{c.lineno}", "path": rel, "line": c.lineno, "function": fn.name})
+    return sorted({o["site"]: o for o in out}.values(), key=lambda o: (o["path"], o["line"]))
 
 
 def _visit(node: ast.AST, rel: str, stack: list[str], out: list[dict]) -> None:
@@ -228,7 +246,7 @@ def _vllm_version(vllm_dir: Path) -> str:
 
 
 def census(vllm_dir: Path) -> dict:
-    """The census payload (without provenance): ``counts`` and ``call_sites``."""
+    """The census payload (without provenance): ``counts``, ``call_sites`` and ``unlock_sites``."""
     sites = [classify(s) for s in find_call_sites(vllm_dir)]
     count = lambda pred: sum(1 for s in sites if pred(s))  # noqa: E731
     counts = {
@@ -246,7 +264,8 @@ def census(vllm_dir: Path) -> dict:
         if s["platform"] == "cuda":
             d = counts["cuda_by_first_sized_by"]
             d[s["first_sized_by"]] = d.get(s["first_sized_by"], 0) + 1
-    return {"vllm_version": _vllm_version(vllm_dir), "counts": counts, "call_sites": sites}
+    return {"vllm_version": _vllm_version(vllm_dir), "counts": counts, "call_sites": sites,
+            "unlock_sites": find_unlock_sites(vllm_dir)}
 
 
 def _provenance(version: str) -> dict:
@@ -271,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = census(vllm_dir)
     if args.check:
         old = json.loads(OUT.read_text())
-        same = old["call_sites"] == payload["call_sites"] and old["counts"] == payload["counts"]
+        same = all(old.get(k) == payload[k] for k in ("call_sites", "counts", "unlock_sites"))
         print("census up to date" if same else f"{OUT.name} differs from vLLM's source: re-run without --check")
         return 0 if same else 1
     out = {"provenance": _provenance(payload["vllm_version"]), **payload}

@@ -345,6 +345,8 @@ def test_census_is_up_to_date_with_the_installed_vllm(record):
     fresh = gen.census(Path(vllm.__file__).parent)
     recorded = json.loads(gen.OUT.read_text())
     assert fresh["counts"] == recorded["counts"] and fresh["call_sites"] == recorded["call_sites"]
+    assert fresh["unlock_sites"] == recorded["unlock_sites"]  # seed 002's Elastic EP row (tqlab.vllm.source_scan)
+    assert [u["site"] for u in fresh["unlock_sites"]] == ["distributed/elastic_ep/elastic_execute.py:707"]
     assert (fresh["counts"]["call_sites"], fresh["counts"]["get_simultaneous"], fresh["counts"]["persistent"]) == (85, 81, 4)
     assert (fresh["counts"]["cuda"], fresh["counts"]["rocm"], fresh["counts"]["xpu"]) == (54, 29, 2)
     record("census_counts", fresh["counts"])
