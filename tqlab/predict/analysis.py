@@ -31,6 +31,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tqlab.core.consumers import registry as consumer_registry
+from tqlab.core.consumers.base import StartUp
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     check_config,
@@ -524,6 +526,8 @@ class Prediction:
     ``fix``); ``locked_bytes_with_fix`` always with it; both None when nothing locks.
     ``verdict``: ``"never_locked"``, ``"crash"`` or ``"ok"``. ``first_refused_call``:
     ``{caller, required_bytes, current_bytes, cached_len, q_len}`` or None.
+    ``consumers``: :func:`consumer_table`'s JSON (``consumers``, ``consumers_locked_bytes``, ``unmodelled``),
+    every active workspace consumer of vLLM 0.33 tqlab models; ``locked_bytes`` above is still TurboQuant's alone.
     """
 
     capture_sizes: tuple[int, ...]
@@ -537,6 +541,7 @@ class Prediction:
     fix: bool = False
     prompt_tokens: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
+    consumers: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The documented, stable object of ``tqlab plan --json`` / ``inspect-vllm --json`` (JSON types only)."""
@@ -552,6 +557,7 @@ class Prediction:
             "fix": self.fix,
             "prompt_tokens": self.prompt_tokens,
             "sources": dict(self.sources),
+            **{k: v for k, v in self.consumers.items()},  # consumers, consumers_locked_bytes, unmodelled
         }
 
     def dumps(self) -> str:
@@ -583,5 +589,14 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         capture_sizes=capture_sizes(config), decode_rows_at_lock=decode_rows_at_lock(config), locked_bytes=locked,
         verdict=verdict, first_failing_prompt_tokens=first_bad, first_refused_call=refused,
         locked_bytes_with_fix=locked_bytes(config, fix=True), cudagraph_mode=cudagraph_mode(config), fix=fix,
-        prompt_tokens=prompt_tokens, sources=dict(sources or {}),
+        prompt_tokens=prompt_tokens, sources=dict(sources or {}), consumers=consumer_table(config).to_dict(),
     )
+
+
+def consumer_table(config: "EngineConfig") -> consumer_registry.ConsumerTable:
+    """Every active workspace consumer of ``config`` (:mod:`tqlab.core.consumers`), with start-up as resolved here
+    (:func:`cudagraph_mode`, :func:`locks_workspace`): ``consumers`` rows (``consumer``, ``phase``,
+    ``reserved_bytes``, ``max_runtime_bytes``, ``covered``), ``locked_bytes`` = the largest reservation before the
+    lock (vLLM 0.33 as shipped, PR #44053 included), ``unmodelled``."""
+    startup = StartUp(cudagraph_mode(config), locks_workspace(config))
+    return consumer_registry.consumer_table(config, startup)
