@@ -47,7 +47,7 @@ help:
 	@echo "make test    run pytest: unit tests + every notebook (nbmake)"
 	@echo "make setup   only create/refresh $(VENV) (done automatically by run/test)"
 	@echo "make sync    jupytext --sync notebooks/*.ipynb <-> *.py, then strip outputs"
-	@echo "make check   notebooks stored clean and paired .py in sync; import layers (lint-imports)"
+	@echo "make check   notebooks stored clean and paired .py in sync; import layers (lint-imports); ruff"
 	@echo "make lab     open JupyterLab on notebooks/ with the $(KERNEL_NAME) kernel"
 	@echo "make parity  cross-check against vLLM 0.33's own classes in .venv-parity (first run installs it)"
 	@echo "make browser-test  run every notebook in JupyterLab + headless chromium; screenshots in $(BUILD)/screenshots"
@@ -89,6 +89,7 @@ sync: $(STAMP)
 check: $(STAMP)
 	$(PY) tools/run_notebooks.py check
 	$(VENV)/bin/lint-imports .importlinter  # positional: --config is deprecated (import-linter 2.x warns)
+	$(VENV)/bin/ruff check tqlab tests tools benchmarks parity notebooks
 
 lab: $(STAMP)
 	$(VENV)/bin/jupyter lab notebooks/

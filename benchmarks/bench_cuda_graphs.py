@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     cmd = "python benchmarks/bench_cuda_graphs.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    out = {"provenance": make_provenance(cmd.strip(), extra={"cuda": torch.version.cuda, "python": platform.python_version()}), "targets": TARGETS, "results": {}, "errors": {}}
+    prov = make_provenance(cmd.strip(), extra={"cuda": torch.version.cuda, "python": platform.python_version()})
+    out = {"provenance": prov, "targets": TARGETS, "results": {}, "errors": {}}
     dest.parent.mkdir(parents=True, exist_ok=True)
 
     def save() -> None:  # after every model, so a run cut short keeps what it measured

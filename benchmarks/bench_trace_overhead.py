@@ -111,8 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def output_paths(args: argparse.Namespace) -> list[Path]:
-    """The file this run writes: ``trace_overhead_cpu.json`` in ``--out-dir``, else ``build/`` (``data/`` with
-    ``--record``)."""
+    """The file this run writes: ``trace_overhead_cpu.json`` in ``--out-dir``, else ``build/`` (``data/`` with ``--record``)."""
     return [recorded_path("trace_overhead_cpu", Path(args.out_dir) if args.out_dir else default_dir(args))]
 
 
@@ -121,8 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.number < 1 or args.repeats < 1:
         print(f"--number and --repeats must be >= 1, got {args.number} and {args.repeats}", file=sys.stderr)
         return 2
-    out_dir = output_paths(args)[0].parent
-    refusal = overwrite_refusal(output_paths(args)[0], args.number * args.repeats,
+    (path,) = output_paths(args)
+    out_dir = path.parent
+    refusal = overwrite_refusal(path, args.number * args.repeats,
                                 lambda d: d["number"] * d["repeats"], force=args.force, unit="timed calls per case")
     if refusal:
         print(refusal, file=sys.stderr)
@@ -151,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         "number": args.number, "repeats": args.repeats, "views": [[list(s), str(d)] for s, d in shapes],
         "statistic": "minimum over repeats of the mean per call (host microseconds); *_median_us: median over repeats",
         "rows": rows, "target_ratio": TARGET_RATIO, "judged_manager": "vllm" if "vllm" in rows else "tqlab",
-        "meets_target": ok, "plugin_import_ms": imports, "plugin_import_median_ms": statistics.median(imports), "plugin_import_budget_ms": IMPORT_BUDGET_MS,
+        "meets_target": ok, "plugin_import_ms": imports, "plugin_import_median_ms": statistics.median(imports),
+        "plugin_import_budget_ms": IMPORT_BUDGET_MS,
     }, prov, data_dir=out_dir)
     print(f"target traced <= {TARGET_RATIO}x untraced ({'vllm' if 'vllm' in rows else 'tqlab'} manager): "
           f"{'met' if ok else 'MISSED'} -> {path}")

@@ -30,6 +30,7 @@
 # | a view a consumer still holds keeps the old buffer alive across growth (vLLM PR #56902) | 3 |
 # | the lock, and an error that names the line that asked for too much | 4 |
 # | DBO: one buffer per ubatch slot, one slot per thread | 5 |
+# | lanes and persistent resources (vLLM 0.33): a slot per (ubatch, lane), kept tensors refused after the lock | 5b |
 # | the debug log (`TQLAB_DEBUG_WORKSPACE=1`, vLLM's `VLLM_DEBUG_WORKSPACE`) | 6 |
 # | the whole lifecycle: init → warm-up → lock → serve → re-warm | 7 |
 #
@@ -40,7 +41,14 @@
 # **Run time.** Seconds on a small CPU box; the last cell prints the measured time.
 #
 # Each section asks a question, draws a picture, answers it with a live cell, and ends
-# with a **predict, then run** check: an `assert` you can re-run after changing the numbers.
+# with a **predict, then run** check: the question first, then a cell whose `assert`s answer it
+# (re-run them after changing the numbers).
+#
+# **Units, once for every notebook.** A MiB is 2**20 = 1,048,576 bytes and a KiB 2**10 bytes;
+# tqlab writes sizes in MiB in every table, figure and command-line line. vLLM's own
+# `WorkspaceManager` prints the same 2**20-byte unit as "MB" (`requires 2.00 MB, current size is
+# 0.26 MB`); where its message is quoted, it is quoted as vLLM prints it. So "2.00 MB" in a
+# vLLM message and "2.00 MiB" in tqlab's text are the same 2,097,152 bytes.
 
 # %%
 import platform
@@ -58,7 +66,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # "cpu", "cuda" or "meta" (meta: shapes only, no memory)
+check_device(DEVICE, ("cpu", "cuda", "meta"), "01")  # one clear line for any other DEVICE
 USE_RECORDED = True  # without CUDA, show recorded GPU measurements from data/ under a banner
 RECORD_GPU = False  # on CUDA: also write the GPU measurement to data/ (with provenance) for CPU-only readers
 
@@ -93,6 +104,7 @@ from tqlab.core.workspace import (
     rewarm_workspace,
     round_up,
     ubatch_context,
+    use_workspace_lane,
 )
 
 device = recorded.pick_device(DEVICE)
@@ -165,7 +177,7 @@ plt.show()
 show_md(
     f"Decode scratch for {cfg.max_num_seqs} sequences × {cfg.num_heads_per_rank} query heads per rank × "
     f"{cfg.tq_max_kv_splits_for_cuda_graph} KV splits × head_dim {cfg.head_dim}: **{real_lay.total_bytes:,} bytes "
-    f"= {format_mb(real_lay.total_bytes)} MB** (vLLM's \"MB\" is 2**20 bytes). Keep this number in mind: "
+    f"= {format_mb(real_lay.total_bytes)} MiB** (2**20 bytes: vLLM's message calls it \"MB\"). Keep this number in mind: "
     "notebook 02 finds it again."
 )
 
@@ -203,9 +215,8 @@ ax = plots.plot_byte_maps(
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** After `query_out.fill_(2.0)`, what does `context_out` hold?
-# Its first `query_out.numel()` elements now read 2 (they *are* `query_out`'s bytes);
-# the rest still read 1. The combine already ran, so nothing was lost.
+# **Predict, then run.** After `query_out.fill_(2.0)`, what does `context_out` hold — all ones,
+# all twos, or some of each? Was anything lost?
 
 # %%
 flat = context_out.flatten()
@@ -216,6 +227,11 @@ if device != "meta":
 if HAS_POINTERS:
     assert query_out.data_ptr() == context_out.data_ptr() == m.buffer().data_ptr()
 print(f"context_out now holds {k} overwritten and {flat.numel() - k} original elements")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). After `query_out.fill_(2.0)`, what does `context_out` hold?
+# Its first `query_out.numel()` elements now read 2 (they *are* `query_out`'s bytes);
+# the rest still read 1. The combine already ran, so nothing was lost.
 
 # %% [markdown]
 # **The fused-MoE pattern** (vLLM's fused-MoE layer). A fused MoE layer needs three intermediate
@@ -253,8 +269,8 @@ show_md(
 )
 
 # %% [markdown]
-# **Predict, then run.** `workspace13` and `fused_out` start at the same address as
-# `common`; `workspace2` starts right after the shared region, rounded up to `ALIGNMENT`.
+# **Predict, then run.** Where do `workspace13` and `fused_out` start, relative to `common`? And
+# `workspace2`?
 
 # %%
 assert shared.offsets[1] == round_up(shared_numel * dt.itemsize, ALIGNMENT)
@@ -262,6 +278,10 @@ if HAS_POINTERS:
     assert workspace13.data_ptr() == fused_out.data_ptr() == common.data_ptr()
     assert workspace2.data_ptr() - common.data_ptr() == shared.offsets[1]
 print("shared region checks passed; workspace2 starts at byte", shared.offsets[1])
+
+# %% [markdown]
+# **Answer** (checked by the cell above). `workspace13` and `fused_out` start at the same address as
+# `common`; `workspace2` starts right after the shared region, rounded up to `ALIGNMENT`.
 
 # %% [markdown]
 # ## 3 · Growth: free first, then allocate
@@ -341,10 +361,9 @@ ax = plots.plot_bars(
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** One slot, free-then-allocate: the peak equals the new size.
-# Allocate-then-free: old + new. Two slots, vLLM's way: slot 1 keeps its old size and the
-# peak is slot 1 + the new slot 0. Earlier vLLM's way: both slots end at the new size. And
-# free-then-allocate with a view still held costs as much as `resize_`: old + new.
+# **Predict, then run.** In terms of the old and new sizes, what is the peak for each row of the
+# table: one slot free-then-allocate, allocate-then-free, two slots vLLM's way, two slots earlier
+# vLLM's way, and free-then-allocate while a view is still held?
 #
 # *Where the accounting counts held views:* `WorkspaceManager.live_bytes()` and the resize
 # events' `peak_bytes` see only the manager's own buffers. `live_storage_bytes()` above adds
@@ -358,6 +377,12 @@ assert two_vllm["peak"] == two_vllm["live"] == small + big and two_vllm["sizes"]
 assert two_all["live"] == 2 * big and two_all["sizes"] == [big, big]
 assert one_held["peak"] == one_held["live"] == small + big and one_held["sizes"] == [big]
 print("growth accounting checks passed")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). One slot, free-then-allocate: the peak equals the new size.
+# Allocate-then-free: old + new. Two slots, vLLM's way: slot 1 keeps its old size and the
+# peak is slot 1 + the new slot 0. Earlier vLLM's way: both slots end at the new size. And
+# free-then-allocate with a view still held costs as much as `resize_`: old + new.
 
 # %% [markdown]
 # ### Growth moves the buffer — views taken before it go stale
@@ -435,9 +460,8 @@ show_md(
 )
 
 # %% [markdown]
-# **Predict, then run.** While the view is held: live bytes = old + new, although the
-# manager's own accounting (and the resize event's `peak_bytes`) says only new. After
-# `del view`: live bytes = new, and the old storage is gone.
+# **Predict, then run.** While the view is held, how many bytes are live, and how many does the
+# manager's own accounting (the resize event's `peak_bytes`) report? And after `del view`?
 
 # %%
 assert held_live == old_bytes + new_bytes == old_bytes + hv.size_bytes()
@@ -446,6 +470,11 @@ assert old_alive_while_held
 assert after_live == new_bytes == hv.size_bytes()
 assert not old_alive_after
 print(f"view held: {held_live:,} live bytes (old {old_bytes:,} + new {new_bytes:,}); after del: {after_live:,}")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). While the view is held: live bytes = old + new, although the
+# manager's own accounting (and the resize event's `peak_bytes`) says only new. After
+# `del view`: live bytes = new, and the old storage is gone.
 
 # %% [markdown]
 # ### On a GPU: the allocator's own peak
@@ -540,8 +569,8 @@ show_md(
         ("attribute", "value"),
         [
             ("caller", f"`{err.caller}`"),
-            ("required_bytes", f"{err.required_bytes:,} ({format_mb(err.required_bytes)} MB)"),
-            ("current_bytes", f"{err.current_bytes:,} ({format_mb(err.current_bytes)} MB)"),
+            ("required_bytes", f"{err.required_bytes:,} ({format_mb(err.required_bytes)} MiB)"),
+            ("current_bytes", f"{err.current_bytes:,} ({format_mb(err.current_bytes)} MiB)"),
             ("ubatch slot", err.ubatch),
         ],
     )
@@ -552,9 +581,8 @@ show_md(
 # in Jupyter the file part is IPython's name for the cell's code (a number such as `312956335.py`,
 # the file the kernel compiled this cell into), and the line counts from the top of the cell.
 #
-# **Predict, then run.** The required size is the request's bytes rounded up to
-# `ALIGNMENT`; the caller is our function (its file, the line of its `return`), not the
-# manager; the workspace is untouched and the violation is in the event log.
+# **Predict, then run.** What required size does the error report for this request? Which caller
+# does it name — the manager, or our function? What happens to the workspace and to the event log?
 
 # %%
 assert isinstance(err, AssertionError)
@@ -573,6 +601,11 @@ if contents_before is not None:
 print("lock checks passed")
 
 # %% [markdown]
+# **Answer** (checked by the cell above). The required size is the request's bytes rounded up to
+# `ALIGNMENT`; the caller is our function (its file, the line of its `return`), not the
+# manager; the workspace is untouched and the violation is in the event log.
+
+# %% [markdown]
 # **A workspace locked before anyone asked.** If a start-up path locks before any
 # consumer ran, the buffer is empty and the very first decode fails: the message then
 # reports a current size of zero. Predict the required size of the first decode request
@@ -588,7 +621,7 @@ except WorkspaceLockedError as exc:
     show_error(exc)
     assert exc.current_bytes == 0
     assert exc.required_bytes == compute_layout(first_decode).total_bytes
-    print(f"needed {exc.required_bytes:,} bytes = {format_mb(exc.required_bytes)} MB")
+    print(f"needed {exc.required_bytes:,} bytes = {format_mb(exc.required_bytes)} MiB")
 else:
     raise AssertionError("an empty locked workspace accepted a request")
 
@@ -655,8 +688,8 @@ ax = plots.plot_workspace_timeline(dbo.events, title="Two ubatch slots grow inde
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** Each thread saw its own slot; each slot grew to its own request
-# (rounded up); the main thread is still in slot 0; on real memory the two buffers differ.
+# **Predict, then run.** Which slot did each thread see, and how big did each slot grow? Which slot
+# is the main thread in afterwards? Do the two buffers share memory?
 
 # %%
 assert all(seen[s]["slot seen"] == s for s in requests)
@@ -665,6 +698,10 @@ assert current_ubatch_id() == 0
 if HAS_POINTERS:
     assert seen[0]["storage"] != seen[1]["storage"]
 print("DBO slot checks passed")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). Each thread saw its own slot; each slot grew to its own request
+# (rounded up); the main thread is still in slot 0; on real memory the two buffers differ.
 
 # %% [markdown]
 # **The sibling-slot trap.** Warm up only slot 0, lock, and slot 1's first request fails —
@@ -684,6 +721,52 @@ except WorkspaceLockedError as exc:
     assert exc.ubatch == 1 and exc.current_bytes == 0 and exc.required_bytes == round_up(512, ALIGNMENT)
 else:
     raise AssertionError("slot 1 grew after the lock")
+
+# %% [markdown]
+# ## 5b · Lanes and persistent resources (vLLM 0.33)
+#
+# **Question.** vLLM 0.33's manager has grown two things since the seed notes were written
+# (`vllm/v1/worker/workspace.py`): **lanes** — `WorkspaceManager(device, num_ubatches,
+# num_lanes)` and `use_workspace_lane(lane)`, an independent owner inside each ubatch (lane 1
+# is Model Runner V2's DSpark drafter) — and **persistent resources** — `get_persistent(key,
+# shape, dtype, zero_init=...)` and `get_persistent_resource(key, factory)`, objects kept
+# across calls (Marlin's locks keyed by CUDA stream, MoE permute scratch). Slots are keyed by
+# (ubatch, lane) only. What does a drafter's lane see, and what happens to a key first asked
+# for after the lock?
+
+# %%
+lanes = WorkspaceManager(device, num_ubatches=1, num_lanes=2)
+lanes.get_simultaneous(((4096,), torch.uint8))  # the target model, lane 0
+with use_workspace_lane(1):  # the drafter
+    lanes.get_simultaneous(((1024,), torch.uint8))
+    drafter_locks = lanes.get_persistent("locks", (16,), torch.int32, zero_init=True)
+target_locks = lanes.get_persistent("locks", (16,), torch.int32, zero_init=True)
+lanes.lock()
+late = None
+try:
+    lanes.get_persistent("late_scratch", (8,), torch.float32)
+except AssertionError as exc:  # vLLM's message, word for word
+    late = str(exc)
+    show_error(exc)
+try:
+    lanes.get_persistent("locks", (32,), torch.int32)  # same key, another shape
+except ValueError as exc:
+    show_error(exc)
+print(f"slot sizes (ubatch 0 lane 0, ubatch 0 lane 1): {lanes.sizes_bytes()} bytes; "
+      f"persistent keys per lane: {lanes.persistent_keys(0, 0)}, {lanes.persistent_keys(0, 1)}")
+
+# %% [markdown]
+# **Predict, then run.** Two slots, each sized by its own lane's request; the two lanes hold
+# different `locks` tensors; after the lock an existing key is still served (same object) and
+# a new key is refused with vLLM's "was not allocated during warmup" message.
+
+# %%
+assert lanes.sizes_bytes() == [4096, 1024]
+assert drafter_locks is not target_locks
+assert lanes.get_persistent("locks", (16,), torch.int32, zero_init=True) is target_locks
+assert late == ("Workspace is locked but (<class 'torch.Tensor'>, 'late_scratch') was not allocated during "
+                "warmup for the current ubatch and lane.")
+print("lane and persistent-resource checks passed")
 
 # %% [markdown]
 # ## 6 · The debug log
@@ -708,9 +791,8 @@ with debug_workspace_log() as log_lines:
 _ = dbg.get_simultaneous(((MiB,), torch.uint8))  # outside the block: not collected
 
 # %% [markdown]
-# **Predict, then run.** One line per event inside the block (resize, resize, lock,
-# violation, unlock), none collected for the resize after it, and the variable is back to
-# what it was before the block (unset, unless you ran Jupyter with `TQLAB_DEBUG_WORKSPACE=1`).
+# **Predict, then run.** How many log lines does the block collect, and for which events? Is a line
+# collected for the resize after the block? What is `TQLAB_DEBUG_WORKSPACE` afterwards?
 
 # %%
 kinds_inside = [e.kind for e in dbg.events[:-1]]
@@ -721,6 +803,11 @@ assert "Workspace locked" in log_lines[2] and "violation" in log_lines[3] and "W
 assert os.environ.get("TQLAB_DEBUG_WORKSPACE") == env_before
 print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize was not collected; "
       f"TQLAB_DEBUG_WORKSPACE is back to {env_before!r}")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). One line per event inside the block (resize, resize, lock,
+# violation, unlock), none collected for the resize after it, and the variable is back to
+# what it was before the block (unset, unless you ran Jupyter with `TQLAB_DEBUG_WORKSPACE=1`).
 
 # %% [markdown]
 # ## 7 · The lifecycle: init → warm-up → lock → serve → re-warm
@@ -777,9 +864,9 @@ plt.show()
 show_error(serve_error, "The violation while serving (caught)")
 
 # %% [markdown]
-# **Predict, then run.** Warm-up grew the buffer once (largest bucket first) to the decode
-# layout of section 1; serving kept the addresses; the re-warm left it locked and big
-# enough for the long chunk. And `rewarm_workspace()` re-locks even if the warm-up raises.
+# **Predict, then run.** How many times did warm-up grow the buffer, and to which layout? Did serving
+# move the addresses? After the re-warm, is the buffer locked, and big enough for the long chunk? And
+# if the warm-up raises, is the workspace left unlocked?
 
 # %%
 resizes_in_warmup = [e for e in ws.events[: phase_marks[1][1]] if e.kind == "resize"]
@@ -797,6 +884,11 @@ assert ws.is_locked()  # re-locked anyway
 reset_workspace_manager()
 assert not is_workspace_manager_initialized()
 print("lifecycle checks passed; the manager is reset")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). Warm-up grew the buffer once (largest bucket first) to the decode
+# layout of section 1; serving kept the addresses; the re-warm left it locked and big
+# enough for the long chunk. And `rewarm_workspace()` re-locks even if the warm-up raises.
 
 # %% [markdown]
 # ## What to take to notebook 02

@@ -56,7 +56,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # where the engine runs the long prompt: "cpu", "cuda" or "meta"
+check_device(DEVICE, ("cpu", "cuda", "meta"), "02")  # one clear line for any other DEVICE
 USE_RECORDED = True  # without CUDA, show a recorded GPU run from data/ (under a banner) if there is one
 RECORD_GPU = False  # on CUDA: also write this run to data/ (with provenance) for CPU-only readers
 
@@ -124,14 +127,17 @@ show_md(
 )
 
 # %% [markdown]
-# **Predict, then run.** Query heads per rank = query heads / TP. KV heads: fewer than
-# ranks here, so one per rank.
+# **Predict, then run.** How many query heads and how many KV heads does one rank see?
 
 # %%
 assert cfg.num_heads_per_rank == cfg.num_attention_heads // cfg.tensor_parallel_size
 assert cfg.num_key_value_heads < cfg.tensor_parallel_size and cfg.num_kv_heads_per_rank == 1
 assert kv_per_token_model == 8 * 1024  # the published KV-cache cost per token (preset source)
 print("per-rank shapes check out")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). Query heads per rank = query heads / TP. KV heads: fewer than
+# ranks here, so one per rank.
 
 # %% [markdown]
 # ## 2 · Start-up, phase by phase — and the under-count
@@ -188,8 +194,8 @@ assert engine.locked_bytes == analysis.locked_bytes(run_cfg, fix=False) == 268_5
 # lock ever sees. The continuation-prefill path, whose buffers grow with the cached length,
 # never runs before the lock.
 #
-# **Predict, then run.** The profile run's chunk is a "prefill" (no workspace request); the
-# locked size equals the decode layout at `max_num_seqs` rows.
+# **Predict, then run.** Does the profile run's chunk ask the workspace for anything? Which phase
+# sets the size that gets locked, and what layout is it?
 
 # %%
 profile_chunk = chunk_workspace_request(cfg, 0, min(cfg.max_num_batched_tokens, cfg.max_model_len))
@@ -202,7 +208,11 @@ assert profile_chunk.path == "prefill" and profile_chunk.shapes is None
 assert by_phase["profile_run"] == 0
 assert engine.locked_bytes == by_phase["capture"] == decode_at_max
 assert engine.workspace.is_locked()
-show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_bytes)} MB**: decode scratch only.")
+show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_bytes)} MiB**: decode scratch only.")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The profile run's chunk is a "prefill" (no workspace request); the
+# locked size equals the decode layout at `max_num_seqs` rows.
 
 # %% [markdown]
 # ## 3 · The long prompt
@@ -224,16 +234,16 @@ for i, (cached, q) in enumerate(chunks):
     if not fits and first_bad is None:
         first_bad = (i, req)
     plan_rows.append((i, cached, q, req.path, "—" if req.shapes is None else " + ".join(str(s) for s, _ in req.shapes),
-                      f"{req.nbytes:,}", f"{format_mb(req.nbytes)} MB", "yes" if fits else "**no**"))
+                      f"{req.nbytes:,}", f"{format_mb(req.nbytes)} MiB", "yes" if fits else "**no**"))
 show_md(
-    markdown_table(("chunk", "cached_len", "new tokens", "path", "workspace views", "bytes", "MB", "fits the lock?"),
+    markdown_table(("chunk", "cached_len", "new tokens", "path", "workspace views", "bytes", "MiB", "fits the lock?"),
                    plan_rows)
 )
 bad_chunk, bad_req = first_bad
 show_md(
     f"Prediction: chunk {bad_chunk} (cached_len {bad_req.cached_len:,}, {bad_req.q_len:,} new tokens > "
-    f"{CONTINUATION_DECODE_THRESHOLD}) asks for **{format_mb(bad_req.nbytes)} MB** while the lock holds "
-    f"**{format_mb(engine.locked_bytes)} MB** — {bad_req.nbytes / engine.locked_bytes:.1f}× too much."
+    f"{CONTINUATION_DECODE_THRESHOLD}) asks for **{format_mb(bad_req.nbytes)} MiB** while the lock holds "
+    f"**{format_mb(engine.locked_bytes)} MiB** — {bad_req.nbytes / engine.locked_bytes:.1f}× too much."
 )
 
 # %% [markdown]
@@ -255,8 +265,8 @@ crash_s = time.perf_counter() - t
 print(f"the prompt ran {crash_s:.1f} s before the assertion")
 
 # %% [markdown]
-# **Predict, then run.** The error carries the predicted bytes and the locked size, names
-# the continuation-prefill function as the caller, and prints the bug report's numbers.
+# **Predict, then run.** Which bytes and which locked size does the error carry, which function does
+# it name as the caller, and does it print the bug report's numbers?
 
 # %%
 assert isinstance(crash, AssertionError)  # what vLLM raises
@@ -268,6 +278,10 @@ show_md(
     f"Bug report: `{BUG_REPORT_NUMBERS}` · this run: `requires {format_mb(crash.required_bytes)} MB, "
     f"current size is {format_mb(crash.current_bytes)} MB` — the same."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The error carries the predicted bytes and the locked size, names
+# the continuation-prefill function as the caller, and prints the bug report's numbers.
 
 # %% [markdown]
 # ### What the report does not say: `max_num_batched_tokens`
@@ -295,16 +309,16 @@ assert m_report == cfg.max_num_batched_tokens  # the preset uses the inferred va
 m_default, _, why_default = vt.vllm_default_limits("serve")  # no GPU size given: vLLM's small-GPU default
 why_default = why_default.split(";")[0]
 alt = cfg.replace(max_num_batched_tokens=m_default)
-alt_first = rp.predict(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+alt_first = rp.consumer_report(alt, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
 alt_locked, alt_refused = locked_and_refused(alt)  # run on meta: the engine refuses what the predictor named
 assert (alt_refused, alt_locked) == (alt_first.nbytes, engine.locked_bytes)
 assert alt_first.cached_len == m_default and alt_first.nbytes == 2 * 1 * hk * m_default * d * 2
 rows, matches = [], []
 for label, c, m_ in ((f"preset (inferred from {rp.BUG_REPORT_REQUIRED_MB} MB)", cfg, m_report),
                      (f"vLLM default ({why_default})", alt, m_default)):
-    f = rp.predict(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
+    f = rp.consumer_report(c, [PROMPT_TOKENS]).requests[0].first_refused_unfixed
     rows.append((label, f"{m_:,}", f"{first_failing_prompt(c, engine.locked_bytes):,}", f"{f.cached_len:,}",
-                 f"{format_mb(f.nbytes)} MB"))
+                 f"{format_mb(f.nbytes)} MiB"))
     matches.append(format_mb(f.nbytes) == rp.BUG_REPORT_REQUIRED_MB)
 assert matches == [True, False]  # only the inferred chunk size reproduces the report's exact number
 onset_low = int(re.search(r"~(\d+)-", REPORT_ONSET).group(1)) * 1000  # the low end of the report's onset, in tokens
@@ -312,7 +326,7 @@ assert max(m_report, m_default) < onset_low  # both first refusals come at fewer
 show_md(
     f"The report says crashes start *{REPORT_ONSET}* of cached KV and does not give `max_num_batched_tokens`. "
     f"The preset's {m_report:,} comes from the {rp.BUG_REPORT_REQUIRED_MB} MB: 2 × 1 × {hk} × {m_report:,} × {d} × 2 "
-    f"bytes = {two_buffers:,} bytes = {format_mb(two_buffers)} MB.\n\n"
+    f"bytes = {two_buffers:,} bytes = {format_mb(two_buffers)} MiB.\n\n"
     + markdown_table(("max_num_batched_tokens", "value", "shortest crashing prompt", "first refused: cached_len",
                       "it asks for"), rows)
     + f"\n\nWith vLLM's default of {m_default:,} the same {PROMPT_TOKENS:,}-token prompt would have died one "
@@ -353,8 +367,8 @@ else:
     raise AssertionError("a dead engine served a request")
 
 # %% [markdown]
-# **Predict, then run.** The dead-engine error keeps the original assertion as its cause;
-# adding a request fails the same way.
+# **Predict, then run.** After the crash, what does the next call to the engine raise, what does
+# that error keep as its cause, and does adding a new request work?
 
 # %%
 assert dead.cause is crash and engine.dead is crash
@@ -365,6 +379,10 @@ except EngineDeadError:
 else:
     raise AssertionError("add_request accepted work on a dead engine")
 print("the engine stays dead, and says why")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The dead-engine error keeps the original assertion as its cause;
+# adding a request fails the same way.
 
 # %% [markdown]
 # ### The same crash on a GPU
@@ -443,9 +461,9 @@ for bs in (16, 2080):
                      crash_need=refused["required_bytes"], with_fix=analysis.locked_bytes(c, fix=True)))
 show_md(markdown_table(["block size", "locked without the fix", "first failing prompt", "its chunks (cached, new)",
                         "its refused call", "reserved with the fix"],
-                       [[f"{r['block']:,}", format_mb(r["locked"]) + " MB", f"{r['first_failing']:,}",
+                       [[f"{r['block']:,}", format_mb(r["locked"]) + " MiB", f"{r['first_failing']:,}",
                          ", ".join(f"({cc:,}, {q:,})" for cc, q in r["chunks"]),
-                         format_mb(r["crash_need"]) + " MB", format_mb(r["with_fix"]) + " MB"] for r in rows]))
+                         format_mb(r["crash_need"]) + " MiB", format_mb(r["with_fix"]) + " MiB"] for r in rows]))
 small, big = rows
 m = cfg.max_num_batched_tokens
 assert small["locked"] == big["locked"]  # the decode scratch, which the block size does not touch
@@ -465,9 +483,9 @@ else:
 show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_failing']:,} tokens instead of "
         f"{small['first_failing']:,}: a prompt longer than one step's {m:,} tokens gets a first chunk cut back to "
         f"{big['chunks'][0][1]:,} tokens (one block), so its second chunk dequantizes {big['chunks'][1][0]:,} cached "
-        f"tokens: {format_mb(big['crash_need'])} MB instead of {format_mb(small['crash_need'])} MB, still more than "
-        f"the {format_mb(big['locked'])} MB locked (the decode scratch, which the block size does not touch). "
-        f"The fix reserves {format_mb(big['with_fix'])} MB instead of {format_mb(small['with_fix'])} MB, because "
+        f"tokens: {format_mb(big['crash_need'])} MiB instead of {format_mb(small['crash_need'])} MiB, still more than "
+        f"the {format_mb(big['locked'])} MiB locked (the decode scratch, which the block size does not touch). "
+        f"The fix reserves {format_mb(big['with_fix'])} MiB instead of {format_mb(small['with_fix'])} MiB, because "
         f"every continuation buffer is rounded up to a whole block.")
 
 # %% [markdown]

@@ -56,7 +56,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # where the engine runs the report's prompt: "cpu", "cuda" or "meta"
+check_device(DEVICE, ("cpu", "cuda", "meta"), "03")  # one clear line for any other DEVICE
 USE_RECORDED = True  # show vLLM's own results from the recorded parity run (data/parity_results.json, under a banner)
 
 # %%
@@ -114,11 +117,11 @@ for consumer, call in zip(consumers, plan):
     lay = compute_layout(call)
     views = ", ".join(f"{tuple(s)} {str(d).removeprefix('torch.')}" for s, d in call)
     rows.append((consumer, views, f"{lay.total_bytes:,}", format_mb(lay.total_bytes)))
-show_md(markdown_table(("consumer", "views (shape dtype)", "bytes", "MB"), rows))
+show_md(markdown_table(("consumer", "views (shape dtype)", "bytes", "MiB"), rows))
 reserved = plan_bytes(plan)
 show_md(
     f"The calls never run at the same time, and each starts at offset 0 of the same buffer, so the "
-    f"workspace needs only the **largest** call: **{reserved:,} bytes = {format_mb(reserved)} MB** per "
+    f"workspace needs only the **largest** call: **{reserved:,} bytes = {format_mb(reserved)} MiB** per "
     f"ubatch slot on one rank."
 )
 ax = plots.plot_byte_maps(
@@ -175,9 +178,9 @@ ax = plots.plot_need_curve(
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** Every cached length the server can meet — each block-aligned value
-# below `max_model_len`, and the last one — needs at most the reservation; and the
-# reservation is exactly the need at `max_model_len - 1`.
+# **Predict, then run.** Is there a cached length the server can meet — any block-aligned value
+# below `max_model_len`, or the last one — whose dequant call needs more than the reservation? At
+# which cached length is the need exactly the reservation?
 
 # %%
 every_len = range(0, cfg.max_model_len, cfg.block_size)
@@ -188,10 +191,15 @@ worst = max(
 assert worst <= reserved == needs[-1]
 assert need_8k <= reserved
 show_md(
-    f"Checked {len(every_len):,} cached lengths: the largest need is {format_mb(worst)} MB ≤ reserved "
-    f"{format_mb(reserved)} MB. The report's chunk needs {format_mb(need_8k)} MB, "
+    f"Checked {len(every_len):,} cached lengths: the largest need is {format_mb(worst)} MiB ≤ reserved "
+    f"{format_mb(reserved)} MiB. The report's chunk needs {format_mb(need_8k)} MiB, "
     f"{reserved / need_8k:.0f}× below the reservation."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). Every cached length the server can meet — each block-aligned value
+# below `max_model_len`, and the last one — needs at most the reservation; and the
+# reservation is exactly the need at `max_model_len - 1`.
 
 # %% [markdown]
 # ## 3 · The report's prompt, after the lock
@@ -230,8 +238,8 @@ per_layers = {n: workspace_numbers(cfg.replace(num_hidden_layers=n)) for n in (c
 assert per_layers[CPU_LAYERS] == per_layers[cfg.num_hidden_layers] and per_layers[CPU_LAYERS][0] == reserved
 show_md(
     f"On `meta`, {cfg.num_hidden_layers} and {CPU_LAYERS} layers give the same numbers: locked with the fix "
-    f"{format_mb(per_layers[CPU_LAYERS][0])} MB; without it locked {format_mb(per_layers[CPU_LAYERS][1])} MB and "
-    f"the report's chunk asks {format_mb(per_layers[CPU_LAYERS][2])} MB. The live engine runs "
+    f"{format_mb(per_layers[CPU_LAYERS][0])} MiB; without it locked {format_mb(per_layers[CPU_LAYERS][1])} MiB and "
+    f"the report's chunk asks {format_mb(per_layers[CPU_LAYERS][2])} MiB. The live engine runs "
     f"**{run_cfg.num_hidden_layers}** attention layers on `{device}`."
 )
 
@@ -256,8 +264,8 @@ ax = plots.plot_workspace_timeline(engine.workspace.events, marker.marks,
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** The request finishes; after the lock there is no resize and no
-# violation; the buffer is the one that was locked (same size, same address).
+# **Predict, then run.** Does the request finish? After the lock, does the workspace resize or
+# refuse anything? Is the buffer still the one that was locked?
 
 # %%
 assert out.finished and engine.dead is None
@@ -269,7 +277,11 @@ assert phase_order.index("profile_run") < phase_order.index("build_backend") < p
 assert by_phase["profile_run"] == 0  # the profile run asks nothing of the workspace (vLLM 0.33 too)
 assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), after the profile run
 assert by_phase["capture"] == reserved  # capture found it big enough
-print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MB")
+print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MiB")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The request finishes; after the lock there is no resize and no
+# violation; the buffer is the one that was locked (same size, same address).
 
 # %% [markdown]
 # ## 4 · A `max_model_len` prompt (on `meta`)
@@ -300,13 +312,17 @@ else:
     raise AssertionError("the unfixed engine served a max_model_len prompt")
 
 # %% [markdown]
-# **Predict, then run.** With the fix: served, no workspace event after the lock. Without
-# it: refused at the first chunk that needs more than the decode scratch.
+# **Predict, then run.** With the fix, is the `max_model_len` prompt served, and does anything
+# happen to the workspace after the lock? Without it, where is it refused?
 
 # %%
 assert meta_out.finished and len(meta_engine.workspace.events) == meta_events
 assert unfixed.dead is not None
 print("max_model_len prompt: served with the fix, refused without it")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). With the fix: served, no workspace event after the lock. Without
+# it: refused at the first chunk that needs more than the decode scratch.
 
 # %% [markdown]
 # ## 5 · What it costs, per preset
@@ -357,9 +373,9 @@ fig.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** For the bug report's deployment the share is the reservation over
-# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
-# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
+# **Predict, then run.** For the bug report's deployment, what share of the KV cache is the
+# reservation — and how does the share of *one* `max_model_len` sequence (notebook 06's upper bound)
+# relate to it?
 
 # %%
 seed_cost = next(x for x in cost if x["name"] == PRESET)
@@ -373,6 +389,11 @@ show_md(
     f"**{100 * seed_share:.3f} %**; of one {sc.max_model_len:,}-token sequence (upper bound) = "
     f"{100 * seed_share_one:.3f} %."
 )
+
+# %% [markdown]
+# **Answer** (checked by the cell above). For the bug report's deployment the share is the reservation over
+# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
+# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
 
 # %% [markdown]
 # The whole deployment pays this on every rank (× `tensor_parallel_size`). With DBO,
@@ -401,10 +422,9 @@ show_md(
 # one chunk plus `CONTINUATION_DECODE_THRESHOLD` tokens long survives, because its second
 # chunk is short; one token more and the second chunk dequantizes and crashes.
 #
-# **Predict, then run.** `first_failing_prompt` puts the first failure of the unfixed
-# engine one token past one chunk plus the threshold. The prompt one token shorter is
-# served without a single workspace event after the lock, its last chunk on the
-# decode-kernel path (once per layer); the failing one is refused by the dequant call.
+# **Predict, then run.** Where does `first_failing_prompt` put the first failure of the unfixed
+# engine, in chunks and threshold? What happens to the prompt one token shorter — and which call
+# refuses the failing one?
 
 # %%
 m, T = cfg.max_num_batched_tokens, CONTINUATION_DECODE_THRESHOLD
@@ -437,9 +457,15 @@ show_md(markdown_table(
          "served"),
         (f"{first_bad:,}", f"{last_cached:,} + {last_q + 1}", chunk_workspace_request(cfg, last_cached, last_q + 1).path,
          "refused",
-         f"crash: asks {format_mb(bad_need)} MB of {format_mb(bad_engine.locked_bytes)} MB"),
+         f"crash: asks {format_mb(bad_need)} MiB of {format_mb(bad_engine.locked_bytes)} MiB"),
     ],
 ))
+
+# %% [markdown]
+# **Answer** (checked by the cell above). `first_failing_prompt` puts the first failure of the unfixed
+# engine one token past one chunk plus the threshold. The prompt one token shorter is
+# served without a single workspace event after the lock, its last chunk on the
+# decode-kernel path (once per layer); the failing one is refused by the dequant call.
 
 # %% [markdown]
 # ### 6b · First limit: chunked prefill off, prefix caching on
@@ -465,14 +491,14 @@ show_md(markdown_table(
 nocp = cfg.replace(enable_chunked_prefill=False, max_num_batched_tokens=cfg.max_model_len,
                    mamba_block_aligned_split=False)
 nocp_plan = reservation_plan(nocp)
-pred = rp.predict(nocp)
+pred = rp.consumer_report(nocp)
 show_md(markdown_table(
     ("", "chunked prefill on (the report)", "chunked prefill off"),
     [
         ("reservation calls", len(plan), len(nocp_plan)),
-        ("workspace at lock with the fix (MB)", format_mb(reserved), format_mb(pred.locked_fixed)),
+        ("workspace at lock with the fix (MiB)", format_mb(reserved), format_mb(pred.locked_fixed)),
         ("longest request safe under any chunking, with the fix",
-         f"{rp.predict(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
+         f"{rp.consumer_report(cfg).fixed_safe_any_schedule:,}", f"{pred.fixed_safe_any_schedule:,}"),
         ("max_model_len", f"{cfg.max_model_len:,}", f"{nocp.max_model_len:,}"),
     ],
 ))
@@ -490,7 +516,7 @@ print("\n".join(f"predict: {n}" for n in pred.notes))
 
 # %%
 assert nocp_plan == plan[:1] and pred.locked_fixed == pred.locked_unfixed == locked_no_fix
-assert rp.predict(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
+assert rp.consumer_report(cfg).fixed_safe_any_schedule == cfg.max_model_len > pred.fixed_safe_any_schedule
 hit_engine = LLMEngine(nocp.replace(num_hidden_layers=1), fix=True, device="meta")  # one layer: same calls
 assert hit_engine.locked_bytes == pred.locked_fixed
 
@@ -570,10 +596,9 @@ else:
 # chunk; the cell locks right after the reservation, the case where nothing else touched
 # slot 1.
 #
-# **Predict, then run.** tqlab's reservation: both slots at the reserved size. The same
-# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
-# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
-# the first and refused by the second.
+# **Predict, then run.** With DBO, what sizes do the two slots have after tqlab's reservation, and
+# after the same calls made in slot 0 only (vLLM's way)? After the lock, which of the two serves the
+# report's chunk in slot 1?
 
 # %%
 dbo_cfg = cfg.replace(enable_dbo=True)
@@ -597,14 +622,14 @@ for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_s
         try:
             mgr.get_simultaneous(*chunk_workspace_request(cfg, cached_8k, q_8k).shapes)
         except WorkspaceLockedError as exc:
-            slot1_result[label] = f"refused: asks {format_mb(exc.required_bytes)} MB of {format_mb(exc.current_bytes)} MB"
+            slot1_result[label] = f"refused: asks {format_mb(exc.required_bytes)} MiB of {format_mb(exc.current_bytes)} MiB"
         else:
             assert len(mgr.events) == events_before
             slot1_result[label] = "served, no growth"
 assert slot1_result["tqlab: every slot"].startswith("served")
 assert slot1_result["vLLM 0.33: slot 0 only"].startswith("refused")
 show_md(markdown_table(
-    ("reservation", "slot sizes (MB)", "per rank (MB)", f"× TP {cfg.tensor_parallel_size} (MB)",
+    ("reservation", "slot sizes (MiB)", "per rank (MiB)", f"× TP {cfg.tensor_parallel_size} (MiB)",
      "report's chunk in slot 1 after the lock"),
     [
         (label, " / ".join(format_mb(b) for b in mgr.sizes_bytes()), format_mb(mgr.live_bytes()),
@@ -612,6 +637,12 @@ show_md(markdown_table(
         for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_slot))
     ],
 ))
+
+# %% [markdown]
+# **Answer** (checked by the cell above). tqlab's reservation: both slots at the reserved size. The same
+# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
+# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
+# the first and refused by the second.
 
 # %% [markdown]
 # ## 7 · Three start-ups of the report's deployment, side by side
@@ -804,7 +835,7 @@ show_md(
     f"`max_model_len` tokens on a rank. Where the dequant buffers dominate, both scale with the KV heads per rank and `max_model_len`, "
     f"which cancel: what is left is fp16 buffers for *one* layer against a cache that holds *every* layer, packed, "
     f"for `max_num_seqs` requests. So the share is largest with few sequences and few attention layers — {PRESET} "
-    f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MB "
+    f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MiB "
     f"per rank next to a {next(x for x in cost if x['name'] == PRESET)['kv'] / MiB:,.0f} MiB KV cache."
 )
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (live prompt on `{device}`).*")

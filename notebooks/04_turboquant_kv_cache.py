@@ -60,7 +60,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # where the cache operations run: "cpu" or "cuda"
+check_device(DEVICE, ("cpu", "cuda"), "04", "its cells read real cache values; a meta tensor has none")
 USE_RECORDED = True  # without CUDA (or when True), show the recorded H200 benchmark under a banner
 
 # %%
@@ -260,7 +263,7 @@ print(f"decode: mid_out {tuple(mid.shape)} f32, output {tuple(out.shape)} {out.d
 # shared workspace: does it need the sum of the two layouts, or the larger one?
 
 # %%
-from tqlab.core.workspace import compute_layout  # noqa: E402
+from tqlab.core.workspace import compute_layout
 
 assert tuple(k_buf.shape) == (1, hk, -(-n_tok // bs) * bs, D) and k_buf.dtype == torch.float16
 assert tuple(mid.shape) == (1, hq, cfg.tq_max_kv_splits_for_cuda_graph, D + 1)
@@ -333,7 +336,7 @@ else:
 # and dequantize to the same fp16 values as the torch reference?
 
 # %%
-from tqlab.turboquant.ops import resolve_backend  # noqa: E402
+from tqlab.turboquant.ops import resolve_backend
 
 picked = resolve_backend("auto", torch.device(device))
 small = torch.zeros(kv_cache_shape(2, 1, 16, 64, spec), dtype=torch.uint8, device=device)

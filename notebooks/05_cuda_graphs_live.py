@@ -53,8 +53,11 @@
 # %% tags=["parameters"]
 import os
 
+from tqlab.lab.recorded import check_device
+
 DEVICE = os.environ.get("DEVICE", "auto")  # "auto" | "cpu" | "cuda"
 USE_RECORDED = os.environ.get("USE_RECORDED", "auto")  # "auto" | "always" | "never"
+check_device(DEVICE, ("auto", "cpu", "cuda"), "05", "CUDA graphs capture real memory; a meta-device runner has none")
 
 # %%
 import json

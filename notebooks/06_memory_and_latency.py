@@ -63,9 +63,12 @@
 # %% tags=["parameters"]
 import os
 
+from tqlab.lab.recorded import check_device
+
 DEVICE = os.environ.get("DEVICE", "auto")  # "auto" | "cpu" | "cuda"
 USE_RECORDED = os.environ.get("USE_RECORDED", "auto")  # "auto" | "always" | "never"
 RECORD_DIR = os.environ.get("RECORD_DIR", "")  # "" | a folder for this run's CUDA measurements
+check_device(DEVICE, ("auto", "cpu", "cuda"), "06", "it measures real memory and time")
 
 # %%
 import statistics
@@ -242,6 +245,8 @@ if REC_TABLE is not None:
 # vLLM accepts at start-up; that share is the *largest* the workspace can be next to any KV cache. A quantized
 # cache makes either share larger: the workspace holds the dequantized float16 copy of one layer, the cache
 # holds every layer at 3–4 bits. (No preset enables DBO, so every number here is one ubatch slot; section 7.)
+# Several presets coincide at some lengths (same KV heads and head_dim per rank): each preset's points are
+# shifted sideways by a few percent, every other one drawn hollow, and the cell prints where they coincide.
 #
 # **Predict, then run.** For the bug report's deployment (`max_num_seqs` 4), how does the share of
 # `max_num_seqs` full-length sequences compare with the share of one? Which call dominates the reservation?
@@ -314,13 +319,12 @@ print(f"the deployment: unfixed lock {fmt_mb(unfixed_locked_bytes(SEED))}, longe
 # %% [markdown]
 # ## 4 · The workspace along each engine's life
 #
-# **Question.** Each engine logs every resize, lock, unlock and violation. Where along start-up (init → build
-# backend → profile run → [dummy run] → capture → lock → serve) does each strategy's workspace grow, and what
+# **Question.** Each engine logs every resize, lock, unlock and violation. Where along start-up (init → load model →
+# profile run → build backend → [dummy run] → capture → lock → serve) does each strategy's workspace grow, and what
 # happens when the first prompt's continuation chunk arrives? The shaded stretch is locked; a red cross is a
 # request the locked workspace refused (its size and caller are in the panel's title). One MB scale for every
 # panel, logarithmic above the smallest size. (In vLLM 0.33 the reservation runs when the metadata builders are
-# created, after the profile run: notebook 05 §8; the `reserve` panel shows the phase in which tqlab's engine
-# runs it.)
+# created, after the profile run, as in tqlab's engine: notebook 05 §8.)
 #
 # **Predict, then run.** Which strategies end the start-up bigger than `none`? Which one grows *after* the lock,
 # and how does it get to?
@@ -352,6 +356,8 @@ assert "violation" in kinds_after_first_lock(LIFE["none"][0])  # refused while s
 assert [k for k in kinds_after_first_lock(LIFE["reserve"][0]) if k != "lock"] == []  # nothing after the lock
 assert [k for k in kinds_after_first_lock(LIFE["dummy_run"][0]) if k != "lock"] == []
 assert {"unlock", "resize"} <= set(kinds_after_first_lock(LIFE["replay_aware"][0]))  # grows by unlocking
+phases = [name for name, _ in LIFE["reserve"][1]]
+assert phases.index("profile_run") < phases.index("build_backend") < phases.index("capture")  # vLLM 0.33's order
 print({n: fmt_mb(v[3]) for n, v in LIFE.items()}, "at the end;",
       "after the first lock:", {n: kinds_after_first_lock(v[0]) for n, v in LIFE.items()})
 

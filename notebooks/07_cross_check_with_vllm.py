@@ -70,7 +70,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "cpu"  # this notebook is CPU-only: vLLM's Python classes, never its kernels
+check_device(DEVICE, ("cpu",), "07", "it runs vLLM's Python classes, never its kernels")
 USE_RECORDED = True  # without vLLM, show the recorded parity results (under a banner)
 USE_VLLM = True  # run vLLM's classes live when vllm is importable
 PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/presets)
@@ -79,14 +82,13 @@ CACHED_LEN = None  # cached tokens before the long continuation chunk; None: the
 # %%
 from tqlab import vllm as vt
 from tqlab.predict import report as rp
+from tqlab.predict.analysis import unfixed_locked_bytes
 from tqlab.core.config import EngineConfig, load_preset
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.lab.recorded import show_parity_banner
 from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes
 from tqlab.core.workspace import compute_layout, format_mb
 
-if DEVICE != "cpu":
-    print(f"DEVICE={DEVICE!r} ignored: this notebook only runs vLLM's Python classes, on the CPU")
 LIVE = USE_VLLM and vllm_available()
 config = EngineConfig.from_preset(PRESET)
 recorded_prov, recorded = (None, None)
@@ -114,7 +116,7 @@ print(f"mode: {'LIVE, vLLM ' + str(vllm_version()) if LIVE else 'recorded result
 
 # %%
 PROMPT = load_preset(PRESET)["default_prompt_tokens"]  # the bug report's "~8K tokens" prompt
-first = rp.predict(config, [PROMPT]).requests[0].first_refused_unfixed  # the call vLLM dies on
+first = rp.consumer_report(config, [PROMPT]).requests[0].first_refused_unfixed  # the call vLLM dies on
 if not LIVE:  # the recorded runs used one cached length: predict for that one
     rec_cached = {r["vllm"]["cached_len"] for r in recorded["test_seed_scenario_table:rows"]}
     assert len(rec_cached) == 1, rec_cached
@@ -123,11 +125,11 @@ if not LIVE:  # the recorded runs used one cached length: predict for that one
     CACHED_LEN = min(rec_cached)
 CACHED_LEN = first.cached_len if CACHED_LEN is None else CACHED_LEN
 HK, D = config.num_kv_heads_per_rank, config.head_dim
-LOCKED = rp.locked_bytes_without_fix(config)  # decode at the largest captured batch
+LOCKED = unfixed_locked_bytes(config)  # decode at the largest captured batch
 ONE_ROW = compute_layout(decode_workspace_shapes(1, config.num_heads_per_rank, D, config.tq_max_kv_splits_for_cuda_graph,
                                                  config.dtype)).total_bytes
 CONT = compute_layout(continuation_workspace_shapes(CACHED_LEN, HK, D, config.block_size)).total_bytes
-FIXED = rp.predict(config).locked_fixed  # with PR #44053's reservation
+FIXED = rp.consumer_report(config).locked_fixed  # with PR #44053's reservation
 TAIL = f"requires {format_mb(CONT)} MB, current size is {format_mb(LOCKED)} MB. Workspace growth is not allowed after locking."
 show_md(markdown_table(
     ["prediction", "bytes", "MiB"],

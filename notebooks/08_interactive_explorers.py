@@ -40,7 +40,10 @@
 # explorers' numbers with `assert`s.
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "meta"  # where the lifecycle stepper builds its engines ("meta" = shapes only, seconds)
+check_device(DEVICE, ("meta", "cpu", "cuda"), "08")  # one clear line for any other DEVICE
 USE_RECORDED = False  # nothing in this notebook needs a GPU: every number is computed live
 PLANNER_PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment (data/presets/)
 STEPPER_PRESET = "pr-44053-unit-test"  # small and fast on the meta device
@@ -64,19 +67,24 @@ layout_ui = tw.layout_explorer()
 layout_ui
 
 # %% [markdown]
-# **Predict, then run.** The default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head size 128):
-# the first view is 16·8·4·129 float32 = 264,192 bytes, a multiple of 256, so no padding; the second,
-# 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 = 512 bytes. Every offset is a
-# multiple of 256 and the total is the sum.
+# **Predict, then run.** For the default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head
+# size 128), how many bytes is each of the three views, which of them needs padding to the 256-byte
+# alignment, and what is the total?
 
 # %%
-from tqlab.core.workspace import compute_layout  # noqa: E402
+from tqlab.core.workspace import compute_layout
 
 lay = compute_layout(tw.default_layout_requests())
 assert lay.nbytes == (16 * 8 * 4 * 129 * 4, 16 * 8 * 128 * 2, 16 * 8 * 4)
 assert all(o % 256 == 0 for o in lay.offsets) and lay.padding == (0, 0, 0)
 assert lay.total_bytes == sum(lay.nbytes)
 print(f"offsets {lay.offsets}, total {lay.total_bytes:,} bytes, as predicted")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). The default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head size 128):
+# the first view is 16·8·4·129 float32 = 264,192 bytes, a multiple of 256, so no padding; the second,
+# 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 = 512 bytes. Every offset is a
+# multiple of 256 and the total is the sum.
 
 # %% [markdown]
 # ## 2 · Reservation planner
@@ -141,9 +149,8 @@ display(Markdown(
 # %% [markdown]
 # ## The boundary, run on the engine
 #
-# **Predict, then run.** One token either side of the planner's prediction, without the fix: the shorter
-# prompt ends in a short continuation chunk (decode kernel, no workspace call) and is served; the predicted
-# one ends in a continuation prefill and crashes.
+# **Predict, then run.** One token either side of the planner's prediction, without the fix: which of the
+# two prompts is served, and which path does each one's last chunk take?
 
 # %%
 edge = [tw.lifecycle_trace(stepper_cfg, n, False, device=DEVICE) for n in (predicted - 1, predicted)]
@@ -156,3 +163,8 @@ display(Markdown("\n".join(
     f"**{'crashed' if t.crashed else 'served'}**"
     for t, s in zip(edge, last_chunk)
 )))
+
+# %% [markdown]
+# **Answer** (checked by the cell above). One token either side of the planner's prediction, without the fix: the shorter
+# prompt ends in a short continuation chunk (decode kernel, no workspace call) and is served; the predicted
+# one ends in a continuation prefill and crashes.

@@ -55,7 +55,10 @@ print(
 )
 
 # %% tags=["parameters"]
+from tqlab.lab.recorded import check_device
+
 DEVICE = "meta"  # where the engines run: "meta" (shapes only, fast), "cpu" or "cuda" (real attention, slow)
+check_device(DEVICE, ("meta", "cpu", "cuda"), "09")  # one clear line for any other DEVICE
 USE_RECORDED = False  # nothing here needs a GPU: every number is computed live
 
 # %%
@@ -112,7 +115,7 @@ for name, c in configs.items():
 for name in (PRESET, "pr-44053-unit-test"):  # every layer and every batch size: the same size
     assert LLMEngine(configs[name], fix=False, device=device).locked_bytes == locked[name]
 show_md(markdown_table(("preset", "capture sizes", "decode rows at the lock", "predicted (bytes)",
-                        "engine locked (bytes)", "MB"), rows))
+                        "engine locked (bytes)", "MiB"), rows))
 
 # %% [markdown]
 # ## 2 · The longest prompt that survives alone
@@ -142,7 +145,7 @@ for name, c in configs.items():
 
 show_md(
     markdown_table(
-        ("preset", "locked (MB)", "longest surviving prompt", "max_model_len", "share", "first failing chunk", "it needs (MB)"),
+        ("preset", "locked (MiB)", "longest surviving prompt", "max_model_len", "share", "first failing chunk", "it needs (MiB)"),
         [
             (s["name"], format_mb(s["locked"]), f"{s['longest']:,}", f"{s['cfg'].max_model_len:,}",
              f"{100 * s['longest'] / s['cfg'].max_model_len:.1f} %", s["path"],
@@ -173,8 +176,8 @@ for s in survey:
         if not c.enable_chunked_prefill or c.max_num_batched_tokens >= c.max_model_len:
             why = "one chunk covers the whole context, so no continuation prefill ever happens"
         else:
-            why = (f"its locked decode scratch ({format_mb(s['locked'])} MB, `max_num_seqs` = {c.max_num_seqs}) "
-                   f"already exceeds the dequant buffers at `max_model_len` ({format_mb(cont)} MB)")
+            why = (f"its locked decode scratch ({format_mb(s['locked'])} MiB, `max_num_seqs` = {c.max_num_seqs}) "
+                   f"already exceeds the dequant buffers at `max_model_len` ({format_mb(cont)} MiB)")
         reasons.append(f"- **{s['name']}** survives every prompt: {why}.")
     else:
         cached, q = prefill_chunks(c, s["bad"])[-1]
@@ -182,7 +185,7 @@ for s in survey:
         s_path = chunk_workspace_request(c, s_cached, s_q).path
         reasons.append(
             f"- **{s['name']}** fails on the dequant buffers of a continuation chunk of {q} new tokens once "
-            f"cached_len reaches {cached:,} tokens ({format_mb(s['need'])} MB > {format_mb(s['locked'])} MB). "
+            f"cached_len reaches {cached:,} tokens ({format_mb(s['need'])} MiB > {format_mb(s['locked'])} MiB). "
             f"Its longest survivor ({s['longest']:,} tokens) ends in a chunk of {s_q} new tokens after "
             f"{s_cached:,} cached: the `{s_path}` path, which makes no workspace call."
         )
@@ -214,9 +217,8 @@ show_md(f"Survive every prompt without the fix: **{', '.join(sorted(survivors))}
 # code, and tqlab's backend does the same). So a prompt one chunk plus the threshold long is
 # served; one token more and its second chunk dequantizes.
 #
-# **Predict, then run.** On the bug report's preset, the longest surviving prompt completes
-# without a single workspace event after the lock, its last chunk on the decode-kernel
-# path; one token more kills the engine.
+# **Predict, then run.** On the bug report's preset, does the longest surviving prompt touch the
+# workspace after the lock? Which path does its last chunk take? What does one token more do?
 
 # %%
 row = next(s for s in survey if s["name"] == PRESET)
@@ -245,6 +247,11 @@ except WorkspaceLockedError as exc:
     show_error(exc, f"{row['bad']:,} tokens: one more than the longest survivor (caught)")
 else:
     raise AssertionError("the first failing prompt was served")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). On the bug report's preset, the longest surviving prompt completes
+# without a single workspace event after the lock, its last chunk on the decode-kernel
+# path; one token more kills the engine.
 
 # %% [markdown]
 # ## 4 · A busy server fails far earlier
@@ -354,8 +361,8 @@ show_md(f"**{n_bad - 1:,} tokens, the same schedule:** served ({'; '.join(steps_
 #
 # **Predict, then run.** With PR #44053, the metadata builder reserves the largest call each
 # consumer can make for `max_model_len` before the lock (notebook 03 shows what and what it
-# costs). Predict: for every preset, no prompt fails alone, the busy-server bound reaches
-# `max_model_len`, and both crashes above are served.
+# costs). For how many presets does some prompt still fail alone? How far does the busy-server bound
+# reach? Are the two crashes above served?
 
 # %%
 fixed_rows = []
@@ -364,7 +371,7 @@ for name, c in configs.items():
     assert first_failing_prompt(c, with_fix) is None
     assert safe_max_model_len(c, with_fix, schedule="any") == c.max_model_len
     fixed_rows.append((name, format_mb(locked[name]), format_mb(with_fix), f"{c.max_model_len:,}"))
-show_md(markdown_table(("preset", "locked without the fix (MB)", "with the fix (MB)", "safe max_model_len with the fix"),
+show_md(markdown_table(("preset", "locked without the fix (MiB)", "with the fix (MiB)", "safe max_model_len with the fix"),
                        fixed_rows))
 
 fixed = LLMEngine(cfg, fix=True, device=device)
@@ -372,7 +379,13 @@ assert fixed.generate(row["bad"], max_tokens=1).finished  # the first failing pr
 steps_fixed, err_fixed = serve_behind(cfg, n_bad, fix=True)
 assert err_fixed is None  # and the busy-server one
 show_md(f"With the fix, {PRESET} serves the {row['bad']:,}-token prompt alone and the {n_bad:,}-token prompt "
-        f"behind another request; it locked {format_mb(fixed.locked_bytes)} MB instead of {format_mb(locked[PRESET])} MB.")
+        f"behind another request; it locked {format_mb(fixed.locked_bytes)} MiB instead of {format_mb(locked[PRESET])} MiB.")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). With PR #44053, the metadata builder reserves the largest call each
+# consumer can make for `max_model_len` before the lock (notebook 03 shows what and what it
+# costs). Predict: for every preset, no prompt fails alone, the busy-server bound reaches
+# `max_model_len`, and both crashes above are served.
 
 # %% [markdown]
 # ## Next

@@ -106,7 +106,7 @@ def pytest_runtest_logreport(report):
 def _git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 

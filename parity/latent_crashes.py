@@ -57,7 +57,7 @@ def check_flash_attn_dcp_piecewise() -> dict:
     from vllm.v1.worker import gpu_model_runner
     from vllm.v1.worker.cp_utils import get_dcp_dummy_context_len
 
-    from test_consumers_parity import _dcp_forward, _flash_attn_impl  # noqa: PLC0415 (parity helpers)
+    from test_consumers_parity import _flash_attn_impl
 
     src = inspect.getsource(gpu_model_runner.GPUModelRunner._dummy_run)
     metadata_rule = "if force_attention or cudagraph_runtime_mode == CUDAGraphMode.FULL:" in src

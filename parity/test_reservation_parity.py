@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tqlab.core.config import KV_CACHE_DTYPES, EngineConfig, list_presets
 from tqlab.core.reservation import plan_bytes, reservation_plan, reserve_workspace
 from tqlab.vllm import fake_vllm_configs, vllm_reservation_calls
-from tqlab.predict.report import predict
+from tqlab.predict.report import consumer_report as predict
 from tqlab.core.workspace import WorkspaceManager
 
 TQ_DTYPES = [k for k in KV_CACHE_DTYPES if k.startswith("turboquant_")]

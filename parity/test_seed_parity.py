@@ -136,7 +136,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from tqlab.core.reservation import chunk_workspace_request  # noqa: E402
-from tqlab.predict.report import locked_bytes_without_fix  # noqa: E402
+from tqlab.predict.analysis import unfixed_locked_bytes as locked_bytes_without_fix  # noqa: E402
 
 _PRED: list[bool] = []
 
@@ -209,7 +209,7 @@ def test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill(record):
     res = run_vllm_seed_scenario(cfg, cached_len=4096, q_len=200, fixed=True)
     assert res.error is not None and res.error.endswith(SEED_TAIL)
     assert "_continuation_prefill" in res.error
-    from tqlab.predict.report import predict
+    from tqlab.predict.report import consumer_report as predict
 
     assert predict(cfg).fixed_safe_any_schedule == 656  # hits are whole blocks: 528 cached + 129 new overflows
     record("vllm", res.error)

@@ -204,14 +204,16 @@ def test_hybrid_block_size_equals_vllms(kind, kv, tp, spec, block):
     hk, d = (4, 256) if kind == "gdn" else (8, 128)
     text = {"num_attention_heads": 32, "num_key_value_heads": hk, "head_dim": d, "num_hidden_layers": 8,
             "max_position_embeddings": 65536, "torch_dtype": "bfloat16"}
+    top: dict = {}
     if kind == "gdn":
         text.update(GDN, full_attention_interval=4, mamba_ssm_dtype="float32")
-    else:
+    else:  # vLLM's float32 SSM default follows the architecture (MODELS_CONFIG_MAP), as in a real Nemotron-H config
         text.update(MAMBA2, hybrid_override_pattern="M*M-M*M-")
+        top["architectures"] = ["NemotronHForCausalLM"]
     line = f"vllm serve M -tp {tp} --kv-cache-dtype {kv} --block-size {block}"
     if spec:
         line += f" --speculative-config '{{\"num_speculative_tokens\": {spec}}}'"
-    ours = deployment_from_vllm(line, {"text_config": text}).config.block_size
+    ours = deployment_from_vllm(line, {**top, "text_config": text}).config.block_size
     assert ours == _vllm_hybrid_block(kind, text, kv=kv, tp=tp, hk=hk, d=d, block=block, spec=spec)
 
 

@@ -66,7 +66,8 @@ def test_locked_empty_first_decode_needs_802048_bytes():
 
 
 MTP_LIKE = dict(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1,
-                max_model_len=1024, max_num_batched_tokens=1024)
+                max_model_len=1024, max_num_batched_tokens=1024,
+                turboquant_backend_on_unquantized=True)  # TurboQuant's consumers on an auto cache (teaching variant)
 
 
 def test_locked_empty_kind_in_the_engine_lock_on_eager_variant():
@@ -276,7 +277,7 @@ def test_continuation_rounds_to_the_2080_token_page(cached, rounded):
     assert shape_k == shape_v == (1, 2, rounded, 128)
     assert dt_k == dt_v == torch.float16
     c = EngineConfig(num_attention_heads=16, num_key_value_heads=2, head_dim=128, block_size=2080,
-                     max_model_len=8320, max_num_seqs=1, max_num_batched_tokens=4096)
+                     max_model_len=8320, max_num_seqs=1, max_num_batched_tokens=4096, turboquant_backend_on_unquantized=True)
     req = chunk_workspace_request(c, cached, 200)
     assert req.path == "continuation" and req.shapes[0][0] == (1, 2, rounded, 128)
     assert req.nbytes == 2 * rounded * 2 * 128 * 2

@@ -109,7 +109,8 @@ config_json = st.one_of(
             "rope_scaling": st.fixed_dictionaries({"rope_type": st.sampled_from(["dynamic", "yarn"]), "factor": junk}),
         },
     ).map(lambda d: json.dumps(d)),
-    st.builds(lambda d: json.dumps({"text_config": d}), st.dictionaries(st.sampled_from(["num_attention_heads", "head_dim"]), junk, max_size=2)),
+    st.builds(lambda d: json.dumps({"text_config": d}),
+              st.dictionaries(st.sampled_from(["num_attention_heads", "head_dim"]), junk, max_size=2)),
     st.builds(lambda base, extra: json.dumps({**base, **extra}),  # issue 22: each config family vLLM reads its own way
               st.sampled_from([
                   {"model_type": "chatglm", "num_layers": 8, "hidden_size": 4096, "num_attention_heads": 32,

@@ -98,6 +98,20 @@ def test_first_refused_call_says_whether_it_fits_with_the_fix():
         "split-KV decode", 536_832, False, True)  # 536,832 B > 100,000 B at lock, <= 536,870,912 B reserved
 
 
+def test_a_measured_lock_size_is_the_top_level_lock_too():
+    """``--locked-bytes`` drives the whole report: the top-level verdict and first failing prompt are the same
+    as the per-consumer prediction's (before, the top level kept the computed 137,396,224 B and said 41,089)."""
+    from tqlab.predict.report import inspect_vllm
+
+    rep = inspect_vllm("vllm serve M", preset=LLAMA, locked_bytes=200_000_000, quiet=True)
+    pred = rep["prediction"]
+    assert (rep["locked_bytes"], rep["locked_source"]) == (200_000_000, "measured")
+    assert pred["locked_unfixed_bytes"] == 200_000_000
+    assert rep["first_failing_prompt_tokens"] == pred["first_failing_prompt"] == 49_281
+    assert rep["safe_max_model_len_alone"] == pred["safe_max_model_len_alone"]
+    assert rep["first_refused_call"]["current_bytes"] == 200_000_000
+
+
 def test_messages_validate_first_and_name_flags():
     import torch
 

@@ -30,7 +30,7 @@ from tqlab.core.reservation import (
     plan_bytes,
     reservation_plan,
 )
-from tqlab.predict.analysis import workspace_bytes_for_prompt
+from tqlab.predict.analysis import predict, workspace_bytes_for_prompt
 from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, reset_workspace_manager, ubatch_context
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
@@ -150,7 +150,7 @@ def test_nemotron_without_fix_serves_prompts_up_to_4224_tokens():
 
 def test_without_fix_on_cpu_the_crash_is_the_same():
     c = EngineConfig.from_preset(PR_TEST, max_model_len=1280, max_num_batched_tokens=512, max_num_seqs=4,
-                                 kv_cache_dtype="auto")
+                                 kv_cache_dtype="auto", turboquant_backend_on_unquantized=True)  # teaching variant
     engine = LLMEngine(c, fix=False, device="cpu", kv_cache_tokens=1280)
     locked = engine.locked_bytes
     # only the decode capture at 4 rows: (4,8,4,129) f32 + (4,8,128) f16 + (4,8) f32 -> 256
@@ -219,7 +219,7 @@ def test_nemotron_with_fix_serves_the_8192_prompt_on_meta():
 # prefill in an early chunk shows up in the final logits. max_num_seqs 4 keeps the
 # decode capture short; the fp16 ("auto") cache is the backend boundary's baseline.
 CPU_CONFIG = dict(max_model_len=2304, max_num_batched_tokens=1024, max_num_seqs=4, num_hidden_layers=2,
-                  kv_cache_dtype="auto")
+                  kv_cache_dtype="auto", turboquant_backend_on_unquantized=True)  # TurboQuant's consumers, fp16 cache
 
 # Tolerance. Every difference from TinyModel.reference_forward (float32, dense, one
 # pass) comes from storing K/V in the float16 cache and float16 dequant buffers, and
@@ -352,7 +352,8 @@ def test_capture_froze_the_final_workspace_pointers_with_the_fix(cpu_engine):
 # so the float16 dequant buffers are exact and only float32 summation order differs
 # (~1e-6 here): atol 2e-5 / rtol 1e-4.
 SMALL = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32, block_size=16, dtype="float32",
-             max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024, tq_max_kv_splits_for_cuda_graph=4)
+             max_model_len=1024, max_num_seqs=4, max_num_batched_tokens=1024, tq_max_kv_splits_for_cuda_graph=4,
+             turboquant_backend_on_unquantized=True)  # the consumers' paths on an unquantized cache
 
 
 def _fp16_exact(*shape, gen):
@@ -431,7 +432,8 @@ def test_eager_mode_never_locks_as_in_vllm_033(fix):
     assert [e.kind for e in engine.workspace.events if e.kind in ("lock", "unlock")] == []
     assert engine.workspace.size_bytes() == (plan_bytes(reservation_plan(c)) if fix else 0)
     assert engine.generate(16, max_tokens=2).finished  # the decode grows the workspace: no assertion
-    assert engine.prediction.verdict == "never_locked"
+    assert predict(c, fix=fix).verdict == "never_locked"  # the predictor, beside the engine
+    assert not hasattr(engine, "prediction")  # the engine stores no prediction
 
 
 @pytest.mark.parametrize("fix", [True, False])
@@ -442,7 +444,7 @@ def test_lock_on_eager_variant_locks_what_eager_start_up_grew(fix):
     assert engine.workspace.is_locked()
     assert [e.kind for e in engine.workspace.events if e.kind in ("lock", "unlock")] == ["lock"]
     expected = plan_bytes(reservation_plan(c)) if fix else 0
-    assert engine.locked_bytes == expected == engine.prediction.locked_bytes
+    assert engine.locked_bytes == expected == predict(c, fix=fix).locked_bytes
     if not fix:
         # locked empty: the first decode after the prefill cannot grow it
         with pytest.raises(WorkspaceLockedError) as ei:

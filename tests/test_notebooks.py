@@ -270,6 +270,20 @@ def test_kernel_running_another_interpreter_is_refused(tmp_path, monkeypatch):
         str(Path(sys.prefix) / "share" / "jupyter"), str(tmp_path)]
 
 
+def test_kernel_of_this_venv_reached_through_a_linked_folder_is_accepted(tmp_path, monkeypatch):
+    """A worktree whose ``.venv`` links to another checkout's venv runs the same interpreter."""
+    (tmp_path / "venvlink").symlink_to(Path(sys.executable).absolute().parent, target_is_directory=True)
+    spec = tmp_path / "kernels" / "linked"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [str(tmp_path / "venvlink" / Path(sys.executable).name), "-m", "ipykernel_launcher",
+                 "-f", "{connection_file}"],
+        "display_name": "linked", "language": "python",
+    }))
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path))
+    assert rn.resolve_kernel("linked")[0] == "linked"
+
+
 # --------------------------------------------------------------------------- storage checks
 def test_clean_check_finds_outputs_and_strip_removes_them(tmp_path):
     path = _write_pair(tmp_path, "01_dirty", "# %%\nprint(1)\n\n# %%\nx = 2\n")

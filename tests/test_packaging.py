@@ -23,7 +23,6 @@ import yaml
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import Version
 
 try:
     import tomllib
@@ -235,3 +234,47 @@ def test_ci_script_runs_make_test_strictly():
     assert re.search(r"^make test\b", script, re.M) or re.search(r"\bmake\b.*\btest\b", script)
     syntax = subprocess.run(["bash", "-n", str(ROOT / ".ci" / "run")], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
+
+
+def _readme_arrows() -> set[tuple[str, str]]:
+    """``(from, to)`` of every arrow in README.md's mermaid diagram (node ids: package names, ``nb``)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("```mermaid", 1)[1].split("```", 1)[0]
+    arrows = set()
+    for line in block.splitlines():
+        if "-->" not in line:
+            continue
+        src, dst = line.split("-->", 1)
+        src_id = src.strip().split("[", 1)[0]
+        for d in dst.split("&"):
+            arrows.add((src_id, d.strip().split("[", 1)[0]))
+    return arrows
+
+
+def _real_arrows() -> set[tuple[str, str]]:
+    """Package-level imports between tqlab's first-level packages, and from the notebooks (``nb``)."""
+    import ast
+
+    import grimp
+
+    def pkg(module: str) -> str:
+        parts = module.split(".")
+        return parts[1] if len(parts) > 1 else "tqlab"
+
+    graph = grimp.build_graph("tqlab")
+    real = {(pkg(m), pkg(i)) for m in graph.modules for i in graph.find_modules_directly_imported_by(m)}
+    real = {(a, b) for a, b in real if a != b and a != "__main__"}
+    for nb in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"):
+        for node in ast.walk(ast.parse(nb.read_text())):
+            names = ([node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) and node.module else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            real |= {("nb", pkg(n)) for n in names if n.startswith("tqlab.")}
+    return real
+
+
+def test_readme_diagram_names_exactly_the_real_imports():
+    """Every arrow of README.md's diagram is a real import, and every real arrow is drawn (issue 18)."""
+    drawn, real = _readme_arrows(), _real_arrows()
+    assert drawn - real == set(), f"arrows drawn that no import makes: {sorted(drawn - real)}"
+    assert real - drawn == set(), f"imports the diagram does not draw: {sorted(real - drawn)}"

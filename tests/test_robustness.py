@@ -15,7 +15,7 @@ from tqlab.cli import app
 from tqlab.core.config import EngineConfig
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.engine.scheduler import BlockPool, Scheduler
-from tqlab.core.reservation import chunk_workspace_request, reservation_plan
+from tqlab.core.reservation import chunk_workspace_request
 from tqlab.predict.analysis import first_failing_prompt, workspace_bytes_for_prompt
 from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager
 
@@ -119,8 +119,6 @@ def test_reservation_helpers_validate_their_inputs(nemo1):
         workspace_bytes_for_prompt(nemo1, 10**6)
     with pytest.raises(ValueError, match="q_len"):
         chunk_workspace_request(nemo1, 100, 0)
-    with pytest.raises(TypeError, match="EngineConfig"):
-        reservation_plan({"max_num_seqs": 4})
     with pytest.raises(ValueError, match="multiple must be > 0"):
         ws.round_up(5, 0)
 

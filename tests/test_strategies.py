@@ -30,7 +30,7 @@ from tqlab.core.workspace import WorkspaceLockedError, format_mb, rewarm_workspa
 
 TINY = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, num_hidden_layers=1, max_model_len=1024,
             max_num_seqs=2, max_num_batched_tokens=256, block_size=16, dtype="float32",
-            tq_max_kv_splits_for_cuda_graph=4)
+            tq_max_kv_splits_for_cuda_graph=4, turboquant_backend_on_unquantized=True)  # consumers on an auto cache
 SEED_PROMPT, LONG_PROMPT, DECODE_STEPS = 512, 1015, 8  # 512 = 2 chunks (the seed's 8K prompt, scaled); 1015+9 = 1024
 
 

@@ -9,12 +9,12 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import matplotlib.pyplot as plt
+import pytest
+import torch
 
-from tqlab.lab import display, plots_workspace as plots  # noqa: E402
-from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, rewarm_workspace, ubatch_context  # noqa: E402
+from tqlab.lab import display, plots_workspace as plots
+from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, rewarm_workspace, ubatch_context
 
 
 @pytest.fixture(autouse=True)

@@ -212,7 +212,8 @@ def test_cudagraph_speculative_and_attention_config_at_dict_level():
      "--speculative-config num_speculative_tokens must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got 0"),
     ("""vllm serve M --speculative-config '{"num_speculative_tokens":2.5}'""",
      "--speculative-config num_speculative_tokens must be an integer, got 2.5"),
-    ("vllm serve M -ac.tq_max_kv_splits_for_cuda_graph x", "--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got 'x'"),
+    ("vllm serve M -ac.tq_max_kv_splits_for_cuda_graph x",
+     "--attention-config tq_max_kv_splits_for_cuda_graph must be an integer, got 'x'"),
 ])
 def test_bad_config_values_are_one_line_errors(line, msg):
     with pytest.raises(VllmArgsError) as e:

@@ -19,7 +19,10 @@ import torch
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes, plan_bytes, reservation_plan
 from tqlab.vllm import WorkspaceTracer, engine_config_from_vllm, parse_engine_args, run_seed_scenario
-from tqlab.predict.report import DECODE, DEQUANT_CHUNK, SHORT_CHUNK, bug_report_max_num_batched_tokens, chunk_shapes, inspect_vllm, locked_bytes_without_fix, predict, safe_max_model_len
+from tqlab.predict.analysis import safe_max_model_len
+from tqlab.predict.analysis import unfixed_locked_bytes as locked_bytes_without_fix
+from tqlab.predict.report import DECODE, DEQUANT_CHUNK, SHORT_CHUNK, bug_report_max_num_batched_tokens, chunk_shapes, inspect_vllm
+from tqlab.predict.report import consumer_report as predict
 from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, ubatch_context
 
 MiB = 1 << 20

@@ -250,8 +250,11 @@ def test_reservation_planner_follows_its_sliders():
     assert ui.result.config.num_heads_per_rank == 4 and ui.result.consumers[0][2] == unfixed_locked_bytes(
         ui.result.config)
 
-    ui.kv_cache_dtype.value = "auto"
+    ui.kv_cache_dtype.value = "auto"  # vLLM runs another backend: no TurboQuant consumer, nothing to reserve or refuse
     assert ui.result.config.kv_cache_dtype == "auto"
+    assert (ui.result.consumers, ui.result.unfixed_locked_bytes, ui.result.first_failing_unfixed) == ((), 0, None)
+    assert ui.result.prediction.verdict == "ok"
+    ui.kv_cache_dtype.value = "turboquant_k8v4"
     ui.block_size.value = 2080
     assert ui.result.consumers[1][1][0][0] == (1, 2, 16640, 128)  # round_up(16383, 2080)
 

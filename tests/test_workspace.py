@@ -823,3 +823,16 @@ def test_views_are_aligned_in_bounds_and_disjoint(calls, slots):
         for i, v in enumerate(views):
             if v.numel():
                 assert torch.all(v.reshape(-1).view(u8) == i + 1)
+
+
+def test_clear_caches_forgets_layouts_and_views_but_keeps_buffer_size_and_lock():
+    """The public way to time a cold call (strategies.allocator): same buffer, fresh layout and views."""
+    m = WorkspaceManager(torch.device("cpu"))
+    shapes = (((4, 8), torch.float32), ((3,), torch.float16))
+    first = m.get_simultaneous(*shapes)
+    m.lock()
+    ptr, size = m.data_ptrs(), m.size_bytes()
+    m.clear_caches()
+    again = m.get_simultaneous(*shapes)
+    assert again[0] is not first[0] and again[0].data_ptr() == first[0].data_ptr()
+    assert (m.data_ptrs(), m.size_bytes(), m.is_locked()) == (ptr, size, True)

@@ -30,7 +30,6 @@ from hypothesis import strategies as st
 import tqlab.core.workspace as wsmod
 from tqlab.core.workspace import (
     ALIGNMENT,
-    MAX_BYTES,
     WorkspaceLockedError,
     WorkspaceManager,
     compute_layout,

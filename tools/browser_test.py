@@ -361,7 +361,7 @@ def _finish(rep: NotebookReport, t0: float, page, out: Path, stem: str) -> Noteb
         try:
             page.screenshot(path=str(out / f"{stem}.png"), full_page=True)
             rep.screenshots.append(f"{stem}.png")
-        except Exception:  # noqa: BLE001 - best effort on a failed page
+        except Exception:
             pass
     rep.seconds = round(time.monotonic() - t0, 1)
     rep.status = "pass" if not rep.problems else "fail"
@@ -439,12 +439,12 @@ def main(argv: list[str] | None = None) -> int:
                     page.on("pageerror", lambda e, sink=console_errors: sink.append(str(e)))
                     try:
                         rep = check_notebook(page, base, token, nb, out, args.notebook_timeout)
-                    except Exception as e:  # noqa: BLE001 - one notebook's failure must not stop the rest
+                    except Exception as e:
                         rep = NotebookReport(nb.name, problems=[f"{type(e).__name__}: {e}"[:500]])
                         try:
                             page.screenshot(path=str(out / f"{nb.stem}.png"), full_page=True)
                             rep.screenshots.append(f"{nb.stem}.png")
-                        except Exception:  # noqa: BLE001
+                        except Exception:
                             pass
                     if console_errors:
                         rep.problems.append(f"page errors: {console_errors[:3]}")
@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
                     page.close()
             finally:
                 browser.close()
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         print(f"browser-test: set-up failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     finally:

@@ -178,6 +178,14 @@ def use_interpreter_kernelspecs() -> None:
         os.environ["JUPYTER_PATH"] = os.pathsep.join([mine] + [p for p in parts if p != mine])
 
 
+def _venv_interpreter(exe: str) -> Path:
+    """``exe`` with its folder's symlinks resolved but not the file's own: a venv reached through a linked
+    folder (``wt/.venv -> main/.venv``) is the same environment, while ``.venv/bin/python`` (itself a link
+    to the system Python) stays distinct from the system interpreter."""
+    path = Path(exe).absolute()
+    return path.parent.resolve() / path.name
+
+
 def resolve_kernel(name: str) -> tuple[str, str]:
     """Return ``(name, interpreter)`` of kernel ``name``; check it is this Python.
 
@@ -198,7 +206,7 @@ def resolve_kernel(name: str) -> tuple[str, str]:
     exe = spec.argv[0]
     if exe in {"python", "python3", f"python{sys.version_info[0]}.{sys.version_info[1]}"}:
         exe = sys.executable  # jupyter_client substitutes the running interpreter
-    if Path(exe).absolute() != Path(sys.executable).absolute():
+    if _venv_interpreter(exe) != _venv_interpreter(sys.executable):
         raise ValueError(
             f"Jupyter kernel {name!r} runs {exe}, not this interpreter {sys.executable}; "
             f"re-register it (`make setup` after removing {Path(sys.prefix) / '.tqlab-setup-done'}) "

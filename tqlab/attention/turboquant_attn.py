@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from tqlab.core.workspace_layout import cdiv
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import (
     chunk_workspace_request,
@@ -81,7 +82,7 @@ class KVCacheFormat(Protocol):
 
 def _gather_tokens(paged: torch.Tensor, block_tables: torch.Tensor, num_tokens: int, block_size: int) -> torch.Tensor:
     """``paged`` is ``(num_blocks, Hk, block_size, X)``; returns ``(B, Hk, num_tokens, X)`` in logical order."""
-    nblk = -(-num_tokens // block_size)
+    nblk = cdiv(num_tokens, block_size)
     blocks = paged[block_tables[:, :nblk].long()]  # (B, nblk, Hk, bs, X)
     b, _, hk, bs, x = blocks.shape
     return blocks.permute(0, 2, 1, 3, 4).reshape(b, hk, nblk * bs, x)[:, :, :num_tokens]
@@ -132,7 +133,7 @@ def split_kv_decode_reference(
     if b == 0:
         return output
     group = hq // hk
-    per = max(1, -(-length // s))
+    per = max(1, cdiv(length, s))
     pad = per * s - length
     k = keys.repeat_interleave(group, dim=1)
     v = values.repeat_interleave(group, dim=1)
@@ -146,10 +147,10 @@ def split_kv_decode_reference(
     m = scores.amax(dim=-1, keepdim=True)  # (B, Hq, S, 1)
     m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
     p = torch.exp(scores - m_safe)
-    l = p.sum(dim=-1, keepdim=True)
+    denom = p.sum(dim=-1, keepdim=True)
     acc = torch.einsum("bhsl,bhsld->bhsd", p, v.view(b, hq, s, per, d))
-    part = torch.where(l > 0, acc / l.clamp_min(1e-30), torch.zeros_like(acc))
-    split_lse = torch.where(l > 0, m_safe + torch.log(l.clamp_min(1e-30)), torch.full_like(l, float("-inf")))
+    part = torch.where(denom > 0, acc / denom.clamp_min(1e-30), torch.zeros_like(acc))
+    split_lse = torch.where(denom > 0, m_safe + torch.log(denom.clamp_min(1e-30)), torch.full_like(denom, float("-inf")))
     mid_out[..., :d] = part
     mid_out[..., d] = split_lse.squeeze(-1)
     # Reduction across splits, reading back from the workspace.
@@ -336,6 +337,10 @@ class TurboQuantAttentionBackend:
         self.head_dim = config.head_dim
         self.scale = 1.0 / math.sqrt(config.head_dim)
         self.num_kv_splits = config.tq_max_kv_splits_for_cuda_graph
+        # vLLM 0.33 runs TurboQuant's backend only for a TurboQuant cache; for any other cache tqlab computes the
+        # same attention as a stand-in for vLLM's backend there, with its scratch in torch.empty buffers: it asks
+        # the workspace for nothing (unless the teaching variant turboquant_backend_on_unquantized is on).
+        self.uses_workspace = config.has_turboquant_consumers
         self.path_counts: dict[str, int] = {"prefill": 0, "decode": 0, "decode_kernel": 0, "continuation": 0}
         if config.num_speculative_tokens:
             self.path_counts["spec_verify"] = 0
@@ -355,7 +360,7 @@ class TurboQuantAttentionBackend:
         """
         b = query.shape[0]
         shapes = decode_workspace_shapes(b, self.num_heads, self.head_dim, self.num_kv_splits, self.config.dtype)
-        if use_workspace:
+        if use_workspace and self.uses_workspace:
             mid_out, output, lse = self.workspace.get_simultaneous(*shapes)
         else:
             mid_out, output, lse = (torch.empty(s, dtype=d, device=query.device) for s, d in shapes)
@@ -404,7 +409,10 @@ class TurboQuantAttentionBackend:
         long prompt asks for far more than decode capture ever did.
         """
         shapes = chunk_workspace_request(self.config, cached_len, query.shape[0]).shapes
-        k_buf, v_buf = self.workspace.get_simultaneous(*shapes)
+        if self.uses_workspace:
+            k_buf, v_buf = self.workspace.get_simultaneous(*shapes)
+        else:  # not TurboQuant's backend in vLLM: the buffers are this call's own
+            k_buf, v_buf = (torch.empty(s, dtype=d, device=query.device) for s, d in shapes)
         self.cache_format.dequant(cache, block_table_row, cached_len, k_buf, v_buf)
         k_cached = k_buf[0, :, :cached_len].transpose(0, 1)  # (cached, Hk, D)
         v_cached = v_buf[0, :, :cached_len].transpose(0, 1)

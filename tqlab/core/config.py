@@ -76,12 +76,13 @@ def is_turboquant(kv_cache_dtype: str) -> bool:
     return kv_cache_dtype in TURBOQUANT_KV_CACHE_DTYPES
 
 
-def check_kv_cache_dtype(kv_cache_dtype: Any, where: str = "kv_cache_dtype") -> str:
-    """``kv_cache_dtype`` if tqlab models it, else ``ValueError`` naming it, ``where`` it came from, and why."""
-    if kv_cache_dtype in KV_CACHE_DTYPES:
+def check_kv_cache_dtype(kv_cache_dtype: Any, where: str = "kv_cache_dtype", *, mla: bool = False) -> str:
+    """``kv_cache_dtype`` if tqlab models it (the MLA-only layouts only for a model with MLA, ``mla``), else
+    ``ValueError`` naming it, ``where`` it came from, and why."""
+    if kv_cache_dtype in KV_CACHE_DTYPES or (mla and kv_cache_dtype in MLA_ONLY_KV_CACHE_DTYPES):
         return kv_cache_dtype
     if kv_cache_dtype in MLA_ONLY_KV_CACHE_DTYPES:
-        why = "an MLA-only layout (vLLM 0.33: ds_mla layouts are MLA-only); tqlab models dense and hybrid attention"
+        why = "an MLA-only layout (vLLM 0.33: ds_mla layouts are MLA-only) and this model has no MLA"
     elif kv_cache_dtype in NOT_MODELLED_KV_CACHE_DTYPES:
         why = NOT_MODELLED_KV_CACHE_DTYPES[kv_cache_dtype]
     else:
@@ -189,12 +190,12 @@ class EngineConfig:
         block_size (16 tokens per KV-cache block), kv_cache_dtype (``auto`` or a
         TurboQuant preset), tq_max_kv_splits_for_cuda_graph (32: the fixed
         number of split-KV decode splits, vLLM's ``attention_config`` field).
-    Capture (vLLM 0.33 semantics, see :mod:`tqlab.predict.analysis`):
+    Capture (vLLM 0.33 semantics, see :mod:`tqlab.core.vllm_rules`):
         enforce_eager (False). True: no capture; vLLM 0.33 then never locks the
         workspace (``gpu_worker.py`` ``compile_or_warm_up_model`` skips
         ``capture_model``, the only ``lock_workspace()`` of the serving path).
         cudagraph_capture_sizes (None: vLLM's default list,
-        :func:`tqlab.predict.analysis.capture_sizes`), in tokens per captured batch.
+        :func:`tqlab.core.vllm_rules.capture_sizes`), in tokens per captured batch.
         cudagraph_mode (None: vLLM 0.33's default ``FULL_AND_PIECEWISE``; or
         one of :data:`CUDAGRAPH_MODES`; ``NONE`` captures nothing and never locks).
         max_cudagraph_capture_size (None: vLLM's default ceiling).
@@ -212,7 +213,7 @@ class EngineConfig:
         mamba_block_aligned_split (False): vLLM 0.33's ``Scheduler.need_mamba_block_aligned_split``,
         on for a hybrid model with prefix caching on (``mamba_cache_mode`` "align", vLLM's
         default there): a prefill chunk that is not the prompt's last ends on a multiple of
-        ``block_size`` (:func:`tqlab.predict.analysis.mamba_block_aligned_split`). Requires
+        ``block_size`` (:func:`tqlab.core.vllm_rules.mamba_block_aligned_split`). Requires
         ``block_size <= max_num_batched_tokens`` (the case tqlab models).
     Teaching variant (never set by a vLLM deployment reader):
         turboquant_backend_on_unquantized (False): run TurboQuant's backend and its two workspace
@@ -280,8 +281,8 @@ class EngineConfig:
         self._check_capture_fields()
         self._check_consumer_fields()
         object.__setattr__(self, "dtype", parse_dtype(self.dtype))
-        check_kv_cache_dtype(self.kv_cache_dtype)
-        if self.turboquant_backend_on_unquantized and self.kv_cache_dtype != "auto":
+        check_kv_cache_dtype(self.kv_cache_dtype, mla=self.mla is not None)
+        if self.turboquant_backend_on_unquantized and self.kv_cache_dtype != "auto" and not self.is_turboquant:
             raise ValueError(
                 "turboquant_backend_on_unquantized (a tqlab teaching variant) runs TurboQuant's backend on an "
                 f"unquantized cache: it needs kv_cache_dtype 'auto', got {self.kv_cache_dtype!r}"

@@ -47,7 +47,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "CONTINUATION_DECODE_THRESHOLD",
-    "check_config",
     "ChunkRequest",
     "Shapes",
     "chunk_workspace_request",
@@ -143,23 +142,13 @@ class ChunkRequest:
         return 0 if self.shapes is None else compute_layout(self.shapes).total_bytes
 
 
-def check_config(config: object) -> None:
-    """Raise ``TypeError`` unless ``config`` is a :class:`tqlab.core.config.EngineConfig`."""
-    from tqlab.core.config import EngineConfig
-
-    if not isinstance(config, EngineConfig):
-        raise TypeError(f"config must be a tqlab.core.config.EngineConfig, got {type(config).__name__}")
-
-
 def chunk_workspace_request(config: "EngineConfig", cached_len: int, q_len: int) -> ChunkRequest:
     """The workspace call a prefill chunk of ``q_len`` new tokens after ``cached_len`` cached ones makes.
 
     The attention backend decides its path with this function, so the
     predictor and the real run cannot disagree. Raises ``ValueError`` for
-    ``cached_len < 0`` or ``q_len < 1``, ``TypeError`` for a config that is
-    not an :class:`~tqlab.core.config.EngineConfig`.
+    ``cached_len < 0`` or ``q_len < 1``.
     """
-    check_config(config)
     positive_int("cached_len", cached_len, 0)
     positive_int("q_len", q_len, 1)
     if cached_len == 0:
@@ -183,13 +172,15 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
        continuation buffers at ``cached_len = max_model_len - 1`` (rounded up
        to ``block_size`` by the consumer's own formula).
 
-    tqlab's backend runs these consumers for every cache format (``auto``
-    copies instead of dequantizing), so the plan does too; in vLLM only the
-    TurboQuant backend has them. For ``pr-44053-unit-test``: ``[((16,8,4,129) f32, (16,8,128) f16, (16,8) f32),
+    Only TurboQuant's backend has these consumers (and this reservation): ``[]`` unless
+    :attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers` (a TurboQuant cache, or the
+    teaching variant ``turboquant_backend_on_unquantized``, whose ``auto`` cache copies instead of
+    dequantizing). For ``pr-44053-unit-test``: ``[((16,8,4,129) f32, (16,8,128) f16, (16,8) f32),
     ((1,4,8192,128) f16, (1,4,8192,128) f16)]``.
     """
-    check_config(config)
     batch = config.max_num_seqs if decode_batch is None else positive_int("decode_batch", decode_batch)
+    if not config.has_turboquant_consumers:
+        return []
     plan = [
         decode_workspace_shapes(
             batch, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype

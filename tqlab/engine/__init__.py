@@ -3,7 +3,7 @@
 - ``scheduler.py``    — requests, the KV block pool, chunked prefill (vLLM ``Scheduler``)
 - ``model_runner.py`` — a tiny real model, the KV caches, the profile run and
   decode capture (vLLM ``GPUModelRunner``)
-- ``llm_engine.py``   — the lifecycle: init workspace → build backend → profile →
+- ``llm_engine.py``   — the lifecycle: init workspace → load model → profile → build backend →
   capture → lock → serve (vLLM ``EngineCore`` / ``GPUWorker``)
 """
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from tqlab.predict.analysis import decode_capture_rows
+from tqlab.core.vllm_rules import decode_capture_rows
 from tqlab.attention import Fp16KVCache, TurboQuantKVCache, split_kv_decode_reference
 from tqlab.core.workspace import WorkspaceManager, current_ubatch_id, positive_int
 from tqlab.engine.model_runner import CaptureRecord

@@ -16,7 +16,7 @@ workspace size after it, in ``engine.phases``):
    ``determine_available_memory``'s ``profile_cudagraph_memory`` (after ``profile_run`` returned,
    via ``_init_minimal_kv_cache_for_profiling``) and again in ``GPUWorker.initialize_from_config``
 5. ``capture``         — one FULL uniform-decode dummy batch per decode capture size,
-   largest first (:func:`tqlab.predict.analysis.decode_capture_sizes`); skipped with
+   largest first (:func:`tqlab.core.vllm_rules.decode_capture_sizes`); skipped with
    ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
    metadata, so they ask the workspace for nothing
 6. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
@@ -25,8 +25,9 @@ workspace size after it, in ``engine.phases``):
    ``lock_workspace_when_eager`` is on
 7. serving             — ``add_request`` / ``step`` / ``generate``
 
-``engine.prediction`` is :func:`tqlab.predict.analysis.predict` for this config and fix: what the
-start-up and a request alone should do.
+The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and stores no prediction: the
+predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and ``tqlab repro`` and the
+tests compare the two from outside.
 
 A request whose chunk needs more workspace than was locked raises
 :class:`~tqlab.core.workspace.WorkspaceLockedError` out of ``step()``; the engine is
@@ -37,15 +38,17 @@ then dead, like vLLM's EngineCore, and every later call raises
 from __future__ import annotations
 
 import numbers
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
-from tqlab.predict.analysis import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace, predict
+from tqlab.core.workspace_layout import cdiv
 from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from tqlab.core.config import EngineConfig
+from tqlab.core.vllm_rules import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
 from tqlab.engine.model_runner import ModelRunner
 from tqlab.engine.scheduler import Request, Scheduler
@@ -155,7 +158,7 @@ class LLMEngine:
     ):
         self.config = config
         self.fix = fix
-        self.prediction = predict(config, fix=fix)  # also validates capture sizes as vLLM does (ValueError)
+        capture_sizes(config)  # ValueError where vLLM 0.33 refuses the capture sizes, before anything is built
         try:
             self.device = torch.device(device)
         except (TypeError, RuntimeError):
@@ -169,6 +172,9 @@ class LLMEngine:
         self.dead: BaseException | None = None
         self.outputs: dict[int, RequestOutput] = {}
         self._requests: dict[int, Request] = {}
+        # One step at a time, whole (issue 22: four threads stepping one engine produced 23 tokens
+        # for max_tokens=20); add_request takes it too, so a request never joins a step half-way.
+        self._serving = threading.RLock()
 
         if kv_cache_tokens is not None and (isinstance(kv_cache_tokens, bool) or not isinstance(kv_cache_tokens, int)
                                             or kv_cache_tokens < 1):
@@ -190,15 +196,17 @@ class LLMEngine:
             self.backend = TurboQuantAttentionBackend(config, self.workspace)
             bs = config.block_size
             tokens = kv_cache_tokens if kv_cache_tokens is not None else _default_kv_tokens(config, self.device)
-            num_blocks = -(-tokens // bs) + 1  # + the null block
-            self.max_blocks_per_seq = -(-config.max_model_len // bs)
+            num_blocks = cdiv(tokens, bs) + 1  # + the null block
+            self.max_blocks_per_seq = cdiv(config.max_model_len, bs)
             self.scheduler = Scheduler(config, num_blocks)
             self.runner = ModelRunner(config, self.backend, self.device, num_blocks, self.max_blocks_per_seq, seed=seed)
         profile_tokens = min(config.max_num_batched_tokens, config.max_model_len)
         with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
             self.runner.profile_run(profile_tokens)
         # vLLM 0.33: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
-        with self._phase("build_backend", "with _reserve_workspace() (PR #44053)" if fix else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)"):
+        note = ("with _reserve_workspace() (PR #44053)" if fix
+                else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)")
+        with self._phase("build_backend", note):
             self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
                                                      decode_batch=decode_batch_reservation)
             if (self.device.type == "cuda" and use_cuda_graphs and decode_capture_sizes(config)
@@ -270,9 +278,15 @@ class LLMEngine:
     def add_request(self, prompt: list[int] | torch.Tensor | int, max_tokens: int = 1) -> int:
         """Queue a prompt (token ids, or a length on the meta device / for synthetic ids). Returns its id.
 
+        Thread-safe: waits for a step running in another thread (see :meth:`step`).
+
         Raises ``ValueError`` for an empty prompt, ``max_tokens < 1``, or a request
         longer than ``max_model_len`` or the KV cache; ``EngineDeadError`` if dead.
         """
+        with self._serving:
+            return self._add_request(prompt, max_tokens)
+
+    def _add_request(self, prompt, max_tokens: int) -> int:
         self._check_alive()
         vocab = self.runner.model.vocab_size
         if isinstance(prompt, torch.Tensor):
@@ -308,7 +322,7 @@ class LLMEngine:
             raise ValueError(
                 f"prompt ({n} tokens) + max_tokens ({max_tokens}) = {total} exceeds max_model_len ({self.config.max_model_len})"
             )
-        blocks = -(-total // self.config.block_size)
+        blocks = cdiv(total, self.config.block_size)
         if blocks > self.scheduler.pool.num_blocks - 1:
             raise ValueError(
                 f"request needs {blocks} KV-cache blocks but the cache has {self.scheduler.pool.num_blocks - 1}; "
@@ -337,8 +351,18 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule and run one step. Returns the outputs that changed.
 
+        Safe to call from several threads: an engine-wide lock runs one step at a
+        time, whole (schedule, execute, record the sampled tokens), as vLLM's
+        EngineCore busy loop does (``vllm/v1/engine/core.py`` ``EngineCore.step``);
+        a thread that finds nothing left to do gets ``[]``. vLLM's ``LLMEngine``
+        itself has no such lock and is not meant to be stepped from several threads.
+
         Raises ``WorkspaceLockedError`` (the engine is then dead) or ``EngineDeadError``.
         """
+        with self._serving:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         self._check_alive()
         sched = self.scheduler.schedule()
         if sched.is_empty:

@@ -30,7 +30,7 @@ class WorkspaceClient(Protocol):
     def get_simultaneous(self, *shapes_and_dtypes: tuple[Sequence[int], torch.dtype]) -> list[torch.Tensor]: ...
 
 
-class set_workspace:  # noqa: N801 - used like torch.set_grad_enabled: a call or a with-block
+class set_workspace:
     """Route ``backend``'s workspace calls through ``client`` (the one way to put a wrapper in place).
 
     Takes effect at once. Used as ``with set_workspace(backend, client):`` it

@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from tqlab.core.workspace_layout import cdiv
 from tqlab.predict.analysis import decode_capture_rows, decode_rows_at_lock
 from tqlab.attention import TurboQuantAttentionBackend
 from tqlab.core.config import EngineConfig
@@ -202,7 +203,7 @@ def prepare_decode_batch(runner, batch: int, context_len: int, *, seed: int = 0)
     if ctx > cfg.max_model_len:
         raise ValueError(f"context_len {ctx} exceeds max_model_len {cfg.max_model_len}")
     bs = cfg.block_size
-    nper = -(-ctx // bs)
+    nper = cdiv(ctx, bs)
     num_blocks = runner.kv_caches[0].shape[0]
     if 1 + b * nper > num_blocks:
         raise ValueError(f"{b} requests of {ctx} tokens need {1 + b * nper} KV-cache blocks, the cache has {num_blocks}")
@@ -310,7 +311,8 @@ def pointer_stability_demo(config: EngineConfig, device: str | torch.device = "c
         cont = eng.backend.forward_prefill
         c = eng.config
         cached = min(c.max_model_len // 2, 200)
-        q = torch.zeros((c.max_num_batched_tokens, c.num_heads_per_rank, c.head_dim), dtype=eng.runner.model.compute_dtype, device=eng.device)
+        q = torch.zeros((c.max_num_batched_tokens, c.num_heads_per_rank, c.head_dim),
+                        dtype=eng.runner.model.compute_dtype, device=eng.device)
         kv = torch.zeros((q.shape[0], c.num_kv_heads_per_rank, c.head_dim), dtype=q.dtype, device=eng.device)
         cont(q, kv, kv, eng.runner.kv_caches[0], db.block_tables[0], cached_len=cached)
     return {

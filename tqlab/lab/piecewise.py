@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tqlab.core.workspace_layout import cdiv
 from tqlab.core.reservation import decode_workspace_shapes
 
 
@@ -173,7 +174,7 @@ class PiecewiseForward:
 def dynamic_num_splits(context_len: int, *, min_tokens_per_split: int = 64, max_splits: int = 32) -> int:
     """A context-dependent split plan (as an eager kernel might choose): one split per ``min_tokens_per_split``
     tokens, at most ``max_splits``. vLLM 0.33's TurboQuant backend does *not* do this: it fixes the count."""
-    return max(1, min(max_splits, -(-int(context_len) // min_tokens_per_split)))
+    return max(1, min(max_splits, cdiv(int(context_len), min_tokens_per_split)))
 
 
 def mid_out_bytes(batch: int, num_heads: int, head_dim: int, num_splits: int) -> int:

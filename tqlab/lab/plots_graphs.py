@@ -7,7 +7,8 @@ them runs anything. Bytes are in MB = 2**20 bytes (vLLM's "MB").
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 __all__ = ["plot_bucket_lanes", "plot_capture_resizes", "plot_forward_plans", "plot_graph_status", "plot_latency",
            "plot_pointer_steps", "plot_stale_replay"]

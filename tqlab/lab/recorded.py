@@ -3,6 +3,7 @@
 The files and their provenance are :mod:`tqlab.core.provenance` (re-exported here, so
 a notebook imports only this module). What this module adds is display:
 
+* :func:`check_device` — a notebook's parameters cell refuses a ``DEVICE`` it does not run on;
 * :func:`pick_device` — the notebook's ``DEVICE`` parameter, with a printed line
   when ``"cuda"`` is asked for on a machine without it;
 * :func:`banner_text` / :func:`show_banner` — the one "Recorded on <device>,
@@ -46,6 +47,7 @@ __all__ = [
     "list_recorded",
     "load_recorded",
     "make_provenance",
+    "check_device",
     "pick_device",
     "record_run",
     "recorded_path",
@@ -55,6 +57,24 @@ __all__ = [
     "show_recorded",
     "validate_provenance",
 ]
+
+
+def check_device(requested: Any, supported: tuple[str, ...], notebook: str, why: str = "") -> None:
+    """Refuse, in a notebook's parameters cell, a ``DEVICE`` the notebook does not run on.
+
+    ``supported`` lists the values the notebook accepts (``"cuda"`` also covers
+    ``"cuda:N"``); ``notebook`` names it ("05") and ``why`` says in a few words why
+    the other devices are not supported. Raises ``ValueError`` with one line naming
+    the value, the notebook and its devices; returns None when ``requested`` is fine
+    (CUDA availability is :func:`pick_device`'s business).
+    """
+    name = requested.strip().lower() if isinstance(requested, str) else None
+    base = "cuda" if name is not None and name.startswith("cuda:") and name[5:].isdigit() else name
+    if base in supported:
+        return
+    devices = ", ".join(repr(d) for d in supported)
+    raise ValueError(f"DEVICE={requested!r}: notebook {notebook} runs on {devices} only"
+                     + (f" ({why})" if why else ""))
 
 
 def pick_device(requested: str, *, quiet: bool = False) -> str:

@@ -32,6 +32,7 @@ from tqlab.strategies.fixes import (
     dummy_run_chunks,
     long_context_dummy_run,
     make_strategy_engine,
+    strategy_config,
 )
 from tqlab.strategies.measure import (
     PromptResult,
@@ -69,6 +70,7 @@ __all__ = [
     "long_request_trace",
     "longest_surviving_prompt",
     "make_strategy_engine",
+    "strategy_config",
     "memory_experiments",
     "overhead_requests",
     "replay_trace",

@@ -382,8 +382,7 @@ def workspace_call_overhead(device: str | torch.device = "cpu", number: int = 20
             return m.get_simultaneous(*r)
 
         def cold(m=m, r=r):
-            m._layouts.clear()  # the caches are emptied on purpose: a never-seen signature
-            m._views.clear()
+            m.clear_caches()  # on purpose: a never-seen signature
             return m.get_simultaneous(*r)
 
         def empty(r=r):

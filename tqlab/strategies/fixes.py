@@ -12,6 +12,12 @@
 ================  ==============================================================
 
 plus ``grow_no_recapture``, a negative control (grows without re-capturing).
+
+The fixes exist to keep TurboQuant's workspace consumers alive, so a strategy engine always has
+them: a config with an unquantized ``auto`` cache (the CPU-cheap stand-in the lectures use) runs
+with the named teaching variant ``turboquant_backend_on_unquantized`` (:func:`strategy_config`).
+No real-deployment answer (``plan``, ``inspect-vllm``, ``repro``) uses that variant: in vLLM 0.33 an
+``auto`` cache has no TurboQuant consumer.
 Fixes 3 and 4 are workspace clients given to the backend with
 :class:`tqlab.engine.workspace_client.set_workspace`.
 """
@@ -50,6 +56,7 @@ __all__ = [
     "dummy_run_chunks",
     "long_context_dummy_run",
     "make_strategy_engine",
+    "strategy_config",
     "sync_device",
 ]
 
@@ -314,12 +321,21 @@ def long_context_dummy_run(engine: LLMEngine) -> None:
 # --------------------------------------------------------------------------- #
 
 
+def strategy_config(config: EngineConfig) -> EngineConfig:
+    """The config a strategy engine runs: ``config``, or for an ``auto`` cache without TurboQuant's consumers
+    the teaching variant ``turboquant_backend_on_unquantized=True`` (TurboQuant's backend on the unquantized
+    cache; see the module docstring). Other caches are returned as they are."""
+    if config.has_turboquant_consumers or config.kv_cache_dtype != "auto":
+        return config
+    return config.replace(turboquant_backend_on_unquantized=True)
+
+
 def make_strategy_engine(config: EngineConfig, strategy: str = "reserve", *, device: str | torch.device = "cpu",
                          **engine_kwargs: Any) -> LLMEngine:
     """An :class:`~tqlab.engine.LLMEngine` hardened (or not) by ``strategy``.
 
     Args:
-        config: the deployment.
+        config: the deployment (run as :func:`strategy_config` of it).
         strategy: one of :data:`ALL_STRATEGIES` (see the module docstring).
         device: ``"cpu"``, ``"cuda"`` or ``"meta"``.
         **engine_kwargs: passed to ``LLMEngine`` (``seed``, ``kv_cache_tokens``,
@@ -351,7 +367,7 @@ def make_strategy_engine(config: EngineConfig, strategy: str = "reserve", *, dev
             user_on_phase(rec)
 
     t_start = time.monotonic()
-    engine = LLMEngine(config, fix=fix, device=device, after_profile=after_profile, on_phase=on_phase,
+    engine = LLMEngine(strategy_config(config), fix=fix, device=device, after_profile=after_profile, on_phase=on_phase,
                        **engine_kwargs)
     engine.phase_marks = [("start", t_start)] + marks
     state: Any = None

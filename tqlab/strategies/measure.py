@@ -34,6 +34,7 @@ from tqlab.strategies.fixes import (
     captured_graphs_valid,
     check_strategy,
     make_strategy_engine,
+    strategy_config,
     sync_device,
 )
 
@@ -222,6 +223,7 @@ def run_strategy(
     unless a prompt that fills ``max_model_len`` was served and survived.
     """
     check_strategy(strategy)
+    config = strategy_config(config)
     dev = torch.device(device)
     prompts = tuple(default_prompts(config, decode_steps) if prompts is None else prompts)
     free_memory(dev)

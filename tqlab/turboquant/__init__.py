@@ -23,7 +23,7 @@ Public API (what the engine calls)::
 
 Every op takes ``backend="auto" | "torch" | "triton"``.  Reference pieces for teaching:
 :mod:`.codebook` (Hadamard, Lloyd-Max), :mod:`.quant` (vector <-> slot bytes),
-:mod:`.accuracy` (error measurements), :mod:`.recorded` (recorded GPU data + banner).
+:mod:`.accuracy` (error measurements). Plots of all this live in :mod:`tqlab.lab.plots_turboquant`.
 """
 
 from tqlab.turboquant.codebook import LloydMaxCodebook, hadamard, lloyd_max, lloyd_max_standard

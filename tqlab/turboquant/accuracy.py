@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from tqlab.core.workspace_layout import cdiv
 from tqlab.turboquant.codebook import lloyd_max_standard
 from tqlab.turboquant.ops import decode_attention, store_kv
 from tqlab.turboquant.quant import decode_keys, decode_values, encode_keys, encode_values
@@ -86,7 +87,7 @@ def attention_error(
     spec = get_spec(spec)
     g = torch.Generator().manual_seed(seed)
     d, hq, hk = head_dim, num_q_heads, num_kv_heads
-    blocks_per = -(-context // block_size)
+    blocks_per = cdiv(context, block_size)
     nb = batch * blocks_per
     q = torch.randn(batch, hq, d, generator=g) * peak
     k = torch.randn(batch, context, hk, d, generator=g)

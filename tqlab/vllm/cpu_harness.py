@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
+from tqlab.core.workspace_layout import cdiv
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
@@ -210,7 +211,7 @@ def _run_until_kernel(tracer: WorkspaceTracer, fn: Callable[[], Any]) -> tuple[b
         if len(tracer.violations) > refused_before:
             raise
         return True, "AssertionError outside the workspace"
-    except Exception as e:  # noqa: BLE001 - a kernel that cannot run here
+    except Exception as e:
         return True, f"{type(e).__name__}: {e}"
     return False, None
 
@@ -242,7 +243,7 @@ def _vllm_prefill_chunk(impl: Any, config: EngineConfig, cached_len: int, q_len:
     md = SimpleNamespace(
         max_query_len=q_len, max_seq_len=seq, query_start_loc=loc, query_start_loc_cpu=loc,
         seq_lens=lens, seq_lens_cpu=lens,
-        block_table=torch.zeros(1, -(-seq // config.block_size), dtype=torch.int32),
+        block_table=torch.zeros(1, cdiv(seq, config.block_size), dtype=torch.int32),
     )
     q = torch.zeros(q_len, config.num_heads_per_rank, config.head_dim, dtype=config.dtype)
     kv = torch.zeros(q_len, config.num_kv_heads_per_rank, config.head_dim, dtype=config.dtype)
@@ -374,7 +375,7 @@ def demo_steps(config: EngineConfig | None = None, cached_len: int | None = None
 def _describe(manager: Any, slot: int, fn: Callable[[], list[torch.Tensor]], sizes: Callable[[], list[int]]) -> str:
     try:
         views = fn()
-    except Exception as e:  # noqa: BLE001 - the outcome is the comparison
+    except Exception as e:
         kind = "AssertionError" if isinstance(e, AssertionError) else type(e).__name__
         return f"{kind}: {e}"
     offs = [v.storage_offset() * v.element_size() for v in views]

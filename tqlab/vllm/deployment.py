@@ -206,11 +206,6 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     mml = d.get("max_model_len")
     if mml is not None and mml != -1 and mml < 1:  # ModelConfig.max_model_len: Field(ge=-1), then >= 1
         raise VllmArgsError(f"--max-model-len must be a positive integer or auto/-1, got {mml}")
-    if "kv_cache_dtype" in d:
-        try:
-            check_kv_cache_dtype(d.get("kv_cache_dtype"), "--kv-cache-dtype")
-        except ValueError as e:
-            raise VllmArgsError(str(e)) from None
     _map_capture_sizes(g, d)
     _map_cudagraph_mode(g, g.get("compilation_config") or {}, d)
     spec = g.get("speculative_config")
@@ -426,6 +421,16 @@ def _default_sources(d: DeploymentDraft) -> None:
                  "tqlab teaching variant, off: a vLLM deployment runs TurboQuant's backend only for a TurboQuant cache")
 
 
+def _check_kv_cache_dtype(d: DeploymentDraft, mla: bool) -> None:
+    """``--kv-cache-dtype`` as tqlab models it (:func:`tqlab.core.config.check_kv_cache_dtype`; MLA-only layouts
+    need a model with MLA), a one-line :class:`VllmArgsError` naming the flag otherwise."""
+    if "kv_cache_dtype" in d:
+        try:
+            check_kv_cache_dtype(d.get("kv_cache_dtype"), "--kv-cache-dtype", mla=mla)
+        except ValueError as e:
+            raise VllmArgsError(str(e)) from None
+
+
 def _read_shape(engine_args, model_config) -> ModelShape:
     """config.json read with the line's ``--hf-overrides`` applied first, as vLLM's ``ModelConfig`` does
     (:func:`tqlab.vllm.hf_families.apply_hf_overrides`); a :class:`ModelShape` is taken as it is."""
@@ -452,6 +457,7 @@ def _hf_overrides_notes(shape: ModelShape, given: Mapping[str, Any], d: Deployme
 def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None, usage: str) -> DeploymentDraft:
     """Every reader, in vLLM's order, on one draft: flags, config.json, defaults, skip layers, hybrid rules."""
     d, given = _read_flags(engine_args)
+    _check_kv_cache_dtype(d, getattr(shape, "mla", None) is not None)
     _hf_overrides_notes(shape, given, d)
     if shape.mamba is not None:  # these size the Mamba page, hence the hybrid attention block
         d.ignored = [f for f in d.ignored if f not in ("--mamba-cache-dtype", "--mamba-ssm-cache-dtype")]
@@ -596,6 +602,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     flags (one line), and ``TypeError`` never: only EngineConfig fields are passed.
     """
     d, given = _flag_draft(engine_args)
+    _check_kv_cache_dtype(d, load_preset(preset)["config"].get("mla") is not None)
     if "dtype" in d:
         d.set_value("dtype", parse_dtype(d.get("dtype")))
     _preset_hf_overrides(given, d)

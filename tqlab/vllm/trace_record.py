@@ -158,7 +158,7 @@ class TraceRecorder:
                 tmp.write_text(text)
                 os.replace(tmp, self.path)
                 self.flushes += 1
-            except Exception as e:  # noqa: BLE001 - tracing must never take the engine down
+            except Exception as e:
                 self.write_errors += 1
                 if self.write_errors == 1:
                     print(f"tqlab trace: cannot write {self.path}: {e}", file=sys.stderr)

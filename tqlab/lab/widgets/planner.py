@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from tqlab.predict.analysis import (
+    Prediction,
     decode_rows_at_lock,
-    first_failing_prompt,
-    locked_bytes,
+    predict,
     prefill_chunks,
     workspace_bytes_for_prompt,
 )
@@ -51,7 +51,8 @@ class PlannerResult:
     ``slots``: ubatch slots (2 with DBO); ``kv_cache_bytes``: KV cache of
     ``max_num_seqs x max_model_len`` tokens in ``kv_cache_dtype``, all layers;
     ``kv_share``: ``reserved_bytes * slots / kv_cache_bytes``;
-    ``unfixed_locked_bytes``: :func:`tqlab.predict.analysis.locked_bytes` without the fix (None: never locked);
+    ``prediction``: the one :class:`~tqlab.predict.analysis.Prediction` (without the fix) these come from;
+    ``unfixed_locked_bytes``: its ``locked_bytes`` (None: never locked);
     ``first_failing_unfixed`` / ``first_failing_fixed``: shortest prompt (tokens)
     that crashes, or None when every prompt up to ``max_model_len`` survives.
     """
@@ -65,6 +66,7 @@ class PlannerResult:
     unfixed_locked_bytes: int | None
     first_failing_unfixed: int | None
     first_failing_fixed: int | None
+    prediction: Prediction | None = None
 
     @property
     def longest_surviving_unfixed(self) -> int:
@@ -89,8 +91,7 @@ def plan_summary(config: EngineConfig) -> PlannerResult:
     )
     reserved = plan_bytes(plan)
     kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
-    locked = locked_bytes(config, fix=False)  # None: start-up never locks (eager, cudagraph_mode NONE)
-    fixed = locked_bytes(config, fix=True)
+    pred, with_fix = predict(config), predict(config, fix=True)  # the one Prediction, without and with the fix
     return PlannerResult(
         config=config,
         consumers=consumers,
@@ -98,9 +99,10 @@ def plan_summary(config: EngineConfig) -> PlannerResult:
         slots=config.num_ubatches,
         kv_cache_bytes=kv,
         kv_share=reserved * config.num_ubatches / kv,
-        unfixed_locked_bytes=locked,
-        first_failing_unfixed=None if locked is None else first_failing_prompt(config, locked),
-        first_failing_fixed=None if fixed is None else first_failing_prompt(config, fixed),
+        unfixed_locked_bytes=pred.locked_bytes,  # None: start-up never locks (eager, cudagraph_mode NONE)
+        first_failing_unfixed=pred.first_failing_prompt_tokens,
+        first_failing_fixed=with_fix.first_failing_prompt_tokens,
+        prediction=pred,
     )
 
 
