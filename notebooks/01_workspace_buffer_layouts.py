@@ -30,6 +30,7 @@
 # | a view a consumer still holds keeps the old buffer alive across growth (vLLM PR #56902) | 3 |
 # | the lock, and an error that names the line that asked for too much | 4 |
 # | DBO: one buffer per ubatch slot, one slot per thread | 5 |
+# | lanes and persistent resources (vLLM 0.33): a slot per (ubatch, lane), kept tensors refused after the lock | 5b |
 # | the debug log (`TQLAB_DEBUG_WORKSPACE=1`, vLLM's `VLLM_DEBUG_WORKSPACE`) | 6 |
 # | the whole lifecycle: init → warm-up → lock → serve → re-warm | 7 |
 #
@@ -103,6 +104,7 @@ from tqlab.core.workspace import (
     rewarm_workspace,
     round_up,
     ubatch_context,
+    use_workspace_lane,
 )
 
 device = recorded.pick_device(DEVICE)
@@ -719,6 +721,52 @@ except WorkspaceLockedError as exc:
     assert exc.ubatch == 1 and exc.current_bytes == 0 and exc.required_bytes == round_up(512, ALIGNMENT)
 else:
     raise AssertionError("slot 1 grew after the lock")
+
+# %% [markdown]
+# ## 5b · Lanes and persistent resources (vLLM 0.33)
+#
+# **Question.** vLLM 0.33's manager has grown two things since the seed notes were written
+# (`vllm/v1/worker/workspace.py`): **lanes** — `WorkspaceManager(device, num_ubatches,
+# num_lanes)` and `use_workspace_lane(lane)`, an independent owner inside each ubatch (lane 1
+# is Model Runner V2's DSpark drafter) — and **persistent resources** — `get_persistent(key,
+# shape, dtype, zero_init=...)` and `get_persistent_resource(key, factory)`, objects kept
+# across calls (Marlin's locks keyed by CUDA stream, MoE permute scratch). Slots are keyed by
+# (ubatch, lane) only. What does a drafter's lane see, and what happens to a key first asked
+# for after the lock?
+
+# %%
+lanes = WorkspaceManager(device, num_ubatches=1, num_lanes=2)
+lanes.get_simultaneous(((4096,), torch.uint8))  # the target model, lane 0
+with use_workspace_lane(1):  # the drafter
+    lanes.get_simultaneous(((1024,), torch.uint8))
+    drafter_locks = lanes.get_persistent("locks", (16,), torch.int32, zero_init=True)
+target_locks = lanes.get_persistent("locks", (16,), torch.int32, zero_init=True)
+lanes.lock()
+late = None
+try:
+    lanes.get_persistent("late_scratch", (8,), torch.float32)
+except AssertionError as exc:  # vLLM's message, word for word
+    late = str(exc)
+    show_error(exc)
+try:
+    lanes.get_persistent("locks", (32,), torch.int32)  # same key, another shape
+except ValueError as exc:
+    show_error(exc)
+print(f"slot sizes (ubatch 0 lane 0, ubatch 0 lane 1): {lanes.sizes_bytes()} bytes; "
+      f"persistent keys per lane: {lanes.persistent_keys(0, 0)}, {lanes.persistent_keys(0, 1)}")
+
+# %% [markdown]
+# **Predict, then run.** Two slots, each sized by its own lane's request; the two lanes hold
+# different `locks` tensors; after the lock an existing key is still served (same object) and
+# a new key is refused with vLLM's "was not allocated during warmup" message.
+
+# %%
+assert lanes.sizes_bytes() == [4096, 1024]
+assert drafter_locks is not target_locks
+assert lanes.get_persistent("locks", (16,), torch.int32, zero_init=True) is target_locks
+assert late == ("Workspace is locked but (<class 'torch.Tensor'>, 'late_scratch') was not allocated during "
+                "warmup for the current ubatch and lane.")
+print("lane and persistent-resource checks passed")
 
 # %% [markdown]
 # ## 6 · The debug log

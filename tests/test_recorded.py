@@ -235,3 +235,19 @@ def test_provenance_is_the_core_of_lab_recorded():
 
     assert recorded.load_recorded is provenance.load_recorded
     assert provenance.git_commit("/") == "unknown"  # outside git: never raises
+
+
+def test_readme_names_every_recording_not_made_on_the_h200():
+    """Issue 21: the README said every data/*.json came from an H200; the list of the others must stay true."""
+    import json
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    para = readme[readme.index("each file's `provenance.device` says where it"):]
+    para = para[: para.index("To record them again")]
+    named = set(re.findall(r"`([\w.]+\.json)`", para))
+    not_h200 = {p.name for p in (root / "data").glob("*.json")
+                if "H200" not in json.loads(p.read_text(encoding="utf-8"))["provenance"]["device"]}
+    assert named == not_h200

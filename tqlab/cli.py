@@ -22,6 +22,9 @@ _SKIP = {"preset", "mla", "indexer", "moe"}  # the model-field groups come from 
 _CPU_BYTES_LIMIT = 4 << 30  # a CPU run that would build more than this goes to meta
 _CPU_SECONDS_LIMIT = 30.0
 _CPU_FLOPS = 1e11  # assumed float32 throughput of one shared CPU core set (FLOP/s), for the estimate only
+# Fixed cost of one layer in one CPU engine step (dispatch, not arithmetic), for the estimate only: the bug report's
+# deployment (8 layers) took 198 s for 1 prompt token + 8191 decode steps on the 2-core box (issue 22) = 3.0 ms.
+_CPU_LAYER_STEP_SECONDS = 3.0e-3
 
 
 class HumanInt(click.ParamType):
@@ -200,30 +203,39 @@ def presets() -> None:
     _console().print(t)
 
 
-def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool) -> tuple[int, float]:
-    """Rough ``(bytes, seconds)`` a CPU ``repro`` would build and take: KV cache + weights + workspace; matmuls + attention."""
+def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool, max_tokens: int = 1) -> tuple[int, float]:
+    """Rough ``(bytes, seconds)`` a CPU ``repro`` would build and take: KV cache + weights + workspace; matmuls +
+    attention of the prefill, the profile run, capture and every decode step, plus a fixed cost per layer and step."""
     from tqlab.attention import kv_cache_bytes_per_token
     from tqlab.core.vllm_rules import decode_capture_sizes, decode_rows
     from tqlab.predict.analysis import locked_bytes
 
     hidden = config.num_heads_per_rank * config.head_dim
     layers = config.num_hidden_layers + (1 if config.num_speculative_tokens else 0)
-    kv = kv_cache_bytes_per_token(config) * (prompt_tokens + 2)
+    kv = kv_cache_bytes_per_token(config) * (prompt_tokens + max_tokens + 1)
     weights = layers * 4 * hidden * hidden * 4
     ws = (locked_bytes(config.replace(lock_workspace_when_eager=True), fix=fix) or 0) * config.num_ubatches
     rows = sum(decode_rows(config, s) * config.uniform_decode_query_len for s in decode_capture_sizes(config))
-    tokens = prompt_tokens + min(config.max_num_batched_tokens, config.max_model_len) + 2 * rows
-    flops = layers * tokens * hidden * hidden * 8 + layers * prompt_tokens ** 2 * hidden * 2
-    return kv + weights + ws, flops / _CPU_FLOPS
+    decodes = max_tokens - 1  # the prefill's last step samples the first token
+    tokens = prompt_tokens + min(config.max_num_batched_tokens, config.max_model_len) + 2 * rows + decodes
+    attention = prompt_tokens ** 2 + decodes * (prompt_tokens + max_tokens / 2)  # query x key pairs
+    flops = layers * tokens * hidden * hidden * 8 + layers * attention * hidden * 2
+    return kv + weights + ws, flops / _CPU_FLOPS + _steps(config, prompt_tokens, max_tokens) * layers * _CPU_LAYER_STEP_SECONDS
 
 
-def _pick_device(device: str, config: EngineConfig, prompt_tokens: int, fix: bool, console) -> str:
+def _steps(config: EngineConfig, prompt_tokens: int, max_tokens: int) -> int:
+    """Engine steps of one request: prefill chunks, then one per further output token."""
+    return -(-prompt_tokens // max(1, config.chunk_budget)) + max_tokens - 1
+
+
+def _pick_device(device: str, config: EngineConfig, prompt_tokens: int, max_tokens: int, fix: bool, console) -> str:
     if device != "auto":
         return device
-    nbytes, seconds = cpu_run_estimate(config, prompt_tokens, fix)
+    nbytes, seconds = cpu_run_estimate(config, prompt_tokens, fix, max_tokens)
     if nbytes > _CPU_BYTES_LIMIT or seconds > _CPU_SECONDS_LIMIT:
         console.print(f"[yellow]device[/] meta (shapes only): a CPU run would build about {nbytes / 2**30:.1f} GiB and "
-                      f"take about {seconds:.0f} s; --device cpu forces it")
+                      f"take about {seconds:.0f} s ({_steps(config, prompt_tokens, max_tokens)} engine steps); "
+                      "--device cpu forces it")
         return "meta"
     return "cpu"
 
@@ -274,7 +286,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
         console.print(f"[yellow]note[/] {capped}")
     pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, fix=fix)
     console.print(f"[bold]prediction[/] prompt of {prompt_tokens} tokens, fix={'on' if fix else 'off'}: {_describe(pred)}")
-    device = _pick_device(device, config, prompt_tokens, fix, console)
+    device = _pick_device(device, config, prompt_tokens, max_tokens, fix, console)
 
     def show(p) -> None:
         sizes = ", ".join(f"{format_mb(b)} MiB" for b in p.workspace_bytes)
@@ -288,14 +300,45 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     except (MemoryError, RuntimeError) as e:  # e.g. the reservation does not fit in this machine's memory
-        console.print(f"[red]start-up failed:[/] {type(e).__name__}: {str(e) or 'out of memory'}")
-        if device != "meta":
-            console.print("try --device meta (shapes only) or a smaller --max-model-len")
+        try_ = "" if device == "meta" else "; try --device meta (shapes only) or a smaller --max-model-len"
+        console.print(f"[red]start-up failed:[/] {_failure_text(e)}{try_}")
         sys.exit(1)
     ok = _serve_one(engine, prompt_tokens, max_tokens, console) == (pred.verdict == "crash")
     ok = ok and engine.locked_bytes == pred.locked_bytes
     console.print(f"[bold]{'as predicted' if ok else 'NOT as predicted'}[/]")
     sys.exit(0 if ok else 1)
+
+
+def _allocation_bytes(e: BaseException) -> int | None:
+    """Bytes an allocator failed to give (0 when it did not say), or None if ``e`` is no allocation failure.
+
+    Recognises ``MemoryError``, ``torch.OutOfMemoryError`` and the CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory: you tried to
+    allocate N bytes").
+    """
+    import re
+
+    text = str(e)
+    oom = isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or "can't allocate memory" in text
+    if not oom and "out of memory" not in text.lower():
+        return None
+    m = re.search(r"allocate (\d+) bytes", text) or re.search(r"to (\d+) bytes", text)
+    if m:
+        return int(m.group(1))
+    m = re.search(r"[Tt]ried to allocate ([\d.]+) (KiB|MiB|GiB|TiB)", text)
+    return int(float(m.group(1)) * 1024 ** ("KMGT".index(m.group(2)[0]) + 1)) if m else 0
+
+
+def _failure_text(e: BaseException) -> str:
+    """One line for a failure: 'out of memory: could not allocate 3.73 GiB (RuntimeError: ...)' or 'Type: message'."""
+    text = " ".join(str(e).split()) or "out of memory"
+    nbytes = _allocation_bytes(e)
+    if nbytes is None:
+        return f"{type(e).__name__}: {text}"
+    if "DefaultCPUAllocator" in text:  # drop the "[enforce fail at alloc_cpu.cpp:127] err == 0." prefix
+        text = text[text.index("DefaultCPUAllocator"):]
+    how_much = f"could not allocate {nbytes / 2**30:.2f} GiB" if nbytes else "an allocation failed"
+    return f"out of memory: {how_much} ({type(e).__name__}: {text})"
 
 
 def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
@@ -310,7 +353,15 @@ def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
         raise click.UsageError(str(e)) from None
     try:
         while engine.has_unfinished_requests():
-            engine.step()
+            try:
+                engine.step()
+            except (MemoryError, RuntimeError) as e:
+                if _allocation_bytes(e) is None:
+                    raise
+                console.print(f"[red]serving failed:[/] the {prompt_tokens}-token request on {engine.device.type}: "
+                              f"{_failure_text(e)}; try --device meta (shapes only), a shorter --prompt-tokens or "
+                              "a smaller --max-num-batched-tokens (smaller prefill chunks)")
+                sys.exit(1)
     except AssertionError as e:
         console.print(f"[red]AssertionError:[/] {e}")
         try:

@@ -81,6 +81,7 @@ __all__ = [
     "WorkspaceMovedError",
     "compute_layout",
     "current_ubatch_id",
+    "current_workspace_lane",
     "current_workspace_manager",
     "format_mb",
     "positive_int",
@@ -93,6 +94,7 @@ __all__ = [
     "round_up",
     "ubatch_context",
     "unlock_workspace",
+    "use_workspace_lane",
     "workspace_wrapper",
 ]
 
@@ -104,6 +106,33 @@ logger = logging.getLogger(__name__)
 # --------------------------------------------------------------------------- #
 
 _UBATCH: contextvars.ContextVar[int] = contextvars.ContextVar("tqlab_ubatch_id", default=0)
+
+
+_LANE: contextvars.ContextVar[int] = contextvars.ContextVar("tqlab_workspace_lane", default=0)
+
+
+@contextlib.contextmanager
+def use_workspace_lane(lane: int) -> Iterator[None]:
+    """Run the body in workspace lane ``lane`` (this thread/task only): an independent owner of scratch and
+    persistent resources inside each ubatch slot.
+
+    Mirrors ``use_workspace_lane`` in ``vllm/v1/worker/workspace.py`` (vLLM 0.33; lane 1 is
+    Model Runner V2's DSpark drafter). Raises ``ValueError("Workspace lane must be
+    non-negative, got -1.")`` as vLLM does; the manager refuses a lane it was not built
+    with when it is asked for memory (``RuntimeError``).
+    """
+    if lane < 0:
+        raise ValueError(f"Workspace lane must be non-negative, got {lane}.")
+    token = _LANE.set(lane)
+    try:
+        yield
+    finally:
+        _LANE.reset(token)
+
+
+def current_workspace_lane() -> int:
+    """The workspace lane the calling thread/task works in (0 unless :func:`use_workspace_lane`)."""
+    return _LANE.get()
 
 
 def current_ubatch_id() -> int:
@@ -212,6 +241,7 @@ class WorkspaceEvent:
     live_bytes: int
     peak_bytes: int
     t: float
+    lane: int = 0
 
 
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
@@ -270,6 +300,12 @@ class WorkspaceManager:
             ``"meta"`` or a ``torch.device``).
         num_ubatches: DBO slots (vLLM: 2 with ``--enable-dbo``, else 1).
             ``None`` means 1.
+        num_lanes: independent lanes per ubatch (vLLM 0.33; 2 only for Model
+            Runner V2 with a DSpark drafter). There are ``num_ubatches * num_lanes``
+            slots, slot ``ubatch * num_lanes + lane``, each with its own buffer and
+            persistent resources (vLLM's ``_get_workspace_id``).
+        alloc_context: a factory of the context manager a buffer growth allocates
+            in (vLLM: the sleep-mode memory pool); default ``contextlib.nullcontext``.
         grow_all_slots: if True, growth resizes every slot that is too small
             (the description of vLLM's `vllm/v1/worker/workspace.py`); default False grows only the requesting
             slot (vLLM today).
@@ -285,6 +321,8 @@ class WorkspaceManager:
         self,
         device: torch.device | str,
         num_ubatches: int | None = None,
+        num_lanes: int = 1,
+        alloc_context=contextlib.nullcontext,
         *,
         grow_all_slots: bool = False,
         growth_policy: str = "free_then_allocate",
@@ -303,13 +341,21 @@ class WorkspaceManager:
             raise TypeError(f"num_ubatches must be an int or None, got {num_ubatches!r}")
         if n < 1:
             raise ValueError(f"num_ubatches must be >= 1, got {num_ubatches}")
+        if isinstance(num_lanes, bool) or not isinstance(num_lanes, int):
+            raise TypeError(f"num_lanes must be an int, got {num_lanes!r}")
+        if num_lanes < 1:
+            raise ValueError(f"num_lanes must be at least one, got {num_lanes}.")
         if growth_policy not in _GROWTH_POLICIES:
             raise ValueError(f"growth_policy must be one of {_GROWTH_POLICIES}, got {growth_policy!r}")
         self._num_ubatches = n
-        self._buffers: list[torch.Tensor | None] = [None] * n
+        self._num_lanes = num_lanes
+        self._alloc_context = alloc_context
+        slots = n * num_lanes
+        self._buffers: list[torch.Tensor | None] = [None] * slots
+        self._persistent: list[dict] = [{} for _ in range(slots)]  # per slot: key -> resource
         self._locked = False
-        self._locked_ptrs: list[int] = [0] * n  # each slot's data_ptr() at lock()
-        self._locked_sizes: list[int] = [0] * n
+        self._locked_ptrs: list[int] = [0] * slots  # each slot's data_ptr() at lock()
+        self._locked_sizes: list[int] = [0] * slots
         self.grow_all_slots = bool(grow_all_slots)
         self.growth_policy = growth_policy
         self.events: list[WorkspaceEvent] = []
@@ -330,10 +376,15 @@ class WorkspaceManager:
     def num_ubatches(self) -> int:
         return self._num_ubatches
 
+    @property
+    def num_lanes(self) -> int:
+        return self._num_lanes
+
     def is_locked(self) -> bool:
         return self._locked
 
-    def _check_slot(self, ubatch: int) -> int:
+    def _check_slot(self, ubatch: int, lane: int = 0) -> int:
+        """The slot index of ``(ubatch, lane)``; ``TypeError``/``ValueError`` when out of range."""
         if isinstance(ubatch, bool) or not isinstance(ubatch, int):
             raise TypeError(f"ubatch slot must be an int, got {ubatch!r}")
         if not 0 <= ubatch < self._num_ubatches:
@@ -341,24 +392,38 @@ class WorkspaceManager:
                 f"ubatch slot {ubatch} is out of range: this workspace has "
                 f"{self._num_ubatches} slot(s) (0..{self._num_ubatches - 1})"
             )
-        return ubatch
+        if isinstance(lane, bool) or not isinstance(lane, int) or not 0 <= lane < self._num_lanes:
+            raise ValueError(f"lane {lane!r} is out of range: this workspace has {self._num_lanes} lane(s)")
+        return ubatch * self._num_lanes + lane
 
-    def size_bytes(self, ubatch: int = 0) -> int:
-        """Current size of slot ``ubatch``'s buffer in bytes (0 if never grown)."""
-        buf = self._buffers[self._check_slot(ubatch)]
+    def _current_slot(self) -> int:
+        """The slot of the calling context (vLLM ``_get_workspace_id``): ``ubatch * num_lanes + lane``."""
+        ub, lane = _UBATCH.get(), _LANE.get()
+        if ub >= self._num_ubatches:
+            self._check_slot(ub)
+        if lane >= self._num_lanes:
+            raise RuntimeError(f"Workspace lane {lane} is not configured; manager has {self._num_lanes} lane(s).")
+        return ub * self._num_lanes + lane
+
+    def _slot_bytes(self, i: int) -> int:
+        buf = self._buffers[i]
         return 0 if buf is None else buf.numel()
 
+    def size_bytes(self, ubatch: int = 0, lane: int = 0) -> int:
+        """Current size of slot ``(ubatch, lane)``'s buffer in bytes (0 if never grown)."""
+        return self._slot_bytes(self._check_slot(ubatch, lane))
+
     def sizes_bytes(self) -> list[int]:
-        """Sizes of every slot in bytes."""
+        """Sizes of every slot in bytes, slot ``ubatch * num_lanes + lane`` (one per ubatch with one lane)."""
         return [0 if b is None else b.numel() for b in self._buffers]
 
     def live_bytes(self) -> int:
         """Bytes held by all slots together right now."""
         return sum(self.sizes_bytes())
 
-    def buffer(self, ubatch: int = 0) -> torch.Tensor | None:
-        """The raw ``uint8`` buffer of a slot (None before its first growth)."""
-        return self._buffers[self._check_slot(ubatch)]
+    def buffer(self, ubatch: int = 0, lane: int = 0) -> torch.Tensor | None:
+        """The raw ``uint8`` buffer of slot ``(ubatch, lane)`` (None before its first growth)."""
+        return self._buffers[self._check_slot(ubatch, lane)]
 
     def data_ptrs(self) -> list[int]:
         """``data_ptr()`` of each slot's buffer (0 for an empty slot)."""
@@ -423,9 +488,9 @@ class WorkspaceManager:
                 is smaller than the request; buffer, contents and lock state
                 are unchanged, and a ``"violation"`` event is recorded.
         """
-        slot = _UBATCH.get()
-        if slot >= self._num_ubatches:
-            self._check_slot(slot)
+        slot = _UBATCH.get() if self._num_lanes == 1 and _LANE.get() == 0 else self._current_slot()
+        if slot >= self._num_ubatches * self._num_lanes:
+            self._current_slot()
         lay, key = self._layout_and_key(shapes_and_dtypes)
         buf = self._buffers[slot]
         if self._locked and buf is not None and buf.data_ptr() != self._locked_ptrs[slot]:
@@ -473,7 +538,8 @@ class WorkspaceManager:
         live = self.live_bytes()
         peak = live if peak is None else peak
         self.peak_live_bytes = max(self.peak_live_bytes, peak)
-        ev = WorkspaceEvent(kind, caller, old, new, slot, live, peak, time.monotonic())
+        ub, lane = divmod(slot, self._num_lanes)
+        ev = WorkspaceEvent(kind, caller, old, new, ub, live, peak, time.monotonic(), lane)
         self.events.append(ev)
         if _debug_enabled():
             if not logger.handlers and not logging.getLogger().handlers:
@@ -484,7 +550,7 @@ class WorkspaceManager:
                 logger.info(
                     "[WORKSPACE DEBUG] Resized workspace from '%s': %s MB -> %s MB "
                     "(slot %d of %d, total memory %s MB)",
-                    caller, format_mb(old), format_mb(new), slot, self._num_ubatches, format_mb(live),
+                    caller, format_mb(old), format_mb(new), slot, len(self._buffers), format_mb(live),
                 )
             elif kind in ("lock", "unlock"):
                 logger.info("[WORKSPACE DEBUG] Workspace %sed. Current sizes: [%s]", kind, sizes)
@@ -499,15 +565,15 @@ class WorkspaceManager:
         # returned in any thread, no thread can be half-way through a growth.
         caller = _caller_info()
         with self._mutex:
-            current = self.size_bytes(slot)
+            current = self._slot_bytes(slot)
             if current >= required:  # another thread grew this slot meanwhile
                 return self._buffers[slot]
             if self._locked:
                 self._record("violation", caller, current, required, slot)
-                raise WorkspaceLockedError(caller, required, current, slot)
+                raise WorkspaceLockedError(caller, required, current, slot // self._num_lanes)
             targets = [slot]
             if self.grow_all_slots:
-                targets = [i for i in range(self._num_ubatches) if self.size_bytes(i) < required]
+                targets = [i for i in range(len(self._buffers)) if self._slot_bytes(i) < required]
             capturing = self._device.type == "cuda" and torch.cuda.is_current_stream_capturing()
             if not capturing:  # no cudaMemGetInfo inside a capture; the graph pool allocates then
                 self._preflight(targets, required, caller)
@@ -523,11 +589,11 @@ class WorkspaceManager:
         if headroom is None:
             return
         limit, per_allocation, source = headroom
-        freeing = 0 if per_allocation else sum(self.size_bytes(i) for i in targets)
+        freeing = 0 if per_allocation else sum(self._slot_bytes(i) for i in targets)
         need = required if per_allocation else required * len(targets)
         if need > limit + freeing:
             for i in targets:
-                self._record("alloc_failed", caller, self.size_bytes(i), required, i)
+                self._record("alloc_failed", caller, self._slot_bytes(i), required, i)
             raise torch.OutOfMemoryError(
                 f"workspace growth from '{caller}' to {required} bytes ({format_mb(required)} MB) in slot(s) "
                 f"{targets} refused before freeing anything: {source} allows {limit + freeing} bytes "
@@ -547,10 +613,12 @@ class WorkspaceManager:
                 if self._device.type == "cuda" and not capturing:
                     torch.cuda.empty_cache()
                 peak = live_before - old_size + required
-                self._buffers[i] = torch.empty((required,), dtype=torch.uint8, device=self._device)
+                with self._alloc_context():
+                    self._buffers[i] = torch.empty((required,), dtype=torch.uint8, device=self._device)
             else:
                 peak = live_before + required
-                new = torch.empty((required,), dtype=torch.uint8, device=self._device)
+                with self._alloc_context():
+                    new = torch.empty((required,), dtype=torch.uint8, device=self._device)
                 self._buffers[i] = new
                 del old, new
         except BaseException:
@@ -565,6 +633,49 @@ class WorkspaceManager:
             self._record("alloc_failed", caller, old_size, required, i)
             raise
         self._record("resize", caller, old_size, required, i, peak=peak)
+
+    # -- persistent resources (vLLM 0.33) -------------------------------------- #
+    def get_persistent_resource(self, key, factory):
+        """The resource cached for ``key`` in the current (ubatch, lane) slot; ``factory()`` makes it the first time.
+
+        Mirrors ``WorkspaceManager.get_persistent_resource`` in ``vllm/v1/worker/workspace.py``
+        (vLLM 0.33): kept for the manager's lifetime, one cache per slot, created lazily;
+        after :meth:`lock` a key the slot has never seen raises ``AssertionError("Workspace
+        is locked but <key!r> was not allocated during warmup for the current ubatch and
+        lane.")``. vLLM uses it for Marlin's locks keyed by CUDA stream and MoE permute scratch.
+        """
+        slot = self._current_slot()
+        resources = self._persistent[slot]
+        if key in resources:
+            return resources[key]
+        with self._mutex:
+            if key not in resources:
+                if self._locked:
+                    raise AssertionError(
+                        f"Workspace is locked but {key!r} was not allocated during warmup for the current ubatch and lane."
+                    )
+                resources[key] = factory()
+            return resources[key]
+
+    def get_persistent(self, key, shape: tuple[int, ...], dtype: torch.dtype, *, zero_init: bool = False) -> torch.Tensor:
+        """A fixed-shape tensor kept for ``key`` in the current slot, zeroed on first allocation only if ``zero_init``.
+
+        Mirrors vLLM 0.33's ``WorkspaceManager.get_persistent``: stored under
+        ``(torch.Tensor, key)``; a later request with another shape or dtype raises
+        ``ValueError("Persistent workspace <key!r> has shape=..., dtype=...; requested
+        shape=..., dtype=...")``; refused after the lock like :meth:`get_persistent_resource`.
+        """
+        factory = torch.zeros if zero_init else torch.empty
+        t = self.get_persistent_resource((torch.Tensor, key), lambda: factory(shape, dtype=dtype, device=self._device))
+        if t.shape != shape or t.dtype != dtype:
+            raise ValueError(
+                f"Persistent workspace {key!r} has shape={t.shape}, dtype={t.dtype}; requested shape={shape}, dtype={dtype}."
+            )
+        return t
+
+    def persistent_keys(self, ubatch: int = 0, lane: int = 0) -> list:
+        """Keys held by slot ``(ubatch, lane)``, in creation order."""
+        return list(self._persistent[self._check_slot(ubatch, lane)])
 
     # -- lock ----------------------------------------------------------------- #
     def lock(self) -> None:
@@ -581,21 +692,22 @@ class WorkspaceManager:
             # Pointers first: a request that sees _locked True must find them set.
             self._locked_ptrs, self._locked_sizes = self.data_ptrs(), self.sizes_bytes()
             self._locked = True
-            self._record("lock", caller, self.live_bytes(), self.live_bytes(), _UBATCH.get())
+            self._record("lock", caller, self.live_bytes(), self.live_bytes(), _UBATCH.get() * self._num_lanes)
 
     def _raise_moved(self, slot: int) -> None:
         """Record a ``"moved"`` event and raise :class:`WorkspaceMovedError` for ``slot``."""
         buf = self._buffers[slot]
         ptr, nbytes = buf.data_ptr(), buf.untyped_storage().nbytes()
         self._record("moved", _caller_info(), self._locked_sizes[slot], nbytes, slot)
-        raise WorkspaceMovedError(slot, 0, self._locked_ptrs[slot], ptr, self._locked_sizes[slot], nbytes)
+        raise WorkspaceMovedError(*divmod(slot, self._num_lanes), self._locked_ptrs[slot], ptr,
+                                  self._locked_sizes[slot], nbytes)
 
     def unlock(self) -> None:
         """Allow growth again (vLLM: only elastic EP re-warm-up does this)."""
         caller = _caller_info("lock")
         with self._mutex:
             self._locked = False
-            self._record("unlock", caller, self.live_bytes(), self.live_bytes(), _UBATCH.get())
+            self._record("unlock", caller, self.live_bytes(), self.live_bytes(), _UBATCH.get() * self._num_lanes)
 
     def __repr__(self) -> str:
         sizes = ", ".join(format_mb(s) for s in self.sizes_bytes())
@@ -612,13 +724,14 @@ class WorkspaceManager:
 _manager: WorkspaceManager | None = None
 
 
-def init_workspace_manager(device: torch.device | str, num_ubatches: int | None = None, **kwargs) -> WorkspaceManager:
+def init_workspace_manager(device: torch.device | str, num_ubatches: int | None = None, num_lanes: int = 1,
+                           alloc_context=contextlib.nullcontext, **kwargs) -> WorkspaceManager:
     """Create the process-wide manager (vLLM: ``GPUWorker.init_device()``) and return it.
 
     Replaces any previous manager. ``kwargs`` go to :class:`WorkspaceManager`.
     """
     global _manager
-    _manager = WorkspaceManager(device, num_ubatches, **kwargs)
+    _manager = WorkspaceManager(device, num_ubatches, num_lanes, alloc_context, **kwargs)
     return _manager
 
 

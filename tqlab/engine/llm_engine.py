@@ -38,6 +38,7 @@ then dead, like vLLM's EngineCore, and every later call raises
 from __future__ import annotations
 
 import numbers
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -171,6 +172,9 @@ class LLMEngine:
         self.dead: BaseException | None = None
         self.outputs: dict[int, RequestOutput] = {}
         self._requests: dict[int, Request] = {}
+        # One step at a time, whole (issue 22: four threads stepping one engine produced 23 tokens
+        # for max_tokens=20); add_request takes it too, so a request never joins a step half-way.
+        self._serving = threading.RLock()
 
         if kv_cache_tokens is not None and (isinstance(kv_cache_tokens, bool) or not isinstance(kv_cache_tokens, int)
                                             or kv_cache_tokens < 1):
@@ -274,9 +278,15 @@ class LLMEngine:
     def add_request(self, prompt: list[int] | torch.Tensor | int, max_tokens: int = 1) -> int:
         """Queue a prompt (token ids, or a length on the meta device / for synthetic ids). Returns its id.
 
+        Thread-safe: waits for a step running in another thread (see :meth:`step`).
+
         Raises ``ValueError`` for an empty prompt, ``max_tokens < 1``, or a request
         longer than ``max_model_len`` or the KV cache; ``EngineDeadError`` if dead.
         """
+        with self._serving:
+            return self._add_request(prompt, max_tokens)
+
+    def _add_request(self, prompt, max_tokens: int) -> int:
         self._check_alive()
         vocab = self.runner.model.vocab_size
         if isinstance(prompt, torch.Tensor):
@@ -341,8 +351,18 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Schedule and run one step. Returns the outputs that changed.
 
+        Safe to call from several threads: an engine-wide lock runs one step at a
+        time, whole (schedule, execute, record the sampled tokens), as vLLM's
+        EngineCore busy loop does (``vllm/v1/engine/core.py`` ``EngineCore.step``);
+        a thread that finds nothing left to do gets ``[]``. vLLM's ``LLMEngine``
+        itself has no such lock and is not meant to be stepped from several threads.
+
         Raises ``WorkspaceLockedError`` (the engine is then dead) or ``EngineDeadError``.
         """
+        with self._serving:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         self._check_alive()
         sched = self.scheduler.schedule()
         if sched.is_empty:

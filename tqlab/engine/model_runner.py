@@ -36,7 +36,7 @@ import torch
 from tqlab.attention import TurboQuantAttentionBackend
 from tqlab.core.config import EngineConfig
 from tqlab.core.vllm_rules import decode_rows
-from tqlab.engine.scheduler import SchedulerOutput
+from tqlab.engine.scheduler import BlockRuns, SchedulerOutput
 
 __all__ = ["CaptureRecord", "EagerDecodeRunner", "ModelRunner", "TinyModel"]
 
@@ -259,17 +259,30 @@ class ModelRunner:
         return records
 
     # -- one scheduler step -------------------------------------------------- #
-    def _block_table(self, block_ids: list[int]) -> torch.Tensor:
+    def _block_table(self, blocks: BlockRuns) -> torch.Tensor:
         if self.is_meta:  # shapes only: no host tensor of max_model_len / block_size entries
             return torch.empty(self.max_blocks_per_seq, dtype=torch.int32, device="meta")
         row = torch.zeros(self.max_blocks_per_seq, dtype=torch.int32)
-        row[: len(block_ids)] = torch.tensor(block_ids, dtype=torch.int32)
+        at = 0
+        for a, b in blocks.runs:
+            row[at: at + b - a] = torch.arange(a, b, dtype=torch.int32)
+            at += b - a
         return row
 
-    def _slots(self, block_ids: list[int], start: int, n: int) -> torch.Tensor:
-        pos = torch.arange(start, start + n)
+    def _slots(self, blocks: BlockRuns, start: int, n: int) -> torch.Tensor:
+        """KV-cache slot of each position ``start .. start + n - 1`` (block id * block_size + offset); O(n + runs)."""
+        if self.is_meta:
+            return torch.empty(n, dtype=torch.long, device="meta")
         bs = self.config.block_size
-        return torch.tensor(block_ids, dtype=torch.long)[pos // bs] * bs + pos % bs
+        pos = torch.arange(start, start + n)
+        runs = blocks.runs
+        first = torch.tensor([a for a, _ in runs], dtype=torch.long)
+        lens = torch.tensor([b - a for a, b in runs], dtype=torch.long)
+        ends = torch.cumsum(lens, 0)  # block index one past each run
+        idx = pos // bs
+        run = torch.searchsorted(ends, idx, right=True)
+        block = first[run] + idx - (ends[run] - lens[run])
+        return block * bs + pos % bs
 
     def execute_model(self, sched: SchedulerOutput) -> dict[int, int]:
         """Run one step; returns ``request_id -> sampled token`` for rows that produce one."""
@@ -289,14 +302,15 @@ class ModelRunner:
             return sampled
         # Mixed or prefill-only step: eager (vLLM captures only uniform decode batches).
         nd = len(sched.decodes)
-        toks, slots = [], []
-        for r in sched.decodes:
-            toks.append(r.token_at(r.num_tokens - 1))
-            slots.append(self._slots(r.block_ids, r.num_tokens - 1, 1))
-        for r, c, q in sched.prefills:
-            toks += [r.token_at(p) for p in range(c, c + q)] if not self.is_meta else [0] * q
-            slots.append(self._slots(r.block_ids, c, q))
-        ids = torch.tensor(toks, dtype=torch.long, device=dev)
+        slots = [self._slots(r.block_ids, r.num_tokens - 1, 1) for r in sched.decodes]
+        slots += [self._slots(r.block_ids, c, q) for r, c, q in sched.prefills]
+        if self.is_meta:  # shapes only: no host list of the step's token ids (10**9 of them on meta)
+            ids = torch.empty(sched.num_tokens, dtype=torch.long, device=dev)
+        else:
+            toks = [r.token_at(r.num_tokens - 1) for r in sched.decodes]
+            for r, c, q in sched.prefills:
+                toks += [r.token_at(p) for p in range(c, c + q)]
+            ids = torch.tensor(toks, dtype=torch.long, device=dev)
         slot_mapping = torch.cat(slots).to(dev)
         if nd:
             bt_dec = torch.stack([self._block_table(r.block_ids) for r in sched.decodes]).to(dev)

@@ -21,13 +21,62 @@ from tqlab.core.workspace_layout import cdiv
 from tqlab.core.vllm_rules import mamba_block_aligned_split
 from tqlab.core.config import EngineConfig
 
-__all__ = ["BlockPool", "Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
+__all__ = ["BlockPool", "BlockRuns", "Request", "RequestStatus", "Scheduler", "SchedulerOutput"]
 
 
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
+
+
+class BlockRuns:
+    """A request's KV-cache block ids, in order, as ``[start, stop)`` runs (adjacent runs merged).
+
+    A 10**9-token prompt holds 62,500,000 blocks of 16 tokens: as a Python list that
+    was up to 6.7 GB and minutes of copying per step on ``meta`` (issue 22); from a
+    fresh pool it is one run. Iterating yields the ids; ``len()`` is the block count
+    (O(1)); ``runs`` the ``(start, stop)`` pairs. Compares equal to a list of the same ids.
+    """
+
+    __slots__ = ("_runs", "_len")
+
+    def __init__(self, runs: list[tuple[int, int]] | None = None):
+        self._runs: list[list[int]] = []
+        self._len = 0
+        self.extend(runs or [])
+
+    def extend(self, runs: list[tuple[int, int]]) -> None:
+        """Append ``(start, stop)`` runs after the blocks already held."""
+        for start, stop in runs:
+            if stop <= start:
+                continue
+            if self._runs and self._runs[-1][1] == start:
+                self._runs[-1][1] = stop
+            else:
+                self._runs.append([start, stop])
+            self._len += stop - start
+
+    @property
+    def runs(self) -> list[tuple[int, int]]:
+        return [(a, b) for a, b in self._runs]
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __iter__(self):
+        for a, b in self._runs:
+            yield from range(a, b)
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, BlockRuns):
+            return self._runs == other._runs
+        if isinstance(other, (list, tuple)):
+            return len(other) == self._len and list(self) == list(other)
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"BlockRuns({self.runs})"
 
 
 @dataclass
@@ -40,7 +89,7 @@ class Request:
     prompt_token_ids: list[int] | None = None
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
-    block_ids: list[int] = field(default_factory=list)
+    block_ids: BlockRuns = field(default_factory=BlockRuns)
     status: RequestStatus = RequestStatus.WAITING
 
     @property
@@ -91,49 +140,66 @@ class BlockPool:
         return len(self._runs)
 
     def allocate(self, n: int) -> list[int]:
-        """Pop ``n`` block ids (the caller's list is O(n); the pool stays O(runs)).
+        """Pop ``n`` block ids as a list (O(n); the scheduler uses :meth:`allocate_runs`).
 
         Raises ``ValueError`` for a negative or non-int ``n``; ``RuntimeError``
         when fewer than ``n`` blocks are free (nothing is taken then).
+        """
+        return [i for a, b in self.allocate_runs(n) for i in range(a, b)]
+
+    def allocate_runs(self, n: int) -> list[tuple[int, int]]:
+        """Pop ``n`` block ids as ``(start, stop)`` runs, in the order :meth:`allocate` gives them (O(runs)).
+
+        Raises like :meth:`allocate`.
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"number of blocks to allocate must be an int >= 0, got {n!r}")
         if n > self._num_free:
             raise RuntimeError(f"out of KV-cache blocks: need {n}, {self._num_free} free")
-        out: list[int] = []
-        while len(out) < n:
+        out: list[tuple[int, int]] = []
+        left = n
+        while left:
             run = self._runs[-1]
-            k = min(n - len(out), run[1] - run[0])
-            out.extend(range(run[0], run[0] + k))
+            k = min(left, run[1] - run[0])
+            out.append((run[0], run[0] + k))
             run[0] += k
+            left -= k
             if run[0] == run[1]:
                 self._runs.pop()
         self._num_free -= n
         return out
 
-    def free(self, ids: list[int]) -> None:
-        """Return ``ids`` to the pool; the next allocations hand them out in this order.
+    def free(self, ids) -> None:
+        """Return ``ids`` (a list of ids or a :class:`BlockRuns`) to the pool; the next allocations hand
+        them out in this order.
 
         Raises ``ValueError`` (pool unchanged) for an id outside ``1..num_blocks - 1``
         (block 0, the null block, is never allocated, so never freed).
         """
-        ids = list(ids)
-        bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 < i < self.num_blocks), None)
+        if isinstance(ids, BlockRuns):
+            runs = [list(r) for r in ids.runs]
+            bad = next((b if a > 0 else a for a, b in runs if a < 1 or b > self.num_blocks), None)
+            count = len(ids)
+        else:
+            ids = list(ids)
+            bad = next((i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 < i < self.num_blocks),
+                       None)
+            runs = []  # ids as ascending runs, in pop order
+            for i in ids:
+                if runs and runs[-1][1] == i:
+                    runs[-1][1] += 1
+                else:
+                    runs.append([i, i + 1])
+            count = len(ids)
         if bad is not None:
             raise ValueError(f"cannot free block {bad!r}: block ids run from 1 to {self.num_blocks - 1} (0 is the null block)")
-        runs: list[list[int]] = []  # ids as ascending runs, in pop order
-        for i in ids:
-            if runs and runs[-1][1] == i:
-                runs[-1][1] += 1
-            else:
-                runs.append([i, i + 1])
         for run in reversed(runs):  # push so the first id ends on top
             top = self._runs[-1] if self._runs else None
             if top is not None and run[1] == top[0]:
                 top[0] = run[0]
             else:
                 self._runs.append(run)
-        self._num_free += len(ids)
+        self._num_free += count
 
 
 @dataclass
@@ -174,7 +240,7 @@ class Scheduler:
         return max(0, need - len(req.block_ids))
 
     def _grow(self, req: Request, upto_tokens: int) -> None:
-        req.block_ids += self.pool.allocate(self._blocks_for(req, upto_tokens))
+        req.block_ids.extend(self.pool.allocate_runs(self._blocks_for(req, upto_tokens)))
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.chunk_budget  # vLLM: max_num_scheduled_tokens, within max_num_batched_tokens
@@ -214,6 +280,6 @@ class Scheduler:
     def finish(self, req: Request) -> None:
         req.status = RequestStatus.FINISHED
         self.pool.free(req.block_ids)
-        req.block_ids = []
+        req.block_ids = BlockRuns()
         if req in self.running:
             self.running.remove(req)

@@ -27,7 +27,7 @@ def attention_backend(config: "EngineConfig") -> str:
     """The ``AttentionBackendEnum`` name the deployment's attention layers use (see the module docstring)."""
     if config.attention_backend:
         return config.attention_backend
-    if config.is_turboquant:
+    if config.has_turboquant_consumers:  # a TurboQuant cache (or the teaching variant turboquant_backend_on_unquantized)
         return "TURBOQUANT"
     major = gpu_target(config.gpu).capability[0]
     if config.mla is None:

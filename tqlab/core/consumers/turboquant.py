@@ -48,7 +48,7 @@ class TurboQuantDecode(Consumer):
     reads = _READS
 
     def active(self, config: "EngineConfig") -> bool:
-        return config.is_turboquant
+        return config.has_turboquant_consumers  # a TurboQuant cache, or the teaching variant on an auto cache
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
         call = reservation_plan(config)[0]
@@ -65,7 +65,7 @@ class TurboQuantContinuation(Consumer):
     reads = _READS
 
     def active(self, config: "EngineConfig") -> bool:
-        return config.is_turboquant
+        return config.has_turboquant_consumers  # a TurboQuant cache, or the teaching variant on an auto cache
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
         plan = reservation_plan(config)
