@@ -185,7 +185,7 @@ def both_slot(ub: int, lane: int):
 def _call(fn):
     try:
         return ("ok", fn())
-    except Exception as e:  # noqa: BLE001 - the type is part of the comparison
+    except Exception as e:
         return ("error", "AssertionError" if isinstance(e, AssertionError) else type(e).__name__, str(e))
 
 

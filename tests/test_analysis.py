@@ -273,6 +273,12 @@ def test_prediction_json_is_the_documented_object():
     c = EngineConfig.from_preset(NEMOTRON)
     obj = A.predict(c, sources={"max_num_seqs": "flag"}).to_json()
     assert json.loads(json.dumps(obj)) == obj
+    consumers = {k: obj.pop(k) for k in ("consumers", "consumers_locked_bytes", "unmodelled")}  # tqlab.core.consumers
+    assert consumers["consumers_locked_bytes"] == 64 << 20 and consumers["unmodelled"] == []
+    assert [(r["consumer"], r["phase"], r["reserved_bytes"], r["max_runtime_bytes"], r["covered"])
+            for r in consumers["consumers"]] == [
+        ("turboquant_attn.py:_decode_attention", "init", 268_544, 268_544, True),
+        ("turboquant_attn.py:_continuation_prefill", "init", 64 << 20, 2 * 130_944 * 128 * 2, True)]
     assert obj == {
         "capture_sizes": [1, 2, 4, 8], "decode_rows_at_lock": 4, "locked_bytes": 268_544, "verdict": "crash",
         "first_failing_prompt_tokens": 4225,

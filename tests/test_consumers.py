@@ -171,3 +171,27 @@ def test_config_round_trips_the_new_fields():
     d = cfg.to_dict()
     assert d["mla"]["kv_lora_rank"] == 512 and d["gpu"] == "B200" and d["attention_backend"] == "TRITON_MLA"
     assert EngineConfig(**{k: v for k, v in d.items() if k != "preset"}) == cfg
+
+
+def test_plan_and_inspect_json_list_the_consumers(tmp_path):
+    from click.testing import CliRunner
+
+    from tqlab.cli import app
+
+    r = CliRunner().invoke(app, ["plan", "--preset", "nemotron-3-super-120b-a12b", "--max-num-seqs", "4", "--json", "-"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert [c["consumer"] for c in obj["consumers"]] == ["turboquant_attn.py:_decode_attention",
+                                                         "turboquant_attn.py:_continuation_prefill"]
+    assert set(obj["consumers"][0]) == {"consumer", "name", "phase", "slot", "reserved_bytes", "max_runtime_bytes", "covered"}
+    assert obj["consumers_locked_bytes"] == obj["locked_bytes_with_fix"] == 64 << 20 and obj["unmodelled"] == []
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(dict(model_type="kimi_k2", hidden_size=7168, num_attention_heads=64, num_hidden_layers=61,
+                                   max_position_embeddings=262144, **DSV3_MLA)))
+    r = CliRunner().invoke(app, ["inspect-vllm", "--config", str(cfg), "--json", "-", "--args",
+                                  "vllm serve K -tp 4 --attention-backend TRITON_MLA"])
+    assert r.exit_code == 0, r.output
+    obj = json.loads(r.output)
+    assert [c["name"] for c in obj["consumers"]] == ["triton_mla_logits"]
+    assert obj["prediction"]["config"]["head_dim"] == 576  # MLA head size read from config.json
+    assert obj["consumers"][0]["phase"] == "init" and obj["consumers"][0]["covered"]

@@ -82,6 +82,24 @@ def test_truncated_and_foreign_json_are_skipped_with_one_line(trace_dir):
     assert "as predicted" in res.output
 
 
+def test_deep_or_mistyped_records_are_skipped_with_one_line(trace_dir):
+    """A record of the right format with a field of the wrong type, or JSON nested too deeply to read, is a
+    one-line warning like a truncated file (before: AttributeError / RecursionError tracebacks)."""
+    first = sorted(trace_dir.glob("*.json"))[0]
+    rec = json.loads(first.read_text())
+    (trace_dir / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    (trace_dir / "rank.json").write_text(json.dumps({**rec, "rank": "zero"}))
+    (trace_dir / "locks.json").write_text(json.dumps({**rec, "locks": [{"kind": "lock", "sizes_bytes": ["1 MB"]}]}))
+    (trace_dir / "refused.json").write_text(json.dumps({**rec, "refused": [{"caller": "x.py:1:f"}]}))
+    res = CliRunner().invoke(app, ["trace-report", str(trace_dir), *DEPLOY])
+    assert res.exit_code == 0 and res.exception is None, res.output
+    warns = [ln for ln in res.output.splitlines() if ln.startswith("warning: skipped")]
+    assert [w.split()[2] for w in warns] == ["deep.json:", "locks.json:", "rank.json:", "refused.json:"]
+    assert warns[0].startswith("warning: skipped deep.json: not readable JSON")
+    assert warns[1] == "warning: skipped locks.json: malformed record ('1 MB' where a whole number is expected)"
+    assert "as predicted" in res.output and res.output.count("refused continuation prefill (dequant)") == 2
+
+
 def test_a_different_lock_size_is_named(trace_dir):
     path = sorted(trace_dir.glob("*.json"))[1]
     rec = json.loads(path.read_text())

@@ -47,6 +47,17 @@ def test_env_prefix_allow_long_max_model_len_applies_as_in_vllm(monkeypatch):
         deployment_from_vllm("VLLM_ALLOW_LONG_MAX_MODEL_LEN=0 " + line, DENSE)
 
 
+def test_env_prefix_read_as_off_by_vllm_is_not_noted_as_applied(monkeypatch):
+    """vllm/envs.py reads ``yes`` (or ``0``) as off: the note says so (before: "applied" while nothing was)."""
+    monkeypatch.delenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN", raising=False)
+    for value in ("yes", "0", "on"):
+        _, _, notes = split_serve_line(f"VLLM_ALLOW_LONG_MAX_MODEL_LEN={value} vllm serve M")
+        assert notes == [f"environment VLLM_ALLOW_LONG_MAX_MODEL_LEN={value}: off (vllm/envs.py reads only 1 or "
+                         "true, any case, as on)"]
+    with pytest.raises(VllmArgsError, match="greater than the derived max_model_len"):
+        deployment_from_vllm("VLLM_ALLOW_LONG_MAX_MODEL_LEN=yes vllm serve M --max-model-len 16384", DENSE)
+
+
 def test_cuda_visible_devices_is_noted_not_refused():
     given, notes = parse_serve_args("CUDA_VISIBLE_DEVICES=0,1 HF_HOME=/x vllm serve M -tp 2")
     assert given == {"model_tag": "M", "tensor_parallel_size": 2, ENV_KEY: {"CUDA_VISIBLE_DEVICES": "0,1", "HF_HOME": "/x"}}

@@ -30,6 +30,8 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tqlab.core.consumers import registry as consumer_registry
+from tqlab.core.consumers.base import StartUp
 from tqlab.core.notes import Note, NoteKind
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
 from tqlab.core.vllm_rules import (
@@ -137,6 +139,8 @@ class Prediction:
     ``locked_bytes_with_fix``. ``locked_source``: one of :data:`LOCKED_SOURCES`.
     ``turboquant_consumers``: :attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers`.
     ``notes``: :class:`~tqlab.core.notes.Note` s (each with a kind) about the prediction.
+    ``consumers``: :func:`consumer_table`'s JSON (``consumers``, ``consumers_locked_bytes``, ``unmodelled``),
+    every active workspace consumer of vLLM 0.33 tqlab models; ``locked_bytes`` above is still TurboQuant's alone.
     """
 
     capture_sizes: tuple[int, ...]
@@ -156,6 +160,7 @@ class Prediction:
     locked_source: str = "capture"
     turboquant_consumers: bool = True
     notes: tuple[Note, ...] = ()
+    consumers: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The documented, stable object of ``tqlab plan --json`` / ``inspect-vllm --json`` (JSON types only).
@@ -180,6 +185,7 @@ class Prediction:
             "locked_source": self.locked_source,
             "turboquant_consumers": self.turboquant_consumers,
             "notes": [n.to_dict() for n in self.notes],
+            **{k: v for k, v in self.consumers.items()},  # consumers, consumers_locked_bytes, unmodelled
         }
 
     def dumps(self) -> str:
@@ -252,4 +258,14 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         safe_max_model_len_any_schedule=_safe(config, locked, "any"),
         fixed_safe_any_schedule=_safe(config, with_fix, "any"), locked_source=source,
         turboquant_consumers=config.has_turboquant_consumers, notes=_prediction_notes(config),
+        consumers=consumer_table(config).to_dict(),
     )
+
+
+def consumer_table(config: "EngineConfig") -> consumer_registry.ConsumerTable:
+    """Every active workspace consumer of ``config`` (:mod:`tqlab.core.consumers`), with start-up as resolved here
+    (:func:`cudagraph_mode`, :func:`locks_workspace`): ``consumers`` rows (``consumer``, ``phase``,
+    ``reserved_bytes``, ``max_runtime_bytes``, ``covered``), ``locked_bytes`` = the largest reservation before the
+    lock (vLLM 0.33 as shipped, PR #44053 included), ``unmodelled``."""
+    startup = StartUp(cudagraph_mode(config), locks_workspace(config))
+    return consumer_registry.consumer_table(config, startup)

@@ -53,7 +53,7 @@ def load_trace_dir(trace_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], 
     for path in sorted(d.glob("*.json")):
         try:
             rec = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
             warnings.append(f"skipped {path.name}: not readable JSON (truncated?): {str(e).splitlines()[0]}")
             continue
         if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT:
@@ -65,9 +65,29 @@ def load_trace_dir(trace_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], 
             warnings.append(f"skipped {path.name}: record lacks {', '.join(missing)}")
             continue
         rec["file"] = path.name
+        problem = _malformed(rec)
+        if problem is not None:
+            warnings.append(f"skipped {path.name}: malformed record ({problem})")
+            continue
         records.append(rec)
     records.sort(key=lambda r: (_rank_key(r), r.get("host", ""), r.get("pid", 0)))
     return records, warnings
+
+
+def _malformed(rec: Mapping[str, Any]) -> str | None:
+    """Why ``rec`` (with :data:`_REQUIRED`'s keys) cannot be read as a record -- a field of the wrong type or
+    missing inside it -- else None; the checks are what :func:`rank_row`, :func:`rank_label` and the sort use."""
+    try:
+        row = rank_row(rec)
+        rank_label(rec)
+        nums = [*_rank_key(rec), rec["pid"], *(row.lock_bytes or ()), *(c["bytes"] for c in row.consumers.values()),
+                *(r[k] for r in row.refused for k in ("required_bytes", "current_bytes", "slot"))]
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        return f"{type(e).__name__}: {e}"
+    bad = [n for n in nums if isinstance(n, bool) or not isinstance(n, int)]
+    if bad:
+        return f"{bad[0]!r} where a whole number is expected"
+    return None if isinstance(rec["host"], str) else f"host {rec['host']!r} is not a string"
 
 
 def _rank_key(rec: Mapping[str, Any]) -> tuple:

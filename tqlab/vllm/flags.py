@@ -347,8 +347,10 @@ def split_serve_line(line: str) -> tuple[list[str], dict[str, str], list[str]]:
     while words and _ENV_WORD.fullmatch(words[0]) and not words[0].startswith("-"):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
-        if name in ENV_APPLIED:
+        if name in ENV_APPLIED and env_flag(env, name):
             notes.append(f"environment {name}={value}: applied ({ENV_APPLIED[name]})")
+        elif name in ENV_APPLIED:
+            notes.append(f"environment {name}={value}: off (vllm/envs.py reads only 1 or true, any case, as on)")
         else:
             why = _ENV_NOTED.get(name, "not read by tqlab; no effect on the workspace in tqlab's model")
             notes.append(f"environment {name}={value}: {why}")

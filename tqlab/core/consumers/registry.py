@@ -122,7 +122,8 @@ class ConsumerTable:
     unmodelled: tuple[dict[str, str], ...]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"consumers": [r.to_dict() for r in self.rows], "locked_bytes": self.locked_bytes,
+        """``{"consumers": [...], "consumers_locked_bytes": ..., "unmodelled": [...]}`` (``plan --json`` keys)."""
+        return {"consumers": [r.to_dict() for r in self.rows], "consumers_locked_bytes": self.locked_bytes,
                 "unmodelled": list(self.unmodelled)}
 
 
