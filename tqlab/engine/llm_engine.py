@@ -49,6 +49,7 @@ from tqlab.core.workspace_layout import cdiv
 from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from tqlab.core.config import EngineConfig
 from tqlab.core.vllm_rules import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace
+from tqlab.engine.consumer_standins import ConsumerStandIns, SlotSizer, StepShape, slot_sizer
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
 from tqlab.engine.model_runner import ModelRunner
 from tqlab.engine.scheduler import Request, Scheduler
@@ -159,6 +160,7 @@ class LLMEngine:
         self.config = config
         self.fix = fix
         capture_sizes(config)  # ValueError where vLLM 0.33 refuses the capture sizes, before anything is built
+        ConsumerStandIns.check(config)  # ValueError where a consumer cannot size this config, likewise
         try:
             self.device = torch.device(device)
         except (TypeError, RuntimeError):
@@ -168,6 +170,8 @@ class LLMEngine:
         if self.device.type not in ("cpu", "cuda", "meta"):
             raise ValueError(f"device must be cpu, cuda or meta, got {device!r}")
         self.phases: list[PhaseRecord] = []
+        self._phase_marks: list[tuple[str, int]] = []  # (phase, len(workspace.events) at its end): slot_sizer's input
+        self.slot_sizer: SlotSizer | None = None  # who set slot 0's size at the lock (None: never locked or never grew)
         self._on_phase = on_phase
         self.dead: BaseException | None = None
         self.outputs: dict[int, RequestOutput] = {}
@@ -192,7 +196,7 @@ class LLMEngine:
         config = self.config
         with self._phase("init_workspace", f"{config.num_ubatches} ubatch slot(s) on {self.device}"):
             self.workspace = init_workspace_manager(self.device, config.num_ubatches)
-        with self._phase("load_model", "attention backend, scheduler, model runner (no metadata builder yet)"):
+        with self._phase("load_model", "attention backend, scheduler, model runner (no metadata builder yet)") as ctx:
             self.backend = TurboQuantAttentionBackend(config, self.workspace)
             bs = config.block_size
             tokens = kv_cache_tokens if kv_cache_tokens is not None else _default_kv_tokens(config, self.device)
@@ -200,15 +204,19 @@ class LLMEngine:
             self.max_blocks_per_seq = cdiv(config.max_model_len, bs)
             self.scheduler = Scheduler(config, num_blocks)
             self.runner = ModelRunner(config, self.backend, self.device, num_blocks, self.max_blocks_per_seq, seed=seed)
+            self.standins = ConsumerStandIns(config, self.workspace)  # impls' __init__ reservations (FlashMLA, MLA prefill)
+            ctx.add(self.standins.init_note)
         profile_tokens = min(config.max_num_batched_tokens, config.max_model_len)
-        with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
+        with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens") as ctx:
             self.runner.profile_run(profile_tokens)
+            ctx.add(self.standins.profile_run())
         # vLLM 0.33: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
         note = ("with _reserve_workspace() (PR #44053)" if fix
                 else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)")
-        with self._phase("build_backend", note):
+        with self._phase("build_backend", note) as ctx:
             self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
                                                      decode_batch=decode_batch_reservation)
+            ctx.add(self.standins.build_backend())
             if (self.device.type == "cuda" and use_cuda_graphs and decode_capture_sizes(config)
                     and not config.num_speculative_tokens):
                 self._install_cuda_graphs()
@@ -223,10 +231,12 @@ class LLMEngine:
             with self._phase("lock", "skipped: vLLM 0.33 locks only at the end of capture_model; the workspace can grow"):
                 pass
             return
-        with self._phase("lock", "lock_workspace(): growth is now an error"):
+        with self._phase("lock", "lock_workspace(): growth is now an error") as ctx:
             # This engine's own manager: another engine built in a hook may have
             # become the process-wide one meanwhile.
             self.workspace.lock()
+            self.slot_sizer = slot_sizer(self.workspace.events, self._phase_marks)
+            ctx.add(self.slot_sizer.describe() if self.slot_sizer else "")
 
     def _capture_phase(self) -> None:
         """``capture_model``: FULL uniform-decode dummy batches (PIECEWISE ones run no attention)."""
@@ -239,8 +249,9 @@ class LLMEngine:
         all_sizes, sizes = capture_sizes(config), decode_capture_sizes(config)
         note = (f"{mode}: {len(all_sizes)} size(s) up to {all_sizes[-1] if all_sizes else 0} tokens; "
                 f"decode graphs at {len(sizes)} size(s), {1 + config.num_speculative_tokens} token(s) per row, largest first")
-        with self._phase("capture", note):
+        with self._phase("capture", note) as ctx:
             self.captures = self.runner.capture_model(sizes)
+            ctx.add(self.standins.capture(all_sizes if mode != "FULL_DECODE_ONLY" else (), sizes))
 
     def _install_cuda_graphs(self) -> None:
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)
@@ -250,13 +261,20 @@ class LLMEngine:
         def __init__(self, engine: "LLMEngine", name: str, note: str):
             self.engine, self.name, self.note = engine, name, note
 
-        def __enter__(self):
+        def __enter__(self) -> "LLMEngine._PhaseCtx":
             self.t = time.perf_counter()
+            return self
+
+        def add(self, text: str) -> None:
+            """Append ``text`` (what the phase's consumer stand-ins did) to the note; ``""`` adds nothing."""
+            if text:
+                self.note = f"{self.note}; {text}" if self.note else text
 
         def __exit__(self, *exc):
             e = self.engine
             ws = getattr(e, "workspace", None)
             rec = PhaseRecord(self.name, tuple(ws.sizes_bytes()) if ws else (0,), time.perf_counter() - self.t, self.note)
+            e._phase_marks.append((self.name, len(ws.events) if ws else 0))
             e.phases.append(rec)
             if e._on_phase:
                 e._on_phase(rec)
@@ -373,6 +391,7 @@ class LLMEngine:
                                    f"{self.config.chunk_budget} tokens")
             return []
         try:
+            self.standins.forward(StepShape.of(sched))  # the other consumers' calls at this step's shapes
             sampled = self.runner.execute_model(sched)
         except Exception as e:  # any failure inside a step (WorkspaceLockedError too) kills the engine core
             self.dead = e

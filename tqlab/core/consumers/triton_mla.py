@@ -24,7 +24,7 @@ from tqlab.core.hardware import gpu_target
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["TritonMLALogits", "attn_logits_call", "num_kv_splits"]
+__all__ = ["TritonMLALogits", "attn_logits_call", "num_kv_splits", "reservation_call", "step_call"]
 
 _MIN_WORK_PER_SPLIT = 512
 _SPLIT_OCCUPANCY_MULTIPLIER = 2
@@ -44,6 +44,19 @@ def attn_logits_call(max_decode_rows: int, q_num_heads: int, kv_lora_rank: int, 
     return (((max_decode_rows, q_num_heads, splits, kv_lora_rank + 1), torch.float32),)
 
 
+def reservation_call(config: "EngineConfig"):
+    """``_reserve_attn_logits_workspace``'s call (``TritonMLAImpl.reserve_workspace`` in the profile run,
+    ``TritonMLAMetadataBuilder.__init__``): ``max_num_seqs * (1 + k)`` rows at ``max_model_len``'s split count."""
+    return step_call(config, config.max_num_seqs * config.uniform_decode_query_len, config.max_model_len)
+
+
+def step_call(config: "EngineConfig", num_decode_tokens: int, max_seq_len: int):
+    """``TritonMLAImpl.forward_mqa``'s call for ``num_decode_tokens`` decode rows (``B``) whose longest sequence is
+    ``max_seq_len`` tokens: ``(B, Hq_per_rank * dcp, splits(max_seq_len), kv_lora_rank + 1)`` float32."""
+    return attn_logits_call(num_decode_tokens, config.num_heads_per_rank * config.decode_context_parallel_size,
+                            config.mla.kv_lora_rank, max_seq_len, gpu_target(config.gpu).sm_count)
+
+
 class TritonMLALogits(Consumer):
     """Triton MLA's decode logits (see the module docstring)."""
 
@@ -57,7 +70,5 @@ class TritonMLALogits(Consumer):
         return config.mla is not None and attention_backend(config) == "TRITON_MLA"
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
-        rows = config.max_num_seqs * config.uniform_decode_query_len
-        call = attn_logits_call(rows, config.num_heads_per_rank * config.decode_context_parallel_size,
-                                config.mla.kv_lora_rank, config.max_model_len, gpu_target(config.gpu).sm_count)
+        call = reservation_call(config)
         return ConsumerSizes("init", [call], [call])
