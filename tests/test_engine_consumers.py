@@ -57,7 +57,7 @@ def test_qwen3_30b_a3b_moe_scratch_sets_the_lock_in_the_profile_run():
     assert (s.consumer, s.phase, s.nbytes) == ("fused_moe", "profile_run", moe)
     assert re.fullmatch(r"modular_kernel\.py:\d+:_allocate_buffers", s.caller)
     note = {p.name: p.note for p in engine.phases}
-    assert "fused MoE _allocate_buffers at M=8192" in note["profile_run"]
+    assert "fused MoE _allocate_buffers at M = max_num_batched_tokens = 8192" in note["profile_run"]
     assert "set by fused_moe (modular_kernel.py:" in note["lock"]
     # TurboQuant's unfixed lock (its capture at 512 decode rows) is smaller: 274.79 MB, hidden by the MoE scratch.
     tq = call_bytes(decode_workspace_shapes(decode_rows_at_lock(cfg), 32, 128, 32, torch.bfloat16))

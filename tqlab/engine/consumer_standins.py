@@ -139,7 +139,7 @@ class ConsumerStandIns:
             made.append("TritonMLAImpl.reserve_workspace")
         if self.moe is not None:
             self.moe._allocate_buffers(self.config.max_num_batched_tokens)
-            made.append(f"fused MoE _allocate_buffers at M={self.config.max_num_batched_tokens}")
+            made.append(f"fused MoE _allocate_buffers at M = max_num_batched_tokens = {self.config.max_num_batched_tokens}")
         return ", ".join(made)
 
     def build_backend(self) -> str:

@@ -5,33 +5,34 @@ workspace size after it, in ``engine.phases``):
 
 1. ``init_workspace``  — ``init_workspace_manager(device, num_ubatches)`` (vLLM ``GPUWorker.init_device``)
 2. ``load_model``      — the attention backend, scheduler and model runner (vLLM ``GPUWorker.load_model``);
-   no metadata builder yet, no workspace
+   no metadata builder yet; the model's impls' ``__init__`` reservations (FlashMLA sparse, MLA prefill)
 3. ``profile_run``     — a dummy prefill of ``max_num_batched_tokens`` fresh tokens
-   (vLLM ``GPUWorker.determine_available_memory`` → ``GPUModelRunner.profile_run``; touches no
-   workspace: this is the *undercount* of the bug report)
+   (vLLM ``GPUWorker.determine_available_memory`` → ``GPUModelRunner.profile_run``): TurboQuant asks
+   nothing here (the *undercount* of the bug report); the fused-MoE scratch at ``M = max_num_batched_tokens``
+   and the sparse indexer's and Triton MLA's reservations do
 4. ``build_backend``   — ``TurboQuantMetadataBuilder``; with the fix its ``_reserve_workspace()``
    grows the workspace here (vLLM PR #44053). vLLM 0.33 creates the builders in
-   ``GPUModelRunner.initialize_kv_cache`` → ``initialize_attn_backend`` + ``initialize_metadata_builders``
-   → ``AttentionGroup.create_metadata_builders``, i.e. *after* the profile run: first inside
-   ``determine_available_memory``'s ``profile_cudagraph_memory`` (after ``profile_run`` returned,
-   via ``_init_minimal_kv_cache_for_profiling``) and again in ``GPUWorker.initialize_from_config``
+   ``GPUModelRunner.initialize_kv_cache`` → ``initialize_metadata_builders``, i.e. *after* the profile run
+   (first inside ``determine_available_memory``'s ``profile_cudagraph_memory``, again in
+   ``GPUWorker.initialize_from_config``)
 5. ``capture``         — one FULL uniform-decode dummy batch per decode capture size,
    largest first (:func:`tqlab.core.vllm_rules.decode_capture_sizes`); skipped with
    ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
-   metadata, so they ask the workspace for nothing
+   metadata, so only the MoE layers ask the workspace there
 6. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
    vLLM 0.33's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
    (``GPUWorker.compile_or_warm_up_model`` skips capture), unless the named variant
-   ``lock_workspace_when_eager`` is on
-7. serving             — ``add_request`` / ``step`` / ``generate``
+   ``lock_workspace_when_eager`` is on; :attr:`LLMEngine.slot_sizer` says which call set the size
+7. serving             — ``add_request`` / ``step`` / ``generate``; every step the other consumers ask at
+   that step's shapes (MoE at ``M`` = the step's tokens)
 
-The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and stores no prediction: the
-predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and ``tqlab repro`` and the
-tests compare the two from outside.
+Consumers other than TurboQuant are stand-ins (:mod:`tqlab.engine.consumer_standins`) that ask vLLM's
+shapes with vLLM's caller names. The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and
+stores no prediction: the predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and
+``tqlab repro`` and the tests compare the two from outside.
 
-A request whose chunk needs more workspace than was locked raises
-:class:`~tqlab.core.workspace.WorkspaceLockedError` out of ``step()``; the engine is
-then dead, like vLLM's EngineCore, and every later call raises
+A call that needs more workspace than was locked raises :class:`~tqlab.core.workspace.WorkspaceLockedError`
+out of ``step()``; the engine is then dead, like vLLM's EngineCore, and every later call raises
 :class:`EngineDeadError` that says why.
 """
 
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import numbers
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -52,6 +52,7 @@ from tqlab.core.vllm_rules import capture_sizes, cudagraph_mode, decode_capture_
 from tqlab.engine.consumer_standins import ConsumerStandIns, SlotSizer, StepShape, slot_sizer
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
 from tqlab.engine.model_runner import ModelRunner
+from tqlab.engine.phases import PhaseContext, PhaseRecord
 from tqlab.engine.scheduler import Request, Scheduler
 from tqlab.core.workspace import init_workspace_manager, restore_workspace_manager_on_error
 
@@ -82,16 +83,6 @@ STARTUP_PHASES: tuple[tuple[str, str], ...] = (
     ("capture", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model"),
     ("lock", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model -> lock_workspace"),
 )
-
-
-@dataclass(frozen=True)
-class PhaseRecord:
-    """One lifecycle phase: name, workspace bytes per ubatch slot after it, seconds it took, a note."""
-
-    name: str
-    workspace_bytes: tuple[int, ...]
-    seconds: float
-    note: str = ""
 
 
 @dataclass
@@ -257,31 +248,8 @@ class LLMEngine:
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)
 
     # -- phases ------------------------------------------------------------- #
-    class _PhaseCtx:
-        def __init__(self, engine: "LLMEngine", name: str, note: str):
-            self.engine, self.name, self.note = engine, name, note
-
-        def __enter__(self) -> "LLMEngine._PhaseCtx":
-            self.t = time.perf_counter()
-            return self
-
-        def add(self, text: str) -> None:
-            """Append ``text`` (what the phase's consumer stand-ins did) to the note; ``""`` adds nothing."""
-            if text:
-                self.note = f"{self.note}; {text}" if self.note else text
-
-        def __exit__(self, *exc):
-            e = self.engine
-            ws = getattr(e, "workspace", None)
-            rec = PhaseRecord(self.name, tuple(ws.sizes_bytes()) if ws else (0,), time.perf_counter() - self.t, self.note)
-            e._phase_marks.append((self.name, len(ws.events) if ws else 0))
-            e.phases.append(rec)
-            if e._on_phase:
-                e._on_phase(rec)
-            return False
-
-    def _phase(self, name: str, note: str = "") -> "LLMEngine._PhaseCtx":
-        return LLMEngine._PhaseCtx(self, name, note)
+    def _phase(self, name: str, note: str = "") -> PhaseContext:
+        return PhaseContext(self, name, note)
 
     @property
     def locked_bytes(self) -> int | None:
