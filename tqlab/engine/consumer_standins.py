@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tqlab.core.consumers.base import StartUp
-from tqlab.core.consumers.registry import active_consumers
+from tqlab.core.consumers.registry import CONSUMERS, active_consumers
+from tqlab.core.workspace import format_mb
 from tqlab.engine.standins.flash_attn import FlashAttentionImpl
 from tqlab.engine.standins.flashinfer import FlashInferPrefillBackend
 from tqlab.engine.standins.flashmla_sparse import FlashMLASparseImpl
@@ -57,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tqlab.engine.scheduler import SchedulerOutput
     from tqlab.engine.workspace_client import WorkspaceClient
 
-__all__ = ["STANDIN_CONSUMERS", "ConsumerStandIns", "StepShape"]
+__all__ = ["STANDIN_CONSUMERS", "ConsumerStandIns", "SlotSizer", "StepShape", "consumer_of", "slot_sizer"]
 
 STANDIN_CONSUMERS = ("fused_moe", "flash_attn_dcp", "flashmla_sparse", "mla_prefill_trtllm_ragged",
                      "mla_prefill_flashinfer", "triton_mla_logits", "sparse_indexer")
@@ -191,8 +192,6 @@ def consumer_of(caller: str) -> str:
     ``caller`` itself when no modelled consumer has that file."""
     parts = caller.split(":")
     file, func = parts[0], parts[-1]
-    from tqlab.core.consumers.registry import CONSUMERS
-
     for exact in (True, False):
         for c in CONSUMERS:
             c_file, _, c_func = c.consumer.partition(":")
@@ -213,8 +212,6 @@ class SlotSizer:
     nbytes: int
 
     def describe(self) -> str:
-        from tqlab.core.workspace import format_mb
-
         return f"slot 0 = {format_mb(self.nbytes)} MiB, set by {self.consumer} ({self.caller}) in {self.phase}"
 
 
