@@ -182,8 +182,9 @@ class ConsumerStandIns:
             self.moe._allocate_buffers(step.num_tokens)
 
 
-_TQLAB_CALLERS = {"reservation.py": "turboquant (TurboQuantMetadataBuilder._reserve_workspace, PR #44053)"}
-"""tqlab files that make a consumer's calls under another file name than vLLM's."""
+_TQLAB_CALLERS = {"reservation.py": "turboquant PR #44053 reservation"}
+"""tqlab files that make a consumer's calls under another name than vLLM's
+(``reservation.py``: ``TurboQuantMetadataBuilder._reserve_workspace``)."""
 
 
 def consumer_of(caller: str) -> str:
