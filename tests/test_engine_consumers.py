@@ -243,3 +243,16 @@ def test_consumer_of_names_registry_entries_from_callers():
     assert consumer_of("turboquant_attn.py:413:_continuation_prefill") == "turboquant_continuation"
     assert consumer_of("trtllm_ragged.py:20:__init__") == "mla_prefill_trtllm_ragged"
     assert consumer_of("somewhere.py:1:f") == "somewhere.py:1:f"
+
+
+def test_repro_lifecycle_shows_the_moe_request_setting_the_lock():
+    from click.testing import CliRunner
+
+    from tqlab.cli import app
+
+    r = CliRunner().invoke(app, ["repro", "--preset", "qwen3-30b-a3b", "--num-hidden-layers", "1", "--device", "meta"])
+    lines = {line.split()[0]: line for line in r.output.splitlines() if line.startswith("  ")}
+    assert "workspace [512.00 MiB]" in lines["profile_run"] and "fused MoE _allocate_buffers" in lines["profile_run"]
+    assert "workspace [0.00 MiB]" in lines["load_model"]
+    assert re.search(r"slot 0 = 512\.00 MiB, set by fused_moe \(modular_kernel\.py:\d+:_allocate_buffers\) in profile_run$",
+                     lines["lock"])
