@@ -55,6 +55,25 @@ class HumanInt(click.ParamType):
         return n
 
 
+class GpuName(click.ParamType):
+    """A click type for ``--gpu``: a GPU target of :data:`tqlab.core.hardware.GPUS` (case-insensitive), returned
+    as its canonical name; anything else fails with one line listing the known ones."""
+
+    name = "gpu"
+
+    def convert(self, value, param, ctx):
+        from tqlab.core.hardware import GPUS, gpu_target
+
+        try:
+            return gpu_target(value).name
+        except ValueError:
+            self.fail(f"{value!r} is not a known GPU; known: {', '.join(GPUS)}", param, ctx)
+
+
+GPU_HELP = ("GPU target vLLM would run on (SM count, compute capability, default batch limits): "
+            "H100, H200, B200, A4000, ... (default H200; case-insensitive)")
+
+
 def request_options(*, several: bool = False):
     """The request options every entry point takes (``repro``, ``plan``, ``inspect-vllm``), one decorator.
 
@@ -114,7 +133,9 @@ def _override_options(f):
         elif fld.name == "cudagraph_mode":
             opt = click.option(flag, fld.name, type=click.Choice(CUDAGRAPH_MODES, case_sensitive=False), default=None,
                                help=hlp)
-        elif fld.name in ("gpu", "attention_backend", "mla_prefill_backend"):
+        elif fld.name == "gpu":
+            opt = click.option(flag, fld.name, type=GpuName(), default=None, help=GPU_HELP)
+        elif fld.name in ("attention_backend", "mla_prefill_backend"):
             opt = click.option(flag, fld.name, type=str, default=None, help=hlp)
         elif fld.name in ("dtype", "cudagraph_capture_sizes"):
             opt = click.option(flag, fld.name, type=str, default=None,
@@ -484,12 +505,14 @@ def _plan_lines(config: EngineConfig, pred) -> list:
 @request_options(several=True)
 @click.option("--locked-bytes", type=HumanInt(0), default=None,
               help="workspace size measured at lock without the fix (bytes)")
-@click.option("--gpu-memory-gib", type=float, default=None, help="GPU memory, for vLLM's default batch limits")
+@click.option("--gpu", type=GpuName(), default="H200", show_default=True, help=GPU_HELP)
+@click.option("--gpu-memory-gib", type=float, default=None,
+              help="GPU memory in GiB, for vLLM's default batch limits (wins over --gpu's)")
 @click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the report as JSON ('-': standard output, then only the JSON)")
-def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_tokens, locked_bytes, gpu_memory_gib, demo,
-                     json_path) -> None:
+def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_tokens, locked_bytes, gpu, gpu_memory_gib,
+                     demo, json_path) -> None:
     """Predict, per workspace consumer, whether a vLLM deployment hits the locked-workspace crash.
 
     Reads engine args + the model's config.json; prints the workspace each
@@ -514,7 +537,8 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     _check_json_path(json_path)
     try:
         report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
-                              locked_bytes=locked_bytes, gpu_memory_gib=gpu_memory_gib, demo=demo,
+                              max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
+                              gpu_memory_gib=gpu_memory_gib, demo=demo,
                               json_path=None if to_stdout else json_path, quiet=to_stdout)
     except (ValueError, TypeError) as e:
         raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None

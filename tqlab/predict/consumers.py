@@ -259,8 +259,13 @@ def _rejection(config: EngineConfig, n: int) -> str | None:
     return None
 
 
-def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed) -> dict[str, ConsumerNeed]:
-    """Each consumer's largest call for a prompt of ``n`` alone, then one decode step (O(1))."""
+def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed,
+                    max_tokens: int = 2) -> dict[str, ConsumerNeed]:
+    """Each consumer's largest call for a prompt of ``n`` alone, then (``max_tokens >= 2``) its decode steps (O(1)).
+
+    ``max_tokens`` 1: no decode step -- vLLM 0.33 samples the first output token in the prefill's last step and
+    finishes the request there (``vllm/v1/core/sched/utils.py`` ``check_stop``: ``num_output_tokens >= max_tokens``).
+    """
     def need(consumer, cached, q, shapes):
         b = _bytes(shapes)
         fits = [locked is None or shapes is None or b <= locked for locked in (locked_unfixed, locked_fixed)]
@@ -272,7 +277,7 @@ def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed) 
         out[DEQUANT_CHUNK] = need(DEQUANT_CHUNK, *chunks["continuation"], chunk_shapes(config, *chunks["continuation"])[1])
     if "decode_kernel" in chunks:
         out[SHORT_CHUNK] = need(SHORT_CHUNK, *chunks["decode_kernel"], None)
-    if analysis.decode_uses_workspace(config):
+    if max_tokens >= 2 and analysis.decode_uses_workspace(config):
         out[DECODE] = need(DECODE, n, 1, _decode_shapes(config))
     return out
 
@@ -282,10 +287,11 @@ def _decode_shapes(config: EngineConfig):
                                    config.tq_max_kv_splits_for_cuda_graph, config.dtype)
 
 
-def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed) -> ConsumerNeed | None:
-    """The first call refused at ``locked`` bytes, or None; its ``fits_unfixed``/``fits_fixed`` say whether
+def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed,
+                   max_tokens: int = 2) -> ConsumerNeed | None:
+    """The first TurboQuant call refused at ``locked`` bytes, or None; its ``fits_unfixed``/``fits_fixed`` say whether
     it fits each locked size (a call refused without the fix may fit with it)."""
-    call = analysis.first_refused_call(config, n, locked)
+    call = analysis.first_refused_call(config, n, locked, max_tokens=max_tokens)
     if call is None:
         return None
     b = call["required_bytes"]
@@ -297,8 +303,9 @@ def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_
 
 
 def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
-                       locked_fixed: int | None) -> RequestPrediction:
-    """A prompt of ``n`` tokens alone, then decoded: each consumer's largest call and the first refused one.
+                       locked_fixed: int | None, max_tokens: int = 2) -> RequestPrediction:
+    """A prompt of ``n`` tokens alone, then ``max_tokens - 1`` decode steps: each TurboQuant consumer's largest call
+    and the first refused one (``max_tokens`` 1: no decode step, as vLLM finishes the request after its prefill).
 
     Raises ``ValueError`` for ``n`` that is not an int >= 1.
     """
@@ -307,10 +314,10 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
     rejected = _rejection(config, n)
     if rejected is not None:
         return RequestPrediction(n, (), 0, False, False, rejected=rejected)
-    best = _consumer_needs(config, n, locked_unfixed, locked_fixed)
+    best = _consumer_needs(config, n, locked_unfixed, locked_fixed, max_tokens)
     needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
-    first_u = _first_refused(config, n, locked_unfixed, locked_unfixed, locked_fixed)
-    first_f = _first_refused(config, n, locked_fixed, locked_unfixed, locked_fixed)
+    first_u = _first_refused(config, n, locked_unfixed, locked_unfixed, locked_fixed, max_tokens)
+    first_f = _first_refused(config, n, locked_fixed, locked_unfixed, locked_fixed, max_tokens)
     return RequestPrediction(
         n, needs, max((x.nbytes for x in needs), default=0), first_u is not None, first_f is not None,
         first_refused_unfixed=first_u, first_refused_fixed=first_f,
@@ -318,7 +325,7 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
 
 
 def consumer_report(config: EngineConfig, prompt_tokens: Sequence[int] = (), *, locked_bytes: int | None = None,
-                    max_num_batched_tokens_source: str = "EngineConfig") -> ConsumerReport:
+                    max_num_batched_tokens_source: str = "EngineConfig", max_tokens: int = 2) -> ConsumerReport:
     """Per consumer, the workspace each prompt needs, whether it overflows, and the safe ``max_model_len``.
 
     Args:
@@ -329,12 +336,14 @@ def consumer_report(config: EngineConfig, prompt_tokens: Sequence[int] = (), *, 
         locked_bytes: the workspace size at lock without the fix, if measured
             (e.g. :meth:`WorkspaceTracer.size_at_lock` or vLLM's ``VLLM_DEBUG_WORKSPACE=1`` log).
         max_num_batched_tokens_source: where ``config.max_num_batched_tokens`` came from, for the report.
+        max_tokens: tokens each request generates (default 2: the prefill's token and one decode step); 1 makes
+            no decode call (:func:`request_prediction`).
 
     The prediction is :func:`tqlab.predict.analysis.predict`'s (without the fix). Raises
     ``ValueError`` for a bad length or size. A cache without TurboQuant's consumers: no request rows.
     """
     pred = analysis.predict(config, locked_bytes=locked_bytes)
     tokens = list(prompt_tokens) or [max(1, config.max_model_len - 1)]
-    reqs = ([request_prediction(config, n, pred.locked_bytes, pred.locked_bytes_with_fix) for n in tokens]
+    reqs = ([request_prediction(config, n, pred.locked_bytes, pred.locked_bytes_with_fix, max_tokens) for n in tokens]
             if pred.turboquant_consumers else [])
     return ConsumerReport(config, pred, reqs, list(pred.notes), max_num_batched_tokens_source, locked_bytes)
