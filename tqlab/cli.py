@@ -482,18 +482,22 @@ def _plan_lines(config: EngineConfig, pred) -> list:
            f"workspace share: {100 * reserved * slots / kv:.3f}%",
            f"capture sizes ({pred.cudagraph_mode}): {list(pred.capture_sizes)}; decode rows at the lock: "
            f"{pred.decode_rows_at_lock}"]
+    from tqlab.predict.consumer_text import consumer_lines, verdict_line
+
+    out += consumer_lines(pred)
     if pred.locked_bytes is None:
         out.append("without the fix: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph "
                    "capture), so no prompt hits the locked-workspace assertion")
-        return out
+        return out + [verdict_line(pred)]
     bad = pred.first_failing_prompt_tokens
+    survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
+                f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
+                else "every prompt up to max_model_len survives its prefill")
     out.append(
         f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
-        + (f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
-           else "every prompt up to max_model_len survives its prefill")
-        + f"; verdict: {pred.verdict}"
+        + survives + f"; verdict: {pred.verdict}" + (" (PARTIAL: unmodelled consumers)" if pred.partial else "")
     )
-    return out
+    return out + [verdict_line(pred)]
 
 
 @app.command("inspect-vllm")

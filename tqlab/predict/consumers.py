@@ -16,6 +16,7 @@ from tqlab.core.reservation import chunk_workspace_request, decode_workspace_sha
 from tqlab.core.workspace import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
+from tqlab.predict.consumer_text import consumer_lines, verdict_line
 
 __all__ = ["DECODE", "DEQUANT_CHUNK", "SHORT_CHUNK", "ConsumerNeed", "ConsumerReport", "RequestPrediction",
            "chunk_shapes", "consumer_report", "request_prediction"]
@@ -173,6 +174,9 @@ class ConsumerReport:
                     f"cudagraph_mode NONE) never runs: the measured {self.measured_locked_bytes:,} bytes are never locked")
         if src == "never_locked":
             return "vLLM 0.33 locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE"
+        who = self.prediction.lock_set_by
+        if who is not None and who != "turboquant_attn.py:_decode_attention":
+            return f"the largest request before the lock: {who}"
         if k > 0:
             return (f"decode at the largest captured batch; with {k} speculative tokens its {1 + k}-token rows "
                     "take the prefill path as first chunks and ask the workspace for nothing (vLLM 0.33 "
@@ -213,6 +217,7 @@ class ConsumerReport:
                    f"{self.max_num_batched_tokens_source}"
                    + (f"; max_num_scheduled_tokens {c.max_num_scheduled_tokens})" if c.chunk_budget < c.max_num_batched_tokens
                       else ")"))
+        out += consumer_lines(self.prediction)
         for r in self.requests:
             if r.rejected is not None:
                 out.append(f"request of {r.prompt_tokens} prompt tokens: rejected: {r.rejected} "
@@ -238,7 +243,10 @@ class ConsumerReport:
         out.append(
             f"safe max_model_len without the fix: {self.safe_max_model_len_alone} (requests alone), "
             f"{self.safe_max_model_len_any_schedule} (any chunking); with the fix: {self.fixed_safe_any_schedule} (any chunking)"
+            + ("" if self.safe_max_model_len_any_schedule is not None else
+               " (None: no length is safe -- see the notes)")
         )
+        out.append(verdict_line(self.prediction))
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
