@@ -167,7 +167,17 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
             )
         return EngineConfig(**ov)
     except (ValueError, TypeError) as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(_name_flags(str(e), ov)) from None
+
+
+def _name_flags(message: str, given: dict[str, Any]) -> str:
+    """``message`` with every EngineConfig field that came from a flag named as that flag
+    (``max_model_len must be >= 1`` -> ``--max-model-len must be >= 1``); preset fields keep their names."""
+    import re
+
+    for name in sorted(given, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
+    return message
 
 
 def _sources(preset: str | None, overrides: dict[str, Any]) -> dict[str, str]:
