@@ -539,7 +539,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     """
     import math
 
-    from tqlab.predict.report import inspect_vllm
+    from tqlab import answer_cache
 
     if (model_config is None) == (preset is None):
         raise click.UsageError("give the model as --config FILE (its config.json, or its folder) or --preset NAME "
@@ -549,19 +549,34 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
     to_stdout = json_path == "-"
     _check_json_path(json_path)
-    try:
-        report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
-                              max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
-                              gpu_memory_gib=gpu_memory_gib, demo=demo,
-                              json_path=None if to_stdout else json_path, quiet=to_stdout)
-    except (ValueError, TypeError) as e:
-        raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-    except OSError as e:
-        raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
-    if to_stdout:  # --json -: standard output holds only the JSON
-        import json
+    # A repeated question is answered from tqlab.answer_cache, without importing torch (--demo is always run).
+    key = None if demo else answer_cache.key("inspect-vllm", dict(
+        args=engine_args, config=model_config, preset=preset, prompt_tokens=list(prompt_tokens), max_tokens=max_tokens,
+        locked_bytes=locked_bytes, gpu=gpu, gpu_memory_gib=gpu_memory_gib), files=[model_config])
+    report = answer_cache.load(key)
+    if report is None:
+        from tqlab.predict.report import inspect_vllm
 
-        click.echo(json.dumps(report, indent=2, default=str))
+        try:
+            report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
+                                  max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
+                                  gpu_memory_gib=gpu_memory_gib, demo=demo, quiet=True)
+        except (ValueError, TypeError) as e:
+            raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+        except OSError as e:
+            raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
+        answer_cache.store(key, report)
+    text = json.dumps(report, indent=2, default=str)
+    if to_stdout:  # --json -: standard output holds only the JSON
+        click.echo(text)
+        return
+    if json_path is not None:
+        try:
+            with open(json_path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise click.UsageError(f"cannot write the JSON report to {json_path!r}: {e.strerror}") from None
+    click.echo(report["text"])
 
 
 @app.command("trace-report")
