@@ -209,7 +209,7 @@ def _config_line(c: EngineConfig) -> str:
         f"chunked_prefill={c.enable_chunked_prefill}, block_size={c.block_size}, "
         f"dtype={str(c.dtype).removeprefix('torch.')}, kv_cache_dtype={c.kv_cache_dtype}, "
         f"enforce_eager={c.enforce_eager}, cudagraph_mode={c.cudagraph_mode or 'default'}, "
-        f"num_speculative_tokens={c.num_speculative_tokens}"
+        f"num_speculative_tokens={c.num_speculative_tokens}, gpu={c.gpu}"
     )
 
 
