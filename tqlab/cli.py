@@ -154,6 +154,7 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
         except ValueError:
             raise click.BadParameter(f"not a comma-separated list of ints: {ov['cudagraph_capture_sizes']!r}",
                                      param_hint="--cudagraph-capture-sizes") from None
+    given = dict(ov)  # the flags the user gave (error messages name them as flags)
     if ov.get("enable_prefix_caching") is False:  # vLLM: mamba_cache_mode "none" then, no block-aligned split
         ov.setdefault("mamba_block_aligned_split", False)
     try:
@@ -167,7 +168,7 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
             )
         return EngineConfig(**ov)
     except (ValueError, TypeError) as e:
-        raise click.UsageError(_name_flags(str(e), ov)) from None
+        raise click.UsageError(_name_flags(str(e), given)) from None
 
 
 def _name_flags(message: str, given: dict[str, Any]) -> str:

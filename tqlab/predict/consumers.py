@@ -177,6 +177,8 @@ class ConsumerReport:
         who = self.prediction.lock_set_by
         if who is not None and who != "turboquant_attn.py:_decode_attention":
             return f"the largest request before the lock: {who}"
+        if who is None and not self.config.has_turboquant_consumers:
+            return "no modelled consumer asks the workspace before the lock"
         if k > 0:
             return (f"decode at the largest captured batch; with {k} speculative tokens its {1 + k}-token rows "
                     "take the prefill path as first chunks and ask the workspace for nothing (vLLM 0.33 "
