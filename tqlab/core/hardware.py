@@ -6,7 +6,8 @@ Triton MLA's split count in ``vllm/v1/attention/backends/mla/triton_mla.py``
 ``vllm/platforms/cuda.py`` ``_get_backend_priorities``; SM100-only paths such as TRT-LLM ragged MLA
 prefill, ``mla/prefill/trtllm_ragged.py`` ``is_supported``) and its total memory and name (the
 default ``max_num_seqs`` / ``max_num_batched_tokens``: ``vllm/engine/arg_utils.py``
-``EngineArgs._get_default_args``-tier rule, used by ``_set_default_max_num_seqs_and_batched_tokens_args``).
+``EngineArgs.get_batch_defaults``, used by ``_set_default_max_num_seqs_and_batched_tokens_args``;
+:func:`batch_defaults`).
 tqlab runs without the GPU, so the target is named (``--gpu``, H200 by default) and read from
 :data:`GPUS`. SM counts and memory are NVIDIA's data-sheet values as ``torch.cuda`` reports them.
 """
