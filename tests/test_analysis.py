@@ -368,3 +368,12 @@ def test_uncovered_other_consumer_crashes_at_any_length():
     assert A.predict(c, prompt_tokens=7, max_tokens=1).verdict == "ok"  # one chunk, no decode: never reached
     full = A.predict(c.replace(cudagraph_mode="FULL_AND_PIECEWISE"))
     assert (full.locked_bytes, full.verdict, full.lock_set_by) == (need, "ok", "flash_attn.py:_forward_with_dcp")
+
+
+def test_dbo_says_init_reservations_size_slot_0_only():
+    c = EngineConfig.from_preset("deepseek-v3.2")
+    assert not any(n.startswith("DBO:") for n in A.predict(c).notes)
+    dbo = A.predict(c.replace(enable_dbo=True))
+    assert dbo.locked_bytes == 2_369_781_760  # slot (ubatch 0, lane 0)
+    assert [n.field for n in dbo.notes if n.startswith("DBO: flashmla_sparse.py:__init__ reserve in __init__")] == [
+        "enable_dbo"]

@@ -339,6 +339,11 @@ def _other_notes(config: "EngineConfig", table, locked: int | None) -> list[Note
         notes.append(Note(NoteKind.RESERVATION_GAP,
                           f"{r.consumer} asks {r.max_runtime_bytes:,} bytes at serve time but the slot locks at "
                           f"{locked:,} (phase before the lock: {r.phase}): it crashes at any max_model_len"))
+    init = [r.consumer for r in rows if r.phase == "init"]
+    if config.num_ubatches > 1 and init:  # vllm/v1/worker/workspace.py _get_workspace_id: ubatch * lanes + lane
+        notes.append(Note(NoteKind.NOT_MODELLED, "DBO: " + ", ".join(init) + " reserve in __init__, which lands in "
+                          "slot (ubatch 0, lane 0) only; slot (ubatch 1, lane 0) is sized by what the profile run and "
+                          "captures ask in ubatch 1, which tqlab does not model per slot", "enable_dbo"))
     if table.unmodelled:
         notes.append(Note(NoteKind.NOT_MODELLED, "partial answer: consumers this deployment would use that tqlab "
                           "does not size: " + "; ".join(f"{u['consumer']} ({u['reason']})" for u in table.unmodelled)))
