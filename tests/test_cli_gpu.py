@@ -127,25 +127,3 @@ def test_max_tokens_one_makes_no_decode_call_and_inspect_vllm_passes_it_on():
     reqs = {k: json.loads(_run(*args, "--max-tokens", k).output)["prediction"]["requests"][0] for k in ("1", "2")}
     assert [c["consumer"] for c in reqs["1"]["consumers"]] == []
     assert [c["consumer"] for c in reqs["2"]["consumers"]] == [DECODE]
-
-
-def test_inspect_vllm_answers_a_repeated_question_from_the_cache_without_torch(kimi, tmp_path, monkeypatch):
-    import subprocess
-    import sys
-
-    monkeypatch.setenv("TQLAB_NO_CACHE", "0")
-    monkeypatch.setenv("TQLAB_CACHE_DIR", str(tmp_path / "cache"))
-    args = ["inspect-vllm", "--config", kimi, "--args", RAGGED, "--gpu", "B200"]
-    first = _run(*args)
-    assert first.exit_code == 0 and len(list((tmp_path / "cache" / "inspect-vllm").glob("*.json"))) == 1
-    probe = ("import sys; from click.testing import CliRunner; from tqlab.cli import app; "
-             f"r = CliRunner().invoke(app, {args!r}); print(r.output, end=''); "
-             "assert 'torch' not in sys.modules, 'torch imported on a cache hit'")
-    hit = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert hit.stdout == first.output
-    assert json.loads(_run(*args, "--json", "-").output)["lock_set_by"] == "trtllm_ragged.py:prepare_metadata"
-    with open(kimi, "w") as f:  # another config.json: another key, computed again
-        json.dump({**KIMI_K26, "num_attention_heads": 128}, f)
-    assert "Hq 32" in _run(*args).output
-    monkeypatch.setenv("TQLAB_NO_CACHE", "1")
-    assert _run(*args).output.startswith("per rank: Hq 32")

@@ -540,7 +540,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     """
     import math
 
-    from tqlab import answer_cache
+    from tqlab.predict.report import inspect_vllm
 
     if (model_config is None) == (preset is None):
         raise click.UsageError("give the model as --config FILE (its config.json, or its folder) or --preset NAME "
@@ -550,23 +550,14 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
     to_stdout = json_path == "-"
     _check_json_path(json_path)
-    # A repeated question is answered from tqlab.answer_cache, without importing torch (--demo is always run).
-    key = None if demo else answer_cache.key("inspect-vllm", dict(
-        args=engine_args, config=model_config, preset=preset, prompt_tokens=list(prompt_tokens), max_tokens=max_tokens,
-        locked_bytes=locked_bytes, gpu=gpu, gpu_memory_gib=gpu_memory_gib), files=[model_config])
-    report = answer_cache.load(key)
-    if report is None:
-        from tqlab.predict.report import inspect_vllm
-
-        try:
-            report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
-                                  max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
-                                  gpu_memory_gib=gpu_memory_gib, demo=demo, quiet=True)
-        except (ValueError, TypeError) as e:
-            raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-        except OSError as e:
-            raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
-        answer_cache.store(key, report)
+    try:
+        report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
+                              max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
+                              gpu_memory_gib=gpu_memory_gib, demo=demo, quiet=True)
+    except (ValueError, TypeError) as e:
+        raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    except OSError as e:
+        raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
     text = json.dumps(report, indent=2, default=str)
     if to_stdout:  # --json -: standard output holds only the JSON
         click.echo(text)
