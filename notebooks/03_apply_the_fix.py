@@ -74,6 +74,7 @@ from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
 from tqlab.core.config import EngineConfig, list_presets, load_preset
+from tqlab.core.consumers.registry import turboquant_only
 from tqlab.engine import LLMEngine
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
@@ -342,7 +343,8 @@ print("max_model_len prompt: served with the fix, refused without it")
 
 # %%
 cost = []
-for name in list_presets():
+TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_preset(n))]  # notebook 10: the others
+for name in TQ_PRESETS:
     c = EngineConfig.from_preset(name)
     res = plan_bytes(reservation_plan(c)) * c.num_ubatches
     decode_only = compute_layout(reservation_plan(c)[0]).total_bytes * c.num_ubatches

@@ -81,6 +81,7 @@ import torch
 from tqlab import strategies as S
 from tqlab.predict.analysis import unfixed_locked_bytes
 from tqlab.core.config import EngineConfig, list_presets
+from tqlab.core.consumers.registry import turboquant_only
 from tqlab.lab import plots_strategies as plots
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.lab.plots_workspace import PhaseMarker
@@ -253,11 +254,12 @@ if REC_TABLE is not None:
 
 # %%
 LENGTHS = [2 ** k for k in range(12, 18)]
-WS_ROWS = {name: S.workspace_vs_max_model_len(EngineConfig.from_preset(name), LENGTHS) for name in list_presets()}
+TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_preset(n))]  # notebook 10: the others
+WS_ROWS = {name: S.workspace_vs_max_model_len(EngineConfig.from_preset(name), LENGTHS) for name in TQ_PRESETS}
 plots.plot_workspace_vs_len(WS_ROWS)
 plt.show()
 rows = []
-for name in list_presets():
+for name in TQ_PRESETS:
     c = EngineConfig.from_preset(name)
     (r,) = S.workspace_vs_max_model_len(c, [c.max_model_len])
     kv_full = kv_cache_bytes_per_token(c) * c.max_model_len * c.max_num_seqs  # max_num_seqs full-length sequences
@@ -272,7 +274,7 @@ show_md(markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unf
 share_one = SEED_ROW["share"]
 share_full_batch = SEED_ROW["reserved_bytes"] / (kv_cache_bytes_per_token(SEED) * SEED.max_model_len * SEED.max_num_seqs)
 cont = 2 * SEED.num_kv_heads_per_rank * SEED.max_model_len * SEED.head_dim * 2  # two fp16 buffers
-assert all(EngineConfig.from_preset(n).num_ubatches == 1 for n in list_presets())  # one slot everywhere
+assert all(EngineConfig.from_preset(n).num_ubatches == 1 for n in TQ_PRESETS)  # one slot everywhere
 assert SEED_ROW["kv_bytes"] == kv_cache_bytes_per_token(SEED) * SEED.max_model_len  # same bytes per token
 assert abs(share_one - SEED.max_num_seqs * share_full_batch) < 1e-12
 assert cont <= SEED_ROW["reserved_bytes"] < cont + 2**20

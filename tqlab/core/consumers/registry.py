@@ -44,7 +44,7 @@ from tqlab.core.consumers.turboquant import TurboQuantContinuation, TurboQuantDe
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["CONSUMERS", "TURBOQUANT", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers",
+__all__ = ["CONSUMERS", "TURBOQUANT", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers", "turboquant_only",
            "consumer_named", "consumer_table", "unmodelled"]
 
 CONSUMERS: tuple[Consumer, ...] = (
@@ -142,6 +142,13 @@ class ConsumerTable:
 def active_consumers(config: "EngineConfig") -> list[Consumer]:
     """The modelled consumers ``config`` uses, in registry order."""
     return [c for c in CONSUMERS if c.active(config)]
+
+
+def turboquant_only(config: "EngineConfig") -> bool:
+    """True when TurboQuant's consumers are the deployment's only workspace consumers (modelled or not): the
+    deployments notebooks 02-09 and the TurboQuant closed forms are about. False for a non-TurboQuant cache."""
+    active = {c.name for c in active_consumers(config)}
+    return bool(active) and active <= TURBOQUANT and not unmodelled(config)
 
 
 def unmodelled(config: "EngineConfig") -> list[dict[str, str]]:
