@@ -1,0 +1,327 @@
+"""Prototype (issue 20, one device call): an in-block structure-of-arrays byte order for the
+TurboQuant cache, so the fast decode kernel's loads are wide and contiguous.
+
+Layout of one (block, KV head) region of ``block_size * slot_bytes`` bytes (same bytes per token,
+same quantizer, the same LSB-first bit stream inside each token's code field)::
+
+    [key codes of token 0 .. BS-1 : BS x key_index_bytes]     16-byte aligned (48 / 64 B each)
+    [value codes of token 0 .. BS-1 : BS x value_index_bytes] 16-byte aligned
+    [key norms fp16 : BS x 2][value scales fp16 : BS x 2][value zeros fp16 : BS x 2][pad]
+
+vLLM's order keeps all fields of one token together (102-byte slots for 3bit_nc, 2-byte aligned),
+so the per-token scalars sit 102 bytes apart (one 32-byte sector per 2 useful bytes) and the
+code groups are read as 16-bit words.  Here the scalars of 16 tokens fill one sector and a group
+of 16 codes is read as two aligned 32-bit words (``W32``) or three 16-bit ones (``W16``, only the
+addresses change).  The SoA cache is made from tqlab's cache by a byte permutation in torch
+(``aos_to_soa``), so the prototype needs no new store kernel.
+
+Checks every variant against the torch reference (fresh random K/V, shuffled blocks, uneven
+sequence lengths, poisoned outputs), then times fp16 SDPA, today's fast kernel and the SoA
+variants on the Llama-3.1-8B shard (Hq 32, Hk 8, B 16) and the seed TP-8 rank (Hq 4, Hk 1, B 4)
+at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_vs_vllm.ColdTimer``), splits from
+``ops.decode_num_splits(B, Hk, "fill")``.
+
+    python benchmarks/dev_turboquant_soa.py --out $OUT/soa.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _vs_vllm import ColdTimer  # noqa: E402
+from bench_turboquant import fill_paged, provenance, sdpa  # noqa: E402
+
+from tqlab.turboquant import TQ_PRESETS, decode_attention  # noqa: E402
+from tqlab.turboquant import _triton_fast as tf  # noqa: E402
+from tqlab.turboquant import _triton_kernels as tk  # noqa: E402
+from tqlab.turboquant.ops import decode_num_splits  # noqa: E402
+
+ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
+
+
+def aos_to_soa(cache: torch.Tensor, spec, d: int) -> torch.Tensor:
+    """tqlab/vLLM slot order -> the in-block SoA order above (same shape, same bytes per token)."""
+    nb, hk, bs, sb = cache.shape
+    o = spec.offsets(d)
+    kb, vb = spec.key_index_bytes(d), spec.value_index_bytes(d)
+    fields = [(0, kb), (o["val_idx"], vb), (o["key_norm"], 2), (o["val_scale"], 2), (o["val_zero"], 2)]
+    used = kb + vb + 6
+    if used < sb:
+        fields.append((used, sb - used))
+    parts = [cache[..., a:a + n].reshape(nb, hk, bs * n) for a, n in fields]
+    return torch.cat(parts, dim=-1).reshape(nb, hk, bs, sb).contiguous()
+
+
+@triton.jit
+def _words32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
+    """The windows of ``_triton_fast._group_words`` from two aligned 32-bit loads per group
+    (group ``g`` of 16 codes = bytes ``[2*BITS*g, 2*BITS*g + 2*BITS)`` of a 4-byte aligned field)."""
+    g = tl.arange(0, D // 16)
+    a = (g * BITS) // 2
+    odd = ((g * BITS) % 2 == 1)[None, :]
+    ptr = c32 + base32[:, None] + a[None, :]
+    m = ok[:, None]
+    x0 = tl.load(ptr, mask=m, other=0)
+    x1 = tl.load(ptr + 1, mask=m, other=0)
+    x0h = (x0 >> 16) & 0xFFFF
+    x1h = (x1 >> 16) & 0xFFFF
+    mid = x0h | (x1 << 16)
+    w0 = tl.where(odd, mid, x0)
+    w1 = tl.where(odd, x1, mid)
+    w2 = tl.where(odd, x1h, x1)
+    return w0, w1, w2, x1h, w0, w0, w0, w0
+
+
+@triton.jit
+def _soa_loads(c16, c32, region16, o, ok, BS: tl.constexpr, D: tl.constexpr, KBITS: tl.constexpr,
+               VBITS: tl.constexpr, W32: tl.constexpr):
+    """Windows of keys and values, key norm, value scale and zero (fp32) of each token."""
+    KW: tl.constexpr = D * KBITS // 16  # 16-bit words of a key field
+    VW: tl.constexpr = D * VBITS // 16
+    kbase = region16 + o * KW
+    vbase = region16 + BS * KW + o * VW
+    sbase = region16 + BS * (KW + VW) + o
+    if W32:
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _words32(c32, kbase // 2, ok, KBITS, D)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _words32(c32, vbase // 2, ok, VBITS, D)
+    else:
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = tf._group_words(c16, kbase, ok, 0, KBITS, D)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = tf._group_words(c16, vbase, ok, 0, VBITS, D)
+    kn = tl.load(c16 + sbase, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vs = tl.load(c16 + sbase + BS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(c16 + sbase + 2 * BS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    return kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz
+
+
+@triton.jit
+def _decode_soa_kernel(
+    q_ptr, c16, c32, bt_ptr, sl_ptr, mid_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
+    stride_qb, stride_qh, stride_cb16, stride_ch16, stride_btb, stride_mb, stride_mh, stride_ms,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+    W32: tl.constexpr,
+):
+    """``_triton_fast._decode_fast_kernel`` (no prefetch, in-thread norm) on the SoA order."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    g = tl.arange(0, GP)
+    gmask = g < GROUP
+    heads = hk * GROUP + g
+    cols = tl.arange(0, D)
+    seq_len = tl.load(sl_ptr + b).to(tl.int32)
+    chunk = tl.cdiv(seq_len, num_splits)
+    start = tl.minimum(s * chunk, seq_len)
+    end = tl.minimum(start + chunk, seq_len)
+    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
+    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+    q = (tk._fwht(q, GP, D) * inv_sqrt_d).to(tl.float16)
+    ones = tl.full([GP, D], 1.0, dtype=tl.float16)
+    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GP], dtype=tl.float32)
+    acc = tl.zeros([GP, D], dtype=tl.float32)
+    acc_z = tl.zeros([GP], dtype=tl.float32)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
+        t = t0 + tl.arange(0, BLOCK_T)
+        in_seq = t < end
+        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=in_seq, other=-1).to(tl.int64)
+        ok = in_seq & (blk >= 0) & (blk < num_blocks)
+        region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
+        o = (t % BLOCK_SIZE).to(tl.int64)
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _soa_loads(
+            c16, c32, region16, o, ok, BLOCK_SIZE, D, KBITS, VBITS, W32)
+        m_i, l_i, acc, acc_z = tf._fast_tile(
+            q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
+            in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+            D, BLOCK_T, False, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, False)
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = (acc + acc_z[:, None]) * inv_l[:, None]
+    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
+    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
+    tl.store(mrow + D, part_lse, mask=gmask)
+
+
+def decode_soa(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse, block_t=64, num_warps=4,
+               w32=True, lut=2, stats=None):
+    """Split kernel on an SoA cache, then the portable reduction."""
+    bsz, hq, d = query.shape
+    nb, hk, bs, sb = cache.shape
+    lut = lut if tf.use_lut(spec, query.device) else 0
+    kern = _decode_soa_kernel[(bsz, hk, mid_out.shape[2])](
+        query, cache.view(torch.uint16), cache.view(-1).view(torch.int32), block_tables, seq_lens, mid_out,
+        *tk._centroid_poly(spec, d), scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
+        query.stride(0), query.stride(1), cache.stride(0) // 2, cache.stride(1) // 2,
+        block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
+        GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+        KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=lut,
+        LUT_ASM=tf._asm_for(spec, d, lut), W32=w32, num_warps=num_warps,
+    )
+    tk._record(stats, kern)
+    tk.reduce(mid_out, output, lse)
+    return output
+
+
+VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vLLM's) order
+    "fast": ("fast", {}),
+    "soa_w16": ("soa", {"w32": False}),
+    "soa_w32": ("soa", {"w32": True}),
+    "soa_w32_128x8": ("soa", {"w32": True, "block_t": 128, "num_warps": 8}),
+    "soa_w32_32x4": ("soa", {"w32": True, "block_t": 32, "num_warps": 4}),
+}
+
+
+def _call(variant, q, caches, bt, sl, spec, mid, out, lse, stats=None):
+    kind, kw = VARIANTS[variant]
+    d = q.shape[-1]
+    if kind == "fast":
+        tf.decode_attention(q, caches[0], bt, sl, spec, d**-0.5, mid, out, lse, stats=stats)
+    else:
+        decode_soa(q, caches[1], bt, sl, spec, d**-0.5, mid, out, lse, stats=stats, **kw)
+
+
+def check(log) -> list:
+    rows = []
+    for seed, (hq, hk, b, ctx) in enumerate([(32, 8, 4, 2048), (4, 1, 3, 3008)]):
+        g = torch.Generator(device="cuda").manual_seed(300 + seed)
+        d = 128
+        k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16, generator=g) * 2 + 0.5
+        q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        sl = torch.tensor([ctx, 1, ctx - 1096, 17][:b], device="cuda", dtype=torch.int32)
+        for name in ROTATED:
+            spec = TQ_PRESETS[name]
+            cache, bt = fill_paged(spec, k, v, seed=seed)
+            caches = (cache, aos_to_soa(cache, spec, d))
+            mid = torch.empty(b, hq, 32, d + 1, device="cuda")
+            o_ref, l_ref = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16), torch.empty(b, hq, device="cuda")
+            decode_attention(q, cache, bt, sl, spec, d**-0.5, mid, o_ref, l_ref, backend="torch")
+            for var in VARIANTS:
+                mid = torch.full((b, hq, 32, d + 1), float("nan"), device="cuda")
+                out = torch.full((b, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+                lse = torch.full((b, hq), float("nan"), device="cuda")
+                _call(var, q, caches, bt, sl, spec, mid, out, lse)
+                row = {"check": "decode", "hq": hq, "preset": name, "variant": var,
+                       "nan": bool(torch.isnan(out.float()).any() or torch.isnan(lse).any()),
+                       "out_max_abs_vs_torch": float((out.float() - o_ref.float()).abs().max()),
+                       "lse_max_abs_vs_torch": float((lse - l_ref).abs().max())}
+                row["ok"] = (not row["nan"]) and row["out_max_abs_vs_torch"] < 2e-2 and row["lse_max_abs_vs_torch"] < 1e-2
+                rows.append(row)
+                log(row)
+    return rows
+
+
+SHAPES = {"llama": (32, 8, 16), "seed": (4, 1, 4)}
+
+
+def timing(log, contexts, presets, rows, save) -> list:
+    timer = ColdTimer()
+    for shape, (hq, hk, b) in SHAPES.items():
+        for ctx in contexts:
+            d = 128
+            torch.manual_seed(1000 + ctx + b + hq)
+            k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
+            v = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
+            q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+            q4 = q.to(torch.float16)[:, :, None, :]
+            sdpa_ms = timer(lambda: sdpa(q4, k, v, d**-0.5))
+            sl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+            s = decode_num_splits(b, hk, "fill")
+            for name in presets:
+                spec = TQ_PRESETS[name]
+                cache, bt = fill_paged(spec, k, v)
+                caches = (cache, aos_to_soa(cache, spec, d))
+                mid = torch.empty(b, hq, s, d + 1, device="cuda")
+                out = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
+                lse = torch.empty(b, hq, device="cuda")
+                row = {"shape": shape, "hq": hq, "hk": hk, "batch": b, "ctx": ctx, "preset": name, "splits": s,
+                       "sdpa_ms": sdpa_ms}
+                for var in VARIANTS:
+                    try:
+                        st: dict = {}
+                        _call(var, q, caches, bt, sl, spec, mid, out, lse, stats=st)
+                        row[f"{var}_ms"] = timer(lambda: _call(var, q, caches, bt, sl, spec, mid, out, lse))
+                        row[f"{var}_regs"] = st.get("n_regs")
+                    except Exception as exc:  # noqa: BLE001 - keep the other variants
+                        traceback.print_exc()
+                        row[f"{var}_error"] = repr(exc)[:300]
+                best = min((row[f"{v}_ms"], v) for v in VARIANTS if v != "fast" and f"{v}_ms" in row)
+                row["best_soa"], row["best_soa_ms"] = best[1], best[0]
+                row["fast_over_best_soa"] = row["fast_ms"] / best[0]
+                row["sdpa_over_fast"] = sdpa_ms / row["fast_ms"]
+                row["sdpa_over_best_soa"] = sdpa_ms / best[0]
+                rows.append(row)
+                log(row)
+                del cache, caches
+                torch.cuda.empty_cache()
+            del k, v
+            torch.cuda.empty_cache()
+            save()
+    return rows
+
+
+def table(rows) -> str:
+    out = ["| shape | ctx | preset | SDPA ms | fast ms | " + " | ".join(f"{v} ms" for v in VARIANTS if v != "fast")
+           + " | fast / best SoA | SDPA / fast | SDPA / best SoA |", "|" + "---|" * (8 + len(VARIANTS) - 1)]
+    for r in rows:
+        soa = " | ".join(f"{r.get(f'{v}_ms', float('nan')):.3f}" for v in VARIANTS if v != "fast")
+        out.append(f"| {r['shape']} B{r['batch']} | {r['ctx'] // 1024}K | {r['preset'].removeprefix('turboquant_')} | "
+                   f"{r['sdpa_ms']:.3f} | {r['fast_ms']:.3f} | {soa} | {r['fast_over_best_soa']:.2f}x | "
+                   f"{r['sdpa_over_fast']:.2f}x | {r['sdpa_over_best_soa']:.2f}x |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--contexts", default="8192,32768,131072")
+    ap.add_argument("--presets", default=",".join(ROTATED))
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dev_turboquant_soa.py times CUDA kernels: no CUDA device here", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res = {"provenance": provenance(args), "method": __doc__, "check": [], "rows": []}
+
+    def log(row):
+        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                      for k, v in row.items()), flush=True)
+
+    def save():
+        res["wall_s"] = time.time() - t0
+        out.write_text(json.dumps(res, indent=1))
+
+    res["check"] = check(log)
+    bad = [r for r in res["check"] if not r["ok"]]
+    print(f"CHECK: {len(res['check']) - len(bad)} ok, {len(bad)} failed", flush=True)
+    save()
+    timing(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), res["rows"], save)
+    res["table"] = table(res["rows"])
+    save()
+    print(res["table"])
+    print(f"done in {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
