@@ -22,6 +22,8 @@ at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_vs_vllm.ColdTimer``), 
 ``ops.decode_num_splits(B, Hk, "fill")``.
 
     python benchmarks/dev_turboquant_soa.py --out $OUT/soa.json
+    python benchmarks/dev_turboquant_soa.py --record --commit X   # data/turboquant_soa_prototype_h200.json
+    python benchmarks/dev_turboquant_soa.py --profile soa_w32   # one Llama 32K 3bit_nc launch, for ncu
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _recording import default_dir  # noqa: E402
 from _vs_vllm import ColdTimer  # noqa: E402
 from bench_turboquant import fill_paged, provenance, sdpa  # noqa: E402
 
@@ -288,18 +291,54 @@ def table(rows) -> str:
     return "\n".join(out)
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", default=None,
+                    help="output file (default: build/turboquant_soa_prototype_h200.json, data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--contexts", default="8192,32768,131072")
     ap.add_argument("--presets", default=",".join(ROTATED))
-    args = ap.parse_args(argv)
+    ap.add_argument("--profile", default=None, choices=list(VARIANTS),
+                    help="run one launch of this variant (Llama shard, B 16, 32K, 3bit_nc) after a warm-up: for ncu")
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file this run writes: ``--out``, else ``build/`` (``data/`` with ``--record``); none with ``--profile``."""
+    if args.profile:
+        return []
+    return [Path(args.out) if args.out else default_dir(args) / "turboquant_soa_prototype_h200.json"]
+
+
+def profile(variant: str) -> int:
+    """Two launches of one variant on the Llama shard at 32K (3bit_nc): ncu profiles the second."""
+    hq, hk, b = SHAPES["llama"]
+    d, ctx = 128, 32768
+    spec = TQ_PRESETS["turboquant_3bit_nc"]
+    k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
+    cache, bt = fill_paged(spec, k, k * 0.5 + 0.1)
+    caches = (cache, aos_to_soa(cache, spec, d))
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    sl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+    mid = torch.empty(b, hq, 32, d + 1, device="cuda")
+    out = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(b, hq, device="cuda")
+    for _ in range(2):
+        _call(variant, q, caches, bt, sl, spec, mid, out, lse)
+    torch.cuda.synchronize()
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     if not torch.cuda.is_available():
         print("dev_turboquant_soa.py times CUDA kernels: no CUDA device here", file=sys.stderr)
         return 2
+    if args.profile:
+        return profile(args.profile)
     t0 = time.time()
-    out = Path(args.out)
+    out = output_paths(args)[0]
     out.parent.mkdir(parents=True, exist_ok=True)
     res = {"provenance": provenance(args), "method": __doc__, "check": [], "rows": []}
 
