@@ -18,7 +18,7 @@ addresses change).  The SoA cache is made from tqlab's cache by a byte permutati
 Checks every variant against the torch reference (fresh random K/V, shuffled blocks, uneven
 sequence lengths, poisoned outputs), then times fp16 SDPA, today's fast kernel and the SoA
 variants on the Llama-3.1-8B shard (Hq 32, Hk 8, B 16) and the seed TP-8 rank (Hq 4, Hk 1, B 4)
-at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_vs_vllm.ColdTimer``), splits from
+at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_tq_bench.ColdTimer``), splits from
 ``ops.decode_num_splits(B, Hk, "fill")``.
 
     python benchmarks/dev_turboquant_soa.py --out $OUT/soa.json
@@ -43,14 +43,13 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _recording import default_dir  # noqa: E402
-from _vs_vllm import ColdTimer  # noqa: E402
-from bench_turboquant import fill_paged, provenance, sdpa  # noqa: E402
+from _recording import default_dir
+from _tq_bench import ColdTimer, fill_paged, provenance, random_decode_inputs, sdpa
 
-from tqlab.turboquant import TQ_PRESETS, decode_attention  # noqa: E402
-from tqlab.turboquant import _triton_fast as tf  # noqa: E402
-from tqlab.turboquant import _triton_kernels as tk  # noqa: E402
-from tqlab.turboquant.ops import decode_num_splits  # noqa: E402
+from tqlab.turboquant import TQ_PRESETS, decode_attention
+from tqlab.turboquant import _triton_fast as tf
+from tqlab.turboquant import _triton_kernels as tk
+from tqlab.turboquant.ops import decode_num_splits
 
 ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
 
@@ -239,10 +238,7 @@ def timing(log, contexts, presets, rows, save) -> list:
     for shape, (hq, hk, b) in SHAPES.items():
         for ctx in contexts:
             d = 128
-            torch.manual_seed(1000 + ctx + b + hq)
-            k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
-            v = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
-            q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+            k, v, q = random_decode_inputs(b, hq, hk, ctx, d, seed=1000 + ctx + b + hq)
             q4 = q.to(torch.float16)[:, :, None, :]
             sdpa_ms = timer(lambda: sdpa(q4, k, v, d**-0.5))
             sl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
@@ -262,7 +258,7 @@ def timing(log, contexts, presets, rows, save) -> list:
                         _call(var, q, caches, bt, sl, spec, mid, out, lse, stats=st)
                         row[f"{var}_ms"] = timer(lambda: _call(var, q, caches, bt, sl, spec, mid, out, lse))
                         row[f"{var}_regs"] = st.get("n_regs")
-                    except Exception as exc:  # noqa: BLE001 - keep the other variants
+                    except Exception as exc:  # keep the other variants
                         traceback.print_exc()
                         row[f"{var}_error"] = repr(exc)[:300]
                 best = min((row[f"{v}_ms"], v) for v in VARIANTS if v != "fast" and f"{v}_ms" in row)
@@ -272,10 +268,7 @@ def timing(log, contexts, presets, rows, save) -> list:
                 row["sdpa_over_best_soa"] = sdpa_ms / best[0]
                 rows.append(row)
                 log(row)
-                del cache, caches
                 torch.cuda.empty_cache()
-            del k, v
-            torch.cuda.empty_cache()
             save()
     return rows
 
