@@ -122,22 +122,9 @@ def _decode_soa_kernel(
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
-    g = tl.arange(0, GP)
-    gmask = g < GROUP
-    heads = hk * GROUP + g
-    cols = tl.arange(0, D)
-    seq_len = tl.load(sl_ptr + b).to(tl.int32)
-    chunk = tl.cdiv(seq_len, num_splits)
-    start = tl.minimum(s * chunk, seq_len)
-    end = tl.minimum(start + chunk, seq_len)
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
-    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
-    q = (tk._fwht(q, GP, D) * inv_sqrt_d).to(tl.float16)
-    ones = tl.full([GP, D], 1.0, dtype=tl.float16)
-    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
-    acc_z = tl.zeros([GP], dtype=tl.float32)
+    heads, gmask, start, end, q, ones, cols = tf._fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb,
+                                                                stride_qh, inv_sqrt_d, GROUP, GP, D, False)
+    m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
         t = t0 + tl.arange(0, BLOCK_T)
@@ -152,13 +139,7 @@ def _decode_soa_kernel(
             q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
             in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
             D, BLOCK_T, False, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, False)
-    has = l_i > 0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    out = (acc + acc_z[:, None]) * inv_l[:, None]
-    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
-    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
-    tl.store(mrow + D, part_lse, mask=gmask)
+    tk._store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, cols, stride_mb, stride_mh, stride_ms, D)
 
 
 def decode_soa(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse, block_t=64, num_warps=4,
