@@ -326,7 +326,7 @@ def _decode_soa4_kernel(
 
 
 def decode_soa(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse, block_t=64, num_warps=4,
-               w32=True, lut=2, stats=None, x32=False):
+               w32=True, lut=2, stats=None, x32=False, maxnreg=None):
     """Split kernel on an SoA cache, then the portable reduction."""
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
@@ -338,6 +338,8 @@ def decode_soa(query, cache, block_tables, seq_lens, spec, scale, mid_out, outpu
     meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=lut,
                 LUT_ASM=tf._asm_for(spec, d, lut), num_warps=num_warps)
+    if maxnreg:
+        meta["maxnreg"] = maxnreg
     if x32:
         kern = _decode_soa4_kernel[(bsz, hk, mid_out.shape[2])](*args, **meta)
     else:
@@ -356,6 +358,9 @@ VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vL
     "soa_x32": ("soa", {"x32": True}),
     "soa_x32_128x4": ("soa", {"x32": True, "block_t": 128, "num_warps": 4}),
     "soa_x32_64x8": ("soa", {"x32": True, "block_t": 64, "num_warps": 8}),
+    "soa_x32_128x4_r128": ("soa", {"x32": True, "block_t": 128, "num_warps": 4, "maxnreg": 128}),
+    "soa_x32_128x8": ("soa", {"x32": True, "block_t": 128, "num_warps": 8}),
+    "soa_x32_256x8": ("soa", {"x32": True, "block_t": 256, "num_warps": 8}),
 }
 
 
@@ -402,7 +407,7 @@ def check(log) -> list:
 SHAPES = {"llama": (32, 8, 16), "seed": (4, 1, 4)}
 
 
-def timing(log, contexts, presets, rows, save) -> list:
+def timing(log, contexts, presets, rows, save, variants=None) -> list:
     timer = ColdTimer()
     for shape, (hq, hk, b) in SHAPES.items():
         for ctx in contexts:
@@ -421,7 +426,7 @@ def timing(log, contexts, presets, rows, save) -> list:
                 lse = torch.empty(b, hq, device="cuda")
                 row = {"shape": shape, "hq": hq, "hk": hk, "batch": b, "ctx": ctx, "preset": name, "splits": s,
                        "sdpa_ms": sdpa_ms}
-                for var in VARIANTS:
+                for var in variants or VARIANTS:
                     try:
                         st: dict = {}
                         _call(var, q, caches, bt, sl, spec, mid, out, lse, stats=st)
@@ -443,10 +448,11 @@ def timing(log, contexts, presets, rows, save) -> list:
 
 
 def table(rows) -> str:
-    out = ["| shape | ctx | preset | SDPA ms | fast ms | " + " | ".join(f"{v} ms" for v in VARIANTS if v != "fast")
-           + " | fast / best SoA | SDPA / fast | SDPA / best SoA |", "|" + "---|" * (8 + len(VARIANTS) - 1)]
+    names = [v for v in VARIANTS if v != "fast" and any(f"{v}_ms" in r for r in rows)]
+    out = ["| shape | ctx | preset | SDPA ms | fast ms | " + " | ".join(f"{v} ms" for v in names)
+           + " | fast / best SoA | SDPA / fast | SDPA / best SoA |", "|" + "---|" * (8 + len(names))]
     for r in rows:
-        soa = " | ".join(f"{r.get(f'{v}_ms', float('nan')):.3f}" for v in VARIANTS if v != "fast")
+        soa = " | ".join(f"{r.get(f'{v}_ms', float('nan')):.3f}" for v in names)
         out.append(f"| {r['shape']} B{r['batch']} | {r['ctx'] // 1024}K | {r['preset'].removeprefix('turboquant_')} | "
                    f"{r['sdpa_ms']:.3f} | {r['fast_ms']:.3f} | {soa} | {r['fast_over_best_soa']:.2f}x | "
                    f"{r['sdpa_over_fast']:.2f}x | {r['sdpa_over_best_soa']:.2f}x |")
@@ -461,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--contexts", default="8192,32768,131072")
     ap.add_argument("--presets", default=",".join(ROTATED))
+    ap.add_argument("--variants", default="", help="comma list of VARIANTS to time (default: all; 'fast' always runs)")
     ap.add_argument("--profile", default=None, choices=list(VARIANTS),
                     help="run one launch of this variant (Llama shard, B 16, 32K, 3bit_nc) after a warm-up: for ncu")
     return ap
@@ -516,7 +523,8 @@ def main(argv=None) -> int:
     bad = [r for r in res["check"] if not r["ok"]]
     print(f"CHECK: {len(res['check']) - len(bad)} ok, {len(bad)} failed", flush=True)
     save()
-    timing(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), res["rows"], save)
+    variants = ["fast"] + [v for v in args.variants.split(",") if v and v != "fast"] if args.variants else None
+    timing(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), res["rows"], save, variants)
     res["table"] = table(res["rows"])
     save()
     print(res["table"])
