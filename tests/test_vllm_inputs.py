@@ -74,6 +74,22 @@ def test_split_serve_line_keeps_quoted_json_and_refuses_bad_quotes():
         split_serve_line("vllm serve M --hf-overrides '{")
 
 
+
+@pytest.mark.parametrize("prompt", ["$", "#", "%", ">"])
+def test_a_pasted_shell_prompt_is_dropped_with_a_note(prompt):
+    given, notes = parse_serve_args(f"{prompt} vllm serve M --max-model-len 100")
+    assert given == {"model_tag": "M", "max_model_len": 100}
+    assert notes == [f"leading shell prompt {prompt!r} dropped"]
+    argv, env, _ = split_serve_line(f"{prompt} A=1 vllm serve M")
+    assert (argv, env) == (["vllm", "serve", "M"], {"A": "1"})
+
+
+def test_words_before_the_launcher_get_the_launcher_hint_not_the_boolean_one():
+    with pytest.raises(VllmArgsError) as e:
+        parse_serve_args("sudo vllm serve M --max-model-len 100")
+    assert str(e.value) == ("vllm serve: unrecognized arguments: vllm serve M (the line must start with 'vllm serve' "
+                            "or the model; remove what comes before the launcher)")
+
 # --------------------------------------------------------------------------- #
 # vLLM's config classes coerce values (pydantic lax mode)                     #
 # --------------------------------------------------------------------------- #
@@ -111,9 +127,9 @@ def test_two_spellings_of_one_dict_flag_are_two_flags_the_last_wins():
 def test_speculative_tokens_as_a_string_and_bad_list_entries():
     d = _map_flags(_given("""vllm serve M --speculative-config '{"num_speculative_tokens": "3"}'""")[0])
     assert d.get("num_speculative_tokens") == 3
-    with pytest.raises(VllmArgsError, match=r"^cudagraph_capture_sizes\[1\] must be an integer, got 2.5$"):
+    with pytest.raises(VllmArgsError, match=r"^--compilation-config \(-cc\) cudagraph_capture_sizes\[1\] must be an integer, got 2.5 \(in \[1, 2.5\]\)$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes '[1, 2.5]'")[0])
-    with pytest.raises(VllmArgsError, match=r"^cudagraph_capture_sizes\[0\] must be an integer, got 'x'$"):
+    with pytest.raises(VllmArgsError, match=r"^--compilation-config \(-cc\) cudagraph_capture_sizes\[0\] must be an integer, got 'x' \(in \['x', '2'\]\)$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes+ x,2")[0])
 
 
