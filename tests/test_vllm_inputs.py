@@ -236,6 +236,12 @@ def test_family_sources_say_which_key_vllm_read():
     assert s.sources["num_hidden_layers"] == "config.json num_layers (ChatGLM, vLLM ChatGLMConfig: num_hidden_layers is num_layers)"
     s = read_hf_config(FAMILIES["falcon-7b"][0])
     assert s.sources["num_key_value_heads"].startswith("derived: Falcon multi_query without new_decoder_architecture")
+    d = deployment_from_vllm("vllm serve M", FAMILIES["chatglm3-6b"][0])  # review finding: seq_length, not max_position_embeddings
+    src = "config.json seq_length (ChatGLM, vLLM ChatGLMConfig: max_position_embeddings is seq_length)"
+    assert d.sources["max_model_len"] == f"{src} (no --max-model-len)"
+    assert d.notes[0] == f"max_model_len = 32768 from {src} (no --max-model-len)"
+    assert deployment_from_vllm("vllm serve M", FAMILIES["falcon-7b"][0]).sources["max_model_len"] == (
+        "Falcon, transformers FalconConfig default 2048 (max_position_embeddings not in config.json) (no --max-model-len)")
     chatglm_no_groups = {k: v for k, v in FAMILIES["chatglm3-6b"][0].items() if k != "multi_query_group_num"}
     assert read_hf_config(chatglm_no_groups).num_key_value_heads == 1  # ChatGLMConfig's default
 

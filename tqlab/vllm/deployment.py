@@ -347,9 +347,14 @@ def _max_model_len(shape: ModelShape, d: DeploymentDraft, env: Mapping[str, str]
     if mml != -1:
         return
     key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
+    where = f"config.json {key}"
+    if shape.max_len_key and "max_len" in shape.sources:  # a family alias: the key config.json really spells
+        # (ChatGLM: vLLM's key max_position_embeddings is ChatGLMConfig's copy of config.json seq_length)
+        rope = shape.max_len_key.partition(" x ")[2]
+        where = shape.sources["max_len"] + (f" x {rope}" if rope else "")
     how = "--max-model-len auto" if "max_model_len" in d else "no --max-model-len"
-    d.set("max_model_len", shape.max_len, f"config.json {key} ({how})")
-    d.note(NoteKind.DEFAULTED, f"max_model_len = {shape.max_len} from config.json {key} ({how})", "max_model_len")
+    d.set("max_model_len", shape.max_len, f"{where} ({how})")
+    d.note(NoteKind.DEFAULTED, f"max_model_len = {shape.max_len} from {where} ({how})", "max_model_len")
 
 
 def _scheduler_defaults(d: DeploymentDraft, usage: str, gpu_memory_gib: float | None,
