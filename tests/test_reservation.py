@@ -199,24 +199,36 @@ def test_plan_bytes_of_empty_plan_is_zero():
 # --------------------------------------------------------------------------- #
 
 
-def test_reserve_workspace_makes_the_plan_calls_on_every_slot():
+def test_reserve_workspace_makes_the_plan_calls_in_the_current_slot_only():
+    """vLLM 0.33's builder reserves from its constructor, in slot 0: slot 1 stays empty (review finding 5)."""
     c = EngineConfig.from_preset(PR_TEST, enable_dbo=True)
     ws = WorkspaceManager("meta", c.num_ubatches)
     plan = reserve_workspace(c, ws)
     assert plan == reservation_plan(c)
-    assert ws.sizes_bytes() == [16 * MiB, 16 * MiB]
+    assert ws.sizes_bytes() == [16 * MiB, 0]
     assert [(e.kind, e.ubatch, e.old_bytes, e.new_bytes) for e in ws.events] == [
         ("resize", 0, 0, PR_LOCKED), ("resize", 0, PR_LOCKED, 16 * MiB),
-        ("resize", 1, 0, PR_LOCKED), ("resize", 1, PR_LOCKED, 16 * MiB),
     ]
     assert all(e.caller.startswith("reservation.py:") and e.caller.endswith(":reserve_workspace") for e in ws.events)
-    # after the lock every planned call fits in every slot
+    with ubatch_context(1):  # a caller inside ubatch 1 reserves slot 1
+        reserve_workspace(c, ws)
+    assert ws.sizes_bytes() == [16 * MiB, 16 * MiB]
     ws.lock()
     for slot in (0, 1):
         with ubatch_context(slot):
             for call in plan:
                 ws.get_simultaneous(*call)
     assert [e.kind for e in ws.events][-1] == "lock"
+
+
+def test_after_the_reservation_slot_1_refuses_the_worst_chunk():
+    c = EngineConfig.from_preset(PR_TEST, enable_dbo=True)
+    ws = WorkspaceManager("meta", c.num_ubatches)
+    reserve_workspace(c, ws)
+    ws.lock()
+    with ubatch_context(1), pytest.raises(WorkspaceLockedError) as ei:
+        ws.get_simultaneous(*reservation_plan(c)[-1])
+    assert (ei.value.ubatch, ei.value.required_bytes, ei.value.current_bytes) == (1, 16 * MiB, 0)
 
 
 def test_reserve_workspace_defaults_to_the_module_manager():

@@ -39,7 +39,6 @@ from tqlab.core.workspace import (
     is_workspace_manager_initialized,
     positive_int,
     round_up,
-    ubatch_context,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -203,23 +202,25 @@ def plan_bytes(plan: list[Shapes]) -> int:
 def reserve_workspace(
     config: "EngineConfig", manager: WorkspaceManager | None = None, *, decode_batch: int | None = None
 ) -> list[Shapes]:
-    """Make the reservation calls on every ubatch slot of ``manager`` (default: the current one).
+    """Make the reservation calls on ``manager`` (default: the current one), in the caller's ubatch slot.
 
-    Every DBO slot is sized: a reservation made in slot 0 alone leaves slot 1
-    empty, and slot 1's first request after the lock would fail.
+    As vLLM 0.33's ``TurboQuantMetadataBuilder._reserve_workspace``
+    (``vllm/v1/attention/backends/turboquant_attn.py``, PR #44053): the calls are plain
+    ``get_simultaneous`` calls, so they land in the slot of ``dbo_current_ubatch_id()`` —
+    slot 0 when the builder's constructor runs, outside any micro-batch. With DBO slot 1 is
+    left at whatever other start-up work asked of it, and a continuation chunk run in
+    ubatch 1 after the lock can still be refused (``parity/test_reservation_parity.py``
+    checks the slot sizes against vLLM's own builder; notebook 06 §7 shows the refusal).
 
     Returns the plan. Without ``manager`` and with no process-wide manager initialized it
-    returns ``[]`` at once and reserves nothing, as vLLM PR #44053's ``_reserve_workspace``
-    does (``if not is_workspace_manager_initialized(): return``,
-    ``vllm/v1/attention/backends/turboquant_attn.py``). Raises ``WorkspaceLockedError`` if the
-    manager is locked and too small (reserve before locking).
+    returns ``[]`` at once and reserves nothing, as vLLM does
+    (``if not is_workspace_manager_initialized(): return``). Raises ``WorkspaceLockedError`` if
+    the manager is locked and too small (reserve before locking).
     """
     if manager is None and not is_workspace_manager_initialized():
         return []  # vLLM: no manager yet (e.g. a builder made outside a worker) -> no reservation
     m = current_workspace_manager() if manager is None else manager
     plan = reservation_plan(config, decode_batch=decode_batch)
-    for slot in range(m.num_ubatches):
-        with ubatch_context(slot):
-            for call in plan:
-                m.get_simultaneous(*call)
+    for call in plan:
+        m.get_simultaneous(*call)
     return plan
