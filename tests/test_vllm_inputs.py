@@ -127,9 +127,10 @@ def test_two_spellings_of_one_dict_flag_are_two_flags_the_last_wins():
 def test_speculative_tokens_as_a_string_and_bad_list_entries():
     d = _map_flags(_given("""vllm serve M --speculative-config '{"num_speculative_tokens": "3"}'""")[0])
     assert d.get("num_speculative_tokens") == 3
-    with pytest.raises(VllmArgsError, match=r"^--compilation-config \(-cc\) cudagraph_capture_sizes\[1\] must be an integer, got 2.5 \(in \[1, 2.5\]\)$"):
+    cc = r"^--compilation-config \(-cc\) cudagraph_capture_sizes"
+    with pytest.raises(VllmArgsError, match=cc + r"\[1\] must be an integer, got 2.5 \(in \[1, 2.5\]\)$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes '[1, 2.5]'")[0])
-    with pytest.raises(VllmArgsError, match=r"^--compilation-config \(-cc\) cudagraph_capture_sizes\[0\] must be an integer, got 'x' \(in \['x', '2'\]\)$"):
+    with pytest.raises(VllmArgsError, match=cc + r"\[0\] must be an integer, got 'x' \(in \['x', '2'\]\)$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes+ x,2")[0])
 
 

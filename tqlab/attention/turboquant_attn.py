@@ -30,7 +30,7 @@ from tqlab.core.workspace_layout import cdiv
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import (
     chunk_workspace_request,
-    decode_workspace_shapes,
+    deployment_decode_shapes,
     reservation_plan,
     reserve_workspace,
 )
@@ -359,7 +359,7 @@ class TurboQuantAttentionBackend:
         vLLM 0.33) the kernel's own ``torch.empty`` buffers of the same shapes.
         """
         b = query.shape[0]
-        shapes = decode_workspace_shapes(b, self.num_heads, self.head_dim, self.num_kv_splits, self.config.dtype)
+        shapes = deployment_decode_shapes(self.config, b, self.num_kv_splits)
         if use_workspace and self.uses_workspace:
             mid_out, output, lse = self.workspace.get_simultaneous(*shapes)
         else:

@@ -31,7 +31,7 @@ from tqlab.engine.cuda_graph import (
     select_bucket,
 )
 from tqlab.engine.replay_guard import StalePointerError
-from tqlab.core.reservation import decode_workspace_shapes, reserve_workspace
+from tqlab.core.reservation import deployment_decode_shapes, reserve_workspace
 from tqlab.strategies.fixes import sync_device
 from tqlab.core.workspace import WorkspaceLockedError, WorkspaceManager, compute_layout, positive_int, ubatch_context
 
@@ -66,7 +66,7 @@ def decode_shapes_for(backend) -> Callable[[int], tuple]:
     if fn is not None:
         return fn
     c = backend.config
-    return lambda b: decode_workspace_shapes(b, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
+    return lambda b: deployment_decode_shapes(c, b)
 
 
 def bucket_workspace_bytes(shapes_for: Callable[[int], tuple], sizes: Sequence[int]) -> dict[int, int]:
@@ -112,7 +112,7 @@ class BatchDependentSplitsBackend(TurboQuantAttentionBackend):
         return self.small_batch_splits if batch <= self.small_batch_max else self.num_kv_splits
 
     def decode_shapes(self, batch: int) -> tuple:
-        return decode_workspace_shapes(batch, self.num_heads, self.head_dim, self.num_kv_splits_for(batch), self.config.dtype)
+        return deployment_decode_shapes(self.config, batch, self.num_kv_splits_for(batch))
 
     def _decode_attention(self, query, cache, block_tables, seq_lens) -> torch.Tensor:
         mid_out, output, lse = self.workspace.get_simultaneous(*self.decode_shapes(query.shape[0]))
