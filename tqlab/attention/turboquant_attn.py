@@ -306,7 +306,7 @@ class TurboQuantMetadataBuilder:
             self._reserve_workspace()
 
     def _reserve_workspace(self) -> None:
-        """Grow every ubatch slot to the plan of :func:`tqlab.core.reservation.reservation_plan`."""
+        """Grow the caller's ubatch slot (slot 0 at start-up, as vLLM's builder) to :func:`tqlab.core.reservation.reservation_plan`."""
         self.reserved_plan = reserve_workspace(self.config, self.workspace, decode_batch=self._decode_batch)
 
     def plan(self) -> list:
