@@ -412,11 +412,11 @@ def test_plan_prefix_caching_off_turns_the_hybrid_split_off_as_vllm_does():
     assert obj["sources"]["enable_prefix_caching"] == "flag"  # exit 0: the preset's split went off with it
     both = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--no-enable-prefix-caching",
                 "--mamba-block-aligned-split")
-    assert both.exit_code == 2 and "mamba_block_aligned_split needs enable_prefix_caching" in both.output
+    assert both.exit_code == 2 and "--mamba-block-aligned-split needs --enable-prefix-caching" in both.output
 
 
 def test_a_step_that_cannot_fit_a_prompt_is_refused_not_a_hang():
     r = _cli("repro", "--preset", "llama-3.1-8b", "--max-model-len", "4096", "--max-num-batched-tokens", "4096",
              "--no-enable-chunked-prefill", "--max-num-scheduled-tokens", "256", "--prompt-tokens", "1000",
              "--device", "meta")
-    assert r.exit_code == 2 and "max_num_scheduled_tokens (256) < max_model_len (4096)" in r.output
+    assert r.exit_code == 2 and "--max-num-scheduled-tokens (256) < --max-model-len (4096)" in r.output  # the flags given

@@ -44,13 +44,25 @@ from tqlab.core.consumers.turboquant import TurboQuantContinuation, TurboQuantDe
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["CONSUMERS", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers",
-           "consumer_table", "unmodelled"]
+__all__ = ["CONSUMERS", "TURBOQUANT", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers",
+           "consumer_named", "consumer_table", "unmodelled"]
 
 CONSUMERS: tuple[Consumer, ...] = (
     TurboQuantDecode(), TurboQuantContinuation(), FlashAttentionDCP(), FusedMoE(), FlashMLASparse(),
     MLAPrefillTrtllmRagged(), MLAPrefillFlashInfer(), TritonMLALogits(), SparseIndexer(),
 )
+
+TURBOQUANT = frozenset({TurboQuantDecode.name, TurboQuantContinuation.name})
+"""Registry names of TurboQuant's consumers: the predictor sizes them per prompt with the closed forms of
+:mod:`tqlab.predict.prompts` (their requests depend on the prompt), every other consumer by its table row."""
+
+
+def consumer_named(name: str) -> Consumer:
+    """The registry entry called ``name``. Raises ``KeyError`` for an unknown name."""
+    for c in CONSUMERS:
+        if c.name == name:
+            return c
+    raise KeyError(f"no modelled workspace consumer named {name!r}")
 
 
 @dataclass(frozen=True)
