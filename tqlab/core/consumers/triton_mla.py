@@ -3,9 +3,9 @@
 vLLM 0.33 ``vllm/v1/attention/backends/mla/triton_mla.py``: ``_reserve_attn_logits_workspace`` asks
 ``((max_decode_rows, Hq * dcp, max_splits, kv_lora_rank + 1), float32)`` with
 ``max_splits = _compute_num_kv_splits(max_model_len, sm_count) = min(next_pow2(max(1, max_model_len // 512)),
-2 * sm_count)``. ``TritonMLAMetadataBuilder.__init__`` calls it (phase ``init``) with
-``max_decode_rows = max_num_seqs * reorder_batch_threshold`` (1 + speculative tokens), and
-``TritonMLAImpl.reserve_workspace`` again from the profile run (``mla_attention.py``, ``attn_metadata is None``).
+2 * sm_count)``. ``TritonMLAImpl.reserve_workspace`` calls it first, from the profile run (``mla_attention.py`` ``forward_impl``,
+``attn_metadata is None``: phase ``profile_run``), and ``TritonMLAMetadataBuilder.__init__`` again after memory
+profiling, both with ``max_decode_rows = max_num_seqs * reorder_batch_threshold`` (1 + speculative tokens).
 ``TritonMLAImpl.forward_mqa`` asks ``(B, Hq, splits(max_seq_len), kv_lora_rank + 1)`` with ``B <= max_decode_rows``.
 The SM count comes from the GPU target (``--gpu``). ``Hq`` = query heads per TP rank.
 
@@ -72,4 +72,4 @@ class TritonMLALogits(Consumer):
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
         call = reservation_call(config)
-        return ConsumerSizes("init", [call], [call])
+        return ConsumerSizes("profile_run", [call], [call])  # impl.reserve_workspace() in the profile run comes first
