@@ -111,6 +111,22 @@ def test_moe_scratch_sets_the_lock_over_turboquant():
     assert by["fused_moe"].phase == "profile_run"
 
 
+def test_moe_data_parallel_without_ep_gathers_rows_and_flattens_tp():
+    """-dp 2 without --enable-expert-parallel: vLLM 0.33 all-gathers every DP rank's tokens before the experts
+    (fused_moe/all2all_utils.py maybe_make_prepare_finalize -> AgRsAll2AllManager.dispatch, all_gatherv over the DP
+    group: M = dp x max_num_batched_tokens in the profile run) and shards the experts over tp x dp
+    (FusedMoEParallelConfig.make, flatten_tp_across_dp_and_pcp): Qwen3-30B-A3B tp 2 dp 2 at 8192 tokens asks
+    M = 16384, N = 2 * 768 / 4 = 384, K = 2048 -> 1 GiB, not the 512 MiB of one rank's rows."""
+    cfg = EngineConfig(num_attention_heads=32, num_key_value_heads=4, head_dim=128, tensor_parallel_size=2,
+                       data_parallel_size=2, max_num_batched_tokens=8192, moe=QWEN3_30B_MOE)
+    row = {r.name: r for r in consumer_table(cfg, StartUp()).rows}["fused_moe"]
+    assert row.reserved_bytes == row.max_runtime_bytes == call_bytes(
+        moe_allocate_buffers_call(16384, 384, 2048, 8, torch.bfloat16)) == 1_073_741_824
+    odd = cfg.replace(moe=dict(QWEN3_30B_MOE, moe_intermediate_size=770))  # 770 % 2 == 0, 770 % 4 == 2
+    with pytest.raises(ValueError, match=r"moe_intermediate_size \(770\).*tensor_parallel_size x data_parallel_size \(4\)"):
+        consumer_table(odd, StartUp())
+
+
 def test_dcp_with_piecewise_only_graphs_is_not_covered():
     cfg = EngineConfig(num_attention_heads=64, num_key_value_heads=8, head_dim=128, tensor_parallel_size=8,
                        decode_context_parallel_size=2)

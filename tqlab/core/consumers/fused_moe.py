@@ -13,8 +13,13 @@ Modelled experts class: ``TritonExperts`` (``fused_moe/experts/triton_moe.py`` `
 bf16/fp16 MoE on SM90 (``fused_moe/oracle/unquantized.py``: FlashInfer moved behind Triton on Hopper) and
 as the fallback elsewhere. ``N = 2 * moe_intermediate_size / tp`` (``w1`` width per rank; with
 ``--enable-expert-parallel`` the experts are split instead and ``N = 2 * moe_intermediate_size``),
-``K = hidden_size``. Not modelled (listed by the registry): quantized MoE (FP8 block / DeepGEMM, NVFP4,
-MXFP4, Marlin, Humming), FlashInfer TRT-LLM / CUTLASS experts (SM100's first choice), batched experts
+``K = hidden_size``. Data parallelism without expert parallelism (``-dp D``): vLLM all-gathers every DP
+rank's tokens before the experts (``fused_moe/all2all_utils.py`` ``maybe_make_prepare_finalize`` falls back to
+AllGather+ReduceScatter; ``AgRsAll2AllManager.dispatch`` ``all_gatherv`` over the DP group), so ``M`` is the sum
+over the ``D`` ranks -- ``D * max_num_batched_tokens`` in the profile run, where every rank runs the same dummy
+batch -- and the experts are sharded over ``tp * D`` ranks (``FusedMoEParallelConfig.make``,
+``flatten_tp_across_dp_and_pcp``). Not modelled (listed by the registry): quantized MoE (FP8 block / DeepGEMM,
+NVFP4, MXFP4, Marlin, Humming), FlashInfer TRT-LLM / CUTLASS experts (SM100's first choice), batched experts
 (DeepEP low-latency), and data parallelism with expert parallelism (the all-to-all changes ``M``).
 
 Reads: ``moe`` (num_experts_per_tok, moe_intermediate_size, hidden_size, quantization, activation),
@@ -52,25 +57,30 @@ def moe_allocate_buffers_call(M: int, N: int, K: int, topk: int, dtype: "torch.d
 
 
 def step_call(config: "EngineConfig", num_tokens: int):
-    """The ``_allocate_buffers`` call of one forward pass whose MoE layers see ``num_tokens`` rows
-    (``M_chunk = M_full = num_tokens``: the profile run's ``max_num_batched_tokens``, a capture size, or a
-    serving step's scheduled tokens), TritonExperts on this rank.
+    """The ``_allocate_buffers`` call of one forward pass in which each rank schedules ``num_tokens`` tokens
+    (the profile run's ``max_num_batched_tokens``, a capture size, or a serving step's scheduled tokens),
+    TritonExperts on this rank.
 
-    ``N = 2 * moe_intermediate_size / tp`` (gated) or ``moe_intermediate_size / tp``, ``tp = 1`` with expert
-    parallelism; ``K = hidden_size``; dtype the model dtype. Raises ``ValueError`` (one line) when
-    ``moe_intermediate_size`` is not divisible by the tensor-parallel size or ``num_tokens < 1``
-    (``_allocate_buffers`` asserts ``M_full > 0``).
+    ``M = num_tokens`` (``M_chunk = M_full``), or ``dp * num_tokens`` with ``-dp`` > 1 and no expert parallelism
+    (every DP rank's tokens are all-gathered: see the module docstring); ``N = 2 * moe_intermediate_size / tp``
+    (gated) or ``moe_intermediate_size / tp`` with ``tp`` the MoE tensor-parallel size: 1 with expert
+    parallelism, ``tensor_parallel_size * data_parallel_size`` without; ``K = hidden_size``; dtype the model
+    dtype. Raises ``ValueError`` (one line) when ``moe_intermediate_size`` is not divisible by the MoE
+    tensor-parallel size or ``num_tokens < 1`` (``_allocate_buffers`` asserts ``M_full > 0``).
     """
     moe = config.moe
     if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
         raise ValueError(f"fused MoE rows M must be an int >= 1 (_allocate_buffers asserts M_full > 0), got {num_tokens!r}")
-    tp = 1 if config.enable_expert_parallel else config.tensor_parallel_size
+    dp = 1 if config.enable_expert_parallel else config.data_parallel_size
+    tp = 1 if config.enable_expert_parallel else config.tensor_parallel_size * dp
     if moe.moe_intermediate_size % tp:
+        which = "tensor_parallel_size x data_parallel_size" if dp > 1 else "tensor_parallel_size"
         raise ValueError(f"moe_intermediate_size ({moe.moe_intermediate_size}) must be divisible by "
-                         f"tensor_parallel_size ({tp}) for tensor-parallel experts")
+                         f"{which} ({tp}) for tensor-parallel experts")
     gated = not moe.activation.endswith("_no_mul")  # MoEActivation.is_gated
     n = (2 if gated else 1) * moe.moe_intermediate_size // tp
-    return moe_allocate_buffers_call(num_tokens, n, moe.hidden_size, moe.num_experts_per_tok, config.dtype, gated=gated)
+    return moe_allocate_buffers_call(dp * num_tokens, n, moe.hidden_size, moe.num_experts_per_tok, config.dtype,
+                                     gated=gated)
 
 
 def unmodelled_reason(config: "EngineConfig") -> str | None:
