@@ -127,3 +127,25 @@ def test_max_tokens_one_makes_no_decode_call_and_inspect_vllm_passes_it_on():
     reqs = {k: json.loads(_run(*args, "--max-tokens", k).output)["prediction"]["requests"][0] for k in ("1", "2")}
     assert [c["consumer"] for c in reqs["1"]["consumers"]] == []
     assert [c["consumer"] for c in reqs["2"]["consumers"]] == [DECODE]
+
+
+def test_inspect_vllm_tokens_report_other_consumers_per_prompt():
+    """Review finding: ``--tokens`` on a deployment without TurboQuant's consumers printed no per-prompt rows at
+    all (silently). FlashAttention + DCP with PIECEWISE-only graphs locks at 0 bytes: a 100-token prompt alone
+    never has DCP context (no crash with --max-tokens 1; its first decode crashes with 2); a 10000-token prompt's
+    second 8192-token chunk (cached 8192, q 1808) asks _forward_with_dcp's 32 MiB and crashes."""
+    from tqlab.core.config import EngineConfig
+
+    c = EngineConfig(num_attention_heads=64, num_key_value_heads=8, head_dim=128, tensor_parallel_size=8,
+                     decode_context_parallel_size=2, max_num_batched_tokens=8192, max_model_len=131072,
+                     cudagraph_mode="PIECEWISE")
+    short, long_ = consumer_report(c, [100, 10000], max_tokens=1).requests
+    assert (short.crashes_unfixed, short.crashes_fixed) == (False, False)
+    first = long_.first_refused_unfixed
+    assert long_.crashes_unfixed and long_.crashes_fixed
+    assert (first.consumer, first.cached_len, first.q_len, first.nbytes) == (
+        "flash_attn.py:_forward_with_dcp", 8192, 1808, 33_554_432)
+    decoded = consumer_report(c, [100], max_tokens=2).requests[0]
+    assert decoded.crashes_unfixed and (decoded.first_refused_unfixed.cached_len, decoded.first_refused_unfixed.q_len) == (100, 1)
+    text = consumer_report(c, [10000], max_tokens=1).format()
+    assert "first refused call without the fix (vLLM dies here): flash_attn.py:_forward_with_dcp, cached 8192 q 1808" in text

@@ -371,7 +371,7 @@ def test_predict_notes_for_reservation_gaps():
     d = predict(seed_config(enable_dbo=True))
     assert any("DBO" in n for n in d.notes)
     auto = predict(seed_config(kv_cache_dtype="auto"))
-    assert auto.requests == [] and auto.locked_unfixed == 0
+    assert [r.verdict for r in auto.requests] == ["ok without the fix, ok with it"] and auto.locked_unfixed == 0
 
 
 def test_safe_max_model_len_validation():

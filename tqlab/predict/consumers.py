@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tqlab.core.config import EngineConfig
+from tqlab.core.consumers import registry as consumer_registry
+from tqlab.core.consumers.base import StartUp
 from tqlab.core.notes import Note
 from tqlab.core.reservation import chunk_workspace_request, decode_workspace_shapes
 from tqlab.core.workspace import compute_layout, format_mb
@@ -19,7 +21,7 @@ from tqlab.predict.analysis import Prediction
 from tqlab.predict.consumer_text import consumer_lines, verdict_line
 
 __all__ = ["DECODE", "DEQUANT_CHUNK", "SHORT_CHUNK", "ConsumerNeed", "ConsumerReport", "RequestPrediction",
-           "chunk_shapes", "consumer_report", "request_prediction"]
+           "chunk_shapes", "consumer_report", "other_request_prediction", "request_prediction"]
 
 SHORT_CHUNK = "short continuation (decode kernel)"
 DEQUANT_CHUNK = "continuation prefill (dequant)"
@@ -334,6 +336,38 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
     )
 
 
+def _other_need(config: EngineConfig, call: dict[str, Any] | None, fits_fixed: bool) -> ConsumerNeed | None:
+    """A refused call of another consumer than TurboQuant (``Prediction.first_refused_call``) as a
+    :class:`ConsumerNeed`: its serve-time shapes come from the registry entry named by ``call["caller"]``."""
+    if call is None:
+        return None
+    entry = next(c for c in consumer_registry.CONSUMERS if c.consumer == call["caller"])
+    startup = StartUp(analysis.cudagraph_mode(config), analysis.locks_workspace(config))
+    runtime = entry.sizes(config, startup).runtime
+    return ConsumerNeed(call["caller"], call["cached_len"], call["q_len"], runtime[0] if runtime else None,
+                        call["required_bytes"], False, fits_fixed)
+
+
+def other_request_prediction(config: EngineConfig, n: int, max_tokens: int = 2,
+                             locked_bytes: int | None = None) -> RequestPrediction:
+    """A prompt of ``n`` tokens alone on a deployment without TurboQuant's consumers: the first call another
+    consumer makes that the locked slot refuses (:func:`tqlab.predict.analysis.predict` for that prompt, without
+    and with PR #44053), or none. ``consumers`` holds only that refused call. ``max_tokens`` is capped at
+    ``max_model_len - n`` as vLLM caps it. Raises ``ValueError`` for ``n`` that is not an int >= 1."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"prompt_tokens must be ints >= 1, got {n!r}")
+    rejected = _rejection(config, n)
+    if rejected is not None:
+        return RequestPrediction(n, (), 0, False, False, rejected=rejected)
+    k = max(1, min(max_tokens, config.max_model_len - n))
+    unfixed = analysis.predict(config, n, max_tokens=k, locked_bytes=locked_bytes).first_refused_call
+    fixed = analysis.predict(config, n, max_tokens=k, fix=True, locked_bytes=locked_bytes).first_refused_call
+    first_u, first_f = _other_need(config, unfixed, fixed is None), _other_need(config, fixed, False)
+    needs = tuple(x for x in (first_u or first_f,) if x is not None)
+    return RequestPrediction(n, needs, max((x.nbytes for x in needs), default=0), first_u is not None,
+                             first_f is not None, first_refused_unfixed=first_u, first_refused_fixed=first_f)
+
+
 def consumer_report(config: EngineConfig, prompt_tokens: Sequence[int] = (), *, locked_bytes: int | None = None,
                     max_num_batched_tokens_source: str = "EngineConfig", max_tokens: int = 2) -> ConsumerReport:
     """Per consumer, the workspace each prompt needs, whether it overflows, and the safe ``max_model_len``.
@@ -350,10 +384,13 @@ def consumer_report(config: EngineConfig, prompt_tokens: Sequence[int] = (), *, 
             no decode call (:func:`request_prediction`).
 
     The prediction is :func:`tqlab.predict.analysis.predict`'s (without the fix). Raises
-    ``ValueError`` for a bad length or size. A cache without TurboQuant's consumers: no request rows.
+    ``ValueError`` for a bad length or size. A cache without TurboQuant's consumers: one row per prompt with
+    the first call another consumer makes that the lock refuses (:func:`other_request_prediction`).
     """
     pred = analysis.predict(config, locked_bytes=locked_bytes)
     tokens = list(prompt_tokens) or [max(1, config.max_model_len - 1)]
-    reqs = ([request_prediction(config, n, pred.locked_bytes, pred.locked_bytes_with_fix, max_tokens) for n in tokens]
-            if pred.turboquant_consumers else [])
+    if pred.turboquant_consumers:
+        reqs = [request_prediction(config, n, pred.locked_bytes, pred.locked_bytes_with_fix, max_tokens) for n in tokens]
+    else:  # another consumer's refused call, per prompt (issue 19: the refused call can come from any consumer)
+        reqs = [other_request_prediction(config, n, max_tokens, locked_bytes) for n in tokens]
     return ConsumerReport(config, pred, reqs, list(pred.notes), max_num_batched_tokens_source, locked_bytes)
