@@ -377,3 +377,29 @@ def test_dbo_says_init_reservations_size_slot_0_only():
     assert dbo.locked_bytes == 2_369_781_760  # slot (ubatch 0, lane 0)
     assert [n.field for n in dbo.notes if n.startswith("DBO: flashmla_sparse.py:__init__ reserve in __init__")] == [
         "enable_dbo"]
+
+
+def test_eager_decode_batches_above_the_largest_capture_are_noted():
+    """Review finding: vLLM 0.33 captures decode batches up to 512 rows, but with max_num_seqs 1024 (its H200
+    default) a decode batch of 513..1024 requests runs eagerly after the lock and TurboQuant's _decode_attention
+    asks (B, Hq, S, D+1) at B rows (turboquant_attn.py _decode_attention): without PR #44053 the slot is the
+    512-row capture, so the busy server dies while every prompt alone is "ok". Qwen3-30B-A3B's MoE scratch
+    (512 MiB) sets the lock; the first refused batch is 1001 decode rows."""
+    import json
+    from pathlib import Path
+
+    from tqlab.core.config import EngineConfig
+    from tqlab.predict.analysis import predict
+    from tqlab.predict.prompts import decode_bytes
+
+    preset = json.loads((Path(__file__).parents[1] / "data/presets/qwen3-30b-a3b.json").read_text())["config"]
+    cfg = EngineConfig(**preset)
+    p = predict(cfg)
+    assert p.verdict == "ok" and p.locked_bytes == 536_870_912
+    assert decode_bytes(cfg, 1000) <= p.locked_bytes < decode_bytes(cfg, 1001)
+    busy = [str(n) for n in p.notes if "decode batch" in n]
+    assert len(busy) == 1 and "1001" in busy[0] and "_decode_attention" in busy[0]
+    assert not [n for n in predict(cfg, fix=True).notes if "decode batch" in n]  # reserved at max_num_seqs
+    tq_only = predict(cfg.replace(moe=None))  # lock = the 512-row capture: batch 513 is the first refused
+    assert [n for n in tq_only.notes if "decode batch" in n and "513 " in n]
+    assert not [n for n in predict(cfg.replace(max_num_seqs=512)).notes if "decode batch" in n]

@@ -252,6 +252,30 @@ def _prediction_notes(config: "EngineConfig") -> tuple[Note, ...]:
     return tuple(notes)
 
 
+def _eager_decode_note(config: "EngineConfig", locked: int | None) -> list[Note]:
+    """A note when a decode batch larger than any captured one overflows ``locked`` (the verdict is per request).
+
+    vLLM 0.33 captures decode batches up to :func:`decode_rows_at_lock` requests; a batch of more (up to
+    ``max_num_seqs``) runs eagerly after the lock, and ``turboquant_attn.py`` ``_decode_attention`` asks
+    ``(B, Hq, S, D + 1)`` at ``B`` rows. Without PR #44053 nothing reserved ``max_num_seqs`` rows. Only for
+    ``num_speculative_tokens == 0`` (with ``k`` tokens the rows and the drafter's passes differ)."""
+    if locked is None or config.num_speculative_tokens or not decode_uses_workspace(config):
+        return []
+    top = config.max_num_seqs
+    if decode_bytes(config, top) <= locked:
+        return []
+    lo, hi = 1, top  # decode_bytes grows with the rows: the first batch size that overflows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decode_bytes(config, mid) > locked else (mid + 1, hi)
+    return [Note(NoteKind.RESERVATION_GAP,
+                 f"busy server: a decode batch of {lo} or more requests (up to max_num_seqs {top}; captured decode "
+                 f"batches stop at {decode_rows_at_lock(config)}, larger ones run eagerly after the lock) asks "
+                 f"turboquant_attn.py:_decode_attention for {decode_bytes(config, lo):,} bytes or more > {locked:,} "
+                 "locked: it crashes even though each request alone is ok (PR #44053 reserves max_num_seqs rows)",
+                 "max_num_seqs")]
+
+
 def _locked(config: "EngineConfig", fix: bool, measured: int | None) -> tuple[int | None, int | None, str]:
     """``(locked as configured, locked with the fix, LOCKED_SOURCES entry)``; ``measured``: the size without the fix."""
     if measured is None:
@@ -386,7 +410,7 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         safe_max_model_len_any_schedule=_safe(config, locked, "any", rows),
         fixed_safe_any_schedule=_safe(config, with_fix, "any", rows), locked_source=source,
         turboquant_consumers=config.has_turboquant_consumers,
-        notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked)),
+        notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked) + _eager_decode_note(config, locked)),
         consumers=table.to_dict(), gpu=config.gpu,
         lock_set_by=None if source == "measured" else lock_set_by(config, locked, fix=fix, table=table),
     )
