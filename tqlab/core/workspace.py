@@ -236,7 +236,7 @@ class WorkspaceManager(WorkspaceSlots):
             self._current_slot()
         lay, key = self._layout_and_key(shapes_and_dtypes)
         buf = self._buffers[slot]
-        if self._locked and buf is not None and self.moved_slots(self._locked_ptrs, (slot,)):
+        if self._locked and buf is not None and self._moved(slot, self._locked_ptrs[slot]):
             self._raise_moved(slot)
         if key is not None:
             cached = self._views.get((key, slot))

@@ -226,9 +226,13 @@ class WorkspaceSlots:
         at :meth:`lock`) and the engine's replay guard (``tqlab/engine/replay_guard.py``, pointers
         recorded at CUDA graph capture) both call it. ``IndexError`` for a slot out of range.
         """
-        buffers = self._buffers
-        idx = range(len(buffers)) if slots is None else slots
-        return [s for s in idx if (0 if buffers[s] is None else buffers[s].data_ptr()) != ptrs[s]]
+        idx = range(len(self._buffers)) if slots is None else slots
+        return [s for s in idx if self._moved(s, ptrs[s])]
+
+    def _moved(self, slot: int, ptr: int) -> bool:
+        """True if slot ``slot``'s buffer no longer has ``data_ptr()`` ``ptr`` (the check :meth:`moved_slots` makes)."""
+        buf = self._buffers[slot]
+        return (0 if buf is None else buf.data_ptr()) != ptr
 
 
     # -- growth --------------------------------------------------------------- #
