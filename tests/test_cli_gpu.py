@@ -149,3 +149,21 @@ def test_inspect_vllm_tokens_report_other_consumers_per_prompt():
     assert decoded.crashes_unfixed and (decoded.first_refused_unfixed.cached_len, decoded.first_refused_unfixed.q_len) == (100, 1)
     text = consumer_report(c, [10000], max_tokens=1).format()
     assert "first refused call without the fix (vLLM dies here): flash_attn.py:_forward_with_dcp, cached 8192 q 1808" in text
+
+
+def test_unread_attention_config_keys_are_noted_not_silently_dropped(tmp_path):
+    """Review finding: --attention-config.sparse_mla_prefill_workspace_factor 3 changes FlashMLA sparse's prefill
+    workspace and the indexer's K-gather rows in vLLM 0.33 (vllm/config/vllm.py resolves the default 5/2 only when
+    it is None; flashmla_sparse.py get_prefill_workspace_size), but tqlab sizes with the default: it must say so."""
+    cfg = dict(KIMI_K26, model_type="deepseek_v32", index_topk=2048, index_head_dim=128, index_n_heads=64,
+               max_position_embeddings=163840)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    line = "vllm serve D -tp 8 --kv-cache-dtype fp8_ds_mla --attention-config.sparse_mla_prefill_workspace_factor 3"
+    r = _run("inspect-vllm", "--config", str(path), "--args", line, "--json", "-")
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output)["prediction"]  # the deployment's notes (the text report prints the same)
+    kinds = [k for n, k in zip(rep["notes"], rep["note_kinds"]) if "sparse_mla_prefill_workspace_factor" in n]
+    assert kinds == ["not_modelled"]
+    assert "note: --attention-config sparse_mla_prefill_workspace_factor = 3 is not read by tqlab" in _run(
+        "inspect-vllm", "--config", str(path), "--args", line).output

@@ -149,6 +149,10 @@ _MINIMUM = {"max_num_batched_tokens": (1, "SchedulerConfig: Field(ge=1)"), "max_
 """Flags vLLM 0.33's pydantic config classes refuse below a minimum, with the field that says so."""
 
 
+_ATTENTION_CONFIG_READ = frozenset({"tq_max_kv_splits_for_cuda_graph", "mla_prefill_backend"})
+"""``--attention-config`` keys tqlab reads; any other key set gets a NOT_MODELLED note (never dropped silently)."""
+
+
 def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     """Given flags -> a draft with their fields and sources, and ``ignored``; vLLM 0.33's rules, cited inline."""
     d = DeploymentDraft()
@@ -176,6 +180,10 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
         d.set("tq_max_kv_splits_for_cuda_graph", v, "flag --attention-config tq_max_kv_splits_for_cuda_graph")
     if att.get("mla_prefill_backend") is not None:
         d.set("mla_prefill_backend", str(att["mla_prefill_backend"]), "flag --attention-config mla_prefill_backend")
+    for key in sorted(k for k, v in att.items() if v is not None and k not in _ATTENTION_CONFIG_READ):
+        d.note(NoteKind.NOT_MODELLED, f"--attention-config {key} = {att[key]!r} is not read by tqlab: workspace sizes "
+               "use vLLM's default for it (e.g. sparse_mla_prefill_workspace_factor sizes FlashMLA sparse's prefill "
+               "workspace and the sparse indexer's K-gather rows)")
     d.ignored = sorted(_flag(k) for k in g if k not in _READ)
     return d
 
