@@ -171,7 +171,7 @@ def _store_kernel(
     x = tl.load(key_ptr + rows64[:, None] * stride_kn + h * stride_kh + cols[None, :], mask=ok[:, None], other=0.0)
     x = x.to(tl.float32)
     if KEY_FP8:
-        tl.store(cache_ptr + 2 * (region16 + KO + o * KS)[:, None] + cols[None, :], _fp8_e4m3_bits(x), mask=ok[:, None])
+        tl.store(cache_ptr + 2 * (region16 + o * KS + KO)[:, None] + cols[None, :], _fp8_e4m3_bits(x), mask=ok[:, None])
     else:
         nrm = tl.sqrt(tl.sum(x * x, axis=1))
         u = x / tl.where(nrm > 0, nrm, 1.0)[:, None]
@@ -187,8 +187,8 @@ def _store_kernel(
         idx = tl.zeros([BLOCK_N, D], dtype=tl.int32)
         for i in tl.static_range((1 << KBITS) - 1):
             idx += (y > tl.load(bnd_ptr + i)).to(tl.int32)
-        _store_codes(cache_ptr, 2 * (region16 + KO + o * KS), idx, ok, 0, KBITS, D, BLOCK_N)
-        tl.store(cache16_ptr + region16 + NO + o * NS, tl.minimum(nrm, 65504.0).to(tl.float16), mask=ok)
+        _store_codes(cache_ptr, 2 * (region16 + o * KS + KO), idx, ok, 0, KBITS, D, BLOCK_N)
+        tl.store(cache16_ptr + region16 + o * NS + NO, tl.minimum(nrm, 65504.0).to(tl.float16), mask=ok)
 
     # ---- values
     v = tl.load(val_ptr + rows64[:, None] * stride_vn + h * stride_vh + cols[None, :], mask=ok[:, None], other=0.0)
@@ -204,9 +204,9 @@ def _store_kernel(
     q = tl.floor((v - zf[:, None]) / safe[:, None] + 0.5)
     q = tl.where(sf[:, None] > 0, q, 0.0)
     q = tl.minimum(tl.maximum(q, 0.0), levels).to(tl.int32)
-    _store_codes(cache_ptr, 2 * (region16 + VO + o * VS), q, ok, 0, VBITS, D, BLOCK_N)
-    tl.store(cache16_ptr + region16 + SO + o * SS, scale, mask=ok)
-    tl.store(cache16_ptr + region16 + ZO + o * ZS, zero, mask=ok)
+    _store_codes(cache_ptr, 2 * (region16 + o * VS + VO), q, ok, 0, VBITS, D, BLOCK_N)
+    tl.store(cache16_ptr + region16 + o * SS + SO, scale, mask=ok)
+    tl.store(cache16_ptr + region16 + o * ZS + ZO, zero, mask=ok)
 
 
 def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int = 16, num_warps: int = 4):
@@ -326,7 +326,7 @@ def _field_bases(bt_row, t, valid, block_size: tl.constexpr, num_blocks, hk, str
     ok = valid & (blk >= 0) & (blk < num_blocks)
     region = (tl.where(ok, blk, 0) * stride_cb + hk * stride_ch) // 2
     o = (t % block_size).to(tl.int64)
-    return region + KO + o * KS, region + NO + o * NS, region + VO + o * VS, region + SO + o * SS, region + ZO + o * ZS, ok
+    return region + o * KS + KO, region + o * NS + NO, region + o * VS + VO, region + o * SS + SO, region + o * ZS + ZO, ok
 
 
 # ----------------------------------------------------------------------------- dequant

@@ -68,17 +68,17 @@ def _soa_loads(c16, c32, region16, o, ok, D: tl.constexpr, KBITS: tl.constexpr, 
                VO: tl.constexpr, VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr,
                ZS: tl.constexpr):
     """Windows of keys and values, key norm, value scale and zero (fp32) of each token."""
-    kbase = region16 + KO + o * KS
-    vbase = region16 + VO + o * VS
+    kbase = region16 + o * KS + KO
+    vbase = region16 + o * VS + VO
     if W32:
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _words32(c32, kbase // 2, ok, KBITS, D)
         vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _words32(c32, vbase // 2, ok, VBITS, D)
     else:
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = tf._group_words(c16, kbase, ok, 0, KBITS, D)
         vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = tf._group_words(c16, vbase, ok, 0, VBITS, D)
-    kn = tl.load(c16 + region16 + NO + o * NS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vs = tl.load(c16 + region16 + SO + o * SS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vz = tl.load(c16 + region16 + ZO + o * ZS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(c16 + region16 + o * ZS + ZO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     return kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz
 
 
@@ -269,10 +269,10 @@ def _decode_soa4_kernel(
         ok = in_seq & (blk >= 0) & (blk < num_blocks)
         region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
         o = (t % BLOCK_SIZE).to(tl.int64)
-        kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + KO + o * KS) // 2, ok, KBITS, D)
+        kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
         ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
         k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T, LUT, LUT_ASM)
-        kn = tl.load(c16 + region16 + NO + o * NS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         sc = tl.dot(q, tl.trans(k16))
         if NORM_CORR:
             y32 = k16.to(tl.float32)
@@ -285,12 +285,12 @@ def _decode_soa4_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + VO + o * VS) // 2, ok, VBITS, D)
+        vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
         vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
         v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-        vs = tl.load(c16 + region16 + SO + o * SS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        vz = tl.load(c16 + region16 + ZO + o * ZS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vz = tl.load(c16 + region16 + o * ZS + ZO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), v16)
         acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
         m_i = m_new
