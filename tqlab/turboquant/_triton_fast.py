@@ -318,7 +318,7 @@ def _decode_fast_kernel(
     q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
     qk_scale, inv_sqrt_d, num_blocks, num_splits,
-    stride_qb, stride_qh, stride_cb, stride_ch, stride_btb, stride_mb, stride_mh, stride_ms,
+    stride_qb, stride_qh, stride_cb, stride_ch, stride_ct, stride_btb, stride_mb, stride_mh, stride_ms,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
@@ -337,14 +337,14 @@ def _decode_fast_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     if PREFETCH:
         t = start + tl.arange(0, BLOCK_T)
-        fk, fn, fv, fs, fz, ok = tk._field_bases(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch,
+        fk, fn, fv, fs, fz, ok = tk._field_bases(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _tile_loads(
             cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
         for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
             tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
             fk, fn, fv, fs, fz, ok_n = tk._field_bases(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb,
-                                                       stride_ch, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+                                                       stride_ch, stride_ct, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
             nxt = _tile_loads(cache16_ptr, fk, fn, fv, fs, fz, ok_n, D, KB, VBITS)
             m_i, l_i, acc, acc_z = _fast_tile(
                 q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
@@ -355,7 +355,7 @@ def _decode_fast_kernel(
         for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
             t = t0 + tl.arange(0, BLOCK_T)
             in_seq = t < end
-            fk, fn, fv, fs, fz, ok = tk._field_bases(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch,
+            fk, fn, fv, fs, fz, ok = tk._field_bases(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
                                                      KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
             kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _tile_loads(
                 cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
@@ -573,7 +573,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
             BWP=triton.next_power_of_2(bs * sb // 4), NORM_MMA=bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma),
             **opts)
     else:
-        args = _split_args(query, cache, cache.view(torch.uint16), (cache.stride(0), cache.stride(1)),
+        args = _split_args(query, cache, cache.view(torch.uint16), (cache.stride(0), cache.stride(1), cache.stride(2)),
                            block_tables, seq_lens, mid_out, spec, scale)
         kern = _decode_fast_kernel[grid](
             *args, **_split_meta(query, cache, spec, block_t, lut),
@@ -589,7 +589,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
 def _dequant_fast_kernel(
     cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
-    cached_len, num_blocks, stride_cb, stride_ch, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+    cached_len, num_blocks, stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
@@ -607,7 +607,7 @@ def _dequant_fast_kernel(
     for i in tl.range(0, TILES):
         t = (pid * TILES + i) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_len = t < cached_len
-        fk, fn, fv, fs, fz, ok = tk._field_bases(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch,
+        fk, fn, fv, fs, fz, ok = tk._field_bases(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch, stride_ct,
                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, fv, ok, 0, VBITS, D)
         vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, BLOCK_T, 0x6400)
@@ -647,7 +647,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     tiles = max(1, min(tiles_per_program, n_tiles))
     kern = _dequant_fast_kernel[(triton.cdiv(n_tiles, tiles), hk)](
         cache.view(torch.uint16), block_table_row, k_out, v_out, signs16, *tk._centroid_poly(spec, d),
-        cached_len, nb, cache.stride(0), cache.stride(1),
+        cached_len, nb, cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,

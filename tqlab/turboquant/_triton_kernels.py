@@ -317,30 +317,38 @@ def _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS: tl.constexpr):
 
 
 @triton.jit
-def _field_bases(bt_row, t, valid, block_size: tl.constexpr, num_blocks, hk, stride_cb, stride_ch,
+def _field_bases(bt_row, t, valid, block_size: tl.constexpr, num_blocks, hk, stride_cb, stride_ch, stride_ct,
                  KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
                  VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr):
     """16-bit word index (int64) of each token's key codes, key norm, value codes, value scale and
-    value zero (``region + XO + o * XS``, :func:`_field_addr`), and whether its block id is usable."""
+    value zero (``region + o * XS + XO``, :func:`_field_addr`), and whether its block id is usable.
+    vLLM's order (one stride for every field) keeps the slot-base form ``(region bytes + o *
+    stride_ct) // 2 + XO`` of the kernels before the block-SoA layout (same PTX as 36b4f2f)."""
     blk = tl.load(bt_row + t // block_size, mask=valid, other=-1).to(tl.int64)
     ok = valid & (blk >= 0) & (blk < num_blocks)
-    region = (tl.where(ok, blk, 0) * stride_cb + hk * stride_ch) // 2
+    blk = tl.where(ok, blk, 0)
     o = (t % block_size).to(tl.int64)
-    return region + o * KS + KO, region + o * NS + NO, region + o * VS + VO, region + o * SS + SO, region + o * ZS + ZO, ok
+    if KS == SS:  # vLLM's slot order
+        base = (blk * stride_cb + hk * stride_ch + o * stride_ct) // 2
+        fk, fn, fv, fs, fz = base + KO, base + NO, base + VO, base + SO, base + ZO
+    else:
+        region = (blk * stride_cb + hk * stride_ch) // 2
+        fk, fn, fv, fs, fz = region + o * KS + KO, region + o * NS + NO, region + o * VS + VO, region + o * SS + SO, region + o * ZS + ZO
+    return fk, fn, fv, fs, fz, ok
 
 
 # ----------------------------------------------------------------------------- dequant
 @triton.jit
 def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
                   cached_len, block_size: tl.constexpr, num_blocks, h,
-                  stride_cb, stride_ch, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+                  stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
                   D: tl.constexpr, BLOCK_T: tl.constexpr,
                   KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
                   KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
                   VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr):
     """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D])."""
     in_len = t < cached_len
-    kb16, nb16, vb16, sb16, zb16, ok = _field_bases(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch,
+    kb16, nb16, vb16, sb16, zb16, ok = _field_bases(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct,
                                                     KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
     rows = tl.arange(0, D)
     k_head = k_ptr + h.to(tl.int64) * stride_kh  # int32 offsets inside one head: L * D < 2**31
@@ -370,7 +378,7 @@ def _dequant_kernel(
     cache16_ptr, bt_ptr, k_ptr, v_ptr, signs_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
     cached_len, num_blocks,
-    stride_cb, stride_ch,
+    stride_cb, stride_ch, stride_ct,
     stride_kh, stride_kt, stride_vh, stride_vt,
     inv_sqrt_d,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
@@ -388,7 +396,7 @@ def _dequant_kernel(
         t = (pid * TILES + i) * BLOCK_T + tl.arange(0, BLOCK_T)
         _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
                       cached_len, BLOCK_SIZE, num_blocks, h,
-                      stride_cb, stride_ch, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
+                      stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
                       D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
 
 
@@ -427,7 +435,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     kern = _dequant_kernel[grid](
         cache.view(torch.uint16), block_table_row, k_out, v_out, signs16, *_centroid_poly(spec, d),
         cached_len, nb,
-        cache.stride(0), cache.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2),
         1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
@@ -549,7 +557,7 @@ def _decode_split_kernel(
     c0, c1, c2, c3, c4, c5, c6, c7,
     qk_scale, inv_sqrt_d, num_blocks, num_splits,
     stride_qb, stride_qh,
-    stride_cb, stride_ch,
+    stride_cb, stride_ch, stride_ct,
     stride_btb,
     stride_mb, stride_mh, stride_ms,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
@@ -580,13 +588,13 @@ def _decode_split_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     if PREFETCH:  # raw words of tile i+1 are loaded before tile i is computed
         t = start + tl.arange(0, BLOCK_T)
-        fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch,
+        fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
                                               KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
         for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
             tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
             fk, fn, fv, fs, fz, ok_n = _field_bases(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb,
-                                                    stride_ch, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+                                                    stride_ch, stride_ct, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
             nxt = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok_n, D, KB, VBITS)
             m_i, l_i, acc, acc_z = _tile_update(
                 q, k0, k1, k2, kn, v0, v1, v2, vs, vz, (t0 + tl.arange(0, BLOCK_T)) < end, m_i, l_i, acc, acc_z,
@@ -596,7 +604,7 @@ def _decode_split_kernel(
         for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
             t = t0 + tl.arange(0, BLOCK_T)
             in_seq = t < end
-            fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch,
+            fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
                                                   KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
             k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
             m_i, l_i, acc, acc_z = _tile_update(
@@ -648,7 +656,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         query, cache.view(torch.uint16), block_tables, seq_lens, mid_out, signs16, *_centroid_poly(spec, d),
         scale * _LOG2E, 1.0 / math.sqrt(d), nb, s_splits,
         query.stride(0), query.stride(1),
-        cache.stride(0), cache.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
         block_tables.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
