@@ -146,20 +146,22 @@ def test_slot_0_growth_never_reallocates_slot_1():
     assert {e.ubatch for e in ws.events if e.kind == "resize" and e.old_bytes > 0} == {0}
 
 
-def test_reservation_sizes_every_ubatch_slot():
+def test_reservation_sizes_the_slot_it_runs_in():
+    """As vLLM 0.33's builder: the reservation lands in slot 0; slot 1 is sized only by a call made in ubatch 1."""
     c = EngineConfig.from_preset(PR_TEST, enable_dbo=True)
     ws = WorkspaceManager("meta", c.num_ubatches)
     reserve_workspace(c, ws)
     ws.lock()
-    assert ws.sizes_bytes() == [16 * MiB, 16 * MiB]
-    with ubatch_context(1):
-        ws.get_simultaneous(((512,), u8))  # the case's request now fits
-        for call in reservation_plan(c):
-            ws.get_simultaneous(*call)
-    # and in the engine: DBO + fix sizes both slots at build_backend
+    assert ws.sizes_bytes() == [16 * MiB, 0]
+    for call in reservation_plan(c):
+        ws.get_simultaneous(*call)
+    with ubatch_context(1), pytest.raises(WorkspaceLockedError) as ei:
+        ws.get_simultaneous(((512,), u8))  # the case's request, in ubatch 1
+    assert (ei.value.ubatch, ei.value.current_bytes) == (1, 0)
+    # and in the engine: DBO + fix sizes slot 0 at build_backend
     engine = LLMEngine(c.replace(max_model_len=2048), fix=True, device="meta")
     expected = plan_bytes(reservation_plan(engine.config))
-    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (expected, expected)
+    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (expected, 0)
 
 
 # --------------------------------------------------------------------------- #

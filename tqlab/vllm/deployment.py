@@ -170,15 +170,28 @@ _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_c
                         "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY}
 
 
-def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
+_CC = "--compilation-config (-cc)"
+"""How errors name the flag a ``compilation_config`` key came from (``-cc`` is its short form)."""
+
+
+def _positive_ints(where: str, v: Any) -> tuple[int, ...]:
     """A list of sizes, each coerced as vLLM's pydantic config classes do (:func:`~tqlab.vllm.flags.lax_int`:
-    ``["1", "2", "4"]`` from ``-cc.cudagraph_capture_sizes+ 1,2,4``, ``[1, 2.0, 4]``); each must be >= 1."""
+    ``["1", "2", "4"]`` from ``-cc.cudagraph_capture_sizes+ 1,2,4``, ``[1, 2.0, 4]``); each must be >= 1.
+
+    ``where``: the flag and key the list came from (``"--compilation-config (-cc) cudagraph_capture_sizes"``).
+    Raises :class:`VllmArgsError` naming ``where``, the bad element and the whole list."""
     if not isinstance(v, list) or not v:
-        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
-    out = tuple(lax_int(s, f"{name}[{i}]") for i, s in enumerate(v))
-    if any(s < 1 for s in out):
-        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
-    return out
+        raise VllmArgsError(f"{where} must be a non-empty list of positive integers, got {v!r}")
+    out = []
+    for i, s in enumerate(v):
+        try:
+            n = lax_int(s, f"{where}[{i}]")
+        except VllmArgsError as e:
+            raise VllmArgsError(f"{e} (in {v!r})") from None
+        if n < 1:
+            raise VllmArgsError(f"{where}[{i}] must be a positive integer, got {s!r} (in {v!r})")
+        out.append(n)
+    return tuple(out)
 
 
 _MINIMUM = {"max_num_batched_tokens": (1, "SchedulerConfig: Field(ge=1)"), "max_num_seqs": (1, "SchedulerConfig: Field(ge=1)"),
@@ -232,16 +245,15 @@ def _map_capture_sizes(g: Mapping[str, Any], d: DeploymentDraft) -> None:
     cc = g.get("compilation_config") or {}
     for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
         if key in cc and key in g:
-            raise VllmArgsError(f"{key} and compilation_config.{key} are mutually exclusive (vLLM)")
+            raise VllmArgsError(f"{_flag(key)} and {_CC} {key} are mutually exclusive (vLLM)")
     sizes = g.get("cudagraph_capture_sizes", cc.get("cudagraph_capture_sizes"))
     if sizes is not None:
-        d.set("cudagraph_capture_sizes", _positive_ints("cudagraph_capture_sizes", sizes),
-              "flag --cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g
-              else "flag --compilation-config cudagraph_capture_sizes")
+        flag = "--cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g else f"{_CC} cudagraph_capture_sizes"
+        d.set("cudagraph_capture_sizes", _positive_ints(flag, sizes), f"flag {flag.replace(' (-cc)', '')}")
     if cc.get("max_cudagraph_capture_size") is not None:
-        v = lax_int(cc["max_cudagraph_capture_size"], "compilation_config.max_cudagraph_capture_size")
+        v = lax_int(cc["max_cudagraph_capture_size"], f"{_CC} max_cudagraph_capture_size")
         if v < 1:
-            raise VllmArgsError(f"compilation_config.max_cudagraph_capture_size must be a positive integer, got {v!r}")
+            raise VllmArgsError(f"{_CC} max_cudagraph_capture_size must be a positive integer, got {v!r}")
         d.set("max_cudagraph_capture_size", v, "flag --compilation-config max_cudagraph_capture_size")
 
 
@@ -255,7 +267,7 @@ def _map_cudagraph_mode(g, cc, d: DeploymentDraft) -> None:
         raise VllmArgsError(f"--optimization-level (-O) must be 0, 1, 2 or 3, got {g.get('optimization_level')!r}")
     mode = cc.get("cudagraph_mode")
     if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
-        raise VllmArgsError(f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
+        raise VllmArgsError(f"{_CC} cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
     # Only a flag that names the mode sets the field; otherwise it stays None and
     # tqlab.core.vllm_rules.cudagraph_mode resolves it (enforce_eager -> NONE, else vLLM's -O2 default).
     if g.get("enforce_eager"):
@@ -337,9 +349,14 @@ def _max_model_len(shape: ModelShape, d: DeploymentDraft, env: Mapping[str, str]
     if mml != -1:
         return
     key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
+    where = f"config.json {key}"
+    if shape.max_len_key and "max_len" in shape.sources:  # a family alias: the key config.json really spells
+        # (ChatGLM: vLLM's key max_position_embeddings is ChatGLMConfig's copy of config.json seq_length)
+        rope = shape.max_len_key.partition(" x ")[2]
+        where = shape.sources["max_len"] + (f" x {rope}" if rope else "")
     how = "--max-model-len auto" if "max_model_len" in d else "no --max-model-len"
-    d.set("max_model_len", shape.max_len, f"config.json {key} ({how})")
-    d.note(NoteKind.DEFAULTED, f"max_model_len = {shape.max_len} from config.json {key} ({how})", "max_model_len")
+    d.set("max_model_len", shape.max_len, f"{where} ({how})")
+    d.note(NoteKind.DEFAULTED, f"max_model_len = {shape.max_len} from {where} ({how})", "max_model_len")
 
 
 def _scheduler_defaults(d: DeploymentDraft, usage: str, gpu_memory_gib: float | None,
