@@ -355,7 +355,7 @@ if py is not None:
     assert [c["verdict"] for c in checks] == [c["verdict"] for c in rec["checks"]]  # the recording still holds
 elif USE_RECORDED:
     recorded.show_banner(rec.provenance, what=f"Recorded latent-crash checks: vLLM {rec.provenance['vllm']}",
-                         why="no .venv-parity here")
+                         why="no .venv-parity here" if USE_VLLM else "USE_VLLM is False")
     checks = rec["checks"]
     parity_prov, parity = vt.load_parity_results()
     outcomes = {k: v for k, v in parity["tests"].items() if "test_latent_crashes" in k}
