@@ -16,8 +16,8 @@
 # %% [markdown]
 # # 10 · Every workspace consumer: the lock is a maximum, and the crash can come from any
 #
-# TurboQuant is one of many users of vLLM's `WorkspaceManager`. vLLM 0.33 has 85 workspace call
-# sites (the census `data/vllm_0_33_workspace_consumers.json`); seed 002 §5–§6 teaches five of them —
+# TurboQuant is one of many users of vLLM's `WorkspaceManager`: notebook 07 §2b counts vLLM 0.33's workspace
+# call sites (the census `data/vllm_0_33_workspace_consumers.json`). Seed 002 §5–§6 teaches five of them —
 # FlashAttention with decode context parallelism (DCP), fused MoE, the sparse attention indexer, FlashMLA
 # sparse, Elastic EP — as patterns. This notebook gives them vLLM 0.33's real sizes for four models.
 # You will learn:
@@ -176,7 +176,8 @@ assert [u["consumer"].split(" ")[0] for u in tables["deepseek-v3.2"].unmodelled]
 
 # %% [markdown]
 # **Answer** (checked by the cell above). DeepSeek-V3.2: FlashMLA sparse's `__init__` reservation (its
-# prefill workspace at `max_num_batched_tokens`), larger than the indexer's profile-run buffers; its FP8 MoE's
+# `workspace_specs`: the Q concatenation buffer at `max_num_batched_tokens` rows and, for the `fp8_ds_mla` cache,
+# a bf16 prefill workspace of `factor × max_model_len` rows), larger than the indexer's profile-run buffers; its FP8 MoE's
 # experts (DeepGEMM / CUTLASS) and DeepGEMM warm-up are **unmodelled** and listed, so tqlab's lock for it is a
 # lower bound. Qwen3-30B-A3B: TurboQuant's decode reservation at `max_num_seqs` rows, just above the fused MoE's
 # profile-run scratch. The picture:
