@@ -349,21 +349,26 @@ from tqlab.vllm.source_scan import find_vllm_source
 
 rec = load_recorded("vllm_0_33_latent_crashes")
 py = consumer_cases.parity_python(find_vllm_source()) if USE_VLLM else None
+checks, live, why = None, False, "no .venv-parity here" if USE_VLLM else "USE_VLLM is False"
 if py is not None:
     t = time.perf_counter()
-    checks = consumer_cases.run_latent_crash_checks(py)
-    show_md(f"*Live: vLLM's own classes via `{py}`, {time.perf_counter() - t:.1f} s.*")
-    assert [c["verdict"] for c in checks] == [c["verdict"] for c in rec["checks"]]  # the recording still holds
-elif USE_RECORDED:
-    recorded.show_banner(rec.provenance, what=f"Recorded latent-crash checks: vLLM {rec.provenance['vllm']}",
-                         why="no .venv-parity here" if USE_VLLM else "USE_VLLM is False")
+    try:
+        checks = consumer_cases.run_latent_crash_checks(py)
+    except RuntimeError as exc:  # a broken or half-installed .venv-parity: say so, show the recording
+        why = f"the live run failed: {exc}"
+    else:
+        live = True
+        show_md(f"*Live: vLLM's own classes via `{py}`, {time.perf_counter() - t:.1f} s.*")
+        assert [c["verdict"] for c in checks] == [c["verdict"] for c in rec["checks"]]  # the recording still holds
+if checks is None:
+    if not USE_RECORDED:
+        raise SystemExit(f"{why} and USE_RECORDED is False: nothing to show for section 5")
+    recorded.show_banner(rec.provenance, what=f"Recorded latent-crash checks: vLLM {rec.provenance['vllm']}", why=why)
     checks = rec["checks"]
     parity_prov, parity = vt.load_parity_results()
     outcomes = {k: v for k, v in parity["tests"].items() if "test_latent_crashes" in k}
     show_md(f"*The parity suite (`{parity_prov['command']}`, {parity_prov['date']}): "
             + ", ".join(f"{k.split('::')[1]} **{v}**" for k, v in outcomes.items()) + "*")
-else:
-    raise SystemExit("no .venv-parity and USE_RECORDED is False: nothing to show for section 5")
 ev = {c["candidate"]: c["evidence"] for c in checks}
 show_md(markdown_table(("#", "candidate", "verdict", "vLLM's evidence", "limits"), [
     (c["candidate"], c["name"], f"**{c['verdict']}**",
@@ -416,4 +421,4 @@ print("tqlab's registry sees each candidate:", ours)
 
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU "
-        f"(workspace cells on `{device}`; latent crashes {'live' if py is not None else 'recorded'}).*")
+        f"(workspace cells on `{device}`; latent crashes {'live' if live else 'recorded'}).*")

@@ -128,3 +128,8 @@ def test_latent_crash_checks_without_vllm_fail_in_one_line():
         consumer_cases.run_latent_crash_checks(sys.executable)
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{sys.executable} parity/latent_crashes.py checks failed (exit 1): ")
+
+
+def test_latent_crash_checks_past_the_timeout_fail_in_one_line():
+    with pytest.raises(RuntimeError, match=r"^.* parity/latent_crashes\.py checks ran past 0\.01 s$"):
+        consumer_cases.run_latent_crash_checks(sys.executable, timeout_s=0.01)

@@ -66,11 +66,15 @@ def run_latent_crash_checks(python: Path | str, timeout_s: float = 120.0) -> lis
     """``parity/latent_crashes.py``'s checks with vLLM's own classes, run by ``python`` (the parity venv's).
 
     Returns the four ``{"candidate", "name", "verdict", "evidence", "limits"}`` records (nothing is written).
-    Raises ``RuntimeError`` (one line: the exit status and the last line of stderr) when the run fails.
+    Raises ``RuntimeError`` (one line: the exit status and the last line of stderr) when the run fails, or when it
+    runs past ``timeout_s`` seconds.
     """
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "parity")]))
-    proc = subprocess.run([str(python), "-c", _CHECKS_SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    try:
+        proc = subprocess.run([str(python), "-c", _CHECKS_SCRIPT], cwd=REPO_ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{python} parity/latent_crashes.py checks ran past {timeout_s:g} s") from None
     line = next((x for x in proc.stdout.splitlines() if x.startswith("LATENT_CRASHES ")), None)
     if proc.returncode != 0 or line is None:
         last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
