@@ -101,9 +101,9 @@ def test_plot_refuses_nothing_to_draw():
 def test_lock_without_fix_is_turboquants_capture_scratch_next_to_the_moe():
     cfg = EngineConfig.from_preset("qwen3-30b-a3b", max_num_seqs=4)
     parts = consumer_cases.lock_without_fix(cfg)
-    assert parts == {"turboquant": analysis.locked_bytes(cfg, fix=False), "fused_moe": 512 * MiB}
-    # decode views at 4 rows: (4, 32, 32 splits, 129) f32 + (4, 32, 128) bf16 + (4, 32) f32, each 256-aligned
-    assert parts["turboquant"] == 4 * 32 * 32 * 129 * 4 + 4 * 32 * 128 * 2 + 4 * 32 * 4
+    # TurboQuant: decode views at 4 rows, (4, 32, 32 splits, 129) f32 + (4, 32, 128) bf16 + (4, 32) f32, 256-aligned
+    assert parts == {"turboquant": 4 * 32 * 32 * 129 * 4 + 4 * 32 * 128 * 2 + 4 * 32 * 4, "fused_moe": 512 * MiB}
+    assert max(parts.values()) == 512 * MiB > parts["turboquant"]  # the MoE's profile run sets the slot
     assert consumer_cases.lock_without_fix(EngineConfig.from_preset("nemotron-3-super-120b-a12b")) == {
         "turboquant": 268_544}  # the bug report's "current size is 0.26 MB"
     assert consumer_cases.lock_without_fix(cfg.replace(enforce_eager=True)) == {}

@@ -2,7 +2,7 @@
 
 * :func:`lock_without_fix` — what each active consumer asks before ``lock_workspace()`` when TurboQuant's
   builder does **not** reserve (vLLM before PR #44053): TurboQuant's share is the decode scratch of the FULL
-  decode capture (:func:`tqlab.predict.analysis.locked_bytes` with ``fix=False``), every other consumer's is its
+  decode capture (:func:`tqlab.predict.analysis.decode_bytes` at ``decode_rows_at_lock`` rows), every other consumer's is its
   registry reservation (``tqlab.predict.analysis.consumer_table``: the fix changes only TurboQuant's builder).
   The slot is the maximum (separate ``get_simultaneous`` calls alias the same bytes).
 * :func:`run_latent_crash_checks` — ``parity/latent_crashes.py``'s four checks, run with vLLM 0.33's own classes
@@ -43,10 +43,12 @@ def lock_without_fix(config: "EngineConfig") -> dict[str, int]:
     non-TurboQuant consumers' ``reserved_bytes``. Empty for a start-up that never locks (eager). Raises
     ``ValueError`` like :func:`tqlab.predict.analysis.consumer_table` for a config a consumer cannot size.
     """
-    tq = analysis.locked_bytes(config, fix=False)
-    if tq is None:
+    if not analysis.locks_workspace(config):
         return {}
-    out = {"turboquant": tq} if config.has_turboquant_consumers else {}
+    out = {}
+    if config.has_turboquant_consumers:  # the FULL decode capture's _decode_attention call (none with k > 0)
+        rows = analysis.decode_rows_at_lock(config)
+        out["turboquant"] = analysis.decode_bytes(config, rows) if rows and not config.num_speculative_tokens else 0
     for row in analysis.consumer_table(config).rows:
         if not row.name.startswith("turboquant"):
             out[row.name] = row.reserved_bytes
