@@ -17,45 +17,17 @@ second of a 1 GiB copy).  ``frac_of_byte_limit`` = byte-limit ms / measured ms.
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 from pathlib import Path
 
 import torch
+from _tq_bench import BLOCK, fill_paged, random_decode_inputs, sdpa
 
-FLUSH_BYTES = 256 * 2**20
 SHAPES = {  # per tensor-parallel rank, with the batch of the issue's table
     "llama3.1-8b": dict(hq=32, hk=8, d=128, batch=16),
     "seed_tp8_rank": dict(hq=4, hk=1, d=128, batch=4),
 }
 CONTEXTS = (8192, 32768, 131072)
-BLOCK = 16
-
-
-class ColdTimer:
-    """Median ms of one graph-replayed call, L2 flushed before every replay."""
-
-    def __init__(self, replays: int = 25):
-        self.replays = replays
-        self.flush = torch.empty(FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
-
-    def __call__(self, fn) -> float:
-        fn()
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            fn()
-        g.replay()
-        torch.cuda.synchronize()
-        evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(self.replays)]
-        for a, b in evs:
-            self.flush.zero_()
-            a.record()
-            g.replay()
-            b.record()
-        torch.cuda.synchronize()
-        del g
-        return statistics.median(a.elapsed_time(b) for a, b in evs)
 
 
 def load_anchor(path: str | None):
@@ -98,7 +70,7 @@ def time_vllm(vk, tq_layout, preset, k, v, q, seq_lens, splits, timer) -> dict:
     return res
 
 
-def time_tqlab(preset, k, v, q, seq_lens, splits_list, timer, fill_paged) -> dict:
+def time_tqlab(preset, k, v, q, seq_lens, splits_list, timer) -> dict:
     """tqlab's decode on its own cache of the same K/V, for each split count."""
     from tqlab.turboquant import TQ_PRESETS, decode_attention
 
@@ -120,18 +92,13 @@ def _rel(out, ref) -> float:
     return float(torch.linalg.vector_norm(out.float() - ref) / torch.linalg.vector_norm(ref))
 
 
-def bench_context(shape, ctx, presets, vllm_presets, anchor, copy_gbps, timer, fill_paged, log) -> list[dict]:
+def bench_context(shape, ctx, presets, vllm_presets, anchor, copy_gbps, timer, log) -> list[dict]:
     """All rows of one (shape, ctx): SDPA once, then per preset vLLM (if anchored) and tqlab."""
     from tqlab.turboquant.ops import VLLM_NUM_SPLITS, decode_num_splits
 
-    from bench_turboquant import sdpa  # noqa: PLC0415 - the flash-preferring SDPA wrapper
-
     sh = SHAPES[shape]
     b, hq, hk, d = sh["batch"], sh["hq"], sh["hk"], sh["d"]
-    torch.manual_seed(1000 + ctx + b + hq)
-    k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
-    v = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
-    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    k, v, q = random_decode_inputs(b, hq, hk, ctx, d, seed=1000 + ctx + b + hq)
     seq_lens = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
     q4 = q.to(torch.float16)[:, :, None, :]
     sdpa_ms = timer(lambda: sdpa(q4, k, v, d**-0.5))
@@ -142,7 +109,7 @@ def bench_context(shape, ctx, presets, vllm_presets, anchor, copy_gbps, timer, f
     for preset in presets:
         row = {"shape": shape, "hq": hq, "hk": hk, "d": d, "batch": b, "ctx": ctx, "preset": preset,
                "sdpa_fp16_ms": sdpa_ms, "sdpa_byte_limit_ms": sdpa_bytes / copy_gbps / 1e6}
-        tq = time_tqlab(preset, k, v, q, seq_lens, splits, timer, fill_paged)
+        tq = time_tqlab(preset, k, v, q, seq_lens, splits, timer)
         nbytes = step_bytes(b, ctx, hq, hk, d, tq["slot_bytes"])
         row.update({"slot_bytes": tq["slot_bytes"], "step_bytes": nbytes, "byte_limit_ms": nbytes / copy_gbps / 1e6})
         for s, r in tq["by_splits"].items():

@@ -40,9 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import platform
-import statistics
-import subprocess
 import sys
 import time
 import traceback
@@ -53,91 +50,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tqlab.core.provenance import make_provenance  # noqa: E402
+from _tq_bench import (BLOCK, MODEL_DTYPE, ColdTimer, copy_bandwidth, dequant_bytes, fill_paged,  # noqa: E402
+                       provenance, random_decode_inputs, sdpa, time_graph)
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
 
 SHAPES = {
     "seed_per_rank": dict(hq=4, hk=1, d=128),
     "llama3.1-8b": dict(hq=32, hk=8, d=128),
 }
-BLOCK = 16
-MODEL_DTYPE = torch.bfloat16
-
-
-def provenance(args) -> dict:
-    """:func:`tqlab.core.provenance.make_provenance` plus the triton, CUDA, Python and driver versions."""
-    import triton
-
-    extra = {"triton": triton.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
-    try:
-        extra["driver"] = subprocess.check_output(
-            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], text=True).strip()
-    except Exception:
-        pass
-    return make_provenance("python " + " ".join(sys.argv), device=None if torch.cuda.is_available() else "cpu",
-                           commit=args.commit or None, extra=extra)
-
-
-def time_graph(fn, target_ms: float = 2.0, replays: int = 15) -> float:
-    """Median milliseconds of one ``fn()`` call, timed by CUDA-graph replay."""
-    fn()
-    torch.cuda.synchronize()
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    fn()
-    e.record()
-    torch.cuda.synchronize()
-    est = max(s.elapsed_time(e), 1e-3)
-    reps = int(min(200, max(1, math.ceil(target_ms / est))))
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        s.record()
-        g.replay()
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e) / reps)
-    del g
-    return statistics.median(times)
-
-
-def copy_bandwidth(nbytes: int) -> dict:
-    """Device copy bandwidth (bytes read + written per second), the best of a graph-replayed
-    ``copy_`` and an eager one (median of 20, CUDA events)."""
-    x = torch.empty(nbytes // 2, dtype=torch.float16, device="cuda").normal_()
-    y = torch.empty_like(x)
-    ms_graph = time_graph(lambda: y.copy_(x), target_ms=20.0)
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(20):
-        s.record()
-        y.copy_(x)
-        e.record()
-        torch.cuda.synchronize()
-        times.append(s.elapsed_time(e))
-    ms_eager = statistics.median(times)
-    ms = min(ms_graph, ms_eager)
-    return {"bytes_each_way": nbytes, "ms": ms, "GBps": 2 * nbytes / ms / 1e6,
-            "graph_GBps": 2 * nbytes / ms_graph / 1e6, "eager_GBps": 2 * nbytes / ms_eager / 1e6}
-
-
-def fill_paged(spec, k, v, bs=BLOCK, seed=0):
-    """k, v (B, Hk, L, D) -> packed cache with shuffled blocks + block table (B, L/bs) int32."""
-    b, hk, length, d = k.shape
-    per = length // bs
-    g = torch.Generator().manual_seed(seed)
-    bt = torch.randperm(b * per, generator=g).view(b, per).to(torch.int32).cuda()
-    cache = torch.empty(kv_cache_shape(b * per, hk, bs, d, spec), dtype=torch.uint8, device="cuda")
-    pos = torch.arange(length, device="cuda")
-    for i in range(b):
-        slots = bt[i, pos // bs].long() * bs + pos % bs
-        store_kv(cache, k[i].transpose(0, 1), v[i].transpose(0, 1), slots, spec)
-    return cache, bt
+__all__ = ["BLOCK", "ColdTimer", "copy_bandwidth", "fill_paged", "provenance", "sdpa", "time_graph", "main"]
 
 
 def _err(out, ref):
@@ -147,41 +68,11 @@ def _err(out, ref):
             "rel_err": float(torch.linalg.vector_norm(o - r) / torch.linalg.vector_norm(r))}
 
 
-_SDPA_BACKEND: list = []
-
-
-def sdpa(q, k, v, scale):
-    """fp16 SDPA with GQA; prefers the flash kernel, records which backend ran."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    f = torch.nn.functional.scaled_dot_product_attention
-    if not _SDPA_BACKEND:
-        for cand in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, None):
-            try:
-                if cand is None:
-                    f(q, k, v, scale=scale, enable_gqa=True)
-                else:
-                    with sdpa_kernel([cand]):
-                        f(q, k, v, scale=scale, enable_gqa=True)
-                _SDPA_BACKEND.append(cand)
-                break
-            except RuntimeError:
-                continue
-    cand = _SDPA_BACKEND[0]
-    if cand is None or q.dtype == torch.float32:
-        return f(q, k, v, scale=scale, enable_gqa=True)
-    with sdpa_kernel([cand]):
-        return f(q, k, v, scale=scale, enable_gqa=True)
-
-
 def bench_decode(res: dict, shape_name: str, batch: int, ctx: int, splits_list, presets, log):
     sh = SHAPES[shape_name]
     hq, hk, d = sh["hq"], sh["hk"], sh["d"]
     scale = d**-0.5
-    torch.manual_seed(ctx + batch)
-    k = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.float16)
-    v = torch.randn(batch, hk, ctx, d, device="cuda", dtype=torch.float16)
-    q = torch.randn(batch, hq, d, device="cuda", dtype=MODEL_DTYPE)
+    k, v, q = random_decode_inputs(batch, hq, hk, ctx, d, seed=ctx + batch)
     q4 = q.to(torch.float16)[:, :, None, :]
     ref32 = None
     if batch * ctx <= 16 * 32768:  # fp32 reference on the same K/V (skipped for the largest case)
@@ -232,8 +123,7 @@ def bench_dequant(res: dict, shape_name: str, cached_len: int, presets, copy_gbp
         spec = TQ_PRESETS[name]
         cache, bt = fill_paged(spec, k, v)
         ms = time_graph(lambda: dequant_kv(cache, bt[0], cached_len, k_out, v_out, spec))
-        read = cached_len * hk * spec.slot_bytes(d) + bt.shape[1] * 4
-        written = 2 * cached_len * hk * d * 2
+        read, written = dequant_bytes(spec, hk, d, cached_len, bt.shape[1])
         gbps = (read + written) / ms / 1e6
         err_k = float(torch.linalg.vector_norm(k_out.float() - k.float()) / torch.linalg.vector_norm(k.float()))
         err_v = float(torch.linalg.vector_norm(v_out.float() - v.float()) / torch.linalg.vector_norm(v.float()))
@@ -248,8 +138,8 @@ def bench_dequant(res: dict, shape_name: str, cached_len: int, presets, copy_gbp
 def bench_store(res: dict, presets, log, tokens=16384):
     sh = SHAPES["llama3.1-8b"]
     hk, d = sh["hk"], sh["d"]
-    k = torch.randn(tokens, hk, d, device="cuda", dtype=MODEL_DTYPE)
-    v = torch.randn(tokens, hk, d, device="cuda", dtype=MODEL_DTYPE)
+    k = torch.randn(tokens, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(tokens, hk, d, device="cuda", dtype=torch.bfloat16)
     slots = torch.randperm(tokens, device="cuda")
     for name in presets:
         spec = TQ_PRESETS[name]
@@ -375,7 +265,7 @@ def main_vs_vllm(args) -> int:
     res["copy"] = copy_bandwidth(1024 * 2**20)
     res["targets"] = {"vllm_over_tqlab_min": 5.0, "sdpa_over_tqlab_min_32k_128k": 1.0,
                       "sdpa_over_tqlab_llama_3bit_128k": 2.0}
-    timer = vs.ColdTimer()
+    timer = ColdTimer()
     presets = list(TQ_PRESETS)
     vllm_presets = args.vllm_presets.split(",") if args.vllm_presets else presets
     t0 = time.time()
@@ -388,7 +278,7 @@ def main_vs_vllm(args) -> int:
         for ctx in [int(c) for c in args.contexts.split(",")]:
             try:
                 res["rows"] += vs.bench_context(shape, ctx, presets, vllm_presets, anchor, res["copy"]["GBps"],
-                                                timer, fill_paged, log)
+                                                timer, log)
             except Exception as exc:  # noqa: BLE001 - keep the other rows
                 traceback.print_exc()
                 res["errors"].append({"shape": shape, "ctx": ctx, "error": repr(exc)[:500]})

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _recording import default_dir  # noqa: E402
-from _vs_vllm import ColdTimer  # noqa: E402
-from bench_turboquant import copy_bandwidth, fill_paged, provenance, sdpa, time_graph  # noqa: E402
+from _tq_bench import (ColdTimer, copy_bandwidth, dequant_bytes, fill_paged, provenance,  # noqa: E402
+                       random_decode_inputs, sdpa, time_graph)
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv  # noqa: E402
 from tqlab.turboquant import _triton_fast as tf  # noqa: E402
@@ -125,10 +125,7 @@ def decode_variants(timer, log, cases, cfgs, rows=None, save=lambda: None) -> li
     for case in cases:
         hq, hk, b, ctx, presets, splits = CASES[case]
         d = 128
-        torch.manual_seed(ctx + b)
-        k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
-        v = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
-        q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+        k, v, q = random_decode_inputs(b, hq, hk, ctx, d, seed=ctx + b)
         q4 = q.to(torch.float16)[:, :, None, :]
         sdpa_ms = timer(lambda: sdpa(q4, k, v, d**-0.5))
         log({"case": case, "impl": "sdpa", "ms": sdpa_ms})
@@ -188,7 +185,7 @@ def dequant_variants(log, copy_gbps, rows=None, save=lambda: None) -> list:
         for preset in ("turboquant_3bit_nc", "turboquant_4bit_nc", "turboquant_k3v4_nc"):
             spec = TQ_PRESETS[preset]
             cache, bt = fill_paged(spec, k, v)
-            nbytes = cl * hk * spec.slot_bytes(d) + bt.shape[1] * 4 + 2 * cl * hk * d * 2
+            nbytes = sum(dequant_bytes(spec, hk, d, cl, bt.shape[1]))
             variants = [("portable", {})]
             variants += [("fast", {"lut": 2, "block_t": bt_, "num_warps": nw, "tiles_per_program": tl_})
                          for bt_, nw, tl_ in ((64, 4, 2), (64, 4, 1), (32, 4, 2), (32, 4, 4), (64, 8, 1), (32, 2, 2))]

@@ -26,8 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _recording import default_dir  # noqa: E402
-from _vs_vllm import ColdTimer  # noqa: E402
-from bench_turboquant import copy_bandwidth, fill_paged, provenance  # noqa: E402
+from _tq_bench import ColdTimer, copy_bandwidth, fill_paged, provenance  # noqa: E402
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv  # noqa: E402
 from tqlab.turboquant import _triton_kernels as tk  # noqa: E402

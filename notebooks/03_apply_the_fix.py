@@ -74,6 +74,7 @@ from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
 from tqlab.core.config import EngineConfig, list_presets, load_preset
+from tqlab.core.consumers.registry import turboquant_only
 from tqlab.engine import LLMEngine
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
@@ -342,7 +343,8 @@ print("max_model_len prompt: served with the fix, refused without it")
 
 # %%
 cost = []
-for name in list_presets():
+TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_preset(n))]  # notebook 10: the others
+for name in TQ_PRESETS:
     c = EngineConfig.from_preset(name)
     res = plan_bytes(reservation_plan(c)) * c.num_ubatches
     decode_only = compute_layout(reservation_plan(c)[0]).total_bytes * c.num_ubatches
@@ -587,8 +589,9 @@ else:
 # With dual-batch overlap the workspace has one buffer per ubatch slot (notebook 01,
 # section 5). vLLM's `_reserve_workspace` runs in the metadata builder's constructor,
 # outside any micro-batch, so its calls land in slot 0 alone; the parity suite recorded
-# the slot sizes vLLM's own builder leaves. tqlab's `reserve_workspace` makes the same
-# calls once per slot. A continuation chunk that runs in the second micro-batch after the
+# the slot sizes vLLM's own builder leaves. tqlab's `reserve_workspace` does the same (plain
+# `get_simultaneous` calls in the caller's slot); sizing every slot takes one call per slot, each
+# inside its micro-batch. A continuation chunk that runs in the second micro-batch after the
 # lock then finds slot 1 at whatever *other* start-up work left there. That depends on the
 # deployment (other workspace consumers, such as fused MoE, grow it too; `grep current_workspace_manager` over vLLM lists
 # them), and the parity suite did not model it. In the report's deployment, start-up
@@ -596,26 +599,31 @@ else:
 # chunk; the cell locks right after the reservation, the case where nothing else touched
 # slot 1.
 #
-# **Predict, then run.** With DBO, what sizes do the two slots have after tqlab's reservation, and
-# after the same calls made in slot 0 only (vLLM's way)? After the lock, which of the two serves the
-# report's chunk in slot 1?
+# **Predict, then run.** With DBO, what sizes do the two slots have after tqlab's reservation, after the
+# builder's calls made in slot 0 (vLLM's way), and after a reservation made in every slot? After the lock,
+# which of them serves the report's chunk in slot 1?
 
 # %%
 dbo_cfg = cfg.replace(enable_dbo=True)
 ours = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
-reserve_workspace(dbo_cfg, ours)  # tqlab: every slot
+reserve_workspace(dbo_cfg, ours)  # tqlab: the caller's slot (0), as vLLM's builder
 one_slot = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
 for call in reservation_plan(dbo_cfg):  # vLLM 0.33: the builder's calls run in the current slot (0)
     one_slot.get_simultaneous(*call)
-assert ours.sizes_bytes() == [reserved] * dbo_cfg.num_ubatches
-assert one_slot.sizes_bytes() == [reserved] + [0] * (dbo_cfg.num_ubatches - 1)
+every = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
+for slot in range(dbo_cfg.num_ubatches):  # not vLLM 0.33: a reservation inside each micro-batch
+    with ubatch_context(slot):
+        reserve_workspace(dbo_cfg, every)
+assert every.sizes_bytes() == [reserved] * dbo_cfg.num_ubatches
+assert ours.sizes_bytes() == one_slot.sizes_bytes() == [reserved] + [0] * (dbo_cfg.num_ubatches - 1)
 assert locked_no_fix < need_8k  # decode scratch alone in slot 1 would not hold the report's chunk either
 if USE_RECORDED and recorded.has_recorded(vt.PARITY_RESULTS):
     assert one_slot.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
-    assert ours.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]
+    assert ours.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
 
 slot1_result = {}
-for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_slot)):
+SLOT_WAYS = (("tqlab reserve_workspace", ours), ("vLLM 0.33 builder: slot 0", one_slot), ("every slot (not vLLM)", every))
+for label, mgr in SLOT_WAYS:
     mgr.lock()
     events_before = len(mgr.events)
     with ubatch_context(1):
@@ -626,23 +634,24 @@ for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_s
         else:
             assert len(mgr.events) == events_before
             slot1_result[label] = "served, no growth"
-assert slot1_result["tqlab: every slot"].startswith("served")
-assert slot1_result["vLLM 0.33: slot 0 only"].startswith("refused")
+assert slot1_result["every slot (not vLLM)"].startswith("served")
+assert slot1_result["vLLM 0.33 builder: slot 0"].startswith("refused")
+assert slot1_result["tqlab reserve_workspace"] == slot1_result["vLLM 0.33 builder: slot 0"]
 show_md(markdown_table(
     ("reservation", "slot sizes (MiB)", "per rank (MiB)", f"× TP {cfg.tensor_parallel_size} (MiB)",
      "report's chunk in slot 1 after the lock"),
     [
         (label, " / ".join(format_mb(b) for b in mgr.sizes_bytes()), format_mb(mgr.live_bytes()),
          format_mb(mgr.live_bytes() * cfg.tensor_parallel_size), slot1_result[label])
-        for label, mgr in (("tqlab: every slot", ours), ("vLLM 0.33: slot 0 only", one_slot))
+        for label, mgr in SLOT_WAYS
     ],
 ))
 
 # %% [markdown]
-# **Answer** (checked by the cell above). tqlab's reservation: both slots at the reserved size. The same
-# calls made in slot 0 only (vLLM's way): slot 1 empty — the sizes the parity suite
-# recorded from vLLM's builder. After the lock, the report's chunk in slot 1 is served by
-# the first and refused by the second.
+# **Answer** (checked by the cell above). tqlab's reservation and vLLM's builder agree: slot 0 at the
+# reserved size, slot 1 empty — the sizes the parity suite recorded from vLLM's builder. After the lock,
+# the report's chunk in slot 1 is refused by both; only a reservation made inside every micro-batch
+# (not what vLLM 0.33 does) serves it.
 
 # %% [markdown]
 # ## 7 · Three start-ups of the report's deployment, side by side
@@ -824,7 +833,7 @@ show_md(
 # * Short continuation chunks need no cover: in vLLM 0.33 they make no workspace call.
 # * Two deployments stay exposed with PR #44053: chunked prefill off with prefix caching
 #   (the continuation call is never reserved; tqlab mirrors that), and DBO (vLLM sizes
-#   slot 0 only; tqlab's `reserve_workspace` sizes every slot).
+#   slot 0 only; so does tqlab's `reserve_workspace`).
 # * An eager vLLM 0.33 server never locks; with speculative decoding a graph start-up locks an
 #   empty workspace and the drafter's decode is refused without the fix, served with it.
 # * Its cost is fixed per rank and per slot, whatever the traffic:

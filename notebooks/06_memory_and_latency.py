@@ -81,6 +81,7 @@ import torch
 from tqlab import strategies as S
 from tqlab.predict.analysis import unfixed_locked_bytes
 from tqlab.core.config import EngineConfig, list_presets
+from tqlab.core.consumers.registry import turboquant_only
 from tqlab.lab import plots_strategies as plots
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.lab.plots_workspace import PhaseMarker
@@ -253,11 +254,12 @@ if REC_TABLE is not None:
 
 # %%
 LENGTHS = [2 ** k for k in range(12, 18)]
-WS_ROWS = {name: S.workspace_vs_max_model_len(EngineConfig.from_preset(name), LENGTHS) for name in list_presets()}
+TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_preset(n))]  # notebook 10: the others
+WS_ROWS = {name: S.workspace_vs_max_model_len(EngineConfig.from_preset(name), LENGTHS) for name in TQ_PRESETS}
 plots.plot_workspace_vs_len(WS_ROWS)
 plt.show()
 rows = []
-for name in list_presets():
+for name in TQ_PRESETS:
     c = EngineConfig.from_preset(name)
     (r,) = S.workspace_vs_max_model_len(c, [c.max_model_len])
     kv_full = kv_cache_bytes_per_token(c) * c.max_model_len * c.max_num_seqs  # max_num_seqs full-length sequences
@@ -272,7 +274,7 @@ show_md(markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unf
 share_one = SEED_ROW["share"]
 share_full_batch = SEED_ROW["reserved_bytes"] / (kv_cache_bytes_per_token(SEED) * SEED.max_model_len * SEED.max_num_seqs)
 cont = 2 * SEED.num_kv_heads_per_rank * SEED.max_model_len * SEED.head_dim * 2  # two fp16 buffers
-assert all(EngineConfig.from_preset(n).num_ubatches == 1 for n in list_presets())  # one slot everywhere
+assert all(EngineConfig.from_preset(n).num_ubatches == 1 for n in TQ_PRESETS)  # one slot everywhere
 assert SEED_ROW["kv_bytes"] == kv_cache_bytes_per_token(SEED) * SEED.max_model_len  # same bytes per token
 assert abs(share_one - SEED.max_num_seqs * share_full_batch) < 1e-12
 assert cont <= SEED_ROW["reserved_bytes"] < cont + 2**20
@@ -434,12 +436,12 @@ print(f"{len(MEM['growth_sizes'])} growths, {fmt_bytes(MEM['growth_sizes'][0])} 
 # `vllm/v1/worker/workspace.py`: "Only resize the requesting ubatch/lane workspace"). And the fix:
 # `TurboQuantMetadataBuilder._reserve_workspace` (`vllm/v1/attention/backends/turboquant_attn.py`) calls
 # `get_simultaneous` from the builder's constructor, outside any micro-batch — so its calls land in the
-# current slot, slot 0, alone. tqlab's `reserve_workspace` makes the calls once per slot; the parity suite
-# recorded the difference from vLLM's own builder (notebook 03 §6c).
+# current slot, slot 0, alone. tqlab's `reserve_workspace` does the same (it makes plain `get_simultaneous`
+# calls in the caller's slot); the parity suite checks the slot sizes against vLLM's own builder.
 #
-# **Predict, then run.** How many bytes does each policy hold at the end? After vLLM's reservation on a
-# two-slot manager, what are the slot sizes — and is the report's continuation chunk served in slot 1 after
-# the lock?
+# **Predict, then run.** How many bytes does each policy hold at the end? After the builder's calls and after
+# tqlab's `reserve_workspace` on a two-slot manager, what are the slot sizes — and is the report's
+# continuation chunk served in slot 1 after the lock?
 
 # %%
 DBO_ALL = S.dbo_memory_held(SEED, LONG, grow_all_slots=True)
@@ -452,10 +454,10 @@ vllm_way = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
 for call in reservation_plan(dbo_cfg):  # vLLM 0.33: the builder's calls run in the current slot (0)
     vllm_way.get_simultaneous(*call)
 tqlab_way = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
-reserve_workspace(dbo_cfg, tqlab_way)  # tqlab: every slot
+reserve_workspace(dbo_cfg, tqlab_way)  # tqlab: the caller's slot (0), as vLLM
 report_chunk = reservation_plan(dbo_cfg)[-1]  # the continuation call at its largest
 slot1 = {}
-for label, mgr in (("vLLM 0.33 (slot 0 only)", vllm_way), ("tqlab reserve_workspace (every slot)", tqlab_way)):
+for label, mgr in (("vLLM 0.33 builder's calls", vllm_way), ("tqlab reserve_workspace", tqlab_way)):
     mgr.lock()
     with ubatch_context(1):
         try:
@@ -465,28 +467,29 @@ for label, mgr in (("vLLM 0.33 (slot 0 only)", vllm_way), ("tqlab reserve_worksp
             slot1[label] = f"refused: asks {fmt_bytes(exc.required_bytes)}, slot 1 holds {fmt_bytes(exc.current_bytes)}"
 show_md(markdown_table(("reservation", "slot sizes after it", "the largest continuation call in slot 1, after the lock"),
                        [(k, " / ".join(fmt_bytes(b) for b in m.sizes_bytes()), slot1[k])
-                        for k, m in (("vLLM 0.33 (slot 0 only)", vllm_way),
-                                     ("tqlab reserve_workspace (every slot)", tqlab_way))]))
+                        for k, m in (("vLLM 0.33 builder's calls", vllm_way),
+                                     ("tqlab reserve_workspace", tqlab_way))]))
 
 need = plan_bytes(reservation_plan(dbo_cfg))
 assert DBO_ONE["final_bytes"] < DBO_ALL["final_bytes"]
-assert vllm_way.sizes_bytes() == [need, 0] and tqlab_way.sizes_bytes() == [need, need]
-assert slot1["vLLM 0.33 (slot 0 only)"].startswith("refused") and slot1["tqlab reserve_workspace (every slot)"] == "served"
+assert vllm_way.sizes_bytes() == tqlab_way.sizes_bytes() == [need, 0]  # they agree: slot 0 only
+assert all(v.startswith("refused") for v in slot1.values())  # slot 1 can still overflow
 if USE_RECORDED != "never" and has_recorded(PARITY_RESULTS):  # vLLM's own builder, recorded by the parity suite
     parity_prov, parity = load_parity_results()
     print(f"vLLM {parity_prov.get('vllm', '0.33')} recorded {parity_prov['date'][:10]} at {parity_prov['commit'][:7]} "
           f"(`{parity_prov['command']}`): slot sizes "
           f"{parity['test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes']}")
     assert vllm_way.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
+    assert tqlab_way.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
 print(f"held at the end: every slot {fmt_bytes(DBO_ALL['final_bytes'])}, requesting slot {fmt_bytes(DBO_ONE['final_bytes'])}; "
-      f"vLLM's reservation: {[fmt_bytes(b) for b in vllm_way.sizes_bytes()]}")
+      f"vLLM's and tqlab's reservation: {[fmt_bytes(b) for b in vllm_way.sizes_bytes()]}")
 
 # %% [markdown]
 # So with DBO, PR #44053 covers ubatch 0 only: whatever else runs in ubatch 1 before the lock decides slot 1's
 # size, and a long continuation chunk scheduled in ubatch 1 after the lock can still be refused. tqlab's
-# reservation sizes both slots, which is *not* what vLLM 0.33 does (the parity suite's
-# `test_divergence_dbo_reservation_sizes_one_slot` keeps that difference visible). None of the presets enable
-# DBO, so the figures of sections 1–4 are the same either way.
+# reservation does exactly what vLLM 0.33's does (the parity suite's `test_divergence_dbo_reservation_sizes_one_slot`,
+# named when tqlab still sized both slots, now checks that they agree), so `tqlab plan` and `repro` predict
+# the same refusal. None of the presets enable DBO, so the figures of sections 1–4 are the same either way.
 #
 # ## 8 · The manager's own cost per call
 #

@@ -549,7 +549,8 @@ show_md(markdown_table(
         ["ubatch slot out of range", "IndexError", "ValueError"],
         ["current_workspace_manager() before init", "AssertionError", "RuntimeError"],
         ["DBO: slot sizes after the builder's reservation", f"{dbo_v} (only the slot it runs in)",
-         f"{dbo_t} (reserve_workspace sizes every slot)"],
+         f"{dbo_t} " + ("(reserve_workspace: the slot it runs in, as vLLM)" if dbo_t == dbo_v
+                        else "(reserve_workspace sized every slot when this was recorded)")],
         [f"continuation chunk of ≤ {rp.CONTINUATION_DECODE_THRESHOLD} new tokens (found by this suite, now agreeing)",
          rec["test_short_continuation_chunks_make_no_workspace_call:vllm_q128"]
          + " (the decode kernel allocates its own buffers)",

@@ -67,6 +67,7 @@ import matplotlib.pyplot as plt
 from tqlab.predict import analysis
 from tqlab.predict.analysis import first_failing_prompt, prefill_chunks, safe_max_model_len
 from tqlab.core.config import EngineConfig, list_presets
+from tqlab.core.consumers.registry import turboquant_only
 from tqlab.engine import LLMEngine
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
@@ -77,13 +78,16 @@ from tqlab.core.workspace import WorkspaceLockedError, format_mb
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment, one tensor-parallel rank
 T = CONTINUATION_DECODE_THRESHOLD  # vLLM 0.33: a continuation chunk of at most T new tokens runs the decode kernel
-configs = {name: EngineConfig.from_preset(name) for name in list_presets()}
+# The presets whose only workspace consumer is TurboQuant (MoE/MLA presets: notebook 10).
+configs = {n: c for n in list_presets() if turboquant_only(c := EngineConfig.from_preset(n))}
 print(f"engine device: {device!r}; presets: {', '.join(configs)}")
 
 # %% [markdown]
 # ## 1 · What each preset locks
 #
 # **Question.** Without the fix, how large is each preset's workspace when capture locks it?
+# (Each preset here: the ones whose only workspace consumer is TurboQuant; notebook 10 adds MoE and MLA models,
+# where another consumer can set the lock.)
 #
 # Capture runs the decode graphs, largest batch first; TurboQuant's split-KV decode asks the
 # workspace for its scratch, sized by the rows of that batch. Nothing else touches the

@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from tqlab.core.notes import NoteKind
+
 from tqlab.predict import analysis as A
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import plan_bytes, reservation_plan
@@ -288,6 +290,7 @@ def test_prediction_json_is_the_documented_object():
         "prompt_tokens": None, "sources": {"max_num_seqs": "flag"},
         "safe_max_model_len_alone": 4225, "safe_max_model_len_any_schedule": 656, "fixed_safe_any_schedule": 131072,
         "locked_source": "capture", "turboquant_consumers": True, "notes": [],
+        "lock_set_by": "turboquant_attn.py:_decode_attention", "gpu": "H200", "partial": False,
     }
 
 
@@ -297,3 +300,80 @@ def test_decode_capture_rows_per_captured_decode_batch():
     assert A.decode_capture_rows(c.replace(num_speculative_tokens=3)) == (1, 2, 4)  # sizes 4, 8, 16 tokens / 4
     assert A.decode_capture_rows(c.replace(enforce_eager=True)) == ()
     assert A.decode_capture_rows(EngineConfig(**HEADS, max_num_seqs=1024))[-1] == 512
+
+
+# --------------------------------------------------------------------------- #
+# The lock is the maximum over every active consumer (issue 19)              #
+# --------------------------------------------------------------------------- #
+
+
+def test_qwen3_moe_scratch_sets_the_lock_over_turboquants_capture():
+    c = EngineConfig.from_preset("qwen3-30b-a3b")
+    tq_unfixed = A.decode_bytes(c, A.decode_rows_at_lock(c))
+    assert tq_unfixed == 274_792_448  # TurboQuant's decode capture at 512 rows
+    p = A.predict(c)
+    # TritonExperts at M = 8192, N = 1536, K = 2048, topk 8, bf16: max(8192*8*2048, 8192*2048) + 8192*8*2048 = 512 MiB
+    assert p.locked_bytes == 512 << 20 == 536_870_912 > tq_unfixed
+    assert p.lock_set_by == "modular_kernel.py:_allocate_buffers"
+    assert p.verdict == "ok" and p.first_refused_call is None and p.first_failing_prompt_tokens is None
+    assert (p.safe_max_model_len_alone, p.safe_max_model_len_any_schedule) == (40960, 40960)
+    fixed = A.predict(c, fix=True)
+    assert fixed.locked_bytes == p.locked_bytes_with_fix == 549_584_896  # the fix's decode reservation is larger
+    assert fixed.lock_set_by == "turboquant_attn.py:_decode_attention"
+    assert not p.partial and p.to_json()["gpu"] == "H200"
+
+
+def test_moe_lock_turns_turboquants_false_crash_into_ok():
+    """max_num_seqs 4: TurboQuant's capture alone locks 2.1 MB and its continuation (83.6 MB) would crash;
+    the MoE scratch sized by the profile run (512 MiB) covers it."""
+    c = EngineConfig.from_preset("qwen3-30b-a3b").replace(max_num_seqs=4)
+    alone = A.decode_bytes(c, A.decode_rows_at_lock(c))
+    assert alone == 2_146_816 and A.first_failing_prompt(c, alone) == 8192 + 129
+    p = A.predict(c)
+    assert (p.locked_bytes, p.lock_set_by, p.verdict) == (536_870_912, "modular_kernel.py:_allocate_buffers", "ok")
+    assert p.first_failing_prompt_tokens is None and p.safe_max_model_len_any_schedule == 40960
+    small = c.replace(max_num_batched_tokens=256)  # M = 256: 16 MiB of MoE scratch; 3 continuation views overflow it
+    q = A.predict(small)
+    assert q.locked_bytes == 16 << 20 and q.verdict == "crash"
+    assert q.first_refused_call["caller"] == "_continuation_prefill" and q.first_refused_call["current_bytes"] == 16 << 20
+
+
+def test_deepseek_v32_flashmla_sparse_sets_the_lock_and_the_answer_is_partial():
+    c = EngineConfig.from_preset("deepseek-v3.2")
+    p = A.predict(c)
+    assert not c.has_turboquant_consumers
+    assert p.locked_bytes == p.locked_bytes_with_fix == 2_369_781_760
+    assert p.lock_set_by == "flashmla_sparse.py:__init__"
+    assert [r["name"] for r in p.consumers["consumers"]] == ["flashmla_sparse", "sparse_indexer"]
+    assert p.consumers["consumers"][1]["reserved_bytes"] == 866_123_776  # the indexer's profile run, below the lock
+    assert p.verdict == "ok" and p.partial  # FP8 MoE experts (DeepGEMM) are not sized: the answer is partial
+    assert any(n.kind is NoteKind.NOT_MODELLED and n.startswith("partial answer") for n in p.notes)
+    assert p.safe_max_model_len_any_schedule == 163840
+
+
+def test_uncovered_other_consumer_crashes_at_any_length():
+    """FlashAttention + DCP with PIECEWISE graphs (latent crash 2): nothing sizes _forward_with_dcp before the
+    lock, so the first step with DCP context (a 1-token prompt's first decode) asks a 0-byte slot."""
+    c = EngineConfig.from_preset("llama-3.1-8b").replace(kv_cache_dtype="auto", decode_context_parallel_size=2,
+                                                          tensor_parallel_size=2, cudagraph_mode="PIECEWISE")
+    p = A.predict(c)
+    need = 2 * c.max_num_batched_tokens * c.num_heads_per_rank * c.head_dim * 2
+    assert (p.locked_bytes, p.verdict, p.first_failing_prompt_tokens) == (0, "crash", 1)
+    assert p.first_refused_call == {"caller": "flash_attn.py:_forward_with_dcp", "required_bytes": need,
+                                    "current_bytes": 0, "cached_len": 1, "q_len": 1}
+    assert p.safe_max_model_len_alone is p.safe_max_model_len_any_schedule is p.fixed_safe_any_schedule is None
+    assert any("crashes at any max_model_len" in n for n in p.notes)
+    chunked = A.predict(c, prompt_tokens=c.max_num_batched_tokens + 5, max_tokens=1)  # its 2nd chunk has context
+    assert chunked.first_refused_call["cached_len"] == c.max_num_batched_tokens
+    assert A.predict(c, prompt_tokens=7, max_tokens=1).verdict == "ok"  # one chunk, no decode: never reached
+    full = A.predict(c.replace(cudagraph_mode="FULL_AND_PIECEWISE"))
+    assert (full.locked_bytes, full.verdict, full.lock_set_by) == (need, "ok", "flash_attn.py:_forward_with_dcp")
+
+
+def test_dbo_says_init_reservations_size_slot_0_only():
+    c = EngineConfig.from_preset("deepseek-v3.2")
+    assert not any(n.startswith("DBO:") for n in A.predict(c).notes)
+    dbo = A.predict(c.replace(enable_dbo=True))
+    assert dbo.locked_bytes == 2_369_781_760  # slot (ubatch 0, lane 0)
+    assert [n.field for n in dbo.notes if n.startswith("DBO: flashmla_sparse.py:__init__ reserve in __init__")] == [
+        "enable_dbo"]

@@ -146,20 +146,22 @@ def test_slot_0_growth_never_reallocates_slot_1():
     assert {e.ubatch for e in ws.events if e.kind == "resize" and e.old_bytes > 0} == {0}
 
 
-def test_reservation_sizes_every_ubatch_slot():
+def test_reservation_sizes_the_slot_it_runs_in():
+    """As vLLM 0.33's builder: the reservation lands in slot 0; slot 1 is sized only by a call made in ubatch 1."""
     c = EngineConfig.from_preset(PR_TEST, enable_dbo=True)
     ws = WorkspaceManager("meta", c.num_ubatches)
     reserve_workspace(c, ws)
     ws.lock()
-    assert ws.sizes_bytes() == [16 * MiB, 16 * MiB]
-    with ubatch_context(1):
-        ws.get_simultaneous(((512,), u8))  # the case's request now fits
-        for call in reservation_plan(c):
-            ws.get_simultaneous(*call)
-    # and in the engine: DBO + fix sizes both slots at build_backend
+    assert ws.sizes_bytes() == [16 * MiB, 0]
+    for call in reservation_plan(c):
+        ws.get_simultaneous(*call)
+    with ubatch_context(1), pytest.raises(WorkspaceLockedError) as ei:
+        ws.get_simultaneous(((512,), u8))  # the case's request, in ubatch 1
+    assert (ei.value.ubatch, ei.value.current_bytes) == (1, 0)
+    # and in the engine: DBO + fix sizes slot 0 at build_backend
     engine = LLMEngine(c.replace(max_model_len=2048), fix=True, device="meta")
     expected = plan_bytes(reservation_plan(engine.config))
-    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (expected, expected)
+    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (expected, 0)
 
 
 # --------------------------------------------------------------------------- #
@@ -410,11 +412,11 @@ def test_plan_prefix_caching_off_turns_the_hybrid_split_off_as_vllm_does():
     assert obj["sources"]["enable_prefix_caching"] == "flag"  # exit 0: the preset's split went off with it
     both = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--no-enable-prefix-caching",
                 "--mamba-block-aligned-split")
-    assert both.exit_code == 2 and "mamba_block_aligned_split needs enable_prefix_caching" in both.output
+    assert both.exit_code == 2 and "--mamba-block-aligned-split needs --enable-prefix-caching" in both.output
 
 
 def test_a_step_that_cannot_fit_a_prompt_is_refused_not_a_hang():
     r = _cli("repro", "--preset", "llama-3.1-8b", "--max-model-len", "4096", "--max-num-batched-tokens", "4096",
              "--no-enable-chunked-prefill", "--max-num-scheduled-tokens", "256", "--prompt-tokens", "1000",
              "--device", "meta")
-    assert r.exit_code == 2 and "max_num_scheduled_tokens (256) < max_model_len (4096)" in r.output
+    assert r.exit_code == 2 and "--max-num-scheduled-tokens (256) < --max-model-len (4096)" in r.output  # the flags given

@@ -78,8 +78,9 @@ def test_kimi_k26_tp4_trtllm_ragged_on_b200_reports_394_mib():
     table = consumer_table(cfg, StartUp())
     assert [r.name for r in table.rows] == ["mla_prefill_trtllm_ragged"]
     assert table.locked_bytes == 394 * MiB == 413_138_944
-    on_h200 = consumer_table(cfg.replace(gpu="H200"), StartUp())
-    assert on_h200.rows == ()  # TRT-LLM ragged runs on SM100 only
+    with pytest.raises(ValueError, match=r"^--attention-config.mla_prefill_backend TRTLLM_RAGGED on --gpu H200: vLLM "
+                       r"0.33 refuses to start .*compute capability 9.0 not supported"):  # SM100 only, no fallback
+        consumer_table(cfg.replace(gpu="H200"), StartUp())
 
 
 def test_turboquant_consumers_wrap_the_reservation():

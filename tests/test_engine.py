@@ -5,7 +5,7 @@ Without the fix the bug report's 8192-token prompt raises vLLM's exact assertion
 prompt completes on meta, and on CPU a few-thousand-token chunked prompt gives the
 same logits as a dense SDPA forward. The attention backend's paths are checked
 against ``torch.nn.functional.scaled_dot_product_attention`` directly. Eager mode
-still locks; DBO reserves both slots.
+still locks; DBO's reservation sizes slot 0 only, as vLLM's builder does.
 """
 
 from __future__ import annotations
@@ -455,15 +455,17 @@ def test_lock_on_eager_variant_locks_what_eager_start_up_grew(fix):
         assert engine.generate(1000, max_tokens=2).finished
 
 
-def test_dbo_reservation_sizes_both_slots():
+def test_dbo_reservation_sizes_slot_0_as_vllm_does():
     c = EngineConfig.from_preset(NEMOTRON, enable_dbo=True)
     engine = LLMEngine(c, fix=True, device="meta")
-    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (64 * MiB, 64 * MiB)
-    assert engine.workspace.sizes_bytes() == [64 * MiB, 64 * MiB]
+    assert {p.name: p for p in engine.phases}["build_backend"].workspace_bytes == (64 * MiB, 0)
+    assert engine.workspace.sizes_bytes() == [64 * MiB, 0]
     assert engine.workspace.is_locked()
-    with ubatch_context(1):  # the sibling slot serves the worst case too
-        for call in reservation_plan(c):
-            engine.workspace.get_simultaneous(*call)
+    for call in reservation_plan(c):  # slot 0 serves the worst case
+        engine.workspace.get_simultaneous(*call)
+    with ubatch_context(1), pytest.raises(WorkspaceLockedError) as ei:  # slot 1 can still overflow
+        engine.workspace.get_simultaneous(*reservation_plan(c)[-1])
+    assert (ei.value.ubatch, ei.value.required_bytes, ei.value.current_bytes) == (1, 64 * MiB, 0)
 
 
 def test_dbo_without_fix_leaves_slot_1_empty():

@@ -195,3 +195,35 @@ def test_auto_device_counts_decode_steps():
     assert _pick_device("auto", cfg, 1, 8191, True, console) == "meta"
     assert "(8191 engine steps); --device cpu forces it" in console.export_text()
     assert _pick_device("auto", cfg, 1, 8, True, Console(record=True)) == "cpu"
+
+
+def test_a_meta_continuation_step_runs_no_python_decomposed_math():
+    """On ``meta`` only shapes matter: RMSNorm, the residual add and SDPA (whose meta kernels decompose in
+    Python, ~10 ms a call) give their output's shape directly, so a 10**7-token prompt's 1,221 chunks take
+    seconds, not a quarter of an hour. The step's workspace requests and paths are unchanged (CPU below)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: set[str] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    runs = {}
+    for dev in ("meta", "cpu"):
+        cfg = EngineConfig.from_preset("pr-44053-unit-test", **SMALL)
+        eng = LLMEngine(cfg, fix=True, device=dev, kv_cache_tokens=1280)
+        eng.add_request(2 * cfg.max_num_batched_tokens + 100, max_tokens=1)
+        eng.step()  # the first chunk: no cached tokens
+        with Ops() as ops:
+            eng.step()  # a continuation prefill chunk
+        runs[dev] = (dict(eng.backend.path_counts), eng.workspace.size_bytes(), ops.names)
+    meta, cpu = runs["meta"], runs["cpu"]
+    assert meta[0]["continuation"] == cfg.num_hidden_layers and meta[:2] == cpu[:2]
+    slow = {"pow", "mean", "rsqrt", "add", "_safe_softmax", "_softmax", "scaled_dot_product_attention",
+            "_scaled_dot_product_flash_attention_for_cpu", "repeat_interleave", "le"}
+    assert not slow & meta[2], sorted(slow & meta[2])
+    assert {"pow", "add"} <= cpu[2]  # the CPU step still does the math

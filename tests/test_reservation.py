@@ -199,24 +199,36 @@ def test_plan_bytes_of_empty_plan_is_zero():
 # --------------------------------------------------------------------------- #
 
 
-def test_reserve_workspace_makes_the_plan_calls_on_every_slot():
+def test_reserve_workspace_makes_the_plan_calls_in_the_current_slot_only():
+    """vLLM 0.33's builder reserves from its constructor, in slot 0: slot 1 stays empty (review finding 5)."""
     c = EngineConfig.from_preset(PR_TEST, enable_dbo=True)
     ws = WorkspaceManager("meta", c.num_ubatches)
     plan = reserve_workspace(c, ws)
     assert plan == reservation_plan(c)
-    assert ws.sizes_bytes() == [16 * MiB, 16 * MiB]
+    assert ws.sizes_bytes() == [16 * MiB, 0]
     assert [(e.kind, e.ubatch, e.old_bytes, e.new_bytes) for e in ws.events] == [
         ("resize", 0, 0, PR_LOCKED), ("resize", 0, PR_LOCKED, 16 * MiB),
-        ("resize", 1, 0, PR_LOCKED), ("resize", 1, PR_LOCKED, 16 * MiB),
     ]
     assert all(e.caller.startswith("reservation.py:") and e.caller.endswith(":reserve_workspace") for e in ws.events)
-    # after the lock every planned call fits in every slot
+    with ubatch_context(1):  # a caller inside ubatch 1 reserves slot 1
+        reserve_workspace(c, ws)
+    assert ws.sizes_bytes() == [16 * MiB, 16 * MiB]
     ws.lock()
     for slot in (0, 1):
         with ubatch_context(slot):
             for call in plan:
                 ws.get_simultaneous(*call)
     assert [e.kind for e in ws.events][-1] == "lock"
+
+
+def test_after_the_reservation_slot_1_refuses_the_worst_chunk():
+    c = EngineConfig.from_preset(PR_TEST, enable_dbo=True)
+    ws = WorkspaceManager("meta", c.num_ubatches)
+    reserve_workspace(c, ws)
+    ws.lock()
+    with ubatch_context(1), pytest.raises(WorkspaceLockedError) as ei:
+        ws.get_simultaneous(*reservation_plan(c)[-1])
+    assert (ei.value.ubatch, ei.value.required_bytes, ei.value.current_bytes) == (1, 16 * MiB, 0)
 
 
 def test_reserve_workspace_defaults_to_the_module_manager():
@@ -349,3 +361,40 @@ def test_first_failing_prompt_matches_brute_force(c, data):
     assert first_failing_prompt(c, locked) == expected
     for n in data.draw(st.lists(st.integers(1, c.max_model_len), max_size=4), label="spot checks"):
         assert workspace_bytes_for_prompt(c, n) == needs[n - 1]
+
+
+# --------------------------------------------------------------------------- #
+# The split count: the deployment's (vLLM's), and the one that fills the GPU   #
+# --------------------------------------------------------------------------- #
+
+
+def test_deployment_decode_shapes_read_the_split_count_from_the_config():
+    c = EngineConfig.from_preset(NEMOTRON)
+    assert res.deployment_decode_shapes(c, 4) == res.decode_workspace_shapes(4, 4, 128, 32, c.dtype)
+    assert res.deployment_decode_shapes(c.replace(tq_max_kv_splits_for_cuda_graph=64), 4)[0][0] == ((4, 4, 64, 129))
+    assert res.deployment_decode_shapes(c, 4, 256)[0][0] == (4, 4, 256, 129)
+    assert reservation_plan(c)[0] == res.deployment_decode_shapes(c, c.max_num_seqs)
+
+
+def test_gpu_filling_split_count_follows_the_sm_count_and_kv_heads():
+    seed = EngineConfig.from_preset(NEMOTRON)  # TP 8: one KV head per rank
+    assert seed.num_kv_heads_per_rank == 1
+    assert res.gpu_filling_kv_splits(seed) == 256  # 4 * 132 = 528 programs for one row -> 1024, capped at 256
+    assert res.gpu_filling_kv_splits(seed, 4) == 256  # 132 -> 256
+    assert res.gpu_filling_kv_splits(seed, 8) == 128  # 66 -> 128
+    assert res.gpu_filling_kv_splits(seed.replace(gpu="A4000"), 4) == 64  # 48 SMs: 48 -> 64
+    assert res.gpu_filling_kv_splits(seed, 64) == 32  # 9 -> never below the deployment's 32
+    assert res.gpu_filling_kv_splits(seed.replace(tq_max_kv_splits_for_cuda_graph=64), 64) == 64
+    with pytest.raises(ValueError, match="batch_size"):
+        res.gpu_filling_kv_splits(seed, 0)
+
+
+def test_kv_splits_advice_sizes_both_counts_with_the_one_decode_shape_function():
+    c = EngineConfig.from_preset(NEMOTRON)
+    a = res.kv_splits_advice(c)
+    b, hq, d = c.max_num_seqs, c.num_heads_per_rank, c.head_dim
+    assert (a.gpu, a.sm_count, a.configured_splits, a.filling_splits) == ("H200", 132, 32, 256)
+    assert a.configured_bytes == res.plan_bytes([reservation_plan(c)[0]])
+    assert a.filling_bytes == compute_layout(res.decode_workspace_shapes(b, hq, d, 256, c.dtype)).total_bytes
+    assert a.filling_bytes == 2_117_888  # (4,4,256,129) f32 2,113,536 + (4,4,128) bf16 + (4,4) f32, views 256-B aligned
+    assert a.flag == "--attention-config.tq_max_kv_splits_for_cuda_graph 256"

@@ -131,11 +131,11 @@ def test_workspace_vs_max_model_len_seed_deployment(nemotron):
                        kv_bytes=102 * 8 * 131072, share=67108864 / (102 * 8 * 131072))
 
 
-def test_workspace_vs_max_model_len_dbo_doubles(nemotron):
+def test_workspace_vs_max_model_len_dbo_reserves_slot_0_only(nemotron):
     one = S.workspace_vs_max_model_len(nemotron, [8192])[0]
     two = S.workspace_vs_max_model_len(nemotron.replace(enable_dbo=True), [8192])[0]
     assert one["reserved_bytes"] == 2 * 1 * 8192 * 128 * 2 == 4194304
-    assert two["reserved_bytes"] == 2 * one["reserved_bytes"]
+    assert two["reserved_bytes"] == one["reserved_bytes"]  # vLLM's builder reserves the slot it runs in
     assert two["unfixed_bytes"] == 2 * 268544
 
 

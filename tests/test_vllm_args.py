@@ -201,10 +201,19 @@ def test_cudagraph_speculative_and_attention_config_at_dict_level():
 
 @pytest.mark.parametrize("line, msg", [
     ("vllm serve M --cudagraph-capture-sizes 4 -cc.cudagraph_capture_sizes '[1]'",
-     "cudagraph_capture_sizes and compilation_config.cudagraph_capture_sizes are mutually exclusive (vLLM)"),
-    ("vllm serve M -cc.cudagraph_capture_sizes '[0]'", "cudagraph_capture_sizes must be a non-empty list of positive integers, got [0]"),
-    ("vllm serve M -cc.cudagraph_mode SOMETIMES", "compilation_config.cudagraph_mode must be one of NONE, PIECEWISE, FULL, "
-                                                  "FULL_DECODE_ONLY, FULL_AND_PIECEWISE, got 'SOMETIMES'"),
+     "--cudagraph-capture-sizes and --compilation-config (-cc) cudagraph_capture_sizes are mutually exclusive (vLLM)"),
+    ("vllm serve M -cc.cudagraph_capture_sizes '[0]'",
+     "--compilation-config (-cc) cudagraph_capture_sizes[0] must be a positive integer, got 0 (in [0])"),
+    ("vllm serve M -cc.cudagraph_capture_sizes '[]'",
+     "--compilation-config (-cc) cudagraph_capture_sizes must be a non-empty list of positive integers, got []"),
+    # review finding: the flag and the bad element, not only the key
+    ("""vllm serve M -cc '{"cudagraph_capture_sizes": [1, 2.5, 4]}'""",
+     "--compilation-config (-cc) cudagraph_capture_sizes[1] must be an integer, got 2.5 (in [1, 2.5, 4])"),
+    ("""vllm serve M --compilation-config '{"max_cudagraph_capture_size": 2.5}'""",
+     "--compilation-config (-cc) max_cudagraph_capture_size must be an integer, got 2.5"),
+    ("vllm serve M --cudagraph-capture-sizes 1 0", "--cudagraph-capture-sizes[1] must be a positive integer, got 0 (in [1, 0])"),
+    ("vllm serve M -cc.cudagraph_mode SOMETIMES", "--compilation-config (-cc) cudagraph_mode must be one of NONE, PIECEWISE, "
+                                                  "FULL, FULL_DECODE_ONLY, FULL_AND_PIECEWISE, got 'SOMETIMES'"),
     ("vllm serve M -O7", "--optimization-level (-O) must be 0, 1, 2 or 3, got '7'"),
     ("""vllm serve M --speculative-config '{"num_speculative_tokens":-1}'""",
      "--speculative-config num_speculative_tokens must be an integer >= 1 (vLLM SpeculativeConfig: gt=0), got -1"),

@@ -74,6 +74,22 @@ def test_split_serve_line_keeps_quoted_json_and_refuses_bad_quotes():
         split_serve_line("vllm serve M --hf-overrides '{")
 
 
+
+@pytest.mark.parametrize("prompt", ["$", "#", "%", ">"])
+def test_a_pasted_shell_prompt_is_dropped_with_a_note(prompt):
+    given, notes = parse_serve_args(f"{prompt} vllm serve M --max-model-len 100")
+    assert given == {"model_tag": "M", "max_model_len": 100}
+    assert notes == [f"leading shell prompt {prompt!r} dropped"]
+    argv, env, _ = split_serve_line(f"{prompt} A=1 vllm serve M")
+    assert (argv, env) == (["vllm", "serve", "M"], {"A": "1"})
+
+
+def test_words_before_the_launcher_get_the_launcher_hint_not_the_boolean_one():
+    with pytest.raises(VllmArgsError) as e:
+        parse_serve_args("sudo vllm serve M --max-model-len 100")
+    assert str(e.value) == ("vllm serve: unrecognized arguments: vllm serve M (the line must start with 'vllm serve' "
+                            "or the model; remove what comes before the launcher)")
+
 # --------------------------------------------------------------------------- #
 # vLLM's config classes coerce values (pydantic lax mode)                     #
 # --------------------------------------------------------------------------- #
@@ -111,9 +127,10 @@ def test_two_spellings_of_one_dict_flag_are_two_flags_the_last_wins():
 def test_speculative_tokens_as_a_string_and_bad_list_entries():
     d = _map_flags(_given("""vllm serve M --speculative-config '{"num_speculative_tokens": "3"}'""")[0])
     assert d.get("num_speculative_tokens") == 3
-    with pytest.raises(VllmArgsError, match=r"^cudagraph_capture_sizes\[1\] must be an integer, got 2.5$"):
+    cc = r"^--compilation-config \(-cc\) cudagraph_capture_sizes"
+    with pytest.raises(VllmArgsError, match=cc + r"\[1\] must be an integer, got 2.5 \(in \[1, 2.5\]\)$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes '[1, 2.5]'")[0])
-    with pytest.raises(VllmArgsError, match=r"^cudagraph_capture_sizes\[0\] must be an integer, got 'x'$"):
+    with pytest.raises(VllmArgsError, match=cc + r"\[0\] must be an integer, got 'x' \(in \['x', '2'\]\)$"):
         _map_flags(_given("vllm serve M -cc.cudagraph_capture_sizes+ x,2")[0])
 
 
@@ -220,6 +237,12 @@ def test_family_sources_say_which_key_vllm_read():
     assert s.sources["num_hidden_layers"] == "config.json num_layers (ChatGLM, vLLM ChatGLMConfig: num_hidden_layers is num_layers)"
     s = read_hf_config(FAMILIES["falcon-7b"][0])
     assert s.sources["num_key_value_heads"].startswith("derived: Falcon multi_query without new_decoder_architecture")
+    d = deployment_from_vllm("vllm serve M", FAMILIES["chatglm3-6b"][0])  # review finding: seq_length, not max_position_embeddings
+    src = "config.json seq_length (ChatGLM, vLLM ChatGLMConfig: max_position_embeddings is seq_length)"
+    assert d.sources["max_model_len"] == f"{src} (no --max-model-len)"
+    assert d.notes[0] == f"max_model_len = 32768 from {src} (no --max-model-len)"
+    assert deployment_from_vllm("vllm serve M", FAMILIES["falcon-7b"][0]).sources["max_model_len"] == (
+        "Falcon, transformers FalconConfig default 2048 (max_position_embeddings not in config.json) (no --max-model-len)")
     chatglm_no_groups = {k: v for k, v in FAMILIES["chatglm3-6b"][0].items() if k != "multi_query_group_num"}
     assert read_hf_config(chatglm_no_groups).num_key_value_heads == 1  # ChatGLMConfig's default
 

@@ -55,6 +55,25 @@ class HumanInt(click.ParamType):
         return n
 
 
+class GpuName(click.ParamType):
+    """A click type for ``--gpu``: a GPU target of :data:`tqlab.core.hardware.GPUS` (case-insensitive), returned
+    as its canonical name; anything else fails with one line listing the known ones."""
+
+    name = "gpu"
+
+    def convert(self, value, param, ctx):
+        from tqlab.core.hardware import GPUS, gpu_target
+
+        try:
+            return gpu_target(value).name
+        except ValueError:
+            self.fail(f"{value!r} is not a known GPU; known: {', '.join(GPUS)}", param, ctx)
+
+
+GPU_HELP = ("GPU target vLLM would run on (SM count, compute capability, default batch limits): "
+            "H100, H200, B200, A4000, ... (default H200; case-insensitive)")
+
+
 def request_options(*, several: bool = False):
     """The request options every entry point takes (``repro``, ``plan``, ``inspect-vllm``), one decorator.
 
@@ -114,7 +133,9 @@ def _override_options(f):
         elif fld.name == "cudagraph_mode":
             opt = click.option(flag, fld.name, type=click.Choice(CUDAGRAPH_MODES, case_sensitive=False), default=None,
                                help=hlp)
-        elif fld.name in ("gpu", "attention_backend", "mla_prefill_backend"):
+        elif fld.name == "gpu":
+            opt = click.option(flag, fld.name, type=GpuName(), default=None, help=GPU_HELP)
+        elif fld.name in ("attention_backend", "mla_prefill_backend"):
             opt = click.option(flag, fld.name, type=str, default=None, help=hlp)
         elif fld.name in ("dtype", "cudagraph_capture_sizes"):
             opt = click.option(flag, fld.name, type=str, default=None,
@@ -133,6 +154,7 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
         except ValueError:
             raise click.BadParameter(f"not a comma-separated list of ints: {ov['cudagraph_capture_sizes']!r}",
                                      param_hint="--cudagraph-capture-sizes") from None
+    given = dict(ov)  # the flags the user gave (error messages name them as flags)
     if ov.get("enable_prefix_caching") is False:  # vLLM: mamba_cache_mode "none" then, no block-aligned split
         ov.setdefault("mamba_block_aligned_split", False)
     try:
@@ -146,7 +168,17 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
             )
         return EngineConfig(**ov)
     except (ValueError, TypeError) as e:
-        raise click.UsageError(str(e)) from None
+        raise click.UsageError(_name_flags(str(e), given)) from None
+
+
+def _name_flags(message: str, given: dict[str, Any]) -> str:
+    """``message`` with every EngineConfig field that came from a flag named as that flag
+    (``max_model_len must be >= 1`` -> ``--max-model-len must be >= 1``); preset fields keep their names."""
+    import re
+
+    for name in sorted(given, key=len, reverse=True):
+        message = re.sub(rf"(?<![\w-]){name}(?!\w)", "--" + name.replace("_", "-"), message)
+    return message
 
 
 def _sources(preset: str | None, overrides: dict[str, Any]) -> dict[str, str]:
@@ -178,7 +210,7 @@ def _config_line(c: EngineConfig) -> str:
         f"chunked_prefill={c.enable_chunked_prefill}, block_size={c.block_size}, "
         f"dtype={str(c.dtype).removeprefix('torch.')}, kv_cache_dtype={c.kv_cache_dtype}, "
         f"enforce_eager={c.enforce_eager}, cudagraph_mode={c.cudagraph_mode or 'default'}, "
-        f"num_speculative_tokens={c.num_speculative_tokens}"
+        f"num_speculative_tokens={c.num_speculative_tokens}, gpu={c.gpu}"
     )
 
 
@@ -461,18 +493,22 @@ def _plan_lines(config: EngineConfig, pred) -> list:
            f"workspace share: {100 * reserved * slots / kv:.3f}%",
            f"capture sizes ({pred.cudagraph_mode}): {list(pred.capture_sizes)}; decode rows at the lock: "
            f"{pred.decode_rows_at_lock}"]
+    from tqlab.predict.consumer_text import consumer_lines, verdict_line
+
+    out += consumer_lines(pred)
     if pred.locked_bytes is None:
         out.append("without the fix: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph "
                    "capture), so no prompt hits the locked-workspace assertion")
-        return out
+        return out + [verdict_line(pred)]
     bad = pred.first_failing_prompt_tokens
+    survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
+                f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
+                else "every prompt up to max_model_len survives its prefill")
     out.append(
         f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
-        + (f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
-           else "every prompt up to max_model_len survives its prefill")
-        + f"; verdict: {pred.verdict}"
+        + survives + f"; verdict: {pred.verdict}" + (" (PARTIAL: unmodelled consumers)" if pred.partial else "")
     )
-    return out
+    return out + [verdict_line(pred)]
 
 
 @app.command("inspect-vllm")
@@ -484,12 +520,14 @@ def _plan_lines(config: EngineConfig, pred) -> list:
 @request_options(several=True)
 @click.option("--locked-bytes", type=HumanInt(0), default=None,
               help="workspace size measured at lock without the fix (bytes)")
-@click.option("--gpu-memory-gib", type=float, default=None, help="GPU memory, for vLLM's default batch limits")
+@click.option("--gpu", type=GpuName(), default="H200", show_default=True, help=GPU_HELP)
+@click.option("--gpu-memory-gib", type=float, default=None,
+              help="GPU memory in GiB, for vLLM's default batch limits (wins over --gpu's)")
 @click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the report as JSON ('-': standard output, then only the JSON)")
-def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_tokens, locked_bytes, gpu_memory_gib, demo,
-                     json_path) -> None:
+def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_tokens, locked_bytes, gpu, gpu_memory_gib,
+                     demo, json_path) -> None:
     """Predict, per workspace consumer, whether a vLLM deployment hits the locked-workspace crash.
 
     Reads engine args + the model's config.json; prints the workspace each
@@ -514,16 +552,23 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     _check_json_path(json_path)
     try:
         report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
-                              locked_bytes=locked_bytes, gpu_memory_gib=gpu_memory_gib, demo=demo,
-                              json_path=None if to_stdout else json_path, quiet=to_stdout)
+                              max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
+                              gpu_memory_gib=gpu_memory_gib, demo=demo, quiet=True)
     except (ValueError, TypeError) as e:
         raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     except OSError as e:
         raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
+    text = json.dumps(report, indent=2, default=str)
     if to_stdout:  # --json -: standard output holds only the JSON
-        import json
-
-        click.echo(json.dumps(report, indent=2, default=str))
+        click.echo(text)
+        return
+    if json_path is not None:
+        try:
+            with open(json_path, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise click.UsageError(f"cannot write the JSON report to {json_path!r}: {e.strerror}") from None
+    click.echo(report["text"])
 
 
 @app.command("trace-report")

@@ -30,7 +30,7 @@ from tqlab.core.workspace_layout import cdiv
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import (
     chunk_workspace_request,
-    decode_workspace_shapes,
+    deployment_decode_shapes,
     reservation_plan,
     reserve_workspace,
 )
@@ -306,7 +306,7 @@ class TurboQuantMetadataBuilder:
             self._reserve_workspace()
 
     def _reserve_workspace(self) -> None:
-        """Grow every ubatch slot to the plan of :func:`tqlab.core.reservation.reservation_plan`."""
+        """Grow the caller's ubatch slot (slot 0 at start-up, as vLLM's builder) to :func:`tqlab.core.reservation.reservation_plan`."""
         self.reserved_plan = reserve_workspace(self.config, self.workspace, decode_batch=self._decode_batch)
 
     def plan(self) -> list:
@@ -359,7 +359,7 @@ class TurboQuantAttentionBackend:
         vLLM 0.33) the kernel's own ``torch.empty`` buffers of the same shapes.
         """
         b = query.shape[0]
-        shapes = decode_workspace_shapes(b, self.num_heads, self.head_dim, self.num_kv_splits, self.config.dtype)
+        shapes = deployment_decode_shapes(self.config, b, self.num_kv_splits)
         if use_workspace and self.uses_workspace:
             mid_out, output, lse = self.workspace.get_simultaneous(*shapes)
         else:
@@ -414,6 +414,8 @@ class TurboQuantAttentionBackend:
         else:  # not TurboQuant's backend in vLLM: the buffers are this call's own
             k_buf, v_buf = (torch.empty(s, dtype=d, device=query.device) for s, d in shapes)
         self.cache_format.dequant(cache, block_table_row, cached_len, k_buf, v_buf)
+        if query.device.type == "meta":  # shapes only: skip the O(context) cat, mask and SDPA shape arithmetic
+            return self._sdpa(query, key, value, cached_len=cached_len)
         k_cached = k_buf[0, :, :cached_len].transpose(0, 1)  # (cached, Hk, D)
         v_cached = v_buf[0, :, :cached_len].transpose(0, 1)
         k_all = torch.cat([k_cached.to(query.dtype), key.to(query.dtype)], dim=0)
@@ -421,7 +423,13 @@ class TurboQuantAttentionBackend:
         return self._sdpa(query, k_all, v_all, cached_len=cached_len)
 
     def _sdpa(self, query, key, value, *, cached_len: int) -> torch.Tensor:
-        """Causal attention of ``q`` new tokens at positions ``cached_len..`` over ``key``/``value`` (all positions)."""
+        """Causal attention of ``q`` new tokens at positions ``cached_len..`` over ``key``/``value`` (all positions).
+
+        ``query`` ``(q, Hq, D)``, ``key``/``value`` ``(total, Hk, D)`` -> ``(q, Hq, D)`` in the query's dtype. On
+        ``meta`` only the output's shape: SDPA's meta kernel decomposes in Python (~10 ms a call, per layer and chunk).
+        """
+        if query.device.type == "meta":
+            return query.new_empty(query.shape[1], query.shape[0], value.shape[-1]).transpose(0, 1)  # SDPA's strides
         q = query.transpose(0, 1)[None]  # (1, Hq, q, D)
         k = key.transpose(0, 1)[None]
         v = value.transpose(0, 1)[None]

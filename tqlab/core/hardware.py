@@ -6,7 +6,8 @@ Triton MLA's split count in ``vllm/v1/attention/backends/mla/triton_mla.py``
 ``vllm/platforms/cuda.py`` ``_get_backend_priorities``; SM100-only paths such as TRT-LLM ragged MLA
 prefill, ``mla/prefill/trtllm_ragged.py`` ``is_supported``) and its total memory and name (the
 default ``max_num_seqs`` / ``max_num_batched_tokens``: ``vllm/engine/arg_utils.py``
-``EngineArgs._get_default_args``-tier rule, used by ``_set_default_max_num_seqs_and_batched_tokens_args``).
+``EngineArgs.get_batch_defaults``, used by ``_set_default_max_num_seqs_and_batched_tokens_args``;
+:func:`batch_defaults`).
 tqlab runs without the GPU, so the target is named (``--gpu``, H200 by default) and read from
 :data:`GPUS`. SM counts and memory are NVIDIA's data-sheet values as ``torch.cuda`` reports them.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_GPU", "GPUS", "GpuTarget", "gpu_target"]
+__all__ = ["DEFAULT_GPU", "GPUS", "GpuTarget", "batch_defaults", "gpu_target"]
 
 _GiB = 1024**3
 
@@ -34,20 +35,36 @@ class GpuTarget:
         """vLLM's ``device_capability.major == 10`` (Blackwell B200/B300)."""
         return self.capability[0] == 10
 
-    def default_max_num_seqs(self) -> int:
-        """vLLM 0.33's default ``max_num_seqs`` for ``vllm serve`` on this GPU (arg_utils.py: >= 160 GiB or
-        >= 70 GiB and not an A100 -> 1024, else 256)."""
-        return 1024 if self._large_tier() else 256
+    def default_max_num_seqs(self, usage: str = "serve") -> int:
+        """vLLM 0.33's default ``max_num_seqs`` on this GPU (:func:`batch_defaults`)."""
+        return batch_defaults(self.memory_gib, self.name, self.capability, usage)[1]
 
-    def default_max_num_batched_tokens(self) -> int:
-        """vLLM 0.33's default ``max_num_batched_tokens`` for ``vllm serve`` (chunked prefill on):
-        16384 at >= 160 GiB, 8192 on H100/H200-class, else 2048."""
-        if self.memory_gib >= 160:
-            return 16384
-        return 8192 if self._large_tier() else 2048
+    def default_max_num_batched_tokens(self, usage: str = "serve") -> int:
+        """vLLM 0.33's default ``max_num_batched_tokens`` on this GPU, chunked prefill on (:func:`batch_defaults`)."""
+        return batch_defaults(self.memory_gib, self.name, self.capability, usage)[0]
 
-    def _large_tier(self) -> bool:
-        return self.memory_gib >= 160 or (self.memory_gib >= 70 and "a100" not in self.name.lower())
+
+def batch_defaults(memory_gib: float, name: str = "", capability: tuple[int, int] | None = None,
+                   usage: str = "serve") -> tuple[int, int, str]:
+    """vLLM 0.33's default ``(max_num_batched_tokens, max_num_seqs, tier)`` for a CUDA GPU, chunked prefill on.
+
+    ``vllm/engine/arg_utils.py`` ``EngineArgs.get_batch_defaults`` (used by
+    ``_set_default_max_num_seqs_and_batched_tokens_args``): ``device_memory >= 160 GiB`` -> 16384 tokens
+    (``LLM`` class and ``vllm serve``), 1024 seqs; ``>= 70 GiB`` and the device name without "a100" and not
+    a GB10 (capability 12.1) -> 16384 (``LLM``) / 8192 (``vllm serve``) tokens, 1024 seqs; else 8192 / 2048
+    tokens, 256 seqs. ``memory_gib``: total memory in GiB (``get_device_total_memory() / 2**30``);
+    ``usage``: ``"serve"`` or ``"llm"``. ``tier``: the rule that applied, in words.
+    Raises ``ValueError`` for another ``usage``.
+    """
+    if usage not in ("serve", "llm"):
+        raise ValueError(f"usage must be 'serve' or 'llm', got {usage!r}")
+    serve = usage == "serve"
+    if memory_gib >= 160:
+        return 16384, 1024, ">= 160 GiB"
+    if memory_gib >= 70 and "a100" not in name.lower() and capability != (12, 1):
+        return (8192 if serve else 16384), 1024, ">= 70 GiB"
+    why = "under 70 GiB" if memory_gib < 70 else "A100 / GB10: vLLM keeps it on the small tier"
+    return (2048 if serve else 8192), 256, why
 
 
 GPUS: dict[str, GpuTarget] = {

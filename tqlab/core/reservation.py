@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from tqlab.core.hardware import gpu_target
 from tqlab.core.workspace import (
     WorkspaceManager,
     compute_layout,
@@ -39,7 +40,6 @@ from tqlab.core.workspace import (
     is_workspace_manager_initialized,
     positive_int,
     round_up,
-    ubatch_context,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -51,7 +51,11 @@ __all__ = [
     "Shapes",
     "chunk_workspace_request",
     "continuation_workspace_shapes",
+    "KvSplitsAdvice",
     "decode_workspace_shapes",
+    "deployment_decode_shapes",
+    "gpu_filling_kv_splits",
+    "kv_splits_advice",
     "plan_bytes",
     "reservation_plan",
     "reserve_workspace",
@@ -97,6 +101,72 @@ def decode_workspace_shapes(
         ((b, h, s, d + 1), torch.float32),
         ((b, h, d), output_dtype),
         ((b, h), torch.float32),
+    )
+
+
+def deployment_decode_shapes(config: "EngineConfig", batch_size: int, num_kv_splits: int | None = None) -> Shapes:
+    """:func:`decode_workspace_shapes` for ``config``'s rank: ``(B, Hq/TP, S, D+1)`` and the rest, in the model dtype.
+
+    ``num_kv_splits``: ``S``; default the deployment's ``tq_max_kv_splits_for_cuda_graph`` (vLLM 0.33's
+    ``attention_config`` field, 32 by default, read by ``TurboQuantMetadataBuilder._reserve_workspace`` and
+    ``TurboQuantAttentionImpl``, ``vllm/v1/attention/backends/turboquant_attn.py``). Every caller that needs a
+    deployment's decode request calls this, so none re-derives ``Hq``, ``D`` or ``S``.
+    """
+    s = config.tq_max_kv_splits_for_cuda_graph if num_kv_splits is None else num_kv_splits
+    return decode_workspace_shapes(batch_size, config.num_heads_per_rank, config.head_dim, s, config.dtype)
+
+
+def gpu_filling_kv_splits(config: "EngineConfig", batch_size: int = 1, *, programs_per_sm: int = 4,
+                          max_splits: int = 256) -> int:
+    """The split count ``S`` that fills ``config.gpu`` for a decode batch of ``batch_size`` rows (issue 20).
+
+    One decode program per (request, KV head on this rank, split): ``S`` is the power of two at or above
+    ``programs_per_sm * sm_count / (batch_size * Hk)``, within ``[tq_max_kv_splits_for_cuda_graph, max_splits]``
+    (never below the deployment's own). SM counts: :mod:`tqlab.core.hardware` (H200: 132). A CUDA graph
+    replays the count it was captured with, so this is a capture-time choice: vLLM 0.33 takes it from
+    ``--attention-config.tq_max_kv_splits_for_cuda_graph`` (one value for every captured size); tqlab only
+    recommends it. 4 programs per SM is what tqlab's fast decode kernel's registers allow
+    (``tqlab.turboquant.ops.decode_num_splits``' ``"fill"`` policy uses the same rule). Raises
+    ``ValueError`` for a non-positive size or an unknown GPU.
+    """
+    b = positive_int("batch_size", batch_size)
+    pps = positive_int("programs_per_sm", programs_per_sm)
+    cap = positive_int("max_splits", max_splits)
+    want = -(-pps * gpu_target(config.gpu).sm_count // (b * config.num_kv_heads_per_rank))
+    s = 1 << max(0, (want - 1).bit_length())  # next power of two >= want
+    return max(config.tq_max_kv_splits_for_cuda_graph, min(cap, s))
+
+
+@dataclass(frozen=True)
+class KvSplitsAdvice:
+    """``gpu``, ``sm_count``; ``configured_splits``/``configured_bytes`` (the deployment's ``S`` and the decode
+    workspace it reserves at ``max_num_seqs`` rows); ``filling_splits``/``filling_bytes`` (the same for
+    :func:`gpu_filling_kv_splits` at one row); ``flag``: what to pass to vLLM for the latter."""
+
+    gpu: str
+    sm_count: int
+    configured_splits: int
+    configured_bytes: int
+    filling_splits: int
+    filling_bytes: int
+
+    @property
+    def flag(self) -> str:
+        return f"--attention-config.tq_max_kv_splits_for_cuda_graph {self.filling_splits}"
+
+
+def kv_splits_advice(config: "EngineConfig") -> KvSplitsAdvice:
+    """The deployment's split count beside the one that fills its GPU for one decode row, each with the decode
+    workspace bytes it makes ``_reserve_workspace`` reserve (``(max_num_seqs, Hq, S, D+1)`` and the rest:
+    :func:`deployment_decode_shapes`, the one decode-shape function). Predicting vLLM keeps the configured
+    ``S``; the filling one is a recommendation."""
+    fill = gpu_filling_kv_splits(config)
+    rows = config.max_num_seqs
+    return KvSplitsAdvice(
+        gpu=gpu_target(config.gpu).name, sm_count=gpu_target(config.gpu).sm_count,
+        configured_splits=config.tq_max_kv_splits_for_cuda_graph,
+        configured_bytes=compute_layout(deployment_decode_shapes(config, rows)).total_bytes,
+        filling_splits=fill, filling_bytes=compute_layout(deployment_decode_shapes(config, rows, fill)).total_bytes,
     )
 
 
@@ -181,11 +251,7 @@ def reservation_plan(config: "EngineConfig", *, decode_batch: int | None = None)
     batch = config.max_num_seqs if decode_batch is None else positive_int("decode_batch", decode_batch)
     if not config.has_turboquant_consumers:
         return []
-    plan = [
-        decode_workspace_shapes(
-            batch, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype
-        )
-    ]
+    plan = [deployment_decode_shapes(config, batch)]
     if config.enable_chunked_prefill and config.max_num_batched_tokens > CONTINUATION_DECODE_THRESHOLD:
         plan.append(
             continuation_workspace_shapes(
@@ -203,23 +269,25 @@ def plan_bytes(plan: list[Shapes]) -> int:
 def reserve_workspace(
     config: "EngineConfig", manager: WorkspaceManager | None = None, *, decode_batch: int | None = None
 ) -> list[Shapes]:
-    """Make the reservation calls on every ubatch slot of ``manager`` (default: the current one).
+    """Make the reservation calls on ``manager`` (default: the current one), in the caller's ubatch slot.
 
-    Every DBO slot is sized: a reservation made in slot 0 alone leaves slot 1
-    empty, and slot 1's first request after the lock would fail.
+    As vLLM 0.33's ``TurboQuantMetadataBuilder._reserve_workspace``
+    (``vllm/v1/attention/backends/turboquant_attn.py``, PR #44053): the calls are plain
+    ``get_simultaneous`` calls, so they land in the slot of ``dbo_current_ubatch_id()`` —
+    slot 0 when the builder's constructor runs, outside any micro-batch. With DBO slot 1 is
+    left at whatever other start-up work asked of it, and a continuation chunk run in
+    ubatch 1 after the lock can still be refused (``parity/test_reservation_parity.py``
+    checks the slot sizes against vLLM's own builder; notebook 06 §7 shows the refusal).
 
     Returns the plan. Without ``manager`` and with no process-wide manager initialized it
-    returns ``[]`` at once and reserves nothing, as vLLM PR #44053's ``_reserve_workspace``
-    does (``if not is_workspace_manager_initialized(): return``,
-    ``vllm/v1/attention/backends/turboquant_attn.py``). Raises ``WorkspaceLockedError`` if the
-    manager is locked and too small (reserve before locking).
+    returns ``[]`` at once and reserves nothing, as vLLM does
+    (``if not is_workspace_manager_initialized(): return``). Raises ``WorkspaceLockedError`` if
+    the manager is locked and too small (reserve before locking).
     """
     if manager is None and not is_workspace_manager_initialized():
         return []  # vLLM: no manager yet (e.g. a builder made outside a worker) -> no reservation
     m = current_workspace_manager() if manager is None else manager
     plan = reservation_plan(config, decode_batch=decode_batch)
-    for slot in range(m.num_ubatches):
-        with ubatch_context(slot):
-            for call in plan:
-                m.get_simultaneous(*call)
+    for call in plan:
+        m.get_simultaneous(*call)
     return plan

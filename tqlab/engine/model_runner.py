@@ -75,6 +75,8 @@ class TinyModel:
 
     @staticmethod
     def _norm(h: torch.Tensor) -> torch.Tensor:
+        if h.device.type == "meta":  # shapes only: meta's pow/mean/rsqrt decompose in Python (~4 ms a call)
+            return torch.empty_like(h)
         hf = h.float()
         return (hf * torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(h.dtype)
 
@@ -89,7 +91,8 @@ class TinyModel:
         )
 
     def out(self, layer: int, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        return h + attn.reshape(h.shape[0], -1).to(h.dtype) @ self.layers[layer]["wo"]
+        y = attn.reshape(h.shape[0], -1).to(h.dtype) @ self.layers[layer]["wo"]
+        return y if h.device.type == "meta" else h + y  # meta: the residual add's shape is y's (add decomposes in Python)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return self._norm(h).float() @ self.embed.float().T
@@ -219,7 +222,7 @@ class ModelRunner:
             outs = [self.backend.forward_prefill(q[r * query_len:(r + 1) * query_len], k[r * query_len:(r + 1) * query_len],
                                                  v[r * query_len:(r + 1) * query_len], cache, bt, cached_len=0)
                     for r in range(rows)]
-            h = self.model.out(i, h, torch.cat(outs, dim=0))
+            h = self.model.out(i, h, outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))  # one part: no copy
 
     def dummy_decode(self, batch_size: int) -> torch.Tensor:
         """Capture-time decode: ``batch_size`` rows of length 1 on the null block (vLLM fills seq_lens with 1)."""
@@ -328,7 +331,7 @@ class ModelRunner:
                 outs.append(self.backend.forward_prefill(q[sl], k[sl], v[sl], cache,
                                                          self._block_table(r.block_ids).to(dev), cached_len=c))
                 start += qn
-            h = self.model.out(i, h, torch.cat(outs, dim=0))
+            h = self.model.out(i, h, outs[0] if len(outs) == 1 else torch.cat(outs, dim=0))  # one part: no copy
         if nd and self.config.num_speculative_tokens:
             self._draft_passes(h[:nd], slot_mapping[:nd], bt_dec, seq_dec)
         # Sample for decodes and for prefills that reach the end of their prompt.

@@ -75,6 +75,7 @@ __all__ = [
     "decode_uses_workspace",
     "first_failing_prompt",
     "first_refused_call",
+    "lock_set_by",
     "locked_bytes",
     "locks_workspace",
     "mamba_block_aligned_split",
@@ -94,21 +95,37 @@ __all__ = [
 
 
 def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
-    """Workspace bytes per ubatch slot at the lock; ``None`` when start-up never locks.
+    """Workspace bytes of slot (ubatch 0, lane 0) at the lock; ``None`` when start-up never locks.
 
-    Without the fix: decode views at :func:`decode_rows_at_lock` rows when ``k = 0``
-    (the FULL decode capture runs ``_decode_attention``), else 0 (no capture asks the
-    workspace for anything). With the fix (PR #44053): at least the largest call of
+    The maximum over the deployment's active consumers (a slot is as large as the largest single
+    request made before ``lock_workspace()``; separate ``get_simultaneous`` calls alias the same bytes):
+    TurboQuant's, and every other consumer's ``reserved_bytes`` (:func:`consumer_table`).
+    TurboQuant without the fix: decode views at :func:`decode_rows_at_lock` rows when ``k = 0``
+    (the FULL decode capture runs ``_decode_attention``), else 0 (no capture asks the workspace
+    for anything). With the fix (PR #44053): at least the largest call of
     :func:`tqlab.core.reservation.reservation_plan`. ``None`` for an eager or ``cudagraph_mode``
     NONE start-up in vLLM 0.33 (unless ``lock_workspace_when_eager``).
+
+    Slot (ubatch 0, lane 0): vLLM 0.33 keys a slot by ``dbo_current_ubatch_id() * num_lanes + lane``
+    (``vllm/v1/worker/workspace.py`` ``WorkspaceManager._get_workspace_id``); a builder's or impl's
+    ``__init__`` runs outside any DBO ubatch thread (``vllm/v1/worker/ubatching.py``
+    ``dbo_current_ubatch_id`` returns 0) and in the default lane (``workspace.py`` ``_workspace_lane``,
+    a ``ContextVar`` defaulting to 0), so init reservations land in that slot only; the profile run and
+    captures reach it too. Raises ``ValueError`` (one line) for a config a consumer cannot size.
     """
     if not locks_workspace(config):
         return None
+    others = max((r.reserved_bytes for r in _other_rows(config)), default=0)
     if not config.has_turboquant_consumers:  # vLLM runs another backend: no TurboQuant call, no reservation
-        return 0
+        return others
     rows = decode_rows_at_lock(config)
     unfixed = decode_bytes(config, rows) if rows and config.num_speculative_tokens == 0 else 0
-    return max(unfixed, plan_bytes(reservation_plan(config))) if fix else unfixed
+    return max(others, max(unfixed, plan_bytes(reservation_plan(config))) if fix else unfixed)
+
+
+def _other_rows(config: "EngineConfig") -> tuple[consumer_registry.ConsumerRow, ...]:
+    """:func:`consumer_table` rows of every active consumer but TurboQuant's (whose requests depend on the prompt)."""
+    return tuple(r for r in consumer_table(config).rows if r.name not in consumer_registry.TURBOQUANT)
 
 
 def unfixed_locked_bytes(config: "EngineConfig") -> int:
@@ -129,18 +146,32 @@ LOCKED_SOURCES = ("capture", "measured", "never_locked")
 class Prediction:
     """What :func:`predict` finds for a deployment (and optionally one prompt). Bytes and tokens.
 
-    ``locked_bytes`` is the size at the lock as configured (with or without the fix, per
-    ``fix``; a measured size when one was passed in); ``locked_bytes_with_fix`` always with it;
-    both None when nothing locks. ``verdict``: ``"never_locked"``, ``"crash"`` or ``"ok"``.
-    ``first_refused_call``: ``{caller, required_bytes, current_bytes, cached_len, q_len}`` or None.
-    ``safe_max_model_len_alone`` / ``_any_schedule``: the largest ``max_model_len`` (capped at the
-    configured one) whose requests all fit ``locked_bytes``, prefilled alone / under any chunking
-    (:func:`safe_max_model_len`); ``fixed_safe_any_schedule``: the same against
-    ``locked_bytes_with_fix``. ``locked_source``: one of :data:`LOCKED_SOURCES`.
-    ``turboquant_consumers``: :attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers`.
-    ``notes``: :class:`~tqlab.core.notes.Note` s (each with a kind) about the prediction.
-    ``consumers``: :func:`consumer_table`'s JSON (``consumers``, ``consumers_locked_bytes``, ``unmodelled``),
-    every active workspace consumer of vLLM 0.33 tqlab models; ``locked_bytes`` above is still TurboQuant's alone.
+    ``locked_bytes``: the size of slot (ubatch 0, lane 0) at the lock as configured (with or without
+    the fix, per ``fix``; a measured size when one was passed in), the **maximum over every active
+    consumer** (:func:`locked_bytes`): TurboQuant's lock (its decode capture; with the fix its
+    reservation) and every other consumer's ``reserved_bytes``; ``locked_bytes_with_fix`` always
+    with TurboQuant's fix; both None when nothing locks. ``lock_set_by``: the call site whose request
+    sets it (:func:`lock_set_by`; None when measured or 0). ``verdict``: ``"never_locked"``,
+    ``"crash"`` or ``"ok"``: crash when any consumer's request exceeds the lock -- TurboQuant's per
+    prompt (continuation chunks, decode), another consumer's at its serve-time maximum
+    (``max_runtime_bytes``). ``first_refused_call``: ``{caller, required_bytes, current_bytes,
+    cached_len, q_len}`` of the first such call in serving order, or None; ``caller`` is
+    ``_continuation_prefill`` / ``_decode_attention`` for TurboQuant (the method, as before) and the
+    call site as vLLM's assertion names it (``file.py:function``) for any other consumer.
+    ``first_failing_prompt_tokens``: TurboQuant's shortest prompt whose prefill overflows, or 1 when
+    another consumer overflows (every request reaches it). ``safe_max_model_len_alone`` /
+    ``_any_schedule``: the largest ``max_model_len`` (capped at the configured one) whose requests
+    all fit ``locked_bytes``, prefilled alone / under any chunking (:func:`safe_max_model_len`);
+    None when no length is safe -- in particular when another consumer overflows the lock at every
+    length (a note says so); ``fixed_safe_any_schedule``: the same against ``locked_bytes_with_fix``.
+    ``locked_source``: one of :data:`LOCKED_SOURCES`. ``turboquant_consumers``:
+    :attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers`. ``notes``:
+    :class:`~tqlab.core.notes.Note` s (each with a kind) about the prediction, a ``not_modelled`` one
+    ("partial answer") when the deployment uses consumers tqlab does not size. ``consumers``:
+    :func:`consumer_table`'s JSON (``consumers``, ``consumers_locked_bytes`` = the largest reservation
+    before the lock with the fix as shipped, ``unmodelled``). ``gpu``: the GPU target
+    (:func:`tqlab.core.hardware.gpu_target`). ``partial`` (property, and a JSON key): ``unmodelled`` is not
+    empty, so ``"ok"`` means "ok as far as the modelled consumers go".
     """
 
     capture_sizes: tuple[int, ...]
@@ -161,6 +192,13 @@ class Prediction:
     turboquant_consumers: bool = True
     notes: tuple[Note, ...] = ()
     consumers: Mapping[str, Any] = field(default_factory=dict)
+    lock_set_by: str | None = None
+    gpu: str = "H200"
+
+    @property
+    def partial(self) -> bool:
+        """The deployment uses consumers tqlab does not size (``unmodelled`` is not empty): the verdict is partial."""
+        return bool(self.consumers.get("unmodelled"))
 
     def to_json(self) -> dict[str, Any]:
         """The documented, stable object of ``tqlab plan --json`` / ``inspect-vllm --json`` (JSON types only).
@@ -186,6 +224,9 @@ class Prediction:
             "turboquant_consumers": self.turboquant_consumers,
             "notes": [n.to_dict() for n in self.notes],
             **{k: v for k, v in self.consumers.items()},  # consumers, consumers_locked_bytes, unmodelled
+            "lock_set_by": self.lock_set_by,
+            "gpu": self.gpu,
+            "partial": self.partial,
         }
 
     def dumps(self) -> str:
@@ -223,8 +264,90 @@ def _locked(config: "EngineConfig", fix: bool, measured: int | None) -> tuple[in
     return (fixed if fix else measured), fixed, "measured"
 
 
-def _safe(config: "EngineConfig", locked: int | None, schedule: str) -> int | None:
-    return config.max_model_len if locked is None else safe_max_model_len(config, locked, schedule=schedule)
+def _uncovered(rows, locked: int | None) -> list[consumer_registry.ConsumerRow]:
+    """The rows (other consumers than TurboQuant) whose serve-time request exceeds ``locked`` (none if unlocked)."""
+    return [] if locked is None else [r for r in rows if r.max_runtime_bytes > locked]
+
+
+def _safe(config: "EngineConfig", locked: int | None, schedule: str, rows) -> int | None:
+    """:func:`safe_max_model_len` against ``locked``; None when another consumer overflows it at any length."""
+    if locked is None:
+        return config.max_model_len
+    if _uncovered(rows, locked):
+        return None
+    return safe_max_model_len(config, locked, schedule=schedule)
+
+
+def _other_refusal(config: "EngineConfig", row, n: int, max_tokens: int) -> tuple[int, dict[str, Any]] | None:
+    """``(step, first refused call)`` of an uncovered other consumer for a prompt of ``n`` alone, or None when the
+    request never reaches it. Step = the index of the request's engine step (prefill chunks, then decodes);
+    the call asks the consumer's serve-time maximum (``max_runtime_bytes``: a full batch, the request vLLM
+    can make under load; the profile run or the reservation sized it before the lock)."""
+    chunks = prefill_chunks(config, n)
+    decode = (len(chunks), (n, 1)) if max_tokens >= 2 else None
+    reached = consumer_registry.consumer_named(row.name).reached
+    if reached == "prefill":
+        at = (0, chunks[0])
+    elif reached == "context":  # cached context: the second prefill chunk, else the first decode
+        at = (1, chunks[1]) if len(chunks) > 1 else decode
+    else:
+        at = decode
+    if at is None:
+        return None
+    step, (cached, q) = at
+    return step, {"caller": row.consumer, "required_bytes": row.max_runtime_bytes, "current_bytes": None,
+                  "cached_len": cached, "q_len": q}
+
+
+def _first_refused(config: "EngineConfig", n: int, locked: int | None, max_tokens: int, rows):
+    """The first refused call of a prompt of ``n`` alone (then decoded), from any consumer, in serving order.
+
+    TurboQuant's (:func:`first_refused_call`, per prompt) and every uncovered other consumer's
+    (:func:`_other_refusal`); at the same step TurboQuant's attention call comes first (attention runs
+    before the layer's MoE, and TurboQuant is never active beside the MLA or DCP consumers)."""
+    if locked is None:
+        return None
+    events = []
+    tq = first_refused_call(config, n, locked, max_tokens=max_tokens)
+    if tq is not None:
+        chunks = prefill_chunks(config, n)
+        at = [i for i, (c, _) in enumerate(chunks) if c == tq["cached_len"]]
+        step = at[0] if tq["caller"] == "_continuation_prefill" and at else len(chunks)
+        events.append((step, 0, tq))
+    for i, row in enumerate(_uncovered(rows, locked)):
+        hit = _other_refusal(config, row, n, max_tokens)
+        if hit is not None:
+            events.append((hit[0], 1 + i, {**hit[1], "current_bytes": locked}))
+    return min(events, key=lambda e: e[:2])[2] if events else None
+
+
+def _first_failing(config: "EngineConfig", locked: int | None, rows) -> int | None:
+    """Shortest failing prompt: TurboQuant's (:func:`first_failing_prompt`, its prefill alone), or 1 when another
+    consumer overflows ``locked`` (every request reaches it: in its first step, or its first decode)."""
+    if locked is None:
+        return None
+    if _uncovered(rows, locked):
+        return 1
+    return first_failing_prompt(config, locked)
+
+
+def _other_notes(config: "EngineConfig", table, locked: int | None) -> list[Note]:
+    """Who sets the lock when another consumer does, which consumer overflows it, and what is not modelled."""
+    notes = []
+    rows = [r for r in table.rows if r.name not in consumer_registry.TURBOQUANT]
+    for r in _uncovered(rows, locked):
+        notes.append(Note(NoteKind.RESERVATION_GAP,
+                          f"{r.consumer} asks {r.max_runtime_bytes:,} bytes at serve time but the slot locks at "
+                          f"{locked:,} (phase before the lock: {r.phase}): it crashes at any max_model_len"))
+    init = [r.consumer for r in rows if r.phase == "init"]
+    if config.num_ubatches > 1 and init:  # vllm/v1/worker/workspace.py _get_workspace_id: ubatch * lanes + lane
+        notes.append(Note(NoteKind.NOT_MODELLED, "DBO: " + ", ".join(init) + " reserve in __init__, which lands in "
+                          "slot (ubatch 0, lane 0) only; slot (ubatch 1, lane 0) is sized by what the profile run and "
+                          "captures ask in ubatch 1, which tqlab does not model per slot", "enable_dbo"))
+    if table.unmodelled:
+        notes.append(Note(NoteKind.NOT_MODELLED, "partial answer: consumers this deployment would use that tqlab "
+                          "does not size: " + "; ".join(f"{u['consumer']} ({u['reason']})" for u in table.unmodelled)))
+    return notes
 
 
 def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tokens: int = 2, fix: bool = False,
@@ -233,10 +356,13 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
 
     With ``prompt_tokens``: that prompt alone, then ``max_tokens - 1`` decode steps (the
     engine's ``generate``). Without: the shortest failing prompt, or a decode step of one row.
+    The lock is the maximum over every active consumer (:func:`locked_bytes`); the refused call can come
+    from any of them (:func:`_first_refused`).
     ``sources`` (where each input came from) is passed through to :meth:`Prediction.to_json`.
     ``locked_bytes``: a measured workspace size at the lock without the fix (e.g.
     ``WorkspaceTracer.size_at_lock``), used instead of the computed one.
-    Raises ``ValueError`` for a prompt outside ``[1, max_model_len - max_tokens]`` or a bad ``locked_bytes``.
+    Raises ``ValueError`` for a prompt outside ``[1, max_model_len - max_tokens]``, a bad ``locked_bytes`` or a
+    config a consumer cannot size.
     """
     positive_int("max_tokens", max_tokens)
     locked, with_fix, source = _locked(config, fix, locked_bytes)
@@ -245,21 +371,44 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         if prompt_tokens + max_tokens > config.max_model_len:
             raise ValueError(f"prompt_tokens {prompt_tokens} + max_tokens {max_tokens} exceeds "
                              f"max_model_len {config.max_model_len} (vLLM rejects the request)")
-    first_bad = None if locked is None else first_failing_prompt(config, locked)
+    table = consumer_table(config)
+    rows = tuple(r for r in table.rows if r.name not in consumer_registry.TURBOQUANT)
+    first_bad = _first_failing(config, locked, rows)
     n = prompt_tokens if prompt_tokens is not None else (first_bad or 1)
-    refused = first_refused_call(config, n, locked, max_tokens=max_tokens)
+    refused = _first_refused(config, n, locked, max_tokens, rows)
     verdict = "never_locked" if locked is None else ("crash" if refused else "ok")
     return Prediction(
         capture_sizes=capture_sizes(config), decode_rows_at_lock=decode_rows_at_lock(config), locked_bytes=locked,
         verdict=verdict, first_failing_prompt_tokens=first_bad, first_refused_call=refused,
         locked_bytes_with_fix=with_fix, cudagraph_mode=cudagraph_mode(config), fix=fix,
         prompt_tokens=prompt_tokens, sources=dict(sources or {}),
-        safe_max_model_len_alone=_safe(config, locked, "alone"),
-        safe_max_model_len_any_schedule=_safe(config, locked, "any"),
-        fixed_safe_any_schedule=_safe(config, with_fix, "any"), locked_source=source,
-        turboquant_consumers=config.has_turboquant_consumers, notes=_prediction_notes(config),
-        consumers=consumer_table(config).to_dict(),
+        safe_max_model_len_alone=_safe(config, locked, "alone", rows),
+        safe_max_model_len_any_schedule=_safe(config, locked, "any", rows),
+        fixed_safe_any_schedule=_safe(config, with_fix, "any", rows), locked_source=source,
+        turboquant_consumers=config.has_turboquant_consumers,
+        notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked)),
+        consumers=table.to_dict(), gpu=config.gpu,
+        lock_set_by=None if source == "measured" else lock_set_by(config, locked, fix=fix, table=table),
     )
+
+
+def lock_set_by(config: "EngineConfig", locked: int | None, *, fix: bool, table=None) -> str | None:
+    """The call site (``file.py:function``, as vLLM's assertion names it) whose request before the lock is
+    ``locked`` bytes: TurboQuant's decode capture (without the fix), its reserved calls (with it), or another
+    active consumer's largest reservation. None when nothing locks, nothing asks before the lock, or
+    ``locked`` is a measured size no modelled request equals."""
+    if not locked:
+        return None
+    table = consumer_table(config) if table is None else table
+    candidates = []
+    if config.has_turboquant_consumers:
+        rows = decode_rows_at_lock(config)
+        if rows and config.num_speculative_tokens == 0:
+            candidates.append((decode_bytes(config, rows), "turboquant_attn.py:_decode_attention"))
+        if fix:
+            candidates += [(r.reserved_bytes, r.consumer) for r in table.rows if r.name in consumer_registry.TURBOQUANT]
+    candidates += [(r.reserved_bytes, r.consumer) for r in table.rows if r.name not in consumer_registry.TURBOQUANT]
+    return next((who for nbytes, who in candidates if nbytes == locked), None)
 
 
 def consumer_table(config: "EngineConfig") -> consumer_registry.ConsumerTable:

@@ -16,6 +16,7 @@ from tqlab.core.reservation import chunk_workspace_request, decode_workspace_sha
 from tqlab.core.workspace import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
+from tqlab.predict.consumer_text import consumer_lines, verdict_line
 
 __all__ = ["DECODE", "DEQUANT_CHUNK", "SHORT_CHUNK", "ConsumerNeed", "ConsumerReport", "RequestPrediction",
            "chunk_shapes", "consumer_report", "request_prediction"]
@@ -173,6 +174,11 @@ class ConsumerReport:
                     f"cudagraph_mode NONE) never runs: the measured {self.measured_locked_bytes:,} bytes are never locked")
         if src == "never_locked":
             return "vLLM 0.33 locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE"
+        who = self.prediction.lock_set_by
+        if who is not None and who != "turboquant_attn.py:_decode_attention":
+            return f"the largest request before the lock: {who}"
+        if who is None and not self.config.has_turboquant_consumers:
+            return "no modelled consumer asks the workspace before the lock"
         if k > 0:
             return (f"decode at the largest captured batch; with {k} speculative tokens its {1 + k}-token rows "
                     "take the prefill path as first chunks and ask the workspace for nothing (vLLM 0.33 "
@@ -213,6 +219,7 @@ class ConsumerReport:
                    f"{self.max_num_batched_tokens_source}"
                    + (f"; max_num_scheduled_tokens {c.max_num_scheduled_tokens})" if c.chunk_budget < c.max_num_batched_tokens
                       else ")"))
+        out += consumer_lines(self.prediction)
         for r in self.requests:
             if r.rejected is not None:
                 out.append(f"request of {r.prompt_tokens} prompt tokens: rejected: {r.rejected} "
@@ -238,7 +245,10 @@ class ConsumerReport:
         out.append(
             f"safe max_model_len without the fix: {self.safe_max_model_len_alone} (requests alone), "
             f"{self.safe_max_model_len_any_schedule} (any chunking); with the fix: {self.fixed_safe_any_schedule} (any chunking)"
+            + ("" if self.safe_max_model_len_any_schedule is not None else
+               " (None: no length is safe -- see the notes)")
         )
+        out.append(verdict_line(self.prediction))
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
 
@@ -259,8 +269,13 @@ def _rejection(config: EngineConfig, n: int) -> str | None:
     return None
 
 
-def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed) -> dict[str, ConsumerNeed]:
-    """Each consumer's largest call for a prompt of ``n`` alone, then one decode step (O(1))."""
+def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed,
+                    max_tokens: int = 2) -> dict[str, ConsumerNeed]:
+    """Each consumer's largest call for a prompt of ``n`` alone, then (``max_tokens >= 2``) its decode steps (O(1)).
+
+    ``max_tokens`` 1: no decode step -- vLLM 0.33 samples the first output token in the prefill's last step and
+    finishes the request there (``vllm/v1/core/sched/utils.py`` ``check_stop``: ``num_output_tokens >= max_tokens``).
+    """
     def need(consumer, cached, q, shapes):
         b = _bytes(shapes)
         fits = [locked is None or shapes is None or b <= locked for locked in (locked_unfixed, locked_fixed)]
@@ -272,7 +287,7 @@ def _consumer_needs(config: EngineConfig, n: int, locked_unfixed, locked_fixed) 
         out[DEQUANT_CHUNK] = need(DEQUANT_CHUNK, *chunks["continuation"], chunk_shapes(config, *chunks["continuation"])[1])
     if "decode_kernel" in chunks:
         out[SHORT_CHUNK] = need(SHORT_CHUNK, *chunks["decode_kernel"], None)
-    if analysis.decode_uses_workspace(config):
+    if max_tokens >= 2 and analysis.decode_uses_workspace(config):
         out[DECODE] = need(DECODE, n, 1, _decode_shapes(config))
     return out
 
@@ -282,10 +297,11 @@ def _decode_shapes(config: EngineConfig):
                                    config.tq_max_kv_splits_for_cuda_graph, config.dtype)
 
 
-def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed) -> ConsumerNeed | None:
-    """The first call refused at ``locked`` bytes, or None; its ``fits_unfixed``/``fits_fixed`` say whether
+def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed,
+                   max_tokens: int = 2) -> ConsumerNeed | None:
+    """The first TurboQuant call refused at ``locked`` bytes, or None; its ``fits_unfixed``/``fits_fixed`` say whether
     it fits each locked size (a call refused without the fix may fit with it)."""
-    call = analysis.first_refused_call(config, n, locked)
+    call = analysis.first_refused_call(config, n, locked, max_tokens=max_tokens)
     if call is None:
         return None
     b = call["required_bytes"]
@@ -297,8 +313,9 @@ def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_
 
 
 def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
-                       locked_fixed: int | None) -> RequestPrediction:
-    """A prompt of ``n`` tokens alone, then decoded: each consumer's largest call and the first refused one.
+                       locked_fixed: int | None, max_tokens: int = 2) -> RequestPrediction:
+    """A prompt of ``n`` tokens alone, then ``max_tokens - 1`` decode steps: each TurboQuant consumer's largest call
+    and the first refused one (``max_tokens`` 1: no decode step, as vLLM finishes the request after its prefill).
 
     Raises ``ValueError`` for ``n`` that is not an int >= 1.
     """
@@ -307,10 +324,10 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
     rejected = _rejection(config, n)
     if rejected is not None:
         return RequestPrediction(n, (), 0, False, False, rejected=rejected)
-    best = _consumer_needs(config, n, locked_unfixed, locked_fixed)
+    best = _consumer_needs(config, n, locked_unfixed, locked_fixed, max_tokens)
     needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
-    first_u = _first_refused(config, n, locked_unfixed, locked_unfixed, locked_fixed)
-    first_f = _first_refused(config, n, locked_fixed, locked_unfixed, locked_fixed)
+    first_u = _first_refused(config, n, locked_unfixed, locked_unfixed, locked_fixed, max_tokens)
+    first_f = _first_refused(config, n, locked_fixed, locked_unfixed, locked_fixed, max_tokens)
     return RequestPrediction(
         n, needs, max((x.nbytes for x in needs), default=0), first_u is not None, first_f is not None,
         first_refused_unfixed=first_u, first_refused_fixed=first_f,
@@ -318,7 +335,7 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
 
 
 def consumer_report(config: EngineConfig, prompt_tokens: Sequence[int] = (), *, locked_bytes: int | None = None,
-                    max_num_batched_tokens_source: str = "EngineConfig") -> ConsumerReport:
+                    max_num_batched_tokens_source: str = "EngineConfig", max_tokens: int = 2) -> ConsumerReport:
     """Per consumer, the workspace each prompt needs, whether it overflows, and the safe ``max_model_len``.
 
     Args:
@@ -329,12 +346,14 @@ def consumer_report(config: EngineConfig, prompt_tokens: Sequence[int] = (), *, 
         locked_bytes: the workspace size at lock without the fix, if measured
             (e.g. :meth:`WorkspaceTracer.size_at_lock` or vLLM's ``VLLM_DEBUG_WORKSPACE=1`` log).
         max_num_batched_tokens_source: where ``config.max_num_batched_tokens`` came from, for the report.
+        max_tokens: tokens each request generates (default 2: the prefill's token and one decode step); 1 makes
+            no decode call (:func:`request_prediction`).
 
     The prediction is :func:`tqlab.predict.analysis.predict`'s (without the fix). Raises
     ``ValueError`` for a bad length or size. A cache without TurboQuant's consumers: no request rows.
     """
     pred = analysis.predict(config, locked_bytes=locked_bytes)
     tokens = list(prompt_tokens) or [max(1, config.max_model_len - 1)]
-    reqs = ([request_prediction(config, n, pred.locked_bytes, pred.locked_bytes_with_fix) for n in tokens]
+    reqs = ([request_prediction(config, n, pred.locked_bytes, pred.locked_bytes_with_fix, max_tokens) for n in tokens]
             if pred.turboquant_consumers else [])
     return ConsumerReport(config, pred, reqs, list(pred.notes), max_num_batched_tokens_source, locked_bytes)

@@ -77,6 +77,8 @@ def inspect_vllm(
     locked_bytes: int | None = None,
     gpu_memory_gib: float | None = None,
     demo: bool = False,
+    max_tokens: int = 2,
+    gpu: str | None = None,
     json_path: str | os.PathLike | None = None,
     out: TextIO | None = None,
     quiet: bool = False,
@@ -90,7 +92,13 @@ def inspect_vllm(
             ``engine_args`` then override its fields.
         prompt_tokens: prompt lengths to check (default ``max_model_len``).
         locked_bytes: measured workspace size at lock without the fix (bytes).
-        gpu_memory_gib: GPU memory, for vLLM's default batch limits.
+        gpu_memory_gib: GPU memory, for vLLM's default batch limits (wins over ``gpu``'s).
+        max_tokens: tokens each request generates (``--max-tokens``; default 2: one decode step); 1 makes no
+            decode call (vLLM finishes the request after its prefill).
+        gpu: the GPU target (``--gpu``: :func:`tqlab.core.hardware.gpu_target`, case-insensitive): the config's
+            ``gpu`` and, for a config.json, vLLM's default batch limits. None: the preset's / EngineConfig's
+            target (H200), and for a config.json batch limits for a GPU of unknown size (vLLM's small tier);
+            the CLI always passes one (default H200).
         demo: also send the first crashing chunk through vLLM's own classes
             on CPU, without and with the fix (:func:`run_vllm_seed_scenario`;
             needs vLLM, else skipped with a note; the fixed run is skipped when
@@ -118,11 +126,12 @@ def inspect_vllm(
     if (model_config is None) == (preset is None):
         raise ValueError("give exactly one of model_config (a config.json) or preset")
     if preset is not None:
-        dep = deployment_from_preset(engine_args, preset)
+        dep = deployment_from_preset(engine_args, preset, gpu=gpu)
     else:
-        dep = deployment_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib)
+        dep = deployment_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib, gpu=gpu)
     config, source = dep.config, _chunk_source(dep, preset)
-    pred = consumer_report(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source)
+    pred = consumer_report(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source,
+                           max_tokens=max_tokens)
     pred.notes[:0] = [n for n in dep.notes  # the defaulted chunk size is said by the source line
                       if not (n.kind is NoteKind.DEFAULTED and n.field == "max_num_batched_tokens")]
     note = bug_report_note(pred)

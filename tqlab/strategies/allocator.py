@@ -21,7 +21,7 @@ from tqlab.predict.analysis import prefill_chunks, prompt_chunks, unfixed_locked
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import (
     chunk_workspace_request,
-    decode_workspace_shapes,
+    deployment_decode_shapes,
     reserve_workspace,
 )
 from tqlab.core.workspace import WorkspaceManager, ubatch_context
@@ -72,8 +72,7 @@ def long_request_trace(config: EngineConfig, prompt_tokens: int, decode_steps: i
             for _ in range(config.num_hidden_layers):
                 calls.append(TraceCall(step, req.path, req.shapes, q))
         step += 1
-    dec = decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim,
-                                  config.tq_max_kv_splits_for_cuda_graph, config.dtype)
+    dec = deployment_decode_shapes(config, 1)
     for _ in range(decode_steps):
         for _ in range(config.num_hidden_layers):
             calls.append(TraceCall(step, "decode", dec, 1))
@@ -261,8 +260,7 @@ def dbo_memory_held(config: EngineConfig, prompt_tokens: int, *, grow_all_slots:
     """
     rows = max(1, config.max_num_seqs - 1) if decode_rows is None else int(decode_rows)
     m = WorkspaceManager(device, 2, grow_all_slots=grow_all_slots)
-    dec = decode_workspace_shapes(rows, config.num_heads_per_rank, config.head_dim,
-                                  config.tq_max_kv_splits_for_cuda_graph, config.dtype)
+    dec = deployment_decode_shapes(config, rows)
     budget = config.chunk_budget - rows
     if budget < 1:
         raise ValueError(f"a step of {config.chunk_budget} tokens leaves no room next to {rows} decodes")
@@ -341,7 +339,7 @@ def overhead_requests(config: EngineConfig | None = None) -> tuple:
     """
     c = EngineConfig.from_preset("nemotron-3-super-120b-a12b") if config is None else config
     b, h, d = c.max_num_seqs, c.num_heads_per_rank, c.head_dim
-    dec = decode_workspace_shapes(b, h, d, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
+    dec = deployment_decode_shapes(c, b)
     return dec + (((b, h, d), torch.float32),)
 
 

@@ -81,7 +81,8 @@ STRATEGY_INFO: dict[str, dict[str, str]] = {
     "reserve": {
         "title": "static worst-case reservation (PR #44053, merged)",
         "seed_fix": "2",
-        "how": "TurboQuantMetadataBuilder._reserve_workspace() sizes every slot from the config before capture",
+        "how": "TurboQuantMetadataBuilder._reserve_workspace() sizes the slot it runs in (slot 0) from the config "
+        "before capture",
     },
     "replay_aware": {
         "title": "replay-aware lock",

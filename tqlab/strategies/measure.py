@@ -390,10 +390,11 @@ def longest_surviving_prompt(config: EngineConfig, locked_bytes: int | None = No
 
 
 def workspace_vs_max_model_len(config: EngineConfig, lengths: Iterable[int]) -> list[dict[str, Any]]:
-    """For each ``max_model_len``: reserved workspace bytes (all slots), unfixed locked bytes, KV bytes, share.
+    """For each ``max_model_len``: reserved workspace bytes, unfixed locked bytes, KV bytes, share.
 
-    Rows: ``max_model_len``, ``reserved_bytes`` (PR #44053's plan, every ubatch
-    slot), ``unfixed_bytes``, ``kv_bytes`` (one ``max_model_len`` sequence's KV cache on
+    Rows: ``max_model_len``, ``reserved_bytes`` (PR #44053's plan, in slot 0: with DBO vLLM's
+    builder reserves only the slot it runs in, as :func:`~tqlab.core.reservation.reserve_workspace`),
+    ``unfixed_bytes`` (every ubatch slot), ``kv_bytes`` (one ``max_model_len`` sequence's KV cache on
     one rank, all layers: the smallest KV cache vLLM starts with), ``share`` =
     reserved / kv. Pure arithmetic.
     """
@@ -403,7 +404,7 @@ def workspace_vs_max_model_len(config: EngineConfig, lengths: Iterable[int]) -> 
         c = config.replace(max_model_len=n)
         if not config.enable_chunked_prefill:  # then the step budget must hold a whole prompt
             c = c.replace(max_num_batched_tokens=max(n, config.max_num_batched_tokens))
-        reserved = plan_bytes(reservation_plan(c)) * c.num_ubatches
+        reserved = plan_bytes(reservation_plan(c))
         kv = kv_cache_bytes_per_token(c) * c.max_model_len
         rows.append(dict(max_model_len=int(n), reserved_bytes=reserved,
                          unfixed_bytes=unfixed_locked_bytes(c) * c.num_ubatches, kv_bytes=kv, share=reserved / kv))

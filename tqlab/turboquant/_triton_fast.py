@@ -299,6 +299,21 @@ def _fast_tile(q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw
 
 
 @triton.jit
+def _fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb, stride_qh, inv_sqrt_d,
+                   GROUP: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, KEY_FP8: tl.constexpr):
+    """What every fast decode program starts with: its GQA group's heads and row mask, the split's
+    ``[start, end)``, the fp16 query tile ``[GP, D]`` in natural head-dim order (rotated keys:
+    ``q' = (q @ H) / sqrt(D)``, so keys are never rotated back), a ones tile, and ``arange(D)``."""
+    cols = tl.arange(0, D)
+    heads, gmask, q_rows = tk._group_rows(q_ptr, b, hk, stride_qb, stride_qh, GROUP, GP)
+    start, end = tk._split_range(sl_ptr, b, s, num_splits)
+    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
+    if not KEY_FP8:
+        q = tk._fwht(q, GP, D) * inv_sqrt_d
+    return heads, gmask, start, end, q.to(tl.float16), tl.full([GP, D], 1.0, dtype=tl.float16), cols
+
+
+@triton.jit
 def _decode_fast_kernel(
     q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
@@ -314,28 +329,11 @@ def _decode_fast_kernel(
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
-    g = tl.arange(0, GP)
-    gmask = g < GROUP
-    heads = hk * GROUP + g
-    cols = tl.arange(0, D)
-    seq_len = tl.load(sl_ptr + b).to(tl.int32)
-    chunk = tl.cdiv(seq_len, num_splits)
-    start = tl.minimum(s * chunk, seq_len)
-    end = tl.minimum(start + chunk, seq_len)
     KB: tl.constexpr = 8 if KEY_FP8 else KBITS
     NW: tl.constexpr = 0 if KEY_FP8 else KNORM_W
-
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
-    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
-    if not KEY_FP8:  # q' = (q @ H) / sqrt(D): keys are never rotated back
-        q = tk._fwht(q, GP, D) * inv_sqrt_d
-    q = q.to(tl.float16)
-    ones = tl.full([GP, D], 1.0, dtype=tl.float16)
-
-    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
-    acc_z = tl.zeros([GP], dtype=tl.float32)
+    heads, gmask, start, end, q, ones, cols = _fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb, stride_qh,
+                                                             inv_sqrt_d, GROUP, GP, D, KEY_FP8)
+    m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     if PREFETCH:
         t = start + tl.arange(0, BLOCK_T)
@@ -364,13 +362,7 @@ def _decode_fast_kernel(
                 in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
                 D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, NORM_MMA)
 
-    has = l_i > 0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    out = (acc + acc_z[:, None]) * inv_l[:, None]
-    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
-    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
-    tl.store(mrow + D, part_lse, mask=gmask)
+    tk._store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, cols, stride_mb, stride_mh, stride_ms, D)
 
 
 # ----------------------------------------------------------------------------- staged decode
@@ -434,25 +426,12 @@ def _decode_staged_kernel(
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
-    g = tl.arange(0, GP)
-    gmask = g < GROUP
-    heads = hk * GROUP + g
-    cols = tl.arange(0, D)
-    seq_len = tl.load(sl_ptr + b).to(tl.int32)
-    chunk = tl.cdiv(seq_len, num_splits)
-    start = tl.minimum(s * chunk, seq_len)
-    end = tl.minimum(start + chunk, seq_len)
     KB: tl.constexpr = 8 if KEY_FP8 else KBITS
     NG: tl.constexpr = D // 16
     NBLK: tl.constexpr = BLOCK_T // BLOCK_SIZE
     BW32: tl.constexpr = BLOCK_SIZE * SLOT_W // 2
-
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
-    q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
-    if not KEY_FP8:
-        q = tk._fwht(q, GP, D) * inv_sqrt_d
-    q = q.to(tl.float16)
-    ones = tl.full([GP, D], 1.0, dtype=tl.float16)
+    heads, gmask, start, end, q, ones, cols = _fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb, stride_qh,
+                                                             inv_sqrt_d, GROUP, GP, D, KEY_FP8)
 
     # gather indices inside a tile of NBLK staged blocks (the same for every tile)
     tt = tl.arange(0, BLOCK_T)
@@ -473,10 +452,7 @@ def _decode_staged_kernel(
     pars = (ws & 1) == 1
     ii = tl.arange(0, BWP)
 
-    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)
-    acc_z = tl.zeros([GP], dtype=tl.float32)
+    m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     blo = start // BLOCK_SIZE
     bhi = tl.where(end > start, tl.cdiv(end, BLOCK_SIZE), blo)  # an empty split runs no tile
@@ -504,13 +480,7 @@ def _decode_staged_kernel(
             in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
             D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, NORM_MMA)
 
-    has = l_i > 0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    out = (acc + acc_z[:, None]) * inv_l[:, None]
-    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
-    tl.store(mrow[:, None] + cols[None, :], out, mask=gmask[:, None])
-    tl.store(mrow + D, part_lse, mask=gmask)
+    tk._store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, cols, stride_mb, stride_mh, stride_ms, D)
 
 
 def staged_ok(cache) -> bool:
@@ -519,22 +489,24 @@ def staged_ok(cache) -> bool:
     return (bs * sb) % 16 == 0
 
 
-def _decode_staged_launch(query, cache, block_tables, seq_lens, spec, scale, mid_out, block_t, lut, opts, norm_mma):
-    bsz, hq, d = query.shape
-    nb, hk, bs, sb = cache.shape
-    block_t = max(block_t, bs)
+def _split_args(query, cache, cache_view, cache_strides, block_tables, seq_lens, mid_out, spec, scale) -> tuple:
+    """Positional arguments shared by the fast and staged split kernels, in their order (the
+    cache's view and strides are the only ones that differ)."""
+    d = query.shape[-1]
+    return (query, cache_view, block_tables, seq_lens, mid_out, *tk._centroid_poly(spec, d),
+            scale * tk._LOG2E, 1.0 / math.sqrt(d), cache.shape[0], mid_out.shape[2],
+            query.stride(0), query.stride(1), *cache_strides,
+            block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
+
+
+def _split_meta(query, cache, spec, block_t: int, lut: int) -> dict:
+    """Compile-time parameters shared by the fast and staged split kernels."""
+    hq, d = query.shape[1], query.shape[2]
+    hk, bs = cache.shape[1], cache.shape[2]
     group = hq // hk
-    bw32 = bs * sb // 4
-    return _decode_staged_kernel[(bsz, hk, mid_out.shape[2])](
-        query, cache.view(-1).view(torch.int32), block_tables, seq_lens, mid_out, *tk._centroid_poly(spec, d),
-        scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
-        query.stride(0), query.stride(1), cache.stride(0) // 4, cache.stride(1) // 4,
-        block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        **tk._field_words(spec, d), SLOT_W=sb // 2, BWP=triton.next_power_of_2(bw32),
-        LUT=lut, LUT_ASM=_asm_for(spec, d, lut), NORM_MMA=norm_mma, **opts,
-    )
+    return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+                **tk._field_words(spec, d), LUT=lut, LUT_ASM=_asm_for(spec, d, lut))
 
 
 def _lut_mode(spec: TurboQuantSpec, device, lut, cfg) -> int:
@@ -587,28 +559,22 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     if maxnreg:
         opts["maxnreg"] = maxnreg
     lut = _lut_mode(spec, query.device, lut, cfg)
-    bsz, hq, d = query.shape
-    nb, hk, bs, sb = cache.shape
-    group = hq // hk
-    s_splits = mid_out.shape[2]
-    staged = bool(cfg.get("staged", False) if staged is None else staged) and staged_ok(cache)
-    if staged:
-        nm = bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma)
-        kern = _decode_staged_launch(query, cache, block_tables, seq_lens, spec, scale, mid_out, block_t, lut, opts, nm)
-        tk._record(stats, kern)
-        tk.reduce(mid_out, output, lse)
-        return output
-    kern = _decode_fast_kernel[(bsz, hk, s_splits)](
-        query, cache.view(torch.uint16), block_tables, seq_lens, mid_out, *tk._centroid_poly(spec, d),
-        scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, s_splits,
-        query.stride(0), query.stride(1), cache.stride(0), cache.stride(1), cache.stride(2),
-        block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        **tk._field_words(spec, d), LUT=lut, LUT_ASM=_asm_for(spec, d, lut),
-        PREFETCH=bool(cfg.get("prefetch", False) if prefetch is None else prefetch),
-        NORM_MMA=bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma), **opts,
-    )
+    grid = (query.shape[0], cache.shape[1], mid_out.shape[2])
+    if bool(cfg.get("staged", False) if staged is None else staged) and staged_ok(cache):
+        nb, hk, bs, sb = cache.shape
+        args = _split_args(query, cache, cache.view(-1).view(torch.int32), (cache.stride(0) // 4, cache.stride(1) // 4),
+                           block_tables, seq_lens, mid_out, spec, scale)
+        kern = _decode_staged_kernel[grid](
+            *args, **_split_meta(query, cache, spec, max(block_t, bs), lut), SLOT_W=sb // 2,
+            BWP=triton.next_power_of_2(bs * sb // 4), NORM_MMA=bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma),
+            **opts)
+    else:
+        args = _split_args(query, cache, cache.view(torch.uint16), (cache.stride(0), cache.stride(1), cache.stride(2)),
+                           block_tables, seq_lens, mid_out, spec, scale)
+        kern = _decode_fast_kernel[grid](
+            *args, **_split_meta(query, cache, spec, block_t, lut),
+            PREFETCH=bool(cfg.get("prefetch", False) if prefetch is None else prefetch),
+            NORM_MMA=bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma), **opts)
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)
     return output

@@ -479,6 +479,46 @@ def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, a
 
 
 @triton.jit
+def _split_range(sl_ptr, b, s, num_splits):
+    """``[start, end)`` tokens of split ``s`` of request ``b`` (``ops.split_bounds``: chunks of
+    ``ceil(seq_len / num_splits)``, trailing splits possibly empty)."""
+    seq_len = tl.load(sl_ptr + b).to(tl.int32)
+    chunk = tl.cdiv(seq_len, num_splits)
+    start = tl.minimum(s * chunk, seq_len)
+    return start, tl.minimum(start + chunk, seq_len)
+
+
+@triton.jit
+def _group_rows(q_ptr, b, hk, stride_qb, stride_qh, GROUP: tl.constexpr, GP: tl.constexpr):
+    """The query heads of KV head ``hk``'s GQA group (``GP`` rows, ``GROUP`` real): head ids, the
+    row mask and the rows' query pointers."""
+    g = tl.arange(0, GP)
+    heads = hk * GROUP + g
+    return heads, g < GROUP, q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
+
+
+@triton.jit
+def _online_init(GP: tl.constexpr, D: tl.constexpr):
+    """Online-softmax state of a decode program: running max, sum, value accumulator, zero-point sum."""
+    return (tl.full([GP], float("-inf"), dtype=tl.float32), tl.zeros([GP], dtype=tl.float32),
+            tl.zeros([GP, D], dtype=tl.float32), tl.zeros([GP], dtype=tl.float32))
+
+
+@triton.jit
+def _store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, out_cols, stride_mb, stride_mh, stride_ms,
+                   D: tl.constexpr):
+    """Write split ``s``'s normalized partial output (columns ``out_cols`` of the accumulator's
+    order) and its natural-log log-sum-exp (``-inf`` for an empty split) into ``mid_out``."""
+    has = l_i > 0
+    inv_l = 1.0 / tl.where(has, l_i, 1.0)
+    out = (acc + acc_z[:, None]) * inv_l[:, None]
+    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
+    tl.store(mrow[:, None] + out_cols[None, :], out, mask=gmask[:, None])
+    tl.store(mrow + D, part_lse, mask=gmask)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, cache16_ptr, bt_ptr, sl_ptr, mid_ptr, signs_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
@@ -498,30 +538,20 @@ def _decode_split_kernel(
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
-    g = tl.arange(0, GP)
-    gmask = g < GROUP
-    heads = hk * GROUP + g
     cols = tl.arange(0, D)
-
-    seq_len = tl.load(sl_ptr + b).to(tl.int32)
-    chunk = tl.cdiv(seq_len, num_splits)
-    start = tl.minimum(s * chunk, seq_len)
-    end = tl.minimum(start + chunk, seq_len)
+    heads, gmask, q_rows = _group_rows(q_ptr, b, hk, stride_qb, stride_qh, GROUP, GP)
+    start, end = _split_range(sl_ptr, b, s, num_splits)
 
     # query tile [GP, D], columns in the key tile's row order (_perm); MSE keys: q' = (q @ H) / sqrt(D)
     KB: tl.constexpr = 8 if KEY_FP8 else KBITS
     NORM_W: tl.constexpr = 0 if KEY_FP8 else KNORM_W
-    q_rows = q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
     if KEY_FP8:
         q = tl.load(q_rows[:, None] + _perm(D, KB)[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
     else:
         q = tl.load(q_rows[:, None] + cols[None, :], mask=gmask[:, None], other=0.0).to(tl.float32)
         q = _key_order(_fwht(q, GP, D) * inv_sqrt_d, GP, D, KB).to(tl.float16)
 
-    m_i = tl.full([GP], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([GP], dtype=tl.float32)
-    acc = tl.zeros([GP, D], dtype=tl.float32)  # columns in the value tile's row order
-    acc_z = tl.zeros([GP], dtype=tl.float32)
+    m_i, l_i, acc, acc_z = _online_init(GP, D)  # acc columns in the value tile's row order
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     if PREFETCH:  # raw words of tile i+1 are loaded before tile i is computed
         t = start + tl.arange(0, BLOCK_T)
@@ -546,13 +576,7 @@ def _decode_split_kernel(
                 q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
                 c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
 
-    has = l_i > 0
-    inv_l = 1.0 / tl.where(has, l_i, 1.0)
-    out = (acc + acc_z[:, None]) * inv_l[:, None]
-    part_lse = tl.where(has, (m_i + tl.log2(tl.where(has, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-    mrow = mid_ptr + b.to(tl.int64) * stride_mb + heads.to(tl.int64) * stride_mh + s.to(tl.int64) * stride_ms
-    tl.store(mrow[:, None] + _perm(D, VBITS)[None, :], out, mask=gmask[:, None])
-    tl.store(mrow + D, part_lse, mask=gmask)
+    _store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, _perm(D, VBITS), stride_mb, stride_mh, stride_ms, D)
 
 
 @triton.jit

@@ -19,7 +19,7 @@ from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     continuation_workspace_shapes,
-    decode_workspace_shapes,
+    deployment_decode_shapes,
     plan_bytes,
     reservation_plan,
 )
@@ -356,8 +356,8 @@ def demo_steps(config: EngineConfig | None = None, cached_len: int | None = None
     cached = c.max_num_batched_tokens if cached_len is None else cached_len
     if isinstance(cached, bool) or not isinstance(cached, int) or cached < 1:
         raise ValueError(f"cached_len must be an int >= 1, got {cached_len!r}")
-    dec = decode_workspace_shapes(c.max_num_seqs, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
-    small = decode_workspace_shapes(1, c.num_heads_per_rank, c.head_dim, c.tq_max_kv_splits_for_cuda_graph, c.dtype)
+    dec = deployment_decode_shapes(c, c.max_num_seqs)
+    small = deployment_decode_shapes(c, 1)
     cont = continuation_workspace_shapes(cached, c.num_kv_heads_per_rank, c.head_dim, c.block_size)
     return [
         ("get", 0, dec),
@@ -458,7 +458,7 @@ def compare_reservations(presets: Sequence[str] | None = None) -> list[dict[str,
 def _decode_attention(manager: Any, config: EngineConfig, batch: int) -> list[torch.Tensor]:
     """tqlab stand-in for vLLM's split-KV decode consumer (same call, same caller name)."""
     return manager.get_simultaneous(
-        *decode_workspace_shapes(batch, config.num_heads_per_rank, config.head_dim, config.tq_max_kv_splits_for_cuda_graph, config.dtype)
+        *deployment_decode_shapes(config, batch)
     )
 
 

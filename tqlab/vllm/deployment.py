@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from tqlab.core.hardware import batch_defaults, gpu_target
 from tqlab.core.config import EngineConfig, check_kv_cache_dtype, is_turboquant, load_preset, parse_dtype, step_token_budget
 from tqlab.core.notes import Note, NoteKind
 from tqlab.vllm.draft import DeploymentDraft, FieldRecord
@@ -169,15 +170,28 @@ _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_c
                         "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY}
 
 
-def _positive_ints(name: str, v: Any) -> tuple[int, ...]:
+_CC = "--compilation-config (-cc)"
+"""How errors name the flag a ``compilation_config`` key came from (``-cc`` is its short form)."""
+
+
+def _positive_ints(where: str, v: Any) -> tuple[int, ...]:
     """A list of sizes, each coerced as vLLM's pydantic config classes do (:func:`~tqlab.vllm.flags.lax_int`:
-    ``["1", "2", "4"]`` from ``-cc.cudagraph_capture_sizes+ 1,2,4``, ``[1, 2.0, 4]``); each must be >= 1."""
+    ``["1", "2", "4"]`` from ``-cc.cudagraph_capture_sizes+ 1,2,4``, ``[1, 2.0, 4]``); each must be >= 1.
+
+    ``where``: the flag and key the list came from (``"--compilation-config (-cc) cudagraph_capture_sizes"``).
+    Raises :class:`VllmArgsError` naming ``where``, the bad element and the whole list."""
     if not isinstance(v, list) or not v:
-        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
-    out = tuple(lax_int(s, f"{name}[{i}]") for i, s in enumerate(v))
-    if any(s < 1 for s in out):
-        raise VllmArgsError(f"{name} must be a non-empty list of positive integers, got {v!r}")
-    return out
+        raise VllmArgsError(f"{where} must be a non-empty list of positive integers, got {v!r}")
+    out = []
+    for i, s in enumerate(v):
+        try:
+            n = lax_int(s, f"{where}[{i}]")
+        except VllmArgsError as e:
+            raise VllmArgsError(f"{e} (in {v!r})") from None
+        if n < 1:
+            raise VllmArgsError(f"{where}[{i}] must be a positive integer, got {s!r} (in {v!r})")
+        out.append(n)
+    return tuple(out)
 
 
 _MINIMUM = {"max_num_batched_tokens": (1, "SchedulerConfig: Field(ge=1)"), "max_num_seqs": (1, "SchedulerConfig: Field(ge=1)"),
@@ -231,16 +245,15 @@ def _map_capture_sizes(g: Mapping[str, Any], d: DeploymentDraft) -> None:
     cc = g.get("compilation_config") or {}
     for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
         if key in cc and key in g:
-            raise VllmArgsError(f"{key} and compilation_config.{key} are mutually exclusive (vLLM)")
+            raise VllmArgsError(f"{_flag(key)} and {_CC} {key} are mutually exclusive (vLLM)")
     sizes = g.get("cudagraph_capture_sizes", cc.get("cudagraph_capture_sizes"))
     if sizes is not None:
-        d.set("cudagraph_capture_sizes", _positive_ints("cudagraph_capture_sizes", sizes),
-              "flag --cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g
-              else "flag --compilation-config cudagraph_capture_sizes")
+        flag = "--cudagraph-capture-sizes" if "cudagraph_capture_sizes" in g else f"{_CC} cudagraph_capture_sizes"
+        d.set("cudagraph_capture_sizes", _positive_ints(flag, sizes), f"flag {flag.replace(' (-cc)', '')}")
     if cc.get("max_cudagraph_capture_size") is not None:
-        v = lax_int(cc["max_cudagraph_capture_size"], "compilation_config.max_cudagraph_capture_size")
+        v = lax_int(cc["max_cudagraph_capture_size"], f"{_CC} max_cudagraph_capture_size")
         if v < 1:
-            raise VllmArgsError(f"compilation_config.max_cudagraph_capture_size must be a positive integer, got {v!r}")
+            raise VllmArgsError(f"{_CC} max_cudagraph_capture_size must be a positive integer, got {v!r}")
         d.set("max_cudagraph_capture_size", v, "flag --compilation-config max_cudagraph_capture_size")
 
 
@@ -254,7 +267,7 @@ def _map_cudagraph_mode(g, cc, d: DeploymentDraft) -> None:
         raise VllmArgsError(f"--optimization-level (-O) must be 0, 1, 2 or 3, got {g.get('optimization_level')!r}")
     mode = cc.get("cudagraph_mode")
     if mode is not None and (not isinstance(mode, str) or mode.upper() not in CUDAGRAPH_MODES):
-        raise VllmArgsError(f"compilation_config.cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
+        raise VllmArgsError(f"{_CC} cudagraph_mode must be one of {', '.join(CUDAGRAPH_MODES)}, got {mode!r}")
     # Only a flag that names the mode sets the field; otherwise it stays None and
     # tqlab.core.vllm_rules.cudagraph_mode resolves it (enforce_eager -> NONE, else vLLM's -O2 default).
     if g.get("enforce_eager"):
@@ -267,29 +280,30 @@ def _map_cudagraph_mode(g, cc, d: DeploymentDraft) -> None:
         d.set_source("cudagraph_mode", "vLLM default (-O2: FULL_AND_PIECEWISE)")
 
 
-def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = None) -> tuple[int, int, str]:
+def vllm_default_limits(usage: str = "serve", gpu_memory_gib: float | None = None,
+                        gpu: str | None = None) -> tuple[int, int, str]:
     """vLLM 0.33's default ``(max_num_batched_tokens, max_num_seqs, why)`` with chunked prefill on.
 
     ``usage``: ``"serve"`` (``vllm serve``) or ``"llm"`` (the ``LLM`` class);
-    ``gpu_memory_gib``: the GPU's memory in GiB (None: assumed under 70 GiB).
-    Under 70 GiB: 2048/8192 tokens, 256 seqs; >= 70 GiB: 8192/16384, 1024;
-    >= 160 GiB: 16384, 1024 (``EngineArgs.get_batch_defaults``; vLLM keeps
-    A100s and GB10 in the small tier by device name, which tqlab is not given).
-    Raises ``ValueError`` for another ``usage`` or a GPU size that is not a finite number >= 0.
+    ``gpu_memory_gib``: the GPU's memory in GiB, which wins over ``gpu``; ``gpu``: a GPU target
+    (:func:`tqlab.core.hardware.gpu_target`: its memory, name and capability); neither: assumed
+    under 70 GiB. The rule is :func:`tqlab.core.hardware.batch_defaults` (``EngineArgs.get_batch_defaults``;
+    by memory alone vLLM's A100 / GB10 exception cannot apply).
+    Raises ``ValueError`` for another ``usage``, a GPU size that is not a finite number > 0 or an unknown ``gpu``.
     """
     if usage not in ("serve", "llm"):
         raise ValueError(f"usage must be 'serve' or 'llm', got {usage!r}")
     if gpu_memory_gib is not None and (isinstance(gpu_memory_gib, bool) or not isinstance(gpu_memory_gib, (int, float))
                                        or not math.isfinite(gpu_memory_gib) or gpu_memory_gib <= 0):
         raise ValueError(f"gpu_memory_gib must be a finite number > 0, got {gpu_memory_gib!r}")
-    mem = 0.0 if gpu_memory_gib is None else float(gpu_memory_gib)
     cmd = "`vllm serve`" if usage == "serve" else "the `LLM` class"
-    if mem >= 160:
-        return 16384, 1024, f"{cmd} on a GPU of >= 160 GiB"
-    if mem >= 70:
-        return (8192 if usage == "serve" else 16384), 1024, f"{cmd} on a GPU of >= 70 GiB"
-    gpu = "" if gpu_memory_gib is not None else "; GPU size assumed, pass --gpu-memory-gib"
-    return (2048 if usage == "serve" else 8192), 256, f"{cmd} on a GPU under 70 GiB{gpu}"
+    if gpu_memory_gib is None and gpu is not None:
+        g = gpu_target(gpu)
+        mbt, seqs, tier = batch_defaults(g.memory_gib, g.name, g.capability, usage)
+        return mbt, seqs, f"{cmd} on --gpu {g.name}, {g.memory_gib} GiB: {tier}"
+    mbt, seqs, tier = batch_defaults(0.0 if gpu_memory_gib is None else float(gpu_memory_gib), usage=usage)
+    assumed = "" if gpu_memory_gib is not None else "; GPU size assumed, pass --gpu-memory-gib"
+    return mbt, seqs, f"{cmd} on a GPU {'of ' if tier.startswith('>') else ''}{tier}{assumed}"
 
 
 # --------------------------------------------------------------------------- #
@@ -335,20 +349,25 @@ def _max_model_len(shape: ModelShape, d: DeploymentDraft, env: Mapping[str, str]
     if mml != -1:
         return
     key = shape.max_len_key or f"none of the length keys: vLLM assumes {shape.max_len}"
+    where = f"config.json {key}"
+    if shape.max_len_key and "max_len" in shape.sources:  # a family alias: the key config.json really spells
+        # (ChatGLM: vLLM's key max_position_embeddings is ChatGLMConfig's copy of config.json seq_length)
+        rope = shape.max_len_key.partition(" x ")[2]
+        where = shape.sources["max_len"] + (f" x {rope}" if rope else "")
     how = "--max-model-len auto" if "max_model_len" in d else "no --max-model-len"
-    d.set("max_model_len", shape.max_len, f"config.json {key} ({how})")
-    d.note(NoteKind.DEFAULTED, f"max_model_len = {shape.max_len} from config.json {key} ({how})", "max_model_len")
+    d.set("max_model_len", shape.max_len, f"{where} ({how})")
+    d.note(NoteKind.DEFAULTED, f"max_model_len = {shape.max_len} from {where} ({how})", "max_model_len")
 
 
 def _scheduler_defaults(d: DeploymentDraft, usage: str, gpu_memory_gib: float | None,
-                        performance_mode: str | None) -> None:
+                        performance_mode: str | None, gpu: str | None = None) -> None:
     """Unset ``max_num_seqs`` / ``max_num_batched_tokens`` as vLLM 0.33 sets them
     (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): the usage/GPU defaults,
     doubled with ``--performance-mode throughput``; without chunked prefill the batch is at least
     ``max_model_len``; then ``min(max_num_seqs * max_model_len, ...)``, and a defaulted
     ``max_num_seqs`` is capped by the batch. (vLLM's ``max_num_batched_tokens >= max_num_seqs``
     check then applies, in :class:`EngineConfig`.)"""
-    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib)
+    mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib, gpu)
     if performance_mode == "throughput":
         mbt, seqs, why = 2 * mbt, 2 * seqs, why + ", doubled by --performance-mode throughput"
     seqs_given, mbt_given = "max_num_seqs" in d, "max_num_batched_tokens" in d
@@ -454,7 +473,8 @@ def _hf_overrides_notes(shape: ModelShape, given: Mapping[str, Any], d: Deployme
         d.note(NoteKind.INFO, text)
 
 
-def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None, usage: str) -> DeploymentDraft:
+def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None, usage: str,
+                gpu: str | None = None) -> DeploymentDraft:
     """Every reader, in vLLM's order, on one draft: flags, config.json, defaults, skip layers, hybrid rules."""
     d, given = _read_flags(engine_args)
     _check_kv_cache_dtype(d, getattr(shape, "mla", None) is not None)
@@ -476,7 +496,9 @@ def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None,
             d.set(kind, getattr(shape, kind), f"config.json ({kind} fields)")
     _model_dtype(shape, d)
     _max_model_len(shape, d, given.get(ENV_KEY))
-    _scheduler_defaults(d, usage, gpu_memory_gib, given.get("performance_mode"))
+    if gpu is not None:
+        d.set("gpu", gpu_target(gpu).name, f"tqlab --gpu {gpu_target(gpu).name}")
+    _scheduler_defaults(d, usage, gpu_memory_gib, given.get("performance_mode"), gpu)
     _skip_layers(shape, d, given.get("kv_cache_dtype_skip_layers") or [])
     apply_hybrid_block(shape, d, given)
     if shape.hybrid is not None:
@@ -522,15 +544,21 @@ def deployment_from_vllm(
     *,
     gpu_memory_gib: float | None = None,
     usage: str = "serve",
+    gpu: str | None = None,
 ) -> VllmDeployment:
     """The deployment a ``vllm serve`` line and a config.json make: the validated :class:`EngineConfig`,
     with every field's source and the notes, as a :class:`VllmDeployment`.
+
+    ``gpu``: the GPU target (``EngineConfig.gpu``; case-insensitive, :func:`tqlab.core.hardware.gpu_target`),
+    which also sets vLLM's default batch limits unless ``gpu_memory_gib`` is given
+    (:func:`vllm_default_limits`); None keeps ``EngineConfig``'s default target (H200) and, for the batch
+    limits, the GPU size unknown (vLLM's small tier) -- ``tqlab inspect-vllm`` always passes one (``--gpu``).
 
     Raises ``ValueError`` (one line) for bad flags, values, config.json
     fields or a combination EngineConfig rejects.
     """
     shape = _read_shape(engine_args, model_config)
-    d = _read_model(engine_args, shape, gpu_memory_gib=gpu_memory_gib, usage=usage)
+    d = _read_model(engine_args, shape, gpu_memory_gib=gpu_memory_gib, usage=usage, gpu=gpu)
     names = _field_names()
     try:
         config = EngineConfig(**d.kwargs(names))
@@ -593,7 +621,8 @@ def _preset_hf_overrides(given: Mapping[str, Any], d: DeploymentDraft) -> None:
                "them to; give the model's config.json with --config to see their effect")
 
 
-def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str) -> VllmDeployment:
+def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str,
+                           gpu: str | None = None) -> VllmDeployment:
     """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
 
     Fields the line sets say ``"flag --..."``; the others ``"preset NAME"``. A preset with
@@ -602,6 +631,8 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     flags (one line), and ``TypeError`` never: only EngineConfig fields are passed.
     """
     d, given = _flag_draft(engine_args)
+    if gpu is not None:  # the preset's batch limits stay (they are the preset's own)
+        d.set("gpu", gpu_target(gpu).name, f"tqlab --gpu {gpu_target(gpu).name}")
     _check_kv_cache_dtype(d, load_preset(preset)["config"].get("mla") is not None)
     if "dtype" in d:
         d.set_value("dtype", parse_dtype(d.get("dtype")))

@@ -327,10 +327,16 @@ def env_flag(env: dict[str, str] | None, name: str) -> bool:
     return value.strip().lower() in ("1", "true")
 
 
+_PROMPTS = ("$", "#", "%", ">")
+"""Shell prompts a pasted command line may start with (bash/sh ``$``, root ``#``, zsh ``%``, PowerShell/cmd ``>``)."""
+_LAUNCHER_WORDS = {"vllm", "serve", "python", "python3", "-m", "vllm.entrypoints.openai.api_server"}
+
+
 def split_serve_line(line: str) -> tuple[list[str], dict[str, str], list[str]]:
     """A pasted shell command -> ``(argv, environment words, notes)``, as a POSIX shell splits it.
 
     A backslash at the end of a line continues it (``vllm serve M \\`` newline ``--max-model-len 8k``);
+    a leading shell prompt word (``$``, ``#``, ``%``, ``>``) is dropped with a note;
     leading ``NAME=value`` words (and a leading ``env``) are the command's environment:
     :data:`ENV_APPLIED` ones change the result, the others are noted. Raises :class:`VllmArgsError`
     for unbalanced quotes.
@@ -342,6 +348,8 @@ def split_serve_line(line: str) -> tuple[list[str], dict[str, str], list[str]]:
         raise VllmArgsError(f"vllm serve line: {e} (shell quoting)") from None
     env: dict[str, str] = {}
     notes: list[str] = []
+    if words[:1] and words[0] in _PROMPTS:  # a pasted "$ vllm serve ..." keeps the shell's prompt
+        notes.append(f"leading shell prompt {words.pop(0)!r} dropped")
     if words[:1] == ["env"]:
         words = words[1:]
     while words and _ENV_WORD.fullmatch(words[0]) and not words[0].startswith("-"):
@@ -364,6 +372,9 @@ def _unknown_flag_error(extra: list[str]) -> VllmArgsError:
             close = difflib.get_close_matches(name, _option_strings(), n=3, cutoff=0.6)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             return VllmArgsError(f"vllm serve: unknown flag {name} (not a vLLM {vllm_flags()['vllm_version']} flag){hint}")
+    if _LAUNCHER_WORDS & set(extra):  # e.g. "sudo vllm serve M": the word before the launcher was read as the model
+        return VllmArgsError(f"vllm serve: unrecognized arguments: {' '.join(extra)} (the line must start with "
+                             "'vllm serve' or the model; remove what comes before the launcher)")
     return VllmArgsError(f"vllm serve: unrecognized arguments: {' '.join(extra)} (a boolean flag such as "
                          "--enable-chunked-prefill takes no value; use its --no-/--disable- form)")
 

@@ -17,7 +17,7 @@ from tqlab.core.hardware import gpu_target
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["DS_MLA_CACHE_FORMATS", "attention_backend", "mla_prefill_backend"]
+__all__ = ["DS_MLA_CACHE_FORMATS", "SM100_MLA_PREFILL", "attention_backend", "mla_prefill_backend"]
 
 DS_MLA_CACHE_FORMATS = frozenset({"fp8_ds_mla", "nvfp4_ds_mla"})
 """vLLM's ``QUANTIZED_DS_MLA_CACHE_FORMATS`` (``mla/flashmla_sparse.py``)."""
@@ -44,12 +44,31 @@ def attention_backend(config: "EngineConfig") -> str:
     return "FLASH_ATTN_MLA" if major == 9 else "TRITON_MLA"
 
 
+SM100_MLA_PREFILL = frozenset({"TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"})
+"""MLA prefill backends whose ``supports_compute_capability`` is ``device_capability.major == 10``
+(``mla/prefill/trtllm_ragged.py``, ``flashinfer.py``, ``tokenspeed_mla.py``)."""
+
+
 def mla_prefill_backend(config: "EngineConfig") -> str | None:
     """The MLA prefill backend (``None`` for a model without MLA): pinned, else ``TRTLLM_RAGGED`` on SM100 for
-    ``(qk_nope, qk_rope, v) = (192, 64, 256)`` and ``FLASH_ATTN`` otherwise (vLLM's first choice)."""
+    ``(qk_nope, qk_rope, v) = (192, 64, 256)`` and ``FLASH_ATTN`` otherwise (vLLM's first choice).
+
+    A pinned SM100-only backend (:data:`SM100_MLA_PREFILL`) on another GPU target raises ``ValueError``, as vLLM
+    0.33 refuses to start: ``vllm/v1/attention/backends/mla/prefill/selector.py`` ``get_mla_prefill_backend``
+    validates the selected backend (``MLAPrefillBackend.validate_configuration``, ``mla/prefill/base.py``) and
+    raises "Selected MLA prefill backend ... is not valid for this configuration" (no fallback).
+    """
     if config.mla is None:
         return None
     if config.mla_prefill_backend:
+        g = gpu_target(config.gpu)
+        if config.mla_prefill_backend in SM100_MLA_PREFILL and not g.is_sm100:
+            major, minor = g.capability
+            raise ValueError(
+                f"--attention-config.mla_prefill_backend {config.mla_prefill_backend} on --gpu {g.name}: vLLM 0.33 "
+                f"refuses to start (\"Selected MLA prefill backend {config.mla_prefill_backend} is not valid for this "
+                f"configuration. Reason: ['compute capability {major}.{minor} not supported']\", mla/prefill/selector.py "
+                "get_mla_prefill_backend); it runs on SM100 only (--gpu B200 or B300)")
         return config.mla_prefill_backend
     m = config.mla
     if gpu_target(config.gpu).is_sm100 and (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (192, 64, 256):

@@ -22,10 +22,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
     from tqlab.core.reservation import Shapes
 
-__all__ = ["PHASES", "Consumer", "ConsumerSizes", "StartUp", "call_bytes", "largest_call_bytes"]
+__all__ = ["PHASES", "REACHED", "Consumer", "ConsumerSizes", "StartUp", "call_bytes", "largest_call_bytes"]
 
 PHASES = ("init", "profile_run", "kernel_warmup", "jit_warmup_v2", "capture", "none")
 """Phases before vLLM 0.33's ``lock_workspace()`` (``gpu_model_runner.py`` ``capture_model``), in the order they run."""
+
+
+REACHED = ("prefill", "context", "decode")
+"""When a request first reaches a consumer's serve-time call (:attr:`Consumer.reached`): ``prefill`` = any
+forward step with a prefill (a request's first step); ``context`` = the first step with cached context (its
+second prefill chunk, else its first decode step); ``decode`` = its first decode step."""
 
 
 def call_bytes(call: "Shapes") -> int:
@@ -83,6 +89,9 @@ class Consumer:
     consumer: ClassVar[str]
     source: ClassVar[str]
     reads: ClassVar[tuple[str, ...]]
+    reached: ClassVar[str] = "prefill"
+    """One of :data:`REACHED`: the first step of a request alone that makes the serve-time call (the predictor
+    orders refused calls by it, :func:`tqlab.predict.analysis.predict`)."""
 
     def active(self, config: "EngineConfig") -> bool:  # pragma: no cover - abstract
         raise NotImplementedError

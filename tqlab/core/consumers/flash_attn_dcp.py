@@ -42,6 +42,7 @@ class FlashAttentionDCP(Consumer):
 
     name = "flash_attn_dcp"
     consumer = "flash_attn.py:_forward_with_dcp"
+    reached = "context"  # max_dcp_context_kv_len > 0: a continuation chunk or a decode step
     source = "vllm/v1/attention/backends/flash_attn.py FlashAttentionImpl.__init__, _forward_with_dcp"
     reads = ("decode_context_parallel_size", "attention_backend", "num_attention_heads", "tensor_parallel_size",
              "head_dim", "dtype", "max_num_batched_tokens", "cudagraph_mode", "enforce_eager")

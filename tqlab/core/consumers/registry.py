@@ -44,13 +44,25 @@ from tqlab.core.consumers.turboquant import TurboQuantContinuation, TurboQuantDe
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["CONSUMERS", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers",
-           "consumer_table", "unmodelled"]
+__all__ = ["CONSUMERS", "TURBOQUANT", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers", "turboquant_only",
+           "consumer_named", "consumer_table", "unmodelled"]
 
 CONSUMERS: tuple[Consumer, ...] = (
     TurboQuantDecode(), TurboQuantContinuation(), FlashAttentionDCP(), FusedMoE(), FlashMLASparse(),
     MLAPrefillTrtllmRagged(), MLAPrefillFlashInfer(), TritonMLALogits(), SparseIndexer(),
 )
+
+TURBOQUANT = frozenset({TurboQuantDecode.name, TurboQuantContinuation.name})
+"""Registry names of TurboQuant's consumers: the predictor sizes them per prompt with the closed forms of
+:mod:`tqlab.predict.prompts` (their requests depend on the prompt), every other consumer by its table row."""
+
+
+def consumer_named(name: str) -> Consumer:
+    """The registry entry called ``name``. Raises ``KeyError`` for an unknown name."""
+    for c in CONSUMERS:
+        if c.name == name:
+            return c
+    raise KeyError(f"no modelled workspace consumer named {name!r}")
 
 
 @dataclass(frozen=True)
@@ -130,6 +142,13 @@ class ConsumerTable:
 def active_consumers(config: "EngineConfig") -> list[Consumer]:
     """The modelled consumers ``config`` uses, in registry order."""
     return [c for c in CONSUMERS if c.active(config)]
+
+
+def turboquant_only(config: "EngineConfig") -> bool:
+    """True when TurboQuant's consumers are the deployment's only workspace consumers (modelled or not): the
+    deployments notebooks 02-09 and the TurboQuant closed forms are about. False for a non-TurboQuant cache."""
+    active = {c.name for c in active_consumers(config)}
+    return bool(active) and active <= TURBOQUANT and not unmodelled(config)
 
 
 def unmodelled(config: "EngineConfig") -> list[dict[str, str]]:

@@ -49,6 +49,7 @@ class TritonMLALogits(Consumer):
 
     name = "triton_mla_logits"
     consumer = "triton_mla.py:forward_mqa"
+    reached = "decode"  # forward_mqa runs the decode rows only (prefill goes to the MLA prefill backend)
     source = "vllm/v1/attention/backends/mla/triton_mla.py _reserve_attn_logits_workspace, TritonMLAImpl.forward_mqa"
     reads = ("mla", "max_num_seqs", "num_speculative_tokens", "num_attention_heads", "tensor_parallel_size",
              "decode_context_parallel_size", "max_model_len", "gpu", "attention_backend")

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from tqlab.predict.analysis import prefill_chunks
 from tqlab.core.config import EngineConfig, list_presets, load_preset
-from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
+from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, deployment_decode_shapes
 from tqlab.core.workspace import WorkspaceEvent, compute_layout
 from tqlab.lab.widgets._common import CRASH_COLOR, FIX_COLOR, NOFIX_COLOR, esc, figure_png, mib, require_widgets
 
@@ -89,8 +89,7 @@ def _serving_steps(config: EngineConfig, prompt_tokens: int, max_tokens: int) ->
                                   f"kernel, {q} rows, its own scratch: no workspace call (vLLM 0.33)"),
                 "continuation": f"continuation prefill: dequantize {cached:,} cached tokens"}[req.path]
         steps.append((f"chunk {cached:,}+{q:,}", note, req.nbytes))
-    one_row = compute_layout(decode_workspace_shapes(1, config.num_heads_per_rank, config.head_dim,
-                                                     config.tq_max_kv_splits_for_cuda_graph, config.dtype)).total_bytes
+    one_row = compute_layout(deployment_decode_shapes(config, 1)).total_bytes
     steps += [(f"decode @{prompt_tokens + j:,}", "one decode row (CUDA graph replay)", one_row)
               for j in range(max_tokens - 1)]
     return steps

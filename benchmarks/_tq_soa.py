@@ -1,0 +1,316 @@
+"""Kernels of the in-block SoA prototypes (issue 20), used by ``dev_turboquant_soa.py``.
+
+The SoA order of one (block, KV head) region (``block_size * slot_bytes`` bytes, the same bytes per
+token as vLLM's slot order): the key codes of all BS tokens, then their value codes, then the BS key
+norms, value scales and value zeros as fp16 arrays (each token's code field keeps vLLM's LSB-first
+bit stream).  ``aos_to_soa`` makes it from tqlab's cache; ``decode_soa`` runs the split-KV decode on
+it: ``_decode_soa_kernel`` (the fast kernel's 16 codes per thread, ``W32``: two aligned 32-bit loads
+per group) or ``_decode_soa4_kernel`` (32 codes per thread, 16-byte loads of 4-bit chunks), then the
+portable reduction.  Prototype code: not part of the package until the layout is integrated.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tqlab.turboquant import _triton_fast as tf
+from tqlab.turboquant import _triton_kernels as tk
+
+__all__ = ["aos_to_soa", "decode_soa"]
+
+
+def aos_to_soa(cache: torch.Tensor, spec, d: int) -> torch.Tensor:
+    """tqlab/vLLM slot order -> the in-block SoA order above (same shape, same bytes per token)."""
+    nb, hk, bs, sb = cache.shape
+    o = spec.offsets(d)
+    kb, vb = spec.key_index_bytes(d), spec.value_index_bytes(d)
+    fields = [(0, kb), (o["val_idx"], vb), (o["key_norm"], 2), (o["val_scale"], 2), (o["val_zero"], 2)]
+    used = kb + vb + 6
+    if used < sb:
+        fields.append((used, sb - used))
+    parts = [cache[..., a:a + n].reshape(nb, hk, bs * n) for a, n in fields]
+    return torch.cat(parts, dim=-1).reshape(nb, hk, bs, sb).contiguous()
+
+
+@triton.jit
+def _words32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
+    """The windows of ``_triton_fast._group_words`` from two aligned 32-bit loads per group
+    (group ``g`` of 16 codes = bytes ``[2*BITS*g, 2*BITS*g + 2*BITS)`` of a 4-byte aligned field)."""
+    g = tl.arange(0, D // 16)
+    a = (g * BITS) // 2
+    odd = ((g * BITS) % 2 == 1)[None, :]
+    ptr = c32 + base32[:, None] + a[None, :]
+    m = ok[:, None]
+    x0 = tl.load(ptr, mask=m, other=0)
+    x1 = tl.load(ptr + 1, mask=m, other=0)
+    x0h = (x0 >> 16) & 0xFFFF
+    x1h = (x1 >> 16) & 0xFFFF
+    mid = x0h | (x1 << 16)
+    w0 = tl.where(odd, mid, x0)
+    w1 = tl.where(odd, x1, mid)
+    w2 = tl.where(odd, x1h, x1)
+    return w0, w1, w2, x1h, w0, w0, w0, w0
+
+
+@triton.jit
+def _soa_loads(c16, c32, region16, o, ok, BS: tl.constexpr, D: tl.constexpr, KBITS: tl.constexpr,
+               VBITS: tl.constexpr, W32: tl.constexpr):
+    """Windows of keys and values, key norm, value scale and zero (fp32) of each token."""
+    KW: tl.constexpr = D * KBITS // 16  # 16-bit words of a key field
+    VW: tl.constexpr = D * VBITS // 16
+    kbase = region16 + o * KW
+    vbase = region16 + BS * KW + o * VW
+    sbase = region16 + BS * (KW + VW) + o
+    if W32:
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _words32(c32, kbase // 2, ok, KBITS, D)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _words32(c32, vbase // 2, ok, VBITS, D)
+    else:
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = tf._group_words(c16, kbase, ok, 0, KBITS, D)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = tf._group_words(c16, vbase, ok, 0, VBITS, D)
+    kn = tl.load(c16 + sbase, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vs = tl.load(c16 + sbase + BS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(c16 + sbase + 2 * BS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    return kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz
+
+
+@triton.jit
+def _decode_soa_kernel(
+    q_ptr, c16, c32, bt_ptr, sl_ptr, mid_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
+    stride_qb, stride_qh, stride_cb16, stride_ch16, stride_btb, stride_mb, stride_mh, stride_ms,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+    W32: tl.constexpr,
+):
+    """``_triton_fast._decode_fast_kernel`` (no prefetch, in-thread norm) on the SoA order."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    heads, gmask, start, end, q, ones, cols = tf._fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb,
+                                                                stride_qh, inv_sqrt_d, GROUP, GP, D, False)
+    m_i, l_i, acc, acc_z = tk._online_init(GP, D)
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
+        t = t0 + tl.arange(0, BLOCK_T)
+        in_seq = t < end
+        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=in_seq, other=-1).to(tl.int64)
+        ok = in_seq & (blk >= 0) & (blk < num_blocks)
+        region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
+        o = (t % BLOCK_SIZE).to(tl.int64)
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _soa_loads(
+            c16, c32, region16, o, ok, BLOCK_SIZE, D, KBITS, VBITS, W32)
+        m_i, l_i, acc, acc_z = tf._fast_tile(
+            q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
+            in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
+            D, BLOCK_T, False, KBITS, VBITS, NORM_CORR, LUT, LUT_ASM, False)
+    tk._store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, cols, stride_mb, stride_mh, stride_ms, D)
+
+
+# ----------------------------------------------------------------------------- 32 codes per thread
+@triton.jit
+def _words_x32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
+    """The ``BITS`` 32-bit words of each chunk of 32 codes (a thread's chunk; 4 lanes per token at
+    D = 128), int32 ``[T, D // 32]`` each; 4 bits: one 16-byte vector load per chunk."""
+    NC: tl.constexpr = D // 32
+    gg = tl.arange(0, NC)
+    m = ok[:, None]
+    if BITS == 4:
+        kk = tl.arange(0, 4)
+        offs = tl.multiple_of(base32, 4)[:, None, None] + gg[None, :, None] * 4 + kk[None, None, :]
+        x = tl.load(c32 + offs, mask=ok[:, None, None], other=0)
+        xa, xb = tl.split(tl.reshape(x, (base32.shape[0], NC, 2, 2)))  # words (0, 2) and (1, 3)
+        x0, x2 = tl.split(xa)
+        x1, x3 = tl.split(xb)
+    else:
+        ptr = c32 + base32[:, None] + gg[None, :] * BITS
+        x0 = tl.load(ptr, mask=m, other=0)
+        x1 = tl.load(ptr + 1, mask=m, other=0)
+        x2 = tl.load(ptr + 2, mask=m, other=0)
+        x3 = x2
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _hi(x):
+    return (x >> 16) & 0xFFFF
+
+
+@triton.jit
+def _chunk_windows(x0, x1, x2, x3, BITS: tl.constexpr):
+    """Windows (as ``_triton_fast._group_words``) of the two groups of 16 codes of a 32-code chunk."""
+    if BITS == 4:
+        a0, a1, a2, a3 = x0, _hi(x0) | (x1 << 16), x1, _hi(x1)
+        b0, b1, b2, b3 = x2, _hi(x2) | (x3 << 16), x3, _hi(x3)
+    else:
+        a0, a1, a2, a3 = x0, _hi(x0) | (x1 << 16), x1, x0
+        b0, b1, b2, b3 = _hi(x1) | (x2 << 16), x2, _hi(x2), x0
+    return a0, a1, a2, a3, b0, b1, b2, b3
+
+
+@triton.jit
+def _tree32(e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
+            f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, T: tl.constexpr, D: tl.constexpr):
+    """``[T, D]`` from code i of group A (``e_i``) and of group B (``f_i``) of every chunk, natural
+    head-dim order: the first join (most significant in-thread axis) pairs A and B."""
+    c0 = tl.join(e0, f0)
+    c1 = tl.join(e1, f1)
+    c2 = tl.join(e2, f2)
+    c3 = tl.join(e3, f3)
+    c4 = tl.join(e4, f4)
+    c5 = tl.join(e5, f5)
+    c6 = tl.join(e6, f6)
+    c7 = tl.join(e7, f7)
+    c8 = tl.join(e8, f8)
+    c9 = tl.join(e9, f9)
+    c10 = tl.join(e10, f10)
+    c11 = tl.join(e11, f11)
+    c12 = tl.join(e12, f12)
+    c13 = tl.join(e13, f13)
+    c14 = tl.join(e14, f14)
+    c15 = tl.join(e15, f15)
+    a0 = tl.join(c0, c8)
+    a1 = tl.join(c1, c9)
+    a2 = tl.join(c2, c10)
+    a3 = tl.join(c3, c11)
+    a4 = tl.join(c4, c12)
+    a5 = tl.join(c5, c13)
+    a6 = tl.join(c6, c14)
+    a7 = tl.join(c7, c15)
+    b = tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7)))
+    return tl.reshape(b, (T, D))
+
+
+@triton.jit
+def _codes32(a0, a1, a2, a3, b0, b1, b2, b3, BITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr,
+             OR: tl.constexpr = 0, LSB: tl.constexpr = 0):
+    """All codes ``[T, D]`` (int32, ``code << LSB | OR``) of the chunks' two groups."""
+    return _tree32(
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 0, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 1, BITS, OR, LSB),
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 2, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 3, BITS, OR, LSB),
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 4, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 5, BITS, OR, LSB),
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 6, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 7, BITS, OR, LSB),
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 8, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 9, BITS, OR, LSB),
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 10, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 11, BITS, OR, LSB),
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 12, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 13, BITS, OR, LSB),
+        tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 14, BITS, OR, LSB), tf._code(a0, a1, a2, a3, a0, a0, a0, a0, 15, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 0, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 1, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 2, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 3, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 4, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 5, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 6, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 7, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 8, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 9, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 10, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 11, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 12, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 13, BITS, OR, LSB),
+        tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 14, BITS, OR, LSB), tf._code(b0, b1, b2, b3, b0, b0, b0, b0, 15, BITS, OR, LSB),
+        T, D)
+
+
+@triton.jit
+def _asm16(w0, w1, w2, w3, KBITS: tl.constexpr, ASM: tl.constexpr):
+    if KBITS == 3:
+        e = tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r", [w0, w1, w2],
+                                      dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+    else:
+        e = tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r", [w0, w1, w2, w3],
+                                      dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+    return e
+
+
+@triton.jit
+def _keys32(a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, c4, c5, c6, c7,
+            KBITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr, ASM: tl.constexpr):
+    """fp16 centroids ``[T, D]``: the group ``prmt`` table asm per 16 codes (LUT 2) or the polynomial."""
+    if LUT == 2:
+        e = _asm16(a0, a1, a2, a3, KBITS, ASM)
+        f = _asm16(b0, b1, b2, b3, KBITS, ASM)
+        yh = _tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13], e[14], e[15],
+                     f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15],
+                     T, D)
+    else:
+        x = _codes32(a0, a1, a2, a3, b0, b1, b2, b3, KBITS, D, T, 0x3F800000, 23 - KBITS).to(tl.float32, bitcast=True)
+        yh = tk._centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS).to(tl.float16)
+    return yh
+
+
+@triton.jit
+def _decode_soa4_kernel(
+    q_ptr, c16, c32, bt_ptr, sl_ptr, mid_ptr,
+    c0, c1, c2, c3, c4, c5, c6, c7,
+    qk_scale, inv_sqrt_d, num_blocks, num_splits,
+    stride_qb, stride_qh, stride_cb16, stride_ch16, stride_btb, stride_mb, stride_mh, stride_ms,
+    GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
+    KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+):
+    """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
+    per thread and chunk, 3-bit fields as three 32-bit loads."""
+    b = tl.program_id(0)
+    hk = tl.program_id(1)
+    s = tl.program_id(2)
+    heads, gmask, start, end, q, ones, cols = tf._fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb,
+                                                                stride_qh, inv_sqrt_d, GROUP, GP, D, False)
+    m_i, l_i, acc, acc_z = tk._online_init(GP, D)
+    KW: tl.constexpr = D * KBITS // 16
+    VW: tl.constexpr = D * VBITS // 16
+    bt_row = bt_ptr + b.to(tl.int64) * stride_btb
+    for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
+        t = t0 + tl.arange(0, BLOCK_T)
+        in_seq = t < end
+        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=in_seq, other=-1).to(tl.int64)
+        ok = in_seq & (blk >= 0) & (blk < num_blocks)
+        region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
+        o = (t % BLOCK_SIZE).to(tl.int64)
+        sbase = region16 + BLOCK_SIZE * (KW + VW) + o
+        kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KW) // 2, ok, KBITS, D)
+        ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
+        k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T, LUT, LUT_ASM)
+        kn = tl.load(c16 + sbase, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        sc = tl.dot(q, tl.trans(k16))
+        if NORM_CORR:
+            y32 = k16.to(tl.float32)
+            n2 = tl.sum(y32 * y32, axis=1)
+            sc = sc * (kn * qk_scale * tl.where(n2 > 0, tl.rsqrt(n2), 1.0))[None, :]
+        else:
+            sc = sc * (kn * qk_scale)[None, :]
+        sc = tl.where(in_seq[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + BLOCK_SIZE * KW + o * VW) // 2, ok, VBITS, D)
+        va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
+        vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
+        v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+        vs = tl.load(c16 + sbase + BLOCK_SIZE, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vz = tl.load(c16 + sbase + 2 * BLOCK_SIZE, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), v16)
+        acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
+        m_i = m_new
+    tk._store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, cols, stride_mb, stride_mh, stride_ms, D)
+
+
+def decode_soa(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse, block_t=64, num_warps=4,
+               w32=True, lut=2, stats=None, x32=False, maxnreg=None):
+    """Split kernel on an SoA cache, then the portable reduction."""
+    bsz, hq, d = query.shape
+    nb, hk, bs, sb = cache.shape
+    lut = lut if tf.use_lut(spec, query.device) else 0
+    args = (query, cache.view(torch.uint16), cache.view(-1).view(torch.int32), block_tables, seq_lens, mid_out,
+            *tk._centroid_poly(spec, d), scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
+            query.stride(0), query.stride(1), cache.stride(0) // 2, cache.stride(1) // 2,
+            block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
+    meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+                KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=lut,
+                LUT_ASM=tf._asm_for(spec, d, lut), num_warps=num_warps)
+    if maxnreg:
+        meta["maxnreg"] = maxnreg
+    if x32:
+        kern = _decode_soa4_kernel[(bsz, hk, mid_out.shape[2])](*args, **meta)
+    else:
+        kern = _decode_soa_kernel[(bsz, hk, mid_out.shape[2])](*args, W32=w32, **meta)
+    tk._record(stats, kern)
+    tk.reduce(mid_out, output, lse)
+    return output

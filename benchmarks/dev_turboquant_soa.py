@@ -1,0 +1,240 @@
+"""Prototype (issue 20, one device call): an in-block structure-of-arrays byte order for the
+TurboQuant cache, so the fast decode kernel's loads are wide and contiguous.
+
+Layout of one (block, KV head) region of ``block_size * slot_bytes`` bytes (same bytes per token,
+same quantizer, the same LSB-first bit stream inside each token's code field)::
+
+    [key codes of token 0 .. BS-1 : BS x key_index_bytes]     16-byte aligned (48 / 64 B each)
+    [value codes of token 0 .. BS-1 : BS x value_index_bytes] 16-byte aligned
+    [key norms fp16 : BS x 2][value scales fp16 : BS x 2][value zeros fp16 : BS x 2][pad]
+
+vLLM's order keeps all fields of one token together (102-byte slots for 3bit_nc, 2-byte aligned),
+so the per-token scalars sit 102 bytes apart (one 32-byte sector per 2 useful bytes) and the
+code groups are read as 16-bit words.  Here the scalars of 16 tokens fill one sector and a group
+of 16 codes is read as two aligned 32-bit words (``W32``) or three 16-bit ones (``W16``, only the
+addresses change).  The SoA cache is made from tqlab's cache by a byte permutation in torch
+(``_tq_soa.aos_to_soa``; the kernels are in ``benchmarks/_tq_soa.py``), so the prototype needs no new
+store kernel.  ``soa_x32*``: the same order, 32
+codes per thread (4 lanes per token at D = 128), so a 4-bit field chunk is one 16-byte load per
+thread and a 3-bit one three 32-bit loads, and fewer lanes share each token's scalars.
+
+Checks every variant against the torch reference (fresh random K/V, shuffled blocks, uneven
+sequence lengths, poisoned outputs), then times fp16 SDPA, today's fast kernel and the SoA
+variants on the Llama-3.1-8B shard (Hq 32, Hk 8, B 16) and the seed TP-8 rank (Hq 4, Hk 1, B 4)
+at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_tq_bench.ColdTimer``), splits from
+``ops.decode_num_splits(B, Hk, "fill")``.
+
+    python benchmarks/dev_turboquant_soa.py --out $OUT/soa.json
+    python benchmarks/dev_turboquant_soa.py --record --commit X   # data/turboquant_soa_prototype_h200.json
+    python benchmarks/dev_turboquant_soa.py --profile soa_w32   # one Llama 32K 3bit_nc launch, for ncu
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _recording import default_dir
+from _tq_bench import ColdTimer, fill_paged, provenance, random_decode_inputs, sdpa
+from _tq_soa import aos_to_soa, decode_soa
+
+from tqlab.turboquant import TQ_PRESETS, decode_attention
+from tqlab.turboquant import _triton_fast as tf
+from tqlab.turboquant.ops import decode_num_splits
+
+ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
+
+VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vLLM's) order
+    "fast": ("fast", {}),
+    "soa_w16": ("soa", {"w32": False}),
+    "soa_w32": ("soa", {"w32": True}),
+    "soa_w32_128x8": ("soa", {"w32": True, "block_t": 128, "num_warps": 8}),
+    "soa_w32_32x4": ("soa", {"w32": True, "block_t": 32, "num_warps": 4}),
+    "soa_x32": ("soa", {"x32": True}),
+    "soa_x32_128x4": ("soa", {"x32": True, "block_t": 128, "num_warps": 4}),
+    "soa_x32_64x8": ("soa", {"x32": True, "block_t": 64, "num_warps": 8}),
+    "soa_x32_128x4_r128": ("soa", {"x32": True, "block_t": 128, "num_warps": 4, "maxnreg": 128}),
+    "soa_x32_128x8": ("soa", {"x32": True, "block_t": 128, "num_warps": 8}),
+    "soa_x32_256x8": ("soa", {"x32": True, "block_t": 256, "num_warps": 8}),
+}
+
+
+def _call(variant, q, caches, bt, sl, spec, mid, out, lse, stats=None):
+    kind, kw = VARIANTS[variant]
+    d = q.shape[-1]
+    if kind == "fast":
+        tf.decode_attention(q, caches[0], bt, sl, spec, d**-0.5, mid, out, lse, stats=stats)
+    else:
+        decode_soa(q, caches[1], bt, sl, spec, d**-0.5, mid, out, lse, stats=stats, **kw)
+
+
+def check(log) -> list:
+    rows = []
+    for seed, (hq, hk, b, ctx) in enumerate([(32, 8, 4, 2048), (4, 1, 3, 3008)]):
+        g = torch.Generator(device="cuda").manual_seed(300 + seed)
+        d = 128
+        k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16, generator=g)
+        v = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16, generator=g) * 2 + 0.5
+        q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+        sl = torch.tensor([ctx, 1, ctx - 1096, 17][:b], device="cuda", dtype=torch.int32)
+        for name in ROTATED:
+            spec = TQ_PRESETS[name]
+            cache, bt = fill_paged(spec, k, v, seed=seed)
+            caches = (cache, aos_to_soa(cache, spec, d))
+            mid = torch.empty(b, hq, 32, d + 1, device="cuda")
+            o_ref, l_ref = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16), torch.empty(b, hq, device="cuda")
+            decode_attention(q, cache, bt, sl, spec, d**-0.5, mid, o_ref, l_ref, backend="torch")
+            for var in VARIANTS:
+                mid = torch.full((b, hq, 32, d + 1), float("nan"), device="cuda")
+                out = torch.full((b, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+                lse = torch.full((b, hq), float("nan"), device="cuda")
+                _call(var, q, caches, bt, sl, spec, mid, out, lse)
+                row = {"check": "decode", "hq": hq, "preset": name, "variant": var,
+                       "nan": bool(torch.isnan(out.float()).any() or torch.isnan(lse).any()),
+                       "out_max_abs_vs_torch": float((out.float() - o_ref.float()).abs().max()),
+                       "lse_max_abs_vs_torch": float((lse - l_ref).abs().max())}
+                row["ok"] = (not row["nan"]) and row["out_max_abs_vs_torch"] < 2e-2 and row["lse_max_abs_vs_torch"] < 1e-2
+                rows.append(row)
+                log(row)
+    return rows
+
+
+SHAPES = {"llama": (32, 8, 16), "seed": (4, 1, 4)}
+
+
+def timing(log, contexts, presets, rows, save, variants=None) -> list:
+    timer = ColdTimer()
+    for shape, (hq, hk, b) in SHAPES.items():
+        for ctx in contexts:
+            d = 128
+            k, v, q = random_decode_inputs(b, hq, hk, ctx, d, seed=1000 + ctx + b + hq)
+            q4 = q.to(torch.float16)[:, :, None, :]
+            sdpa_ms = timer(lambda: sdpa(q4, k, v, d**-0.5))
+            sl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+            s = decode_num_splits(b, hk, "fill")
+            for name in presets:
+                spec = TQ_PRESETS[name]
+                cache, bt = fill_paged(spec, k, v)
+                caches = (cache, aos_to_soa(cache, spec, d))
+                mid = torch.empty(b, hq, s, d + 1, device="cuda")
+                out = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
+                lse = torch.empty(b, hq, device="cuda")
+                row = {"shape": shape, "hq": hq, "hk": hk, "batch": b, "ctx": ctx, "preset": name, "splits": s,
+                       "sdpa_ms": sdpa_ms}
+                for var in variants or VARIANTS:
+                    try:
+                        st: dict = {}
+                        _call(var, q, caches, bt, sl, spec, mid, out, lse, stats=st)
+                        row[f"{var}_ms"] = timer(lambda: _call(var, q, caches, bt, sl, spec, mid, out, lse))
+                        row[f"{var}_regs"] = st.get("n_regs")
+                    except Exception as exc:  # keep the other variants
+                        traceback.print_exc()
+                        row[f"{var}_error"] = repr(exc)[:300]
+                best = min((row[f"{v}_ms"], v) for v in VARIANTS if v != "fast" and f"{v}_ms" in row)
+                row["best_soa"], row["best_soa_ms"] = best[1], best[0]
+                row["fast_over_best_soa"] = row["fast_ms"] / best[0]
+                row["sdpa_over_fast"] = sdpa_ms / row["fast_ms"]
+                row["sdpa_over_best_soa"] = sdpa_ms / best[0]
+                rows.append(row)
+                log(row)
+                torch.cuda.empty_cache()
+            save()
+    return rows
+
+
+def table(rows) -> str:
+    names = [v for v in VARIANTS if v != "fast" and any(f"{v}_ms" in r for r in rows)]
+    out = ["| shape | ctx | preset | SDPA ms | fast ms | " + " | ".join(f"{v} ms" for v in names)
+           + " | fast / best SoA | SDPA / fast | SDPA / best SoA |", "|" + "---|" * (8 + len(names))]
+    for r in rows:
+        soa = " | ".join(f"{r.get(f'{v}_ms', float('nan')):.3f}" for v in names)
+        out.append(f"| {r['shape']} B{r['batch']} | {r['ctx'] // 1024}K | {r['preset'].removeprefix('turboquant_')} | "
+                   f"{r['sdpa_ms']:.3f} | {r['fast_ms']:.3f} | {soa} | {r['fast_over_best_soa']:.2f}x | "
+                   f"{r['sdpa_over_fast']:.2f}x | {r['sdpa_over_best_soa']:.2f}x |")
+    return "\n".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None,
+                    help="output file (default: build/turboquant_soa_prototype_h200.json, data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
+    ap.add_argument("--commit", default=None)
+    ap.add_argument("--contexts", default="8192,32768,131072")
+    ap.add_argument("--presets", default=",".join(ROTATED))
+    ap.add_argument("--variants", default="", help="comma list of VARIANTS to time (default: all; 'fast' always runs)")
+    ap.add_argument("--profile", default=None, choices=list(VARIANTS),
+                    help="run one launch of this variant (Llama shard, B 16, 32K, 3bit_nc) after a warm-up: for ncu")
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file this run writes: ``--out``, else ``build/`` (``data/`` with ``--record``); none with ``--profile``."""
+    if args.profile:
+        return []
+    return [Path(args.out) if args.out else default_dir(args) / "turboquant_soa_prototype_h200.json"]
+
+
+def profile(variant: str) -> int:
+    """Two launches of one variant on the Llama shard at 32K (3bit_nc): ncu profiles the second."""
+    hq, hk, b = SHAPES["llama"]
+    d, ctx = 128, 32768
+    spec = TQ_PRESETS["turboquant_3bit_nc"]
+    k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
+    cache, bt = fill_paged(spec, k, k * 0.5 + 0.1)
+    caches = (cache, aos_to_soa(cache, spec, d))
+    q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    sl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+    mid = torch.empty(b, hq, 32, d + 1, device="cuda")
+    out = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
+    lse = torch.empty(b, hq, device="cuda")
+    for _ in range(2):
+        _call(variant, q, caches, bt, sl, spec, mid, out, lse)
+    torch.cuda.synchronize()
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if not torch.cuda.is_available():
+        print("dev_turboquant_soa.py times CUDA kernels: no CUDA device here", file=sys.stderr)
+        return 2
+    if args.profile:
+        return profile(args.profile)
+    t0 = time.time()
+    out = output_paths(args)[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res = {"provenance": provenance(args), "method": __doc__, "check": [], "rows": []}
+
+    def log(row):
+        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                      for k, v in row.items()), flush=True)
+
+    def save():
+        res["wall_s"] = time.time() - t0
+        out.write_text(json.dumps(res, indent=1))
+
+    res["check"] = check(log)
+    bad = [r for r in res["check"] if not r["ok"]]
+    print(f"CHECK: {len(res['check']) - len(bad)} ok, {len(bad)} failed", flush=True)
+    save()
+    variants = ["fast"] + [v for v in args.variants.split(",") if v and v != "fast"] if args.variants else None
+    timing(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), res["rows"], save, variants)
+    res["table"] = table(res["rows"])
+    save()
+    print(res["table"])
+    print(f"done in {time.time() - t0:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

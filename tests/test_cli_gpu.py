@@ -1,0 +1,129 @@
+"""``--gpu`` on plan / inspect-vllm / repro, vLLM's batch defaults per GPU, the consumer table in the text
+reports, and the review findings of issue 19's predictor half (flag names in errors, ``--max-tokens``)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tqlab.cli import app
+from tqlab.core.hardware import GPUS, batch_defaults, gpu_target
+from tqlab.predict.consumers import DECODE, consumer_report
+from tqlab.predict.report import inspect_vllm
+from tqlab.vllm.deployment import vllm_default_limits
+
+KIMI_K26 = dict(model_type="kimi_k2", hidden_size=7168, num_attention_heads=64, num_hidden_layers=61, kv_lora_rank=512,
+                qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536,
+                max_position_embeddings=262144, n_routed_experts=384, num_experts_per_tok=8,
+                moe_intermediate_size=2048, n_shared_experts=1, torch_dtype="bfloat16")
+RAGGED = "vllm serve K -tp 4 --attention-config.mla_prefill_backend TRTLLM_RAGGED"
+
+
+@pytest.fixture
+def kimi(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(KIMI_K26))
+    return str(path)
+
+
+def _run(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+def test_kimi_k26_tp4_trtllm_ragged_on_b200_reports_the_394_mb_prefill_buffer(kimi):
+    r = _run("inspect-vllm", "--config", kimi, "--args", RAGGED, "--gpu", "B200")
+    assert r.exit_code == 0, r.output
+    assert "gpu: B200 (SM 10.0, 148 SMs" in r.output
+    assert "lock without the fix: 413,138,944 bytes (394.00 MiB), set by trtllm_ragged.py:prepare_metadata" in r.output
+    assert "verdict without the fix: ok -- PARTIAL answer" in r.output  # SM100 bf16 MoE experts are not sized
+    obj = json.loads(_run("inspect-vllm", "--config", kimi, "--args", RAGGED, "--gpu", "b200", "--json", "-").output)
+    assert obj["gpu"] == "B200" and obj["prediction"]["config"]["gpu"] == "B200"
+    assert obj["locked_bytes"] == obj["locked_bytes_with_fix"] == 394 << 20
+    assert obj["lock_set_by"] == "trtllm_ragged.py:prepare_metadata" and obj["partial"] is True
+    assert [(c["consumer"], c["phase"], c["reserved_bytes"]) for c in obj["consumers"]] == [
+        ("trtllm_ragged.py:prepare_metadata", "init", 413_138_944)]
+    # B200 (178.4 GiB): vLLM's largest tier, 16384 tokens and 1024 sequences for `vllm serve`
+    assert (obj["prediction"]["config"]["max_num_batched_tokens"], obj["prediction"]["config"]["max_num_seqs"]) == (
+        16384, 1024)
+
+
+def test_trtllm_ragged_on_h200_is_refused_as_vllm_refuses_to_start(kimi):
+    r = _run("inspect-vllm", "--config", kimi, "--args", RAGGED)  # --gpu H200 by default
+    assert r.exit_code == 2
+    last = r.output.strip().splitlines()[-1]
+    assert last.startswith("Error: --attention-config.mla_prefill_backend TRTLLM_RAGGED on --gpu H200: vLLM 0.33 "
+                           "refuses to start")
+    assert "compute capability 9.0 not supported" in last
+
+
+@pytest.mark.parametrize("cmd", [["plan", "--preset", "llama-3.1-8b"], ["inspect-vllm", "--preset", "llama-3.1-8b"],
+                                 ["repro", "--preset", "llama-3.1-8b"]])
+def test_unknown_gpu_is_one_usage_line_listing_the_targets(cmd):
+    r = _run(*cmd, "--gpu", "H300")
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == (
+        f"Error: Invalid value for '--gpu': 'H300' is not a known GPU; known: {', '.join(GPUS)}")
+
+
+def test_plan_states_the_gpu_in_text_and_json():
+    r = _run("plan", "--preset", "llama-3.1-8b", "--gpu", "h100")
+    assert r.exit_code == 0, r.output
+    assert "gpu: H100 (SM 9.0, 132 SMs, 79.1 GiB" in r.output
+    assert json.loads(_run("plan", "--preset", "llama-3.1-8b", "--gpu", "a4000", "--json", "-").output)["gpu"] == "A4000"
+    assert json.loads(_run("plan", "--preset", "llama-3.1-8b", "--json", "-").output)["gpu"] == "H200"
+
+
+@pytest.mark.parametrize("gpu, limits", [("H200", (8192, 1024)), ("H100", (8192, 1024)), ("B200", (16384, 1024)),
+                                         ("A100", (2048, 256)), ("A4000", (2048, 256)), ("L40S", (2048, 256))])
+def test_inspect_vllm_batch_defaults_follow_the_gpu(kimi, gpu, limits):
+    obj = inspect_vllm("vllm serve K -tp 4", kimi, gpu=gpu, quiet=True)
+    cfg = obj["prediction"]["config"]
+    assert (cfg["max_num_batched_tokens"], cfg["max_num_seqs"]) == limits
+    assert obj["sources"]["max_num_seqs"].startswith(f"vLLM default (`vllm serve` on --gpu {gpu}")
+    assert gpu_target(gpu).default_max_num_seqs() == limits[1]
+
+
+def test_gpu_memory_gib_wins_over_the_gpu(kimi):
+    obj = inspect_vllm("vllm serve K -tp 4", kimi, gpu="B200", gpu_memory_gib=40, quiet=True)
+    assert obj["prediction"]["config"]["max_num_batched_tokens"] == 2048 and obj["gpu"] == "B200"
+
+
+def test_batch_defaults_are_vllm_get_batch_defaults():
+    assert batch_defaults(178.4, "B200") == (16384, 1024, ">= 160 GiB")
+    assert batch_defaults(139.8, "H200", usage="llm")[:2] == (16384, 1024)
+    assert batch_defaults(79.2, "NVIDIA A100-SXM4-80GB")[:2] == (2048, 256)  # name check, PR #17885
+    assert batch_defaults(119.7, "GB10", (12, 1))[:2] == (2048, 256)  # DGX Spark stays on the small tier
+    assert vllm_default_limits("serve", gpu="h200")[:2] == (8192, 1024)
+    assert vllm_default_limits("serve")[:2] == (2048, 256)  # no GPU named: the small tier (the library's default)
+    with pytest.raises(ValueError, match="unknown GPU 'Z'"):
+        vllm_default_limits("serve", gpu="Z")
+
+
+def test_plan_flag_errors_name_the_flag():
+    r = _run("plan", "--preset", "llama-3.1-8b", "--max-model-len", "0")
+    assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == "Error: --max-model-len must be >= 1, got 0"
+    r = _run("plan", "--preset", "llama-3.1-8b", "--max-num-batched-tokens", "4")
+    assert "--max-num-batched-tokens (4) must be >= max_num_seqs" in r.output  # max_num_seqs: the preset's
+
+
+MTP_LIKE = dict(num_attention_heads=24, num_key_value_heads=8, head_dim=256, max_num_seqs=1, max_model_len=1024,
+                max_num_batched_tokens=1024, kv_cache_dtype="turboquant_4bit_nc", num_speculative_tokens=2)
+
+
+def test_max_tokens_one_makes_no_decode_call_and_inspect_vllm_passes_it_on():
+    """vLLM finishes a max_tokens=1 request after its prefill (check_stop): the drafter's decode that crashes a
+    0-byte lock (MTP, k = 2) is never made."""
+    from tqlab.core.config import EngineConfig
+
+    c = EngineConfig(**MTP_LIKE)
+    two = consumer_report(c, [8], max_tokens=2).requests[0]
+    one = consumer_report(c, [8], max_tokens=1).requests[0]
+    assert two.crashes_unfixed and two.first_refused_unfixed.consumer == DECODE
+    assert not one.crashes_unfixed and [n.consumer for n in one.consumers] == []
+    args = ["inspect-vllm", "--preset", "pr-44053-unit-test", "--args",
+            "vllm serve M --speculative-config.num_speculative_tokens 2 --speculative-config.method mtp", "--tokens", "8", "--json", "-"]
+    reqs = {k: json.loads(_run(*args, "--max-tokens", k).output)["prediction"]["requests"][0] for k in ("1", "2")}
+    assert [c["consumer"] for c in reqs["1"]["consumers"]] == []
+    assert [c["consumer"] for c in reqs["2"]["consumers"]] == [DECODE]
