@@ -127,9 +127,9 @@ _CUDA: dict[tuple[str, str], tuple[str, str, str | None, str | None, str]] = {
     ("mla/tokenspeed_mla.py", "_get_workspace"):
         ("use", "capture", None, None, "TokenSpeed MLA: bound from the SM count of the tokenspeed_mla package"),
     ("mla/triton_mla.py", "_reserve_attn_logits_workspace"):
-        ("reserve", "init", None, "triton_mla_logits", "builder __init__ and impl.reserve_workspace() (profile run, mla_attention.py)"),
+        ("reserve", "profile_run", None, "triton_mla_logits", "builder __init__ and impl.reserve_workspace() (profile run, mla_attention.py)"),
     ("mla/triton_mla.py", "TritonMLAImpl.forward_mqa"):
-        ("use", "init", "v1/attention/backends/mla/triton_mla.py:_reserve_attn_logits_workspace", None, ""),
+        ("use", "profile_run", "v1/attention/backends/mla/triton_mla.py:_reserve_attn_logits_workspace", None, ""),
     ("backends/turboquant_attn.py", "TurboQuantMetadataBuilder._reserve_workspace"):
         ("reserve", "init", None, "turboquant", "PR #44053: decode views at max_num_seqs; continuation buffers only with chunked prefill "
          "and max_num_batched_tokens > 128"),

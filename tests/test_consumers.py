@@ -195,4 +195,4 @@ def test_plan_and_inspect_json_list_the_consumers(tmp_path):
     obj = json.loads(r.output)
     assert [c["name"] for c in obj["consumers"]] == ["triton_mla_logits"]
     assert obj["prediction"]["config"]["head_dim"] == 576  # MLA head size read from config.json
-    assert obj["consumers"][0]["phase"] == "init" and obj["consumers"][0]["covered"]
+    assert obj["consumers"][0]["phase"] == "profile_run" and obj["consumers"][0]["covered"]

@@ -246,13 +246,24 @@ def cpu_run_estimate(config: EngineConfig, prompt_tokens: int, fix: bool, max_to
     layers = config.num_hidden_layers + (1 if config.num_speculative_tokens else 0)
     kv = kv_cache_bytes_per_token(config) * (prompt_tokens + max_tokens + 1)
     weights = layers * 4 * hidden * hidden * 4
-    ws = (locked_bytes(config.replace(lock_workspace_when_eager=True), fix=fix) or 0) * config.num_ubatches
+    ws = max(locked_bytes(config.replace(lock_workspace_when_eager=True), fix=fix) or 0, _consumers_peak_bytes(config))
+    ws *= config.num_ubatches
     rows = sum(decode_rows(config, s) * config.uniform_decode_query_len for s in decode_capture_sizes(config))
     decodes = max_tokens - 1  # the prefill's last step samples the first token
     tokens = prompt_tokens + min(config.max_num_batched_tokens, config.max_model_len) + 2 * rows + decodes
     attention = prompt_tokens ** 2 + decodes * (prompt_tokens + max_tokens / 2)  # query x key pairs
     flops = layers * tokens * hidden * hidden * 8 + layers * attention * hidden * 2
     return kv + weights + ws, flops / _CPU_FLOPS + _steps(config, prompt_tokens, max_tokens) * layers * _CPU_LAYER_STEP_SECONDS
+
+
+def _consumers_peak_bytes(config: EngineConfig) -> int:
+    """The largest request of any active consumer, before the lock or at serve time (bytes): what the engine's
+    stand-ins (``tqlab.engine.consumer_standins``) make a CPU run allocate, e.g. 512 MiB of fused-MoE scratch."""
+    from tqlab.core.consumers.base import StartUp
+    from tqlab.core.consumers.registry import consumer_table
+
+    rows = consumer_table(config, StartUp()).rows
+    return max((max(r.reserved_bytes, r.max_runtime_bytes) for r in rows), default=0)
 
 
 def _steps(config: EngineConfig, prompt_tokens: int, max_tokens: int) -> int:

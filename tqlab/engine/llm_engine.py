@@ -5,33 +5,34 @@ workspace size after it, in ``engine.phases``):
 
 1. ``init_workspace``  — ``init_workspace_manager(device, num_ubatches)`` (vLLM ``GPUWorker.init_device``)
 2. ``load_model``      — the attention backend, scheduler and model runner (vLLM ``GPUWorker.load_model``);
-   no metadata builder yet, no workspace
+   no metadata builder yet; the model's impls' ``__init__`` reservations (FlashMLA sparse, MLA prefill)
 3. ``profile_run``     — a dummy prefill of ``max_num_batched_tokens`` fresh tokens
-   (vLLM ``GPUWorker.determine_available_memory`` → ``GPUModelRunner.profile_run``; touches no
-   workspace: this is the *undercount* of the bug report)
+   (vLLM ``GPUWorker.determine_available_memory`` → ``GPUModelRunner.profile_run``): TurboQuant asks
+   nothing here (the *undercount* of the bug report); the fused-MoE scratch at ``M = max_num_batched_tokens``
+   and the sparse indexer's and Triton MLA's reservations do
 4. ``build_backend``   — ``TurboQuantMetadataBuilder``; with the fix its ``_reserve_workspace()``
    grows the workspace here (vLLM PR #44053). vLLM 0.33 creates the builders in
-   ``GPUModelRunner.initialize_kv_cache`` → ``initialize_attn_backend`` + ``initialize_metadata_builders``
-   → ``AttentionGroup.create_metadata_builders``, i.e. *after* the profile run: first inside
-   ``determine_available_memory``'s ``profile_cudagraph_memory`` (after ``profile_run`` returned,
-   via ``_init_minimal_kv_cache_for_profiling``) and again in ``GPUWorker.initialize_from_config``
+   ``GPUModelRunner.initialize_kv_cache`` → ``initialize_metadata_builders``, i.e. *after* the profile run
+   (first inside ``determine_available_memory``'s ``profile_cudagraph_memory``, again in
+   ``GPUWorker.initialize_from_config``)
 5. ``capture``         — one FULL uniform-decode dummy batch per decode capture size,
    largest first (:func:`tqlab.core.vllm_rules.decode_capture_sizes`); skipped with
    ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
-   metadata, so they ask the workspace for nothing
+   metadata, so only the MoE layers ask the workspace there
 6. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
    vLLM 0.33's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
    (``GPUWorker.compile_or_warm_up_model`` skips capture), unless the named variant
-   ``lock_workspace_when_eager`` is on
-7. serving             — ``add_request`` / ``step`` / ``generate``
+   ``lock_workspace_when_eager`` is on; :attr:`LLMEngine.slot_sizer` says which call set the size
+7. serving             — ``add_request`` / ``step`` / ``generate``; every step the other consumers ask at
+   that step's shapes (MoE at ``M`` = the step's tokens)
 
-The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and stores no prediction: the
-predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and ``tqlab repro`` and the
-tests compare the two from outside.
+Consumers other than TurboQuant are stand-ins (:mod:`tqlab.engine.consumer_standins`) that ask vLLM's
+shapes with vLLM's caller names. The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and
+stores no prediction: the predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and
+``tqlab repro`` and the tests compare the two from outside.
 
-A request whose chunk needs more workspace than was locked raises
-:class:`~tqlab.core.workspace.WorkspaceLockedError` out of ``step()``; the engine is
-then dead, like vLLM's EngineCore, and every later call raises
+A call that needs more workspace than was locked raises :class:`~tqlab.core.workspace.WorkspaceLockedError`
+out of ``step()``; the engine is then dead, like vLLM's EngineCore, and every later call raises
 :class:`EngineDeadError` that says why.
 """
 
@@ -39,7 +40,6 @@ from __future__ import annotations
 
 import numbers
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,8 +49,10 @@ from tqlab.core.workspace_layout import cdiv
 from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from tqlab.core.config import EngineConfig
 from tqlab.core.vllm_rules import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace
+from tqlab.engine.consumer_standins import ConsumerStandIns, SlotSizer, StepShape, slot_sizer
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
 from tqlab.engine.model_runner import ModelRunner
+from tqlab.engine.phases import PhaseContext, PhaseRecord
 from tqlab.engine.scheduler import Request, Scheduler
 from tqlab.core.workspace import init_workspace_manager, restore_workspace_manager_on_error
 
@@ -81,16 +83,6 @@ STARTUP_PHASES: tuple[tuple[str, str], ...] = (
     ("capture", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model"),
     ("lock", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model -> lock_workspace"),
 )
-
-
-@dataclass(frozen=True)
-class PhaseRecord:
-    """One lifecycle phase: name, workspace bytes per ubatch slot after it, seconds it took, a note."""
-
-    name: str
-    workspace_bytes: tuple[int, ...]
-    seconds: float
-    note: str = ""
 
 
 @dataclass
@@ -159,6 +151,7 @@ class LLMEngine:
         self.config = config
         self.fix = fix
         capture_sizes(config)  # ValueError where vLLM 0.33 refuses the capture sizes, before anything is built
+        ConsumerStandIns.check(config)  # ValueError where a consumer cannot size this config, likewise
         try:
             self.device = torch.device(device)
         except (TypeError, RuntimeError):
@@ -168,6 +161,8 @@ class LLMEngine:
         if self.device.type not in ("cpu", "cuda", "meta"):
             raise ValueError(f"device must be cpu, cuda or meta, got {device!r}")
         self.phases: list[PhaseRecord] = []
+        self._phase_marks: list[tuple[str, int]] = []  # (phase, len(workspace.events) at its end): slot_sizer's input
+        self.slot_sizer: SlotSizer | None = None  # who set slot 0's size at the lock (None: never locked or never grew)
         self._on_phase = on_phase
         self.dead: BaseException | None = None
         self.outputs: dict[int, RequestOutput] = {}
@@ -192,7 +187,7 @@ class LLMEngine:
         config = self.config
         with self._phase("init_workspace", f"{config.num_ubatches} ubatch slot(s) on {self.device}"):
             self.workspace = init_workspace_manager(self.device, config.num_ubatches)
-        with self._phase("load_model", "attention backend, scheduler, model runner (no metadata builder yet)"):
+        with self._phase("load_model", "attention backend, scheduler, model runner (no metadata builder yet)") as ctx:
             self.backend = TurboQuantAttentionBackend(config, self.workspace)
             bs = config.block_size
             tokens = kv_cache_tokens if kv_cache_tokens is not None else _default_kv_tokens(config, self.device)
@@ -200,15 +195,19 @@ class LLMEngine:
             self.max_blocks_per_seq = cdiv(config.max_model_len, bs)
             self.scheduler = Scheduler(config, num_blocks)
             self.runner = ModelRunner(config, self.backend, self.device, num_blocks, self.max_blocks_per_seq, seed=seed)
+            self.standins = ConsumerStandIns(config, self.workspace)  # impls' __init__ reservations (FlashMLA, MLA prefill)
+            ctx.add(self.standins.init_note)
         profile_tokens = min(config.max_num_batched_tokens, config.max_model_len)
-        with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens"):
+        with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens") as ctx:
             self.runner.profile_run(profile_tokens)
+            ctx.add(self.standins.profile_run())
         # vLLM 0.33: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
         note = ("with _reserve_workspace() (PR #44053)" if fix
                 else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)")
-        with self._phase("build_backend", note):
+        with self._phase("build_backend", note) as ctx:
             self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
                                                      decode_batch=decode_batch_reservation)
+            ctx.add(self.standins.build_backend())
             if (self.device.type == "cuda" and use_cuda_graphs and decode_capture_sizes(config)
                     and not config.num_speculative_tokens):
                 self._install_cuda_graphs()
@@ -223,10 +222,12 @@ class LLMEngine:
             with self._phase("lock", "skipped: vLLM 0.33 locks only at the end of capture_model; the workspace can grow"):
                 pass
             return
-        with self._phase("lock", "lock_workspace(): growth is now an error"):
+        with self._phase("lock", "lock_workspace(): growth is now an error") as ctx:
             # This engine's own manager: another engine built in a hook may have
             # become the process-wide one meanwhile.
             self.workspace.lock()
+            self.slot_sizer = slot_sizer(self.workspace.events, self._phase_marks)
+            ctx.add(self.slot_sizer.describe() if self.slot_sizer else "")
 
     def _capture_phase(self) -> None:
         """``capture_model``: FULL uniform-decode dummy batches (PIECEWISE ones run no attention)."""
@@ -239,31 +240,16 @@ class LLMEngine:
         all_sizes, sizes = capture_sizes(config), decode_capture_sizes(config)
         note = (f"{mode}: {len(all_sizes)} size(s) up to {all_sizes[-1] if all_sizes else 0} tokens; "
                 f"decode graphs at {len(sizes)} size(s), {1 + config.num_speculative_tokens} token(s) per row, largest first")
-        with self._phase("capture", note):
+        with self._phase("capture", note) as ctx:
             self.captures = self.runner.capture_model(sizes)
+            ctx.add(self.standins.capture(all_sizes if mode != "FULL_DECODE_ONLY" else (), sizes))
 
     def _install_cuda_graphs(self) -> None:
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)
 
     # -- phases ------------------------------------------------------------- #
-    class _PhaseCtx:
-        def __init__(self, engine: "LLMEngine", name: str, note: str):
-            self.engine, self.name, self.note = engine, name, note
-
-        def __enter__(self):
-            self.t = time.perf_counter()
-
-        def __exit__(self, *exc):
-            e = self.engine
-            ws = getattr(e, "workspace", None)
-            rec = PhaseRecord(self.name, tuple(ws.sizes_bytes()) if ws else (0,), time.perf_counter() - self.t, self.note)
-            e.phases.append(rec)
-            if e._on_phase:
-                e._on_phase(rec)
-            return False
-
-    def _phase(self, name: str, note: str = "") -> "LLMEngine._PhaseCtx":
-        return LLMEngine._PhaseCtx(self, name, note)
+    def _phase(self, name: str, note: str = "") -> PhaseContext:
+        return PhaseContext(self, name, note)
 
     @property
     def locked_bytes(self) -> int | None:
@@ -373,6 +359,7 @@ class LLMEngine:
                                    f"{self.config.chunk_budget} tokens")
             return []
         try:
+            self.standins.forward(StepShape.of(sched))  # the other consumers' calls at this step's shapes
             sampled = self.runner.execute_model(sched)
         except Exception as e:  # any failure inside a step (WorkspaceLockedError too) kills the engine core
             self.dead = e

@@ -28,13 +28,21 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from tqlab.core.config import EngineConfig
 
-__all__ = ["FlashAttentionDCP", "dcp_context_out_shapes"]
+__all__ = ["FlashAttentionDCP", "dcp_context_out_shapes", "step_call"]
 
 
 def dcp_context_out_shapes(max_num_batched_tokens: int, num_heads: int, dcp_world_size: int, head_size: int,
                            dtype: "torch.dtype", n: int = 0):
     """``(((max(n, max_num_batched_tokens), num_heads * dcp_world_size, head_size), dtype),)``; ``num_heads`` per TP rank."""
     return (((max(n, max_num_batched_tokens), num_heads * dcp_world_size, head_size), dtype),)
+
+
+def step_call(config: "EngineConfig", num_tokens: int = 0):
+    """``_forward_with_dcp``'s one call in a forward pass of ``num_tokens`` tokens (``n``, after the query
+    all-gather) that has DCP context (``max_dcp_context_kv_len > 0``): ``(max(n, max_num_batched_tokens),
+    Hq_per_rank * dcp, head_dim)`` in the model dtype. A pass without DCP context makes no call."""
+    return dcp_context_out_shapes(config.max_num_batched_tokens, config.num_heads_per_rank,
+                                  config.decode_context_parallel_size, config.head_dim, config.dtype, n=num_tokens)
 
 
 class FlashAttentionDCP(Consumer):
@@ -51,8 +59,7 @@ class FlashAttentionDCP(Consumer):
         return config.decode_context_parallel_size > 1 and attention_backend(config) == "FLASH_ATTN"
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
-        call = dcp_context_out_shapes(config.max_num_batched_tokens, config.num_heads_per_rank,
-                                      config.decode_context_parallel_size, config.head_dim, config.dtype)
+        call = step_call(config)
         if startup.captures_full:
             return ConsumerSizes("capture", [call], [call], slot="each ubatch captured")
         return ConsumerSizes("none", [], [call], slot="-")

@@ -30,7 +30,7 @@ from tqlab.core.workspace import round_up
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["FlashMLASparse", "flashmla_sparse_workspace_specs", "sparse_mla_prefill_workspace_factor"]
+__all__ = ["FlashMLASparse", "flashmla_sparse_workspace_specs", "sparse_mla_prefill_workspace_factor", "step_call"]
 
 _PREFILL_PADDING = 64
 _FP8_DS_MLA_ROPE_DIM = 64
@@ -65,6 +65,14 @@ def flashmla_sparse_workspace_specs(num_heads: int, kv_lora_rank: int, qk_rope_h
     return tuple(specs)
 
 
+def step_call(config: "EngineConfig"):
+    """``FlashMLASparseImpl.workspace_specs`` for ``config``: the ``__init__`` reservation, and the call ``forward_mqa``
+    (and the FP8 prefill/decode paths) make in every forward pass with attention metadata."""
+    m = config.mla
+    return flashmla_sparse_workspace_specs(config.num_heads_per_rank, m.kv_lora_rank, m.qk_rope_head_dim,
+                                           config.kv_cache_dtype, config.max_num_batched_tokens, config.max_model_len)
+
+
 class FlashMLASparse(Consumer):
     """FlashMLA sparse's ``workspace_specs`` (see the module docstring)."""
 
@@ -78,8 +86,5 @@ class FlashMLASparse(Consumer):
         return config.mla is not None and attention_backend(config) == "FLASHMLA_SPARSE"
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
-        m = config.mla
-        call = flashmla_sparse_workspace_specs(config.num_heads_per_rank, m.kv_lora_rank, m.qk_rope_head_dim,
-                                               config.kv_cache_dtype, config.max_num_batched_tokens,
-                                               config.max_model_len)
+        call = step_call(config)
         return ConsumerSizes("init", [call], [call])

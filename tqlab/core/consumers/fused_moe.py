@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from tqlab.core.config import EngineConfig
 
-__all__ = ["FusedMoE", "moe_allocate_buffers_call", "triton_experts_workspace_shapes", "unmodelled_reason"]
+__all__ = ["FusedMoE", "moe_allocate_buffers_call", "step_call", "triton_experts_workspace_shapes", "unmodelled_reason"]
 
 
 def triton_experts_workspace_shapes(M: int, N: int, K: int, topk: int, gated: bool = True):
@@ -49,6 +49,28 @@ def moe_allocate_buffers_call(M: int, N: int, K: int, topk: int, dtype: "torch.d
     ws13, ws2, out = triton_experts_workspace_shapes(M, N, K, topk, gated)
     common = max(ws13[0] * ws13[1] * ws13[2], out[0] * out[1])
     return (((common,), dtype), (ws2, dtype))
+
+
+def step_call(config: "EngineConfig", num_tokens: int):
+    """The ``_allocate_buffers`` call of one forward pass whose MoE layers see ``num_tokens`` rows
+    (``M_chunk = M_full = num_tokens``: the profile run's ``max_num_batched_tokens``, a capture size, or a
+    serving step's scheduled tokens), TritonExperts on this rank.
+
+    ``N = 2 * moe_intermediate_size / tp`` (gated) or ``moe_intermediate_size / tp``, ``tp = 1`` with expert
+    parallelism; ``K = hidden_size``; dtype the model dtype. Raises ``ValueError`` (one line) when
+    ``moe_intermediate_size`` is not divisible by the tensor-parallel size or ``num_tokens < 1``
+    (``_allocate_buffers`` asserts ``M_full > 0``).
+    """
+    moe = config.moe
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f"fused MoE rows M must be an int >= 1 (_allocate_buffers asserts M_full > 0), got {num_tokens!r}")
+    tp = 1 if config.enable_expert_parallel else config.tensor_parallel_size
+    if moe.moe_intermediate_size % tp:
+        raise ValueError(f"moe_intermediate_size ({moe.moe_intermediate_size}) must be divisible by "
+                         f"tensor_parallel_size ({tp}) for tensor-parallel experts")
+    gated = not moe.activation.endswith("_no_mul")  # MoEActivation.is_gated
+    n = (2 if gated else 1) * moe.moe_intermediate_size // tp
+    return moe_allocate_buffers_call(num_tokens, n, moe.hidden_size, moe.num_experts_per_tok, config.dtype, gated=gated)
 
 
 def unmodelled_reason(config: "EngineConfig") -> str | None:
@@ -79,13 +101,5 @@ class FusedMoE(Consumer):
         return config.moe is not None and unmodelled_reason(config) is None
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
-        moe = config.moe
-        tp = 1 if config.enable_expert_parallel else config.tensor_parallel_size
-        if moe.moe_intermediate_size % tp:
-            raise ValueError(f"moe_intermediate_size ({moe.moe_intermediate_size}) must be divisible by "
-                             f"tensor_parallel_size ({tp}) for tensor-parallel experts")
-        gated = not moe.activation.endswith("_no_mul")  # MoEActivation.is_gated
-        call = moe_allocate_buffers_call(config.max_num_batched_tokens, (2 if gated else 1) * moe.moe_intermediate_size // tp,
-                                         moe.hidden_size, moe.num_experts_per_tok, config.dtype,
-                                         gated=gated)
+        call = step_call(config, config.max_num_batched_tokens)
         return ConsumerSizes("profile_run", [call], [call], slot="each ubatch the profile run uses")

@@ -22,7 +22,8 @@ from tqlab.core.consumers.flashmla_sparse import sparse_mla_prefill_workspace_fa
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["RADIX_TOPK_WORKSPACE_SIZE", "SparseIndexer", "indexer_profile_call", "max_prefill_buffer_size"]
+__all__ = ["RADIX_TOPK_WORKSPACE_SIZE", "SparseIndexer", "indexer_profile_call", "max_prefill_buffer_size", "prefill_call",
+           "profile_call"]
 
 RADIX_TOPK_WORKSPACE_SIZE = 1024 * 1024
 """``vllm/model_executor/layers/indexer_topk.py`` (bytes)."""
@@ -42,6 +43,17 @@ def indexer_profile_call(total_seq_lens: int, head_dim: int):
             ((RADIX_TOPK_WORKSPACE_SIZE,), torch.uint8))
 
 
+def profile_call(config: "EngineConfig"):
+    """The profile-run reservation of ``sparse_attn_indexer`` (``attn_metadata`` not a dict) for ``config``."""
+    return indexer_profile_call(max_prefill_buffer_size(config.max_model_len), config.indexer.index_head_dim)
+
+
+def prefill_call(config: "EngineConfig"):
+    """The K-gather call ``sparse_attn_indexer`` makes in a step with prefill rows: the profile call's two views
+    (``total_seq_lens`` is the layer's ``max_total_seq_len``, not the step's)."""
+    return profile_call(config)[:2]
+
+
 class SparseIndexer(Consumer):
     """The sparse attention indexer's K-gather and top-k scratch (see the module docstring)."""
 
@@ -55,6 +67,5 @@ class SparseIndexer(Consumer):
         return config.indexer is not None
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
-        rows = max_prefill_buffer_size(config.max_model_len)
-        call = indexer_profile_call(rows, config.indexer.index_head_dim)
-        return ConsumerSizes("profile_run", [call], [call[:2]], slot="each ubatch the profile run uses")
+        return ConsumerSizes("profile_run", [profile_call(config)], [prefill_call(config)],
+                             slot="each ubatch the profile run uses")
