@@ -294,6 +294,42 @@ print(f"hidden down to M = {m_hides:,}; at M = {first_exposed['m']:,} prompts fr
       f"crash without the fix; with it the slot is {format_mb(first_exposed['fixed'])} MiB")
 
 # %% [markdown]
+# ### The engine agrees: the MoE's request sets the lock
+#
+# `tqlab`'s engine runs a stand-in per consumer that asks the workspace for vLLM's shapes in the phase where vLLM
+# asks; `tqlab repro` runs the same engine (the command is printed below). On `meta` (shapes only), without the
+# fix, the same deployment at the preset's `max_num_batched_tokens`, with its MoE and without it.
+#
+# **Predict, then run.** Which consumer's request sets slot 0 at the lock, and in which phase? Is the prompt
+# that crashes the attention alone served when the MoE is there?
+
+# %%
+from tqlab.core.workspace import WorkspaceLockedError
+from tqlab.engine import LLMEngine
+
+engine_rows, engines = [], {}
+for label, c in (("with its MoE", moe_small), ("attention alone (moe=None)", moe_small.replace(moe=None))):
+    e = LLMEngine(c, fix=False, device="meta")
+    try:
+        e.generate(top["alone"], max_tokens=1)
+        outcome = "served"
+    except WorkspaceLockedError as exc:
+        outcome = f"`{exc}`".split(" Workspace growth")[0] + "`"
+    engines[label] = (e, outcome)
+    engine_rows.append((label, format_mb(e.locked_bytes), e.slot_sizer.consumer, e.slot_sizer.phase,
+                        f"{top['alone']:,} tokens: {outcome}"))
+show_md(markdown_table(("deployment (no fix)", "slot at the lock (MiB)", "set by", "in phase", "the prompt"),
+                       engine_rows))
+print(f"the same run from a shell: tqlab repro --preset {qwen.preset} --device meta --max-num-seqs {moe_small.max_num_seqs} "
+      f"--prompt-tokens {top['alone']}")
+moe_engine, moe_outcome = engines["with its MoE"]
+alone_engine, alone_outcome = engines["attention alone (moe=None)"]
+assert (moe_engine.slot_sizer.consumer, moe_engine.slot_sizer.phase) == ("fused_moe", "profile_run")
+assert moe_engine.locked_bytes == top["lock"] == top["moe"] and moe_outcome == "served"
+assert alone_engine.slot_sizer.consumer == "turboquant_decode" and alone_engine.locked_bytes == top["tq"]
+assert "_continuation_prefill" in alone_outcome and alone_engine.dead is not None
+
+# %% [markdown]
 # **Answer** (checked by the cell above). At the preset's `max_num_batched_tokens` the MoE's profile-run
 # scratch is larger than every continuation chunk, so the prompt that crashes the attention alone is served:
 # the MoE **hides** the bug, and PR #44053's reservation adds nothing to the slot. Below the printed `M` the
