@@ -123,7 +123,8 @@ def pytest_sessionfinish(session, exitstatus):
         counts[outcome] = counts.get(outcome, 0) + 1
     # the code the results depend on: this folder and the tqlab modules it compares
     dirty = _git(
-        "status", "--porcelain", "--", "parity", "tqlab/core/workspace.py", "tqlab/core/reservation.py",
+        "status", "--porcelain", "--", "parity", "tqlab/core/workspace.py", "tqlab/core/workspace_slots.py",
+        "tqlab/core/workspace_layout.py", "tqlab/core/reservation.py",
         "tqlab/core/config.py", "tqlab/predict/analysis.py", "tqlab/vllm", "tqlab/attention", "data/presets",
     )
     data = {

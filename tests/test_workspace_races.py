@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tqlab.core.workspace import WorkspaceManager, WorkspaceMovedError, ubatch_context
-from tqlab.engine.replay_guard import StalePointerError, check_workspace, snapshot_workspace
+from tqlab.engine.replay_guard import StalePointerError, WorkspaceSnapshot, check_workspace, snapshot_workspace, stale_slots
 
 f32, u8 = torch.float32, torch.uint8
 REQ = ((64,), f32)
@@ -151,6 +151,22 @@ def test_a_view_resized_after_lock_is_detected_on_the_next_request():
     with ubatch_context(1):  # the other slot did not move and still serves
         assert m.get_simultaneous(((4,), f32))[0].numel() == 4
     with pytest.raises(WorkspaceMovedError):  # every later request on the moved slot is refused too
+        m.get_simultaneous(((4,), f32))
+
+
+def test_moved_slots_is_the_one_pointer_check_of_the_lock_and_the_replay_guard():
+    m = WorkspaceManager("cpu", 3)
+    view = m.get_simultaneous(((256,), f32))[0]
+    with ubatch_context(1):
+        m.get_simultaneous(((4,), f32))
+    m.lock()
+    ptrs = m.data_ptrs()
+    assert ptrs[2] == 0 and m.moved_slots(ptrs) == []  # slot 2 never grew: 0 stands for its empty buffer
+    view.resize_(10**7)  # reallocates slot 0's storage behind the manager
+    assert m.moved_slots(ptrs) == [0] and m.moved_slots(ptrs, [1, 2]) == []
+    assert stale_slots(m, snapshot_workspace(m, [0, 1])) == []  # a snapshot taken now sees the new pointer
+    assert stale_slots(m, WorkspaceSnapshot(tuple(ptrs), tuple(m.sizes_bytes()), (0, 1))) == [0]
+    with pytest.raises(WorkspaceMovedError):
         m.get_simultaneous(((4,), f32))
 
 

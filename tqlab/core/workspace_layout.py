@@ -1,4 +1,5 @@
-"""Workspace bytes: 256-byte aligned layouts of ``(shape, dtype)`` requests, and the allocator's limits.
+"""Workspace bytes: 256-byte aligned layouts of ``(shape, dtype)`` requests, the allocator's limits, and the
+errors and events that report sizes.
 
 Split out of :mod:`tqlab.core.workspace` (which re-exports every public name here);
 mirrors the size computation of ``WorkspaceManager.get_simultaneous`` in
@@ -6,6 +7,8 @@ mirrors the size computation of ``WorkspaceManager.get_simultaneous`` in
 ``aligned = round_up(actual, 256)``, offsets are the running sum of ``aligned``.
 Pure Python on ints: allocates nothing. :func:`allocator_headroom` reads how much
 the device's allocator can still give, so growth can be refused before a buffer is freed.
+:class:`WorkspaceLockedError`, :class:`WorkspaceMovedError` and :class:`WorkspaceEvent` are the
+manager's errors and event records (split out of :mod:`tqlab.core.workspace`, which re-exports them).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Sequence
 import torch
 
 __all__ = [
-    "ALIGNMENT", "MAX_BYTES", "MiB", "WorkspaceLayout", "allocator_headroom", "compute_layout", "format_mb",
-    "cdiv", "is_exact_signature", "positive_int", "round_up",
+    "ALIGNMENT", "MAX_BYTES", "MiB", "WorkspaceEvent", "WorkspaceLayout", "WorkspaceLockedError",
+    "WorkspaceMovedError", "allocator_headroom", "compute_layout", "format_mb", "cdiv", "is_exact_signature",
+    "positive_int", "round_up",
 ]
 
 ALIGNMENT = 256
@@ -224,3 +228,85 @@ def allocator_headroom(device: torch.device) -> tuple[int, bool, str] | None:
         return None if m is None else (max(0, m["CommitLimit"] - m["Committed_AS"]), False,
                                        "Linux's commit limit (vm.overcommit_memory=2: CommitLimit - Committed_AS)")
     return None
+
+
+# --------------------------------------------------------------------------- #
+# Errors and events                                                           #
+# --------------------------------------------------------------------------- #
+
+
+class WorkspaceLockedError(AssertionError):
+    """A locked workspace was asked to grow.
+
+    Subclasses ``AssertionError`` because vLLM raises a bare ``AssertionError``
+    here (``_ensure_workspace_size`` in ``vllm/v1/worker/workspace.py``); code
+    that catches vLLM's error catches ours. The text has vLLM's exact shape.
+
+    Attributes: ``caller`` (``'file.py:line:function'``), ``required_bytes``,
+    ``current_bytes``, ``ubatch``.
+    """
+
+    def __init__(self, caller: str, required_bytes: int, current_bytes: int, ubatch: int = 0):
+        self.caller = caller
+        self.required_bytes = required_bytes
+        self.current_bytes = current_bytes
+        self.ubatch = ubatch
+        super().__init__(
+            f"Workspace is locked but allocation from '{caller}' requires "
+            f"{format_mb(required_bytes)} MB, current size is "
+            f"{format_mb(current_bytes)} MB. Workspace growth is not allowed after locking."
+        )
+
+
+class WorkspaceMovedError(RuntimeError):
+    """A locked slot's buffer no longer has the storage it had at ``lock()``.
+
+    ``Tensor.resize_`` on a handed-out view (or on :meth:`WorkspaceManager.buffer`)
+    to more bytes than the slot holds reallocates the storage
+    the view shares with the slot's buffer: the buffer moves although the manager
+    never grew it, and a CUDA graph captured before the lock would write into the
+    freed block. vLLM 0.33 has the same hole and does not notice
+    (``WorkspaceManager.lock`` in ``vllm/v1/worker/workspace.py`` only sets a flag);
+    tqlab records every slot's ``data_ptr()`` at ``lock()`` and compares it on every
+    request and persistent-resource call while locked.
+
+    Attributes: ``ubatch``, ``lane``, ``locked_ptr``, ``current_ptr``,
+    ``locked_bytes`` (the slot's size at lock), ``current_bytes`` (its storage now).
+    """
+
+    def __init__(self, ubatch: int, lane: int, locked_ptr: int, current_ptr: int, locked_bytes: int,
+                 current_bytes: int):
+        self.ubatch, self.lane = ubatch, lane
+        self.locked_ptr, self.current_ptr = locked_ptr, current_ptr
+        self.locked_bytes, self.current_bytes = locked_bytes, current_bytes
+        super().__init__(
+            f"workspace slot (ubatch {ubatch}, lane {lane}) moved while locked: it held {locked_bytes} bytes "
+            f"({format_mb(locked_bytes)} MB) at 0x{locked_ptr:x} at lock(), its storage is now {current_bytes} "
+            f"bytes ({format_mb(current_bytes)} MB) at 0x{current_ptr:x}. Something resized a handed-out view (or "
+            "buffer()) in place: Tensor.resize_ beyond the storage reallocates the storage the view shares with "
+            "the workspace. Never resize a workspace view; ask get_simultaneous for the shape you need."
+        )
+
+
+@dataclass(frozen=True)
+class WorkspaceEvent:
+    """One entry of ``WorkspaceManager.events``.
+
+    ``kind`` is ``"resize"``, ``"lock"``, ``"unlock"``, ``"violation"``,
+    ``"alloc_failed"`` or ``"moved"`` (a locked slot's storage was reallocated
+    behind the manager's back: old and new storage bytes); ``old_bytes``/``new_bytes`` are the slot's size before
+    and after (for a violation: current and required); ``live_bytes`` is the sum
+    of all slots after the event and ``peak_bytes`` the most live workspace
+    bytes that existed at once during it; ``t`` is ``time.monotonic()``.
+    """
+
+    kind: str
+    caller: str
+    old_bytes: int
+    new_bytes: int
+    ubatch: int
+    live_bytes: int
+    peak_bytes: int
+    t: float
+    lane: int = 0
+

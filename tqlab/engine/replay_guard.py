@@ -64,9 +64,8 @@ def snapshot_workspace(manager: WorkspaceManager, slots: Sequence[int] | None = 
 
 
 def stale_slots(manager: WorkspaceManager, snap: WorkspaceSnapshot) -> list[int]:
-    """Guarded slots whose buffer pointer differs from the snapshot."""
-    cur = manager.data_ptrs()
-    return [s for s in snap.slots if cur[s] != snap.ptrs[s]]
+    """Guarded slots whose buffer pointer differs from the snapshot (:meth:`WorkspaceManager.moved_slots`)."""
+    return manager.moved_slots(snap.ptrs, snap.slots)
 
 
 def check_workspace(manager: WorkspaceManager, snap: WorkspaceSnapshot, bucket: int) -> None:
@@ -75,9 +74,9 @@ def check_workspace(manager: WorkspaceManager, snap: WorkspaceSnapshot, bucket: 
     A buffer that grew *in place* (same pointer) still contains every byte the
     graph baked in, so only a changed pointer is an error.
     """
-    cur = manager.data_ptrs()
-    for s in snap.slots:
-        if cur[s] != snap.ptrs[s]:
-            raise StalePointerError(bucket, s, snap.ptrs[s], cur[s], snap.sizes[s], manager.size_bytes(s))
+    moved = stale_slots(manager, snap)
+    if moved:
+        s = moved[0]
+        raise StalePointerError(bucket, s, snap.ptrs[s], manager.data_ptrs()[s], snap.sizes[s], manager.size_bytes(s))
 
 

@@ -6,7 +6,8 @@
 - ``hf_config.py``   — the model's ``config.json``
 - ``deployment.py``  — a deployment from ``vllm serve`` arguments plus ``config.json`` (or a preset), built
   once on a ``draft.py`` :class:`DeploymentDraft` (per field: value, source, notes); ``hybrid.py``: hybrid
-  models' block size and Mamba block-aligned split
+  models' block size and Mamba block-aligned split; its readers: ``flag_map.py`` (the line's flags ->
+  EngineConfig fields) and ``defaults.py`` (config.json and vLLM's defaults and limits)
 
 vLLM is imported lazily, only by functions whose names say ``vllm``; ``import tqlab.vllm``
 works without it. Bytes everywhere; "MB" in text means 2**20 bytes, as in vLLM's messages.

@@ -140,7 +140,7 @@ def _disguise(fn: Callable, qualname: str, filename: str | None = None) -> Calla
     """Rename ``fn``'s code so workspace managers skip its frame when they name a caller.
 
     vLLM skips frames whose ``co_qualname`` starts with ``WorkspaceManager.``;
-    tqlab skips frames whose file is ``tqlab/core/workspace.py``. Without this the
+    tqlab skips frames whose file is ``tqlab/core/workspace.py`` or ``workspace_slots.py``. Without this the
     tracer's wrapper would be reported as the caller in the manager's own
     error message. (``co_qualname`` exists from Python 3.11, as does vLLM.)
     """
