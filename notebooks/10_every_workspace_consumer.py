@@ -287,11 +287,24 @@ assert top["moe"] > top["tq"] and top["alone"] is not None and top["with_moe"] i
 for r in sweep:
     assert (r["with_moe"] is None) == (r["moe"] >= worst_cont) == (r["m"] >= m_hides)
     assert r["alone"] is not None  # the attention alone always crashes without the fix
-    assert r["fixed"] == max(r["moe"], analysis.locked_bytes(moe_small.replace(max_num_batched_tokens=r["m"]), fix=True))
+    c = moe_small.replace(max_num_batched_tokens=r["m"])
+    assert r["fixed"] == max(r["moe"], analysis.locked_bytes(c, fix=True))
+    pred = analysis.predict(c)  # the one predictor (tqlab plan / inspect-vllm) takes the same maximum
+    assert (pred.locked_bytes, pred.lock_set_by) == (r["lock"], "modular_kernel.py:_allocate_buffers")
+    assert pred.first_failing_prompt_tokens == r["with_moe"] and pred.verdict == ("ok" if r["with_moe"] is None else "crash")
 assert top["fixed"] == top["moe"]  # at the preset's M the fix costs no byte: the MoE's scratch already holds it
 first_exposed = next(r for r in sweep if r["with_moe"] is not None)
 print(f"hidden down to M = {m_hides:,}; at M = {first_exposed['m']:,} prompts from {first_exposed['with_moe']:,} tokens "
       f"crash without the fix; with it the slot is {format_mb(first_exposed['fixed'])} MiB")
+
+# %% [markdown]
+# **Answer** (checked by the cell above). At the preset's `max_num_batched_tokens` the MoE's profile-run
+# scratch is larger than every continuation chunk, so the prompt that crashes the attention alone is served:
+# the MoE **hides** the bug, and PR #44053's reservation adds nothing to the slot. Below the printed `M` the
+# MoE's scratch is smaller than the longest continuation, and long prompts crash again without the fix. A
+# predictor that looks only at TurboQuant would call the first deployment a crash — a **false crash**; tqlab's
+# `predict()` (behind `tqlab plan` and `inspect-vllm`) takes the maximum over consumers, names the MoE's call
+# site as the one that sets the lock, and agrees with the table row by row (checked above).
 
 # %% [markdown]
 # ### The engine agrees: the MoE's request sets the lock
@@ -330,11 +343,8 @@ assert alone_engine.slot_sizer.consumer == "turboquant_decode" and alone_engine.
 assert "_continuation_prefill" in alone_outcome and alone_engine.dead is not None
 
 # %% [markdown]
-# **Answer** (checked by the cell above). At the preset's `max_num_batched_tokens` the MoE's profile-run
-# scratch is larger than every continuation chunk, so the prompt that crashes the attention alone is served:
-# the MoE **hides** the bug, and PR #44053's reservation adds nothing to the slot. Below the printed `M` the
-# MoE's scratch is smaller than the longest continuation, and long prompts crash again without the fix. A
-# predictor that looks only at TurboQuant would call the first deployment a crash — a **false crash**.
+# **Answer** (checked by the cell above). The fused MoE's `_allocate_buffers`, in the profile run, sets slot 0;
+# with it the prompt is served, without it (the attention alone) TurboQuant's continuation prefill is refused.
 #
 # ### The bug report's own evidence: its MoE asked nothing before the lock
 #
