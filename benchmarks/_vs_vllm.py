@@ -5,7 +5,9 @@ Used by ``bench_turboquant.py --vs-vllm``.  vLLM's kernels are imported at run t
 helpers, Apache-2.0, see that folder's NOTICE.md); nothing of vLLM is copied into the project.
 
 Per (shape, B, ctx): one random fp16 K/V; fp16 SDPA (flash backend) on it; per preset the same
-K/V stored into vLLM's cache layout by vLLM's store kernel and into tqlab's by tqlab's.  Every
+K/V stored into vLLM's cache layout by vLLM's store kernel and into tqlab's by tqlab's, twice:
+in vLLM's slot order (columns ``tqlab*``) and in the opt-in block-SoA order (``cache_layout=
+"block_soa"``, columns ``soa*``; vLLM's kernels stay on vLLM's layout).  Every
 time is the median of CUDA-graph replays of one call, each replay after a 256 MiB write that
 evicts L2 (a model step reads the other layers in between), timed with CUDA events.
 
@@ -70,11 +72,11 @@ def time_vllm(vk, tq_layout, preset, k, v, q, seq_lens, splits, timer) -> dict:
     return res
 
 
-def time_tqlab(preset, k, v, q, seq_lens, splits_list, timer) -> dict:
-    """tqlab's decode on its own cache of the same K/V, for each split count."""
-    from tqlab.turboquant import TQ_PRESETS, decode_attention
+def time_tqlab(preset, k, v, q, seq_lens, splits_list, timer, cache_layout="vllm") -> dict:
+    """tqlab's decode on its own cache (in ``cache_layout``) of the same K/V, for each split count."""
+    from tqlab.turboquant import decode_attention, get_spec
 
-    spec = TQ_PRESETS[preset]
+    spec = get_spec(preset, cache_layout=cache_layout)
     b, hq, d = q.shape
     cache, bt = fill_paged(spec, k, v)
     res = {"slot_bytes": spec.slot_bytes(d), "by_splits": {}}
@@ -116,6 +118,11 @@ def bench_context(shape, ctx, presets, vllm_presets, anchor, copy_gbps, timer, l
             key = "tqlab" if s == VLLM_NUM_SPLITS else "tqlab_fill"
             row[f"{key}_ms"], row[f"{key}_splits"] = r["ms"], s
             row[f"{key}_rel_err_vs_fp32"] = _rel(r["out"], ref)
+        del tq
+        for s, r in time_tqlab(preset, k, v, q, seq_lens, splits, timer, "block_soa")["by_splits"].items():
+            key = "soa" if s == VLLM_NUM_SPLITS else "soa_fill"
+            row[f"{key}_ms"], row[f"{key}_splits"] = r["ms"], s
+            row[f"{key}_rel_err_vs_fp32"] = _rel(r["out"], ref)
         if anchor[0] is not None and preset in vllm_presets:
             vr = time_vllm(anchor[0], anchor[1], preset, k, v, q, seq_lens, VLLM_NUM_SPLITS, timer)
             row.update({"vllm_ms": vr["ms"], "vllm_rel_err_vs_fp32": _rel(vr["out"], ref)})
@@ -130,7 +137,7 @@ def bench_context(shape, ctx, presets, vllm_presets, anchor, copy_gbps, timer, l
 
 def _derive(row: dict) -> None:
     """Ratios of one row: fraction of the byte limit, speedups over vLLM and SDPA."""
-    for key in ("tqlab", "tqlab_fill", "vllm"):
+    for key in ("tqlab", "tqlab_fill", "soa", "soa_fill", "vllm"):
         if f"{key}_ms" in row:
             row[f"{key}_frac_of_byte_limit"] = row["byte_limit_ms"] / row[f"{key}_ms"]
     best = min(row[k] for k in ("tqlab_ms", "tqlab_fill_ms") if k in row)
@@ -140,6 +147,14 @@ def _derive(row: dict) -> None:
     if "vllm_ms" in row:
         row["vllm_over_tqlab"] = row["vllm_ms"] / row["tqlab_ms"]
         row["vllm_over_tqlab_best"] = row["vllm_ms"] / best
+    if "soa_ms" in row:  # the block-SoA layout (opt-in)
+        soa = min(row[k] for k in ("soa_ms", "soa_fill_ms") if k in row)
+        row["soa_best_ms"] = soa
+        row["soa_best_frac_of_byte_limit"] = row["byte_limit_ms"] / soa
+        row["sdpa_over_soa_best"] = row["sdpa_fp16_ms"] / soa
+        row["tqlab_best_over_soa_best"] = best / soa
+        if "vllm_ms" in row:
+            row["vllm_over_soa_best"] = row["vllm_ms"] / soa
 
 
 def table(rows: list[dict]) -> str:
@@ -158,4 +173,17 @@ def table(rows: list[dict]) -> str:
             f"{f(r.get('tqlab_fill_ms'))} ({r.get('tqlab_fill_splits', '-')}) | {f(r['sdpa_fp16_ms'])} | "
             f"{f(r['byte_limit_ms'])} | {f(r['tqlab_frac_of_byte_limit'], '{:.1%}')} | "
             f"{f(r.get('vllm_over_tqlab'), '{:.2f}x')} | {f(r['sdpa_over_tqlab_best'], '{:.2f}x')} |")
+    if any("soa_best_ms" in r for r in rows):
+        out += ["", "Block-SoA layout (opt-in ``cache_layout='block_soa'``; best of S=32 and fill):", "",
+                "| shape | ctx | preset | SDPA ms | vLLM ms | tqlab best ms | block-SoA ms (S=32) | block-SoA ms (fill) | "
+                "SDPA / SoA | vLLM / SoA | tqlab / SoA | SoA / byte limit |", "|" + "---|" * 12]
+        for r in rows:
+            if "soa_best_ms" not in r:
+                continue
+            out.append(
+                f"| {r['shape']} B{r['batch']} | {r['ctx'] // 1024}K | {r['preset'].removeprefix('turboquant_')} | "
+                f"{f(r['sdpa_fp16_ms'])} | {f(r.get('vllm_ms'))} | {f(r['tqlab_best_ms'])} | {f(r.get('soa_ms'))} | "
+                f"{f(r.get('soa_fill_ms'))} | {f(r['sdpa_over_soa_best'], '{:.2f}x')} | "
+                f"{f(r.get('vllm_over_soa_best'), '{:.2f}x')} | {f(r['tqlab_best_over_soa_best'], '{:.2f}x')} | "
+                f"{f(r['soa_best_frac_of_byte_limit'], '{:.1%}')} |")
     return "\n".join(out)

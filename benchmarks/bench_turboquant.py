@@ -21,7 +21,8 @@ as in the engine's CUDA-graph decode) and the graph is replayed; median of the r
 
 ``--vs-vllm`` instead runs the side-by-side mode of ``benchmarks/_vs_vllm.py``: vLLM 0.33's own
 TurboQuant kernels (imported from the anchor folder given by ``--vllm-anchor``), tqlab (vLLM's 32
-splits and the ``"fill"`` split policy), fp16 SDPA and the byte limit, on the same K/V, CUDA-graph
+splits and the ``"fill"`` split policy; vLLM's slot order and the opt-in block-SoA
+order), fp16 SDPA and the byte limit, on the same K/V, CUDA-graph
 replays with L2 flushed; it writes ``data/turboquant_vs_vllm_h200.json`` and prints the table.
 
 Usage (on a CUDA machine)::
@@ -250,6 +251,7 @@ def sweep(res: dict, log, quick: bool = False):
 def main_vs_vllm(args) -> int:
     """Side-by-side mode (``--vs-vllm``): see benchmarks/_vs_vllm.py."""
     import _vs_vllm as vs
+    from tqlab.turboquant.launch import SOA_DEFAULTS
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -261,7 +263,7 @@ def main_vs_vllm(args) -> int:
     from tqlab.turboquant import _triton_kernels as tk
 
     res = {"provenance": {**provenance(args), **anchor[2]}, "method": vs.__doc__, "copy": None, "rows": [], "errors": [],
-           "launch_defaults": {k: dict(v) for k, v in tk.DEFAULTS.items()}}
+           "launch_defaults": {**{k: dict(v) for k, v in tk.DEFAULTS.items()}, **SOA_DEFAULTS}}
     res["copy"] = copy_bandwidth(1024 * 2**20)
     res["targets"] = {"vllm_over_tqlab_min": 5.0, "sdpa_over_tqlab_min_32k_128k": 1.0,
                       "sdpa_over_tqlab_llama_3bit_128k": 2.0}

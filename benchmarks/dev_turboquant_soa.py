@@ -1,5 +1,5 @@
-"""Prototype (issue 20, one device call): an in-block structure-of-arrays byte order for the
-TurboQuant cache, so the fast decode kernel's loads are wide and contiguous.
+"""Driver of the block-SoA decode kernels (issue 20; integrated as ``cache_layout="block_soa"``):
+an in-block structure-of-arrays byte order for the TurboQuant cache, so the fast decode kernel's loads are wide and contiguous.
 
 Layout of one (block, KV head) region of ``block_size * slot_bytes`` bytes (same bytes per token,
 same quantizer, the same LSB-first bit stream inside each token's code field)::
@@ -12,9 +12,9 @@ vLLM's order keeps all fields of one token together (102-byte slots for 3bit_nc,
 so the per-token scalars sit 102 bytes apart (one 32-byte sector per 2 useful bytes) and the
 code groups are read as 16-bit words.  Here the scalars of 16 tokens fill one sector and a group
 of 16 codes is read as two aligned 32-bit words (``W32``) or three 16-bit ones (``W16``, only the
-addresses change).  The SoA cache is made from tqlab's cache by a byte permutation in torch
-(``_tq_soa.aos_to_soa``; the kernels are in ``benchmarks/_tq_soa.py``), so the prototype needs no new
-store kernel.  ``soa_x32*``: the same order, 32
+addresses change).  The SoA cache is made from tqlab's cache by the byte permutation
+``tqlab.turboquant.quant.to_cache_layout`` (the store kernel writes the same bytes directly); the
+kernels are in ``tqlab/turboquant/_triton_soa.py``.  ``soa_x32*``: the same order, 32
 codes per thread (4 lanes per token at D = 128), so a 4-bit field chunk is one 16-byte load per
 thread and a 3-bit one three 32-bit loads, and fewer lanes share each token's scalars.
 
@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _recording import default_dir
 from _tq_bench import ColdTimer, fill_paged, provenance, random_decode_inputs, sdpa
-from _tq_soa import aos_to_soa, decode_soa
-
-from tqlab.turboquant import TQ_PRESETS, decode_attention
+from tqlab.turboquant import TQ_PRESETS, decode_attention, get_spec
 from tqlab.turboquant import _triton_fast as tf
+from tqlab.turboquant import _triton_soa as ts
+from tqlab.turboquant.quant import to_cache_layout
 from tqlab.turboquant.ops import decode_num_splits
 
 ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
@@ -68,13 +68,20 @@ VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vL
 }
 
 
+def aos_to_soa(cache, spec, d):
+    """tqlab's (vLLM's) slot order -> the block-SoA order (same shape and bytes per token)."""
+    return to_cache_layout(cache, get_spec(spec, "block_soa"), d)
+
+
 def _call(variant, q, caches, bt, sl, spec, mid, out, lse, stats=None):
     kind, kw = VARIANTS[variant]
     d = q.shape[-1]
     if kind == "fast":
         tf.decode_attention(q, caches[0], bt, sl, spec, d**-0.5, mid, out, lse, stats=stats)
     else:
-        decode_soa(q, caches[1], bt, sl, spec, d**-0.5, mid, out, lse, stats=stats, **kw)
+        kw = {"block_t": 64, "num_warps": 4, "maxnreg": 0, "x32": False, **kw}  # the prototypes' launch
+        ts.decode_attention(q, caches[1], bt, sl, get_spec(spec, "block_soa"), d**-0.5, mid, out, lse, stats=stats,
+                            **kw)
 
 
 def check(log) -> list:

@@ -250,15 +250,15 @@ def _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5,
 
 # ----------------------------------------------------------------------------- decode
 @triton.jit
-def _tile_loads(cache16_ptr, base16, ok, D: tl.constexpr, KB: tl.constexpr, VBITS: tl.constexpr,
-                KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
-    """Every word a decode tile needs, as the 32-bit windows of :func:`_group_words` (keys,
-    values) and fp32 key norm, value scale and zero; masked-out tokens read as zeros."""
-    kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, base16, ok, 0, KB, D)
-    kn = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, base16, ok, VIDX_W, VBITS, D)
-    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+def _tile_loads(cache16_ptr, kb16, nb16, vb16, sb16, zb16, ok, D: tl.constexpr, KB: tl.constexpr, VBITS: tl.constexpr):
+    """Every word a decode tile needs (word addresses of ``_triton_kernels._field_bases``), as the
+    32-bit windows of :func:`_group_words` (keys, values) and fp32 key norm, value scale and zero;
+    masked-out tokens read as zeros."""
+    kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, kb16, ok, 0, KB, D)
+    kn = tl.load(cache16_ptr + nb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, vb16, ok, 0, VBITS, D)
+    vs = tl.load(cache16_ptr + sb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + zb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     return kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz
 
 
@@ -321,7 +321,8 @@ def _decode_fast_kernel(
     stride_qb, stride_qh, stride_cb, stride_ch, stride_ct, stride_btb, stride_mb, stride_mh, stride_ms,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+    KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     PREFETCH: tl.constexpr, NORM_MMA: tl.constexpr,
 ):
     """One program = one (request, KV head, split), the whole GQA group against each slot;
@@ -330,21 +331,21 @@ def _decode_fast_kernel(
     hk = tl.program_id(1)
     s = tl.program_id(2)
     KB: tl.constexpr = 8 if KEY_FP8 else KBITS
-    NW: tl.constexpr = 0 if KEY_FP8 else KNORM_W
     heads, gmask, start, end, q, ones, cols = _fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb, stride_qh,
                                                              inv_sqrt_d, GROUP, GP, D, KEY_FP8)
     m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     if PREFETCH:
         t = start + tl.arange(0, BLOCK_T)
-        base16, ok = tk._slot_base16(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+        fk, fn, fv, fs, fz, ok = tk._field_bases(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
+                                                 KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _tile_loads(
-            cache16_ptr, base16, ok, D, KB, VBITS, NW, VIDX_W, VSCALE_W)
+            cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
         for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
             tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
-            base_n, ok_n = tk._slot_base16(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch,
-                                           stride_ct)
-            nxt = _tile_loads(cache16_ptr, base_n, ok_n, D, KB, VBITS, NW, VIDX_W, VSCALE_W)
+            fk, fn, fv, fs, fz, ok_n = tk._field_bases(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb,
+                                                       stride_ch, stride_ct, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+            nxt = _tile_loads(cache16_ptr, fk, fn, fv, fs, fz, ok_n, D, KB, VBITS)
             m_i, l_i, acc, acc_z = _fast_tile(
                 q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
                 (t0 + tl.arange(0, BLOCK_T)) < end, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
@@ -354,9 +355,10 @@ def _decode_fast_kernel(
         for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
             t = t0 + tl.arange(0, BLOCK_T)
             in_seq = t < end
-            base16, ok = tk._slot_base16(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
+            fk, fn, fv, fs, fz, ok = tk._field_bases(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
+                                                     KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
             kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _tile_loads(
-                cache16_ptr, base16, ok, D, KB, VBITS, NW, VIDX_W, VSCALE_W)
+                cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
             m_i, l_i, acc, acc_z = _fast_tile(
                 q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
                 in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
@@ -499,14 +501,16 @@ def _split_args(query, cache, cache_view, cache_strides, block_tables, seq_lens,
             block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
 
 
-def _split_meta(query, cache, spec, block_t: int, lut: int) -> dict:
-    """Compile-time parameters shared by the fast and staged split kernels."""
+def _split_meta(query, cache, spec, block_t: int, lut: int, staged: bool = False) -> dict:
+    """Compile-time parameters shared by the fast and staged split kernels (field addresses:
+    the staged kernel's slot words, vLLM's order only; the others' :func:`tk._field_addr`)."""
     hq, d = query.shape[1], query.shape[2]
     hk, bs = cache.shape[1], cache.shape[2]
     group = hq // hk
+    fields = tk._field_words(spec, d) if staged else tk._field_addr(spec, d, bs)
     return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-                **tk._field_words(spec, d), LUT=lut, LUT_ASM=_asm_for(spec, d, lut))
+                **fields, LUT=lut, LUT_ASM=_asm_for(spec, d, lut))
 
 
 def _lut_mode(spec: TurboQuantSpec, device, lut, cfg) -> int:
@@ -560,12 +564,12 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         opts["maxnreg"] = maxnreg
     lut = _lut_mode(spec, query.device, lut, cfg)
     grid = (query.shape[0], cache.shape[1], mid_out.shape[2])
-    if bool(cfg.get("staged", False) if staged is None else staged) and staged_ok(cache):
+    if bool(cfg.get("staged", False) if staged is None else staged) and staged_ok(cache) and spec.cache_layout == "vllm":
         nb, hk, bs, sb = cache.shape
         args = _split_args(query, cache, cache.view(-1).view(torch.int32), (cache.stride(0) // 4, cache.stride(1) // 4),
                            block_tables, seq_lens, mid_out, spec, scale)
         kern = _decode_staged_kernel[grid](
-            *args, **_split_meta(query, cache, spec, max(block_t, bs), lut), SLOT_W=sb // 2,
+            *args, **_split_meta(query, cache, spec, max(block_t, bs), lut, staged=True), SLOT_W=sb // 2,
             BWP=triton.next_power_of_2(bs * sb // 4), NORM_MMA=bool(cfg.get("norm_mma", True) if norm_mma is None else norm_mma),
             **opts)
     else:
@@ -588,7 +592,8 @@ def _dequant_fast_kernel(
     cached_len, num_blocks, stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+    KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
     writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs."""
@@ -602,14 +607,15 @@ def _dequant_fast_kernel(
     for i in tl.range(0, TILES):
         t = (pid * TILES + i) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_len = t < cached_len
-        base16, ok = tk._slot_base16(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch, stride_ct)
-        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, base16, ok, VIDX_W, VBITS, D)
+        fk, fn, fv, fs, fz, ok = tk._field_bases(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch, stride_ct,
+                                                 KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, fv, ok, 0, VBITS, D)
         vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, BLOCK_T, 0x6400)
-        vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vs = tl.load(cache16_ptr + fs, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vz = tl.load(cache16_ptr + fz, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         vv = vz[:, None] + vs[:, None] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
         tl.store(v_head + t[:, None] * stride_vt + cols[None, :], vv.to(tl.float16), mask=in_len[:, None])
-        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, base16, ok, 0, 8 if KEY_FP8 else KBITS, D)
+        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, fk, ok, 0, 8 if KEY_FP8 else KBITS, D)
         if KEY_FP8:
             kb = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, 8, D, BLOCK_T)
             kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -617,7 +623,7 @@ def _dequant_fast_kernel(
         else:
             yh = _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
                               KBITS, D, BLOCK_T, LUT, LUT_ASM)
-            fac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+            fac = tl.load(cache16_ptr + fn, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
             if NORM_CORR:
                 y32 = yh.to(tl.float32)
                 yn = tl.sqrt(tl.sum(y32 * y32, axis=1))
@@ -645,6 +651,6 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        **tk._field_words(spec, d), LUT=lut, LUT_ASM=_asm_for(spec, d, lut), num_warps=num_warps or cfg["num_warps"],
+        **tk._field_addr(spec, d, bs), LUT=lut, LUT_ASM=_asm_for(spec, d, lut), num_warps=num_warps or cfg["num_warps"],
     )
     tk._record(stats, kern)

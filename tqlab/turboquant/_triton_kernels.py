@@ -147,12 +147,15 @@ def _store_kernel(
     key_ptr, val_ptr, slot_ptr, cache_ptr, cache16_ptr, signs_ptr, bnd_ptr,
     N, num_slots, block_size,
     stride_kn, stride_kh, stride_vn, stride_vh,
-    stride_cb, stride_ch, stride_ct,
+    stride_cb, stride_ch,
     inv_sqrt_d,
     D: tl.constexpr, BLOCK_N: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
-    KNORM_OFF: tl.constexpr, VIDX_OFF: tl.constexpr, VSCALE_OFF: tl.constexpr,
+    KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
+    """Quantize BLOCK_N tokens of KV head ``h``; each field goes to word ``region + XO + o * XS`` of
+    its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -160,14 +163,15 @@ def _store_kernel(
     slot = tl.load(slot_ptr + rows, mask=rows < N, other=-1).to(tl.int64)
     ok = (rows < N) & (slot >= 0) & (slot < num_slots)
     slot = tl.where(ok, slot, 0)
-    base = (slot // block_size) * stride_cb + h * stride_ch + (slot % block_size) * stride_ct  # bytes, int64
+    region16 = ((slot // block_size) * stride_cb + h * stride_ch) // 2  # 16-bit words, int64
+    o = slot % block_size
     rows64 = rows.to(tl.int64)
 
     # ---- keys
     x = tl.load(key_ptr + rows64[:, None] * stride_kn + h * stride_kh + cols[None, :], mask=ok[:, None], other=0.0)
     x = x.to(tl.float32)
     if KEY_FP8:
-        tl.store(cache_ptr + base[:, None] + cols[None, :], _fp8_e4m3_bits(x), mask=ok[:, None])
+        tl.store(cache_ptr + 2 * (region16 + o * KS + KO)[:, None] + cols[None, :], _fp8_e4m3_bits(x), mask=ok[:, None])
     else:
         nrm = tl.sqrt(tl.sum(x * x, axis=1))
         u = x / tl.where(nrm > 0, nrm, 1.0)[:, None]
@@ -183,8 +187,8 @@ def _store_kernel(
         idx = tl.zeros([BLOCK_N, D], dtype=tl.int32)
         for i in tl.static_range((1 << KBITS) - 1):
             idx += (y > tl.load(bnd_ptr + i)).to(tl.int32)
-        _store_codes(cache_ptr, base, idx, ok, 0, KBITS, D, BLOCK_N)
-        tl.store(cache16_ptr + (base + KNORM_OFF) // 2, tl.minimum(nrm, 65504.0).to(tl.float16), mask=ok)
+        _store_codes(cache_ptr, 2 * (region16 + o * KS + KO), idx, ok, 0, KBITS, D, BLOCK_N)
+        tl.store(cache16_ptr + region16 + o * NS + NO, tl.minimum(nrm, 65504.0).to(tl.float16), mask=ok)
 
     # ---- values
     v = tl.load(val_ptr + rows64[:, None] * stride_vn + h * stride_vh + cols[None, :], mask=ok[:, None], other=0.0)
@@ -200,9 +204,9 @@ def _store_kernel(
     q = tl.floor((v - zf[:, None]) / safe[:, None] + 0.5)
     q = tl.where(sf[:, None] > 0, q, 0.0)
     q = tl.minimum(tl.maximum(q, 0.0), levels).to(tl.int32)
-    _store_codes(cache_ptr, base, q, ok, VIDX_OFF, VBITS, D, BLOCK_N)
-    tl.store(cache16_ptr + (base + VSCALE_OFF) // 2, scale, mask=ok)
-    tl.store(cache16_ptr + (base + VSCALE_OFF + 2) // 2, zero, mask=ok)
+    _store_codes(cache_ptr, 2 * (region16 + o * VS + VO), q, ok, 0, VBITS, D, BLOCK_N)
+    tl.store(cache16_ptr + region16 + o * SS + SO, scale, mask=ok)
+    tl.store(cache16_ptr + region16 + o * ZS + ZO, zero, mask=ok)
 
 
 def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int = 16, num_warps: int = 4):
@@ -211,18 +215,16 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
     signs16, signs32, _, bnd = _consts(spec, d, cache.device)
-    off = spec.offsets(d)
     grid = (triton.cdiv(n, block_n), hk)
     _store_kernel[grid](
         key, value, slot_mapping, cache, cache.view(torch.float16), signs16, bnd,
         n, nb * bs, bs,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        cache.stride(0), cache.stride(1), cache.stride(2),
+        cache.stride(0), cache.stride(1),
         1.0 / math.sqrt(d),
         D=d, BLOCK_N=block_n,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits,
-        KNORM_OFF=max(off["key_norm"], 0), VIDX_OFF=off["val_idx"], VSCALE_OFF=off["val_scale"],
-        num_warps=num_warps,
+        **_field_addr(spec, d, bs), num_warps=num_warps,
     )
 
 
@@ -315,12 +317,24 @@ def _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS: tl.constexpr):
 
 
 @triton.jit
-def _slot_base16(bt_row, t, valid, block_size: tl.constexpr, num_blocks, hk, stride_cb, stride_ch, stride_ct):
-    """16-bit word index of each token's slot (int64) and whether its block id is usable."""
+def _field_bases(bt_row, t, valid, block_size: tl.constexpr, num_blocks, hk, stride_cb, stride_ch, stride_ct,
+                 KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
+                 VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr):
+    """16-bit word index (int64) of each token's key codes, key norm, value codes, value scale and
+    value zero (``region + o * XS + XO``, :func:`_field_addr`), and whether its block id is usable.
+    vLLM's order (one stride for every field) keeps the slot-base form ``(region bytes + o *
+    stride_ct) // 2 + XO`` of the kernels before the block-SoA layout (same PTX as 36b4f2f)."""
     blk = tl.load(bt_row + t // block_size, mask=valid, other=-1).to(tl.int64)
     ok = valid & (blk >= 0) & (blk < num_blocks)
     blk = tl.where(ok, blk, 0)
-    return (blk * stride_cb + hk * stride_ch + (t % block_size).to(tl.int64) * stride_ct) // 2, ok
+    o = (t % block_size).to(tl.int64)
+    if KS == SS:  # vLLM's slot order
+        base = (blk * stride_cb + hk * stride_ch + o * stride_ct) // 2
+        fk, fn, fv, fs, fz = base + KO, base + NO, base + VO, base + SO, base + ZO
+    else:
+        region = (blk * stride_cb + hk * stride_ch) // 2
+        fk, fn, fv, fs, fz = region + o * KS + KO, region + o * NS + NO, region + o * VS + VO, region + o * SS + SO, region + o * ZS + ZO
+    return fk, fn, fv, fs, fz, ok
 
 
 # ----------------------------------------------------------------------------- dequant
@@ -330,26 +344,28 @@ def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, 
                   stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
                   D: tl.constexpr, BLOCK_T: tl.constexpr,
                   KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-                  KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
+                  KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
+                  VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr):
     """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D])."""
     in_len = t < cached_len
-    base16, ok = _slot_base16(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct)
+    kb16, nb16, vb16, sb16, zb16, ok = _field_bases(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct,
+                                                    KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
     rows = tl.arange(0, D)
     k_head = k_ptr + h.to(tl.int64) * stride_kh  # int32 offsets inside one head: L * D < 2**31
     v_head = v_ptr + h.to(tl.int64) * stride_vh
-    vc = _unpack_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D, BLOCK_T, 0x6400, True)
-    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vc = _unpack_t(cache16_ptr, vb16, ok, 0, VBITS, D, BLOCK_T, 0x6400, True)
+    vs = tl.load(cache16_ptr + sb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + zb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     vv = vz[None, :] + vs[None, :] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
     tl.store(v_head + t[None, :] * stride_vt + rows[:, None], vv.to(tl.float16), mask=in_len[None, :])
     if KEY_FP8:
-        kb = _unpack_t(cache16_ptr, base16, ok, 0, 8, D, BLOCK_T, 0, True)
+        kb = _unpack_t(cache16_ptr, kb16, ok, 0, 8, D, BLOCK_T, 0, True)
         kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         tl.store(k_head + t[None, :] * stride_kt + rows[:, None], kf, mask=in_len[None, :])
     else:
-        x = _unpack_t(cache16_ptr, base16, ok, 0, KBITS, D, BLOCK_T, 0x3F800000, True, 23 - KBITS).to(tl.float32, bitcast=True)
+        x = _unpack_t(cache16_ptr, kb16, ok, 0, KBITS, D, BLOCK_T, 0x3F800000, True, 23 - KBITS).to(tl.float32, bitcast=True)
         yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
-        fac = tl.load(cache16_ptr + base16 + KNORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        fac = tl.load(cache16_ptr + nb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         if NORM_CORR:
             yn = tl.sqrt(tl.sum(yh * yh, axis=0))
             fac = fac / tl.where(yn > 0, yn, 1.0)
@@ -367,7 +383,8 @@ def _dequant_kernel(
     inv_sqrt_d,
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
+    KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head (the sign matrix is loaded
     once per program); a thread keeps whole tokens ([D, BLOCK_T] tiles)."""
@@ -380,13 +397,28 @@ def _dequant_kernel(
         _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
                       cached_len, BLOCK_SIZE, num_blocks, h,
                       stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
-                      D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KNORM_W, VIDX_W, VSCALE_W)
+                      D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
 
 
 def _field_words(spec: TurboQuantSpec, d: int) -> dict:
-    """16-bit word offsets of the fields inside a slot (every field starts at an even byte)."""
+    """16-bit word offsets of the fields inside a vLLM-order slot (every field starts at an even
+    byte); the staged experiment of ``_triton_fast`` reads whole slots with them."""
     off = spec.offsets(d)
     return dict(KNORM_W=max(off["key_norm"], 0) // 2, VIDX_W=off["val_idx"] // 2, VSCALE_W=off["val_scale"] // 2)
+
+
+def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
+    """Kernel constexprs ``XO, XS``: 16-bit word offset and per-token stride of each field inside a
+    (block, KV head) region (:meth:`TurboQuantSpec.field_addresses`, either layout): K = key codes
+    (or fp8 keys), N = key norm (fp8 keys: none, 0/0), V = value codes, S = value scale, Z = value
+    zero.  Every field of both layouts starts at an even byte and has an even stride."""
+    fa = spec.field_addresses(d, block_size)
+    out = {}
+    for c, kind in (("K", "key_fp8" if spec.key_fp8 else "key_idx"), ("N", "key_norm"), ("V", "val_idx"),
+                    ("S", "val_scale"), ("Z", "val_zero")):
+        off, stride, _ = fa.get(kind, (0, 0, 0))
+        out[c + "O"], out[c + "S"] = off // 2, stride // 2
+    return out
 
 
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
@@ -408,7 +440,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        **_field_words(spec, d), **opts,
+        **_field_addr(spec, d, bs), **opts,
     )
     _record(stats, kern)
 
@@ -435,15 +467,16 @@ def _key_order(x, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 
 
 @triton.jit
-def _tile_words(cache16_ptr, base16, ok, D: tl.constexpr, KB: tl.constexpr, VBITS: tl.constexpr,
-                NORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr):
-    """Every 16-bit word a decode tile needs: key words, key norm (f32), value words, value
-    scale and zero (f32); masked-out tokens read as zeros."""
-    k0, k1, k2 = _words_t(cache16_ptr, base16, ok, 0, KB, D)
-    kn = tl.load(cache16_ptr + base16 + NORM_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    v0, v1, v2 = _words_t(cache16_ptr, base16, ok, VIDX_W, VBITS, D)
-    vs = tl.load(cache16_ptr + base16 + VSCALE_W, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vz = tl.load(cache16_ptr + base16 + VSCALE_W + 1, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+def _tile_words(cache16_ptr, kb16, nb16, vb16, sb16, zb16, ok, D: tl.constexpr, KB: tl.constexpr,
+                VBITS: tl.constexpr):
+    """Every 16-bit word a decode tile needs (word addresses of :func:`_field_bases`): key words,
+    key norm (f32; fp8 keys read a dummy), value words, value scale and zero (f32); masked-out
+    tokens read as zeros."""
+    k0, k1, k2 = _words_t(cache16_ptr, kb16, ok, 0, KB, D)
+    kn = tl.load(cache16_ptr + nb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    v0, v1, v2 = _words_t(cache16_ptr, vb16, ok, 0, VBITS, D)
+    vs = tl.load(cache16_ptr + sb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(cache16_ptr + zb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     return k0, k1, k2, kn, v0, v1, v2, vs, vz
 
 
@@ -530,7 +563,8 @@ def _decode_split_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
-    KNORM_W: tl.constexpr, VIDX_W: tl.constexpr, VSCALE_W: tl.constexpr,
+    KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
     """One program = one (request, KV head, split): the whole query group (GP rows, GROUP real)
     against each packed slot, loaded once.  Scores in the log2 domain (``qk_scale`` includes
@@ -544,7 +578,6 @@ def _decode_split_kernel(
 
     # query tile [GP, D], columns in the key tile's row order (_perm); MSE keys: q' = (q @ H) / sqrt(D)
     KB: tl.constexpr = 8 if KEY_FP8 else KBITS
-    NORM_W: tl.constexpr = 0 if KEY_FP8 else KNORM_W
     if KEY_FP8:
         q = tl.load(q_rows[:, None] + _perm(D, KB)[None, :], mask=gmask[:, None], other=0.0).to(tl.float16)
     else:
@@ -555,12 +588,14 @@ def _decode_split_kernel(
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     if PREFETCH:  # raw words of tile i+1 are loaded before tile i is computed
         t = start + tl.arange(0, BLOCK_T)
-        base16, ok = _slot_base16(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
-        k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, base16, ok, D, KB, VBITS, NORM_W, VIDX_W, VSCALE_W)
+        fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
+                                              KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+        k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
         for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
             tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
-            base_n, ok_n = _slot_base16(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
-            nxt = _tile_words(cache16_ptr, base_n, ok_n, D, KB, VBITS, NORM_W, VIDX_W, VSCALE_W)
+            fk, fn, fv, fs, fz, ok_n = _field_bases(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb,
+                                                    stride_ch, stride_ct, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+            nxt = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok_n, D, KB, VBITS)
             m_i, l_i, acc, acc_z = _tile_update(
                 q, k0, k1, k2, kn, v0, v1, v2, vs, vz, (t0 + tl.arange(0, BLOCK_T)) < end, m_i, l_i, acc, acc_z,
                 c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
@@ -569,9 +604,9 @@ def _decode_split_kernel(
         for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
             t = t0 + tl.arange(0, BLOCK_T)
             in_seq = t < end
-            base16, ok = _slot_base16(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct)
-            k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, base16, ok, D, KB, VBITS, NORM_W, VIDX_W,
-                                                             VSCALE_W)
+            fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
+                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+            k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
             m_i, l_i, acc, acc_z = _tile_update(
                 q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
                 c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
@@ -627,7 +662,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
         D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages, PREFETCH=prefetch,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        **_field_words(spec, d), **opts,
+        **_field_addr(spec, d, bs), **opts,
     )
     _record(stats, kern)
     reduce(mid_out, output, lse)

@@ -21,3 +21,9 @@ DEFAULTS: dict = {
     "decode_fp8": {"block_t": 128, "num_warps": 4, "num_stages": 1, "maxnreg": None, "prefetch": False},
     "dequant": {"block_t": 64, "num_warps": 4, "num_stages": None, "maxnreg": None, "tiles": 8},
 }
+
+# block-SoA decode (``_triton_soa``; the ``soa_x32_128x4_r128`` variant of
+# benchmarks/dev_turboquant_soa.py, data/turboquant_soa_x32_launch_h200.json): 128-token tiles,
+# 4 warps, register cap 128 -> 4 CTAs per SM.  Kept apart from DEFAULTS, which
+# data/turboquant_bench.json's sweep recorded.
+SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 128, "lut": 2}}

@@ -29,7 +29,8 @@ import os
 
 import torch
 
-from tqlab.turboquant.quant import decode_slots, encode_slots
+from tqlab.core.reservation import filling_kv_splits
+from tqlab.turboquant.quant import decode_slots, encode_slots, to_cache_layout, to_slot_order
 from tqlab.turboquant.spec import TurboQuantSpec, get_spec
 
 __all__ = [
@@ -173,9 +174,8 @@ def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, nu
         raise ValueError(f"policy must be one of {SPLIT_POLICIES}, got {policy!r}")
     if policy == "vllm":
         return VLLM_NUM_SPLITS
-    want = -(-programs_per_sm * num_sms // (batch * num_kv_heads))
-    s = 1 << max(0, (want - 1).bit_length())  # next power of two >= want
-    return max(VLLM_NUM_SPLITS, min(max_splits, s))
+    return filling_kv_splits(batch, num_kv_heads, num_sms, floor=VLLM_NUM_SPLITS, programs_per_sm=programs_per_sm,
+                             max_splits=max_splits)
 
 
 # ----------------------------------------------------------------------------- store
@@ -233,15 +233,24 @@ def store_kv(
     valid = slot_mapping >= 0
     slots = encode_slots(key[valid], value[valid], spec)  # (n_valid, Hk, slot_bytes)
     sm = slot_mapping[valid].long()
-    cache[sm // bs, :, sm % bs] = slots
+    if spec.cache_layout == "vllm":
+        cache[sm // bs, :, sm % bs] = slots
+        return
+    blk = torch.unique(sm // bs)  # the touched blocks, through vLLM's slot order and back
+    view = torch.full((nb,), -1, dtype=torch.long, device=sm.device)
+    view[blk] = torch.arange(blk.numel(), device=sm.device)
+    part = to_slot_order(cache[blk], spec, d)
+    part[view[sm // bs], :, sm % bs] = slots
+    cache[blk] = to_cache_layout(part, spec, d)
 
 
 # ----------------------------------------------------------------------------- dequant
-def _gather_request(cache, block_row: torch.Tensor, length: int) -> torch.Tensor:
-    """Slots of one request's first ``length`` tokens, uint8 ``(Hk, length, slot_bytes)``."""
+def _gather_request(cache, block_row: torch.Tensor, length: int, spec: TurboQuantSpec, d: int) -> torch.Tensor:
+    """Slots of one request's first ``length`` tokens in vLLM's slot order (whatever the cache's
+    layout), uint8 ``(Hk, length, slot_bytes)``."""
     nb, hk, bs, sb = cache.shape
     nblk = -(-length // bs)
-    slots = cache[block_row[:nblk].long()]  # (nblk, Hk, bs, sb)
+    slots = to_slot_order(cache[block_row[:nblk].long()], spec, d)  # (nblk, Hk, bs, sb)
     return slots.permute(1, 0, 2, 3).reshape(hk, nblk * bs, sb)[:, :length]
 
 
@@ -314,7 +323,7 @@ def dequant_kv(
 
         (tf if tf.use_fast(spec, dev) else tk).dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec)
         return
-    k, v = decode_slots(_gather_request(cache, block_table_row, cached_len), spec, d)
+    k, v = decode_slots(_gather_request(cache, block_table_row, cached_len, spec, d), spec, d)
     k_out[0, :, :cached_len] = k.to(torch.float16)
     v_out[0, :, :cached_len] = v.to(torch.float16)
 
@@ -369,6 +378,10 @@ def decode_attention(
         from tqlab.turboquant import _triton_kernels as tk
 
         kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
+        if spec.cache_layout == "block_soa":
+            from tqlab.turboquant import _triton_soa as ts
+
+            kernels = ts if ts.use_soa(spec, cache, query.shape[-1]) else kernels
         return kernels.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
     return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
 
@@ -434,7 +447,7 @@ def _decode_reference(query, cache, block_tables, seq_lens, spec, scale, mid_out
             mid_out[i, :, :, :d] = 0.0
             mid_out[i, :, :, d] = -math.inf
             continue
-        k, v = decode_slots(_gather_request(cache, block_tables[i], n), spec, d)  # (Hk, n, D) f32
+        k, v = decode_slots(_gather_request(cache, block_tables[i], n, spec, d), spec, d)  # (Hk, n, D) f32
         k = k.repeat_interleave(g, dim=0)
         v = v.repeat_interleave(g, dim=0)
         scores = torch.einsum("hd,hnd->hn", query[i].float(), k) * scale  # (Hq, n)

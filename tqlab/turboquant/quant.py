@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from tqlab.turboquant.codebook import hadamard, lloyd_max
-from tqlab.turboquant.spec import TurboQuantSpec
+from tqlab.turboquant.spec import TurboQuantSpec, get_spec
 
 __all__ = [
     "pack_indices",
@@ -42,6 +42,8 @@ __all__ = [
     "encode_slots",
     "decode_slots",
     "key_journey",
+    "to_cache_layout",
+    "to_slot_order",
     "FP16_MAX",
     "FP8_E4M3_MAX",
 ]
@@ -222,6 +224,48 @@ def decode_slots(slots: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> tu
     kp = spec.key_packed_bytes(head_dim)
     vp = spec.value_packed_bytes(head_dim)
     return decode_keys(slots[..., :kp], spec, head_dim), decode_values(slots[..., kp : kp + vp], spec, head_dim)
+
+
+# ----------------------------------------------------------------------------- in-block layouts
+def _block_perm(spec: TurboQuantSpec, head_dim: int, block_size: int) -> torch.Tensor:
+    """int64 ``p`` of length ``block_size * slot_bytes`` with ``region_in_layout = region_in_vllm_order[p]``
+    for one (block, KV head) region, from :meth:`TurboQuantSpec.field_addresses` of both layouts."""
+    key = ("perm", spec.key_bits, spec.value_bits, spec.cache_layout, head_dim, block_size)
+    if key not in _CONST_CACHE:
+        here = spec.field_addresses(head_dim, block_size)
+        there = get_spec(spec, "vllm").field_addresses(head_dim, block_size)
+        o = torch.arange(block_size)[:, None]
+        p = torch.full((block_size * spec.slot_bytes(head_dim),), -1, dtype=torch.int64)
+        for kind, (off, stride, n) in here.items():
+            src_off, src_stride, _ = there[kind]
+            j = torch.arange(n)[None, :]
+            p[(off + o * stride + j).flatten()] = (src_off + o * src_stride + j).flatten()
+        if bool((p < 0).any()) or not torch.equal(p.sort().values, torch.arange(p.numel())):
+            raise AssertionError(f"{spec.cache_layout}: field addresses are not a permutation of the block")
+        _CONST_CACHE[key] = p
+    return _CONST_CACHE[key]
+
+
+def to_cache_layout(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
+    """uint8 blocks ``(..., block_size, slot_bytes)`` in vLLM's slot order -> ``spec.cache_layout``'s
+    order (a new tensor of the same shape; the same tensor for ``"vllm"``)."""
+    if spec.cache_layout == "vllm":
+        return blocks
+    *_, bs, sb = blocks.shape
+    p = _block_perm(spec, head_dim, bs).to(blocks.device)
+    return blocks.reshape(*blocks.shape[:-2], bs * sb)[..., p].reshape(blocks.shape)
+
+
+def to_slot_order(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
+    """Inverse of :func:`to_cache_layout`: blocks in ``spec.cache_layout``'s order -> vLLM's slot
+    order, which :func:`decode_slots` reads."""
+    if spec.cache_layout == "vllm":
+        return blocks
+    *_, bs, sb = blocks.shape
+    p = _block_perm(spec, head_dim, bs)
+    inv = torch.empty_like(p)
+    inv[p] = torch.arange(p.numel())
+    return blocks.reshape(*blocks.shape[:-2], bs * sb)[..., inv.to(blocks.device)].reshape(blocks.shape)
 
 
 def key_journey(k: torch.Tensor, spec: TurboQuantSpec) -> dict[str, torch.Tensor]:

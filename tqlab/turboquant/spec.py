@@ -11,6 +11,17 @@ A *slot* holds one (position, kv-head) pair: ``[key_packed | value_packed | pad]
 
 The cache of one layer is a uint8 tensor ``(num_blocks, num_kv_heads, block_size, slot_bytes)``.
 
+Byte order inside one (block, KV head) region of ``block_size * slot_bytes`` bytes
+(``TurboQuantSpec.cache_layout``, same bytes per token, same quantizer):
+
+* ``"vllm"`` (default): vLLM's slot order, token after token, each slot as above.  Parity with
+  vLLM 0.33 and ``inspect-vllm`` pin these bytes.
+* ``"block_soa"`` (opt-in, issue 20): every field of the block's tokens stored contiguously --
+  all key codes, then all value codes, then the key norms, value scales and value zeros as fp16
+  arrays (then the pad bytes); each token's code field keeps vLLM's LSB-first bit stream.  With
+  ``block_size % 16 == 0`` every field starts 16-byte aligned, so the fast decode reads a chunk of
+  32 codes with one wide load (``benchmarks/NOTES_turboquant.md``).
+
 The four presets are vLLM's ``--kv-cache-dtype`` TurboQuant choices (PR #38479 lineage,
 ``vllm/v1/attention/backends/turboquant_attn.py``); ``_nc`` means norm correction.
 """
@@ -18,9 +29,10 @@ The four presets are vLLM's ``--kv-cache-dtype`` TurboQuant choices (PR #38479 l
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 __all__ = [
+    "CACHE_LAYOUTS",
     "TurboQuantSpec",
     "SlotField",
     "TQ_PRESETS",
@@ -32,6 +44,9 @@ __all__ = [
 _MSE_KEY_BITS = (2, 3, 4)
 _FP8_KEY_BITS = 8
 _VALUE_BITS = (2, 3, 4, 8)
+CACHE_LAYOUTS = ("vllm", "block_soa")
+# field kinds in block_soa order (a kind the spec lacks is skipped)
+_SOA_ORDER = ("key_idx", "key_fp8", "val_idx", "key_norm", "val_scale", "val_zero", "pad")
 
 
 def fp16_slot_bytes(head_dim: int) -> int:
@@ -61,15 +76,19 @@ class TurboQuantSpec:
         value_bits: 2, 3, 4 or 8; per-vector asymmetric uniform quantization.
         norm_correction: renormalize the dequantized rotated key to unit length before the
             inverse rotation (only meaningful for MSE keys).
+        cache_layout: byte order inside a (block, KV head) region, one of :data:`CACHE_LAYOUTS`:
+            ``"vllm"`` (default, vLLM's slot order) or ``"block_soa"`` (fields contiguous per
+            block, see the module docstring and :meth:`field_addresses`).
 
     Raises:
-        ValueError: unsupported bit widths, or norm correction asked for fp8 keys.
+        ValueError: unsupported bit widths, norm correction asked for fp8 keys, unknown layout.
     """
 
     name: str
     key_bits: int
     value_bits: int
     norm_correction: bool
+    cache_layout: str = "vllm"
 
     def __post_init__(self) -> None:
         if self.key_bits not in _MSE_KEY_BITS + (_FP8_KEY_BITS,):
@@ -81,6 +100,8 @@ class TurboQuantSpec:
             raise ValueError(f"{self.name}: value_bits must be one of {_VALUE_BITS}, got {self.value_bits!r}")
         if self.key_fp8 and self.norm_correction:
             raise ValueError(f"{self.name}: norm_correction needs MSE (rotated) keys, not fp8 keys")
+        if self.cache_layout not in CACHE_LAYOUTS:
+            raise ValueError(f"{self.name}: cache_layout must be one of {CACHE_LAYOUTS}, got {self.cache_layout!r}")
 
     # ----- derived facts -------------------------------------------------------------
     @property
@@ -162,6 +183,33 @@ class TurboQuantSpec:
         }
 
 
+    def field_addresses(self, head_dim: int, block_size: int) -> dict[str, tuple[int, int, int]]:
+        """Where each field of token ``o`` of a block lives inside its (block, KV head) region of
+        ``block_size * slot_bytes`` bytes: ``kind -> (offset, stride, nbytes)``, the field's bytes
+        are ``[offset + o * stride, ... + nbytes)``.  Kinds as :meth:`layout` (a kind the spec lacks
+        is absent).  ``"vllm"``: ``(slot offset, slot_bytes, nbytes)``; ``"block_soa"``: fields in
+        the order key codes, value codes, key norm, value scale, value zero, pad, each
+        ``block_size * nbytes`` long, stride ``nbytes``.  The one place both layouts are defined:
+        kernels, the torch reference's conversion and the tests read it.
+
+        Raises:
+            ValueError: bad ``head_dim``; ``block_size`` not a positive int.
+        """
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        fields = {f.kind: f for f in self.layout(head_dim)}
+        if self.cache_layout == "vllm":
+            sb = self.slot_bytes(head_dim)
+            return {k: (f.offset, sb, f.nbytes) for k, f in fields.items()}
+        out, off = {}, 0
+        for kind in _SOA_ORDER:
+            if kind in fields:
+                n = fields[kind].nbytes
+                out[kind] = (off, n, n)
+                off += block_size * n
+        return out
+
+
 TQ_PRESETS: dict[str, TurboQuantSpec] = {
     s.name: s
     for s in (
@@ -173,20 +221,30 @@ TQ_PRESETS: dict[str, TurboQuantSpec] = {
 }
 
 
-def get_spec(kv_cache_dtype: str | TurboQuantSpec) -> TurboQuantSpec:
+def get_spec(kv_cache_dtype: str | TurboQuantSpec, cache_layout: str | None = None) -> TurboQuantSpec:
     """The preset for a ``kv_cache_dtype`` string (a spec passes through unchanged).
 
+    ``cache_layout``: None keeps the spec's (presets: ``"vllm"``); ``"block_soa"`` opts in to the
+    in-block structure-of-arrays order (same shape and bytes per token).
+
     Raises:
-        ValueError: unknown name (``"auto"`` included: that is the fp16 cache, not TurboQuant).
+        ValueError: unknown name (``"auto"`` included: that is the fp16 cache, not TurboQuant) or
+            unknown layout.
     """
     if isinstance(kv_cache_dtype, TurboQuantSpec):
-        return kv_cache_dtype
-    try:
-        return TQ_PRESETS[kv_cache_dtype]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown TurboQuant kv_cache_dtype {kv_cache_dtype!r}; expected one of {sorted(TQ_PRESETS)}"
-        ) from None
+        spec = kv_cache_dtype
+    else:
+        try:
+            spec = TQ_PRESETS[kv_cache_dtype]
+        except (KeyError, TypeError):
+            raise ValueError(
+                f"unknown TurboQuant kv_cache_dtype {kv_cache_dtype!r}; expected one of {sorted(TQ_PRESETS)}"
+            ) from None
+    if cache_layout is None or cache_layout == spec.cache_layout:
+        return spec
+    if cache_layout not in CACHE_LAYOUTS:
+        raise ValueError(f"cache_layout must be one of {CACHE_LAYOUTS}, got {cache_layout!r}")
+    return replace(spec, cache_layout=cache_layout)
 
 
 def kv_cache_shape(

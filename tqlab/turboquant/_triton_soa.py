@@ -1,12 +1,21 @@
-"""Kernels of the in-block SoA prototypes (issue 20), used by ``dev_turboquant_soa.py``.
+"""Fast decode for the block-SoA cache layout (``TurboQuantSpec.cache_layout == "block_soa"``,
+issue 20; measured in ``benchmarks/NOTES_turboquant.md``, driver ``benchmarks/dev_turboquant_soa.py``).
 
-The SoA order of one (block, KV head) region (``block_size * slot_bytes`` bytes, the same bytes per
-token as vLLM's slot order): the key codes of all BS tokens, then their value codes, then the BS key
-norms, value scales and value zeros as fp16 arrays (each token's code field keeps vLLM's LSB-first
-bit stream).  ``aos_to_soa`` makes it from tqlab's cache; ``decode_soa`` runs the split-KV decode on
-it: ``_decode_soa_kernel`` (the fast kernel's 16 codes per thread, ``W32``: two aligned 32-bit loads
-per group) or ``_decode_soa4_kernel`` (32 codes per thread, 16-byte loads of 4-bit chunks), then the
-portable reduction.  Prototype code: not part of the package until the layout is integrated.
+The block-SoA order of one (block, KV head) region (:meth:`TurboQuantSpec.field_addresses`): the
+key codes of all BS tokens, then their value codes, then the BS key norms, value scales and value
+zeros as fp16 arrays; with ``BS % 16 == 0`` every field starts 16-byte aligned.  The store kernel,
+the portable decode / dequant and the fast dequant read and write either layout through per-field
+addresses; only the decode has a kernel of its own here:
+
+* ``_decode_soa4_kernel`` (the default, ``x32``): 32 codes per thread (4 lanes per token at
+  D = 128): a 4-bit chunk is one 16-byte load per thread, a 3-bit one three aligned 32-bit loads;
+  the two groups of 16 codes of a chunk go through ``_triton_fast``'s ``prmt`` table asm; 128-token
+  tiles, 4 warps, at most 128 registers (4 CTAs per SM).
+* ``_decode_soa_kernel`` (prototype kept for the driver's comparison): the fast kernel's 16 codes
+  per thread on this order, ``W32`` = two aligned 32-bit loads per group.
+
+Then ``_triton_kernels``' reduction.  Rotated (MSE-key) presets only; fp8 keys and caches whose
+fields are not 16-byte aligned take the per-field portable / fast kernels (:func:`use_soa`).
 """
 
 from __future__ import annotations
@@ -19,21 +28,18 @@ import triton.language as tl
 
 from tqlab.turboquant import _triton_fast as tf
 from tqlab.turboquant import _triton_kernels as tk
+from tqlab.turboquant.launch import SOA_DEFAULTS
+from tqlab.turboquant.spec import TurboQuantSpec
 
-__all__ = ["aos_to_soa", "decode_soa"]
+__all__ = ["use_soa", "decode_attention"]
 
 
-def aos_to_soa(cache: torch.Tensor, spec, d: int) -> torch.Tensor:
-    """tqlab/vLLM slot order -> the in-block SoA order above (same shape, same bytes per token)."""
-    nb, hk, bs, sb = cache.shape
-    o = spec.offsets(d)
-    kb, vb = spec.key_index_bytes(d), spec.value_index_bytes(d)
-    fields = [(0, kb), (o["val_idx"], vb), (o["key_norm"], 2), (o["val_scale"], 2), (o["val_zero"], 2)]
-    used = kb + vb + 6
-    if used < sb:
-        fields.append((used, sb - used))
-    parts = [cache[..., a:a + n].reshape(nb, hk, bs * n) for a, n in fields]
-    return torch.cat(parts, dim=-1).reshape(nb, hk, bs, sb).contiguous()
+def use_soa(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int) -> bool:
+    """This module's decode serves a block-SoA cache of a rotated preset on CUDA when every field is
+    16-byte aligned: ``block_size % 16 == 0``, ``head_dim >= 32`` (whole 32-code chunks) and a
+    16-byte aligned cache pointer."""
+    return (spec.cache_layout == "block_soa" and tf.use_fast(spec, cache.device) and cache.shape[2] % 16 == 0
+            and head_dim >= 32 and cache.data_ptr() % 16 == 0)
 
 
 @triton.jit
@@ -57,23 +63,22 @@ def _words32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _soa_loads(c16, c32, region16, o, ok, BS: tl.constexpr, D: tl.constexpr, KBITS: tl.constexpr,
-               VBITS: tl.constexpr, W32: tl.constexpr):
+def _soa_loads(c16, c32, region16, o, ok, D: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+               W32: tl.constexpr, KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr,
+               VO: tl.constexpr, VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr,
+               ZS: tl.constexpr):
     """Windows of keys and values, key norm, value scale and zero (fp32) of each token."""
-    KW: tl.constexpr = D * KBITS // 16  # 16-bit words of a key field
-    VW: tl.constexpr = D * VBITS // 16
-    kbase = region16 + o * KW
-    vbase = region16 + BS * KW + o * VW
-    sbase = region16 + BS * (KW + VW) + o
+    kbase = region16 + o * KS + KO
+    vbase = region16 + o * VS + VO
     if W32:
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _words32(c32, kbase // 2, ok, KBITS, D)
         vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _words32(c32, vbase // 2, ok, VBITS, D)
     else:
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = tf._group_words(c16, kbase, ok, 0, KBITS, D)
         vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = tf._group_words(c16, vbase, ok, 0, VBITS, D)
-    kn = tl.load(c16 + sbase, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vs = tl.load(c16 + sbase + BS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    vz = tl.load(c16 + sbase + 2 * BS, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+    vz = tl.load(c16 + region16 + o * ZS + ZO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     return kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz
 
 
@@ -85,7 +90,8 @@ def _decode_soa_kernel(
     stride_qb, stride_qh, stride_cb16, stride_ch16, stride_btb, stride_mb, stride_mh, stride_ms,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
-    W32: tl.constexpr,
+    W32: tl.constexpr, KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
+    VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
     """``_triton_fast._decode_fast_kernel`` (no prefetch, in-thread norm) on the SoA order."""
     b = tl.program_id(0)
@@ -103,7 +109,7 @@ def _decode_soa_kernel(
         region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
         o = (t % BLOCK_SIZE).to(tl.int64)
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _soa_loads(
-            c16, c32, region16, o, ok, BLOCK_SIZE, D, KBITS, VBITS, W32)
+            c16, c32, region16, o, ok, D, KBITS, VBITS, W32, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         m_i, l_i, acc, acc_z = tf._fast_tile(
             q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz,
             in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
@@ -244,6 +250,8 @@ def _decode_soa4_kernel(
     stride_qb, stride_qh, stride_cb16, stride_ch16, stride_btb, stride_mb, stride_mh, stride_ms,
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+    KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
     """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
     per thread and chunk, 3-bit fields as three 32-bit loads."""
@@ -253,8 +261,6 @@ def _decode_soa4_kernel(
     heads, gmask, start, end, q, ones, cols = tf._fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb,
                                                                 stride_qh, inv_sqrt_d, GROUP, GP, D, False)
     m_i, l_i, acc, acc_z = tk._online_init(GP, D)
-    KW: tl.constexpr = D * KBITS // 16
-    VW: tl.constexpr = D * VBITS // 16
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
         t = t0 + tl.arange(0, BLOCK_T)
@@ -263,11 +269,10 @@ def _decode_soa4_kernel(
         ok = in_seq & (blk >= 0) & (blk < num_blocks)
         region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
         o = (t % BLOCK_SIZE).to(tl.int64)
-        sbase = region16 + BLOCK_SIZE * (KW + VW) + o
-        kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KW) // 2, ok, KBITS, D)
+        kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
         ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
         k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T, LUT, LUT_ASM)
-        kn = tl.load(c16 + sbase, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         sc = tl.dot(q, tl.trans(k16))
         if NORM_CORR:
             y32 = k16.to(tl.float32)
@@ -280,37 +285,41 @@ def _decode_soa4_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + BLOCK_SIZE * KW + o * VW) // 2, ok, VBITS, D)
+        vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
         vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
         v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-        vs = tl.load(c16 + sbase + BLOCK_SIZE, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        vz = tl.load(c16 + sbase + 2 * BLOCK_SIZE, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+        vz = tl.load(c16 + region16 + o * ZS + ZO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), v16)
         acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
         m_i = m_new
     tk._store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, cols, stride_mb, stride_mh, stride_ms, D)
 
 
-def decode_soa(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse, block_t=64, num_warps=4,
-               w32=True, lut=2, stats=None, x32=False, maxnreg=None):
-    """Split kernel on an SoA cache, then the portable reduction."""
+def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
+                     block_t: int | None = None, num_warps: int | None = None, maxnreg: int | None = None,
+                     lut: int | None = None, x32: bool = True, w32: bool = True, stats: dict | None = None):
+    """Split kernel on a block-SoA cache (``x32``: :func:`_decode_soa4_kernel`, else
+    :func:`_decode_soa_kernel` with ``w32``), then the portable reduction.  Launch defaults:
+    ``launch.SOA_DEFAULTS["soa_decode"]`` (the register cap only where the kernel is compiled)."""
+    cfg = SOA_DEFAULTS["soa_decode"]
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
-    lut = lut if tf.use_lut(spec, query.device) else 0
+    lut = tf._lut_mode(spec, query.device, lut, cfg)
     args = (query, cache.view(torch.uint16), cache.view(-1).view(torch.int32), block_tables, seq_lens, mid_out,
             *tk._centroid_poly(spec, d), scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
             query.stride(0), query.stride(1), cache.stride(0) // 2, cache.stride(1) // 2,
             block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
-    meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
-                KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=lut,
-                LUT_ASM=tf._asm_for(spec, d, lut), num_warps=num_warps)
-    if maxnreg:
+    meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d,
+                BLOCK_T=block_t or cfg["block_t"], KBITS=spec.key_bits, VBITS=spec.value_bits,
+                NORM_CORR=spec.norm_correction, LUT=lut, LUT_ASM=tf._asm_for(spec, d, lut),
+                num_warps=num_warps or cfg["num_warps"], **tk._field_addr(spec, d, bs))
+    maxnreg = cfg.get("maxnreg") if maxnreg is None else maxnreg
+    if maxnreg and query.device.type == "cuda" and not tf.tk_interpret():
         meta["maxnreg"] = maxnreg
-    if x32:
-        kern = _decode_soa4_kernel[(bsz, hk, mid_out.shape[2])](*args, **meta)
-    else:
-        kern = _decode_soa_kernel[(bsz, hk, mid_out.shape[2])](*args, W32=w32, **meta)
+    grid = (bsz, hk, mid_out.shape[2])
+    kern = _decode_soa4_kernel[grid](*args, **meta) if x32 else _decode_soa_kernel[grid](*args, W32=w32, **meta)
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)
     return output
