@@ -601,6 +601,11 @@ def test_deployment_from_preset_says_which_fields_the_line_set():
     ("vllm serve M --max-model-len 4 --max-num-seqs 2", 2, 8),  # min(max_num_seqs x max_model_len, 2048)
     ("vllm serve M --max-num-batched-tokens 100", 100, 100),  # a defaulted max_num_seqs is capped by the batch
     ("vllm serve M --performance-mode throughput", 512, 4096),  # doubled defaults
+    # batched DP MoE (ParallelConfig.use_batched_dp_moe: deepep_low_latency / nixl_ep, -dp > 1, expert parallel):
+    # SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP = 256, then max_num_seqs = min(256, 256)
+    ("vllm serve M -dp 2 --enable-expert-parallel --all2all-backend deepep_low_latency", 256, 256),
+    ("vllm serve M -dp 2 --enable-expert-parallel --all2all-backend nixl_ep --performance-mode throughput", 512, 512),
+    ("vllm serve M -dp 2 --all2all-backend deepep_low_latency", 256, 2048),  # no expert parallelism: not batched
 ])
 def test_scheduler_defaults_as_vllm(line, seqs, mbt):
     kw, _, src = engine_config_kwargs_from_vllm(line, MODEL)

@@ -105,15 +105,25 @@ def _max_model_len(shape: ModelShape, d: DeploymentDraft, env: Mapping[str, str]
     d.note(NoteKind.DEFAULTED, f"max_model_len = {shape.max_len} from {where} ({how})", "max_model_len")
 
 
+_BATCHED_DP_ALL2ALL = ("deepep_low_latency", "nixl_ep")
+"""``ParallelConfig.use_batched_dp_moe``'s all2all backends (``vllm/config/parallel.py``)."""
+
+
 def _scheduler_defaults(d: DeploymentDraft, usage: str, gpu_memory_gib: float | None,
-                        performance_mode: str | None, gpu: str | None = None) -> None:
+                        performance_mode: str | None, gpu: str | None = None,
+                        all2all_backend: str | None = None) -> None:
     """Unset ``max_num_seqs`` / ``max_num_batched_tokens`` as vLLM 0.33 sets them
     (``EngineArgs._set_default_max_num_seqs_and_batched_tokens_args``): the usage/GPU defaults,
     doubled with ``--performance-mode throughput``; without chunked prefill the batch is at least
     ``max_model_len``; then ``min(max_num_seqs * max_model_len, ...)``, and a defaulted
     ``max_num_seqs`` is capped by the batch. (vLLM's ``max_num_batched_tokens >= max_num_seqs``
-    check then applies, in :class:`EngineConfig`.)"""
+    check then applies, in :class:`EngineConfig`.) With batched DP MoE (``ParallelConfig.use_batched_dp_moe``:
+    ``--all2all-backend`` deepep_low_latency or nixl_ep, ``-dp`` > 1, expert parallelism) the batch default is
+    ``SchedulerConfig.DEFAULT_MAX_NUM_BATCHED_TOKENS_FOR_BATCHED_DP`` = 256 tokens."""
     mbt, seqs, why = vllm_default_limits(usage, gpu_memory_gib, gpu)
+    if (all2all_backend in _BATCHED_DP_ALL2ALL and d.get("enable_expert_parallel", False)
+            and d.get("data_parallel_size", 1) > 1):
+        mbt, why = 256, why + f"; batched DP MoE (--all2all-backend {all2all_backend}): 256 tokens"
     if performance_mode == "throughput":
         mbt, seqs, why = 2 * mbt, 2 * seqs, why + ", doubled by --performance-mode throughput"
     seqs_given, mbt_given = "max_num_seqs" in d, "max_num_batched_tokens" in d

@@ -140,7 +140,7 @@ def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None,
     _max_model_len(shape, d, given.get(ENV_KEY))
     if gpu is not None:
         d.set("gpu", gpu_target(gpu).name, f"tqlab --gpu {gpu_target(gpu).name}")
-    _scheduler_defaults(d, usage, gpu_memory_gib, given.get("performance_mode"), gpu)
+    _scheduler_defaults(d, usage, gpu_memory_gib, given.get("performance_mode"), gpu, given.get("all2all_backend"))
     _skip_layers(shape, d, given.get("kv_cache_dtype_skip_layers") or [])
     apply_hybrid_block(shape, d, given)
     if shape.hybrid is not None:

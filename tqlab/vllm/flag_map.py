@@ -117,7 +117,8 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
-                        "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY}
+                        "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY,
+                        "all2all_backend"}
 
 
 _CC = "--compilation-config (-cc)"
