@@ -127,3 +127,20 @@ def test_max_tokens_one_makes_no_decode_call_and_inspect_vllm_passes_it_on():
     reqs = {k: json.loads(_run(*args, "--max-tokens", k).output)["prediction"]["requests"][0] for k in ("1", "2")}
     assert [c["consumer"] for c in reqs["1"]["consumers"]] == []
     assert [c["consumer"] for c in reqs["2"]["consumers"]] == [DECODE]
+
+
+def test_plan_reports_the_split_count_that_fills_the_gpu():
+    # Seed rank (Hk 1, max_num_seqs 4): 4 programs x 132 SMs / (1 row x 1 KV head) -> 528 -> next power of two 1024,
+    # capped at 256; the decode scratch (4, 4, 256, 129) f32 at max_num_seqs rows = 2,113,536 B -> 2,117,888 with the
+    # 256-byte rounding of its three views.
+    from tqlab.core.reservation import filling_kv_splits
+
+    assert filling_kv_splits(1, 1, 132, floor=32) == 256 and filling_kv_splits(16, 8, 132, floor=32) == 32
+    assert filling_kv_splits(1, 8, 48, floor=32) == 32  # A4000, Llama shard: 24 -> 32, the floor
+    out = _run("plan", "--preset", "nemotron-3-super-120b-a12b").output
+    assert ("S = 32 (268,544 bytes of decode scratch at max_num_seqs rows); S = 256 would fill the H200's 132 SMs "
+            "for a 1-row batch and reserve 2,117,888 bytes") in " ".join(out.split())
+    assert "--attention-config.tq_max_kv_splits_for_cuda_graph 256" in " ".join(out.split())
+    out = " ".join(_run("plan", "--preset", "llama-3.1-8b", "--gpu", "A4000").output.split())
+    assert "already fills the A4000's 48 SMs for a 1-row batch" in out
+    assert "split-KV decode" not in " ".join(_run("plan", "--preset", "deepseek-v3.2").output.split())

@@ -504,6 +504,17 @@ def _plan_lines(config: EngineConfig, pred) -> list:
            f"workspace share: {100 * reserved * slots / kv:.3f}%",
            f"capture sizes ({pred.cudagraph_mode}): {list(pred.capture_sizes)}; decode rows at the lock: "
            f"{pred.decode_rows_at_lock}"]
+    if config.has_turboquant_consumers:
+        from tqlab.core.reservation import kv_splits_advice
+
+        adv = kv_splits_advice(config)
+        fills = (f"already fills the {adv.gpu}'s {adv.sm_count} SMs for a 1-row batch"
+                 if adv.filling_splits == adv.configured_splits else
+                 f"S = {adv.filling_splits} would fill the {adv.gpu}'s {adv.sm_count} SMs for a 1-row batch and "
+                 f"reserve {adv.filling_bytes:,} bytes at max_num_seqs rows ({adv.flag}; a graph replays the S it "
+                 "was captured with)")
+        out.append(f"split-KV decode: S = {adv.configured_splits} ({adv.configured_bytes:,} bytes of decode scratch at "
+                   f"max_num_seqs rows); {fills}")
     from tqlab.predict.consumer_text import consumer_lines, verdict_line
 
     out += consumer_lines(pred)

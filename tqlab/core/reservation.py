@@ -54,6 +54,7 @@ __all__ = [
     "KvSplitsAdvice",
     "decode_workspace_shapes",
     "deployment_decode_shapes",
+    "filling_kv_splits",
     "gpu_filling_kv_splits",
     "kv_splits_advice",
     "plan_bytes",
@@ -116,6 +117,22 @@ def deployment_decode_shapes(config: "EngineConfig", batch_size: int, num_kv_spl
     return decode_workspace_shapes(batch_size, config.num_heads_per_rank, config.head_dim, s, config.dtype)
 
 
+def filling_kv_splits(batch_size: int, num_kv_heads: int, sm_count: int, *, floor: int, programs_per_sm: int = 4,
+                      max_splits: int = 256) -> int:
+    """The one split-count rule that fills a GPU: the power of two at or above
+    ``programs_per_sm * sm_count / (batch_size * num_kv_heads)`` (one decode program per request x KV head x
+    split), clamped to ``[floor, max_splits]``. Used by :func:`gpu_filling_kv_splits` (a deployment) and by
+    ``tqlab.turboquant.ops.decode_num_splits``' ``"fill"`` policy (a kernel launch). Raises ``ValueError`` for a
+    non-positive argument."""
+    b, hk, sms = (positive_int(n, v) for n, v in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads),
+                                                  ("sm_count", sm_count)))
+    pps, cap, lo = (positive_int(n, v) for n, v in (("programs_per_sm", programs_per_sm), ("max_splits", max_splits),
+                                                   ("floor", floor)))
+    want = -(-pps * sms // (b * hk))
+    s = 1 << max(0, (want - 1).bit_length())  # next power of two >= want
+    return max(lo, min(cap, s))
+
+
 def gpu_filling_kv_splits(config: "EngineConfig", batch_size: int = 1, *, programs_per_sm: int = 4,
                           max_splits: int = 256) -> int:
     """The split count ``S`` that fills ``config.gpu`` for a decode batch of ``batch_size`` rows (issue 20).
@@ -129,12 +146,9 @@ def gpu_filling_kv_splits(config: "EngineConfig", batch_size: int = 1, *, progra
     (``tqlab.turboquant.ops.decode_num_splits``' ``"fill"`` policy uses the same rule). Raises
     ``ValueError`` for a non-positive size or an unknown GPU.
     """
-    b = positive_int("batch_size", batch_size)
-    pps = positive_int("programs_per_sm", programs_per_sm)
-    cap = positive_int("max_splits", max_splits)
-    want = -(-pps * gpu_target(config.gpu).sm_count // (b * config.num_kv_heads_per_rank))
-    s = 1 << max(0, (want - 1).bit_length())  # next power of two >= want
-    return max(config.tq_max_kv_splits_for_cuda_graph, min(cap, s))
+    return filling_kv_splits(batch_size, config.num_kv_heads_per_rank, gpu_target(config.gpu).sm_count,
+                             floor=config.tq_max_kv_splits_for_cuda_graph, programs_per_sm=programs_per_sm,
+                             max_splits=max_splits)
 
 
 @dataclass(frozen=True)

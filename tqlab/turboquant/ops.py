@@ -29,6 +29,7 @@ import os
 
 import torch
 
+from tqlab.core.reservation import filling_kv_splits
 from tqlab.turboquant.quant import decode_slots, encode_slots, to_cache_layout, to_slot_order
 from tqlab.turboquant.spec import TurboQuantSpec, get_spec
 
@@ -173,9 +174,8 @@ def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, nu
         raise ValueError(f"policy must be one of {SPLIT_POLICIES}, got {policy!r}")
     if policy == "vllm":
         return VLLM_NUM_SPLITS
-    want = -(-programs_per_sm * num_sms // (batch * num_kv_heads))
-    s = 1 << max(0, (want - 1).bit_length())  # next power of two >= want
-    return max(VLLM_NUM_SPLITS, min(max_splits, s))
+    return filling_kv_splits(batch, num_kv_heads, num_sms, floor=VLLM_NUM_SPLITS, programs_per_sm=programs_per_sm,
+                             max_splits=max_splits)
 
 
 # ----------------------------------------------------------------------------- store
