@@ -483,7 +483,7 @@ if bench is not None:
 from tqlab.lab import plots_cache_order as orders
 from tqlab.turboquant.quant import to_slot_order
 
-BS = 16  # tokens per block, vLLM's default block_size
+BS = 16  # tokens per block: vLLM 0.33's CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py)
 figures_order = {o: orders.block_byte_ranges("turboquant_3bit_nc", D, BS, o) for o in orders.ORDERS}
 orders.plot_block_orders("turboquant_3bit_nc", D, BS)
 plt.show()
@@ -495,8 +495,8 @@ for o, ranges in figures_order.items():
 # %% [markdown]
 # **Predict, then run.** (1) Do both orders hold the same bytes per token — the same number of bytes of
 # each field, so the same cache size? (2) If tqlab's store kernel writes a block in block-SoA order and
-# `to_slot_order` permutes it back, do we get *exactly* the bytes vLLM's order stores? (3) In which order
-# does every field range start on a 16-byte boundary?
+# `to_slot_order` permutes it back, do we get *exactly* the bytes vLLM's order stores? (3) The cell above
+# already counted the aligned field starts per order; this cell only re-checks that count with `assert`s.
 
 # %%
 soa3, vllm3 = get_spec("turboquant_3bit_nc", "block_soa"), get_spec("turboquant_3bit_nc")
@@ -526,7 +526,8 @@ print(f"same {soa3.slot_bytes(D)} bytes per token; store → to_slot_order equal
 # token's, so their offset modulo 16 wanders from token to token and a kernel reads them in small
 # pieces. In block-SoA the block's key codes are one aligned run (the cell above printed where), read
 # with 16-byte loads, and the norms arrive as one aligned fp16 array (`benchmarks/NOTES_turboquant.md`).
-# fp8 keys (k8v4) are whole bytes already, so the order changes little for them.
+# fp8 keys (k8v4) are whole bytes already, so the order gains nothing for them (the recording below has
+# block-SoA slightly *slower* there).
 #
 # **Predict, then run.** On the H200 recording (same K/V; vLLM's kernels stay on vLLM's layout), by how
 # much does block-SoA beat tqlab's own vLLM-order decode on the Llama-3.1-8B shard at 32K and 128K — and
@@ -555,7 +556,7 @@ if vs6 is not None:
 
     tg = orders.order_targets(vs6)
     show_md(f"Llama shard at 32K/128K: block-SoA is **{_span(rot)} faster** than vLLM's order "
-            f"for the rotated presets, {_span(k8)} for k8v4. Issue 20's targets for block-SoA: "
+            f"for the rotated presets; for k8v4 vLLM order / SoA is {_span(k8)} (below 1×: SoA is not faster). Issue 20's targets for block-SoA: "
             f"**≥ {tg['at_sdpa_32k_128k']['target']:g}× SDPA at 32K/128K**: {tg['at_sdpa_32k_128k']['met']} of "
             f"{tg['at_sdpa_32k_128k']['of']} rows (worst {tg['at_sdpa_32k_128k']['worst']:.2f}×); "
             f"**≥ {tg['vllm_5x']['target']:g}× vLLM 0.33**: {tg['vllm_5x']['met']} of {tg['vllm_5x']['of']} rows; "

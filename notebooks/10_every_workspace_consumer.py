@@ -37,7 +37,8 @@
 # section 5 re-runs vLLM's own classes when the parity environment (`.venv-parity`, `bash parity/run.sh`)
 # exists and shows the recorded run under a banner otherwise.
 #
-# **Run time.** Under a minute on a small CPU box (15–20 s of it is vLLM's own classes, when installed).
+# **Run time.** Under a minute on a small CPU box (about 20 s on a 2-core box, 10–20 s of it vLLM's own classes
+# when installed).
 # The last cell prints the measured time.
 
 # %%
@@ -124,7 +125,6 @@ show_md(markdown_table(
       f"{compute_layout(call).total_bytes:,}", format_mb(compute_layout(call).total_bytes))
      for name, call in calls.items()],
 ))
-show_md(f"After both calls the slot holds **{m.size_bytes():,} bytes = {format_mb(m.size_bytes())} MiB**.")
 
 # %% [markdown]
 # **Predict, then run.** After the second (smaller) call: is the slot the sum of the two calls or the larger one?
@@ -177,7 +177,8 @@ assert [u["consumer"].split(" ")[0] for u in tables["deepseek-v3.2"].unmodelled]
 # %% [markdown]
 # **Answer** (checked by the cell above). DeepSeek-V3.2: FlashMLA sparse's `__init__` reservation (its
 # `workspace_specs`: the Q concatenation buffer at `max_num_batched_tokens` rows and, for the `fp8_ds_mla` cache,
-# a bf16 prefill workspace of `factor × max_model_len` rows), larger than the indexer's profile-run buffers; its FP8 MoE's
+# a bf16 prefill workspace of `factor × max_model_len` rows plus three bf16 prefill query/output buffers at
+# `max_num_batched_tokens` rows), larger than the indexer's profile-run buffers; its FP8 MoE's
 # experts (DeepGEMM / CUTLASS) and DeepGEMM warm-up are **unmodelled** and listed, so tqlab's lock for it is a
 # lower bound. Qwen3-30B-A3B: TurboQuant's decode reservation at `max_num_seqs` rows, just above the fused MoE's
 # profile-run scratch. The picture:
@@ -382,7 +383,7 @@ show_md(f"TurboQuant's decode scratch: {tq_lock:,} bytes = {format_mb(tq_lock)} 
 #
 # Reading vLLM 0.33's code suggests four more ways to the assertion (issue 19).
 # `parity/latent_crashes.py` checks each with vLLM's own classes on a CPU. With `.venv-parity` present the cell
-# re-runs the checks now (a subprocess in that environment; 15–20 s); otherwise it shows the recorded run
+# re-runs the checks now (a subprocess in that environment; 10–20 s); otherwise it shows the recorded run
 # `data/vllm_0_33_latent_crashes.json` under a banner, with the parity suite's outcome from
 # `data/parity_results.json`.
 #
@@ -442,7 +443,7 @@ print("tqlab's registry sees each candidate:", ours)
 # **Answer** (checked by the cell above). All four are **confirmed** by vLLM 0.33's own code:
 #
 # 1. **TurboQuant, `--no-enable-chunked-prefill` + prefix caching.** PR #44053 reserves the continuation buffers
-#    only with chunked prefill on; a prefix-cache hit followed by more than 128 new tokens still runs
+#    only with chunked prefill on (and `max_num_batched_tokens` above `_CONTINUATION_DECODE_THRESHOLD`); a prefix-cache hit followed by more than 128 new tokens still runs
 #    `_continuation_prefill` and is refused with the report's numbers. tqlab: the continuation consumer has phase
 #    `none` and is not covered.
 # 2. **FlashAttention + DCP, PIECEWISE-only graphs.** Nothing reaches `_forward_with_dcp` before the lock; the
