@@ -105,7 +105,8 @@ print(f"workspace cells on {device!r}; presets: {', '.join(cfgs)}")
 # vLLM's rule (`vllm/v1/worker/workspace.py`, `WorkspaceManager.get_simultaneous`): every call carves its views
 # from **offset 0** of the same buffer and grows the buffer only when the call needs more than it holds. So a
 # later call overwrites an earlier call's views — consumers never hold views across each other's calls (seed 002
-# §6.1: DCP's second call reuses the first one's bytes). The two real calls, from the registry's modules, on
+# §6.1 shows it with two DCP calls; vLLM 0.33's `flash_attn.py` `_forward_with_dcp` keeps only the first and
+# writes the query attention into the layer's `output`). The two real calls, from the registry's modules, on
 # tqlab's `WorkspaceManager`:
 
 # %%
