@@ -142,3 +142,14 @@ def test_nemotron_h_pattern_jamba_period_and_explicit_indices():
         read_hf_config({**BASE, "attention_layer_indices": [4]})
     s = read_hf_config({**BASE, "layers_block_type": ["mamba", "attention", "mamba", "mamba"]})
     assert s.attention_layers == (1,)
+
+
+def test_a_bad_mla_field_names_the_file_once(tmp_path):
+    from tqlab.vllm.hf_config import HFConfigError
+
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(model_type="deepseek_v3", hidden_size=7168, num_attention_heads=128,
+                                 kv_lora_rank="x", qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128)))
+    with pytest.raises(HFConfigError) as e:
+        read_hf_config(p)
+    assert str(e.value) == f"{p}: kv_lora_rank must be an integer, got 'x'"

@@ -475,6 +475,8 @@ def _consumer_fields(r: _Reader, raw: Mapping[str, Any]) -> tuple[MLAFields | No
             mla = MLAFields(r.int("kv_lora_rank", required=True), r.int("qk_rope_head_dim", minimum=0) or 0,
                             r.int("qk_nope_head_dim", required=True), r.int("v_head_dim", required=True),
                             r.int("q_lora_rank"))
+        except HFConfigError:  # already names the file and the key
+            raise
         except ValueError as e:
             raise HFConfigError(f"{r.where}: {e}") from None
     indexer = None
