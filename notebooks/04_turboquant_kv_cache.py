@@ -33,7 +33,7 @@
 # installed, for a tiny agreement check). With `DEVICE = "cuda"` and `USE_RECORDED = False` the GPU
 # section runs the benchmark's quick mode live.
 #
-# **Run time.** About 15 s on a 2-core CPU box; the last cell prints the measured time.
+# **Run time.** About 10 s on a 2-core CPU box; the last cell prints the measured time.
 #
 # Every section ends with a **predict, then run** cell: a question first, then a cell that answers it
 # and checks the answer with `assert`s.
