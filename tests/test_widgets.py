@@ -333,3 +333,20 @@ def test_planner_numbers_are_the_analysis_numbers():
         assert r.first_failing_unfixed == first_failing_prompt(cfg, unfixed_locked_bytes(cfg))
         lengths, need = W.need_curve(cfg, points=40)
         assert need == [workspace_bytes_for_prompt(cfg, p) for p in lengths]
+
+
+def test_planner_lists_every_other_consumer_and_who_sets_the_lock():
+    from tqlab.lab.widgets.planner import _planner_html, other_consumers, plan_summary, planner_figure
+
+    qwen = plan_summary(EngineConfig.from_preset("qwen3-30b-a3b"))
+    assert [(c["name"], c["reserved_bytes"]) for c in other_consumers(qwen)] == [("fused_moe", 536_870_912)]
+    html = _planner_html(qwen)
+    assert "locked at 512.00 MiB (the largest request before the lock: modular_kernel.py:_allocate_buffers)" in html
+    ds = plan_summary(EngineConfig.from_preset("deepseek-v3.2"))
+    assert [c["name"] for c in other_consumers(ds)] == ["flashmla_sparse", "sparse_indexer"]
+    html = _planner_html(ds)
+    assert "not modelled (the answer is partial)" in html and "PR #44053 reserves nothing here" in html
+    fig = planner_figure(ds)
+    assert [round(p.get_height(), 2) for p in fig.axes[0].patches] == [2260.0, 826.0]
+    seed = _planner_html(plan_summary(EngineConfig.from_preset("nemotron-3-super-120b-a12b")))
+    assert "TurboQuant's decode capture at 4 rows" in seed and "other workspace consumers" not in seed

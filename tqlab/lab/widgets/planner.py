@@ -20,6 +20,7 @@ from tqlab.predict.analysis import (
     prefill_chunks,
     workspace_bytes_for_prompt,
 )
+from tqlab.core.consumers.registry import TURBOQUANT
 from tqlab.core.config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
 from tqlab.core.workspace import compute_layout
@@ -138,7 +139,12 @@ def planner_figure(result: PlannerResult):
     fig, (ax1, ax2) = new_figure(10.0, 3.6, ncols=2, width_ratios=[1, 1.6])
     names = ["decode\nscratch", "continuation\ndequant"][: len(result.consumers)]
     vals = [mib(b) for _, _, b in result.consumers]
-    bars = ax1.bar(names, vals, color=[FIX_COLOR, "#2ca02c"][: len(vals)])
+    colors = [FIX_COLOR, "#2ca02c"][: len(vals)]
+    for row in other_consumers(result):  # the registry's other consumers of this deployment (max, not sum)
+        names.append(row["name"].replace("_", "\n", 1))
+        vals.append(mib(row["reserved_bytes"]))
+        colors.append("#7f7f7f")
+    bars = ax1.bar(names, vals, color=colors)
     for b, v in zip(bars, vals):
         ax1.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=8)
     unfixed = result.unfixed_locked_bytes or 0  # None: never locked (eager) -- nothing to overflow
@@ -174,6 +180,30 @@ def planner_figure(result: PlannerResult):
     return fig
 
 
+def other_consumers(r: PlannerResult) -> list[dict[str, Any]]:
+    """The deployment's workspace consumers other than TurboQuant's, as the registry sizes them
+    (:func:`tqlab.predict.analysis.consumer_table` rows: ``consumer``, ``name``, ``phase``, ``reserved_bytes``,
+    ``max_runtime_bytes``, ``covered``); ``[]`` without a prediction."""
+    rows = r.prediction.consumers.get("consumers", []) if r.prediction is not None else []
+    return [row for row in rows if row["name"] not in TURBOQUANT]
+
+
+def _registry_html(r: PlannerResult) -> str:
+    """Every other consumer (registry rows) and the unmodelled ones the deployment would use."""
+    rows = "".join(
+        f"<tr><td>{esc(c['consumer'])}</td><td>{esc(c['phase'])}</td><td>{c['reserved_bytes']:,}</td>"
+        f"<td>{c['max_runtime_bytes']:,}</td><td>{'yes' if c['covered'] else '<b>no</b>'}</td></tr>"
+        for c in other_consumers(r))
+    unmodelled = r.prediction.consumers.get("unmodelled", []) if r.prediction is not None else []
+    out = ("<p>other workspace consumers of this deployment (vLLM 0.33; a slot is as large as the largest request "
+           "before the lock):</p><table class='tqlab-table'><tr><th>consumer</th><th>phase</th><th>reserved bytes</th>"
+           f"<th>max at serve time</th><th>covered</th></tr>{rows}</table>" if rows else "")
+    if unmodelled:
+        out += "<p>not modelled (the answer is partial): " + "; ".join(
+            f"{esc(u['consumer'])} ({esc(u['reason'])})" for u in unmodelled) + "</p>"
+    return out
+
+
 def _planner_html(r: PlannerResult) -> str:
     cfg = r.config
     rows = "".join(
@@ -195,15 +225,25 @@ def _planner_html(r: PlannerResult) -> str:
     fixed = ("every prompt up to max_model_len survives" if r.first_failing_fixed is None
              else f"<span style='color:{CRASH_COLOR}'>shortest failing prompt still {r.first_failing_fixed:,} tokens</span>")
     return (
-        f"{table}"
-        f"<p>with the fix: <b>{mib(r.reserved_bytes):.2f} MiB</b> per ubatch slot x {r.slots} slot(s) = "
-        f"<b>{100 * r.kv_share:.3f}%</b> of the KV cache ({mib(r.kv_cache_bytes):,.1f} MiB for "
-        f"max_num_seqs x max_model_len tokens, {cfg.kv_cache_dtype}, {cfg.num_hidden_layers} layer(s)); {fixed}.</p>"
+        f"{table}{_registry_html(r)}"
+        + (f"<p>with the fix: <b>{mib(r.reserved_bytes):.2f} MiB</b> per ubatch slot x {r.slots} slot(s) = "
+           f"<b>{100 * r.kv_share:.3f}%</b> of the KV cache ({mib(r.kv_cache_bytes):,.1f} MiB for "
+           f"max_num_seqs x max_model_len tokens, {cfg.kv_cache_dtype}, {cfg.num_hidden_layers} layer(s)); {fixed}.</p>"
+           if cfg.has_turboquant_consumers else
+           f"<p>PR #44053 reserves nothing here: kv_cache_dtype {esc(cfg.kv_cache_dtype)} runs no TurboQuant "
+           "backend.</p>")
         + (f"<p>without the fix: never locked (no CUDA graph capture: vLLM 0.33 locks only in "
            f"<code>capture_model</code>); {unfixed}.</p>" if r.unfixed_locked_bytes is None else
-           f"<p>without the fix: locked at {mib(r.unfixed_locked_bytes):.2f} MiB (decode capture at "
-           f"{decode_rows_at_lock(cfg)} rows); {unfixed}.</p>")
+           f"<p>without the fix: locked at {mib(r.unfixed_locked_bytes):.2f} MiB (the largest request before the "
+           f"lock: {esc(_lock_setter(r))}); {unfixed}.</p>")
     )
+
+
+def _lock_setter(r: PlannerResult) -> str:
+    setter = r.prediction.lock_set_by if r.prediction is not None else None
+    if setter is None or setter.startswith("turboquant_attn.py:_decode_attention"):
+        return f"TurboQuant's decode capture at {decode_rows_at_lock(r.config)} rows"
+    return setter
 
 
 def _with_value(options: Sequence[int], value: int) -> list[int]:
