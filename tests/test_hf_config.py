@@ -153,3 +153,11 @@ def test_a_bad_mla_field_names_the_file_once(tmp_path):
     with pytest.raises(HFConfigError) as e:
         read_hf_config(p)
     assert str(e.value) == f"{p}: kv_lora_rank must be an integer, got 'x'"
+
+
+def test_an_explicit_null_rope_dim_is_refused_not_read_as_zero(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(dict(model_type="deepseek_v3", hidden_size=7168, num_attention_heads=128, kv_lora_rank=512,
+                                 qk_rope_head_dim=None, qk_nope_head_dim=128, v_head_dim=128)))
+    with pytest.raises(HFConfigError, match="qk_rope_head_dim must be an integer >= 0, got null"):
+        read_hf_config(p)

@@ -82,12 +82,11 @@ def check_kv_cache_dtype(kv_cache_dtype: Any, where: str = "kv_cache_dtype", *, 
     if kv_cache_dtype in KV_CACHE_DTYPES or (mla and kv_cache_dtype in MLA_ONLY_KV_CACHE_DTYPES):
         return kv_cache_dtype
     if kv_cache_dtype in MLA_ONLY_KV_CACHE_DTYPES:
-        why = "an MLA-only layout (vLLM 0.33: ds_mla layouts are MLA-only) and this model has no MLA"
-    elif kv_cache_dtype in NOT_MODELLED_KV_CACHE_DTYPES:
-        why = NOT_MODELLED_KV_CACHE_DTYPES[kv_cache_dtype]
-    else:
-        why = f"vLLM 0.33 accepts {', '.join(VLLM_CACHE_DTYPES)}"
-    raise ValueError(f"{where} {kv_cache_dtype!r} is not modelled: {why}")
+        raise ValueError(f"{where} {kv_cache_dtype!r} is refused by vLLM 0.33 for this model: an MLA-only layout "
+                         "(ds_mla layouts are MLA-only) and this model has no MLA")
+    if kv_cache_dtype in NOT_MODELLED_KV_CACHE_DTYPES:
+        raise ValueError(f"{where} {kv_cache_dtype!r} is not modelled: {NOT_MODELLED_KV_CACHE_DTYPES[kv_cache_dtype]}")
+    raise ValueError(f"{where} {kv_cache_dtype!r} is not a cache dtype vLLM 0.33 accepts: {', '.join(VLLM_CACHE_DTYPES)}")
 
 
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")

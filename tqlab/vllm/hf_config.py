@@ -465,6 +465,14 @@ MLA_MODEL_TYPES = frozenset({
 """vLLM 0.33 ``is_deepseek_mla``'s model types (DeepSeek-V4/V4.1, compressed-KV models, are left out: tqlab does not model them)."""
 
 
+def _rope_dim(r: _Reader) -> int:
+    """``qk_rope_head_dim`` (0 when the key is absent); an explicit ``null`` is refused, as vLLM's MLA arithmetic
+    (``kv_lora_rank + qk_rope_head_dim``, ``deepseek_v2.py``) fails on it."""
+    if "qk_rope_head_dim" in r.cfg and r.cfg["qk_rope_head_dim"] is None:
+        raise r.fail("qk_rope_head_dim", "must be an integer >= 0, got null (vLLM's MLA head size needs it)")
+    return r.int("qk_rope_head_dim", minimum=0) or 0
+
+
 def _consumer_fields(r: _Reader, raw: Mapping[str, Any]) -> tuple[MLAFields | None, IndexerFields | None, MoEFields | None]:
     """``(mla, indexer, moe)`` read from config.json as vLLM does (see the module docstring); None where absent."""
     c = r.cfg
@@ -472,7 +480,7 @@ def _consumer_fields(r: _Reader, raw: Mapping[str, Any]) -> tuple[MLAFields | No
     mla = None
     if model_type in MLA_MODEL_TYPES and c.get("kv_lora_rank") is not None:
         try:
-            mla = MLAFields(r.int("kv_lora_rank", required=True), r.int("qk_rope_head_dim", minimum=0) or 0,
+            mla = MLAFields(r.int("kv_lora_rank", required=True), _rope_dim(r),
                             r.int("qk_nope_head_dim", required=True), r.int("v_head_dim", required=True),
                             r.int("q_lora_rank"))
         except HFConfigError:  # already names the file and the key
