@@ -286,11 +286,7 @@ def _fast_tile(q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw
                 sc = sc * (kn * qk_scale * tl.where(n2 > 0, tl.rsqrt(n2), 1.0))[None, :]
         else:
             sc = sc * (kn * qk_scale)[None, :]
-    sc = tl.where(in_seq[None, :], sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
     vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, T, 0x6400)
     v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes
     acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), v16)

@@ -499,11 +499,7 @@ def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, a
             kfac = kn / tl.where(yn > 0, yn, 1.0)
         k_t = yh.to(tl.float16)
     sc = tl.dot(q, k_t) * (kfac * qk_scale)[None, :]  # [GP, BLOCK_T], log2 units
-    sc = tl.where(in_seq[None, :], sc, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(sc - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    m_new, alpha, p, l_i = _online_step(sc, in_seq, m_i, l_i)
     vc = _cut_t(v0, v1, v2, VBITS, D, BLOCK_T, 0x6400)
     v_t = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes [D, BLOCK_T]
     acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), tl.trans(v_t))
@@ -528,6 +524,18 @@ def _group_rows(q_ptr, b, hk, stride_qb, stride_qh, GROUP: tl.constexpr, GP: tl.
     g = tl.arange(0, GP)
     heads = hk * GROUP + g
     return heads, g < GROUP, q_ptr + b.to(tl.int64) * stride_qb + heads.to(tl.int64) * stride_qh
+
+
+@triton.jit
+def _online_step(sc, in_seq, m_i, l_i):
+    """One online-softmax step over a tile of scores ``sc`` [GP, T] (log2 units; columns outside the sequence
+    masked by ``in_seq``): ``(m_new, alpha, p, l_new)``, the running max, the rescale of the old sums, the tile's
+    probabilities and the new row sums. Shared by the portable, fast and block-SoA decodes."""
+    sc = tl.where(in_seq[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(sc - m_new[:, None])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, axis=1)
 
 
 @triton.jit

@@ -63,6 +63,18 @@ def _words32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
+def _soa_rows(bt_row, t0, end, num_blocks, hk, stride_cb16, stride_ch16, BLOCK_SIZE: tl.constexpr,
+              BLOCK_T: tl.constexpr):
+    """Tokens ``t0 .. t0 + BLOCK_T`` of a split: ``(in_seq, ok, region16, o)``: inside the sequence, a valid
+    block, the 16-bit index of the token's (block, KV head) region, and the token's slot in its block."""
+    t = t0 + tl.arange(0, BLOCK_T)
+    in_seq = t < end
+    blk = tl.load(bt_row + t // BLOCK_SIZE, mask=in_seq, other=-1).to(tl.int64)
+    ok = in_seq & (blk >= 0) & (blk < num_blocks)
+    return in_seq, ok, tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16, (t % BLOCK_SIZE).to(tl.int64)
+
+
+@triton.jit
 def _soa_loads(c16, c32, region16, o, ok, D: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
                W32: tl.constexpr, KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr,
                VO: tl.constexpr, VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr,
@@ -102,12 +114,8 @@ def _decode_soa_kernel(
     m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
-        t = t0 + tl.arange(0, BLOCK_T)
-        in_seq = t < end
-        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=in_seq, other=-1).to(tl.int64)
-        ok = in_seq & (blk >= 0) & (blk < num_blocks)
-        region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
-        o = (t % BLOCK_SIZE).to(tl.int64)
+        in_seq, ok, region16, o = _soa_rows(bt_row, t0, end, num_blocks, hk, stride_cb16, stride_ch16,
+                                            BLOCK_SIZE, BLOCK_T)
         kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, vs, vz = _soa_loads(
             c16, c32, region16, o, ok, D, KBITS, VBITS, W32, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         m_i, l_i, acc, acc_z = tf._fast_tile(
@@ -263,12 +271,8 @@ def _decode_soa4_kernel(
     m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
-        t = t0 + tl.arange(0, BLOCK_T)
-        in_seq = t < end
-        blk = tl.load(bt_row + t // BLOCK_SIZE, mask=in_seq, other=-1).to(tl.int64)
-        ok = in_seq & (blk >= 0) & (blk < num_blocks)
-        region16 = tl.where(ok, blk, 0) * stride_cb16 + hk * stride_ch16
-        o = (t % BLOCK_SIZE).to(tl.int64)
+        in_seq, ok, region16, o = _soa_rows(bt_row, t0, end, num_blocks, hk, stride_cb16, stride_ch16,
+                                            BLOCK_SIZE, BLOCK_T)
         kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
         ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
         k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T, LUT, LUT_ASM)
@@ -280,11 +284,7 @@ def _decode_soa4_kernel(
             sc = sc * (kn * qk_scale * tl.where(n2 > 0, tl.rsqrt(n2), 1.0))[None, :]
         else:
             sc = sc * (kn * qk_scale)[None, :]
-        sc = tl.where(in_seq[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
         vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
