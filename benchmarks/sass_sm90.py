@@ -1,0 +1,97 @@
+"""Compile a Triton kernel for sm_90 on a machine without a GPU and print what the H200 would run.
+
+Static analysis for the decode kernels of issue 20 (``benchmarks/NOTES_turboquant.md``): registers, local-memory
+spills, shared memory, the SASS opcode histogram (``nvdisasm`` from Triton's bundled CUDA tools) and the number of
+``convert_layout`` / ``local_alloc`` ops in the TTGIR (each ``local_alloc`` in the loop is an operand staged through
+shared memory).  The local Triton may be newer than the GPU's (3.9 here, 3.6 on the H200): treat counts as estimates.
+
+    PYTHONPATH=$PWD python benchmarks/sass_sm90.py                 # the block-SoA decode, 3bit_nc, D 128
+    PYTHONPATH=$PWD python benchmarks/sass_sm90.py --preset turboquant_4bit_nc --out /tmp/sass
+
+Library use: ``compile_sm90(fn, signature, constexprs, num_warps, maxnreg)`` and ``report(kernel, out_dir)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+_BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int = 4, maxnreg: int | None = None,
+                 arch: int = 90):
+    """``triton.compile`` of ``fn`` for ``cuda:arch`` without a device; constexpr arguments go in both dicts."""
+    sig = dict(signature)
+    sig.update({k: "constexpr" for k in constexprs})
+    opts = {"num_warps": num_warps}
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=GPUTarget("cuda", arch, 32),
+                          options=opts)
+
+
+def report(kernel, out_dir: str | os.PathLike = "/tmp/sass", name: str = "kernel") -> dict:
+    """Write ``name.{cubin,sass,ttgir}`` under ``out_dir`` and return registers, stack, shared bytes, the SASS
+    opcode counts (whole kernel) and the TTGIR's convert_layout / local_alloc counts."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cubin = out / f"{name}.cubin"
+    cubin.write_bytes(kernel.asm["cubin"])
+    (out / f"{name}.ttgir").write_text(kernel.asm["ttgir"])
+    sass = subprocess.run([str(_BIN / "nvdisasm"), "-c", str(cubin)], capture_output=True, text=True, check=True).stdout
+    (out / f"{name}.sass").write_text(sass)
+    res = subprocess.run([str(_BIN / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
+    usage = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res)}
+    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass, re.M)
+    ttgir = kernel.asm["ttgir"]
+    return {"usage": usage, "sass_total": len(ops), "opcodes": collections.Counter(ops).most_common(),
+            "convert_layout": ttgir.count("ttg.convert_layout"), "local_alloc": ttgir.count("ttg.local_alloc")}
+
+
+def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int | None):
+    import torch  # noqa: F401  (tqlab's kernels import torch)
+
+    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_kernels as tk
+    from tqlab.turboquant import _triton_soa as ts
+    from tqlab.turboquant import get_spec
+
+    spec = get_spec(preset, cache_layout="block_soa")
+    sig = {"q_ptr": "*fp16", "c16": "*u16", "c32": "*i32", "bt_ptr": "*i32", "sl_ptr": "*i32", "mid_ptr": "*fp32"}
+    sig.update({f"c{i}": "fp32" for i in range(8)})
+    sig.update(qk_scale="fp32", inv_sqrt_d="fp32", num_blocks="i32", num_splits="i32")
+    sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_cb16", "stride_ch16", "stride_btb", "stride_mb",
+                                   "stride_mh", "stride_ms")})
+    meta = dict(GROUP=4, GP=16, BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t, KBITS=spec.key_bits,
+                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
+                **tk._field_addr(spec, d, block_size))
+    return compile_sm90(ts._decode_soa4_kernel, sig, meta, num_warps=4, maxnreg=maxnreg)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="turboquant_3bit_nc")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--block-size", type=int, default=16)
+    ap.add_argument("--block-t", type=int, default=128)
+    ap.add_argument("--maxnreg", type=int, default=128)
+    ap.add_argument("--out", default="/tmp/sass")
+    a = ap.parse_args()
+    r = report(_soa_decode(a.preset, a.head_dim, a.block_size, a.block_t, a.maxnreg or None), a.out, "soa_decode")
+    print(f"registers {r['usage'].get('REG')}, stack {r['usage'].get('STACK')} B, shared {r['usage'].get('SHARED')} B; "
+          f"SASS {r['sass_total']} instructions; TTGIR convert_layout {r['convert_layout']}, local_alloc {r['local_alloc']}")
+    print(", ".join(f"{op} {n}" for op, n in r["opcodes"][:24]))
+    print(f"files: {a.out}/soa_decode.{{sass,ttgir,cubin}}")
+
+
+if __name__ == "__main__":
+    main()
