@@ -505,7 +505,7 @@ def _split_meta(query, cache, spec, block_t: int, lut: int, staged: bool = False
     group = hq // hk
     fields = tk._field_words(spec, d) if staged else tk._field_addr(spec, d, bs)
     return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
-                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
                 **fields, LUT=lut, LUT_ASM=_asm_for(spec, d, lut))
 
 
@@ -646,7 +646,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         cached_len, nb, cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
         **tk._field_addr(spec, d, bs), LUT=lut, LUT_ASM=_asm_for(spec, d, lut), num_warps=num_warps or cfg["num_warps"],
     )
     tk._record(stats, kern)

@@ -277,13 +277,8 @@ def _decode_soa4_kernel(
         ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
         k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T, LUT, LUT_ASM)
         kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        sc = tl.dot(q, tl.trans(k16))
-        if NORM_CORR:
-            y32 = k16.to(tl.float32)
-            n2 = tl.sum(y32 * y32, axis=1)
-            sc = sc * (kn * qk_scale * tl.where(n2 > 0, tl.rsqrt(n2), 1.0))[None, :]
-        else:
-            sc = sc * (kn * qk_scale)[None, :]
+        tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
+        sc = tl.dot(q, tl.trans(k16)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
@@ -313,7 +308,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
             block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
     meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d,
                 BLOCK_T=block_t or cfg["block_t"], KBITS=spec.key_bits, VBITS=spec.value_bits,
-                NORM_CORR=spec.norm_correction, LUT=lut, LUT_ASM=tf._asm_for(spec, d, lut),
+                NORM_CORR=spec.norm_correction_on_read, LUT=lut, LUT_ASM=tf._asm_for(spec, d, lut),
                 num_warps=num_warps or cfg["num_warps"], **tk._field_addr(spec, d, bs))
     maxnreg = cfg.get("maxnreg") if maxnreg is None else maxnreg
     if maxnreg and query.device.type == "cuda" and not tf.tk_interpret():
