@@ -267,7 +267,8 @@ def _fast_tile(q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw
                in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
                D: tl.constexpr, T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
                NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr, NORM_MMA: tl.constexpr):
-    """One online-softmax step over a tile of T tokens; keys and values as ``[T, D]`` fp16."""
+    """One online-softmax step over a tile of T tokens; keys and values as ``[T, D]`` fp16.
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read`` (False on a folded block-SoA cache)."""
     if KEY_FP8:
         kb = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, 8, D, T)
         k16 = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -592,7 +593,8 @@ def _dequant_fast_kernel(
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
-    writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs."""
+    writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs.
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read`` (False on a folded block-SoA cache)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     cols = tl.arange(0, D)

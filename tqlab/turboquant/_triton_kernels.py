@@ -14,6 +14,9 @@ Tricks worth knowing (decode and dequant read the same packed fields, see ``_unp
   mask, no int->float conversion unit.
 * Key centroids come from an odd polynomial through the symmetric Lloyd-Max codebook
   (``_centroid_poly``), a few FMAs, instead of a per-element gather or compare/select chain.
+* Norm correction on a block-SoA cache is folded into the stored norm by the store
+  (``TurboQuantSpec.norm_folded``, vLLM 0.33's SoA "Opt#1"); readers take ``NORM_CORR`` from
+  ``TurboQuantSpec.norm_correction_on_read``.
 * Decode never rotates keys back: ``q . (H y_hat) = (H q) . y_hat`` (``H`` symmetric), so the query is
   rotated once per program and dotted with the centroid values directly.
 * Decode folds the value scale/zero out of the inner product:
@@ -352,7 +355,8 @@ def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, 
                   KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
                   KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
                   VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr):
-    """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D])."""
+    """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D]).
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read`` (False on a folded block-SoA cache)."""
     in_len = t < cached_len
     kb16, nb16, vb16, sb16, zb16, ok = _field_bases(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct,
                                                     KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
@@ -491,7 +495,9 @@ def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, a
                  c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
                  D: tl.constexpr, BLOCK_T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
                  VBITS: tl.constexpr, NORM_CORR: tl.constexpr):
-    """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns)."""
+    """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns).
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read``: divide the stored norm by ``||y_hat||``
+    here, unless the store already folded it in (block-SoA ``_nc`` caches)."""
     if KEY_FP8:
         kb = _cut_t(k0, k1, k2, 8, D, BLOCK_T, 0)
         k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)

@@ -16,6 +16,14 @@ addresses; only the decode has a kernel of its own here:
 
 Then ``_triton_kernels``' reduction.  Rotated (MSE-key) presets only; fp8 keys and caches whose
 fields are not 16-byte aligned take the per-field portable / fast kernels (:func:`use_soa`).
+
+Key norms on this layout are folded (``TurboQuantSpec.norm_folded``): the store wrote
+``||k|| / ||c_hat||`` for the ``_nc`` presets, so a score is ``(q . c_hat) * stored * scale`` with no
+per-token ``sum(c_hat**2)`` / rsqrt (``NORM_CORR`` = ``norm_correction_on_read`` is False here; vLLM
+0.33's SoA readers likewise multiply only: ``vllm/v1/attention/ops/turboquant_soa/
+triton_turboquant_decode.py`` ``_tq_decode_stage1``, ``triton_turboquant_unified_attention.py``
+``_tq_load_k_tile``).  Measured with ``benchmarks/sass_sm90.py`` (sm_90, Triton 3.9): the loop of
+``_decode_soa4_kernel`` for 3bit_nc went from 2033 to 1632 SASS instructions.
 """
 
 from __future__ import annotations
@@ -105,7 +113,8 @@ def _decode_soa_kernel(
     W32: tl.constexpr, KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
     VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
-    """``_triton_fast._decode_fast_kernel`` (no prefetch, in-thread norm) on the SoA order."""
+    """``_triton_fast._decode_fast_kernel`` (no prefetch) on the SoA order; ``NORM_CORR`` =
+    ``norm_correction_on_read``, False on a folded block-SoA cache."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -262,7 +271,8 @@ def _decode_soa4_kernel(
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
     """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
-    per thread and chunk, 3-bit fields as three 32-bit loads."""
+    per thread and chunk, 3-bit fields as three 32-bit loads.  Key norms are read folded
+    (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False (static assert)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
