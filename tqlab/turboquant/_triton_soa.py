@@ -22,7 +22,7 @@ Key norms on this layout are folded (``TurboQuantSpec.norm_folded``): the store 
 per-token ``sum(c_hat**2)`` / rsqrt (``NORM_CORR`` = ``norm_correction_on_read`` is False here; vLLM
 0.33's SoA readers likewise multiply only: ``vllm/v1/attention/ops/turboquant_soa/
 triton_turboquant_decode.py`` ``_tq_decode_stage1``, ``triton_turboquant_unified_attention.py``
-``_tq_load_k_tile``).  Measured with ``benchmarks/sass_sm90.py`` (sm_90, Triton 3.9): the loop of
+``_tq_load_k_tile``).  Measured with ``benchmarks/_sass_sm90.py`` (sm_90, Triton 3.9): the loop of
 ``_decode_soa4_kernel`` for 3bit_nc went from 2033 to 1632 SASS instructions.
 """
 

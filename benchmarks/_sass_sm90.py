@@ -5,8 +5,8 @@ spills, shared memory, the SASS opcode histogram (``nvdisasm`` from Triton's bun
 ``convert_layout`` / ``local_alloc`` ops in the TTGIR (each ``local_alloc`` in the loop is an operand staged through
 shared memory).  The local Triton may be newer than the GPU's (3.9 here, 3.6 on the H200): treat counts as estimates.
 
-    PYTHONPATH=$PWD python benchmarks/sass_sm90.py                 # the block-SoA decode, 3bit_nc, D 128
-    PYTHONPATH=$PWD python benchmarks/sass_sm90.py --preset turboquant_4bit_nc --out /tmp/sass
+    PYTHONPATH=$PWD python benchmarks/_sass_sm90.py                 # the block-SoA decode, 3bit_nc, D 128
+    PYTHONPATH=$PWD python benchmarks/_sass_sm90.py --preset turboquant_4bit_nc --out /tmp/sass
 
 Library use: ``compile_sm90(fn, signature, constexprs, num_warps, maxnreg)`` and ``report(kernel, out_dir)``.
 """
