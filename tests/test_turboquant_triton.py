@@ -263,7 +263,7 @@ def test_decode_vs_vllm_figure_from_recorded():
 # ----------------------------------------------------------------------------- fast kernels (issue 20)
 def _ptx_emulate(asm: str, inputs: dict[str, int]) -> dict[str, int]:
     """Run the straight-line 32-bit PTX of ``_triton_fast``'s table lookups (shr, shl, and, or,
-    xor, not, mul.lo, mov, prmt, ``mov.b32 {a, b}, r``) on python ints."""
+    xor, not, mul.lo, mov, prmt, sub.f16x2, ``mov.b32 {a, b}, r``) on python ints."""
     import re
 
     m32 = 0xFFFFFFFF
@@ -276,8 +276,16 @@ def _ptx_emulate(asm: str, inputs: dict[str, int]) -> dict[str, int]:
             out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * k)
         return out
 
+    def sub_f16x2(a, b):  # two fp16 lanes, IEEE round to nearest (numpy float16)
+        import numpy as np
+
+        x = np.array([a & 0xFFFF, a >> 16], dtype=np.uint16).view(np.float16)
+        y = np.array([b & 0xFFFF, b >> 16], dtype=np.uint16).view(np.float16)
+        z = (x - y).astype(np.float16).view(np.uint16)
+        return int(z[0]) | int(z[1]) << 16
+
     reg = dict(inputs)
-    ops = {"shr.b32": lambda a, b: a >> b, "shl.b32": lambda a, b: (a << b) & m32, "and.b32": lambda a, b: a & b,
+    ops = {"sub.f16x2": sub_f16x2, "shr.b32": lambda a, b: a >> b, "shl.b32": lambda a, b: (a << b) & m32, "and.b32": lambda a, b: a & b,
            "or.b32": lambda a, b: a | b, "xor.b32": lambda a, b: a ^ b, "not.b32": lambda a: ~a & m32,
            "mul.lo.u32": lambda a, b: (a * b) & m32, "mov.b32": lambda a: a, "prmt.b32": prmt}
     for line in asm.splitlines():
@@ -317,6 +325,24 @@ def test_fast_centroid_tables_are_exact(name, d):
         words = [(packed >> (16 * k)) & 0xFFFF for k in range(bits + 1)]
         r = _ptx_emulate(tf.lut_group_asm(spec, d), {f"${16 + k}": words[k] | words[k + 1] << 16 for k in range(bits)})
         assert [r[f"${i}"] for i in range(16)] == cent[c].tolist()
+
+
+def test_value4_asm_gives_exact_integer_codes():
+    """The 4-bit value asm (``_triton_fast.VALUE4_PTX``, 0x6400 half2 trick minus 1024) turns every
+    4-bit code of a group of 16 into its exact fp16 integer, in code order."""
+    import numpy as np
+
+    from tqlab.turboquant import _triton_fast as tf
+
+    want = np.arange(16, dtype=np.float16).view(np.uint16)
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        c = rng.integers(0, 16, 16)
+        w0 = sum(int(c[i]) << (4 * i) for i in range(8))
+        w1 = sum(int(c[8 + i]) << (4 * i) for i in range(8))
+        r = _ptx_emulate(tf.VALUE4_PTX, {"$16": w0, "$17": w1})
+        assert [r[f"${i}"] for i in range(16)] == want[c].tolist()
+    assert tf.VALUE4_ASM.value == tf.VALUE4_PTX
 
 
 @pytest.mark.parametrize("prefetch,norm_mma,staged", [(False, False, False), (True, True, False), (False, True, True)])
