@@ -233,6 +233,35 @@ def _codes(w0, w1, w2, w3, w4, w5, w6, w7, BITS: tl.constexpr, D: tl.constexpr, 
 
 
 @triton.jit
+def _codes8(cache16_ptr, base16, ok, BITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr, OR: tl.constexpr):
+    """``codes | OR`` of the field at 16-bit word ``base16`` of each token, int32 ``[T, D]`` with 8
+    consecutive codes per thread (16 lanes per token at D = 128): the layout Triton gives a 16-byte
+    fp16 store, so nothing moves between threads before it.  Group ``g`` of 8 codes starts at bit
+    ``8 * BITS * g``: word ``BITS * g // 2``, bit 8 for odd ``BITS * g``; one (2 bits) or two 16-bit
+    words make its window.  ``BITS`` 2, 3 or 4."""
+    g = tl.arange(0, D // 8)
+    ptr = cache16_ptr + base16[:, None] + ((g * BITS) // 2)[None, :]
+    m = ok[:, None]
+    win = tl.load(ptr, mask=m, other=0).to(tl.int32)  # uint16: zero-extended
+    if BITS != 2:
+        win = win | (tl.load(ptr + 1, mask=m, other=0).to(tl.int32) << 16)
+    if BITS % 2 == 1:
+        win = win >> (((g * BITS) % 2) * 8)[None, :]
+    M: tl.constexpr = (1 << BITS) - 1
+    c0 = (win & M) | OR
+    c1 = ((win >> BITS) & M) | OR
+    c2 = ((win >> (2 * BITS)) & M) | OR
+    c3 = ((win >> (3 * BITS)) & M) | OR
+    c4 = ((win >> (4 * BITS)) & M) | OR
+    c5 = ((win >> (5 * BITS)) & M) | OR
+    c6 = ((win >> (6 * BITS)) & M) | OR
+    c7 = ((win >> (7 * BITS)) & M) | OR
+    # tl.join puts its axis last: the innermost joins pair codes 4 apart (see _codes)
+    b = tl.join(tl.join(tl.join(c0, c4), tl.join(c2, c6)), tl.join(tl.join(c1, c5), tl.join(c3, c7)))
+    return tl.reshape(b, (T, D))
+
+
+@triton.jit
 def _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
                  KBITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr):
     """fp16 centroids ``[T, D]`` of the key codes: LUT 2 = one ``prmt`` table asm per group of 16
@@ -590,13 +619,26 @@ def _dequant_fast_kernel(
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
+    PART: tl.constexpr = 3, V8: tl.constexpr = False,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
-    writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs."""
+    writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs.
+
+    ``PART``: 3 = values and keys (the default), 1 = values only, 2 = keys only (two launches),
+    0 = even programs of axis 0 values, odd ones keys (one launch, the two halves of a tile run side
+    by side).  ``V8``: values unpacked 8 codes per thread (:func:`_codes8`), the layout of the
+    16-byte store, so they skip the layout conversion through shared memory."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
+    if PART == 0:
+        do_v = pid % 2 == 0
+        do_k = pid % 2 == 1
+        pid = pid // 2
+    else:
+        do_v: tl.constexpr = PART % 2 == 1
+        do_k: tl.constexpr = PART >= 2
     cols = tl.arange(0, D)
-    if not KEY_FP8:
+    if not KEY_FP8 and PART != 1:
         sg = tl.load(signs_ptr + cols[:, None] * D + cols[None, :])  # fp16 +-1, exact
     k_head = k_ptr + h.to(tl.int64) * stride_kh
     v_head = v_ptr + h.to(tl.int64) * stride_vh
@@ -605,18 +647,25 @@ def _dequant_fast_kernel(
         in_len = t < cached_len
         fk, fn, fv, fs, fz, ok = tk._field_bases(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch, stride_ct,
                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
-        vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, fv, ok, 0, VBITS, D)
-        vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, BLOCK_T, 0x6400)
-        vs = tl.load(cache16_ptr + fs, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        vz = tl.load(cache16_ptr + fz, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        vv = vz[:, None] + vs[:, None] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
-        tl.store(v_head + t[:, None] * stride_vt + cols[None, :], vv.to(tl.float16), mask=in_len[:, None])
-        kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, fk, ok, 0, 8 if KEY_FP8 else KBITS, D)
-        if KEY_FP8:
+        if do_v:
+            if V8:
+                vc = _codes8(cache16_ptr, fv, ok, VBITS, D, BLOCK_T, 0x6400)
+            else:
+                vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, fv, ok, 0, VBITS, D)
+                vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, BLOCK_T, 0x6400)
+            vs = tl.load(cache16_ptr + fs, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+            vz = tl.load(cache16_ptr + fz, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+            vv = vz[:, None] + vs[:, None] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
+            tl.store(v_head + t[:, None] * stride_vt + cols[None, :], vv.to(tl.float16), mask=in_len[:, None])
+        if not do_k:  # a values-only program
+            pass
+        elif KEY_FP8:
+            kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, fk, ok, 0, 8, D)
             kb = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, 8, D, BLOCK_T)
             kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
             tl.store(k_head + t[:, None] * stride_kt + cols[None, :], kf, mask=in_len[:, None])
         else:
+            kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, fk, ok, 0, KBITS, D)
             yh = _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
                               KBITS, D, BLOCK_T, LUT, LUT_ASM)
             fac = tl.load(cache16_ptr + fn, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
@@ -628,11 +677,35 @@ def _dequant_fast_kernel(
             tl.store(k_head + t[:, None] * stride_kt + cols[None, :], kc.to(tl.float16), mask=in_len[:, None])
 
 
+DEQUANT_SPLITS = ("none", "grid", "launch")
+
+
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
                block_t: int | None = None, num_warps: int | None = None, tiles_per_program: int | None = None,
-               lut: int | None = None, stats: dict | None = None):
+               lut: int | None = None, stats: dict | None = None, split: str | None = None, v8: bool | None = None,
+               maxnreg: int | None = None):
+    """The fast dequant (:func:`_dequant_fast_kernel`); launch arguments default to
+    ``launch.DEFAULTS["fast_dequant"]``.  Variants (issue 20's dequant target; every one writes the
+    same bits as the default, checked by tests/test_turboquant_triton.py and, on the GPU,
+    benchmarks/dev_turboquant_dequant.py):
+
+    * ``split``: ``"none"`` (keys and values in one program), ``"grid"`` (one launch, twice the
+      programs: even ones values, odd ones keys of the same tiles), ``"launch"`` (a values launch,
+      then a keys launch: each compiled for its half, so the values run at their own register count);
+    * ``v8``: values 8 codes per thread, stored without a layout conversion (value bits 2-4; ignored
+      for 8-bit values);
+    * ``maxnreg``: register cap per thread (None = none).
+
+    Raises:
+        ValueError: unknown ``split``.
+    """
     cfg = FAST_DEFAULTS["fast_dequant"]
     block_t = block_t or cfg["block_t"]
+    split = split or cfg.get("split", "none")
+    if split not in DEQUANT_SPLITS:
+        raise ValueError(f"split must be one of {DEQUANT_SPLITS}, got {split!r}")
+    v8 = bool(cfg.get("v8", False) if v8 is None else v8) and spec.value_bits in (2, 3, 4)
+    maxnreg = maxnreg or cfg.get("maxnreg")
     lut = _lut_mode(spec, cache.device, lut, cfg)
     nb, hk, bs, sb = cache.shape
     d = k_out.shape[-1]
@@ -641,12 +714,21 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     if tiles_per_program is None:  # fewer tiles per program where 2 would leave < 4 programs per SM
         tiles_per_program = cfg["tiles"] if hk * n_tiles // cfg["tiles"] >= 4 * _num_sms(cache.device) else 1
     tiles = max(1, min(tiles_per_program, n_tiles))
-    kern = _dequant_fast_kernel[(triton.cdiv(n_tiles, tiles), hk)](
-        cache.view(torch.uint16), block_table_row, k_out, v_out, signs16, *tk._centroid_poly(spec, d),
-        cached_len, nb, cache.stride(0), cache.stride(1), cache.stride(2),
-        k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d),
-        BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
-        **tk._field_addr(spec, d, bs), LUT=lut, LUT_ASM=_asm_for(spec, d, lut), num_warps=num_warps or cfg["num_warps"],
-    )
+    n_prog = triton.cdiv(n_tiles, tiles)
+    opts = {"num_warps": num_warps or cfg["num_warps"]}
+    if maxnreg:
+        opts["maxnreg"] = maxnreg
+    args = (cache.view(torch.uint16), block_table_row, k_out, v_out, signs16, *tk._centroid_poly(spec, d),
+            cached_len, nb, cache.stride(0), cache.stride(1), cache.stride(2),
+            k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d))
+    meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles, KEY_FP8=spec.key_fp8, KBITS=spec.key_bits,
+                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, **tk._field_addr(spec, d, bs), LUT=lut,
+                LUT_ASM=_asm_for(spec, d, lut), V8=v8, **opts)
+    if split == "launch":
+        _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=1)
+        kern = _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=2)
+    elif split == "grid":
+        kern = _dequant_fast_kernel[(2 * n_prog, hk)](*args, **meta, PART=0)
+    else:
+        kern = _dequant_fast_kernel[(n_prog, hk)](*args, **meta)
     tk._record(stats, kern)

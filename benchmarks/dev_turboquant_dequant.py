@@ -1,0 +1,233 @@
+"""Continuation-prefill dequant variants of issue 20 (launch arguments of ``_triton_fast.dequant_kv``).
+
+GPU (one device call, ~2-3 min): every variant is checked bit for bit against the default kernel (NaN-poisoned
+outputs, a 5-token tail that must stay untouched), then timed exactly like ``bench_turboquant.py``'s dequant
+section: ``_tq_bench.time_graph`` (CUDA-graph replay, warm L2, median), share of copy = (bytes read + bytes
+written) / time / ``copy_bandwidth(1 GiB)``, bytes from ``_tq_bench.dequant_bytes``; both shapes of the bench
+(Llama-3.1-8B shard Hk 8, the seed TP-8 rank Hk 1; D 128, block 16) at 32K and 128K, the rotated presets, vLLM's
+slot order and the block-SoA order.
+
+CPU (``--sass``): each variant compiled for sm_90 by ``sass_sm90.compile_sm90`` (local Triton; the H200 runs 3.6,
+so counts are estimates): registers, shared memory, SASS count and the loads, stores, barriers and MMAs in it.
+
+    python benchmarks/dev_turboquant_dequant.py --json $OUT/dequant.json
+    PYTHONPATH=$PWD python benchmarks/dev_turboquant_dequant.py --sass [--out /tmp/sass]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from tqlab.turboquant import TQ_PRESETS  # noqa: E402
+
+ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
+SHAPES = {"seed_per_rank": 1, "llama3.1-8b": 8}  # name (as bench_turboquant.SHAPES) -> Hk; D 128
+CONTEXTS = (32768, 131072)
+VARIANTS = {  # label -> tf.dequant_kv keyword arguments ({} = the default: launch.DEFAULTS["fast_dequant"])
+    "default": {},
+    "v8": {"v8": True},
+    "grid": {"split": "grid"},
+    "grid_v8": {"split": "grid", "v8": True},
+    "launch_v8": {"split": "launch", "v8": True},
+    "grid_v8_t1": {"split": "grid", "v8": True, "tiles_per_program": 1},
+}
+PATTERNS = {"LDG16": r"LDG\.E\.U16", "LDG32": r"LDG\.E ", "LDG128": r"LDG\.E\.128", "STG128": r"STG\.E\.128",
+            "STG16": r"STG\.E\.U16", "STS": r"\bSTS", "LDS": r"\bLDS", "STSM": r"STSM", "LDSM": r"LDSM",
+            "BAR": r"BAR\.SYNC", "HGMMA": r"HGMMA", "SHFL": r"SHFL"}
+
+
+def _case_inputs(hk: int, ctx: int, d: int = 128):
+    """bench_dequant's K/V (same seed, ``torch.manual_seed(ctx)``) and its output buffers."""
+    torch.manual_seed(ctx)
+    k = torch.randn(1, hk, ctx, d, device="cuda", dtype=torch.float16)
+    v = torch.randn(1, hk, ctx, d, device="cuda", dtype=torch.float16)
+    return k, v
+
+
+def _check(tf, cache, row, ctx, spec, hk, d, kw) -> dict:
+    """The variant's bits vs the default's on ``ctx - 5`` tokens of a ``ctx`` buffer (tail must stay NaN)."""
+    outs = []
+    for args in ({}, kw):
+        ko = torch.full((1, hk, ctx, d), float("nan"), device="cuda", dtype=torch.float16)
+        vo = ko.clone()
+        tf.dequant_kv(cache, row, ctx - 5, ko, vo, spec, **args)
+        outs.append((ko, vo))
+    (k0, v0), (k1, v1) = outs
+    n = ctx - 5
+    return {"bit_equal": bool(torch.equal(k0[:, :, :n], k1[:, :, :n]) and torch.equal(v0[:, :, :n], v1[:, :, :n])),
+            "tail_untouched": bool(torch.isnan(k1[:, :, n:]).all() and torch.isnan(v1[:, :, n:]).all()),
+            "written": bool(not torch.isnan(k1[:, :, :n]).any() and not torch.isnan(v1[:, :, :n]).any())}
+
+
+def run_gpu(args, log) -> dict:
+    from _tq_bench import copy_bandwidth, dequant_bytes, fill_paged, provenance, time_graph
+
+    from tqlab.turboquant import _triton_fast as tf
+
+    res = {"provenance": provenance(args), "method": __doc__, "variants": {k: VARIANTS[k] for k in args.variants},
+           "copy": copy_bandwidth(1024 * 2**20), "rows": [], "errors": []}
+    copy_gbps = res["copy"]["GBps"]
+    log({"copy_GBps": copy_gbps})
+    d = 128
+    for shape in args.shapes:
+        hk = SHAPES[shape]
+        for ctx in args.contexts:
+            k, v = _case_inputs(hk, ctx, d)
+            k_out = torch.empty_like(k)
+            v_out = torch.empty_like(v)
+            for preset in args.presets:
+                for layout in args.layouts:
+                    spec = dataclasses.replace(TQ_PRESETS[preset], cache_layout=layout)
+                    cache, bt = fill_paged(spec, k, v)
+                    read, written = dequant_bytes(spec, hk, d, ctx, bt.shape[1])
+                    for label in args.variants:
+                        kw = VARIANTS[label]
+                        base = {"shape": shape, "hk": hk, "cached_len": ctx, "preset": preset, "layout": layout,
+                                "variant": label, **kw}
+                        try:
+                            row = {**base, **_check(tf, cache, bt[0], ctx, spec, hk, d, kw)}
+                            stats: dict = {}
+                            tf.dequant_kv(cache, bt[0], ctx, k_out, v_out, spec, stats=stats, **kw)
+                            ms = time_graph(lambda: tf.dequant_kv(cache, bt[0], ctx, k_out, v_out, spec, **kw))
+                            gbps = (read + written) / ms / 1e6
+                            row.update(ms=ms, bytes_read=read, bytes_written=written, GBps=gbps,
+                                       share_of_copy=gbps / copy_gbps, **stats)
+                        except Exception as exc:  # noqa: BLE001 - one failure must not lose the rest
+                            traceback.print_exc()
+                            res["errors"].append({**base, "error": repr(exc)[:400]})
+                            continue
+                        res["rows"].append(row)
+                        log(row)
+                    del cache
+            del k, v, k_out, v_out
+            torch.cuda.empty_cache()
+    res["all_bit_equal"] = all(r["bit_equal"] and r["tail_untouched"] and r["written"] for r in res["rows"])
+    res["best"] = _best(res["rows"])
+    return res
+
+
+def _best(rows) -> list:
+    """Per (shape, context, preset, layout): the default's share and the best variant's."""
+    out = {}
+    for r in rows:
+        key = (r["shape"], r["cached_len"], r["preset"], r["layout"])
+        e = out.setdefault(key, {"shape": key[0], "cached_len": key[1], "preset": key[2], "layout": key[3]})
+        if r["variant"] == "default":
+            e["default_share"] = r["share_of_copy"]
+        if r["share_of_copy"] > e.get("best_share", 0):
+            e["best_share"], e["best_variant"] = r["share_of_copy"], r["variant"]
+    return list(out.values())
+
+
+# ----------------------------------------------------------------------------- static analysis (CPU)
+def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 128, bs: int = 16):
+    """``_dequant_fast_kernel`` compiled for sm_90 as ``tf.dequant_kv(**kw)`` launches it (its last launch for
+    ``split="launch"``), with the JIT's divisibility specialization of that shape."""
+    from sass_sm90 import compile_sm90
+
+    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_kernels as tk
+
+    spec = dataclasses.replace(TQ_PRESETS[preset], cache_layout=layout)
+    cfg = tf.FAST_DEFAULTS["fast_dequant"]
+    sig = {"cache16_ptr": "*u16", "bt_ptr": "*i32", "k_ptr": "*fp16", "v_ptr": "*fp16", "signs_ptr": "*fp16"}
+    sig.update({f"c{i}": "fp32" for i in range(8)})
+    sig.update({n: "i32" for n in ("cached_len", "num_blocks", "stride_cb", "stride_ch", "stride_ct", "stride_kh",
+                                   "stride_kt", "stride_vh", "stride_vt")}, inv_sqrt_d="fp32")
+    split = kw.get("split", "none")
+    meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=kw.get("block_t", cfg["block_t"]), TILES=kw.get("tiles_per_program", 2),
+                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+                **tk._field_addr(spec, d, bs), LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
+                PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)))
+    sb = spec.slot_bytes(d)
+    div = ["cache16_ptr", "bt_ptr", "k_ptr", "v_ptr", "signs_ptr", "cached_len", "num_blocks", "stride_kh",
+           "stride_kt", "stride_vh", "stride_vt"]
+    div += [n for n, val in (("stride_cb", hk * bs * sb), ("stride_ch", bs * sb), ("stride_ct", sb)) if val % 16 == 0]
+    kernels = [compile_sm90(tf._dequant_fast_kernel, sig, meta, num_warps=kw.get("num_warps", cfg["num_warps"]),
+                            maxnreg=kw.get("maxnreg"), divisible=div)]
+    if split == "launch":
+        kernels.insert(0, compile_sm90(tf._dequant_fast_kernel, sig, {**meta, "PART": 1},
+                                       num_warps=kw.get("num_warps", cfg["num_warps"]), maxnreg=kw.get("maxnreg"),
+                                       divisible=div))
+    return kernels
+
+
+def run_sass(args, log) -> dict:
+    from sass_sm90 import report
+
+    rows = []
+    for preset in args.presets:
+        for layout in args.layouts:
+            for label in args.variants:
+                for part, kern in enumerate(compile_variant(preset, layout, VARIANTS[label])):
+                    name = f"{preset}_{layout}_{label}" + (f"_launch{part + 1}" if VARIANTS[label].get("split") == "launch" else "")
+                    r = report(kern, args.out, name)
+                    sass = (Path(args.out) / f"{name}.sass").read_text()
+                    row = {"preset": preset, "layout": layout, "variant": label, "kernel": name,
+                           "registers": r["usage"].get("REG"), "shared_bytes": kern.metadata.shared,
+                           "sass": r["sass_total"], "convert_layout": r["convert_layout"],
+                           **{k: len(re.findall(p, sass)) for k, p in PATTERNS.items()}}
+                    rows.append(row)
+                    log(row)
+    return {"sass": rows}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", default=None, help="write the rows here (GPU run: share of copy per variant)")
+    ap.add_argument("--sass", action="store_true", help="static SASS of each variant for sm_90 instead (no GPU)")
+    ap.add_argument("--out", default="/tmp/sass", help="--sass: where the .sass/.ttgir files go")
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--presets", default=",".join(ROTATED))
+    ap.add_argument("--layouts", default="vllm,block_soa")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--commit", default=None)
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    for name in ("variants", "presets", "layouts", "shapes"):
+        setattr(args, name, [x for x in getattr(args, name).split(",") if x])
+    args.contexts = [int(x) for x in args.contexts.split(",") if x]
+    bad = [v for v in args.variants if v not in VARIANTS] + [s for s in args.shapes if s not in SHAPES]
+    if bad:
+        raise SystemExit(f"unknown --variants/--shapes entries {bad}; known: {list(VARIANTS)}, {list(SHAPES)}")
+    t0 = time.time()
+
+    def log(row):
+        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                      for k, v in row.items()), flush=True)
+
+    if args.sass:
+        res = run_sass(args, log)
+    else:
+        if not torch.cuda.is_available():
+            raise SystemExit("the timing run needs CUDA (use --sass on a CPU box)")
+        res = run_gpu(args, log)
+        for e in res["best"]:
+            log(e)
+        print(f"all variants bit-equal to the default: {res['all_bit_equal']}; errors: {len(res['errors'])}")
+    res["wall_s"] = time.time() - t0
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(res, indent=1))
+        print(f"wrote {args.json} in {res['wall_s']:.1f}s")
+    return 0 if res.get("all_bit_equal", True) and not res.get("errors") else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
