@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tqlab.turboquant import TQ_PRESETS  # noqa: E402
+from tqlab.turboquant import TQ_PRESETS
 
 ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
 SHAPES = {"seed_per_rank": 1, "llama3.1-8b": 8}  # name (as bench_turboquant.SHAPES) -> Hk; D 128
@@ -38,11 +38,20 @@ CONTEXTS = (32768, 131072)
 VARIANTS = {  # label -> tf.dequant_kv keyword arguments ({} = the default: launch.DEFAULTS["fast_dequant"])
     "default": {},
     "v8": {"v8": True},
+    "w32": {"w32": True},
+    "v8_w32": {"v8": True, "w32": True},
+    "grid_v8_w32": {"split": "grid", "v8": True, "w32": True},
+    "grid_v8_w32_t1": {"split": "grid", "v8": True, "w32": True, "tiles_per_program": 1},
+    "launch_v8_w32": {"split": "launch", "v8": True, "w32": True},
+}
+EXTRA_VARIANTS = {  # not run by default (compile time); --variants picks them by name
     "grid": {"split": "grid"},
     "grid_v8": {"split": "grid", "v8": True},
     "launch_v8": {"split": "launch", "v8": True},
-    "grid_v8_t1": {"split": "grid", "v8": True, "tiles_per_program": 1},
+    "v8_128x8": {"v8": True, "w32": True, "block_t": 128, "num_warps": 8},
+    "v8_w32_t4": {"v8": True, "w32": True, "tiles_per_program": 4},
 }
+ALL_VARIANTS = {**VARIANTS, **EXTRA_VARIANTS}
 PATTERNS = {"LDG16": r"LDG\.E\.U16", "LDG32": r"LDG\.E ", "LDG128": r"LDG\.E\.128", "STG128": r"STG\.E\.128",
             "STG16": r"STG\.E\.U16", "STS": r"\bSTS", "LDS": r"\bLDS", "STSM": r"STSM", "LDSM": r"LDSM",
             "BAR": r"BAR\.SYNC", "HGMMA": r"HGMMA", "SHFL": r"SHFL"}
@@ -71,12 +80,12 @@ def _check(tf, cache, row, ctx, spec, hk, d, kw) -> dict:
             "written": bool(not torch.isnan(k1[:, :, :n]).any() and not torch.isnan(v1[:, :, :n]).any())}
 
 
-def run_gpu(args, log) -> dict:
+def run_gpu(args, log, save=lambda res: None) -> dict:
     from _tq_bench import copy_bandwidth, dequant_bytes, fill_paged, provenance, time_graph
 
     from tqlab.turboquant import _triton_fast as tf
 
-    res = {"provenance": provenance(args), "method": __doc__, "variants": {k: VARIANTS[k] for k in args.variants},
+    res = {"provenance": provenance(args), "method": __doc__, "variants": {k: ALL_VARIANTS[k] for k in args.variants},
            "copy": copy_bandwidth(1024 * 2**20), "rows": [], "errors": []}
     copy_gbps = res["copy"]["GBps"]
     log({"copy_GBps": copy_gbps})
@@ -93,18 +102,18 @@ def run_gpu(args, log) -> dict:
                     cache, bt = fill_paged(spec, k, v)
                     read, written = dequant_bytes(spec, hk, d, ctx, bt.shape[1])
                     for label in args.variants:
-                        kw = VARIANTS[label]
+                        kw = ALL_VARIANTS[label]
                         base = {"shape": shape, "hk": hk, "cached_len": ctx, "preset": preset, "layout": layout,
                                 "variant": label, **kw}
                         try:
                             row = {**base, **_check(tf, cache, bt[0], ctx, spec, hk, d, kw)}
                             stats: dict = {}
                             tf.dequant_kv(cache, bt[0], ctx, k_out, v_out, spec, stats=stats, **kw)
-                            ms = time_graph(lambda: tf.dequant_kv(cache, bt[0], ctx, k_out, v_out, spec, **kw))
+                            ms = time_graph(lambda c=cache, ko=k_out, vo=v_out, a=kw: tf.dequant_kv(c, bt[0], ctx, ko, vo, spec, **a))
                             gbps = (read + written) / ms / 1e6
                             row.update(ms=ms, bytes_read=read, bytes_written=written, GBps=gbps,
                                        share_of_copy=gbps / copy_gbps, **stats)
-                        except Exception as exc:  # noqa: BLE001 - one failure must not lose the rest
+                        except Exception as exc:  # one failure must not lose the rest
                             traceback.print_exc()
                             res["errors"].append({**base, "error": repr(exc)[:400]})
                             continue
@@ -113,6 +122,7 @@ def run_gpu(args, log) -> dict:
                     del cache
             del k, v, k_out, v_out
             torch.cuda.empty_cache()
+            save(res)  # a partial file survives a time-out
     res["all_bit_equal"] = all(r["bit_equal"] and r["tail_untouched"] and r["written"] for r in res["rows"])
     res["best"] = _best(res["rows"])
     return res
@@ -142,7 +152,8 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
 
     spec = dataclasses.replace(TQ_PRESETS[preset], cache_layout=layout)
     cfg = tf.FAST_DEFAULTS["fast_dequant"]
-    sig = {"cache16_ptr": "*u16", "bt_ptr": "*i32", "k_ptr": "*fp16", "v_ptr": "*fp16", "signs_ptr": "*fp16"}
+    sig = {"cache16_ptr": "*u16", "bt_ptr": "*i32", "k_ptr": "*fp16", "v_ptr": "*fp16", "signs_ptr": "*fp16",
+           "cache32_ptr": "*i32"}
     sig.update({f"c{i}": "fp32" for i in range(8)})
     sig.update({n: "i32" for n in ("cached_len", "num_blocks", "stride_cb", "stride_ch", "stride_ct", "stride_kh",
                                    "stride_kt", "stride_vh", "stride_vt")}, inv_sqrt_d="fp32")
@@ -150,9 +161,9 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=kw.get("block_t", cfg["block_t"]), TILES=kw.get("tiles_per_program", 2),
                 KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
                 **tk._field_addr(spec, d, bs), LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
-                PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)))
+                PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)), W32=bool(kw.get("w32", False)))
     sb = spec.slot_bytes(d)
-    div = ["cache16_ptr", "bt_ptr", "k_ptr", "v_ptr", "signs_ptr", "cached_len", "num_blocks", "stride_kh",
+    div = ["cache16_ptr", "bt_ptr", "k_ptr", "v_ptr", "signs_ptr", "cache32_ptr", "cached_len", "num_blocks", "stride_kh",
            "stride_kt", "stride_vh", "stride_vt"]
     div += [n for n, val in (("stride_cb", hk * bs * sb), ("stride_ch", bs * sb), ("stride_ct", sb)) if val % 16 == 0]
     kernels = [compile_sm90(tf._dequant_fast_kernel, sig, meta, num_warps=kw.get("num_warps", cfg["num_warps"]),
@@ -171,8 +182,8 @@ def run_sass(args, log) -> dict:
     for preset in args.presets:
         for layout in args.layouts:
             for label in args.variants:
-                for part, kern in enumerate(compile_variant(preset, layout, VARIANTS[label])):
-                    name = f"{preset}_{layout}_{label}" + (f"_launch{part + 1}" if VARIANTS[label].get("split") == "launch" else "")
+                for part, kern in enumerate(compile_variant(preset, layout, ALL_VARIANTS[label])):
+                    name = f"{preset}_{layout}_{label}" + (f"_launch{part + 1}" if ALL_VARIANTS[label].get("split") == "launch" else "")
                     r = report(kern, args.out, name)
                     sass = (Path(args.out) / f"{name}.sass").read_text()
                     row = {"preset": preset, "layout": layout, "variant": label, "kernel": name,
@@ -203,9 +214,9 @@ def main(argv=None) -> int:
     for name in ("variants", "presets", "layouts", "shapes"):
         setattr(args, name, [x for x in getattr(args, name).split(",") if x])
     args.contexts = [int(x) for x in args.contexts.split(",") if x]
-    bad = [v for v in args.variants if v not in VARIANTS] + [s for s in args.shapes if s not in SHAPES]
+    bad = [v for v in args.variants if v not in ALL_VARIANTS] + [s for s in args.shapes if s not in SHAPES]
     if bad:
-        raise SystemExit(f"unknown --variants/--shapes entries {bad}; known: {list(VARIANTS)}, {list(SHAPES)}")
+        raise SystemExit(f"unknown --variants/--shapes entries {bad}; known: {list(ALL_VARIANTS)}, {list(SHAPES)}")
     t0 = time.time()
 
     def log(row):
@@ -217,7 +228,7 @@ def main(argv=None) -> int:
     else:
         if not torch.cuda.is_available():
             raise SystemExit("the timing run needs CUDA (use --sass on a CPU box)")
-        res = run_gpu(args, log)
+        res = run_gpu(args, log, save=lambda r: args.json and Path(args.json).write_text(json.dumps(r, indent=1)))
         for e in res["best"]:
             log(e)
         print(f"all variants bit-equal to the default: {res['all_bit_equal']}; errors: {len(res['errors'])}")

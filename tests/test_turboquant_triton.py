@@ -426,7 +426,8 @@ def test_fast_dequant_variants_equal_default(name, layout):
     tf.dequant_kv(cache, row, 83, k0, v0, spec, block_t=16, tiles_per_program=1)
     assert not torch.equal(k0[:, :, :83], torch.full_like(k0[:, :, :83], 9.0))
     for kw in (dict(split="grid"), dict(split="launch"), dict(v8=True), dict(split="grid", v8=True),
-               dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True)):
+               dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True),
+               dict(w32=True), dict(split="grid", v8=True, w32=True)):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
         tf.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
         assert torch.equal(k0, k1) and torch.equal(v0, v1), kw
