@@ -163,6 +163,7 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
                 **tk._field_addr(spec, d, bs), LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
                 PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)), W32=bool(kw.get("w32", False)))
     sb = spec.slot_bytes(d)
+    meta["EVEN"] = meta["W32"] and tf.codes_even(tk._field_addr(spec, d, bs), hk * bs * sb, bs * sb, sb)
     div = ["cache16_ptr", "bt_ptr", "k_ptr", "v_ptr", "signs_ptr", "cache32_ptr", "cached_len", "num_blocks", "stride_kh",
            "stride_kt", "stride_vh", "stride_vt"]
     div += [n for n, val in (("stride_cb", hk * bs * sb), ("stride_ch", bs * sb), ("stride_ct", sb)) if val % 16 == 0]

@@ -201,20 +201,26 @@ def _group_words(cache16_ptr, base16, ok, WOFF: tl.constexpr, BITS: tl.constexpr
 
 
 @triton.jit
-def _group_words32(cache32_ptr, base16, ok, BITS: tl.constexpr, D: tl.constexpr):
+def _group_words32(cache32_ptr, base16, ok, BITS: tl.constexpr, D: tl.constexpr, EVEN: tl.constexpr = False):
     """:func:`_group_words` (``WOFF`` 0, ``BITS`` 2, 3 or 4) from aligned 32-bit words: a group of 16
     codes starts at 16-bit word ``w = base16 + g * BITS``, read as the 32-bit words ``w >> 1, +1`` (and
     ``+2`` for 4 bits), shifted down one 16-bit word where ``w`` is odd.  Equal to :func:`_group_words`'s
     windows in every bit the code extraction reads (full 32 bits for windows 0 and 1, the low 16 bits
     above); 2 loads per group instead of 3 (3 bits), 3 instead of 4 (4 bits).  Reads at most one
     16-bit word past the group, which is still inside the slot (a key or value field is followed by
-    another field in both layouts)."""
+    another field in both layouts).  ``EVEN``: ``base16`` is known even (block-SoA), so 2- and 4-bit
+    groups start on a 32-bit word: 1 load (2 bits) or 2 (4 bits), no shift."""
     g = tl.arange(0, D // 16)
     w = base16[:, None] + g[None, :] * BITS
     odd = (w & 1) == 1
     ptr = cache32_ptr + (w >> 1)
     m = ok[:, None]
     a = tl.load(ptr, mask=m, other=0)
+    if EVEN and BITS == 2:
+        return a, (a >> 16) & 0xFFFF, a, a, a, a, a, a
+    if EVEN and BITS == 4:
+        b4 = tl.load(ptr + 1, mask=m, other=0)
+        return a, ((a >> 16) & 0xFFFF) | (b4 << 16), b4, (b4 >> 16) & 0xFFFF, a, a, a, a
     b = tl.load(ptr + 1, mask=m, other=0)
     ab = ((a >> 16) & 0xFFFF) | (b << 16)
     w0 = tl.where(odd, ab, a)
@@ -264,18 +270,25 @@ def _codes(w0, w1, w2, w3, w4, w5, w6, w7, BITS: tl.constexpr, D: tl.constexpr, 
 
 
 @triton.jit
-def _codes8(cache16_ptr, base16, ok, BITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr, OR: tl.constexpr):
+def _codes8(cache16_ptr, base16, ok, BITS: tl.constexpr, D: tl.constexpr, T: tl.constexpr, OR: tl.constexpr,
+            cache32_ptr=None, EVEN32: tl.constexpr = False):
     """``codes | OR`` of the field at 16-bit word ``base16`` of each token, int32 ``[T, D]`` with 8
     consecutive codes per thread (16 lanes per token at D = 128): the layout Triton gives a 16-byte
     fp16 store, so nothing moves between threads before it.  Group ``g`` of 8 codes starts at bit
     ``8 * BITS * g``: word ``BITS * g // 2``, bit 8 for odd ``BITS * g``; one (2 bits) or two 16-bit
-    words make its window.  ``BITS`` 2, 3 or 4."""
+    words make its window.  ``BITS`` 2, 3 or 4.  ``EVEN32`` (4 bits, ``base16`` known even): the
+    window is one aligned 32-bit word of ``cache32_ptr``."""
     g = tl.arange(0, D // 8)
-    ptr = cache16_ptr + base16[:, None] + ((g * BITS) // 2)[None, :]
     m = ok[:, None]
-    win = tl.load(ptr, mask=m, other=0).to(tl.int32)  # uint16: zero-extended
-    if BITS != 2:
-        win = win | (tl.load(ptr + 1, mask=m, other=0).to(tl.int32) << 16)
+    if EVEN32 and BITS == 4:
+        # (w >> 1), not base16 // 2 + g: Triton would see 16 contiguous words, load them as 16-byte
+        # vectors in another layout and convert it through shared memory
+        win = tl.load(cache32_ptr + ((base16[:, None] + 2 * g[None, :]) >> 1), mask=m, other=0)
+    else:
+        ptr = cache16_ptr + base16[:, None] + ((g * BITS) // 2)[None, :]
+        win = tl.load(ptr, mask=m, other=0).to(tl.int32)  # uint16: zero-extended
+        if BITS != 2:
+            win = win | (tl.load(ptr + 1, mask=m, other=0).to(tl.int32) << 16)
     if BITS % 2 == 1:
         win = win >> (((g * BITS) % 2) * 8)[None, :]
     M: tl.constexpr = (1 << BITS) - 1
@@ -650,7 +663,7 @@ def _dequant_fast_kernel(
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
-    PART: tl.constexpr = 3, V8: tl.constexpr = False, W32: tl.constexpr = False,
+    PART: tl.constexpr = 3, V8: tl.constexpr = False, W32: tl.constexpr = False, EVEN: tl.constexpr = False,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
     writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs.
@@ -659,7 +672,8 @@ def _dequant_fast_kernel(
     0 = even programs of axis 0 values, odd ones keys (one launch, the two halves of a tile run side
     by side).  ``V8``: values unpacked 8 codes per thread (:func:`_codes8`), the layout of the
     16-byte store, so they skip the layout conversion through shared memory.  ``W32``: the code words of
-    3- and 4-bit fields read as aligned 32-bit words of ``cache32_ptr`` (:func:`_group_words32`)."""
+    2- to 4-bit fields read as aligned 32-bit words of ``cache32_ptr`` (:func:`_group_words32`); ``EVEN``:
+    every code field starts at an even 16-bit word (block-SoA), so 4-bit groups need no shift."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     if PART == 0:
@@ -681,9 +695,9 @@ def _dequant_fast_kernel(
                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         if do_v:
             if V8:
-                vc = _codes8(cache16_ptr, fv, ok, VBITS, D, BLOCK_T, 0x6400)
+                vc = _codes8(cache16_ptr, fv, ok, VBITS, D, BLOCK_T, 0x6400, cache32_ptr, W32 and EVEN)
             elif W32 and VBITS <= 4:
-                vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words32(cache32_ptr, fv, ok, VBITS, D)
+                vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words32(cache32_ptr, fv, ok, VBITS, D, EVEN)
                 vc = _codes(vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7, VBITS, D, BLOCK_T, 0x6400)
             else:
                 vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words(cache16_ptr, fv, ok, 0, VBITS, D)
@@ -701,7 +715,7 @@ def _dequant_fast_kernel(
             tl.store(k_head + t[:, None] * stride_kt + cols[None, :], kf, mask=in_len[:, None])
         else:
             if W32:
-                kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words32(cache32_ptr, fk, ok, KBITS, D)
+                kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words32(cache32_ptr, fk, ok, KBITS, D, EVEN)
             else:
                 kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, fk, ok, 0, KBITS, D)
             yh = _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
@@ -716,6 +730,15 @@ def _dequant_fast_kernel(
 
 
 DEQUANT_SPLITS = ("none", "grid", "launch")
+
+
+def codes_even(fields: dict, stride_cb: int, stride_ch: int, stride_ct: int) -> bool:
+    """True when every token's key and value code field starts at an even 16-bit word (a 4-byte
+    boundary), whatever the block and token: the kernels' ``EVEN``.  ``fields``: :func:`tk._field_addr`;
+    strides in bytes.  vLLM's order adds ``o * stride_ct`` bytes (``_field_bases``), block-SoA
+    ``o * KS`` words."""
+    strides = (stride_cb, stride_ch) + ((stride_ct,) if fields["KS"] == fields["SS"] else ())
+    return all(fields[x] % 2 == 0 for x in ("KO", "KS", "VO", "VS")) and all(st % 4 == 0 for st in strides)
 
 
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
@@ -752,6 +775,8 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     d = k_out.shape[-1]
     signs16, _, _, _ = tk._consts(spec, d, cache.device)
     cache32 = cache.view(-1).view(torch.int32) if w32 else signs16  # unused when not w32
+    fields = tk._field_addr(spec, d, bs)
+    even = w32 and codes_even(fields, cache.stride(0), cache.stride(1), cache.stride(2))
     n_tiles = triton.cdiv(cached_len, block_t)
     if tiles_per_program is None:  # fewer tiles per program where 2 would leave < 4 programs per SM
         tiles_per_program = cfg["tiles"] if hk * n_tiles // cfg["tiles"] >= 4 * _num_sms(cache.device) else 1
@@ -764,8 +789,8 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
             cached_len, nb, cache.stride(0), cache.stride(1), cache.stride(2),
             k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d))
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles, KEY_FP8=spec.key_fp8, KBITS=spec.key_bits,
-                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, **tk._field_addr(spec, d, bs), LUT=lut,
-                LUT_ASM=_asm_for(spec, d, lut), V8=v8, W32=w32, **opts)
+                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, **fields, LUT=lut,
+                LUT_ASM=_asm_for(spec, d, lut), V8=v8, W32=w32, EVEN=even, **opts)
     if split == "launch":
         _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=1)
         kern = _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=2)
