@@ -7,7 +7,7 @@ written) / time / ``copy_bandwidth(1 GiB)``, bytes from ``_tq_bench.dequant_byte
 (Llama-3.1-8B shard Hk 8, the seed TP-8 rank Hk 1; D 128, block 16) at 32K and 128K, the rotated presets, vLLM's
 slot order and the block-SoA order.
 
-CPU (``--sass``): each variant compiled for sm_90 by ``sass_sm90.compile_sm90`` (local Triton; the H200 runs 3.6,
+CPU (``--sass``): each variant compiled for sm_90 by ``_sass_sm90.compile_sm90`` (local Triton; the H200 runs 3.6,
 so counts are estimates): registers, shared memory, SASS count and the loads, stores, barriers and MMAs in it.
 
     python benchmarks/dev_turboquant_dequant.py --json $OUT/dequant.json
@@ -145,7 +145,7 @@ def _best(rows) -> list:
 def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 128, bs: int = 16):
     """``_dequant_fast_kernel`` compiled for sm_90 as ``tf.dequant_kv(**kw)`` launches it (its last launch for
     ``split="launch"``), with the JIT's divisibility specialization of that shape."""
-    from sass_sm90 import compile_sm90
+    from _sass_sm90 import compile_sm90
 
     from tqlab.turboquant import _triton_fast as tf
     from tqlab.turboquant import _triton_kernels as tk
@@ -159,7 +159,7 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
                                    "stride_kt", "stride_vh", "stride_vt")}, inv_sqrt_d="fp32")
     split = kw.get("split", "none")
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=kw.get("block_t", cfg["block_t"]), TILES=kw.get("tiles_per_program", 2),
-                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
                 **tk._field_addr(spec, d, bs), LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
                 PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)), W32=bool(kw.get("w32", False)))
     sb = spec.slot_bytes(d)
@@ -177,7 +177,7 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
 
 
 def run_sass(args, log) -> dict:
-    from sass_sm90 import report
+    from _sass_sm90 import report
 
     rows = []
     for preset in args.presets:

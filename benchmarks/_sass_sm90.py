@@ -5,8 +5,8 @@ spills, shared memory, the SASS opcode histogram (``nvdisasm`` from Triton's bun
 ``convert_layout`` / ``local_alloc`` ops in the TTGIR (each ``local_alloc`` in the loop is an operand staged through
 shared memory).  The local Triton may be newer than the GPU's (3.9 here, 3.6 on the H200): treat counts as estimates.
 
-    PYTHONPATH=$PWD python benchmarks/sass_sm90.py                 # the block-SoA decode, 3bit_nc, D 128
-    PYTHONPATH=$PWD python benchmarks/sass_sm90.py --preset turboquant_4bit_nc --out /tmp/sass
+    PYTHONPATH=$PWD python benchmarks/_sass_sm90.py                 # the block-SoA decode, 3bit_nc, D 128
+    PYTHONPATH=$PWD python benchmarks/_sass_sm90.py --preset turboquant_4bit_nc --out /tmp/sass
 
 Library use: ``compile_sm90(fn, signature, constexprs, num_warps, maxnreg)`` and ``report(kernel, out_dir)``.
 """
@@ -78,7 +78,7 @@ def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int
     sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_cb16", "stride_ch16", "stride_btb", "stride_mb",
                                    "stride_mh", "stride_ms")})
     meta = dict(GROUP=4, GP=16, BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t, KBITS=spec.key_bits,
-                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
+                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
                 **tk._field_addr(spec, d, block_size))
     return compile_sm90(ts._decode_soa4_kernel, sig, meta, num_warps=4, maxnreg=maxnreg)
 
