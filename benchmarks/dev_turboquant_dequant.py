@@ -10,8 +10,9 @@ slot order and the block-SoA order.
 CPU (``--sass``): each variant compiled for sm_90 by ``_sass_sm90.compile_sm90`` (local Triton; the H200 runs 3.6,
 so counts are estimates): registers, shared memory, SASS count and the loads, stores, barriers and MMAs in it.
 
-    python benchmarks/dev_turboquant_dequant.py --json $OUT/dequant.json
-    PYTHONPATH=$PWD python benchmarks/dev_turboquant_dequant.py --sass [--out /tmp/sass]
+    python benchmarks/dev_turboquant_dequant.py --out $OUT/dequant.json
+    python benchmarks/dev_turboquant_dequant.py --record --commit X   # data/turboquant_dequant_variants_h200.json
+    PYTHONPATH=$PWD python benchmarks/dev_turboquant_dequant.py --sass [--sass-dir /tmp/sass]
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _recording import default_dir
 
 from tqlab.turboquant import TQ_PRESETS
 
@@ -185,8 +188,8 @@ def run_sass(args, log) -> dict:
             for label in args.variants:
                 for part, kern in enumerate(compile_variant(preset, layout, ALL_VARIANTS[label])):
                     name = f"{preset}_{layout}_{label}" + (f"_launch{part + 1}" if ALL_VARIANTS[label].get("split") == "launch" else "")
-                    r = report(kern, args.out, name)
-                    sass = (Path(args.out) / f"{name}.sass").read_text()
+                    r = report(kern, args.sass_dir, name)
+                    sass = (Path(args.sass_dir) / f"{name}.sass").read_text()
                     row = {"preset": preset, "layout": layout, "variant": label, "kernel": name,
                            "registers": r["usage"].get("REG"), "shared_bytes": kern.metadata.shared,
                            "sass": r["sass_total"], "convert_layout": r["convert_layout"],
@@ -198,16 +201,25 @@ def run_sass(args, log) -> dict:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default=None, help="write the rows here (GPU run: share of copy per variant)")
-    ap.add_argument("--sass", action="store_true", help="static SASS of each variant for sm_90 instead (no GPU)")
-    ap.add_argument("--out", default="/tmp/sass", help="--sass: where the .sass/.ttgir files go")
+    ap.add_argument("--out", "--json", dest="out", default=None,
+                    help="output file (default: build/turboquant_dequant_variants_h200.json, data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
+    ap.add_argument("--sass", action="store_true", help="static SASS of each variant for sm_90 instead (no GPU, no JSON)")
+    ap.add_argument("--sass-dir", default="/tmp/sass", help="--sass: where the .sass/.ttgir/.cubin files go")
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--presets", default=",".join(ROTATED))
     ap.add_argument("--layouts", default="vllm,block_soa")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
-    ap.add_argument("--commit", default=None)
+    ap.add_argument("--commit", default=None, help="git commit to record (the GPU box has no .git)")
     return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file a run writes: ``--out``, else ``build/`` (``data/`` with ``--record``); none with ``--sass``."""
+    if args.sass:
+        return []
+    return [Path(args.out) if args.out else default_dir(args) / "turboquant_dequant_variants_h200.json"]
 
 
 def main(argv=None) -> int:
@@ -217,7 +229,8 @@ def main(argv=None) -> int:
     args.contexts = [int(x) for x in args.contexts.split(",") if x]
     bad = [v for v in args.variants if v not in ALL_VARIANTS] + [s for s in args.shapes if s not in SHAPES]
     if bad:
-        raise SystemExit(f"unknown --variants/--shapes entries {bad}; known: {list(ALL_VARIANTS)}, {list(SHAPES)}")
+        print(f"unknown --variants/--shapes entries {bad}; known: {list(ALL_VARIANTS)}, {list(SHAPES)}", file=sys.stderr)
+        return 2
     t0 = time.time()
 
     def log(row):
@@ -225,20 +238,21 @@ def main(argv=None) -> int:
                                                       for k, v in row.items()), flush=True)
 
     if args.sass:
-        res = run_sass(args, log)
-    else:
-        if not torch.cuda.is_available():
-            raise SystemExit("the timing run needs CUDA (use --sass on a CPU box)")
-        res = run_gpu(args, log, save=lambda r: args.json and Path(args.json).write_text(json.dumps(r, indent=1)))
-        for e in res["best"]:
-            log(e)
-        print(f"all variants bit-equal to the default: {res['all_bit_equal']}; errors: {len(res['errors'])}")
+        run_sass(args, log)
+        return 0
+    if not torch.cuda.is_available():
+        print("dev_turboquant_dequant: the timing run needs a CUDA GPU; --sass runs anywhere", file=sys.stderr)
+        return 2
+    out = output_paths(args)[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    res = run_gpu(args, log, save=lambda r: out.write_text(json.dumps(r, indent=1)))
+    for e in res["best"]:
+        log(e)
     res["wall_s"] = time.time() - t0
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1))
-        print(f"wrote {args.json} in {res['wall_s']:.1f}s")
-    return 0 if res.get("all_bit_equal", True) and not res.get("errors") else 1
+    out.write_text(json.dumps(res, indent=1))
+    print(f"all variants bit-equal to the default: {res['all_bit_equal']}; errors: {len(res['errors'])}; "
+          f"wrote {out} in {res['wall_s']:.1f}s")
+    return 0 if res["all_bit_equal"] and not res["errors"] else 1
 
 
 if __name__ == "__main__":
