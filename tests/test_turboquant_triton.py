@@ -432,3 +432,66 @@ def test_gpu_fast_equals_portable(name):
         assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all()
         assert torch.allclose(k0[:, :, :ctx - 5].float(), k1[:, :, :ctx - 5].float(), atol=4e-3, rtol=2e-3)
         assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5])
+
+
+@pytest.mark.parametrize("layout", ["vllm", "block_soa"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_fast_dequant_variants_equal_default(name, layout):
+    """Every launch variant of the fast dequant (issue 20: keys and values split over programs or
+    launches, values 8 codes per thread, more tiles per program) writes exactly the default's bits,
+    on both cache layouts, and leaves the tail untouched."""
+    import dataclasses
+
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = dataclasses.replace(TQ_PRESETS[name], cache_layout=layout)
+    cache = _filled(spec)
+    row = torch.tensor([5, 0, 11, 3, 7, 2], dtype=torch.int32, device=DEV)
+    k0 = torch.full((1, 2, 96, 64), 9.0, dtype=torch.float16, device=DEV)
+    v0 = k0.clone()
+    tf.dequant_kv(cache, row, 83, k0, v0, spec, block_t=16, tiles_per_program=1)
+    assert not torch.equal(k0[:, :, :83], torch.full_like(k0[:, :, :83], 9.0))
+    for kw in (dict(split="grid"), dict(split="launch"), dict(v8=True), dict(split="grid", v8=True),
+               dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True),
+               dict(w32=True), dict(split="grid", v8=True, w32=True)):
+        k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
+        tf.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
+        assert torch.equal(k0, k1) and torch.equal(v0, v1), kw
+
+
+def test_fast_dequant_rejects_unknown_split():
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = TQ_PRESETS["turboquant_3bit_nc"]
+    buf = torch.zeros((1, 2, 16, 64), dtype=torch.float16, device=DEV)
+    with pytest.raises(ValueError, match="split must be one of"):
+        tf.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
+                      split="halves")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["vllm", "block_soa"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_gpu_fast_dequant_variants_bit_equal(name, layout):
+    """On the GPU (prmt tables, 64-token tiles, wgmma) every dequant variant writes the default's bits."""
+    import dataclasses
+
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = dataclasses.replace(TQ_PRESETS[name], cache_layout=layout)
+    d, hk, bs, ctx = 128, 8, 16, 4096
+    nb = ctx // bs
+    g = torch.Generator().manual_seed(23)
+    cache = torch.zeros(kv_cache_shape(nb, hk, bs, d, spec), dtype=torch.uint8, device=DEV)
+    store_kv(cache, torch.randn(ctx, hk, d, generator=g).to(DEV), torch.randn(ctx, hk, d, generator=g).to(DEV),
+             torch.randperm(ctx, generator=g).to(DEV), spec)
+    row = torch.randperm(nb, generator=g).to(torch.int32).to(DEV)
+    k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
+    v0 = k0.clone()
+    tf.dequant_kv(cache, row, ctx - 5, k0, v0, spec)
+    for kw in (dict(v8=True), dict(w32=True), dict(v8=True, w32=True), dict(split="grid", v8=True, w32=True),
+               dict(split="launch", v8=True, w32=True), dict(split="grid", v8=True, w32=True, tiles_per_program=1)):
+        k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
+        tf.dequant_kv(cache, row, ctx - 5, k1, v1, spec, **kw)
+        assert torch.equal(k0[:, :, :ctx - 5], k1[:, :, :ctx - 5]) and torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw
+        assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all(), kw
