@@ -266,7 +266,9 @@ def run(log, contexts, presets, variants, rows, save) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", default=None, help="output file (default: build/turboquant_frag_h200.json)")
+    ap.add_argument("--json", default=None,
+                    help="output file (default: build/turboquant_frag_h200.json, data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
     ap.add_argument("--commit", default=None)
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--presets", default=",".join(ROTATED))
@@ -280,7 +282,9 @@ def output_paths(args: argparse.Namespace) -> list[Path]:
     """The file this run writes: ``--json``, else ``build/turboquant_frag_h200.json``; none with ``--sass``."""
     if args.sass:
         return []
-    return [Path(args.json) if args.json else Path(__file__).resolve().parent.parent / "build" / "turboquant_frag_h200.json"]
+    from _recording import default_dir
+
+    return [Path(args.json) if args.json else default_dir(args) / "turboquant_frag_h200.json"]
 
 
 def main(argv=None) -> int:
