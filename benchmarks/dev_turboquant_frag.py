@@ -182,7 +182,27 @@ def _sig() -> dict:
     return sig
 
 
-def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128) -> list[dict]:
+# arguments the GPU launch specializes as multiples of 16 (torch allocations; strides of the benchmark shapes:
+# stride_cb16 = Hk * 16 * slot / 2, stride_ch16 = 16 * slot / 2 with slot 102 / 136 / 120 B; not stride_ms = D + 1)
+_DIV16 = ("q_ptr", "c16", "c32", "bt_ptr", "sl_ptr", "mid_ptr", "num_blocks", "num_splits", "stride_qb", "stride_qh",
+          "stride_cb16", "stride_ch16", "stride_btb", "stride_mb", "stride_mh")
+
+
+def compile_sm90_div16(fn, signature: dict, constexprs: dict, num_warps: int = 4, maxnreg: int | None = None):
+    """``sass_sm90.compile_sm90`` plus the ``tt.divisibility = 16`` that Triton's launcher gives 16-byte aligned
+    pointers and multiples of 16 (without it, vector loads of 16-byte aligned fields compile as 4-byte loads)."""
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    sig = dict(signature)
+    sig.update({k: "constexpr" for k in constexprs})
+    attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in _DIV16}
+    opts = {"num_warps": num_warps, **({"maxnreg": maxnreg} if maxnreg else {})}
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                          target=GPUTarget("cuda", 90, 32), options=opts)
+
+
+def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128, div16: bool = True) -> list[dict]:
     """Compile each (preset, variant) for sm_90 (Llama GQA 4, D 128, 128 x 4, LUT 2) and report registers,
     stack, SASS totals, shared-memory traffic opcodes and the TTGIR's local_alloc / convert_layout counts."""
     from sass_sm90 import compile_sm90, report
@@ -194,10 +214,11 @@ def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128) -> list[dic
         spec = get_spec(name, cache_layout="block_soa")
         for var in variants:
             meta = _meta(spec, 32, 8, 128, 16, 2, 128, var)
-            r = report(compile_sm90(_decode_frag_kernel, _sig(), meta, num_warps=4, maxnreg=maxnreg), out_dir,
+            comp = compile_sm90_div16 if div16 else compile_sm90
+            r = report(comp(_decode_frag_kernel, _sig(), meta, num_warps=4, maxnreg=maxnreg), out_dir,
                        f"frag_{name.removeprefix('turboquant_')}_v{var}")
             ops = dict(r["opcodes"])
-            row = {"triton": triton.__version__, "preset": name, "variant": var, "regs": r["usage"].get("REG"),
+            row = {"triton": triton.__version__, "div16": div16, "preset": name, "variant": var, "regs": r["usage"].get("REG"),
                    "stack": r["usage"].get("STACK"), "sass": r["sass_total"], "local_alloc": r["local_alloc"],
                    "convert_layout": r["convert_layout"],
                    **{op: ops.get(op, 0) for op in ("STS", "LDS", "LDSM", "STSM", "LDL", "STL", "SHFL", "BAR", "HMMA")}}
