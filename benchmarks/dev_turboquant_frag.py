@@ -11,8 +11,36 @@ for bit, the dot operand's distribution: the conversion needs no shared memory *
 
 ``VARIANT`` (constexpr) of :func:`_decode_frag_kernel`:
 
-* 0 -- the reference: the same arithmetic as ``_decode_soa4_kernel`` (``tl.trans(k16)``).
-* 1 -- q's columns and k's columns permuted by ``pi`` (reshape / permute / reshape, no data movement).
+* 0 -- a copy of ``_decode_soa4_kernel`` (same loads, ``tl.trans(k16)``): the static-compile baseline.
+* 1 -- q's and k's columns in the kWidth-2 slot order above (Triton 3.9 builds the first dot with kWidth 2).
+* 2 -- only the chunk loads rewritten (:func:`_words_x32t`): Triton 3.6 -- the H200's -- lays the default
+  kernel's ``[T, D/32]`` chunk loads out one token per thread (``threadsPerWarp [32, 1]``: every thread holds a
+  whole token, 128 codes, and both operand tiles are staged with 16-bit ``STS``); 3.9 uses ``[8, 4]`` (4 lanes
+  per token, the design).  A 4-bit token read as one contiguous ``[T, D/8]`` load and 3-bit pointers built
+  ``[D/32, T]`` and transposed give 4 lanes per token on 3.6.
+* 3 -- 2 plus the kWidth-4 slot order (Triton 3.6 builds both dots with kWidth 4: lane ``t`` holds slots
+  ``32j + 16h + 4t + i``, ``pi = 32t + 8j + 4h + i``): on 3.6 the key tile reaches ``tl.dot`` in registers.
+
+Static compile for sm_90 (``--sass``; with the launcher's ``tt.divisibility = 16`` on pointers and strides --
+without it the 4-bit loads compile as 4-byte loads and spill), Llama GQA 4, D 128, 128 x 4, ``maxnreg`` 128,
+Triton 3.6 (the H200's): whole-kernel SASS / loop SASS / loop STS / loop LDS / stack B:
+
+=========  ===========================  ===========================  ===========================
+preset     v0 (= soa4)                  v2 (loads)                   v3 (loads + K in registers)
+3bit_nc    3232 / 2565 / 268 / 81 / 0   3008 / 2289 / 47 / 90 / 0    2952 / 2218 / 31 / 58 / 40
+k3v4_nc    3160 / 2492 / 268 / 81 / 0   3112 / 2369 / 48 / 93 / 16   3016 / 2260 / 32 / 61 / 88
+4bit_nc    3384 / 2706 / 268 / 81 / 8   3192 / 2471 / 47 / 90 / 0    3136 / 2399 / 31 / 58 / 64
+=========  ===========================  ===========================  ===========================
+
+(v3's loop also has 10-23 ``LDL`` / 7-13 ``STL`` of spills under the 128-register cap: 163-168 registers
+uncapped; v0 uncapped 158, as the H200 reported for ``soa_x32_128x4``.)  On Triton 3.9 variant 1 removes the
+key tile's ``local_alloc`` (LDS 101 -> 69, STS 81 -> 65 for 3bit_nc) but spills 37-49 ``LDL``; 2 and 3 do not fit
+3.9's layouts.  The layouts are Triton's inference, not ours: re-check with ``--sass`` after a Triton upgrade.
+
+The value tile stays staged (``STS.128`` + ``LDSM.T``): P V contracts over tokens, which mma v2 keeps inside a
+warp (lanes ``t`` and registers), while the tile's tokens are spread over the 4 warps and its loads give a
+thread 4 tokens x 32 codes, the B operand 32 tokens x 4 columns -- no permutation of tokens or columns maps one
+onto the other.
 
 Usage (the GPU command checks the variant against ``_decode_soa4_kernel`` and times both)::
 
@@ -99,14 +127,15 @@ def _decode_frag_kernel(
     s = tl.program_id(2)
     heads, gmask, start, end, q, ones, cols = tf._fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb,
                                                                 stride_qh, inv_sqrt_d, GROUP, GP, D, False)
-    if VARIANT >= 1:
-        q = _perm_cols(q, GP, D, 4 if VARIANT == 3 else 2)
+    KW: tl.constexpr = 2 if VARIANT == 1 else (4 if VARIANT == 3 else 0)  # slot order for this dot kWidth, 0: none
+    if KW > 0:
+        q = _perm_cols(q, GP, D, KW)
     m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
         in_seq, ok, region16, o = ts._soa_rows(bt_row, t0, end, num_blocks, hk, stride_cb16, stride_ch16,
                                                BLOCK_SIZE, BLOCK_T)
-        if VARIANT >= 2:
+        if VARIANT >= 2:  # chunk loads Triton 3.6 lays out 4 lanes per token
             kx0, kx1, kx2, kx3 = _words_x32t(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D, BLOCK_T)
         else:
             kx0, kx1, kx2, kx3 = ts._words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
@@ -114,8 +143,8 @@ def _decode_frag_kernel(
         k16 = ts._keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T,
                          LUT, LUT_ASM)
         kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        if VARIANT >= 1:
-            sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D, 4 if VARIANT == 3 else 2))
+        if KW > 0:
+            sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D, KW))
         else:
             sc = tl.dot(q, tl.trans(k16))
         if NORM_CORR:
@@ -293,7 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--presets", default=",".join(ROTATED))
-    ap.add_argument("--variants", default="1,3", help="VARIANTs of _decode_frag_kernel to run beside soa4")
+    ap.add_argument("--variants", default="2,3", help="VARIANTs of _decode_frag_kernel to run beside soa4")
     ap.add_argument("--sass", default=None, metavar="DIR",
                     help="no GPU: compile soa4-equivalent (0) and the variants for sm_90 into DIR and print counts")
     return ap
