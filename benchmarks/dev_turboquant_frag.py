@@ -64,11 +64,12 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from tqlab.turboquant import _triton_fast as tf  # noqa: E402
-from tqlab.turboquant import _triton_kernels as tk  # noqa: E402
-from tqlab.turboquant import _triton_soa as ts  # noqa: E402
-from tqlab.turboquant.launch import SOA_DEFAULTS  # noqa: E402
-from tqlab.turboquant.spec import TurboQuantSpec  # noqa: E402
+import dev_turboquant_planes as pl
+from tqlab.turboquant import _triton_fast as tf
+from tqlab.turboquant import _triton_kernels as tk
+from tqlab.turboquant import _triton_soa as ts
+from tqlab.turboquant.launch import SOA_DEFAULTS
+from tqlab.turboquant.spec import TurboQuantSpec
 
 ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
 
@@ -120,8 +121,11 @@ def _decode_frag_kernel(
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, VARIANT: tl.constexpr,
+    PLANES: tl.constexpr = False, KASM: tl.constexpr = "", VASM: tl.constexpr = "",
 ):
-    """``_triton_soa._decode_soa4_kernel`` with the key operand in mma-slot order (``VARIANT`` 1)."""
+    """``_triton_soa._decode_soa4_kernel`` with the key operand in mma-slot order (``VARIANT`` 1, 3) and / or
+    the chunk loads rewritten (2, 3); ``PLANES``: 3-bit fields in ``dev_turboquant_planes``' nibble-plane order
+    (``_planes32``, its asm strings ``KASM`` / ``VASM``; with the folded norm, ``NORM_CORR`` False)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -139,9 +143,12 @@ def _decode_frag_kernel(
             kx0, kx1, kx2, kx3 = _words_x32t(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D, BLOCK_T)
         else:
             kx0, kx1, kx2, kx3 = ts._words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
-        ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = ts._chunk_windows(kx0, kx1, kx2, kx3, KBITS)
-        k16 = ts._keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T,
-                         LUT, LUT_ASM)
+        if PLANES and KBITS == 3:
+            k16 = pl._planes32(kx0, kx1, kx2, BLOCK_T, D, KASM)
+        else:
+            ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = ts._chunk_windows(kx0, kx1, kx2, kx3, KBITS)
+            k16 = ts._keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D,
+                             BLOCK_T, LUT, LUT_ASM)
         kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         if KW > 0:
             sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D, KW))
@@ -158,9 +165,12 @@ def _decode_frag_kernel(
             vx0, vx1, vx2, vx3 = _words_x32t(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D, BLOCK_T)
         else:
             vx0, vx1, vx2, vx3 = ts._words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
-        va0, va1, va2, va3, vb0, vb1, vb2, vb3 = ts._chunk_windows(vx0, vx1, vx2, vx3, VBITS)
-        vc = ts._codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
-        v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+        if PLANES and VBITS == 3:
+            v16 = pl._planes32(vx0, vx1, vx2, BLOCK_T, D, VASM)
+        else:
+            va0, va1, va2, va3, vb0, vb1, vb2, vb3 = ts._chunk_windows(vx0, vx1, vx2, vx3, VBITS)
+            vc = ts._codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
+            v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
         vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         vz = tl.load(c16 + region16 + o * ZS + ZO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), v16)
@@ -169,17 +179,24 @@ def _decode_frag_kernel(
     tk._store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, cols, stride_mb, stride_mh, stride_ms, D)
 
 
-def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, block_t: int, variant: int) -> dict:
-    return dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, block_t: int, variant: int,
+          planes: bool = False) -> dict:
+    meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=lut,
                 LUT_ASM=tf._asm_for(spec, d, lut), VARIANT=variant, **tk._field_addr(spec, d, bs))
+    if planes:  # the cache of dev_turboquant_planes.to_planes(fold=True, planes=True)
+        meta.update(NORM_CORR=False, PLANES=True, VASM=pl.planes_asm(None),
+                    KASM=pl.planes_asm(pl.key_table(spec, d)) if spec.key_bits == 3 else "")
+    return meta
 
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      variant: int = 1, block_t: int | None = None, num_warps: int | None = None,
-                     maxnreg: int | None = None, lut: int | None = None, stats: dict | None = None):
-    """:func:`_decode_frag_kernel` on a block-SoA cache, then the portable reduction; arguments and launch
-    defaults as ``_triton_soa.decode_attention`` (``launch.SOA_DEFAULTS["soa_decode"]``)."""
+                     maxnreg: int | None = None, lut: int | None = None, stats: dict | None = None,
+                     planes: bool = False):
+    """:func:`_decode_frag_kernel` on a block-SoA cache (``planes``: one made by ``dev_turboquant_planes.
+    to_planes``, GPU only), then the portable reduction; arguments and launch defaults as
+    ``_triton_soa.decode_attention`` (``launch.SOA_DEFAULTS["soa_decode"]``)."""
     cfg = SOA_DEFAULTS["soa_decode"]
     bsz, hq, d = query.shape
     nb, hk, bs, _ = cache.shape
@@ -190,7 +207,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
             *tk._centroid_poly(spec, d), scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
             query.stride(0), query.stride(1), cache.stride(0) // 2, cache.stride(1) // 2,
             block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
-    meta = _meta(spec, hq, hk, d, bs, lut, block_t or cfg["block_t"], variant)
+    meta = _meta(spec, hq, hk, d, bs, lut, block_t or cfg["block_t"], variant, planes)
     meta["num_warps"] = num_warps or cfg["num_warps"]
     maxnreg = cfg.get("maxnreg") if maxnreg is None else maxnreg
     if maxnreg and query.device.type == "cuda" and not tf.tk_interpret():
@@ -231,7 +248,8 @@ def compile_sm90_div16(fn, signature: dict, constexprs: dict, num_warps: int = 4
                           target=GPUTarget("cuda", 90, 32), options=opts)
 
 
-def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128, div16: bool = True) -> list[dict]:
+def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128, div16: bool = True,
+         planes: bool = False) -> list[dict]:
     """Compile each (preset, variant) for sm_90 (Llama GQA 4, D 128, 128 x 4, LUT 2) and report registers,
     stack, SASS totals, shared-memory traffic opcodes and the TTGIR's local_alloc / convert_layout counts."""
     from sass_sm90 import compile_sm90, report
@@ -242,12 +260,13 @@ def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128, div16: bool
     for name in presets:
         spec = get_spec(name, cache_layout="block_soa")
         for var in variants:
-            meta = _meta(spec, 32, 8, 128, 16, 2, 128, var)
+            meta = _meta(spec, 32, 8, 128, 16, 2, 128, var, planes)
             comp = compile_sm90_div16 if div16 else compile_sm90
             r = report(comp(_decode_frag_kernel, _sig(), meta, num_warps=4, maxnreg=maxnreg), out_dir,
-                       f"frag_{name.removeprefix('turboquant_')}_v{var}")
+                       f"frag_{name.removeprefix('turboquant_')}_{'p' if planes else 'v'}{var}")
             ops = dict(r["opcodes"])
-            row = {"triton": triton.__version__, "div16": div16, "preset": name, "variant": var, "regs": r["usage"].get("REG"),
+            row = {"triton": triton.__version__, "div16": div16, "planes": planes, "preset": name, "variant": var,
+                   "regs": r["usage"].get("REG"),
                    "stack": r["usage"].get("STACK"), "sass": r["sass_total"], "local_alloc": r["local_alloc"],
                    "convert_layout": r["convert_layout"],
                    **{op: ops.get(op, 0) for op in ("STS", "LDS", "LDSM", "STSM", "LDL", "STL", "SHFL", "BAR", "HMMA")}}
@@ -260,55 +279,79 @@ def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128, div16: bool
 SHAPES = {"llama": (32, 8, 16), "seed": (4, 1, 4)}
 
 
-def _base(q, cache, bt, sl, spec, mid, out, lse, stats=None):
-    ts.decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats)
+def _soa4(q, caches, bt, sl, spec, mid, out, lse, stats=None):
+    ts.decode_attention(q, caches["soa"], bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats)
 
 
-def _frag(var):
-    def call(q, cache, bt, sl, spec, mid, out, lse, stats=None):
-        decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, variant=var, stats=stats)
+def _planes(q, caches, bt, sl, spec, mid, out, lse, stats=None):
+    pl.decode(q, caches["planes"], bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, planes=True, fold=True)
+
+
+def _frag(var: int, planes: bool):
+    def call(q, caches, bt, sl, spec, mid, out, lse, stats=None):
+        decode_attention(q, caches["planes" if planes else "soa"], bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse,
+                         variant=var, stats=stats, planes=planes)
     return call
 
 
-def run(log, contexts, presets, variants, rows, save) -> None:
-    """Per (shape, context, preset): ``_decode_soa4_kernel`` (``soa4``) and each variant on the same block-SoA
-    cache; max |out - out_soa4| and |lse - lse_soa4|, registers, ColdTimer ms (graph replay, L2 flushed)."""
+def kernels(variants, families) -> dict:
+    """name -> (call, baseline name): ``soa4`` (today's ``_decode_soa4_kernel``) and ``v<N>`` against it; with
+    ``planes``, ``dev_turboquant_planes``' kernel (nibble planes + folded norm) and ``p<N>`` against that."""
+    out = {}
+    if "soa" in families:
+        out["soa4"] = (_soa4, "soa4")
+        out.update({f"v{v}": (_frag(v, False), "soa4") for v in variants})
+    if "planes" in families:
+        out["planes"] = (_planes, "planes")
+        out.update({f"p{v}": (_frag(v, True), "planes") for v in variants})
+    return out
+
+
+def run(log, contexts, presets, variants, families, rows, save) -> None:
+    """Per (shape, context, preset), every kernel of :func:`kernels` on the same K/V (block-SoA cache; the
+    planes cache made from it): max |out - out_base| and |lse - lse_base| against its baseline, registers,
+    ColdTimer ms (CUDA-graph replay, L2 flushed)."""
     from _tq_bench import ColdTimer, fill_paged, random_decode_inputs
 
     from tqlab.turboquant import TQ_PRESETS, get_spec
-    from tqlab.turboquant.ops import decode_num_splits
+    from tqlab.turboquant import ops as _ops
     from tqlab.turboquant.quant import to_cache_layout
 
-    timer, d = ColdTimer(), 128
+    timer, d, kern = ColdTimer(), 128, kernels(variants, families)
     for shape, (hq, hk, b) in SHAPES.items():
         for ctx in contexts:
             k, v, q = random_decode_inputs(b, hq, hk, ctx, d, seed=1000 + ctx + b + hq)
-            sl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
+            dev = q.device
+            sl = torch.full((b,), ctx, device=dev, dtype=torch.int32)
             sl[-1] = ctx - 1037  # one uneven request: a partial tile and a partial block
-            s = decode_num_splits(b, hk, "fill")
+            s = _ops.decode_num_splits(b, hk, "fill")
             for name in presets:
                 spec = get_spec(name, cache_layout="block_soa")
                 cache, bt = fill_paged(TQ_PRESETS[name], k, v)
-                cache = to_cache_layout(cache, spec, d)
+                caches = {"soa": to_cache_layout(cache, spec, d)}
+                del cache
+                if "planes" in families:
+                    caches["planes"] = pl.to_planes(caches["soa"], spec, d, True, True)
                 res = {}
-                for var in ["soa4", *variants]:
-                    fn = _base if var == "soa4" else _frag(var)
-                    mid = torch.full((b, hq, s, d + 1), float("nan"), device="cuda")
-                    out = torch.full((b, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
-                    lse = torch.full((b, hq), float("nan"), device="cuda")
+                for var, (fn, base) in kern.items():
+                    mid = torch.full((b, hq, s, d + 1), float("nan"), device=dev)
+                    out = torch.full((b, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
+                    lse = torch.full((b, hq), float("nan"), device=dev)
                     st: dict = {}
-                    fn(q, cache, bt, sl, spec, mid, out, lse, stats=st)
+                    fn(q, caches, bt, sl, spec, mid, out, lse, stats=st)
                     res[var] = (out.float().clone(), lse.clone())
-                    row = {"shape": shape, "ctx": ctx, "preset": name, "splits": s, "variant": str(var),
+                    row = {"shape": shape, "ctx": ctx, "preset": name, "splits": s, "variant": var, "base": base,
                            "regs": st.get("n_regs"), "spills": st.get("n_spills"),
                            "nan": bool(torch.isnan(out.float()).any() or torch.isnan(lse).any()),
-                           "out_max_abs_vs_soa4": float((out.float() - res["soa4"][0]).abs().max()),
-                           "lse_max_abs_vs_soa4": float((lse - res["soa4"][1]).abs().max()),
-                           "ms": timer(lambda: fn(q, cache, bt, sl, spec, mid, out, lse))}
-                    row["ok"] = not row["nan"] and row["out_max_abs_vs_soa4"] < 2e-2 and row["lse_max_abs_vs_soa4"] < 1e-2
+                           "out_max_abs_vs_base": float((out.float() - res[base][0]).abs().max()),
+                           "lse_max_abs_vs_base": float((lse - res[base][1]).abs().max()),
+                           "ms": timer(lambda: fn(q, caches, bt, sl, spec, mid, out, lse))}
+                    if "soa4" in res and var != "soa4":
+                        row["out_max_abs_vs_soa4"] = float((out.float() - res["soa4"][0]).abs().max())
+                    row["ok"] = not row["nan"] and row["out_max_abs_vs_base"] < 2e-2 and row["lse_max_abs_vs_base"] < 1e-2
                     rows.append(row)
                     log(row)
-                del cache
+                caches = None
                 torch.cuda.empty_cache()
             del k, v
             save()
@@ -322,7 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--commit", default=None)
     ap.add_argument("--contexts", default="32768,131072")
     ap.add_argument("--presets", default=",".join(ROTATED))
-    ap.add_argument("--variants", default="2,3", help="VARIANTs of _decode_frag_kernel to run beside soa4")
+    ap.add_argument("--variants", default="3", help="VARIANTs of _decode_frag_kernel to time beside each baseline")
+    ap.add_argument("--families", default="soa,planes",
+                    help="soa: soa4 + v<N> on the block-SoA cache; planes: dev_turboquant_planes' kernel + p<N>")
     ap.add_argument("--sass", default=None, metavar="DIR",
                     help="no GPU: compile soa4-equivalent (0) and the variants for sm_90 into DIR and print counts")
     return ap
@@ -341,7 +386,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     variants = [int(v) for v in args.variants.split(",") if v]
     if args.sass:
-        sass(args.sass, args.presets.split(","), [0, *variants])
+        for planes in (False, True):
+            sass(args.sass, args.presets.split(","), [0, *variants], planes=planes)
         return 0
     if not torch.cuda.is_available():
         print("dev_turboquant_frag.py times CUDA kernels: no CUDA device here (use --sass DIR)", file=sys.stderr)
@@ -361,14 +407,15 @@ def main(argv=None) -> int:
         res["wall_s"] = time.time() - t0
         out.write_text(json.dumps(res, indent=1))
 
-    run(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), variants, res["rows"], save)
+    run(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), variants, args.families.split(","),
+        res["rows"], save)
     bad = [r for r in res["rows"] if not r["ok"]]
     print(f"CHECK: {len(res['rows']) - len(bad)} ok, {len(bad)} failed", flush=True)
     for r in res["rows"]:
-        if r["variant"] != "soa4":
-            base = next(x for x in res["rows"] if x["variant"] == "soa4" and all(x[k] == r[k] for k in ("shape", "ctx", "preset")))
-            print(f"{r['shape']:5s} {r['ctx'] // 1024:4d}K {r['preset']:20s} v{r['variant']}: {r['ms']:.3f} ms vs soa4 "
-                  f"{base['ms']:.3f} ms ({base['ms'] / r['ms']:.2f}x), regs {r['regs']}, out diff {r['out_max_abs_vs_soa4']:.2e}")
+        if r["variant"] != r["base"]:
+            base = next(x for x in res["rows"] if x["variant"] == r["base"] and all(x[k] == r[k] for k in ("shape", "ctx", "preset")))
+            print(f"{r['shape']:5s} {r['ctx'] // 1024:4d}K {r['preset']:20s} {r['variant']}: {r['ms']:.3f} ms vs {r['base']} "
+                  f"{base['ms']:.3f} ms ({base['ms'] / r['ms']:.2f}x), regs {r['regs']}, out diff {r['out_max_abs_vs_base']:.2e}")
     save()
     print(f"done in {time.time() - t0:.0f}s")
     return 0
