@@ -33,19 +33,30 @@ k3v4_nc    3160 / 2492 / 268 / 81 / 0   3112 / 2369 / 48 / 93 / 16   3016 / 2260
 =========  ===========================  ===========================  ===========================
 
 (v3's loop also has 10-23 ``LDL`` / 7-13 ``STL`` of spills under the 128-register cap: 163-168 registers
-uncapped; v0 uncapped 158, as the H200 reported for ``soa_x32_128x4``.)  On Triton 3.9 variant 1 removes the
-key tile's ``local_alloc`` (LDS 101 -> 69, STS 81 -> 65 for 3bit_nc) but spills 37-49 ``LDL``; 2 and 3 do not fit
-3.9's layouts.  The layouts are Triton's inference, not ours: re-check with ``--sass`` after a Triton upgrade.
+uncapped; v0 uncapped 158, as the H200 reported for ``soa_x32_128x4``.)  The same variants on
+``dev_turboquant_planes``' cache (nibble planes + folded norm, ``p<N>``; p0 = its kernel), Triton 3.6, no spills:
+
+=========  ===========================  ===========================  ===========================
+preset     p0 (= planes kernel)         p2                           p3
+3bit_nc    2448 / 1792 / 268 / 79 / 0   2352 / 1648 / 47 / 90 / 0    2192 / 1482 / 31 / 58 / 0
+k3v4_nc    2712 / 2065 / 268 / 79 / 0   2512 / 1787 / 48 / 93 / 0    2400 / 1670 / 32 / 61 / 0
+4bit_nc    3120 / 2452 / 268 / 79 / 0   2840 / 2129 / 47 / 90 / 0    2736 / 2019 / 31 / 58 / 0
+=========  ===========================  ===========================  ===========================
+
+On Triton 3.9 variant 1 removes the key tile's ``local_alloc`` (LDS 101 -> 69, STS 81 -> 65 for 3bit_nc) but
+spills 37-49 ``LDL``; 2 and 3 do not fit 3.9's layouts.  The layouts are Triton's inference, not ours: re-check with ``--sass`` after a Triton upgrade.
 
 The value tile stays staged (``STS.128`` + ``LDSM.T``): P V contracts over tokens, which mma v2 keeps inside a
 warp (lanes ``t`` and registers), while the tile's tokens are spread over the 4 warps and its loads give a
 thread 4 tokens x 32 codes, the B operand 32 tokens x 4 columns -- no permutation of tokens or columns maps one
 onto the other.
 
-Usage (the GPU command checks the variant against ``_decode_soa4_kernel`` and times both)::
+Usage (the GPU run checks each variant against its baseline -- ``_decode_soa4_kernel``, or the planes
+kernel -- on the Llama shard and the seed rank and times both with ``_tq_bench.ColdTimer``)::
 
-    python benchmarks/dev_turboquant_frag.py --json $OUT/frag.json
-    python benchmarks/dev_turboquant_frag.py --sass /tmp/frag   # static sm_90 compile, no GPU needed
+    python benchmarks/dev_turboquant_frag.py --json $OUT/frag.json    # soa4 / v3 and planes / p3, 32K + 128K
+    python benchmarks/dev_turboquant_frag.py --json $OUT/frag.json --variants 2,3 --contexts 32768
+    python benchmarks/dev_turboquant_frag.py --sass /tmp/frag          # static sm_90 compile, no GPU needed
 """
 
 from __future__ import annotations
