@@ -44,7 +44,8 @@ k3v4_nc    2712 / 2065 / 268 / 79 / 0   2512 / 1787 / 48 / 93 / 0    2400 / 1670
 =========  ===========================  ===========================  ===========================
 
 On Triton 3.9 variant 1 removes the key tile's ``local_alloc`` (LDS 101 -> 69, STS 81 -> 65 for 3bit_nc) but
-spills 37-49 ``LDL``; 2 and 3 do not fit 3.9's layouts.  The layouts are Triton's inference, not ours: re-check with ``--sass`` after a Triton upgrade.
+spills 37-49 ``LDL``; 2 and 3 do not fit 3.9's layouts.  The layouts are Triton's inference, not ours: re-check
+with ``--sass`` after a Triton upgrade.
 
 The value tile stays staged (``STS.128`` + ``LDSM.T``): P V contracts over tokens, which mma v2 keeps inside a
 warp (lanes ``t`` and registers), while the tile's tokens are spread over the 4 warps and its loads give a
