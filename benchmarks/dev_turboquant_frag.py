@@ -194,9 +194,9 @@ def _decode_frag_kernel(
 def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, block_t: int, variant: int,
           planes: bool = False) -> dict:
     meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
-                KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction, LUT=lut,
+                KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=tf._asm_for(spec, d, lut), VARIANT=variant, **tk._field_addr(spec, d, bs))
-    if planes:  # the cache of dev_turboquant_planes.to_planes(fold=True, planes=True)
+    if planes:  # a folded block-SoA cache through dev_turboquant_planes.to_planes(fold=False, planes=True)
         meta.update(NORM_CORR=False, PLANES=True, VASM=pl.planes_asm(None),
                     KASM=pl.planes_asm(pl.key_table(spec, d)) if spec.key_bits == 3 else "")
     return meta
@@ -320,14 +320,13 @@ def kernels(variants, families) -> dict:
 
 
 def run(log, contexts, presets, variants, families, rows, save) -> None:
-    """Per (shape, context, preset), every kernel of :func:`kernels` on the same K/V (block-SoA cache; the
-    planes cache made from it): max |out - out_base| and |lse - lse_base| against its baseline, registers,
+    """Per (shape, context, preset), every kernel of :func:`kernels` on the same K/V (the block-SoA store's
+    cache, key norms folded; the planes cache made from it): max |out - out_base| and |lse - lse_base| against its baseline, registers,
     ColdTimer ms (CUDA-graph replay, L2 flushed)."""
     from _tq_bench import ColdTimer, fill_paged, random_decode_inputs
 
-    from tqlab.turboquant import TQ_PRESETS, get_spec
+    from tqlab.turboquant import get_spec
     from tqlab.turboquant import ops as _ops
-    from tqlab.turboquant.quant import to_cache_layout
 
     timer, d, kern = ColdTimer(), 128, kernels(variants, families)
     for shape, (hq, hk, b) in SHAPES.items():
@@ -339,11 +338,10 @@ def run(log, contexts, presets, variants, families, rows, save) -> None:
             s = _ops.decode_num_splits(b, hk, "fill")
             for name in presets:
                 spec = get_spec(name, cache_layout="block_soa")
-                cache, bt = fill_paged(TQ_PRESETS[name], k, v)
-                caches = {"soa": to_cache_layout(cache, spec, d)}
-                del cache
+                cache, bt = fill_paged(spec, k, v)  # the block-SoA store: key norms folded
+                caches = {"soa": cache}
                 if "planes" in families:
-                    caches["planes"] = pl.to_planes(caches["soa"], spec, d, True, True)
+                    caches["planes"] = pl.to_planes(cache, spec, d, fold=False, planes=True)
                 res = {}
                 for var, (fn, base) in kern.items():
                     mid = torch.full((b, hq, s, d + 1), float("nan"), device=dev)

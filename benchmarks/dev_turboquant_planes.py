@@ -272,7 +272,10 @@ def sass() -> None:
                   f"{r['usage'].get('STACK')} SASS {r['sass_total']}  " + ", ".join(f"{o} {n}" for o, n in r["opcodes"][:8]))
 
 
-VARIANTS = {"soa": None, "soa_fold": (False, True), "planes_fold": (True, True)}
+# "soa" = the block-SoA decode before the fold (this kernel with NORM_CORR on the unfolded
+# ``to_cache_layout`` cache): tqlab's ``_triton_soa`` now reads block-SoA norms as folded
+# (``TurboQuantSpec.norm_folded``), so it cannot serve the unfolded baseline any more
+VARIANTS = {"soa": (False, False), "soa_fold": (False, True), "planes_fold": (True, True)}
 
 
 def run_gpu(out_path: str | None, contexts) -> dict:
@@ -285,8 +288,6 @@ def run_gpu(out_path: str | None, contexts) -> dict:
 
     def call(var, q, caches, bt, sl, spec, mid, out, lse):
         soa_spec = get_spec(spec, "block_soa")
-        if var == "soa":
-            return ts.decode_attention(q, caches["soa"], bt, sl, soa_spec, q.shape[-1] ** -0.5, mid, out, lse)
         pl, fo = VARIANTS[var]
         return decode(q, caches[var], bt, sl, soa_spec, q.shape[-1] ** -0.5, mid, out, lse, planes=pl, fold=fo)
 

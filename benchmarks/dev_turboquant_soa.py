@@ -12,9 +12,11 @@ vLLM's order keeps all fields of one token together (102-byte slots for 3bit_nc,
 so the per-token scalars sit 102 bytes apart (one 32-byte sector per 2 useful bytes) and the
 code groups are read as 16-bit words.  Here the scalars of 16 tokens fill one sector and a group
 of 16 codes is read as two aligned 32-bit words (``W32``) or three 16-bit ones (``W16``, only the
-addresses change).  The SoA cache is made from tqlab's cache by the byte permutation
-``tqlab.turboquant.quant.to_cache_layout`` (the store kernel writes the same bytes directly); the
-kernels are in ``tqlab/turboquant/_triton_soa.py``.  ``soa_x32*``: the same order, 32
+addresses change).  The SoA cache is written by tqlab's store with the block-SoA spec from the same
+K/V and block table (:func:`paged_pair`): tqlab's bytes permuted, except the key norms of the ``_nc``
+presets, which hold ``||k|| / ||c_hat||`` (``TurboQuantSpec.norm_folded``, as vLLM 0.33's SoA store),
+so the byte permutation ``to_cache_layout`` alone would not give a valid SoA cache; the kernels are in
+``tqlab/turboquant/_triton_soa.py``.  ``soa_x32*``: the same order, 32
 codes per thread (4 lanes per token at D = 128), so a 4-bit field chunk is one 16-byte load per
 thread and a 3-bit one three 32-bit loads, and fewer lanes share each token's scalars.
 
@@ -48,7 +50,6 @@ from _tq_bench import ColdTimer, fill_paged, provenance, random_decode_inputs, s
 from tqlab.turboquant import TQ_PRESETS, decode_attention, get_spec
 from tqlab.turboquant import _triton_fast as tf
 from tqlab.turboquant import _triton_soa as ts
-from tqlab.turboquant.quant import to_cache_layout
 from tqlab.turboquant.ops import decode_num_splits
 
 ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
@@ -68,9 +69,13 @@ VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vL
 }
 
 
-def aos_to_soa(cache, spec, d):
-    """tqlab's (vLLM's) slot order -> the block-SoA order (same shape and bytes per token)."""
-    return to_cache_layout(cache, get_spec(spec, "block_soa"), d)
+def paged_pair(spec, k, v, seed=0):
+    """``((cache in vLLM's order, cache in block-SoA order), block table)``: the same K/V stored twice
+    by tqlab's store (``_tq_bench.fill_paged``, the same shuffled block table for the same ``seed``)."""
+    cache, bt = fill_paged(spec, k, v, seed=seed)
+    soa, bt_soa = fill_paged(get_spec(spec, "block_soa"), k, v, seed=seed)
+    assert torch.equal(bt, bt_soa)
+    return (cache, soa), bt
 
 
 def _call(variant, q, caches, bt, sl, spec, mid, out, lse, stats=None):
@@ -95,8 +100,8 @@ def check(log) -> list:
         sl = torch.tensor([ctx, 1, ctx - 1096, 17][:b], device="cuda", dtype=torch.int32)
         for name in ROTATED:
             spec = TQ_PRESETS[name]
-            cache, bt = fill_paged(spec, k, v, seed=seed)
-            caches = (cache, aos_to_soa(cache, spec, d))
+            caches, bt = paged_pair(spec, k, v, seed=seed)
+            cache = caches[0]
             mid = torch.empty(b, hq, 32, d + 1, device="cuda")
             o_ref, l_ref = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16), torch.empty(b, hq, device="cuda")
             decode_attention(q, cache, bt, sl, spec, d**-0.5, mid, o_ref, l_ref, backend="torch")
@@ -130,8 +135,7 @@ def timing(log, contexts, presets, rows, save, variants=None) -> list:
             s = decode_num_splits(b, hk, "fill")
             for name in presets:
                 spec = TQ_PRESETS[name]
-                cache, bt = fill_paged(spec, k, v)
-                caches = (cache, aos_to_soa(cache, spec, d))
+                caches, bt = paged_pair(spec, k, v)
                 mid = torch.empty(b, hq, s, d + 1, device="cuda")
                 out = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(b, hq, device="cuda")
@@ -197,8 +201,7 @@ def profile(variant: str) -> int:
     d, ctx = 128, 32768
     spec = TQ_PRESETS["turboquant_3bit_nc"]
     k = torch.randn(b, hk, ctx, d, device="cuda", dtype=torch.float16)
-    cache, bt = fill_paged(spec, k, k * 0.5 + 0.1)
-    caches = (cache, aos_to_soa(cache, spec, d))
+    caches, bt = paged_pair(spec, k, k * 0.5 + 0.1)
     q = torch.randn(b, hq, d, device="cuda", dtype=torch.bfloat16)
     sl = torch.full((b,), ctx, device="cuda", dtype=torch.int32)
     mid = torch.empty(b, hq, 32, d + 1, device="cuda")

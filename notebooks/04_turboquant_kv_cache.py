@@ -495,8 +495,10 @@ for o, ranges in figures_order.items():
 # %% [markdown]
 # **Predict, then run.** (1) Do both orders hold the same bytes per token — the same number of bytes of
 # each field, so the same cache size? (2) If tqlab's store kernel writes a block in block-SoA order and
-# `to_slot_order` permutes it back, do we get *exactly* the bytes vLLM's order stores? (3) The cell above
-# already counted the aligned field starts per order; this cell only re-checks that count with `assert`s.
+# `to_slot_order` permutes it back, do we get *exactly* the bytes vLLM's order stores — and if not, which
+# field differs? (Hint: vLLM 0.33's own SoA store writes the key norm divided by the norm of the token's
+# centroid vector, so readers can skip the norm correction.) (3) The cell above already counted the
+# aligned field starts per order; this cell only re-checks that count with `assert`s.
 
 # %%
 soa3, vllm3 = get_spec("turboquant_3bit_nc", "block_soa"), get_spec("turboquant_3bit_nc")
@@ -510,14 +512,22 @@ c_vllm = torch.zeros(kv_cache_shape(4, 2, BS, D, vllm3), dtype=torch.uint8)
 c_soa = torch.zeros_like(c_vllm)
 store_kv(c_vllm, k20, v20, slots20, vllm3, backend="torch")
 store_kv(c_soa, k20, v20, slots20, soa3, backend="torch")
-assert not torch.equal(c_soa, c_vllm) and torch.equal(to_slot_order(c_soa, soa3, D), c_vllm)  # (2) exactly
+c_back = to_slot_order(c_soa, soa3, D)
+nrm = vllm3.offsets(D)["key_norm"]
+other = torch.ones(vllm3.slot_bytes(D), dtype=torch.bool)
+other[nrm:nrm + 2] = False  # every byte but the 2-byte key norm
+n_diff_norms = int((c_back[..., nrm:nrm + 2] != c_vllm[..., nrm:nrm + 2]).any(-1).sum())
+assert not torch.equal(c_soa, c_vllm) and torch.equal(c_back[..., other], c_vllm[..., other])  # (2) all but norms
+assert soa3.norm_folded and n_diff_norms > 0  # (2) the norms differ: ||k|| / ||c_hat|| instead of ||k||
 assert all(r["aligned"] for r in figures_order["block_soa"])  # (3) block-SoA: every field range
 assert not all(r["aligned"] for r in figures_order["vllm"])
 key_starts = sorted({fa_vllm["key_idx"][0] + o * fa_vllm["key_idx"][1] for o in range(BS)})
 print(f"vLLM order: the {BS} tokens' key codes start at offsets ≡ {sorted({a % orders.ALIGN for a in key_starts})} "
       f"(mod {orders.ALIGN}); block-SoA: one run of {BS * fa_soa['key_idx'][2]} bytes at offset {fa_soa['key_idx'][0]}")
 print(f"same {soa3.slot_bytes(D)} bytes per token; store → to_slot_order equals vLLM's order on all "
-      f"{c_vllm.numel():,} bytes; aligned field starts: vLLM order "
+      f"{int(other.sum()) * c_vllm[..., 0].numel():,} bytes outside the key norms; {n_diff_norms} of "
+      f"{k20.shape[0] * k20.shape[1]} stored key norms differ (folded: ||k|| / ||c_hat||, as vLLM 0.33's SoA store); "
+      f"aligned field starts: vLLM order "
       f"{sum(r['aligned'] for r in figures_order['vllm'])} of {len(figures_order['vllm'])}, block-SoA "
       f"{sum(r['aligned'] for r in figures_order['block_soa'])} of {len(figures_order['block_soa'])}")
 
@@ -526,6 +536,8 @@ print(f"same {soa3.slot_bytes(D)} bytes per token; store → to_slot_order equal
 # token's, so their offset modulo 16 wanders from token to token and a kernel reads them in small
 # pieces. In block-SoA the block's key codes are one aligned run (the cell above printed where), read
 # with 16-byte loads, and the norms arrive as one aligned fp16 array (`benchmarks/NOTES_turboquant.md`).
+# For the `_nc` presets each stored norm already carries the norm correction (`||k|| / ||c_hat||`,
+# `spec.norm_folded`), so the decode no longer sums the squares of 128 centroids per token.
 # fp8 keys (k8v4) are whole bytes already, so the order gains nothing for them (the recording below has
 # block-SoA slightly *slower* there).
 #

@@ -267,7 +267,8 @@ def _fast_tile(q, ones, kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, kn, vw0, vw1, vw
                in_seq, m_i, l_i, acc, acc_z, c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
                D: tl.constexpr, T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
                NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr, NORM_MMA: tl.constexpr):
-    """One online-softmax step over a tile of T tokens; keys and values as ``[T, D]`` fp16."""
+    """One online-softmax step over a tile of T tokens; keys and values as ``[T, D]`` fp16.
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read`` (False on a folded block-SoA cache)."""
     if KEY_FP8:
         kb = _codes(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, 8, D, T)
         k16 = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -505,7 +506,7 @@ def _split_meta(query, cache, spec, block_t: int, lut: int, staged: bool = False
     group = hq // hk
     fields = tk._field_words(spec, d) if staged else tk._field_addr(spec, d, bs)
     return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
-                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
                 **fields, LUT=lut, LUT_ASM=_asm_for(spec, d, lut))
 
 
@@ -592,7 +593,8 @@ def _dequant_fast_kernel(
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
-    writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs."""
+    writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs.
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read`` (False on a folded block-SoA cache)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     cols = tl.arange(0, D)
@@ -646,7 +648,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         cached_len, nb, cache.stride(0), cache.stride(1), cache.stride(2),
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
         **tk._field_addr(spec, d, bs), LUT=lut, LUT_ASM=_asm_for(spec, d, lut), num_warps=num_warps or cfg["num_warps"],
     )
     tk._record(stats, kern)

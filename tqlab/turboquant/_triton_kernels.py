@@ -14,6 +14,9 @@ Tricks worth knowing (decode and dequant read the same packed fields, see ``_unp
   mask, no int->float conversion unit.
 * Key centroids come from an odd polynomial through the symmetric Lloyd-Max codebook
   (``_centroid_poly``), a few FMAs, instead of a per-element gather or compare/select chain.
+* Norm correction on a block-SoA cache is folded into the stored norm by the store
+  (``TurboQuantSpec.norm_folded``, vLLM 0.33's SoA "Opt#1"); readers take ``NORM_CORR`` from
+  ``TurboQuantSpec.norm_correction_on_read``.
 * Decode never rotates keys back: ``q . (H y_hat) = (H q) . y_hat`` (``H`` symmetric), so the query is
   rotated once per program and dotted with the centroid values directly.
 * Decode folds the value scale/zero out of the inner product:
@@ -144,18 +147,21 @@ def _fp8_e4m3_bits(x):
 # ----------------------------------------------------------------------------- store
 @triton.jit
 def _store_kernel(
-    key_ptr, val_ptr, slot_ptr, cache_ptr, cache16_ptr, signs_ptr, bnd_ptr,
+    key_ptr, val_ptr, slot_ptr, cache_ptr, cache16_ptr, signs_ptr, bnd_ptr, cent_ptr,
     N, num_slots, block_size,
     stride_kn, stride_kh, stride_vn, stride_vh,
     stride_cb, stride_ch,
     inv_sqrt_d,
     D: tl.constexpr, BLOCK_N: tl.constexpr,
-    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr,
+    KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_FOLD: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
     """Quantize BLOCK_N tokens of KV head ``h``; each field goes to word ``region + XO + o * XS`` of
-    its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order)."""
+    its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order).
+    ``NORM_FOLD`` (``TurboQuantSpec.norm_folded``): the norm field gets ``||k|| / ||c_hat||``,
+    ``c_hat`` gathered from the fp32 centroid table ``cent_ptr``, IEEE sqrt and divide (vLLM 0.33's
+    SoA ``_tq_fused_store_mse`` step 3, "Opt#1")."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -188,6 +194,9 @@ def _store_kernel(
         for i in tl.static_range((1 << KBITS) - 1):
             idx += (y > tl.load(bnd_ptr + i)).to(tl.int32)
         _store_codes(cache_ptr, 2 * (region16 + o * KS + KO), idx, ok, 0, KBITS, D, BLOCK_N)
+        if NORM_FOLD:  # ||c_hat|| > 0: an even Lloyd-Max codebook has no zero centroid
+            cv = tl.load(cent_ptr + idx)
+            nrm = tl.div_rn(nrm, tl.sqrt_rn(tl.sum(cv * cv, axis=1)))
         tl.store(cache16_ptr + region16 + o * NS + NO, tl.minimum(nrm, 65504.0).to(tl.float16), mask=ok)
 
     # ---- values
@@ -214,16 +223,16 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
     nb, _, bs, sb = cache.shape
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
-    signs16, signs32, _, bnd = _consts(spec, d, cache.device)
+    signs16, signs32, cent, bnd = _consts(spec, d, cache.device)
     grid = (triton.cdiv(n, block_n), hk)
     _store_kernel[grid](
-        key, value, slot_mapping, cache, cache.view(torch.float16), signs16, bnd,
+        key, value, slot_mapping, cache, cache.view(torch.float16), signs16, bnd, cent,
         n, nb * bs, bs,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cache.stride(0), cache.stride(1),
         1.0 / math.sqrt(d),
         D=d, BLOCK_N=block_n,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_FOLD=spec.norm_folded,
         **_field_addr(spec, d, bs), num_warps=num_warps,
     )
 
@@ -346,7 +355,8 @@ def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, 
                   KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
                   KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
                   VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr):
-    """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D])."""
+    """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D]).
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read`` (False on a folded block-SoA cache)."""
     in_len = t < cached_len
     kb16, nb16, vb16, sb16, zb16, ok = _field_bases(bt_ptr, t, in_len, block_size, num_blocks, h, stride_cb, stride_ch, stride_ct,
                                                     KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
@@ -439,7 +449,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2),
         1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
         **_field_addr(spec, d, bs), **opts,
     )
     _record(stats, kern)
@@ -485,7 +495,9 @@ def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, a
                  c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
                  D: tl.constexpr, BLOCK_T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
                  VBITS: tl.constexpr, NORM_CORR: tl.constexpr):
-    """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns)."""
+    """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns).
+    ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read``: divide the stored norm by ``||y_hat||``
+    here, unless the store already folded it in (block-SoA ``_nc`` caches)."""
     if KEY_FP8:
         kb = _cut_t(k0, k1, k2, 8, D, BLOCK_T, 0)
         k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
@@ -669,7 +681,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
         D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages, PREFETCH=prefetch,
-        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction,
+        KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
         **_field_addr(spec, d, bs), **opts,
     )
     _record(stats, kern)

@@ -16,6 +16,14 @@ addresses; only the decode has a kernel of its own here:
 
 Then ``_triton_kernels``' reduction.  Rotated (MSE-key) presets only; fp8 keys and caches whose
 fields are not 16-byte aligned take the per-field portable / fast kernels (:func:`use_soa`).
+
+Key norms on this layout are folded (``TurboQuantSpec.norm_folded``): the store wrote
+``||k|| / ||c_hat||`` for the ``_nc`` presets, so a score is ``(q . c_hat) * stored * scale`` with no
+per-token ``sum(c_hat**2)`` / rsqrt (``NORM_CORR`` = ``norm_correction_on_read`` is False here; vLLM
+0.33's SoA readers likewise multiply only: ``vllm/v1/attention/ops/turboquant_soa/
+triton_turboquant_decode.py`` ``_tq_decode_stage1``, ``triton_turboquant_unified_attention.py``
+``_tq_load_k_tile``).  Measured with ``benchmarks/sass_sm90.py`` (sm_90, Triton 3.9): the loop of
+``_decode_soa4_kernel`` for 3bit_nc went from 2033 to 1632 SASS instructions.
 """
 
 from __future__ import annotations
@@ -105,7 +113,8 @@ def _decode_soa_kernel(
     W32: tl.constexpr, KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
     VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
-    """``_triton_fast._decode_fast_kernel`` (no prefetch, in-thread norm) on the SoA order."""
+    """``_triton_fast._decode_fast_kernel`` (no prefetch) on the SoA order; ``NORM_CORR`` =
+    ``norm_correction_on_read``, False on a folded block-SoA cache."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -262,7 +271,8 @@ def _decode_soa4_kernel(
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
 ):
     """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
-    per thread and chunk, 3-bit fields as three 32-bit loads."""
+    per thread and chunk, 3-bit fields as three 32-bit loads.  Key norms are read folded
+    (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False (static assert)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -277,13 +287,8 @@ def _decode_soa4_kernel(
         ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
         k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T, LUT, LUT_ASM)
         kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        sc = tl.dot(q, tl.trans(k16))
-        if NORM_CORR:
-            y32 = k16.to(tl.float32)
-            n2 = tl.sum(y32 * y32, axis=1)
-            sc = sc * (kn * qk_scale * tl.where(n2 > 0, tl.rsqrt(n2), 1.0))[None, :]
-        else:
-            sc = sc * (kn * qk_scale)[None, :]
+        tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
+        sc = tl.dot(q, tl.trans(k16)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
@@ -313,7 +318,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
             block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
     meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d,
                 BLOCK_T=block_t or cfg["block_t"], KBITS=spec.key_bits, VBITS=spec.value_bits,
-                NORM_CORR=spec.norm_correction, LUT=lut, LUT_ASM=tf._asm_for(spec, d, lut),
+                NORM_CORR=spec.norm_correction_on_read, LUT=lut, LUT_ASM=tf._asm_for(spec, d, lut),
                 num_warps=num_warps or cfg["num_warps"], **tk._field_addr(spec, d, bs))
     maxnreg = cfg.get("maxnreg") if maxnreg is None else maxnreg
     if maxnreg and query.device.type == "cuda" and not tf.tk_interpret():

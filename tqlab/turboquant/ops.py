@@ -190,6 +190,11 @@ def store_kv(
 ) -> None:
     """Quantize ``key``/``value`` and write them into their cache slots (in place).
 
+    On a block-SoA cache of an ``_nc`` preset (``spec.norm_folded``) the key norm field holds
+    ``fp16(||k|| / ||c_hat||)`` instead of ``fp16(||k||)``, as vLLM 0.33's SoA store writes it
+    (``vllm/v1/attention/ops/turboquant_soa/triton_turboquant_store.py``, "Opt#1"); :func:`decode_attention`
+    and :func:`dequant_kv` then skip the norm correction (``spec.norm_correction_on_read``).
+
     Args:
         cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``, contiguous.
         key, value: ``(N, Hk, D)`` float16/bfloat16/float32 (D a power of two, 16..512).

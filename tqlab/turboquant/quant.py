@@ -17,6 +17,10 @@ Key path (MSE presets), for ``k`` of length ``D``:
 
 Back: ``y_hat = centroids[idx]``; with norm correction ``y_hat /= ||y_hat||``; ``k_hat = norm * H y_hat``.
 
+Folded norm (``TurboQuantSpec.norm_folded``: the ``_nc`` presets on the block-SoA layout, as vLLM
+0.33's SoA store does): step 1 stores ``fp16(||k|| / ||c_hat||)`` with ``c_hat = centroids[idx]``
+(fp32 table, ratio in fp32), and the way back skips the correction: ``k_hat = stored * H y_hat``.
+
 fp8 keys: ``k`` clamped to +-448 and cast to float8_e4m3fn, its bytes stored as they are.
 
 Value path: ``zero = min(v)``, ``scale = (max(v) - min(v)) / (2**value_bits - 1)``, both rounded to fp16
@@ -132,7 +136,11 @@ def bytes_to_fp16(b: torch.Tensor) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- keys
 def encode_keys(k: torch.Tensor, spec: TurboQuantSpec) -> torch.Tensor:
-    """Keys ``(..., D)`` float -> ``key_packed`` bytes, uint8 ``(..., spec.key_packed_bytes(D))``."""
+    """Keys ``(..., D)`` float -> ``key_packed`` bytes, uint8 ``(..., spec.key_packed_bytes(D))``.
+
+    The norm field is ``fp16(||k||)``, or ``fp16(||k|| / ||c_hat||)`` when ``spec.norm_folded``
+    (``c_hat = centroids[idx]`` fp32, the fp32 ratio clamped to the fp16 range; ``||c_hat|| > 0``
+    always: an even Lloyd-Max codebook has no zero centroid)."""
     d = k.shape[-1]
     if spec.key_fp8:
         spec.key_index_bytes(d)  # validates D
@@ -145,13 +153,17 @@ def encode_keys(k: torch.Tensor, spec: TurboQuantSpec) -> torch.Tensor:
     unit = torch.where(norm > 0, kf / norm.clamp_min(1e-30), torch.zeros_like(kf))
     y = unit @ rot
     idx = torch.bucketize(y.contiguous(), bnd, right=True).to(torch.uint8)
+    if spec.norm_folded:
+        cent, _ = _codebook(spec.key_bits, d, k.device)
+        norm = norm / torch.linalg.vector_norm(cent[idx.long()], dim=-1, keepdim=True)
     return torch.cat(
         [pack_indices(idx, spec.key_bits), fp16_to_bytes(norm.squeeze(-1).clamp_max(FP16_MAX))], dim=-1
     )
 
 
 def decode_keys(kp: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
-    """``key_packed`` bytes ``(..., key_packed_bytes)`` -> keys float32 ``(..., D)``."""
+    """``key_packed`` bytes ``(..., key_packed_bytes)`` -> keys float32 ``(..., D)``.  Renormalizes
+    ``y_hat`` only when ``spec.norm_correction_on_read`` (a folded norm already holds the ratio)."""
     d = head_dim
     if spec.key_fp8:
         return kp[..., :d].contiguous().view(torch.float8_e4m3fn).float()
@@ -160,7 +172,7 @@ def decode_keys(kp: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.
     norm = bytes_to_fp16(kp[..., nb : nb + 2]).float().unsqueeze(-1)
     cent, _ = _codebook(spec.key_bits, d, kp.device)
     yh = cent[idx.long()]
-    if spec.norm_correction:
+    if spec.norm_correction_on_read:
         yn = torch.linalg.vector_norm(yh, dim=-1, keepdim=True)
         yh = yh / yn.clamp_min(1e-30)
     return norm * (yh @ _rotation(d, kp.device))
@@ -212,7 +224,11 @@ def encode_slots(k: torch.Tensor, v: torch.Tensor, spec: TurboQuantSpec) -> torc
 
 
 def decode_slots(slots: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots uint8 ``(..., slot_bytes)`` -> ``(k, v)`` float32 ``(..., D)`` each.
+    """Slots uint8 ``(..., slot_bytes)`` in vLLM's slot order -> ``(k, v)`` float32 ``(..., D)`` each.
+
+    ``spec`` is the spec of the cache the slots came from: slots of a block-SoA cache (through
+    :func:`to_slot_order`, a pure byte permutation) carry its folded norm, and ``spec.norm_folded``
+    tells :func:`decode_keys` so.
 
     Raises:
         ValueError: last dim is not ``spec.slot_bytes(head_dim)``.
@@ -258,7 +274,9 @@ def to_cache_layout(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -
 
 def to_slot_order(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
     """Inverse of :func:`to_cache_layout`: blocks in ``spec.cache_layout``'s order -> vLLM's slot
-    order, which :func:`decode_slots` reads."""
+    order, which :func:`decode_slots` reads.  A pure byte permutation: the key norm field of a
+    norm-folded cache (``spec.norm_folded``) stays folded, so decode the result with the same
+    ``spec``."""
     if spec.cache_layout == "vllm":
         return blocks
     *_, bs, sb = blocks.shape

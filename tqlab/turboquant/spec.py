@@ -20,7 +20,10 @@ Byte order inside one (block, KV head) region of ``block_size * slot_bytes`` byt
   all key codes, then all value codes, then the key norms, value scales and value zeros as fp16
   arrays (then the pad bytes); each token's code field keeps vLLM's LSB-first bit stream.  With
   ``block_size % 16 == 0`` every field starts 16-byte aligned, so the fast decode reads a chunk of
-  32 codes with one wide load (``benchmarks/NOTES_turboquant.md``).
+  32 codes with one wide load (``benchmarks/NOTES_turboquant.md``).  For the norm-corrected
+  presets the key norm field holds ``fp16(||k|| / ||c_hat||)`` instead of ``fp16(||k||)``
+  (``TurboQuantSpec.norm_folded``, as vLLM 0.33's own SoA layout stores it), so these bytes are
+  vLLM's permuted except that field.
 
 The four presets are vLLM's ``--kv-cache-dtype`` TurboQuant choices (PR #38479 lineage,
 ``vllm/v1/attention/backends/turboquant_attn.py``); ``_nc`` means norm correction.
@@ -75,7 +78,8 @@ class TurboQuantSpec:
             8 = float8_e4m3fn keys (no rotation, no norm).
         value_bits: 2, 3, 4 or 8; per-vector asymmetric uniform quantization.
         norm_correction: renormalize the dequantized rotated key to unit length before the
-            inverse rotation (only meaningful for MSE keys).
+            inverse rotation (only meaningful for MSE keys); on the block-SoA layout folded into
+            the stored norm at store time (:attr:`norm_folded`).
         cache_layout: byte order inside a (block, KV head) region, one of :data:`CACHE_LAYOUTS`:
             ``"vllm"`` (default, vLLM's slot order) or ``"block_soa"`` (fields contiguous per
             block, see the module docstring and :meth:`field_addresses`).
@@ -108,6 +112,40 @@ class TurboQuantSpec:
     def key_fp8(self) -> bool:
         """True when keys are stored as float8_e4m3fn (``key_bits == 8``)."""
         return self.key_bits == _FP8_KEY_BITS
+
+    @property
+    def norm_folded(self) -> bool:
+        """True when the stored key norm field holds ``fp16(||k|| / ||c_hat||)`` instead of
+        ``fp16(||k||)``: the norm-corrected presets on the ``"block_soa"`` layout.
+
+        ``c_hat`` is the token's fp32 centroid vector, ``lloyd_max(key_bits, D).centroids[idx]`` as
+        fp32 -- the table the torch reference divides by today (the portable kernels' polynomial
+        meets the same values to fp32 rounding, the fast kernels' fp16 centroids to fp16
+        rounding); the store divides in fp32 and rounds to fp16 once.  Readers then multiply by
+        the stored scalar only (:attr:`norm_correction_on_read` is False): no per-token
+        ``sum(c_hat**2)``, sqrt and divide in the decode loop.
+
+        vLLM 0.33 does both: its default (AoS) store keeps ``||k||`` and its decode renormalizes
+        (``vllm/v1/attention/ops/triton_turboquant_store.py`` step 3 "STORE vec_norm",
+        ``triton_turboquant_decode.py`` ``_tq_decode_stage1``'s ``NORM_CORRECTION`` branch) --
+        vLLM's slot order here keeps that; its SoA layout (``TurboQuantAttentionImpl._store_kv``
+        in ``vllm/v1/attention/backends/turboquant_attn.py`` when FlyDSL is available) folds the
+        ratio at store time ("Opt#1": ``vllm/v1/attention/ops/turboquant_soa/
+        triton_turboquant_store.py``, ``triton_turboquant_store`` docstring and
+        ``_tq_fused_store_mse`` step 3) and its SoA readers multiply only (same package:
+        ``triton_turboquant_decode.py`` ``_tq_decode_stage1`` / ``_tq_full_dequant_kv``,
+        ``triton_turboquant_unified_attention.py`` ``_tq_load_k_tile``; and
+        ``vllm/v1/attention/ops/flydsl_turboquant_decode.py``: "norm_correction is honored
+        IMPLICITLY") -- tqlab's block-SoA order does the same.  The one question every store and
+        reader asks."""
+        return self.norm_correction and self.cache_layout == "block_soa"
+
+    @property
+    def norm_correction_on_read(self) -> bool:
+        """True when a reader must divide the stored norm by ``||c_hat||`` itself: norm correction
+        asked for and not already folded into the stored norm (:attr:`norm_folded`).  The flag
+        every decode and dequant (torch reference and kernels) passes as its ``NORM_CORR``."""
+        return self.norm_correction and not self.norm_folded
 
     @staticmethod
     def _check_dim(head_dim: int) -> int:
