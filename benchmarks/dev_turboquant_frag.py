@@ -23,29 +23,30 @@ for bit, the dot operand's distribution: the conversion needs no shared memory *
 
 Static compile for sm_90 (``--sass``; with the launcher's ``tt.divisibility = 16`` on pointers and strides --
 without it the 4-bit loads compile as 4-byte loads and spill), Llama GQA 4, D 128, 128 x 4, ``maxnreg`` 128,
-Triton 3.6 (the H200's): whole-kernel SASS / loop SASS / loop STS / loop LDS / stack B:
+folded key norms (main after the ncfold merge), Triton 3.6 (the H200's), no spills in any of them; whole-kernel
+SASS / loop SASS / loop STS / loop LDS:
 
-=========  ===========================  ===========================  ===========================
-preset     v0 (= soa4)                  v2 (loads)                   v3 (loads + K in registers)
-3bit_nc    3232 / 2565 / 268 / 81 / 0   3008 / 2289 / 47 / 90 / 0    2952 / 2218 / 31 / 58 / 40
-k3v4_nc    3160 / 2492 / 268 / 81 / 0   3112 / 2369 / 48 / 93 / 16   3016 / 2260 / 32 / 61 / 88
-4bit_nc    3384 / 2706 / 268 / 81 / 8   3192 / 2471 / 47 / 90 / 0    3136 / 2399 / 31 / 58 / 64
-=========  ===========================  ===========================  ===========================
+=========  =======================  =======================  =============================
+preset     v0 (= soa4)              v2 (loads)               v3 (loads + K in registers)
+3bit_nc    2968 / 2315 / 268 / 79   2688 / 1985 / 47 / 90    2544 / 1830 / 31 / 58
+k3v4_nc    2920 / 2252 / 268 / 79   2712 / 1983 / 48 / 93    2608 / 1879 / 32 / 61
+4bit_nc    3120 / 2452 / 268 / 79   2840 / 2129 / 47 / 90    2736 / 2019 / 31 / 58
+=========  =======================  =======================  =============================
 
-(v3's loop also has 10-23 ``LDL`` / 7-13 ``STL`` of spills under the 128-register cap: 163-168 registers
-uncapped; v0 uncapped 158, as the H200 reported for ``soa_x32_128x4``.)  The same variants on
-``dev_turboquant_planes``' cache (nibble planes + folded norm, ``p<N>``; p0 = its kernel), Triton 3.6, no spills:
+The same variants on ``dev_turboquant_planes``' cache (3-bit fields in nibble planes; ``p<N>``, p0 = its kernel;
+4bit_nc has no 3-bit field, so its rows equal the table above):
 
-=========  ===========================  ===========================  ===========================
-preset     p0 (= planes kernel)         p2                           p3
-3bit_nc    2448 / 1792 / 268 / 79 / 0   2352 / 1648 / 47 / 90 / 0    2192 / 1482 / 31 / 58 / 0
-k3v4_nc    2712 / 2065 / 268 / 79 / 0   2512 / 1787 / 48 / 93 / 0    2400 / 1670 / 32 / 61 / 0
-4bit_nc    3120 / 2452 / 268 / 79 / 0   2840 / 2129 / 47 / 90 / 0    2736 / 2019 / 31 / 58 / 0
-=========  ===========================  ===========================  ===========================
+=========  =======================  =======================  =============================
+preset     p0 (= planes kernel)     p2                       p3
+3bit_nc    2448 / 1792 / 268 / 79   2352 / 1648 / 47 / 90    2192 / 1482 / 31 / 58
+k3v4_nc    2712 / 2065 / 268 / 79   2512 / 1787 / 48 / 93    2400 / 1670 / 32 / 61
+=========  =======================  =======================  =============================
 
-On Triton 3.9 variant 1 removes the key tile's ``local_alloc`` (LDS 101 -> 69, STS 81 -> 65 for 3bit_nc) but
-spills 37-49 ``LDL``; 2 and 3 do not fit 3.9's layouts.  The layouts are Triton's inference, not ours: re-check
-with ``--sass`` after a Triton upgrade.
+Load/store instructions in the 3bit_nc planes loop (per thread and 128-token tile): p0 393 (259 of them 16-bit
+``STS``), p3 135.  v0 uncapped takes 158 registers, as the H200 reported for ``soa_x32_128x4`` -- the local 3.6
+compile reproduces the GPU's.  On Triton 3.9 (this box's default) variant 1 is the one that removes the key
+tile's ``local_alloc`` (3bit_nc: STS 77 -> 61, LDS 100 -> 68), while 2 and 3 do not fit 3.9's layouts.  The
+layouts are Triton's inference, not ours: re-check with ``--sass`` under the GPU's Triton after an upgrade.
 
 The value tile stays staged (``STS.128`` + ``LDSM.T``): P V contracts over tokens, which mma v2 keeps inside a
 warp (lanes ``t`` and registers), while the tile's tokens are spread over the 4 warps and its loads give a
@@ -133,7 +134,7 @@ def _decode_frag_kernel(
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, VARIANT: tl.constexpr,
-    PLANES: tl.constexpr = False, KASM: tl.constexpr = "", VASM: tl.constexpr = "",
+    PLANES: tl.constexpr, KASM: tl.constexpr, VASM: tl.constexpr,
 ):
     """``_triton_soa._decode_soa4_kernel`` with the key operand in mma-slot order (``VARIANT`` 1, 3) and / or
     the chunk loads rewritten (2, 3); ``PLANES``: 3-bit fields in ``dev_turboquant_planes``' nibble-plane order
@@ -195,7 +196,8 @@ def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, blo
           planes: bool = False) -> dict:
     meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
-                LUT_ASM=tf._asm_for(spec, d, lut), VARIANT=variant, **tk._field_addr(spec, d, bs))
+                LUT_ASM=tf._asm_for(spec, d, lut), VARIANT=variant, PLANES=False, KASM="", VASM="",
+                **tk._field_addr(spec, d, bs))
     if planes:  # a folded block-SoA cache through dev_turboquant_planes.to_planes(fold=False, planes=True)
         meta.update(NORM_CORR=False, PLANES=True, VASM=pl.planes_asm(None),
                     KASM=pl.planes_asm(pl.key_table(spec, d)) if spec.key_bits == 3 else "")
