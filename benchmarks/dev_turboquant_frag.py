@@ -23,23 +23,23 @@ for bit, the dot operand's distribution: the conversion needs no shared memory *
 
 Static compile for sm_90 (``--sass``; with the launcher's ``tt.divisibility = 16`` on pointers and strides --
 without it the 4-bit loads compile as 4-byte loads and spill), Llama GQA 4, D 128, 128 x 4, ``maxnreg`` 128,
-folded key norms (main after the ncfold merge), Triton 3.6 (the H200's), no spills in any of them; whole-kernel
-SASS / loop SASS / loop STS / loop LDS:
+main at aa4d1ae (folded key norms, 4-bit values by ``VALUE4_ASM``), Triton 3.6 (the H200's), no spills in any;
+whole-kernel SASS / loop SASS / loop STS / loop LDS (v0 compiles to exactly ``_decode_soa4_kernel``'s SASS count):
 
 =========  =======================  =======================  =============================
 preset     v0 (= soa4)              v2 (loads)               v3 (loads + K in registers)
 3bit_nc    2968 / 2315 / 268 / 79   2688 / 1985 / 47 / 90    2544 / 1830 / 31 / 58
-k3v4_nc    2920 / 2252 / 268 / 79   2712 / 1983 / 48 / 93    2608 / 1879 / 32 / 61
-4bit_nc    3120 / 2452 / 268 / 79   2840 / 2129 / 47 / 90    2736 / 2019 / 31 / 58
+k3v4_nc    2680 / 2032 / 268 / 79   2664 / 1926 / 48 / 93    2528 / 1796 / 32 / 61
+4bit_nc    2728 / 2063 / 268 / 79   2624 / 1909 / 47 / 90    2496 / 1780 / 31 / 58
 =========  =======================  =======================  =============================
 
 The same variants on ``dev_turboquant_planes``' cache (3-bit fields in nibble planes; ``p<N>``, p0 = its kernel;
-4bit_nc has no 3-bit field, so its rows equal the table above):
+4bit_nc has no 3-bit field, so its row equals the table above):
 
 =========  =======================  =======================  =============================
 preset     p0 (= planes kernel)     p2                       p3
 3bit_nc    2448 / 1792 / 268 / 79   2352 / 1648 / 47 / 90    2192 / 1482 / 31 / 58
-k3v4_nc    2712 / 2065 / 268 / 79   2512 / 1787 / 48 / 93    2400 / 1670 / 32 / 61
+k3v4_nc    2480 / 1832 / 268 / 79   2456 / 1727 / 48 / 93    2336 / 1604 / 32 / 61
 =========  =======================  =======================  =============================
 
 Load/store instructions in the 3bit_nc planes loop (per thread and 128-token tile): p0 393 (259 of them 16-bit
@@ -180,6 +180,14 @@ def _decode_frag_kernel(
             vx0, vx1, vx2, vx3 = ts._words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         if PLANES and VBITS == 3:
             v16 = pl._planes32(vx0, vx1, vx2, BLOCK_T, D, VASM)
+        elif VBITS == 4 and LUT == 2:  # as _decode_soa4_kernel: exact integer codes by the 0x6400 half2 trick (PTX)
+            e = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                          [vx0, vx1], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+            f = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                          [vx2, vx3], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+            v16 = ts._tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13],
+                             e[14], e[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11],
+                             f[12], f[13], f[14], f[15], BLOCK_T, D)
         else:
             va0, va1, va2, va3, vb0, vb1, vb2, vb3 = ts._chunk_windows(vx0, vx1, vx2, vx3, VBITS)
             vc = ts._codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
@@ -249,7 +257,7 @@ _DIV16 = ("q_ptr", "c16", "c32", "bt_ptr", "sl_ptr", "mid_ptr", "num_blocks", "n
 
 
 def compile_sm90_div16(fn, signature: dict, constexprs: dict, num_warps: int = 4, maxnreg: int | None = None):
-    """``sass_sm90.compile_sm90`` plus the ``tt.divisibility = 16`` that Triton's launcher gives 16-byte aligned
+    """``_sass_sm90.compile_sm90`` plus the ``tt.divisibility = 16`` that Triton's launcher gives 16-byte aligned
     pointers and multiples of 16 (without it, vector loads of 16-byte aligned fields compile as 4-byte loads)."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -266,7 +274,7 @@ def sass(out_dir: str, presets, variants=(0, 1), maxnreg: int = 128, div16: bool
          planes: bool = False) -> list[dict]:
     """Compile each (preset, variant) for sm_90 (Llama GQA 4, D 128, 128 x 4, LUT 2) and report registers,
     stack, SASS totals, shared-memory traffic opcodes and the TTGIR's local_alloc / convert_layout counts."""
-    from sass_sm90 import compile_sm90, report
+    from _sass_sm90 import compile_sm90, report
 
     from tqlab.turboquant import get_spec
 

@@ -2,7 +2,7 @@
 block-SoA cache, plus the key norm correction folded into the stored norm, timed against today's
 block-SoA decode on the H200.
 
-Why (static SASS of ``_triton_soa._decode_soa4_kernel``, ``benchmarks/sass_sm90.py``, Triton 3.9, sm_90,
+Why (static SASS of ``_triton_soa._decode_soa4_kernel``, ``benchmarks/_sass_sm90.py``, Triton 3.9, sm_90,
 3bit_nc, per 128-token tile and thread, 256 codes): a loop of 2033 instructions.  Two parts are pure
 overhead of the stored form, not of the arithmetic:
 
@@ -40,6 +40,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _recording import default_dir
 from tqlab.turboquant import TQ_PRESETS, get_spec
 from tqlab.turboquant import _triton_fast as tf
 from tqlab.turboquant import _triton_kernels as tk
@@ -255,7 +256,7 @@ def decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, l
 
 # ----------------------------------------------------------------------------- static counts / GPU run
 def sass() -> None:
-    from sass_sm90 import compile_sm90, report
+    from _sass_sm90 import compile_sm90, report
     sig = {"q_ptr": "*fp16", "c16": "*u16", "c32": "*i32", "bt_ptr": "*i32", "sl_ptr": "*i32", "mid_ptr": "*fp32"}
     sig.update({f"c{i}": "fp32" for i in range(8)})
     sig.update(qk_scale="fp32", inv_sqrt_d="fp32", num_blocks="i32", num_splits="i32")
@@ -278,13 +279,13 @@ def sass() -> None:
 VARIANTS = {"soa": (False, False), "soa_fold": (False, True), "planes_fold": (True, True)}
 
 
-def run_gpu(out_path: str | None, contexts) -> dict:
+def run_gpu(out_path: str | None, contexts, commit: str | None = None) -> dict:
     from _tq_bench import ColdTimer, fill_paged, provenance, random_decode_inputs, sdpa
     from tqlab.turboquant import decode_attention
     from tqlab.turboquant.ops import decode_num_splits
     from tqlab.turboquant.quant import to_cache_layout
     rows, timer = [], ColdTimer()
-    res = {"provenance": provenance(argparse.Namespace(commit=None)), "rows": rows}
+    res = {"provenance": provenance(argparse.Namespace(commit=commit)), "rows": rows}
 
     def call(var, q, caches, bt, sl, spec, mid, out, lse):
         soa_spec = get_spec(spec, "block_soa")
@@ -361,16 +362,35 @@ def run_gpu(out_path: str | None, contexts) -> dict:
     return res
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--sass", action="store_true", help="static SASS counts for sm_90 (no GPU needed)")
+    ap.add_argument("--out", default=None,
+                    help="output file (default: build/turboquant_planes_prototype_h200.json, data/ with --record)")
+    ap.add_argument("--record", action="store_true", help="write the recording under data/ (default: build/)")
+    ap.add_argument("--commit", default=None, help="git commit to record (the GPU box has no .git)")
+    ap.add_argument("--sass", action="store_true", help="static SASS counts for sm_90 (no GPU needed, writes nothing)")
     ap.add_argument("--contexts", default="32768,131072")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def output_paths(args: argparse.Namespace) -> list[Path]:
+    """The file a run writes: ``--out``, else ``build/`` (``data/`` with ``--record``); none with ``--sass``."""
+    if args.sass:
+        return []
+    return [Path(args.out) if args.out else default_dir(args) / "turboquant_planes_prototype_h200.json"]
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
     if a.sass:
         sass()
         return 0
-    run_gpu(a.out, [int(x) for x in a.contexts.split(",")])
+    if not torch.cuda.is_available():
+        print("dev_turboquant_planes: needs a CUDA GPU (the kernels use PTX); --sass runs anywhere", file=sys.stderr)
+        return 2
+    (path,) = output_paths(a)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    run_gpu(str(path), [int(x) for x in a.contexts.split(",")], a.commit)
     return 0
 
 

@@ -22,7 +22,7 @@ Key norms on this layout are folded (``TurboQuantSpec.norm_folded``): the store 
 per-token ``sum(c_hat**2)`` / rsqrt (``NORM_CORR`` = ``norm_correction_on_read`` is False here; vLLM
 0.33's SoA readers likewise multiply only: ``vllm/v1/attention/ops/turboquant_soa/
 triton_turboquant_decode.py`` ``_tq_decode_stage1``, ``triton_turboquant_unified_attention.py``
-``_tq_load_k_tile``).  Measured with ``benchmarks/sass_sm90.py`` (sm_90, Triton 3.9): the loop of
+``_tq_load_k_tile``).  Measured with ``benchmarks/_sass_sm90.py`` (sm_90, Triton 3.9): the loop of
 ``_decode_soa4_kernel`` for 3bit_nc went from 2033 to 1632 SASS instructions.
 """
 
@@ -292,8 +292,17 @@ def _decode_soa4_kernel(
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
-        vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
-        v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+        if VBITS == 4 and LUT == 2:  # exact integer codes by the 0x6400 half2 trick (PTX)
+            e = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                          [vx0, vx1], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+            f = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                          [vx2, vx3], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+            v16 = _tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13], e[14],
+                          e[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13],
+                          f[14], f[15], BLOCK_T, D)
+        else:
+            vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
+            v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
         vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         vz = tl.load(c16 + region16 + o * ZS + ZO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), v16)
