@@ -57,48 +57,95 @@ def report(kernel, out_dir: str | os.PathLike = "/tmp/sass", name: str = "kernel
     (out / f"{name}.sass").write_text(sass)
     res = subprocess.run([str(_BIN / "cuobjdump"), "-res-usage", str(cubin)], capture_output=True, text=True).stdout
     usage = {k: int(v) for k, v in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", res)}
-    ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", sass, re.M)
+    ops = [m.group(1) for ln in sass.splitlines() if (m := _OP.match(ln))]
     ttgir = kernel.asm["ttgir"]
     return {"usage": usage, "sass_total": len(ops), "opcodes": collections.Counter(ops).most_common(),
-            "convert_layout": ttgir.count("ttg.convert_layout"), "local_alloc": ttgir.count("ttg.local_alloc")}
+            "convert_layout": ttgir.count("ttg.convert_layout"), "local_alloc": ttgir.count("ttg.local_alloc"),
+            **loop_ops(sass)}
 
 
-def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int | None):
-    import torch  # noqa: F401  (tqlab's kernels import torch)
+_OP = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
-    from tqlab.turboquant import _triton_fast as tf
-    from tqlab.turboquant import _triton_kernels as tk
-    from tqlab.turboquant import _triton_soa as ts
-    from tqlab.turboquant import get_spec
 
-    spec = get_spec(preset, cache_layout="block_soa")
+def loop_ops(sass: str) -> dict:
+    """The main loop of an ``nvdisasm -c`` listing: the instructions from the target label of the longest
+    back-branch (``BRA`` to an earlier label) through that branch: ``loop_sass`` (count) and ``loop_opcodes``
+    (histogram, most common first); zeros when the kernel has no backward branch."""
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
+    span = (0, -1)
+    for i, ln in enumerate(lines):
+        m = re.search(r"\bBRA\s+`\((\.L_x_\d+)\)", ln)
+        if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > span[1] - span[0]:
+            span = (labels[m.group(1)], i)
+    ops = [m.group(1) for ln in lines[span[0]: span[1] + 1] if (m := _OP.match(ln))]
+    return {"loop_sass": len(ops), "loop_opcodes": collections.Counter(ops).most_common()}
+
+
+def decode_signature() -> dict:
+    """Argument types of the block-SoA decode kernels (``_triton_soa._decode_soa4_kernel`` and the dev copies)."""
     sig = {"q_ptr": "*fp16", "c16": "*u16", "c32": "*i32", "bt_ptr": "*i32", "sl_ptr": "*i32", "mid_ptr": "*fp32"}
     sig.update({f"c{i}": "fp32" for i in range(8)})
     sig.update(qk_scale="fp32", inv_sqrt_d="fp32", num_blocks="i32", num_splits="i32")
     sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_cb16", "stride_ch16", "stride_btb", "stride_mb",
                                    "stride_mh", "stride_ms")})
+    return sig
+
+
+# arguments of the decode that the GPU launch specializes as multiples of 16 (torch allocations; strides of the
+# benchmark shapes: stride_cb16 = Hk * 16 * slot / 2, stride_ch16 = 16 * slot / 2 with slot 102 / 120 / 136 B;
+# not stride_ms = D + 1).  Without them 16-byte loads of 16-byte aligned fields compile as 4-byte loads and spill.
+DECODE_DIV16 = ("q_ptr", "c16", "c32", "bt_ptr", "sl_ptr", "mid_ptr", "num_blocks", "num_splits", "stride_qb",
+                "stride_qh", "stride_cb16", "stride_ch16", "stride_btb", "stride_mb", "stride_mh")
+
+
+def soa_decode_meta(spec, d: int = 128, block_size: int = 16, block_t: int = 128, group: int = 4) -> dict:
+    """Constexprs of ``_decode_soa4_kernel`` as ``_triton_soa.decode_attention`` sets them on the GPU (``PTX``,
+    the prmt table for MSE keys)."""
+    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_kernels as tk
+
     lut = 0 if spec.key_fp8 else 2
-    meta = dict(GROUP=4, GP=16, BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t, KBITS=spec.key_bits,
-                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
+    return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t,
+                KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=tf._asm_for(spec, d, lut), KEY_FP8=spec.key_fp8, PTX=True,
                 **tk._field_addr(spec, d, block_size))
-    return compile_sm90(ts._decode_soa4_kernel, sig, meta, num_warps=4, maxnreg=maxnreg)
+
+
+def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int | None, div16: bool = True):
+    import torch  # noqa: F401  (tqlab's kernels import torch)
+
+    from tqlab.turboquant import _triton_soa as ts
+    from tqlab.turboquant import get_spec
+
+    meta = soa_decode_meta(get_spec(preset, cache_layout="block_soa"), d, block_size, block_t)
+    return compile_sm90(ts._decode_soa4_kernel, decode_signature(), meta, num_warps=4, maxnreg=maxnreg,
+                        divisible=DECODE_DIV16 if div16 else ())
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="turboquant_3bit_nc")
+    ap.add_argument("--preset", default="turboquant_3bit_nc", help="one preset or a comma-separated list")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--block-t", type=int, default=128)
     ap.add_argument("--maxnreg", type=int, default=128)
+    ap.add_argument("--no-div16", action="store_true", help="compile without the launcher's 16-divisibility")
     ap.add_argument("--out", default="/tmp/sass")
     a = ap.parse_args()
-    r = report(_soa_decode(a.preset, a.head_dim, a.block_size, a.block_t, a.maxnreg or None), a.out, "soa_decode")
-    print(f"registers {r['usage'].get('REG')}, stack {r['usage'].get('STACK')} B, shared {r['usage'].get('SHARED')} B; "
-          f"SASS {r['sass_total']} instructions; TTGIR convert_layout {r['convert_layout']}, local_alloc {r['local_alloc']}")
-    print(", ".join(f"{op} {n}" for op, n in r["opcodes"][:24]))
-    print(f"files: {a.out}/soa_decode.{{sass,ttgir,cubin}}")
+    print(f"Triton {triton.__version__}, sm_90, D {a.head_dim}, block {a.block_size}, {a.block_t} x 4 warps, "
+          f"maxnreg {a.maxnreg}, div16 {not a.no_div16}")
+    for preset in a.preset.split(","):
+        name = f"soa_decode_{preset.removeprefix('turboquant_')}"
+        r = report(_soa_decode(preset, a.head_dim, a.block_size, a.block_t, a.maxnreg or None, not a.no_div16),
+                   a.out, name)
+        lp = dict(r["loop_opcodes"])
+        print(f"{preset}: registers {r['usage'].get('REG')}, stack {r['usage'].get('STACK')} B, shared "
+              f"{r['usage'].get('SHARED')} B; SASS {r['sass_total']}, loop {r['loop_sass']} (STS {lp.get('STS', 0)}, "
+              f"LDS {lp.get('LDS', 0)}, LDSM {lp.get('LDSM', 0)}, LDL {lp.get('LDL', 0)}, STL {lp.get('STL', 0)}); "
+              f"TTGIR convert_layout {r['convert_layout']}, local_alloc {r['local_alloc']}")
+        print("  " + ", ".join(f"{op} {n}" for op, n in r["opcodes"][:24]))
+    print(f"files: {a.out}/soa_decode_<preset>.{{sass,ttgir,cubin}}")
 
 
 if __name__ == "__main__":

@@ -140,24 +140,50 @@ def _decode_soa_kernel(
 @triton.jit
 def _words_x32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
     """The ``BITS`` 32-bit words of each chunk of 32 codes (a thread's chunk; 4 lanes per token at
-    D = 128), int32 ``[T, D // 32]`` each; 4 bits: one 16-byte vector load per chunk."""
+    D = 128), int32 ``[T, D // 32]`` each (3 bits: words 0, 1, 2 of the chunk and word 2 again).  The
+    loads are shaped so Triton 3.6 puts a token's chunks on 4 lanes (module docstring): 4 bits -- the
+    token's ``D // 8`` words as one contiguous ``[T, D // 8]`` load (one 16-byte vector per chunk);
+    3 bits -- ``[D // 32, T]`` pointer tensors, loaded and transposed."""
     NC: tl.constexpr = D // 32
-    gg = tl.arange(0, NC)
-    m = ok[:, None]
     if BITS == 4:
-        kk = tl.arange(0, 4)
-        offs = tl.multiple_of(base32, 4)[:, None, None] + gg[None, :, None] * 4 + kk[None, None, :]
-        x = tl.load(c32 + offs, mask=ok[:, None, None], other=0)
-        xa, xb = tl.split(tl.reshape(x, (base32.shape[0], NC, 2, 2)))  # words (0, 2) and (1, 3)
-        x0, x2 = tl.split(xa)
-        x1, x3 = tl.split(xb)
+        x0, x1, x2, x3 = _chunk_words4(c32, base32, ok, 4, D)
     else:
-        ptr = c32 + base32[:, None] + gg[None, :] * BITS
-        x0 = tl.load(ptr, mask=m, other=0)
-        x1 = tl.load(ptr + 1, mask=m, other=0)
-        x2 = tl.load(ptr + 2, mask=m, other=0)
+        ptr = c32 + base32[None, :] + tl.arange(0, NC)[:, None] * BITS
+        m = ok[None, :]
+        x0 = tl.trans(tl.load(ptr, mask=m, other=0))
+        x1 = tl.trans(tl.load(ptr + 1, mask=m, other=0))
+        x2 = tl.trans(tl.load(ptr + 2, mask=m, other=0))
         x3 = x2
     return x0, x1, x2, x3
+
+
+@triton.jit
+def _chunk_words4(c32, base32, ok, STEP: tl.constexpr, D: tl.constexpr):
+    """Words 0 .. 3 of each chunk (int32 ``[T, D // 32]`` each) from one ``[T, D // 8]`` load: chunk ``g``'s
+    words at ``base32 + STEP * g`` (``STEP`` 4: contiguous, 4-bit codes; 8: the first half of fp8 keys)."""
+    j = tl.arange(0, D // 8)
+    if STEP == 4:
+        offs = tl.multiple_of(base32, 4)[:, None] + j[None, :]
+    else:
+        offs = tl.multiple_of(base32, 4)[:, None] + ((j // 4) * STEP + j % 4)[None, :]
+    x = tl.load(c32 + offs, mask=ok[:, None], other=0)
+    xa, xb = tl.split(tl.reshape(x, (base32.shape[0], D // 32, 2, 2)))  # words (0, 2) and (1, 3) of each chunk
+    x0, x2 = tl.split(xa)
+    x1, x3 = tl.split(xb)
+    return x0, x1, x2, x3
+
+
+@triton.jit
+def _perm_cols(x, R: tl.constexpr, D: tl.constexpr):
+    """Columns of ``x [R, D]`` in the kWidth-4 mma slot order: slot ``32j + 16h + 4t + i`` <- natural head dim
+    ``32t + 8j + 4h + i`` (module docstring)."""
+    return tl.reshape(tl.permute(tl.reshape(x, (R, D // 32, 4, 2, 4)), (0, 2, 3, 1, 4)), (R, D))
+
+
+@triton.jit
+def _perm_rows_t(x, T: tl.constexpr, D: tl.constexpr):
+    """``trans(_perm_cols(x))`` as one permute: ``[D, T]``, rows in the kWidth-4 mma slot order."""
+    return tl.reshape(tl.permute(tl.reshape(x, (T, D // 32, 4, 2, 4)), (2, 3, 1, 4, 0)), (D, T))
 
 
 FP8_PTX = "\n".join(
@@ -175,20 +201,10 @@ FP8_ASM = tl.constexpr(FP8_PTX)
 @triton.jit
 def _fp8_keys32(c32, base32, ok, D: tl.constexpr, T: tl.constexpr, PTX: tl.constexpr):
     """fp16 keys ``[T, D]`` of a block-SoA fp8 (e4m3) key field (k8v4): a thread's 32 bytes as two
-    16-byte loads; ``PTX``: converted by :data:`FP8_PTX`, else (interpreter) byte by byte through
+    16-byte loads (two ``[T, D // 8]`` loads, each Triton 3.6 lays out 4 lanes per token); ``PTX``: converted by :data:`FP8_PTX`, else (interpreter) byte by byte through
     Triton's fp8 type."""
-    NC: tl.constexpr = D // 32
-    gg = tl.arange(0, NC)
-    kk = tl.arange(0, 8)
-    offs = tl.multiple_of(base32, 8)[:, None, None] + gg[None, :, None] * 8 + kk[None, None, :]
-    x = tl.load(c32 + offs, mask=ok[:, None, None], other=0)
-    xa, xb = tl.split(tl.reshape(x, (T, NC, 4, 2)))  # words 0, 2, 4, 6 and 1, 3, 5, 7
-    xa0, xa1 = tl.split(tl.reshape(xa, (T, NC, 2, 2)))  # words 0, 4 and 2, 6
-    xb0, xb1 = tl.split(tl.reshape(xb, (T, NC, 2, 2)))  # words 1, 5 and 3, 7
-    w0, w4 = tl.split(xa0)
-    w2, w6 = tl.split(xa1)
-    w1, w5 = tl.split(xb0)
-    w3, w7 = tl.split(xb1)
+    w0, w1, w2, w3 = _chunk_words4(c32, base32, ok, 8, D)  # bytes 0 .. 15 of each chunk
+    w4, w5, w6, w7 = _chunk_words4(c32, base32 + 4, ok, 8, D)  # bytes 16 .. 31
     if PTX:
         e = tl.inline_asm_elementwise(FP8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
                                       [w0, w1, w2, w3], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
@@ -334,6 +350,7 @@ def _decode_soa4_kernel(
     s = tl.program_id(2)
     heads, gmask, start, end, q, ones, cols = tf._fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb,
                                                                 stride_qh, inv_sqrt_d, GROUP, GP, D, KEY_FP8)
+    q = _perm_cols(q, GP, D)  # q . k over D in the kWidth-4 slot order: the key tile reaches tl.dot in registers
     m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
@@ -341,7 +358,7 @@ def _decode_soa4_kernel(
                                             BLOCK_SIZE, BLOCK_T)
         if KEY_FP8:
             k16 = _fp8_keys32(c32, (region16 + o * KS + KO) // 2, ok, D, BLOCK_T, PTX)
-            sc = tl.dot(q, tl.trans(k16)) * qk_scale
+            sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D)) * qk_scale
         else:
             kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
             ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
@@ -349,7 +366,7 @@ def _decode_soa4_kernel(
                           LUT, LUT_ASM)
             kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
             tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
-            sc = tl.dot(q, tl.trans(k16)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
+            sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
