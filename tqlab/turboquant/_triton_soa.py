@@ -10,7 +10,8 @@ addresses; only the decode has a kernel of its own here:
 * ``_decode_soa4_kernel`` (the default, ``x32``): 32 codes per thread (4 lanes per token at
   D = 128): a 4-bit chunk is one 16-byte load per thread, a 3-bit one three aligned 32-bit loads;
   the two groups of 16 codes of a chunk go through ``_triton_fast``'s ``prmt`` table asm; 128-token
-  tiles, 4 warps, at most 128 registers (4 CTAs per SM).
+  tiles, 4 warps, at most 128 registers (4 CTAs per SM); the key tile goes to the score MMA in
+  registers (below).
 * ``_decode_soa_kernel`` (prototype kept for the driver's comparison): the fast kernel's 16 codes
   per thread on this order, ``W32`` = two aligned 32-bit loads per group.
 
@@ -18,6 +19,36 @@ Then ``_triton_kernels``' reduction.  Every preset: fp8 keys (k8v4) too, two 16-
 converted by ``cvt.rn.f16x2.e4m3x2`` (issue 20; the portable kernel's one-token-per-lane loads gained nothing
 from the block-SoA order).  Caches whose fields are not 16-byte aligned take the per-field portable / fast
 kernels (:func:`use_soa`).
+
+The key tile straight to the MMA (issue 20; prototype ``benchmarks/dev_turboquant_frag.py``, its
+variant 3).  ``q . k`` contracts over D in any order, so q's and k's columns are both permuted by
+``pi(32j + 16h + 4t + i) = 32t + 8j + 4h + i`` (:func:`_perm_cols`, :func:`_perm_rows_t`): for the mma
+m16n8k16 B operand with kWidth 4 (Triton 3.6 builds the score dot with kWidth 4), lane ``t = lane % 4``
+holds per 32-wide k step ``j`` exactly the slots of its own 32 contiguous natural codes, and warp
+``w`` / lane ``lane // 4`` own tokens ``32r + 8w + lane // 4`` in both the unpacking layout and the
+operand layout, so ``convert_layout`` to the dot operand is a register no-op (no ``local_alloc`` of
+the key tile).  It relies on Triton's layout inference, not on explicit layouts:
+
+* Triton 3.6 (the H200's) lays the natural ``[T, D // 32]`` chunk loads out one token per thread
+  (``threadsPerWarp [32, 1]``); :func:`_words_x32` / :func:`_chunk_words4` therefore load 4-bit codes
+  and fp8 keys as contiguous ``[T, D // 8]`` tiles (16-byte vectors: 4 lanes per token) and 3-bit codes
+  through ``[D // 32, T]`` pointers, transposed.  Static sm_90 compile (``benchmarks/_sass_sm90.py``
+  with the launcher's 16-divisibility, Triton 3.6, D 128, GQA 4, ``maxnreg`` 128, no spills), loop
+  SASS / loop ``STS`` per thread and 128-token tile, before -> after: 3bit_nc 2315 / 268 -> 1830 / 31,
+  k3v4_nc 2032 / 268 -> 1796 / 32, 4bit_nc 2063 / 268 -> 1780 / 31, k8v4 1892 / 229 -> 1298 / 29.
+  H200 (``data/turboquant_frag_prototype_h200.json``, the prototype = this kernel's loads and order,
+  ColdTimer): Llama shard B 16 3bit_nc 0.614 -> 0.464 ms at 32K, 2.376 -> 1.801 ms at 128K
+  (1.23-1.33x over the rotated presets), seed rank 1.07-1.26x.
+* Triton 3.9 builds the first dot with kWidth 2 and lays the ``[T, D // 32]`` loads out 4 lanes per
+  token already; there the matching order is ``pi(16j + 8h + 2t + p) = 32t + 4j + 2h + p`` with the
+  natural loads (the prototype's variant 1).  This kernel compiled by 3.9 (static, same settings) has
+  no key-tile ``local_alloc`` either, but converts 3-bit chunks through shared memory: loop SASS
+  before -> after 3bit_nc 1815 -> 1821 (loop ``STS`` 41 -> 137), k3v4_nc 1526 -> 1354, 4bit_nc
+  1595 -> 1463 (stack 40 -> 80 B), k8v4 1543 -> 1062 (stack 136 -> 8 B).  After a Triton upgrade on
+  the GPU, re-check with ``_sass_sm90.py`` under the GPU's version (loop ``STS`` ~30, no spills).
+
+The value tile stays staged through shared memory (``STS.128`` + ``LDSM.T``): ``P V`` contracts over
+tokens, which the MMA keeps inside a warp, while a tile's tokens are spread over the 4 warps.
 
 Key norms on this layout are folded (``TurboQuantSpec.norm_folded``): the store wrote
 ``||k|| / ||c_hat||`` for the ``_nc`` presets, so a score is ``(q . c_hat) * stored * scale`` with no
@@ -201,10 +232,17 @@ FP8_ASM = tl.constexpr(FP8_PTX)
 @triton.jit
 def _fp8_keys32(c32, base32, ok, D: tl.constexpr, T: tl.constexpr, PTX: tl.constexpr):
     """fp16 keys ``[T, D]`` of a block-SoA fp8 (e4m3) key field (k8v4): a thread's 32 bytes as two
-    16-byte loads (two ``[T, D // 8]`` loads, each Triton 3.6 lays out 4 lanes per token); ``PTX``: converted by :data:`FP8_PTX`, else (interpreter) byte by byte through
-    Triton's fp8 type."""
+    16-byte loads (two ``[T, D // 8]`` loads, each laid out 4 lanes per token by Triton 3.6), then
+    :func:`_fp8_to_f16`."""
     w0, w1, w2, w3 = _chunk_words4(c32, base32, ok, 8, D)  # bytes 0 .. 15 of each chunk
     w4, w5, w6, w7 = _chunk_words4(c32, base32 + 4, ok, 8, D)  # bytes 16 .. 31
+    return _fp8_to_f16(w0, w1, w2, w3, w4, w5, w6, w7, D, T, PTX)
+
+
+@triton.jit
+def _fp8_to_f16(w0, w1, w2, w3, w4, w5, w6, w7, D: tl.constexpr, T: tl.constexpr, PTX: tl.constexpr):
+    """``[T, D]`` fp16 of the chunks' words 0 .. 7 (int32 ``[T, D // 32]`` each, fp8 e4m3 bytes, little
+    endian); ``PTX``: by :data:`FP8_PTX`, else (interpreter) byte by byte through Triton's fp8 type."""
     if PTX:
         e = tl.inline_asm_elementwise(FP8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
                                       [w0, w1, w2, w3], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
@@ -343,7 +381,9 @@ def _decode_soa4_kernel(
 ):
     """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
     per thread and chunk, 3-bit fields as three 32-bit loads, fp8 keys (``KEY_FP8``, k8v4) as two
-    16-byte loads.  ``PTX``: inline-PTX conversions (fp8 keys, 4-bit values; not under the interpreter).  Key norms are read folded
+    16-byte loads; q and the key tile in the kWidth-4 slot order (module docstring: Triton 3.6's
+    layouts put the key tile in the score MMA's registers).  ``PTX``: inline-PTX conversions (fp8
+    keys, 4-bit values; not under the interpreter).  Key norms are read folded
     (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False (static assert)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
