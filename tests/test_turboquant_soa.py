@@ -21,7 +21,16 @@ pytest.importorskip("triton")
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, get_spec, kv_cache_shape, store_kv
 from tqlab.turboquant.codebook import lloyd_max
-from tqlab.turboquant.quant import bytes_to_fp16, decode_slots, to_cache_layout, to_slot_order, unpack_indices
+from tqlab.turboquant.quant import (
+    bytes_to_fp16,
+    codes_from_planes,
+    decode_slots,
+    pack_indices,
+    planes_from_codes,
+    to_cache_layout,
+    to_slot_order,
+    unpack_indices,
+)
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRESETS = sorted(TQ_PRESETS)
@@ -112,8 +121,14 @@ def test_layout_conversion_round_trips_and_places_fields(name):
     assert to_cache_layout(cache, spec, d) is cache
     region = blocks.reshape(cache.shape[0], cache.shape[1], -1)
     fa, off = soa.field_addresses(d, bs), spec.offsets(d)
-    o, _, n = fa["val_idx"]
-    assert torch.equal(region[..., o: o + bs * n].reshape(cache.shape[:3] + (n,)), cache[..., off["val_idx"]: off["val_idx"] + n])
+    for kind, bits in (("key_idx", spec.key_bits), ("val_idx", spec.value_bits)):
+        if kind not in fa:
+            continue
+        o, _, n = fa[kind]
+        vllm_bytes = cache[..., off[kind]: off[kind] + n]
+        if soa.code_order(kind, d) == "planes":  # the 3-bit fields: nibble planes of vLLM's codes
+            vllm_bytes = planes_from_codes(unpack_indices(vllm_bytes, bits, d))
+        assert torch.equal(region[..., o: o + bs * n].reshape(cache.shape[:3] + (n,)), vllm_bytes), kind
     o, _, n = fa["val_zero"]
     assert torch.equal(region[..., o: o + bs * n].reshape(cache.shape[:3] + (n,)), cache[..., off["val_zero"]: off["val_zero"] + 2])
 
