@@ -73,7 +73,7 @@ def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int
                                    "stride_mh", "stride_ms")})
     meta = dict(GROUP=4, GP=16, BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t, KBITS=spec.key_bits,
                 VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
-                **tk._field_addr(spec, d, block_size))
+                **tk._field_addr(spec, d, block_size), **tk._planes_flags(spec, d))
     return compile_sm90(ts._decode_soa4_kernel, sig, meta, num_warps=4, maxnreg=maxnreg)
 
 
