@@ -263,7 +263,7 @@ def test_decode_vs_vllm_figure_from_recorded():
 # ----------------------------------------------------------------------------- fast kernels (issue 20)
 def _ptx_emulate(asm: str, inputs: dict[str, int]) -> dict[str, int]:
     """Run the straight-line 32-bit PTX of ``_triton_fast``'s table lookups (shr, shl, and, or,
-    xor, not, mul.lo, mov, prmt, ``mov.b32 {a, b}, r``) on python ints."""
+    xor, not, mul.lo, mov, prmt, sub.f16x2, ``mov.b32 {a, b}, r``) on python ints."""
     import re
 
     m32 = 0xFFFFFFFF
@@ -276,8 +276,16 @@ def _ptx_emulate(asm: str, inputs: dict[str, int]) -> dict[str, int]:
             out |= ((0xFF if byte & 0x80 else 0) if nib & 8 else byte) << (8 * k)
         return out
 
+    def sub_f16x2(a, b):  # two fp16 lanes, IEEE round to nearest (numpy float16)
+        import numpy as np
+
+        x = np.array([a & 0xFFFF, a >> 16], dtype=np.uint16).view(np.float16)
+        y = np.array([b & 0xFFFF, b >> 16], dtype=np.uint16).view(np.float16)
+        z = (x - y).astype(np.float16).view(np.uint16)
+        return int(z[0]) | int(z[1]) << 16
+
     reg = dict(inputs)
-    ops = {"shr.b32": lambda a, b: a >> b, "shl.b32": lambda a, b: (a << b) & m32, "and.b32": lambda a, b: a & b,
+    ops = {"sub.f16x2": sub_f16x2, "shr.b32": lambda a, b: a >> b, "shl.b32": lambda a, b: (a << b) & m32, "and.b32": lambda a, b: a & b,
            "or.b32": lambda a, b: a | b, "xor.b32": lambda a, b: a ^ b, "not.b32": lambda a: ~a & m32,
            "mul.lo.u32": lambda a, b: (a * b) & m32, "mov.b32": lambda a: a, "prmt.b32": prmt}
     for line in asm.splitlines():
@@ -317,6 +325,24 @@ def test_fast_centroid_tables_are_exact(name, d):
         words = [(packed >> (16 * k)) & 0xFFFF for k in range(bits + 1)]
         r = _ptx_emulate(tf.lut_group_asm(spec, d), {f"${16 + k}": words[k] | words[k + 1] << 16 for k in range(bits)})
         assert [r[f"${i}"] for i in range(16)] == cent[c].tolist()
+
+
+def test_value4_asm_gives_exact_integer_codes():
+    """The 4-bit value asm (``_triton_fast.VALUE4_PTX``, 0x6400 half2 trick minus 1024) turns every
+    4-bit code of a group of 16 into its exact fp16 integer, in code order."""
+    import numpy as np
+
+    from tqlab.turboquant import _triton_fast as tf
+
+    want = np.arange(16, dtype=np.float16).view(np.uint16)
+    rng = np.random.default_rng(4)
+    for _ in range(300):
+        c = rng.integers(0, 16, 16)
+        w0 = sum(int(c[i]) << (4 * i) for i in range(8))
+        w1 = sum(int(c[8 + i]) << (4 * i) for i in range(8))
+        r = _ptx_emulate(tf.VALUE4_PTX, {"$16": w0, "$17": w1})
+        assert [r[f"${i}"] for i in range(16)] == want[c].tolist()
+    assert tf.VALUE4_ASM.value == tf.VALUE4_PTX
 
 
 @pytest.mark.parametrize("prefetch,norm_mma,staged", [(False, False, False), (True, True, False), (False, True, True)])
@@ -406,3 +432,66 @@ def test_gpu_fast_equals_portable(name):
         assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all()
         assert torch.allclose(k0[:, :, :ctx - 5].float(), k1[:, :, :ctx - 5].float(), atol=4e-3, rtol=2e-3)
         assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5])
+
+
+@pytest.mark.parametrize("layout", ["vllm", "block_soa"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_fast_dequant_variants_equal_default(name, layout):
+    """Every launch variant of the fast dequant (issue 20: keys and values split over programs or
+    launches, values 8 codes per thread, more tiles per program) writes exactly the default's bits,
+    on both cache layouts, and leaves the tail untouched."""
+    import dataclasses
+
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = dataclasses.replace(TQ_PRESETS[name], cache_layout=layout)
+    cache = _filled(spec)
+    row = torch.tensor([5, 0, 11, 3, 7, 2], dtype=torch.int32, device=DEV)
+    k0 = torch.full((1, 2, 96, 64), 9.0, dtype=torch.float16, device=DEV)
+    v0 = k0.clone()
+    tf.dequant_kv(cache, row, 83, k0, v0, spec, block_t=16, tiles_per_program=1)
+    assert not torch.equal(k0[:, :, :83], torch.full_like(k0[:, :, :83], 9.0))
+    for kw in (dict(split="grid"), dict(split="launch"), dict(v8=True), dict(split="grid", v8=True),
+               dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True),
+               dict(w32=True), dict(split="grid", v8=True, w32=True)):
+        k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
+        tf.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
+        assert torch.equal(k0, k1) and torch.equal(v0, v1), kw
+
+
+def test_fast_dequant_rejects_unknown_split():
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = TQ_PRESETS["turboquant_3bit_nc"]
+    buf = torch.zeros((1, 2, 16, 64), dtype=torch.float16, device=DEV)
+    with pytest.raises(ValueError, match="split must be one of"):
+        tf.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
+                      split="halves")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["vllm", "block_soa"])
+@pytest.mark.parametrize("name", PRESETS)
+def test_gpu_fast_dequant_variants_bit_equal(name, layout):
+    """On the GPU (prmt tables, 64-token tiles, wgmma) every dequant variant writes the default's bits."""
+    import dataclasses
+
+    from tqlab.turboquant import _triton_fast as tf
+
+    spec = dataclasses.replace(TQ_PRESETS[name], cache_layout=layout)
+    d, hk, bs, ctx = 128, 8, 16, 4096
+    nb = ctx // bs
+    g = torch.Generator().manual_seed(23)
+    cache = torch.zeros(kv_cache_shape(nb, hk, bs, d, spec), dtype=torch.uint8, device=DEV)
+    store_kv(cache, torch.randn(ctx, hk, d, generator=g).to(DEV), torch.randn(ctx, hk, d, generator=g).to(DEV),
+             torch.randperm(ctx, generator=g).to(DEV), spec)
+    row = torch.randperm(nb, generator=g).to(torch.int32).to(DEV)
+    k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
+    v0 = k0.clone()
+    tf.dequant_kv(cache, row, ctx - 5, k0, v0, spec)
+    for kw in (dict(v8=True), dict(w32=True), dict(v8=True, w32=True), dict(split="grid", v8=True, w32=True),
+               dict(split="launch", v8=True, w32=True), dict(split="grid", v8=True, w32=True, tiles_per_program=1)):
+        k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
+        tf.dequant_kv(cache, row, ctx - 5, k1, v1, spec, **kw)
+        assert torch.equal(k0[:, :, :ctx - 5], k1[:, :, :ctx - 5]) and torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw
+        assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all(), kw

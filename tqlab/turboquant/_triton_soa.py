@@ -343,6 +343,14 @@ def _decode_soa4_kernel(
         elif VP:
             vc = _planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, "", 0x6400, 0, False)
             v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+        elif VBITS == 4 and LUT == 2:  # exact integer codes by the 0x6400 half2 trick (PTX)
+            e = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                          [vx0, vx1], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+            f = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+                                          [vx2, vx3], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+            v16 = _tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13], e[14],
+                          e[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13],
+                          f[14], f[15], BLOCK_T, D)
         else:
             va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
             vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
