@@ -481,7 +481,7 @@ if bench is not None:
 
 # %%
 from tqlab.lab import plots_cache_order as orders
-from tqlab.turboquant.quant import to_slot_order
+from tqlab.turboquant.quant import to_slot_order, unpack_indices
 
 BS = 16  # tokens per block: vLLM 0.33's CacheConfig.DEFAULT_BLOCK_SIZE (vllm/config/cache.py)
 figures_order = {o: orders.block_byte_ranges("turboquant_3bit_nc", D, BS, o) for o in orders.ORDERS}
@@ -532,12 +532,53 @@ print(f"same {soa3.slot_bytes(D)} bytes per token; store → to_slot_order equal
       f"{sum(r['aligned'] for r in figures_order['block_soa'])} of {len(figures_order['block_soa'])}")
 
 # %% [markdown]
+# **Inside a 3-bit code field.** Block-SoA changes one more thing, inside each token's 3-bit code field
+# (`spec.code_order(kind, D)` says which fields): same 12 bytes per 32 codes, but not vLLM's bit stream
+# (code `i` at bits `3i .. 3i+2`). Per chunk of 32 codes there are three 32-bit words: `L0` holds the low
+# 2 bits of code `8r + j` (`r` = 0, 1) at bit `4j + 2r`, `L1` the same for codes 16–31, `H` every high bit
+# (code `8r + j` at bit `4j + r`). Why: the decode looks centroids up with `prmt`, a byte permute that
+# takes one index per 4-bit nibble. **Predict, then run.** From which words, and with how many bit
+# operations, do codes 0–7 of a token land one per nibble?
+
+# %%
+b0, o0 = int(slots20[0]) // BS, int(slots20[0]) % BS  # the first stored token, KV head 0
+kn_bytes = vllm3.key_index_bytes(D)
+codes32 = unpack_indices(c_vllm[b0, 0, o0, :kn_bytes], 3, D)[:32].tolist()  # vLLM's stream, decoded
+koff, kstride, _ = fa_soa["key_idx"]
+field = c_soa[b0, 0].reshape(-1)[koff + o0 * kstride: koff + o0 * kstride + 12]  # its first chunk, block-SoA
+L0, L1, H = (int.from_bytes(bytes(field[4 * w: 4 * w + 4].tolist()), "little") for w in range(3))
+sel = (L0 & 0x33333333) | ((H << 2) & 0x44444444)  # the prmt selector of codes 0-7: and, shift, and, or
+print(f"codes 0-31 of token {o0} in block {b0}: {codes32}")
+print(f"L0 = {L0:032b}\nL1 = {L1:032b}\nH  = {H:032b}")
+print(f"(L0 & 0x33333333) | ((H << 2) & 0x44444444) = {sel:08x}: its nibbles are codes 0-7")
+
+
+def nibbles(x):
+    return [(x >> 4 * j) & 0xF for j in range(8)]
+
+
+assert nibbles(sel) == codes32[:8]
+assert nibbles(((L0 >> 2) & 0x33333333) | ((H << 1) & 0x44444444)) == codes32[8:16]  # one shift more each
+assert nibbles((L1 & 0x33333333) | (H & 0x44444444)) == codes32[16:24]  # codes 16-23: L1 and H itself
+try:  # the kernels' PTX, where Triton is installed: bit operations before the prmt lookups, per 16 codes
+    from tqlab.turboquant import _triton_fast as tf
+
+    def _bitops(asm):
+        return sum(line.split(".")[0] in ("and", "or", "shr", "shl") for line in asm.splitlines())
+    show_md(f"Bit operations to build the `prmt` selectors of 16 key codes: **{_bitops(tf.lut_group_asm(vllm3, D))}** "
+            f"from vLLM's stream (`lut_group_asm`), **{_bitops(tf.planes_key_asm(soa3, D))}** from the planes "
+            "(`planes_key_asm`).")
+except ImportError:
+    show_md("(Triton is not installed here: the PTX op count is skipped.)")
+
+# %% [markdown]
 # **Why that is faster.** In vLLM's order a token's key codes start one slot after the previous
 # token's, so their offset modulo 16 wanders from token to token and a kernel reads them in small
 # pieces. In block-SoA the block's key codes are one aligned run (the cell above printed where), read
 # with 16-byte loads, and the norms arrive as one aligned fp16 array (`benchmarks/NOTES_turboquant.md`).
 # For the `_nc` presets each stored norm already carries the norm correction (`||k|| / ||c_hat||`,
-# `spec.norm_folded`), so the decode no longer sums the squares of 128 centroids per token.
+# `spec.norm_folded`), so the decode no longer sums the squares of 128 centroids per token, and the
+# 3-bit codes arrive as nibble planes, a few bit operations away from the `prmt` table lookup.
 # fp8 keys (k8v4) are whole bytes already, so the order gains nothing for them (the recording below has
 # block-SoA slightly *slower* there).
 #
@@ -590,7 +631,8 @@ if vs6 is not None:
 #   than the packed bytes by the compression ratio — sized by `cached_len`, which is why they must be reserved for
 #   `max_model_len` before the workspace locks.
 # * The block-SoA order (`cache_layout="block_soa"`) stores the same bytes per token with each field
-#   contiguous and 16-byte aligned per block; the recording (section 6) shows what that buys on an H200.
+#   contiguous and 16-byte aligned per block, and its 3-bit code fields as nibble planes (the `prmt`
+#   selectors in a few bit operations); the recording (section 6) shows what that buys on an H200.
 
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (ops on `{device}`).*")
