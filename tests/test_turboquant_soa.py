@@ -148,11 +148,11 @@ def test_planes_round_trip_and_word_layout():
         codes_from_planes(torch.zeros(2, 18, dtype=torch.uint8), 48)
 
 
-@pytest.mark.parametrize("table", ["keys", "values"])
+@pytest.mark.parametrize("table", ["keys", "values", "values1024"])
 def test_planes_asm_is_exact(table):
-    """The package's nibble-plane ``prmt`` PTX (``_triton_fast.planes_key_asm`` / ``PLANES_VALUE_ASM``)
-    on the words of random chunks, run by the PTX emulator: the fp16 centroid (keys) or fp16 integer
-    (values) of every code, in order."""
+    """The package's nibble-plane ``prmt`` PTX (``_triton_fast.planes_key_asm`` / ``PLANES_VALUE_ASM`` /
+    ``PLANES_VALUE1024_ASM``) on the words of random chunks, run by the PTX emulator: the fp16 centroid
+    (keys), fp16 integer (values) or ``0x6400 | code`` (the fast dequant's values) of every code, in order."""
     import numpy as np
     from test_turboquant_triton import _ptx_emulate
 
@@ -161,9 +161,12 @@ def test_planes_asm_is_exact(table):
     if table == "keys":
         want = np.asarray(lloyd_max(3, 128).centroids, dtype=np.float16).view(np.uint16)
         asm = tf.planes_key_asm(TQ_PRESETS["turboquant_3bit_nc"], 128)
-    else:
+    elif table == "values":
         want = np.arange(8, dtype=np.float16).view(np.uint16)
         asm = tf.PLANES_VALUE_ASM.value
+    else:  # the fast dequant's: the bits 0x6400 | code (fp16 1024 + code)
+        want = np.arange(1024, 1032, dtype=np.float16).view(np.uint16)
+        asm = tf.PLANES_VALUE1024_ASM.value
     codes = torch.randint(0, 8, (40, 32), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
     words = planes_from_codes(codes).view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
     for t in range(40):

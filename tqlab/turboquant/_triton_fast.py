@@ -242,8 +242,10 @@ def planes_key_asm(spec: TurboQuantSpec, d: int) -> str:
     return planes_asm(_fp16_bits(lloyd_max(3, d).centroids))
 
 
-# the values' table (fp16 of the integer codes 0..7), a global the kernels read as a constexpr
+# the values' tables, globals the kernels read as constexprs: fp16(0..7) (the SoA decode's MMA operand) and
+# the bits 0x6400 | code = fp16(1024 + code) (the fast dequant's, which subtracts 1024 as for the other fields)
 PLANES_VALUE_ASM = tl.constexpr(planes_asm(None))
+PLANES_VALUE1024_ASM = tl.constexpr(planes_asm([0x6400 | c for c in range(8)]))
 
 
 @triton.jit
@@ -318,9 +320,14 @@ def _planes_keys(cache16_ptr, kb16, ok, c0, c1, c2, c3, c4, c5, c6, c7, D: tl.co
 @triton.jit
 def _planes_values(cache16_ptr, vb16, ok, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr):
     """int32 ``0x6400 | code`` ``[T, D]`` of a 3-bit value field in nibble-plane order (the fast
-    dequant's ``VP``; the caller's ``bits(.) - 1024`` gives the exact integer codes)."""
+    dequant's ``VP``; the caller's ``bits(.) - 1024`` gives the exact integer codes): LUT 2 =
+    :data:`PLANES_VALUE1024_ASM` (a ``prmt`` table of those bits), else :func:`_plane_code`."""
     vl, vh = _planes_words(cache16_ptr, vb16, ok, D)
-    return _planes_tile(vl, vh, T, D, "", 0x6400, 0)
+    if LUT == 2:
+        vc = _planes_tile(vl, vh, T, D, PLANES_VALUE1024_ASM, 0, 0).to(tl.int16, bitcast=True).to(tl.int32)
+    else:
+        vc = _planes_tile(vl, vh, T, D, "", 0x6400, 0)
+    return vc
 
 
 # ----------------------------------------------------------------------------- group unpacking
