@@ -31,6 +31,7 @@ MODES = {
     "bench_workspace_overhead": [[], ["--device", "cuda", "--tag", "h200"]],
     "dev_turboquant_dequant": [[]],
     "dev_turboquant_fast": [[], ["--sections", "check"]],
+    "dev_turboquant_frag": [[]],
     "dev_turboquant_soa": [[]],
     "dev_turboquant_variants": [[], ["--quick"]],
 }
@@ -108,6 +109,7 @@ def test_benchmark_runs_without_record_leave_git_status_clean(scripts):
             "bench_turboquant": ["--quick", "--no-sweep", "--sections", "copy,store"],
             "dev_turboquant_variants": ["--quick"], "bench_cuda_graphs": ["--iters", "1"],
             "dev_turboquant_fast": ["--sections", "check"], "dev_turboquant_soa": ["--contexts", "8192"],
+            "dev_turboquant_frag": ["--contexts", "32768"],
             "dev_turboquant_dequant": ["--contexts", "8192"],
             "bench_trace_overhead": ["--number", "2", "--repeats", "1"], "bench_inspect_vllm": ["--repeats", "1"]}
     assert sorted(runs) == SCRIPTS

@@ -426,3 +426,28 @@ def test_gpu_block_soa_equals_vllm_order(name):
     assert torch.allclose(l0, l1, atol=1e-2, rtol=2e-3)
     assert torch.equal(k0, k1) and torch.equal(v0, v1) and torch.equal(v1, v2)
     assert torch.allclose(k1.float(), k2.float(), rtol=(2**-9 + 2**-11) * 1.001, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", [0, 1, 2, 3])
+@pytest.mark.parametrize("name", ROTATED)
+def test_frag_decode_variants_match_reference(name, variant):
+    """``benchmarks/dev_turboquant_frag.py`` (issue 20 experiment: the key operand in mma-slot order, q's
+    columns permuted alike; variants 2/3 load the chunks in another tensor shape) on a block-SoA cache (folded
+    norms): the same cases as :func:`test_soa_decode_kernels_match_reference`, against the torch reference."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    try:
+        import dev_turboquant_frag as fr
+    finally:
+        sys.path.pop(0)
+    soa = _soa(name)
+    blocks = _stored(soa)
+    q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch")
+    mid = torch.full((3, 8, 4, 65), float("nan"), device=DEV)
+    o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    fr.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, variant=variant, block_t=16)
+    assert not torch.isnan(o1).any() and not torch.isnan(l1).any()
+    assert torch.allclose(o0, o1, atol=2e-3)
+    assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)

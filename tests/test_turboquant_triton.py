@@ -453,10 +453,17 @@ def test_fast_dequant_variants_equal_default(name, layout):
     assert not torch.equal(k0[:, :, :83], torch.full_like(k0[:, :, :83], 9.0))
     for kw in (dict(split="grid"), dict(split="launch"), dict(v8=True), dict(split="grid", v8=True),
                dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True),
-               dict(w32=True), dict(split="grid", v8=True, w32=True)):
+               dict(w32=True), dict(w32=False), dict(split="grid", v8=True, w32=True)):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
         tf.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
         assert torch.equal(k0, k1) and torch.equal(v0, v1), kw
+
+
+def test_fast_dequant_w32_default_is_on_for_4bit_fields():
+    from tqlab.turboquant import _triton_fast as tf
+
+    assert {n: tf.dequant_w32_default(s) for n, s in TQ_PRESETS.items()} == {
+        "turboquant_k8v4": True, "turboquant_4bit_nc": True, "turboquant_k3v4_nc": True, "turboquant_3bit_nc": False}
 
 
 def test_fast_dequant_rejects_unknown_split():
