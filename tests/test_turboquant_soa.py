@@ -451,3 +451,38 @@ def test_frag_decode_variants_match_reference(name, variant):
     assert not torch.isnan(o1).any() and not torch.isnan(l1).any()
     assert torch.allclose(o0, o1, atol=2e-3)
     assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc"])
+def test_gpu_planes_cache_off_soa_alignment_takes_the_portable_decode(name):
+    """Block size 8 (fields not 16-byte aligned: ``use_soa`` False): ``ops.decode_attention`` on a block-SoA
+    cache with nibble-plane fields runs the portable decode (the fast one refuses planes) and matches the
+    torch reference on the same cache; the fast dequant (which reads planes) equals the torch dequant to fp16
+    rounding of the centroids (keys) and bit for bit (values)."""
+    from tqlab.turboquant import _triton_soa as ts
+
+    soa, d, hk, hq, bs, nb = _soa(name), 128, 2, 8, 8, 64
+    g = torch.Generator().manual_seed(31)
+    n = nb * bs
+    blocks = torch.zeros(kv_cache_shape(nb, hk, bs, d, soa), dtype=torch.uint8, device=DEV)
+    store_kv(blocks, torch.randn(n, hk, d, generator=g).to(DEV), torch.randn(n, hk, d, generator=g).to(DEV),
+             torch.randperm(n, generator=g).to(DEV), soa)
+    assert not ts.use_soa(soa, blocks, d)
+    bt = torch.randperm(nb, generator=g).view(2, -1).to(torch.int32).to(DEV)
+    q = torch.randn(2, hq, d, generator=g).to(DEV, torch.float16)
+    seq_lens = torch.tensor([n // 2, 77], device=DEV)
+    res = []
+    for backend in ("torch", "auto"):
+        mid = torch.full((2, hq, 8, d + 1), float("nan"), device=DEV)
+        out = torch.full((2, hq, d), float("nan"), device=DEV, dtype=torch.float16)
+        lse = torch.full((2, hq), float("nan"), device=DEV)
+        decode_attention(q, blocks, bt, seq_lens, soa, d**-0.5, mid, out, lse, backend=backend)
+        k = torch.full((1, hk, n // 2, d), float("nan"), dtype=torch.float16, device=DEV)
+        v = k.clone()
+        dequant_kv(blocks, bt[0], n // 2 - 3, k, v, soa, backend=backend)
+        res.append((out, lse, k[:, :, : n // 2 - 3], v[:, :, : n // 2 - 3]))
+    (o0, l0, k0, v0), (o1, l1, k1, v1) = res
+    assert not torch.isnan(o1).any() and torch.allclose(o0.float(), o1.float(), atol=1e-2, rtol=2e-3)
+    assert torch.allclose(l0, l1, atol=1e-2, rtol=2e-3)
+    assert torch.equal(v0, v1) and torch.allclose(k0.float(), k1.float(), atol=4e-3, rtol=2e-3)
