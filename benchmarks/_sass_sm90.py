@@ -77,8 +77,10 @@ def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int
     sig.update(qk_scale="fp32", inv_sqrt_d="fp32", num_blocks="i32", num_splits="i32")
     sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_cb16", "stride_ch16", "stride_btb", "stride_mb",
                                    "stride_mh", "stride_ms")})
+    lut = 0 if spec.key_fp8 else 2
     meta = dict(GROUP=4, GP=16, BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t, KBITS=spec.key_bits,
-                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
+                VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
+                LUT_ASM=tf._asm_for(spec, d, lut), KEY_FP8=spec.key_fp8, PTX=True,
                 **tk._field_addr(spec, d, block_size), **tk._planes_flags(spec, d))
     return compile_sm90(ts._decode_soa4_kernel, sig, meta, num_warps=4, maxnreg=maxnreg)
 

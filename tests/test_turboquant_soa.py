@@ -372,6 +372,38 @@ def test_soa_decode_kernels_match_reference(name, x32):
     assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
 
 
+def test_soa_decode_serves_fp8_keys():
+    """k8v4 (fp8 e4m3 keys, 4-bit values) on block-SoA: the 32-codes-per-thread decode reads the key
+    bytes itself (interpreter: through Triton's fp8 type; GPU: ``FP8_PTX``) and matches the torch
+    reference; the 16-codes prototype refuses fp8 keys; ``use_soa`` takes every preset on CUDA only."""
+    from tqlab.turboquant import _triton_soa as ts
+
+    soa = _soa("turboquant_k8v4")
+    blocks = _stored(soa)
+    q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch")
+    mid = torch.full((3, 8, 4, 65), float("nan"), device=DEV)
+    o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16)
+    assert not torch.isnan(o1).any() and not torch.isnan(l1).any()
+    assert torch.allclose(o0, o1, atol=2e-3)
+    assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
+    with pytest.raises(ValueError, match="no fp8-key path"):
+        ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=False)
+    assert not ts.use_soa(soa, blocks.cpu(), 64)
+
+
+def test_fp8_ptx_converts_bytes_in_code_order():
+    """``FP8_PTX`` unpacks four little-endian words of e4m3 bytes in code order, two per cvt."""
+    from tqlab.turboquant import _triton_soa as ts
+
+    lines = [x.strip() for x in ts.FP8_PTX.splitlines()]
+    assert lines.count("cvt.rn.f16x2.e4m3x2 r, l;") == 4 and lines.count("cvt.rn.f16x2.e4m3x2 r, h;") == 4
+    assert lines[3:8] == ["mov.b32 {l, h}, $16;", "cvt.rn.f16x2.e4m3x2 r, l;", "mov.b32 {$0, $1}, r;",
+                          "cvt.rn.f16x2.e4m3x2 r, h;", "mov.b32 {$2, $3}, r;"]
+    assert lines[-2] == "mov.b32 {$14, $15}, r;"
+    assert ts.FP8_ASM.value == ts.FP8_PTX
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", PRESETS)
 def test_gpu_block_soa_equals_vllm_order(name):
@@ -406,7 +438,7 @@ def test_gpu_block_soa_equals_vllm_order(name):
         want = _folded_norm(spec, k_cpu, tok[..., : spec.key_index_bytes(d)], d).float()
         assert ((got - want).abs() <= 2**-10 * want).all() and (got == want).float().mean() >= 0.999
     assert torch.equal(flat[..., rest], cache[..., rest])
-    assert ts.use_soa(soa, blocks, d) == (not spec.key_fp8)
+    assert ts.use_soa(soa, blocks, d)  # every preset, fp8 keys included (k8v4 path, issue 20)
     bt = torch.randperm(nb, generator=g).view(b, -1).to(torch.int32).to(DEV)
     q = torch.randn(b, hq, d, generator=g).to(DEV, torch.float16)
     seq_lens = torch.tensor([ctx, 1, 3001, 64], device=DEV)

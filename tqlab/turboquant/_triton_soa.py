@@ -20,8 +20,10 @@ addresses; only the decode has a kernel of its own here:
 H`` per 32-code chunk): the 8-code ``prmt`` selector is 3 ops (``_triton_fast.planes_asm``) instead
 of ~22; static SASS of the 3bit_nc loop ``benchmarks/NOTES_turboquant.md`` "Nibble planes, integrated".
 
-Then ``_triton_kernels``' reduction.  Rotated (MSE-key) presets only; fp8 keys and caches whose
-fields are not 16-byte aligned take the per-field portable / fast kernels (:func:`use_soa`).
+Then ``_triton_kernels``' reduction.  Every preset: fp8 keys (k8v4) too, two 16-byte loads per 32 key bytes
+converted by ``cvt.rn.f16x2.e4m3x2`` (issue 20; the portable kernel's one-token-per-lane loads gained nothing
+from the block-SoA order).  Caches whose fields are not 16-byte aligned take the per-field portable / fast
+kernels (:func:`use_soa`).
 
 Key norms on this layout are folded (``TurboQuantSpec.norm_folded``): the store wrote
 ``||k|| / ||c_hat||`` for the ``_nc`` presets, so a score is ``(q . c_hat) * stored * scale`` with no
@@ -49,11 +51,11 @@ __all__ = ["use_soa", "decode_attention"]
 
 
 def use_soa(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int) -> bool:
-    """This module's decode serves a block-SoA cache of a rotated preset on CUDA when every field is
-    16-byte aligned: ``block_size % 16 == 0``, ``head_dim >= 32`` (whole 32-code chunks) and a
-    16-byte aligned cache pointer."""
-    return (spec.cache_layout == "block_soa" and tf.use_fast(spec, cache.device) and cache.shape[2] % 16 == 0
-            and head_dim >= 32 and cache.data_ptr() % 16 == 0)
+    """This module's decode serves a block-SoA cache on CUDA (every preset: MSE keys, and fp8 keys
+    since issue 20's k8v4 path) when every field is 16-byte aligned: ``block_size % 16 == 0``, whole
+    32-code chunks (``head_dim`` a multiple of 32) and a 16-byte aligned cache pointer."""
+    return (spec.cache_layout == "block_soa" and cache.device.type == "cuda" and not tf.tk_interpret()
+            and cache.shape[2] % 16 == 0 and head_dim >= 32 and head_dim % 32 == 0 and cache.data_ptr() % 16 == 0)
 
 
 @triton.jit
@@ -162,6 +164,58 @@ def _words_x32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
         x2 = tl.load(ptr + 2, mask=m, other=0)
         x3 = x2
     return x0, x1, x2, x3
+
+
+FP8_PTX = "\n".join(
+    ["{", ".reg .b16 l, h;", ".reg .b32 r;"]
+    + [line for w in range(4) for line in (
+        f"mov.b32 {{l, h}}, ${16 + w};", "cvt.rn.f16x2.e4m3x2 r, l;", f"mov.b32 {{${4 * w}, ${4 * w + 1}}}, r;",
+        "cvt.rn.f16x2.e4m3x2 r, h;", f"mov.b32 {{${4 * w + 2}, ${4 * w + 3}}}, r;")]
+    + ["}"])
+"""PTX: four 32-bit words of fp8 e4m3 key bytes (``$16 .. $19``, codes ``4w .. 4w+3`` in word ``w``, little
+endian) -> their 16 fp16 values in code order, two per ``cvt.rn.f16x2.e4m3x2`` (exact: every e4m3 value is
+an fp16 value)."""
+FP8_ASM = tl.constexpr(FP8_PTX)
+
+
+@triton.jit
+def _fp8_keys32(c32, base32, ok, D: tl.constexpr, T: tl.constexpr, PTX: tl.constexpr):
+    """fp16 keys ``[T, D]`` of a block-SoA fp8 (e4m3) key field (k8v4): a thread's 32 bytes as two
+    16-byte loads; ``PTX``: converted by :data:`FP8_PTX`, else (interpreter) byte by byte through
+    Triton's fp8 type."""
+    NC: tl.constexpr = D // 32
+    gg = tl.arange(0, NC)
+    kk = tl.arange(0, 8)
+    offs = tl.multiple_of(base32, 8)[:, None, None] + gg[None, :, None] * 8 + kk[None, None, :]
+    x = tl.load(c32 + offs, mask=ok[:, None, None], other=0)
+    xa, xb = tl.split(tl.reshape(x, (T, NC, 4, 2)))  # words 0, 2, 4, 6 and 1, 3, 5, 7
+    xa0, xa1 = tl.split(tl.reshape(xa, (T, NC, 2, 2)))  # words 0, 4 and 2, 6
+    xb0, xb1 = tl.split(tl.reshape(xb, (T, NC, 2, 2)))  # words 1, 5 and 3, 7
+    w0, w4 = tl.split(xa0)
+    w2, w6 = tl.split(xa1)
+    w1, w5 = tl.split(xb0)
+    w3, w7 = tl.split(xb1)
+    if PTX:
+        e = tl.inline_asm_elementwise(FP8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
+                                      [w0, w1, w2, w3], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+        f = tl.inline_asm_elementwise(FP8_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r,r,r",
+                                      [w4, w5, w6, w7], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+        k16 = _tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13], e[14],
+                      e[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13],
+                      f[14], f[15], T, D)
+    else:
+        k16 = _tree32(_b8(w0, 0), _b8(w0, 1), _b8(w0, 2), _b8(w0, 3), _b8(w1, 0), _b8(w1, 1), _b8(w1, 2), _b8(w1, 3),
+                      _b8(w2, 0), _b8(w2, 1), _b8(w2, 2), _b8(w2, 3), _b8(w3, 0), _b8(w3, 1), _b8(w3, 2), _b8(w3, 3),
+                      _b8(w4, 0), _b8(w4, 1), _b8(w4, 2), _b8(w4, 3), _b8(w5, 0), _b8(w5, 1), _b8(w5, 2), _b8(w5, 3),
+                      _b8(w6, 0), _b8(w6, 1), _b8(w6, 2), _b8(w6, 3), _b8(w7, 0), _b8(w7, 1), _b8(w7, 2), _b8(w7, 3),
+                      T, D)
+    return k16
+
+
+@triton.jit
+def _b8(w, K: tl.constexpr):
+    """Byte ``K`` of each word as an fp8 e4m3 value, in fp16."""
+    return ((w >> (8 * K)) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
 
 
 @triton.jit
@@ -308,42 +362,48 @@ def _decode_soa4_kernel(
     GROUP: tl.constexpr, GP: tl.constexpr, BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr,
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
-    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KEY_FP8: tl.constexpr = False,
+    PTX: tl.constexpr = False, KP: tl.constexpr = False, VP: tl.constexpr = False,
 ):
     """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
-    per thread and chunk, 3-bit fields as three 32-bit loads.  Key norms are read folded
-    (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False (static assert).  3-bit fields
-    in nibble-plane order (``KP`` / ``VP``, ``TurboQuantSpec.code_order``) are cut by
-    :func:`_planes32` (with PTX: ``LUT`` 2, ``LUT_ASM`` = ``_triton_fast.planes_key_asm``)."""
+    per thread and chunk, 3-bit fields as three 32-bit loads, fp8 keys (``KEY_FP8``, k8v4) as two
+    16-byte loads.  ``PTX``: inline-PTX conversions (fp8 keys, 4-bit values, nibble-plane values; not under the
+    interpreter).  Key norms are read folded (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False
+    (static assert).  3-bit fields in nibble-plane order (``KP`` / ``VP``, ``TurboQuantSpec.code_order``) are
+    cut by :func:`_planes32` (keys with ``LUT`` 2: ``LUT_ASM`` = ``_triton_fast.planes_key_asm``)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
     heads, gmask, start, end, q, ones, cols = tf._fast_prologue(q_ptr, sl_ptr, b, hk, s, num_splits, stride_qb,
-                                                                stride_qh, inv_sqrt_d, GROUP, GP, D, False)
+                                                                stride_qh, inv_sqrt_d, GROUP, GP, D, KEY_FP8)
     m_i, l_i, acc, acc_z = tk._online_init(GP, D)
     bt_row = bt_ptr + b.to(tl.int64) * stride_btb
     for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
         in_seq, ok, region16, o = _soa_rows(bt_row, t0, end, num_blocks, hk, stride_cb16, stride_ch16,
                                             BLOCK_SIZE, BLOCK_T)
-        kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
-        if KP:
-            k16 = _planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, LUT_ASM if LUT == 2 else "",
-                            0x3F800000, 20, True)
+        if KEY_FP8:
+            k16 = _fp8_keys32(c32, (region16 + o * KS + KO) // 2, ok, D, BLOCK_T, PTX)
+            sc = tl.dot(q, tl.trans(k16)) * qk_scale
         else:
-            ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
-            k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T, LUT,
-                          LUT_ASM)
-        kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-        tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
-        sc = tl.dot(q, tl.trans(k16)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
+            kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
+            if KP:
+                k16 = _planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D,
+                                LUT_ASM if LUT == 2 else "", 0x3F800000, 20, True)
+            else:
+                ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
+                k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T,
+                              LUT, LUT_ASM)
+            kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
+            tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
+            sc = tl.dot(q, tl.trans(k16)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
-        if VP and LUT == 2:  # exact integers from the planes asm's table of fp16(0..7)
+        if VP and PTX:  # exact integers from the planes asm's table of fp16(0..7)
             v16 = _planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, tf.PLANES_VALUE_ASM, 0, 0, False)
         elif VP:
             vc = _planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, "", 0x6400, 0, False)
             v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
-        elif VBITS == 4 and LUT == 2:  # exact integer codes by the 0x6400 half2 trick (PTX)
+        elif VBITS == 4 and PTX:  # exact integer codes by the 0x6400 half2 trick
             e = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
                                           [vx0, vx1], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
             f = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
@@ -381,6 +441,10 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
                 BLOCK_T=block_t or cfg["block_t"], KBITS=spec.key_bits, VBITS=spec.value_bits,
                 NORM_CORR=spec.norm_correction_on_read, LUT=lut, LUT_ASM=tf._asm_for(spec, d, lut),
                 num_warps=num_warps or cfg["num_warps"], **tk._field_addr(spec, d, bs))
+    if x32:
+        meta.update(KEY_FP8=spec.key_fp8, PTX=query.device.type == "cuda" and not tf.tk_interpret())
+    elif spec.key_fp8:
+        raise ValueError("the 16-codes-per-thread block-SoA prototype (x32=False) has no fp8-key path")
     maxnreg = cfg.get("maxnreg") if maxnreg is None else maxnreg
     if maxnreg and query.device.type == "cuda" and not tf.tk_interpret():
         meta["maxnreg"] = maxnreg
