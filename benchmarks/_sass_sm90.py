@@ -109,7 +109,7 @@ def soa_decode_meta(spec, d: int = 128, block_size: int = 16, block_t: int = 128
     return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=tf._asm_for(spec, d, lut), KEY_FP8=spec.key_fp8, PTX=True,
-                **tk._field_addr(spec, d, block_size))
+                **tk._field_addr(spec, d, block_size), **tk._planes_flags(spec, d))
 
 
 def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int | None, div16: bool = True):

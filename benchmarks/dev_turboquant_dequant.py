@@ -163,7 +163,7 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
     split = kw.get("split", "none")
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=kw.get("block_t", cfg["block_t"]), TILES=kw.get("tiles_per_program", 2),
                 KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
-                **tk._field_addr(spec, d, bs), LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
+                **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d), LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
                 PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)), W32=bool(kw.get("w32", False)))
     sb = spec.slot_bytes(d)
     meta["EVEN"] = meta["W32"] and tf.codes_even(tk._field_addr(spec, d, bs), hk * bs * sb, bs * sb, sb)

@@ -127,10 +127,11 @@ def _decode_frag_kernel(
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, VARIANT: tl.constexpr,
-    KEY_FP8: tl.constexpr, PTX: tl.constexpr,
+    KEY_FP8: tl.constexpr, PTX: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
 ):
     """``_triton_soa._decode_soa4_kernel`` before the integration (the natural chunk loads, ``tl.trans(k16)``;
-    ``VARIANT`` 1: q and k in the kWidth-2 slot order).  Folded key norms (``NORM_CORR`` False)."""
+    ``VARIANT`` 1: q and k in the kWidth-2 slot order).  Folded key norms (``NORM_CORR`` False); 3-bit fields in
+    nibble-plane order (``KP`` / ``VP``) through ``_triton_soa._planes32`` as the package kernel reads them."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -148,9 +149,13 @@ def _decode_frag_kernel(
             ks = tl.full([BLOCK_T], 1.0, tl.float32) * qk_scale
         else:
             kx0, kx1, kx2, kx3 = _words_before(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
-            ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = ts._chunk_windows(kx0, kx1, kx2, kx3, KBITS)
-            k16 = ts._keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D,
-                             BLOCK_T, LUT, LUT_ASM)
+            if KP:
+                k16 = ts._planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D,
+                                   LUT_ASM if LUT == 2 else "", 0x3F800000, 20, True)
+            else:
+                ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = ts._chunk_windows(kx0, kx1, kx2, kx3, KBITS)
+                k16 = ts._keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D,
+                                 BLOCK_T, LUT, LUT_ASM)
             kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
             tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
             ks = kn * qk_scale
@@ -160,7 +165,13 @@ def _decode_frag_kernel(
             sc = tl.dot(q, tl.trans(k16)) * ks[None, :]
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_before(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
-        if VBITS == 4 and PTX:  # as _decode_soa4_kernel: exact integer codes by the 0x6400 half2 trick
+        if VP and PTX:  # as _decode_soa4_kernel: exact integers from the planes asm's table of fp16(0..7)
+            v16 = ts._planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, tf.PLANES_VALUE_ASM, 0, 0,
+                               False)
+        elif VP:
+            vc = ts._planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, "", 0x6400, 0, False)
+            v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+        elif VBITS == 4 and PTX:  # as _decode_soa4_kernel: exact integer codes by the 0x6400 half2 trick
             e = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
                                           [vx0, vx1], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
             f = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
@@ -185,7 +196,7 @@ def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, blo
     return dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=tf._asm_for(spec, d, lut), VARIANT=variant, KEY_FP8=spec.key_fp8, PTX=ptx,
-                **tk._field_addr(spec, d, bs))
+                **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d))
 
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,

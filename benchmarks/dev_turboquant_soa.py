@@ -2,7 +2,8 @@
 an in-block structure-of-arrays byte order for the TurboQuant cache, so the fast decode kernel's loads are wide and contiguous.
 
 Layout of one (block, KV head) region of ``block_size * slot_bytes`` bytes (same bytes per token,
-same quantizer, the same LSB-first bit stream inside each token's code field)::
+same quantizer; 3-bit code fields in nibble-plane bit order, ``TurboQuantSpec.code_order``, so the
+16-codes-per-thread ``soa_w*`` variants, which read vLLM's bit stream only, run on the 4-bit presets only)::
 
     [key codes of token 0 .. BS-1 : BS x key_index_bytes]     16-byte aligned (48 / 64 B each)
     [value codes of token 0 .. BS-1 : BS x value_index_bytes] 16-byte aligned
@@ -28,7 +29,7 @@ at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_tq_bench.ColdTimer``),
 
     python benchmarks/dev_turboquant_soa.py --out $OUT/soa.json
     python benchmarks/dev_turboquant_soa.py --record --commit X   # data/turboquant_soa_prototype_h200.json
-    python benchmarks/dev_turboquant_soa.py --profile soa_w32   # one Llama 32K 3bit_nc launch, for ncu
+    python benchmarks/dev_turboquant_soa.py --profile soa_x32   # one Llama 32K 3bit_nc launch, for ncu
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from _recording import default_dir
 from _tq_bench import ColdTimer, fill_paged, provenance, random_decode_inputs, sdpa
 from tqlab.turboquant import TQ_PRESETS, decode_attention, get_spec
 from tqlab.turboquant import _triton_fast as tf
+from tqlab.turboquant import _triton_kernels as tk
 from tqlab.turboquant import _triton_soa as ts
 from tqlab.turboquant.ops import decode_num_splits
 
@@ -89,6 +91,14 @@ def _call(variant, q, caches, bt, sl, spec, mid, out, lse, stats=None):
                             **kw)
 
 
+def _serves(variant, spec, d) -> bool:
+    """False for the ``soa_w*`` prototypes (``x32`` False) on a cache with nibble-plane fields:
+    ``_triton_soa.decode_attention`` refuses them (they read vLLM's bit stream only)."""
+    kind, kw = VARIANTS[variant]
+    planes = any(tk._planes_flags(get_spec(spec, "block_soa"), d).values())
+    return kind == "fast" or kw.get("x32", False) or not planes
+
+
 def check(log) -> list:
     rows = []
     for seed, (hq, hk, b, ctx) in enumerate([(32, 8, 4, 2048), (4, 1, 3, 3008)]):
@@ -105,7 +115,7 @@ def check(log) -> list:
             mid = torch.empty(b, hq, 32, d + 1, device="cuda")
             o_ref, l_ref = torch.empty(b, hq, d, device="cuda", dtype=torch.bfloat16), torch.empty(b, hq, device="cuda")
             decode_attention(q, cache, bt, sl, spec, d**-0.5, mid, o_ref, l_ref, backend="torch")
-            for var in VARIANTS:
+            for var in (v for v in VARIANTS if _serves(v, spec, d)):
                 mid = torch.full((b, hq, 32, d + 1), float("nan"), device="cuda")
                 out = torch.full((b, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
                 lse = torch.full((b, hq), float("nan"), device="cuda")
@@ -141,7 +151,7 @@ def timing(log, contexts, presets, rows, save, variants=None) -> list:
                 lse = torch.empty(b, hq, device="cuda")
                 row = {"shape": shape, "hq": hq, "hk": hk, "batch": b, "ctx": ctx, "preset": name, "splits": s,
                        "sdpa_ms": sdpa_ms}
-                for var in variants or VARIANTS:
+                for var in (v for v in variants or VARIANTS if _serves(v, spec, d)):
                     try:
                         st: dict = {}
                         _call(var, q, caches, bt, sl, spec, mid, out, lse, stats=st)

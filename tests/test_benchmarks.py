@@ -32,7 +32,6 @@ MODES = {
     "dev_turboquant_dequant": [[]],
     "dev_turboquant_fast": [[], ["--sections", "check"]],
     "dev_turboquant_frag": [[]],
-    "dev_turboquant_planes": [[]],
     "dev_turboquant_soa": [[]],
     "dev_turboquant_variants": [[], ["--quick"]],
 }
@@ -111,7 +110,7 @@ def test_benchmark_runs_without_record_leave_git_status_clean(scripts):
             "dev_turboquant_variants": ["--quick"], "bench_cuda_graphs": ["--iters", "1"],
             "dev_turboquant_fast": ["--sections", "check"], "dev_turboquant_soa": ["--contexts", "8192"],
             "dev_turboquant_frag": ["--contexts", "32768"],
-            "dev_turboquant_planes": ["--contexts", "8192"], "dev_turboquant_dequant": ["--contexts", "8192"],
+            "dev_turboquant_dequant": ["--contexts", "8192"],
             "bench_trace_overhead": ["--number", "2", "--repeats", "1"], "bench_inspect_vllm": ["--repeats", "1"]}
     assert sorted(runs) == SCRIPTS
     # bench_trace_overhead: 0 or 1 (its 2x target judged on 2 calls, noise); the CUDA ones refuse with 2

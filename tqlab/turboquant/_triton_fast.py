@@ -187,6 +187,149 @@ def _lut_group(w0, w1, w2, w3, KBITS: tl.constexpr, D: tl.constexpr, T: tl.const
                    D, T)
 
 
+# ----------------------------------------------------------------------------- nibble planes
+def _word(bs) -> int:
+    return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
+
+
+def planes_asm(table16: list[int] | None) -> str:
+    """PTX for ``tl.inline_asm_elementwise(pack=1)`` on a 3-bit field in nibble-plane order
+    (``TurboQuantSpec.code_order``): ``$16`` = a plane word ``L`` (``L0`` or ``L1``), ``$17`` = the
+    chunk's ``H`` shifted so that code ``j``'s high bit is at bit ``4j + 2`` (``H << 2`` for codes
+    0-15 of the chunk, ``H`` for codes 16-31) -> 16 fp16 ``$0 .. $15`` of codes ``0..15`` of that
+    half.  The ``prmt`` selector of 8 codes is ``(L & 0x33333333) | (H' & 0x44444444)`` (3 ops; the
+    next 8: both shifted right by 2 and 1 first).  ``table16``: the 8 fp16 bit patterns (key
+    centroids: low- and high-byte tables, two ``prmt`` to interleave); None = the values' table
+    fp16(0..7), whose low bytes are all zero (one ``prmt`` of the high bytes, two against zero)."""
+    key = ("planes", None if table16 is None else tuple(table16))
+    if key in _LUT_ASM:
+        return _LUT_ASM[key]
+    lines = ["{", ".reg .b32 s, t, u, l, h, r0, r1, z;", "mov.b32 z, 0;"]
+    if table16 is not None:
+        lo = [x & 0xFF for x in table16]
+        hi = [x >> 8 for x in table16]
+        tlo = (_word(lo[:4]), _word(lo[4:]))
+    else:
+        hi = [x >> 8 for x in _fp16_bits(np.arange(8))]
+    thi = (_word(hi[:4]), _word(hi[4:]))
+    for half in range(2):  # codes 8*half .. 8*half + 7
+        if half == 0:
+            lines += ["and.b32 s, $16, 0x33333333;", "and.b32 t, $17, 0x44444444;", "or.b32 s, s, t;"]
+        else:
+            lines += ["shr.b32 s, $16, 2;", "and.b32 s, s, 0x33333333;", "shr.b32 t, $17, 1;",
+                      "and.b32 t, t, 0x44444444;", "or.b32 s, s, t;"]
+        for quad in range(2):
+            sel = "s" if quad == 0 else "u"
+            if quad == 1:
+                lines.append("shr.b32 u, s, 16;")
+            o = 8 * half + 4 * quad
+            lines.append(f"prmt.b32 h, {thi[0]}, {thi[1]}, {sel};")
+            if table16 is not None:
+                lines += [f"prmt.b32 l, {tlo[0]}, {tlo[1]}, {sel};",
+                          "prmt.b32 r0, l, h, 0x5140;", "prmt.b32 r1, l, h, 0x7362;"]
+            else:
+                lines += ["prmt.b32 r0, h, z, 0x1404;", "prmt.b32 r1, h, z, 0x3424;"]
+            lines += [f"mov.b32 {{${o}, ${o + 1}}}, r0;", f"mov.b32 {{${o + 2}, ${o + 3}}}, r1;"]
+    lines.append("}")
+    _LUT_ASM[key] = "\n".join(lines)
+    return _LUT_ASM[key]
+
+
+def planes_key_asm(spec: TurboQuantSpec, d: int) -> str:
+    """:func:`planes_asm` with the fp16 Lloyd-Max centroids of 3-bit keys."""
+    if spec.key_bits != 3:
+        raise ValueError(f"nibble planes hold 3-bit codes; {spec.name} has {spec.key_bits}-bit keys")
+    return planes_asm(_fp16_bits(lloyd_max(3, d).centroids))
+
+
+# the values' tables, globals the kernels read as constexprs: fp16(0..7) (the SoA decode's MMA operand) and
+# the bits 0x6400 | code = fp16(1024 + code) (the fast dequant's, which subtracts 1024 as for the other fields)
+PLANES_VALUE_ASM = tl.constexpr(planes_asm(None))
+PLANES_VALUE1024_ASM = tl.constexpr(planes_asm([0x6400 | c for c in range(8)]))
+
+
+@triton.jit
+def _planes16(lw, hw, ASM: tl.constexpr):
+    """:func:`planes_asm` on int32 tensors: 16 fp16 tensors, codes 0..15 of each half chunk."""
+    return tl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r", [lw, hw],
+                                     dtype=(tl.float16,) * 16, is_pure=True, pack=1)
+
+
+@triton.jit
+def _plane_code(lw, hw, I: tl.constexpr, OR: tl.constexpr, LSB: tl.constexpr):
+    """Integer code ``I = 8r + j`` (``r`` 0/1) of a half chunk in nibble-plane order, ``lw`` = its
+    plane word, ``hw`` = ``H`` shifted as ``$17`` of :func:`planes_asm` (code ``j``'s high bit at
+    ``4j + 2``): ``(lw >> (4j + 2r)) & 3 | ((hw >> (4j + 2 + r)) & 1) << 2``, moved to bit ``LSB``
+    and OR'd with ``OR`` (the fallback where PTX does not run: the interpreter, ``LUT`` 0)."""
+    J: tl.constexpr = I % 8
+    R: tl.constexpr = I // 8
+    code = ((lw >> (4 * J + 2 * R)) & 3) | (((hw >> (4 * J + 2 + R)) & 1) << 2)
+    return (code << LSB) | OR
+
+
+@triton.jit
+def _planes_words(cache16_ptr, base16, ok, D: tl.constexpr):
+    """``(lw, hw)`` int32 ``[T, D // 16]`` of a nibble-plane field at 16-bit word ``base16``: group
+    ``g`` of 16 codes = half ``g % 2`` of chunk ``g // 2`` (6 words per chunk: ``L0, L1, H``);
+    ``lw`` = its plane word, ``hw`` = ``H << 2`` (half 0) or ``H`` (half 1), as :func:`planes_asm`."""
+    g = tl.arange(0, D // 16)
+    row = cache16_ptr + base16[:, None]
+    lp = row + ((g // 2) * 6 + (g % 2) * 2)[None, :]
+    hp = row + ((g // 2) * 6 + 4)[None, :]
+    m = ok[:, None]
+    lw = tl.load(lp, mask=m, other=0).to(tl.int32) | (tl.load(lp + 1, mask=m, other=0).to(tl.int32) << 16)
+    hw = tl.load(hp, mask=m, other=0).to(tl.int32) | (tl.load(hp + 1, mask=m, other=0).to(tl.int32) << 16)
+    return lw, tl.where((g % 2 == 0)[None, :], hw << 2, hw)
+
+
+@triton.jit
+def _planes_tile(lw, hw, T: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr, OR: tl.constexpr, LSB: tl.constexpr):
+    """``[T, D]`` of a nibble-plane field from :func:`_planes_words`, natural head-dim order (the
+    join tree :func:`_tree16`): fp16 table values by :func:`planes_asm` when ``ASM`` is given,
+    else int32 ``code << LSB | OR`` (:func:`_plane_code`)."""
+    if ASM != "":
+        e = _planes16(lw, hw, ASM)
+        e0, e1, e2, e3, e4, e5, e6, e7 = e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]
+        e8, e9, e10, e11, e12, e13, e14, e15 = e[8], e[9], e[10], e[11], e[12], e[13], e[14], e[15]
+    else:
+        e0, e1, e2, e3 = (_plane_code(lw, hw, 0, OR, LSB), _plane_code(lw, hw, 1, OR, LSB),
+                          _plane_code(lw, hw, 2, OR, LSB), _plane_code(lw, hw, 3, OR, LSB))
+        e4, e5, e6, e7 = (_plane_code(lw, hw, 4, OR, LSB), _plane_code(lw, hw, 5, OR, LSB),
+                          _plane_code(lw, hw, 6, OR, LSB), _plane_code(lw, hw, 7, OR, LSB))
+        e8, e9, e10, e11 = (_plane_code(lw, hw, 8, OR, LSB), _plane_code(lw, hw, 9, OR, LSB),
+                            _plane_code(lw, hw, 10, OR, LSB), _plane_code(lw, hw, 11, OR, LSB))
+        e12, e13, e14, e15 = (_plane_code(lw, hw, 12, OR, LSB), _plane_code(lw, hw, 13, OR, LSB),
+                              _plane_code(lw, hw, 14, OR, LSB), _plane_code(lw, hw, 15, OR, LSB))
+    return _tree16(e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15, D, T)
+
+
+@triton.jit
+def _planes_keys(cache16_ptr, kb16, ok, c0, c1, c2, c3, c4, c5, c6, c7, D: tl.constexpr, T: tl.constexpr,
+                 LUT: tl.constexpr, LUT_ASM: tl.constexpr):
+    """fp16 key centroids ``[T, D]`` of a 3-bit key field in nibble-plane order (the fast dequant's
+    ``KP``): LUT 2 = :func:`planes_key_asm` (in ``LUT_ASM``), else the exact polynomial."""
+    kl, kh = _planes_words(cache16_ptr, kb16, ok, D)
+    if LUT == 2:
+        yh = _planes_tile(kl, kh, T, D, LUT_ASM, 0, 0)
+    else:
+        x = _planes_tile(kl, kh, T, D, "", 0x3F800000, 20).to(tl.float32, bitcast=True)
+        yh = tk._centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, 3).to(tl.float16)
+    return yh
+
+
+@triton.jit
+def _planes_values(cache16_ptr, vb16, ok, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr):
+    """int32 ``0x6400 | code`` ``[T, D]`` of a 3-bit value field in nibble-plane order (the fast
+    dequant's ``VP``; the caller's ``bits(.) - 1024`` gives the exact integer codes): LUT 2 =
+    :data:`PLANES_VALUE1024_ASM` (a ``prmt`` table of those bits), else :func:`_plane_code`."""
+    vl, vh = _planes_words(cache16_ptr, vb16, ok, D)
+    if LUT == 2:
+        vc = _planes_tile(vl, vh, T, D, PLANES_VALUE1024_ASM, 0, 0).to(tl.int16, bitcast=True).to(tl.int32)
+    else:
+        vc = _planes_tile(vl, vh, T, D, "", 0x6400, 0)
+    return vc
+
+
 # ----------------------------------------------------------------------------- group unpacking
 @triton.jit
 def _pick(w0, w1, w2, w3, w4, w5, w6, w7, K: tl.constexpr):
@@ -638,6 +781,10 @@ def _num_sms(device) -> int:
 
 
 def _asm_for(spec: TurboQuantSpec, d: int, lut: int) -> str:
+    """The key table asm for ``LUT``: 2 = per group of 16 codes (:func:`planes_key_asm` where the key
+    field is in nibble-plane order, ``TurboQuantSpec.code_order``), 1 = per 4 byte codes, 0 = none."""
+    if lut == 2 and not spec.key_fp8 and spec.code_order("key_idx", d) == "planes":
+        return planes_key_asm(spec, d)
     return {0: "", 1: lut_asm, 2: lut_group_asm}[lut](spec, d) if lut else ""
 
 
@@ -666,7 +813,14 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
                      maxnreg: int | None = None, stats: dict | None = None, prefetch: bool | None = None,
                      norm_mma: bool | None = None, staged: bool | None = None):
     """The fast split kernel, then the portable reduction (``_triton_kernels._reduce_kernel``).
-    ``staged``: whole cache blocks through shared memory (:func:`_decode_staged_kernel`)."""
+    ``staged``: whole cache blocks through shared memory (:func:`_decode_staged_kernel`).
+
+    Raises:
+        ValueError: a cache with nibble-plane code fields (``TurboQuantSpec.code_order``; block-SoA
+            caches of the 3-bit presets take ``_triton_soa`` or the portable decode, ``ops``)."""
+    if any(tk._planes_flags(spec, query.shape[-1]).values()):
+        raise ValueError(f"_triton_fast.decode_attention reads vLLM's bit stream only; {spec.name} on "
+                         f"{spec.cache_layout} has nibble-plane code fields (TurboQuantSpec.code_order)")
     cfg = FAST_DEFAULTS["fast_decode"]
     block_t = block_t or cfg["block_t"]
     opts = {"num_warps": num_warps or cfg["num_warps"]}
@@ -705,6 +859,7 @@ def _dequant_fast_kernel(
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     PART: tl.constexpr = 3, V8: tl.constexpr = False, W32: tl.constexpr = False, EVEN: tl.constexpr = False,
+    KP: tl.constexpr = False, VP: tl.constexpr = False,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
     writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs.
@@ -715,7 +870,9 @@ def _dequant_fast_kernel(
     by side).  ``V8``: values unpacked 8 codes per thread (:func:`_codes8`), the layout of the
     16-byte store, so they skip the layout conversion through shared memory.  ``W32``: the code words of
     2- to 4-bit fields read as aligned 32-bit words of ``cache32_ptr`` (:func:`_group_words32`); ``EVEN``:
-    every code field starts at an even 16-bit word (block-SoA), so 4-bit groups need no shift."""
+    every code field starts at an even 16-bit word (block-SoA), so 4-bit groups need no shift.  ``KP`` /
+    ``VP``: key / value codes in nibble-plane order (``_triton_kernels._planes_flags``), cut by
+    :func:`_planes_keys` / :func:`_planes_values` (``V8`` and ``W32`` do not apply to them)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     if PART == 0:
@@ -736,7 +893,9 @@ def _dequant_fast_kernel(
         fk, fn, fv, fs, fz, ok = tk._field_bases(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch, stride_ct,
                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         if do_v:
-            if V8:
+            if VP:
+                vc = _planes_values(cache16_ptr, fv, ok, D, BLOCK_T, LUT)
+            elif V8:
                 vc = _codes8(cache16_ptr, fv, ok, VBITS, D, BLOCK_T, 0x6400, cache32_ptr, W32 and EVEN)
             elif W32 and VBITS <= 4:
                 vw0, vw1, vw2, vw3, vw4, vw5, vw6, vw7 = _group_words32(cache32_ptr, fv, ok, VBITS, D, EVEN)
@@ -756,12 +915,15 @@ def _dequant_fast_kernel(
             kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
             tl.store(k_head + t[:, None] * stride_kt + cols[None, :], kf, mask=in_len[:, None])
         else:
-            if W32:
+            if KP:
+                yh = _planes_keys(cache16_ptr, fk, ok, c0, c1, c2, c3, c4, c5, c6, c7, D, BLOCK_T, LUT, LUT_ASM)
+            elif W32:
                 kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words32(cache32_ptr, fk, ok, KBITS, D, EVEN)
             else:
                 kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words(cache16_ptr, fk, ok, 0, KBITS, D)
-            yh = _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
-                              KBITS, D, BLOCK_T, LUT, LUT_ASM)
+            if not KP:
+                yh = _centroids16(kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7, c0, c1, c2, c3, c4, c5, c6, c7,
+                                  KBITS, D, BLOCK_T, LUT, LUT_ASM)
             fac = tl.load(cache16_ptr + fn, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
             if NORM_CORR:
                 y32 = yh.to(tl.float32)
@@ -841,7 +1003,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
             k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d))
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles, KEY_FP8=spec.key_fp8, KBITS=spec.key_bits,
                 VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, **fields, LUT=lut,
-                LUT_ASM=_asm_for(spec, d, lut), V8=v8, W32=w32, EVEN=even, **opts)
+                LUT_ASM=_asm_for(spec, d, lut), V8=v8, W32=w32, EVEN=even, **tk._planes_flags(spec, d), **opts)
     if split == "launch":
         _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=1)
         kern = _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=2)

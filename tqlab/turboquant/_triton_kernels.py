@@ -106,11 +106,15 @@ def _centroid_poly(spec: TurboQuantSpec, d: int) -> tuple[float, ...]:
 
 # ----------------------------------------------------------------------------- helpers
 @triton.jit
-def _store_codes(cache_ptr, base, codes, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
-    """Bit-pack int32 codes [ROWS, D] into the field at byte ``base + OFF`` of each row."""
+def _store_codes(cache_ptr, base, codes, mask, OFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+                 PLANES: tl.constexpr = False):
+    """Bit-pack int32 codes [ROWS, D] into the field at byte ``base + OFF`` of each row: vLLM's
+    LSB-first stream, or with ``PLANES`` (3 bits, ``TurboQuantSpec.code_order``) the nibble planes."""
     if BITS == 8:
         cols = tl.arange(0, D)
         tl.store(cache_ptr + base[:, None] + OFF + cols[None, :], codes.to(tl.uint8), mask=mask[:, None])
+    elif PLANES:
+        _store_planes(cache_ptr, base, codes, mask, OFF, D, ROWS)
     else:
         c3 = tl.reshape(codes.to(tl.int64), (ROWS, D // 8, 8))
         sh = (tl.arange(0, 8) * BITS).to(tl.int64)
@@ -119,6 +123,27 @@ def _store_codes(cache_ptr, base, codes, mask, OFF: tl.constexpr, BITS: tl.const
         for m in tl.static_range(BITS):
             byte = ((word >> (8 * m)) & 255).to(tl.uint8)
             tl.store(cache_ptr + base[:, None] + OFF + g[None, :] * BITS + m, byte, mask=mask[:, None])
+
+
+@triton.jit
+def _store_planes(cache_ptr, base, codes, mask, OFF: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+    """3-bit codes [ROWS, D] as nibble planes (``quant.planes_from_codes``): code ``i = 8r + j`` of a
+    32-code chunk puts its low 2 bits at bit ``4j + 2 (r % 2)`` of word ``r // 2`` (``L0``, ``L1``)
+    and its high bit at bit ``4j + r`` of word 2 (``H``); the chunk's 12 bytes are stored LE."""
+    c3 = tl.reshape(codes.to(tl.int64), (ROWS, D // 32, 32))
+    i = tl.arange(0, 32)
+    j4 = ((i % 8) * 4).to(tl.int64)
+    r = (i // 8).to(tl.int64)
+    lo = (c3 & 3) << (j4 + 2 * (r % 2))[None, None, :]  # disjoint bit ranges: sum == or
+    l0 = tl.sum(tl.where((i < 16)[None, None, :], lo, 0), axis=2)
+    l1 = tl.sum(tl.where((i >= 16)[None, None, :], lo, 0), axis=2)
+    hw = tl.sum(((c3 >> 2) & 1) << (j4 + r)[None, None, :], axis=2)
+    ch = tl.arange(0, D // 32)
+    ptr = cache_ptr + base[:, None] + OFF + ch[None, :] * 12
+    for m in tl.static_range(4):
+        tl.store(ptr + m, ((l0 >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
+        tl.store(ptr + 4 + m, ((l1 >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
+        tl.store(ptr + 8 + m, ((hw >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
 
 
 @triton.jit
@@ -155,13 +180,14 @@ def _store_kernel(
     D: tl.constexpr, BLOCK_N: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_FOLD: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
-    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
 ):
     """Quantize BLOCK_N tokens of KV head ``h``; each field goes to word ``region + XO + o * XS`` of
     its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order).
     ``NORM_FOLD`` (``TurboQuantSpec.norm_folded``): the norm field gets ``||k|| / ||c_hat||``,
     ``c_hat`` gathered from the fp32 centroid table ``cent_ptr``, IEEE sqrt and divide (vLLM 0.33's
-    SoA ``_tq_fused_store_mse`` step 3, "Opt#1")."""
+    SoA ``_tq_fused_store_mse`` step 3, "Opt#1").  ``KP`` / ``VP`` (:func:`_planes_flags`): the key /
+    value codes in nibble-plane order."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -193,7 +219,7 @@ def _store_kernel(
         idx = tl.zeros([BLOCK_N, D], dtype=tl.int32)
         for i in tl.static_range((1 << KBITS) - 1):
             idx += (y > tl.load(bnd_ptr + i)).to(tl.int32)
-        _store_codes(cache_ptr, 2 * (region16 + o * KS + KO), idx, ok, 0, KBITS, D, BLOCK_N)
+        _store_codes(cache_ptr, 2 * (region16 + o * KS + KO), idx, ok, 0, KBITS, D, BLOCK_N, KP)
         if NORM_FOLD:  # ||c_hat|| > 0: an even Lloyd-Max codebook has no zero centroid
             cv = tl.load(cent_ptr + idx)
             nrm = tl.div_rn(nrm, tl.sqrt_rn(tl.sum(cv * cv, axis=1)))
@@ -213,7 +239,7 @@ def _store_kernel(
     q = tl.floor((v - zf[:, None]) / safe[:, None] + 0.5)
     q = tl.where(sf[:, None] > 0, q, 0.0)
     q = tl.minimum(tl.maximum(q, 0.0), levels).to(tl.int32)
-    _store_codes(cache_ptr, 2 * (region16 + o * VS + VO), q, ok, 0, VBITS, D, BLOCK_N)
+    _store_codes(cache_ptr, 2 * (region16 + o * VS + VO), q, ok, 0, VBITS, D, BLOCK_N, VP)
     tl.store(cache16_ptr + region16 + o * SS + SO, scale, mask=ok)
     tl.store(cache16_ptr + region16 + o * ZS + ZO, zero, mask=ok)
 
@@ -233,55 +259,78 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
         1.0 / math.sqrt(d),
         D=d, BLOCK_N=block_n,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_FOLD=spec.norm_folded,
-        **_field_addr(spec, d, bs), num_warps=num_warps,
+        **_field_addr(spec, d, bs), **_planes_flags(spec, d), num_warps=num_warps,
     )
 
 
 # ----------------------------------------------------------------------------- token tile load
 @triton.jit
-def _words_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr):
+def _words_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
+             PLANES: tl.constexpr = False):
     """The packed field at 16-bit word ``base16 + WOFF`` of each token (column), as three int32
     tensors ``[NG, COLS]``: the words 0, 1, 2 of each group of codes (word 2 only for 3 bits;
     else a copy of word 1).  Groups of ``CPG`` codes span ``WPG`` 16-bit words (2 bits: 16 codes
-    / 2 words, 3: 16 / 3, 4: 8 / 2, 8: 4 / 2); each word is loaded once."""
+    / 2 words, 3: 16 / 3, 4: 8 / 2, 8: 4 / 2); each word is loaded once.  ``PLANES`` (3 bits in
+    nibble-plane order, ``TurboQuantSpec.code_order``): group ``g`` = half ``g % 2`` of chunk
+    ``g // 2``; word 0 = its 32-bit plane word (``L0`` or ``L1``), word 1 = the chunk's ``H``
+    shifted right by ``2 * (g % 2)`` (so code ``8r' + j`` of the group has its high bit at
+    ``4j + r'``), word 2 = word 1."""
     CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
     WPG: tl.constexpr = CPG * BITS // 16
     g = tl.arange(0, D // CPG)
-    ptr = cache16_ptr + (base16[None, :] + WOFF) + g[:, None] * WPG
-    w0 = tl.load(ptr, mask=mask[None, :], other=0).to(tl.int32)  # uint16 words: zero-extended
-    w1 = tl.load(ptr + 1, mask=mask[None, :], other=0).to(tl.int32)
-    if WPG == 3:
-        w2 = tl.load(ptr + 2, mask=mask[None, :], other=0).to(tl.int32)
-    else:
+    if PLANES:
+        ptr = cache16_ptr + (base16[None, :] + WOFF) + ((g // 2) * 6)[:, None]
+        lw = ptr + ((g % 2) * 2)[:, None]
+        w0 = tl.load(lw, mask=mask[None, :], other=0).to(tl.int32) | (
+            tl.load(lw + 1, mask=mask[None, :], other=0).to(tl.int32) << 16)
+        hw = tl.load(ptr + 4, mask=mask[None, :], other=0).to(tl.int32) | (
+            tl.load(ptr + 5, mask=mask[None, :], other=0).to(tl.int32) << 16)
+        w1 = hw >> ((g % 2) * 2)[:, None]  # arithmetic shift: only bits >= 30 see the sign, unused
         w2 = w1
+    else:
+        ptr = cache16_ptr + (base16[None, :] + WOFF) + g[:, None] * WPG
+        w0 = tl.load(ptr, mask=mask[None, :], other=0).to(tl.int32)  # uint16 words: zero-extended
+        w1 = tl.load(ptr + 1, mask=mask[None, :], other=0).to(tl.int32)
+        if WPG == 3:
+            w2 = tl.load(ptr + 2, mask=mask[None, :], other=0).to(tl.int32)
+        else:
+            w2 = w1
     return w0, w1, w2
 
 
 @triton.jit
 def _cut_t(w0, w1, w2, BITS: tl.constexpr, D: tl.constexpr, COLS: tl.constexpr, OR: tl.constexpr,
-           NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0):
+           NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0, PLANES: tl.constexpr = False):
     """``codes | OR`` (int32 ``[D, COLS]``, one column per token) from :func:`_words_t`.
 
     Two neighbouring words make a 32-bit window ``u = w0 | w1 << 16``; a code is
     ``(u >> shift) & mask`` (for 3 bits, codes 10..15 of a group come from the window over words
-    1 and 2), placed at bit ``LSB`` (``code << LSB``, then ``| OR``).  Row ``r = i * NG + g`` holds code ``g * CPG + i`` (group ``g``, position ``i``;
-    :func:`_perm` maps rows to head dims), or code ``r`` with ``NATURAL``.  A thread keeps whole
-    tokens, so sums over D stay in registers."""
+    1 and 2), placed at bit ``LSB`` (``code << LSB``, then ``| OR``).  ``PLANES``: code ``8r' + j``
+    of a group is ``(w0 >> (4j + 2r')) & 3 | ((w1 >> (4j + r')) & 1) << 2``.  Row ``r = i * NG + g``
+    holds code ``g * CPG + i`` (group ``g``, position ``i``; :func:`_perm` maps rows to head dims),
+    or code ``r`` with ``NATURAL``.  A thread keeps whole tokens, so sums over D stay in registers."""
     CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
     WPG: tl.constexpr = CPG * BITS // 16
-    pos = tl.arange(0, CPG) * BITS
-    lo = w0 | (w1 << 16)
-    if WPG == 3:
-        hi = (pos + BITS) > 32
-        src = tl.where(hi[:, None, None], (w1 | (w2 << 16))[None, :, :], lo[None, :, :])
-        sh = tl.where(hi, pos - 16, pos)
+    if PLANES:
+        i = tl.arange(0, CPG)
+        sl = ((i % 8) * 4 + (i // 8) * 2)[:, None, None]
+        sh = ((i % 8) * 4 + i // 8)[:, None, None]
+        code = ((w0[None, :, :] >> sl) & 3) | (((w1[None, :, :] >> sh) & 1) << 2)
+        c = (code << LSB) | OR
     else:
-        src = lo[None, :, :]
-        sh = pos
-    # code moved to bit LSB (a per-register constant shift, left or right), masked, OR'd
-    sh = sh[:, None, None] - LSB
-    src = tl.where(sh >= 0, src >> tl.maximum(sh, 0), src << tl.maximum(-sh, 0))
-    c = (src & (((1 << BITS) - 1) << LSB)) | OR
+        pos = tl.arange(0, CPG) * BITS
+        lo = w0 | (w1 << 16)
+        if WPG == 3:
+            hi = (pos + BITS) > 32
+            src = tl.where(hi[:, None, None], (w1 | (w2 << 16))[None, :, :], lo[None, :, :])
+            sh = tl.where(hi, pos - 16, pos)
+        else:
+            src = lo[None, :, :]
+            sh = pos
+        # code moved to bit LSB (a per-register constant shift, left or right), masked, OR'd
+        sh = sh[:, None, None] - LSB
+        src = tl.where(sh >= 0, src >> tl.maximum(sh, 0), src << tl.maximum(-sh, 0))
+        c = (src & (((1 << BITS) - 1) << LSB)) | OR
     if NATURAL:
         c = tl.permute(c, (1, 0, 2))
     return tl.reshape(c, (D, COLS))
@@ -289,10 +338,11 @@ def _cut_t(w0, w1, w2, BITS: tl.constexpr, D: tl.constexpr, COLS: tl.constexpr, 
 
 @triton.jit
 def _unpack_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
-              COLS: tl.constexpr, OR: tl.constexpr, NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0):
+              COLS: tl.constexpr, OR: tl.constexpr, NATURAL: tl.constexpr = False, LSB: tl.constexpr = 0,
+              PLANES: tl.constexpr = False):
     """:func:`_cut_t` of :func:`_words_t`: load and unpack one field of COLS tokens."""
-    w0, w1, w2 = _words_t(cache16_ptr, base16, mask, WOFF, BITS, D)
-    return _cut_t(w0, w1, w2, BITS, D, COLS, OR, NATURAL, LSB)
+    w0, w1, w2 = _words_t(cache16_ptr, base16, mask, WOFF, BITS, D, PLANES)
+    return _cut_t(w0, w1, w2, BITS, D, COLS, OR, NATURAL, LSB, PLANES)
 
 
 @triton.jit
@@ -354,7 +404,8 @@ def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, 
                   D: tl.constexpr, BLOCK_T: tl.constexpr,
                   KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
                   KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr,
-                  VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr):
+                  VS: tl.constexpr, SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
+                  KP: tl.constexpr, VP: tl.constexpr):
     """Dequantize tokens ``t`` ([BLOCK_T]) of KV head ``h``; ``sg`` = the +-1 signs (fp16 [D, D]).
     ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read`` (False on a folded block-SoA cache)."""
     in_len = t < cached_len
@@ -363,7 +414,7 @@ def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, 
     rows = tl.arange(0, D)
     k_head = k_ptr + h.to(tl.int64) * stride_kh  # int32 offsets inside one head: L * D < 2**31
     v_head = v_ptr + h.to(tl.int64) * stride_vh
-    vc = _unpack_t(cache16_ptr, vb16, ok, 0, VBITS, D, BLOCK_T, 0x6400, True)
+    vc = _unpack_t(cache16_ptr, vb16, ok, 0, VBITS, D, BLOCK_T, 0x6400, True, 0, VP)
     vs = tl.load(cache16_ptr + sb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     vz = tl.load(cache16_ptr + zb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     vv = vz[None, :] + vs[None, :] * (vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0).to(tl.float32)
@@ -373,7 +424,8 @@ def _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, 
         kf = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         tl.store(k_head + t[None, :] * stride_kt + rows[:, None], kf, mask=in_len[None, :])
     else:
-        x = _unpack_t(cache16_ptr, kb16, ok, 0, KBITS, D, BLOCK_T, 0x3F800000, True, 23 - KBITS).to(tl.float32, bitcast=True)
+        x = _unpack_t(cache16_ptr, kb16, ok, 0, KBITS, D, BLOCK_T, 0x3F800000, True, 23 - KBITS, KP).to(tl.float32,
+                                                                                                     bitcast=True)
         yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
         fac = tl.load(cache16_ptr + nb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         if NORM_CORR:
@@ -394,7 +446,7 @@ def _dequant_kernel(
     BLOCK_SIZE: tl.constexpr, D: tl.constexpr, BLOCK_T: tl.constexpr, TILES: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
-    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head (the sign matrix is loaded
     once per program); a thread keeps whole tokens ([D, BLOCK_T] tiles)."""
@@ -407,7 +459,7 @@ def _dequant_kernel(
         _dequant_tile(cache16_ptr, bt_ptr, k_ptr, v_ptr, sg, t, c0, c1, c2, c3, c4, c5, c6, c7,
                       cached_len, BLOCK_SIZE, num_blocks, h,
                       stride_cb, stride_ch, stride_ct, stride_kh, stride_kt, stride_vh, stride_vt, inv_sqrt_d,
-                      D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
+                      D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS, KP, VP)
 
 
 def _field_words(spec: TurboQuantSpec, d: int) -> dict:
@@ -415,6 +467,13 @@ def _field_words(spec: TurboQuantSpec, d: int) -> dict:
     byte); the staged experiment of ``_triton_fast`` reads whole slots with them."""
     off = spec.offsets(d)
     return dict(KNORM_W=max(off["key_norm"], 0) // 2, VIDX_W=off["val_idx"] // 2, VSCALE_W=off["val_scale"] // 2)
+
+
+def _planes_flags(spec: TurboQuantSpec, d: int) -> dict:
+    """Kernel constexprs ``KP, VP``: the key / value code field is in nibble-plane order
+    (:meth:`TurboQuantSpec.code_order` is ``"planes"``: 3-bit fields of the block-SoA layout)."""
+    kp = not spec.key_fp8 and spec.code_order("key_idx", d) == "planes"
+    return {"KP": kp, "VP": spec.code_order("val_idx", d) == "planes"}
 
 
 def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
@@ -450,7 +509,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
-        **_field_addr(spec, d, bs), **opts,
+        **_field_addr(spec, d, bs), **_planes_flags(spec, d), **opts,
     )
     _record(stats, kern)
 
@@ -478,13 +537,13 @@ def _key_order(x, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def _tile_words(cache16_ptr, kb16, nb16, vb16, sb16, zb16, ok, D: tl.constexpr, KB: tl.constexpr,
-                VBITS: tl.constexpr):
+                VBITS: tl.constexpr, KP: tl.constexpr = False, VP: tl.constexpr = False):
     """Every 16-bit word a decode tile needs (word addresses of :func:`_field_bases`): key words,
     key norm (f32; fp8 keys read a dummy), value words, value scale and zero (f32); masked-out
     tokens read as zeros."""
-    k0, k1, k2 = _words_t(cache16_ptr, kb16, ok, 0, KB, D)
+    k0, k1, k2 = _words_t(cache16_ptr, kb16, ok, 0, KB, D, KP)
     kn = tl.load(cache16_ptr + nb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
-    v0, v1, v2 = _words_t(cache16_ptr, vb16, ok, 0, VBITS, D)
+    v0, v1, v2 = _words_t(cache16_ptr, vb16, ok, 0, VBITS, D, VP)
     vs = tl.load(cache16_ptr + sb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     vz = tl.load(cache16_ptr + zb16, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
     return k0, k1, k2, kn, v0, v1, v2, vs, vz
@@ -494,7 +553,7 @@ def _tile_words(cache16_ptr, kb16, nb16, vb16, sb16, zb16, ok, D: tl.constexpr, 
 def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
                  c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
                  D: tl.constexpr, BLOCK_T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
-                 VBITS: tl.constexpr, NORM_CORR: tl.constexpr):
+                 VBITS: tl.constexpr, NORM_CORR: tl.constexpr, KP: tl.constexpr = False, VP: tl.constexpr = False):
     """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns).
     ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read``: divide the stored norm by ``||y_hat||``
     here, unless the store already folded it in (block-SoA ``_nc`` caches)."""
@@ -503,7 +562,7 @@ def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, a
         k_t = kb.to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
         kfac = tl.full([BLOCK_T], 1.0, dtype=tl.float32)
     else:
-        x = _cut_t(k0, k1, k2, KBITS, D, BLOCK_T, 0x3F800000, False, 23 - KBITS).to(tl.float32, bitcast=True)
+        x = _cut_t(k0, k1, k2, KBITS, D, BLOCK_T, 0x3F800000, False, 23 - KBITS, KP).to(tl.float32, bitcast=True)
         yh = _centroid_value(x, c0, c1, c2, c3, c4, c5, c6, c7, KBITS)  # [D, BLOCK_T]
         kfac = kn
         if NORM_CORR:
@@ -512,7 +571,7 @@ def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, a
         k_t = yh.to(tl.float16)
     sc = tl.dot(q, k_t) * (kfac * qk_scale)[None, :]  # [GP, BLOCK_T], log2 units
     m_new, alpha, p, l_i = _online_step(sc, in_seq, m_i, l_i)
-    vc = _cut_t(v0, v1, v2, VBITS, D, BLOCK_T, 0x6400)
+    vc = _cut_t(v0, v1, v2, VBITS, D, BLOCK_T, 0x6400, False, 0, VP)
     v_t = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0  # exact integer codes [D, BLOCK_T]
     acc = acc * alpha[:, None] + tl.dot((p * vs[None, :]).to(tl.float16), tl.trans(v_t))
     acc_z = acc_z * alpha + tl.sum(p * vz[None, :], axis=1)
@@ -584,7 +643,7 @@ def _decode_split_kernel(
     D: tl.constexpr, BLOCK_T: tl.constexpr, KC: tl.constexpr, NUM_STAGES: tl.constexpr, PREFETCH: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
-    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr,
+    SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
 ):
     """One program = one (request, KV head, split): the whole query group (GP rows, GROUP real)
     against each packed slot, loaded once.  Scores in the log2 domain (``qk_scale`` includes
@@ -610,15 +669,15 @@ def _decode_split_kernel(
         t = start + tl.arange(0, BLOCK_T)
         fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, t < end, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
                                               KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
-        k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
+        k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS, KP, VP)
         for t0 in tl.range(start, end, BLOCK_T, num_stages=1):
             tn = t0 + BLOCK_T + tl.arange(0, BLOCK_T)
             fk, fn, fv, fs, fz, ok_n = _field_bases(bt_row, tn, tn < end, BLOCK_SIZE, num_blocks, hk, stride_cb,
                                                     stride_ch, stride_ct, KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
-            nxt = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok_n, D, KB, VBITS)
+            nxt = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok_n, D, KB, VBITS, KP, VP)
             m_i, l_i, acc, acc_z = _tile_update(
                 q, k0, k1, k2, kn, v0, v1, v2, vs, vz, (t0 + tl.arange(0, BLOCK_T)) < end, m_i, l_i, acc, acc_z,
-                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
+                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KP, VP)
             k0, k1, k2, kn, v0, v1, v2, vs, vz = nxt
     else:
         for t0 in tl.range(start, end, BLOCK_T, num_stages=NUM_STAGES):
@@ -626,10 +685,10 @@ def _decode_split_kernel(
             in_seq = t < end
             fk, fn, fv, fs, fz, ok = _field_bases(bt_row, t, in_seq, BLOCK_SIZE, num_blocks, hk, stride_cb, stride_ch, stride_ct,
                                                   KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
-            k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS)
+            k0, k1, k2, kn, v0, v1, v2, vs, vz = _tile_words(cache16_ptr, fk, fn, fv, fs, fz, ok, D, KB, VBITS, KP, VP)
             m_i, l_i, acc, acc_z = _tile_update(
                 q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
-                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR)
+                c0, c1, c2, c3, c4, c5, c6, c7, qk_scale, D, BLOCK_T, KEY_FP8, KBITS, VBITS, NORM_CORR, KP, VP)
 
     _store_partial(mid_ptr, b, heads, gmask, s, m_i, l_i, acc, acc_z, _perm(D, VBITS), stride_mb, stride_mh, stride_ms, D)
 
@@ -682,7 +741,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
         D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages, PREFETCH=prefetch,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
-        **_field_addr(spec, d, bs), **opts,
+        **_field_addr(spec, d, bs), **_planes_flags(spec, d), **opts,
     )
     _record(stats, kern)
     reduce(mid_out, output, lse)

@@ -13,7 +13,13 @@ addresses; only the decode has a kernel of its own here:
   tiles, 4 warps, at most 128 registers (4 CTAs per SM); the key tile goes to the score MMA in
   registers (below).
 * ``_decode_soa_kernel`` (prototype kept for the driver's comparison): the fast kernel's 16 codes
-  per thread on this order, ``W32`` = two aligned 32-bit loads per group.
+  per thread on this order, ``W32`` = two aligned 32-bit loads per group; it reads vLLM's bit
+  stream only, so :func:`decode_attention` refuses it for a cache with nibble-plane fields (the
+  3-bit presets, ``TurboQuantSpec.code_order``).
+
+3-bit code fields on this layout are nibble planes (``TurboQuantSpec.code_order``, words ``L0, L1,
+H`` per 32-code chunk): the 8-code ``prmt`` selector is 3 ops (``_triton_fast.planes_asm``) instead
+of ~22; static SASS of the 3bit_nc loop ``benchmarks/NOTES_turboquant.md`` "Nibble planes, integrated".
 
 Then ``_triton_kernels``' reduction.  Every preset: fp8 keys (k8v4) too, two 16-byte loads per 32 key bytes
 converted by ``cvt.rn.f16x2.e4m3x2`` (issue 20; the portable kernel's one-token-per-lane loads gained nothing
@@ -368,6 +374,40 @@ def _keys32(a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, c4, c5, c6, c7,
 
 
 @triton.jit
+def _planes32(x0, x1, x2, c0, c1, c2, c3, c4, c5, c6, c7, T: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr,
+              OR: tl.constexpr, LSB: tl.constexpr, CENT: tl.constexpr):
+    """``[T, D]`` of a 3-bit field in nibble-plane order from the chunk words ``x0, x1, x2`` = ``L0,
+    L1, H`` (:func:`_words_x32`): with ``ASM`` (``_triton_fast.planes_asm``) fp16 table values, the
+    half chunks ``(L0, H << 2)`` and ``(L1, H)``; else (the interpreter, ``LUT`` 0) the integer
+    codes ``code << LSB | OR`` of ``_triton_fast._plane_code``, fp16 centroids by the exact
+    polynomial with ``CENT`` (3-bit keys), int32 otherwise."""
+    h2 = x2 << 2
+    if ASM != "":
+        e = tf._planes16(x0, h2, ASM)
+        f = tf._planes16(x1, x2, ASM)
+        r = _tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13], e[14],
+                    e[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13],
+                    f[14], f[15], T, D)
+    else:
+        r = _tree32(
+            tf._plane_code(x0, h2, 0, OR, LSB), tf._plane_code(x0, h2, 1, OR, LSB), tf._plane_code(x0, h2, 2, OR, LSB),
+            tf._plane_code(x0, h2, 3, OR, LSB), tf._plane_code(x0, h2, 4, OR, LSB), tf._plane_code(x0, h2, 5, OR, LSB),
+            tf._plane_code(x0, h2, 6, OR, LSB), tf._plane_code(x0, h2, 7, OR, LSB), tf._plane_code(x0, h2, 8, OR, LSB),
+            tf._plane_code(x0, h2, 9, OR, LSB), tf._plane_code(x0, h2, 10, OR, LSB), tf._plane_code(x0, h2, 11, OR, LSB),
+            tf._plane_code(x0, h2, 12, OR, LSB), tf._plane_code(x0, h2, 13, OR, LSB), tf._plane_code(x0, h2, 14, OR, LSB),
+            tf._plane_code(x0, h2, 15, OR, LSB),
+            tf._plane_code(x1, x2, 0, OR, LSB), tf._plane_code(x1, x2, 1, OR, LSB), tf._plane_code(x1, x2, 2, OR, LSB),
+            tf._plane_code(x1, x2, 3, OR, LSB), tf._plane_code(x1, x2, 4, OR, LSB), tf._plane_code(x1, x2, 5, OR, LSB),
+            tf._plane_code(x1, x2, 6, OR, LSB), tf._plane_code(x1, x2, 7, OR, LSB), tf._plane_code(x1, x2, 8, OR, LSB),
+            tf._plane_code(x1, x2, 9, OR, LSB), tf._plane_code(x1, x2, 10, OR, LSB), tf._plane_code(x1, x2, 11, OR, LSB),
+            tf._plane_code(x1, x2, 12, OR, LSB), tf._plane_code(x1, x2, 13, OR, LSB), tf._plane_code(x1, x2, 14, OR, LSB),
+            tf._plane_code(x1, x2, 15, OR, LSB), T, D)
+        if CENT:
+            r = tk._centroid_value(r.to(tl.float32, bitcast=True), c0, c1, c2, c3, c4, c5, c6, c7, 3).to(tl.float16)
+    return r
+
+
+@triton.jit
 def _decode_soa4_kernel(
     q_ptr, c16, c32, bt_ptr, sl_ptr, mid_ptr,
     c0, c1, c2, c3, c4, c5, c6, c7,
@@ -377,14 +417,16 @@ def _decode_soa4_kernel(
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KEY_FP8: tl.constexpr = False,
-    PTX: tl.constexpr = False,
+    PTX: tl.constexpr = False, KP: tl.constexpr = False, VP: tl.constexpr = False,
 ):
     """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
     per thread and chunk, 3-bit fields as three 32-bit loads, fp8 keys (``KEY_FP8``, k8v4) as two
     16-byte loads; q and the key tile in the kWidth-4 slot order (module docstring: Triton 3.6's
     layouts put the key tile in the score MMA's registers).  ``PTX``: inline-PTX conversions (fp8
-    keys, 4-bit values; not under the interpreter).  Key norms are read folded
-    (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False (static assert)."""
+    keys, 4-bit values, nibble-plane values; not under the interpreter).  Key norms are read folded
+    (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False (static assert).  3-bit fields in
+    nibble-plane order (``KP`` / ``VP``, ``TurboQuantSpec.code_order``) are cut by :func:`_planes32`
+    from the chunk words ``L0, L1, H`` (keys with ``LUT`` 2: ``LUT_ASM`` = ``_triton_fast.planes_key_asm``)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -401,16 +443,24 @@ def _decode_soa4_kernel(
             sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D)) * qk_scale
         else:
             kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
-            ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
-            k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T,
-                          LUT, LUT_ASM)
+            if KP:
+                k16 = _planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D,
+                                LUT_ASM if LUT == 2 else "", 0x3F800000, 20, True)
+            else:
+                ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = _chunk_windows(kx0, kx1, kx2, kx3, KBITS)
+                k16 = _keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D, BLOCK_T,
+                              LUT, LUT_ASM)
             kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
             tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
             sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
-        va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
-        if VBITS == 4 and PTX:  # exact integer codes by the 0x6400 half2 trick
+        if VP and PTX:  # exact integers from the planes asm's table of fp16(0..7)
+            v16 = _planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, tf.PLANES_VALUE_ASM, 0, 0, False)
+        elif VP:
+            vc = _planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, "", 0x6400, 0, False)
+            v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
+        elif VBITS == 4 and PTX:  # exact integer codes by the 0x6400 half2 trick
             e = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
                                           [vx0, vx1], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
             f = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
@@ -419,6 +469,7 @@ def _decode_soa4_kernel(
                           e[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13],
                           f[14], f[15], BLOCK_T, D)
         else:
+            va0, va1, va2, va3, vb0, vb1, vb2, vb3 = _chunk_windows(vx0, vx1, vx2, vx3, VBITS)
             vc = _codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
             v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
         vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
@@ -455,7 +506,12 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     if maxnreg and query.device.type == "cuda" and not tf.tk_interpret():
         meta["maxnreg"] = maxnreg
     grid = (bsz, hk, mid_out.shape[2])
-    kern = _decode_soa4_kernel[grid](*args, **meta) if x32 else _decode_soa_kernel[grid](*args, W32=w32, **meta)
+    planes = tk._planes_flags(spec, d)
+    if not x32 and any(planes.values()):
+        raise ValueError(f"_triton_soa.decode_attention(x32=False): the 16-codes-per-thread prototype reads vLLM's bit "
+                         f"stream only; {spec.name} on block_soa stores its 3-bit codes as nibble planes "
+                         f"(TurboQuantSpec.code_order): use x32=True")
+    kern = _decode_soa4_kernel[grid](*args, **meta, **planes) if x32 else _decode_soa_kernel[grid](*args, W32=w32, **meta)
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)
     return output

@@ -46,6 +46,8 @@ __all__ = [
     "encode_slots",
     "decode_slots",
     "key_journey",
+    "planes_from_codes",
+    "codes_from_planes",
     "to_cache_layout",
     "to_slot_order",
     "FP16_MAX",
@@ -227,7 +229,7 @@ def decode_slots(slots: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> tu
     """Slots uint8 ``(..., slot_bytes)`` in vLLM's slot order -> ``(k, v)`` float32 ``(..., D)`` each.
 
     ``spec`` is the spec of the cache the slots came from: slots of a block-SoA cache (through
-    :func:`to_slot_order`, a pure byte permutation) carry its folded norm, and ``spec.norm_folded``
+    :func:`to_slot_order`, the inverse conversion) carry its folded norm, and ``spec.norm_folded``
     tells :func:`decode_keys` so.
 
     Raises:
@@ -262,28 +264,95 @@ def _block_perm(spec: TurboQuantSpec, head_dim: int, block_size: int) -> torch.T
     return _CONST_CACHE[key]
 
 
+def planes_from_codes(codes: torch.Tensor) -> torch.Tensor:
+    """3-bit codes ``(..., D)`` (any integer dtype, ``D % 32 == 0``) -> uint8 ``(..., 3 * D / 8)`` in
+    nibble-plane order (:meth:`TurboQuantSpec.code_order`): per chunk of 32 codes the little-endian
+    words ``L0, L1, H`` -- ``L0`` / ``L1``: the low 2 bits of code ``8r + j`` at bit ``4j + 2 (r % 2)``
+    (``L0`` codes 0-15, ``L1`` codes 16-31), ``H``: its high bit at bit ``4j + r``.
+
+    Raises:
+        ValueError: ``D`` not a multiple of 32.
+    """
+    d = codes.shape[-1]
+    if d % 32:
+        raise ValueError(f"nibble planes need whole chunks of 32 codes, got a last dim of {d}")
+    c = codes.to(torch.int64).reshape(*codes.shape[:-1], d // 32, 4, 8)  # (..., chunk, r, j): code 8r + j
+    j4 = torch.arange(8, device=codes.device, dtype=torch.int64) * 4
+    lo = c & 3
+    l0 = ((lo[..., 0, :] << j4) | (lo[..., 1, :] << (j4 + 2))).sum(-1)
+    l1 = ((lo[..., 2, :] << j4) | (lo[..., 3, :] << (j4 + 2))).sum(-1)
+    r = torch.arange(4, device=codes.device, dtype=torch.int64)[:, None]
+    h = (((c >> 2) & 1) << (j4[None, :] + r)).sum((-1, -2))
+    words = torch.stack([l0, l1, h], -1)  # (..., chunk, 3)
+    by = (words[..., None] >> (torch.arange(4, device=codes.device) * 8)) & 0xFF
+    return by.to(torch.uint8).reshape(*codes.shape[:-1], 3 * d // 8)
+
+
+def codes_from_planes(planes: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Inverse of :func:`planes_from_codes`: uint8 ``(..., 3 * D / 8)`` -> uint8 codes ``(..., D)``.
+
+    Raises:
+        ValueError: ``head_dim`` not a multiple of 32 or a last dim other than ``3 * head_dim / 8``.
+    """
+    d = head_dim
+    if d % 32 or planes.shape[-1] != 3 * d // 8:
+        raise ValueError(f"nibble planes: last dim {planes.shape[-1]} != 3 * head_dim / 8 with head_dim % 32 == 0 "
+                         f"(head_dim {d})")
+    w = planes.to(torch.int64).reshape(*planes.shape[:-1], d // 32, 3, 4)
+    w = (w << (torch.arange(4, device=planes.device) * 8)).sum(-1)  # (..., chunk, 3)
+    j4 = torch.arange(8, device=planes.device, dtype=torch.int64) * 4
+    out = []
+    for r in range(4):
+        lo = (w[..., r // 2, None] >> (j4 + 2 * (r % 2))) & 3
+        hi = (w[..., 2, None] >> (j4 + r)) & 1
+        out.append(lo | (hi << 2))
+    return torch.stack(out, -2).reshape(*planes.shape[:-1], d).to(torch.uint8)
+
+
+def _recode_planes(region: torch.Tensor, spec: TurboQuantSpec, head_dim: int, block_size: int,
+                   to_planes: bool) -> torch.Tensor:
+    """Re-encode in place the ``"planes"`` code fields (:meth:`TurboQuantSpec.code_order`) of uint8
+    regions ``(..., block_size * slot_bytes)`` in ``spec``'s order: LSB-first stream -> planes
+    (``to_planes``) or back.  Returns ``region``."""
+    fa = spec.field_addresses(head_dim, block_size)
+    for kind in ("key_idx", "val_idx"):
+        if kind in fa and spec.code_order(kind, head_dim) == "planes":
+            off, _, n = fa[kind]
+            field = region[..., off: off + block_size * n].reshape(*region.shape[:-1], block_size, n)
+            if to_planes:
+                new = planes_from_codes(unpack_indices(field, 3, head_dim))
+            else:
+                new = pack_indices(codes_from_planes(field, head_dim), 3)
+            region[..., off: off + block_size * n] = new.reshape(*region.shape[:-1], block_size * n)
+    return region
+
+
 def to_cache_layout(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
     """uint8 blocks ``(..., block_size, slot_bytes)`` in vLLM's slot order -> ``spec.cache_layout``'s
-    order (a new tensor of the same shape; the same tensor for ``"vllm"``)."""
+    order (a new tensor of the same shape; the same tensor for ``"vllm"``): the byte permutation of
+    :meth:`TurboQuantSpec.field_addresses`, then each ``"planes"`` code field
+    (:meth:`TurboQuantSpec.code_order`) re-encoded from vLLM's bit stream into nibble planes."""
     if spec.cache_layout == "vllm":
         return blocks
     *_, bs, sb = blocks.shape
     p = _block_perm(spec, head_dim, bs).to(blocks.device)
-    return blocks.reshape(*blocks.shape[:-2], bs * sb)[..., p].reshape(blocks.shape)
+    region = blocks.reshape(*blocks.shape[:-2], bs * sb)[..., p]
+    return _recode_planes(region, spec, head_dim, bs, True).reshape(blocks.shape)
 
 
 def to_slot_order(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
     """Inverse of :func:`to_cache_layout`: blocks in ``spec.cache_layout``'s order -> vLLM's slot
-    order, which :func:`decode_slots` reads.  A pure byte permutation: the key norm field of a
-    norm-folded cache (``spec.norm_folded``) stays folded, so decode the result with the same
-    ``spec``."""
+    order, which :func:`decode_slots` reads: nibble-plane code fields back to vLLM's bit stream,
+    then the inverse byte permutation.  The key norm field of a norm-folded cache
+    (``spec.norm_folded``) stays folded, so decode the result with the same ``spec``."""
     if spec.cache_layout == "vllm":
         return blocks
     *_, bs, sb = blocks.shape
     p = _block_perm(spec, head_dim, bs)
     inv = torch.empty_like(p)
     inv[p] = torch.arange(p.numel())
-    return blocks.reshape(*blocks.shape[:-2], bs * sb)[..., inv.to(blocks.device)].reshape(blocks.shape)
+    region = _recode_planes(blocks.reshape(*blocks.shape[:-2], bs * sb).clone(), spec, head_dim, bs, False)
+    return region[..., inv.to(blocks.device)].reshape(blocks.shape)
 
 
 def key_journey(k: torch.Tensor, spec: TurboQuantSpec) -> dict[str, torch.Tensor]:

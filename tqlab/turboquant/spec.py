@@ -18,12 +18,19 @@ Byte order inside one (block, KV head) region of ``block_size * slot_bytes`` byt
   vLLM 0.33 and ``inspect-vllm`` pin these bytes.
 * ``"block_soa"`` (opt-in, issue 20): every field of the block's tokens stored contiguously --
   all key codes, then all value codes, then the key norms, value scales and value zeros as fp16
-  arrays (then the pad bytes); each token's code field keeps vLLM's LSB-first bit stream.  With
+  arrays (then the pad bytes); 4-bit code fields keep vLLM's LSB-first bit stream.  With
   ``block_size % 16 == 0`` every field starts 16-byte aligned, so the fast decode reads a chunk of
   32 codes with one wide load (``benchmarks/NOTES_turboquant.md``).  For the norm-corrected
   presets the key norm field holds ``fp16(||k|| / ||c_hat||)`` instead of ``fp16(||k||)``
   (``TurboQuantSpec.norm_folded``, as vLLM 0.33's own SoA layout stores it), so these bytes are
-  vLLM's permuted except that field.
+  vLLM's permuted except that field and the bit order below.  Each token's 3-bit code fields (key codes of 3bit_nc and
+  k3v4_nc, value codes of 3bit_nc; ``head_dim % 32 == 0``) are stored in *nibble-plane* bit order
+  instead of vLLM's LSB-first stream (:meth:`TurboQuantSpec.code_order`): per chunk of 32
+  consecutive codes three little-endian 32-bit words ``L0, L1, H`` -- ``L0`` holds the low 2 bits
+  of codes 0-7 at bits ``4j .. 4j+1`` and of codes 8-15 at ``4j+2 .. 4j+3`` (code ``8r + j``),
+  ``L1`` the same for codes 16-31, ``H`` the high bit of code ``8r + j`` at bit ``4j + r``.  Same
+  12 bytes per 32 codes; a ``prmt`` nibble selector of 8 codes is then ``(L & 0x33333333) | ((H <<
+  s) & 0x44444444)`` (3 ops instead of ~22, ``benchmarks/NOTES_turboquant.md``).
 
 The four presets are vLLM's ``--kv-cache-dtype`` TurboQuant choices (PR #38479 lineage,
 ``vllm/v1/attention/backends/turboquant_attn.py``); ``_nc`` means norm correction.
@@ -36,6 +43,7 @@ from dataclasses import dataclass, replace
 
 __all__ = [
     "CACHE_LAYOUTS",
+    "CODE_ORDERS",
     "TurboQuantSpec",
     "SlotField",
     "TQ_PRESETS",
@@ -48,6 +56,8 @@ _MSE_KEY_BITS = (2, 3, 4)
 _FP8_KEY_BITS = 8
 _VALUE_BITS = (2, 3, 4, 8)
 CACHE_LAYOUTS = ("vllm", "block_soa")
+# bit order of a code field: vLLM's LSB-first stream, or the block-SoA 3-bit fields' nibble planes
+CODE_ORDERS = ("stream", "planes")
 # field kinds in block_soa order (a kind the spec lacks is skipped)
 _SOA_ORDER = ("key_idx", "key_fp8", "val_idx", "key_norm", "val_scale", "val_zero", "pad")
 
@@ -146,6 +156,23 @@ class TurboQuantSpec:
         asked for and not already folded into the stored norm (:attr:`norm_folded`).  The flag
         every decode and dequant (torch reference and kernels) passes as its ``NORM_CORR``."""
         return self.norm_correction and not self.norm_folded
+
+    def code_order(self, kind: str, head_dim: int) -> str:
+        """Bit order of one token's code field ``kind`` (``"key_idx"`` or ``"val_idx"``, the kinds of
+        :meth:`layout`): ``"planes"`` (nibble planes, module docstring) for a 3-bit field of the
+        ``"block_soa"`` layout with ``head_dim % 32 == 0`` (whole 32-code chunks), else ``"stream"``
+        (vLLM's LSB-first bit stream, :func:`tqlab.turboquant.quant.pack_indices`).  vLLM's slot
+        order is always ``"stream"`` (parity with vLLM 0.33 pins those bytes).  The one rule every
+        store, reader and conversion asks.
+
+        Raises:
+            ValueError: ``kind`` is not a code field kind, bad ``head_dim``.
+        """
+        d = self._check_dim(head_dim)
+        if kind not in ("key_idx", "val_idx"):
+            raise ValueError(f"code_order: kind must be 'key_idx' or 'val_idx', got {kind!r}")
+        bits = self.value_bits if kind == "val_idx" else self.key_bits
+        return "planes" if self.cache_layout == "block_soa" and bits == 3 and d % 32 == 0 else "stream"
 
     @staticmethod
     def _check_dim(head_dim: int) -> int:
