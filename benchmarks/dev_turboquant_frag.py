@@ -5,32 +5,34 @@ says how and why): the chunk loads shaped so Triton 3.6 -- the H200's -- puts a 
 and k's columns in the kWidth-4 mma slot order, so the dequantized key tile reaches ``tl.dot`` in registers.  This
 script keeps what is still worth comparing against it, ``VARIANT`` of :func:`_decode_frag_kernel`:
 
-* 0 -- the kernel before (main at 1c4cdc5 plus the fp8-key path: natural ``[T, D/32]`` chunk loads, which Triton 3.6
-  lays out one token per thread, and ``tl.trans(k16)``, staged through shared memory): the timing baseline.
+* 0 -- the kernel before (main at 1c4cdc5 plus the fp8-key path and the nibble planes: natural ``[T, D/32]`` chunk
+  loads, which Triton 3.6 lays out one token per thread, and ``tl.trans(k16)``, staged through shared memory):
+  the timing baseline.
 * 1 -- 0 with q's and k's columns in the kWidth-2 slot order ``pi(16j + 8h + 2t + p) = 32t + 4j + 2h + p``: the
-  order that keeps the key tile in registers on Triton 3.9 (the first dot there has kWidth 2 and the natural loads
-  give 4 lanes per token already); for the day the GPU's Triton is upgraded.
+  order made for Triton 3.9's first dot (kWidth 2, and 3.9 lays the natural loads out 4 lanes per token); kept
+  for the day the GPU's Triton is upgraded (statically it does not beat the package kernel on 3.9 today).
 
 The prototype's variant 2 (the loads alone) and 3 (= the package kernel now) are gone.  Static compile for sm_90
 (``--sass``: ``_sass_sm90.compile_sm90`` with the launcher's 16-divisibility, Llama GQA 4, D 128, 128 x 4,
-``maxnreg`` 128, Triton 3.6, no spills); whole-kernel SASS / loop SASS / loop STS / loop LDS:
+``maxnreg`` 128); whole-kernel SASS / loop SASS / loop STS / loop LDS, 3-bit fields as nibble planes:
 
-=========  =======================  =======================
-preset     v0 (before)              package (= prototype v3)
-3bit_nc    2968 / 2315 / 268 / 79   2544 / 1830 / 31 / 58
-k3v4_nc    2680 / 2032 / 268 / 79   2528 / 1796 / 32 / 61
-4bit_nc    2728 / 2063 / 268 / 79   2496 / 1780 / 31 / 58
-k8v4       2336 / 1892 / 229 / 161  1736 / 1298 / 29 / 52
-=========  =======================  =======================
+=======  ============================  ============================  ============================
+preset   Triton 3.6: v0 (before)       3.6: package                  3.9: v0 / v1 / package loop
+3bit_nc  2448 / 1792 / 268 / 79        2192 / 1482 / 31 / 58         1314 / 1430 / 1283
+k3v4_nc  2480 / 1832 / 268 / 79        2336 / 1604 / 32 / 61         1322 / 1379 / 1160
+4bit_nc  2728 / 2063 / 268 / 79        2496 / 1780 / 31 / 58         1595 / 1714 / 1463
+k8v4     2336 / 1892 / 229 / 161       1736 / 1298 / 29 / 52         1543 / 916 / 1062
+=======  ============================  ============================  ============================
 
-(k8v4 v0: 8 B of stack; the prototype measured its v2, the loads alone, at 1985 / 1926 / 1909 loop SASS.)  With the
-nibble-plane 3-bit order of ``dev_turboquant_planes`` the prototype's p0 -> p3 were 3bit_nc 1792 -> 1482 and k3v4_nc
-1832 -> 1604 loop SASS (p3 loop STS 31).
+Triton 3.6 (the H200's): no spills but k8v4 v0 (8 B of stack); 3.9: spills in 4bit_nc (40 / 80 / 80 B) and k8v4
+(136 / 24 / 8 B).  In vLLM's 3-bit bit order (main at 1c4cdc5) v0 -> package were 3bit_nc 2315 -> 1830 and k3v4_nc
+2032 -> 1796 loop SASS on 3.6.
 
 Recording of the prototype on the H200 (``data/turboquant_frag_prototype_h200.json``, a403c29, Triton 3.6, ColdTimer,
-48 checks ok; its ``soa4`` = v0 here, its ``v3`` = today's package kernel): Llama shard B 16, 3bit_nc 0.614 -> 0.464
-ms at 32K and 2.376 -> 1.801 ms at 128K (1.23-1.33x over the rotated presets), seed rank 1.07-1.26x; planes + v3
-(``p3``) 3bit_nc 128K 1.593 ms (fp16 SDPA 1.91 ms).
+48 checks ok; its ``soa4`` / ``planes`` = v0 here in vLLM's bit order / with the nibble planes, its ``v3`` / ``p3`` =
+the package kernel): Llama shard B 16, 3bit_nc 0.614 -> 0.464 ms at 32K and 2.376 -> 1.801 ms at 128K (1.23-1.33x
+over the rotated presets), seed rank 1.07-1.26x; with the planes 3bit_nc 0.543 -> 0.418 ms at 32K, 2.092 -> 1.593
+ms at 128K (fp16 SDPA 1.91 ms).
 
 Usage (the GPU run checks each variant against the package kernel on the Llama shard and the seed rank and times
 both with ``_tq_bench.ColdTimer``)::

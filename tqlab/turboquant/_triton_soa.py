@@ -38,20 +38,23 @@ the key tile).  It relies on Triton's layout inference, not on explicit layouts:
 * Triton 3.6 (the H200's) lays the natural ``[T, D // 32]`` chunk loads out one token per thread
   (``threadsPerWarp [32, 1]``); :func:`_words_x32` / :func:`_chunk_words4` therefore load 4-bit codes
   and fp8 keys as contiguous ``[T, D // 8]`` tiles (16-byte vectors: 4 lanes per token) and 3-bit codes
-  through ``[D // 32, T]`` pointers, transposed.  Static sm_90 compile (``benchmarks/_sass_sm90.py``
-  with the launcher's 16-divisibility, Triton 3.6, D 128, GQA 4, ``maxnreg`` 128, no spills), loop
-  SASS / loop ``STS`` per thread and 128-token tile, before -> after: 3bit_nc 2315 / 268 -> 1830 / 31,
-  k3v4_nc 2032 / 268 -> 1796 / 32, 4bit_nc 2063 / 268 -> 1780 / 31, k8v4 1892 / 229 -> 1298 / 29.
+  through ``[D // 32, T]`` pointers, transposed (the chunk words ``L0, L1, H`` of the nibble planes
+  too).  Static sm_90 compile (``benchmarks/_sass_sm90.py`` with the launcher's 16-divisibility,
+  Triton 3.6, D 128, GQA 4, ``maxnreg`` 128, no spills), loop SASS / loop ``STS`` per thread and
+  128-token tile, before (``dev_turboquant_frag.py`` v0) -> after: 3bit_nc 1792 / 268 -> 1482 / 31,
+  k3v4_nc 1832 / 268 -> 1604 / 32, 4bit_nc 2063 / 268 -> 1780 / 31, k8v4 1892 / 229 -> 1298 / 29.
   H200 (``data/turboquant_frag_prototype_h200.json``, the prototype = this kernel's loads and order,
-  ColdTimer): Llama shard B 16 3bit_nc 0.614 -> 0.464 ms at 32K, 2.376 -> 1.801 ms at 128K
-  (1.23-1.33x over the rotated presets), seed rank 1.07-1.26x.
+  ColdTimer): Llama shard B 16, 3-bit fields as nibble planes (``p3``): 3bit_nc 0.543 -> 0.418 ms at
+  32K, 2.092 -> 1.593 ms at 128K (fp16 SDPA 1.91 ms); in vLLM's bit order (``v3``) 1.23-1.33x over
+  the rotated presets; seed rank 1.07-1.26x.
 * Triton 3.9 builds the first dot with kWidth 2 and lays the ``[T, D // 32]`` loads out 4 lanes per
   token already; there the matching order is ``pi(16j + 8h + 2t + p) = 32t + 4j + 2h + p`` with the
-  natural loads (the prototype's variant 1).  This kernel compiled by 3.9 (static, same settings) has
-  no key-tile ``local_alloc`` either, but converts 3-bit chunks through shared memory: loop SASS
-  before -> after 3bit_nc 1815 -> 1821 (loop ``STS`` 41 -> 137), k3v4_nc 1526 -> 1354, 4bit_nc
-  1595 -> 1463 (stack 40 -> 80 B), k8v4 1543 -> 1062 (stack 136 -> 8 B).  After a Triton upgrade on
-  the GPU, re-check with ``_sass_sm90.py`` under the GPU's version (loop ``STS`` ~30, no spills).
+  natural loads (``dev_turboquant_frag.py`` variant 1).  This kernel compiled by 3.9 (static, same
+  settings) has no key-tile ``local_alloc`` either but converts 3-bit chunks through shared memory:
+  loop SASS v0 -> this kernel 3bit_nc 1314 -> 1283 (loop ``STS`` 41 -> 137), k3v4_nc 1322 -> 1160,
+  4bit_nc 1595 -> 1463 (stack 40 -> 80 B), k8v4 1543 -> 1062 (stack 136 -> 8 B).  After a Triton
+  upgrade on the GPU, re-check with ``_sass_sm90.py`` under the GPU's version (loop ``STS`` ~30, no
+  spills) and time ``dev_turboquant_frag.py``.
 
 The value tile stays staged through shared memory (``STS.128`` + ``LDSM.T``): ``P V`` contracts over
 tokens, which the MMA keeps inside a warp, while a tile's tokens are spread over the 4 warps.
