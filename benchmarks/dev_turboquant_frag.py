@@ -34,8 +34,9 @@ the package kernel): Llama shard B 16, 3bit_nc 0.614 -> 0.464 ms at 32K and 2.37
 over the rotated presets), seed rank 1.07-1.26x; with the planes 3bit_nc 0.543 -> 0.418 ms at 32K, 2.092 -> 1.593
 ms at 128K (fp16 SDPA 1.91 ms).
 
-Usage (the GPU run checks each variant against the package kernel on the Llama shard and the seed rank and times
-both with ``_tq_bench.ColdTimer``)::
+Usage (the GPU run checks each variant against the package kernel on the Llama shard and the seed rank -- exit 1
+if any row is off by more than 2e-2 in the output or 1e-2 in the lse, or NaN -- and times both with
+``_tq_bench.ColdTimer``)::
 
     python benchmarks/dev_turboquant_frag.py --json $OUT/frag.json    # package vs v0, 32K + 128K, every SoA preset
     python benchmarks/dev_turboquant_frag.py --json $OUT/frag.json --variants 0,1 --contexts 32768
@@ -379,7 +380,7 @@ def main(argv=None) -> int:
                   f"out diff {r['out_max_abs_vs_base']:.2e}")
     save()
     print(f"done in {time.time() - t0:.0f}s")
-    return 0
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
