@@ -150,6 +150,11 @@ def dequant_bytes(spec, hk: int, d: int, cached_len: int, table_len: int) -> tup
 _SDPA_BACKEND: list = []
 
 
+def sdpa_backend() -> str:
+    """The SDPA backend :func:`sdpa` settled on (``"?"`` before its first call)."""
+    return str(_SDPA_BACKEND[0]) if _SDPA_BACKEND else "?"
+
+
 def sdpa(q, k, v, scale):
     """fp16 SDPA with GQA; prefers the flash kernel, records which backend ran."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _tq_bench import (BLOCK, MODEL_DTYPE, ColdTimer, copy_bandwidth, dequant_bytes, fill_paged,  # noqa: E402
+from _tq_bench import (BLOCK, MODEL_DTYPE, ColdTimer, copy_bandwidth, dequant_bytes, fill_paged, sdpa_backend,  # noqa: E402
                        provenance, random_decode_inputs, sdpa, time_graph)
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
 
@@ -83,7 +83,7 @@ def bench_decode(res: dict, shape_name: str, batch: int, ctx: int, splits_list, 
     fp16_bytes = 2 * batch * hk * ctx * d * 2
     ms = time_graph(lambda: sdpa(q4, k, v, scale))
     row = {**base, "kind": "sdpa_fp16", "ms": ms, "cache_bytes": fp16_bytes, "GBps": fp16_bytes / ms / 1e6,
-           "sdpa_backend": str(_SDPA_BACKEND[0]) if _SDPA_BACKEND else "?"}
+           "sdpa_backend": sdpa_backend()}
     if ref32 is not None:
         row.update(_err(sdpa(q4, k, v, scale)[:, :, 0], ref32))
     res["decode"].append(row)

@@ -438,8 +438,9 @@ def test_gpu_fast_equals_portable(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_fast_dequant_variants_equal_default(name, layout):
     """Every launch variant of the fast dequant (issue 20: keys and values split over programs or
-    launches, values 8 codes per thread, more tiles per program) writes exactly the default's bits,
-    on both cache layouts, and leaves the tail untouched."""
+    launches, values 8 codes per thread, more tiles per program, 32-bit words) writes exactly the
+    default's bits, on both cache layouts, and leaves the tail untouched; on the GPU, keys whose norm
+    correction is summed at read time (vLLM's order, ``_nc`` presets) agree to fp16 rounding."""
     import dataclasses
 
     from tqlab.turboquant import _triton_fast as tf
@@ -456,7 +457,14 @@ def test_fast_dequant_variants_equal_default(name, layout):
                dict(w32=True), dict(w32=False), dict(split="grid", v8=True, w32=True)):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
         tf.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
-        assert torch.equal(k0, k1) and torch.equal(v0, v1), kw
+        assert torch.equal(v0, v1), kw
+        if DEV.type == "cuda" and spec.norm_correction_on_read:
+            # on the GPU the key norm correction's fp32 sum over D runs in the register layout of the
+            # variant's loads, so its rounding (and, rarely, one fp16 ulp of a key) may differ
+            assert torch.allclose(k0.float(), k1.float(), rtol=2**-10, atol=0), kw
+            assert (k0 == k1).float().mean() >= 0.9, kw
+        else:
+            assert torch.equal(k0, k1), kw
 
 
 def test_fast_dequant_w32_default_is_on_for_4bit_fields():
