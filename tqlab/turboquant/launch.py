@@ -18,7 +18,7 @@ DEFAULTS: dict = {
     "fast_decode": {"block_t": 64, "num_warps": 4, "prefetch": False, "norm_mma": False, "lut": 2},
     # "w32": "4bit" = aligned 32-bit code words when a field is 4-bit (k3v4_nc, 4bit_nc): share of copy on the
     # Llama shard at 32K/128K 0.50-0.54 -> 0.60-0.67 on block-SoA, 0.48-0.53 -> 0.51-0.56 on vLLM's order; 3bit_nc
-    # loses 1-4 % with it (data/turboquant_dequant_variants_h200.json, H200, aa4d1ae)
+    # loses 1-4 % with it (data/turboquant_dequant_variants_sweep_h200.json, H200, aa4d1ae)
     "fast_dequant": {"block_t": 64, "num_warps": 4, "tiles": 2, "lut": 2, "w32": "4bit"},
     "decode": {"block_t": 64, "num_warps": 4, "num_stages": 1, "maxnreg": None, "prefetch": True},
     "decode_fp8": {"block_t": 128, "num_warps": 4, "num_stages": 1, "maxnreg": None, "prefetch": False},
