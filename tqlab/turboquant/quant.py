@@ -327,11 +327,33 @@ def _recode_planes(region: torch.Tensor, spec: TurboQuantSpec, head_dim: int, bl
     return region
 
 
+def _check_blocks(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int, where: str) -> None:
+    """``blocks`` must be uint8 ``(..., block_size, spec.slot_bytes(head_dim))``; else a one-line error
+    naming ``where`` and the bad value."""
+    if not isinstance(blocks, torch.Tensor) or blocks.dtype != torch.uint8:
+        got = blocks.dtype if isinstance(blocks, torch.Tensor) else type(blocks).__name__
+        raise TypeError(f"{where}: blocks must be a uint8 tensor (packed slots), got {got}")
+    sb = spec.slot_bytes(head_dim)
+    if blocks.dim() < 2 or blocks.shape[-1] != sb:
+        raise ValueError(f"{where}: blocks must be (..., block_size, {sb}) = {spec.name}.slot_bytes({head_dim}), "
+                         f"got shape {tuple(blocks.shape)}")
+
+
 def to_cache_layout(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> torch.Tensor:
     """uint8 blocks ``(..., block_size, slot_bytes)`` in vLLM's slot order -> ``spec.cache_layout``'s
     order (a new tensor of the same shape; the same tensor for ``"vllm"``): the byte permutation of
     :meth:`TurboQuantSpec.field_addresses`, then each ``"planes"`` code field
-    (:meth:`TurboQuantSpec.code_order`) re-encoded from vLLM's bit stream into nibble planes."""
+    (:meth:`TurboQuantSpec.code_order`) re-encoded from vLLM's bit stream into nibble planes.  Works for
+    any ``head_dim`` :meth:`TurboQuantSpec.slot_bytes` accepts (``"planes"`` only where
+    ``head_dim % 32 == 0``) and any ``block_size``.  The block-SoA order is tqlab's opt-in layout (issue 20);
+    its key norm field is folded as vLLM 0.33's SoA store writes it
+    (``vllm/v1/attention/ops/turboquant_soa/triton_turboquant_store.py``).
+
+    Raises:
+        TypeError: ``blocks`` not uint8.  ValueError: ``blocks.dim() < 2``, last dim not
+            ``spec.slot_bytes(head_dim)`` or a bad ``head_dim``.
+    """
+    _check_blocks(blocks, spec, head_dim, "to_cache_layout")
     if spec.cache_layout == "vllm":
         return blocks
     *_, bs, sb = blocks.shape
@@ -344,7 +366,12 @@ def to_slot_order(blocks: torch.Tensor, spec: TurboQuantSpec, head_dim: int) -> 
     """Inverse of :func:`to_cache_layout`: blocks in ``spec.cache_layout``'s order -> vLLM's slot
     order, which :func:`decode_slots` reads: nibble-plane code fields back to vLLM's bit stream,
     then the inverse byte permutation.  The key norm field of a norm-folded cache
-    (``spec.norm_folded``) stays folded, so decode the result with the same ``spec``."""
+    (``spec.norm_folded``) stays folded, so decode the result with the same ``spec``.
+
+    Raises:
+        TypeError / ValueError: as :func:`to_cache_layout`.
+    """
+    _check_blocks(blocks, spec, head_dim, "to_slot_order")
     if spec.cache_layout == "vllm":
         return blocks
     *_, bs, sb = blocks.shape
