@@ -109,7 +109,7 @@ def _check_cache(cache, spec: TurboQuantSpec, head_dim: int) -> tuple[int, int, 
             f"cache slot size {cache.shape[3]} bytes != {spec.name}.slot_bytes({head_dim}) = {spec.slot_bytes(head_dim)}"
         )
     if not cache.is_contiguous():
-        raise ValueError("cache must be contiguous")
+        raise ValueError(f"cache must be contiguous, got strides {cache.stride()} for shape {tuple(cache.shape)}")
     return tuple(cache.shape)  # type: ignore[return-value]
 
 
@@ -282,7 +282,8 @@ def _check_dequant(cache, block_table_row, cached_len, k_out, v_out, spec) -> tu
     if need > block_table_row.shape[0]:
         raise ValueError(f"cached_len {cached_len} needs {need} blocks, block_table_row has {block_table_row.shape[0]}")
     if k_out.stride(-1) != 1 or v_out.stride(-1) != 1:
-        raise ValueError("k_out/v_out must have a unit stride in the last (head_dim) dimension")
+        raise ValueError(f"k_out/v_out must have a unit stride in the last (head_dim) dimension, got "
+                         f"{k_out.stride(-1)}/{v_out.stride(-1)}")
     dev = _same_device(cache=cache, block_table_row=block_table_row, k_out=k_out, v_out=v_out)
     return dev, need
 
@@ -321,7 +322,8 @@ def dequant_kv(
     if dev.type == "cpu":
         used = block_table_row[:need]
         if int(used.min()) < 0 or int(used.max()) >= nb:
-            raise ValueError(f"block_table_row[:{need}] holds block ids outside [0, {nb})")
+            bad = int(used[(used < 0) | (used >= nb)][0])
+            raise ValueError(f"block_table_row[:{need}] holds block id {bad}, outside [0, {nb})")
     if resolve_backend(backend, dev) == "triton":
         from tqlab.turboquant import _triton_fast as tf
         from tqlab.turboquant import _triton_kernels as tk
@@ -425,7 +427,8 @@ def _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, ou
     if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float, got {scale!r}")
     if query.stride(-1) != 1 or output.stride(-1) != 1 or mid_out.stride(-1) != 1:
-        raise ValueError("query/output/mid_out must have unit stride in the last dimension")
+        raise ValueError(f"query/output/mid_out must have unit stride in the last dimension, got "
+                         f"{query.stride(-1)}/{output.stride(-1)}/{mid_out.stride(-1)}")
     return _same_device(query=query, cache=cache, block_tables=block_tables, seq_lens=seq_lens,
                         mid_out=mid_out, output=output, lse=lse)
 
@@ -441,7 +444,9 @@ def _check_decode_ranges(cache, block_tables, seq_lens) -> None:
     for i in range(seq_lens.shape[0]):
         used = block_tables[i, : -(-int(seq_lens[i]) // bs)]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= nb):
-            raise ValueError(f"block_tables[{i}] holds block ids outside [0, {nb}) within its sequence")
+            bad = int(used[(used < 0) | (used >= nb)][0])
+            raise ValueError(f"block_tables[{i}] holds block id {bad} within its sequence (seq_lens[{i}] = "
+                             f"{int(seq_lens[i])}), outside [0, {nb})")
 
 
 def _decode_reference(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse):
