@@ -120,3 +120,14 @@ def test_bad_block_ids_and_strides_are_named():
     with pytest.raises(ValueError, match=r"cache must be contiguous, got strides"):
         two_heads = torch.zeros(kv_cache_shape(4, 2, 16, 64, spec), dtype=torch.uint8).transpose(0, 1)
         decode_attention(q, two_heads, torch.tensor([[0, 1], [1, 0]]), torch.tensor([1, 1]), spec, 0.125, mid, out, lse)
+
+
+def test_planes_from_codes_refuses_codes_outside_3_bits():
+    from tqlab.turboquant.quant import codes_from_planes, planes_from_codes
+
+    codes = torch.arange(32) % 8
+    assert torch.equal(codes_from_planes(planes_from_codes(codes), 32), codes.to(torch.uint8))
+    with pytest.raises(ValueError, match=r"3-bit codes 0\.\.7, got codes in \[0, 9\]"):
+        planes_from_codes(torch.cat([codes[:31], torch.tensor([9])]))
+    with pytest.raises(ValueError, match=r"got codes in \[-1, 7\]"):
+        planes_from_codes(torch.cat([codes[:31], torch.tensor([-1])]))

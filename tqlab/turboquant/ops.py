@@ -300,6 +300,12 @@ def dequant_kv(
 ) -> None:
     """Dequantize one request's first ``cached_len`` tokens into fp16 workspace buffers.
 
+    Mirrors vLLM 0.33's ``_tq_full_dequant_kv`` (``vllm/v1/attention/ops/triton_turboquant_decode.py``),
+    called from ``_continuation_prefill``.  Kernels (``backend="triton"``): the fast dequant
+    (``_triton_fast.dequant_kv``, launch ``launch.DEFAULTS["fast_dequant"]``) for the rotated presets on
+    CUDA in either layout, the portable kernel otherwise; keys agree with the torch reference to fp16
+    rounding, values bit for bit.
+
     Args:
         cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``.
         block_table_row: ``(max_blocks,)`` int32/int64 block ids of this request.
@@ -350,6 +356,14 @@ def decode_attention(
     backend: str = "auto",
 ) -> torch.Tensor:
     """Split-KV decode attention (one query token per request) over the packed cache.
+
+    Mirrors vLLM 0.33's ``triton_turboquant_decode_attention`` (``_tq_decode_stage1`` per split, then
+    ``_fwd_kernel_stage2``'s reduction; ``vllm/v1/attention/ops/triton_turboquant_decode.py``) on vLLM's
+    slot order.  Kernels (``backend="triton"``): on CUDA the fast kernel (``_triton_fast``) for the rotated
+    presets in vLLM's order; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
+    (``_triton_soa``, every preset) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte
+    aligned, else the portable kernel (``_triton_kernels``), which also serves the interpreter.  All read
+    the same bytes and agree to fp16 rounding.
 
     Args:
         query: ``(B, Hq, D)`` float16/bfloat16/float32; ``Hq % Hk == 0`` (GQA).

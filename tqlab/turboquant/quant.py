@@ -271,11 +271,13 @@ def planes_from_codes(codes: torch.Tensor) -> torch.Tensor:
     (``L0`` codes 0-15, ``L1`` codes 16-31), ``H``: its high bit at bit ``4j + r``.
 
     Raises:
-        ValueError: ``D`` not a multiple of 32.
+        ValueError: ``D`` not a multiple of 32, a code outside ``0..7``.
     """
     d = codes.shape[-1]
     if d % 32:
         raise ValueError(f"nibble planes need whole chunks of 32 codes, got a last dim of {d}")
+    if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) > 7):
+        raise ValueError(f"nibble planes hold 3-bit codes 0..7, got codes in [{int(codes.min())}, {int(codes.max())}]")
     c = codes.to(torch.int64).reshape(*codes.shape[:-1], d // 32, 4, 8)  # (..., chunk, r, j): code 8r + j
     j4 = torch.arange(8, device=codes.device, dtype=torch.int64) * 4
     lo = c & 3

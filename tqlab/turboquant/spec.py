@@ -254,8 +254,12 @@ class TurboQuantSpec:
         are ``[offset + o * stride, ... + nbytes)``.  Kinds as :meth:`layout` (a kind the spec lacks
         is absent).  ``"vllm"``: ``(slot offset, slot_bytes, nbytes)``; ``"block_soa"``: fields in
         the order key codes, value codes, key norm, value scale, value zero, pad, each
-        ``block_size * nbytes`` long, stride ``nbytes``.  The one place both layouts are defined:
-        kernels, the torch reference's conversion and the tests read it.
+        ``block_size * nbytes`` long, stride ``nbytes`` (all in bytes; with ``block_size % 16 == 0``
+        every block-SoA field starts 16-byte aligned).  Byte ranges only: the bit order inside a
+        3-bit code field is :meth:`code_order`'s.  The one place both layouts are defined: kernels,
+        the torch reference's conversion and the tests read it.  ``"vllm"`` is the order vLLM 0.33's store
+        writes (``_tq_fused_store_mse`` / ``_tq_fused_store_fp8`` in
+        ``vllm/v1/attention/ops/triton_turboquant_store.py``).
 
         Raises:
             ValueError: bad ``head_dim``; ``block_size`` not a positive int.
