@@ -5,6 +5,7 @@ random decode inputs, the byte count of a dequant call and the flash-preferring 
 Every script imports these from here (one way: nothing here imports a script), so a timing or a
 formula lives in one place.
 
+* :func:`progress_log` / :func:`json_saver` -- the progress line and the incremental JSON write.
 * :func:`time_graph` -- median ms of one call, ``reps`` calls captured in one CUDA graph, warm L2.
 * :class:`ColdTimer` -- median ms of one graph-replayed call with L2 flushed (256 MiB write)
   before every replay: the side-by-side's timing (a model step reads other layers in between).
@@ -40,6 +41,29 @@ def provenance(args) -> dict:
         pass
     return make_provenance("python " + " ".join(sys.argv), device=None if torch.cuda.is_available() else "cpu",
                            commit=args.commit or None, extra=extra)
+
+
+def progress_log(t0: float):
+    """``log(row)``: prints a result row (a dict) on one line after the seconds since ``t0``
+    (``time.time()``), floats to 4 significant digits -- every script's progress line."""
+    import time
+
+    def log(row: dict) -> None:
+        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                      for k, v in row.items()), flush=True)
+    return log
+
+
+def json_saver(res: dict, out, t0: float):
+    """``save()``: writes ``res`` with ``wall_s`` (seconds since ``t0``) to the path ``out`` as indented
+    JSON; the scripts call it after every case, so a run cut short keeps what it measured."""
+    import json
+    import time
+
+    def save() -> None:
+        res["wall_s"] = time.time() - t0
+        out.write_text(json.dumps(res, indent=1))
+    return save
 
 
 def time_graph(fn, target_ms: float = 2.0, replays: int = 15) -> float:

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _tq_bench import (BLOCK, MODEL_DTYPE, ColdTimer, copy_bandwidth, dequant_bytes, fill_paged, sdpa_backend,  # noqa: E402
-                       provenance, random_decode_inputs, sdpa, time_graph)
+                       json_saver, progress_log, provenance, random_decode_inputs, sdpa, time_graph)
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv  # noqa: E402
 
 SHAPES = {
@@ -272,9 +272,7 @@ def main_vs_vllm(args) -> int:
     vllm_presets = args.vllm_presets.split(",") if args.vllm_presets else presets
     t0 = time.time()
 
-    def log(row):
-        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                      for k, v in row.items()), flush=True)
+    log = progress_log(t0)
 
     for shape in vs.SHAPES:
         for ctx in [int(c) for c in args.contexts.split(",")]:
@@ -338,13 +336,7 @@ def main(argv=None) -> int:
     ctxs = (1024, 4096) if args.quick else (4096, 32768, 131072)
     t0 = time.time()
 
-    def log(row):
-        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                      for k, v in row.items()), flush=True)
-
-    def save():
-        res["wall_s"] = time.time() - t0
-        out.write_text(json.dumps(res, indent=1))
+    log, save = progress_log(t0), json_saver(res, out, t0)
 
     def guarded(label, fn, *a):
         try:

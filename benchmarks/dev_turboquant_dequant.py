@@ -231,11 +231,10 @@ def main(argv=None) -> int:
     if bad:
         print(f"unknown --variants/--shapes entries {bad}; known: {list(ALL_VARIANTS)}, {list(SHAPES)}", file=sys.stderr)
         return 2
-    t0 = time.time()
+    from _tq_bench import progress_log
 
-    def log(row):
-        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                      for k, v in row.items()), flush=True)
+    t0 = time.time()
+    log = progress_log(t0)
 
     if args.sass:
         run_sass(args, log)

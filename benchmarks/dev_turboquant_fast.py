@@ -11,7 +11,6 @@ poisoned outputs), then decode and dequant variants timed like the side-by-side 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
@@ -23,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _recording import default_dir  # noqa: E402
-from _tq_bench import (ColdTimer, copy_bandwidth, dequant_bytes, fill_paged, provenance,  # noqa: E402
-                       random_decode_inputs, sdpa, time_graph)
+from _tq_bench import (ColdTimer, copy_bandwidth, dequant_bytes, fill_paged, json_saver, progress_log,  # noqa: E402
+                       provenance, random_decode_inputs, sdpa, time_graph)
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv  # noqa: E402
 from tqlab.turboquant import _triton_fast as tf  # noqa: E402
@@ -272,13 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     out = output_paths(args)[0]
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    def log(row):
-        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                      for k, v in row.items()), flush=True)
-
-    def save():
-        res["wall_s"] = time.time() - t0
-        out.write_text(json.dumps(res, indent=1))
+    log, save = progress_log(t0), json_saver(res, out, t0)
 
     res["copy"] = copy_bandwidth(1024 * 2**20)
     secs = args.sections.split(",")

@@ -354,20 +354,14 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("dev_turboquant_frag.py times CUDA kernels: no CUDA device here (use --sass DIR)", file=sys.stderr)
         return 2
-    from _tq_bench import provenance
+    from _tq_bench import json_saver, progress_log, provenance
 
     t0 = time.time()
     out = output_paths(args)[0]
     out.parent.mkdir(parents=True, exist_ok=True)
     res = {"provenance": provenance(args), "method": __doc__, "rows": []}
 
-    def log(row):
-        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                      for k, v in row.items()), flush=True)
-
-    def save():
-        res["wall_s"] = time.time() - t0
-        out.write_text(json.dumps(res, indent=1))
+    log, save = progress_log(t0), json_saver(res, out, t0)
 
     run(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), variants, res["rows"], save)
     bad = [r for r in res["rows"] if not r["ok"]]

@@ -35,7 +35,6 @@ at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_tq_bench.ColdTimer``),
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 import traceback
@@ -47,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _recording import default_dir
-from _tq_bench import ColdTimer, fill_paged, provenance, random_decode_inputs, sdpa
+from _tq_bench import ColdTimer, fill_paged, json_saver, progress_log, provenance, random_decode_inputs, sdpa
 from tqlab.turboquant import TQ_PRESETS, decode_attention, get_spec
 from tqlab.turboquant import _triton_fast as tf
 from tqlab.turboquant import _triton_kernels as tk
@@ -235,13 +234,7 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     res = {"provenance": provenance(args), "method": __doc__, "check": [], "rows": []}
 
-    def log(row):
-        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                      for k, v in row.items()), flush=True)
-
-    def save():
-        res["wall_s"] = time.time() - t0
-        out.write_text(json.dumps(res, indent=1))
+    log, save = progress_log(t0), json_saver(res, out, t0)
 
     res["check"] = check(log)
     bad = [r for r in res["check"] if not r["ok"]]

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _recording import default_dir  # noqa: E402
-from _tq_bench import ColdTimer, copy_bandwidth, fill_paged, provenance  # noqa: E402
+from _tq_bench import ColdTimer, copy_bandwidth, fill_paged, progress_log, provenance  # noqa: E402
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv  # noqa: E402
 from tqlab.turboquant import _triton_kernels as tk  # noqa: E402
@@ -186,9 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         cases = cases[:1]
     t0 = time.time()
 
-    def log(row):
-        print(f"[{time.time() - t0:6.1f}s] " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                                      for k, v in row.items()), flush=True)
+    log = progress_log(t0)
 
     res = {"provenance": provenance(args)}
     res["copy"] = copy_bandwidth((64 if args.quick else 1024) * 2**20)

@@ -121,3 +121,21 @@ def test_benchmark_runs_without_record_leave_git_status_clean(scripts):
         assert rc in want.get(name, {2}), name
         assert status() == before, name
     assert (ROOT / "build" / "workspace_overhead_cpu.json").is_file()
+
+
+def test_progress_log_and_json_saver(scripts, tmp_path, capsys):
+    """The scripts' one progress line and incremental JSON write (``_tq_bench``): floats to 4 digits
+    after the elapsed seconds; ``save()`` writes the dict as it is now, with ``wall_s``."""
+    import json
+    import time
+
+    tb = importlib.import_module("_tq_bench")
+    t0 = time.time()
+    tb.progress_log(t0)({"preset": "turboquant_3bit_nc", "ms": 0.123456, "splits": 32})
+    assert re.fullmatch(r"\[ +\d+\.\ds\] preset=turboquant_3bit_nc, ms=0\.1235, splits=32\n", capsys.readouterr().out)
+    res, out = {"rows": []}, tmp_path / "r.json"
+    save = tb.json_saver(res, out, t0)
+    res["rows"].append({"ms": 1.0})
+    save()
+    got = json.loads(out.read_text())
+    assert got["rows"] == [{"ms": 1.0}] and set(got) == {"rows", "wall_s"} and got["wall_s"] >= 0
