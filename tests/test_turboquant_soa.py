@@ -346,6 +346,20 @@ def test_decode_and_dequant_on_block_soa_equal_vllm_order(name):
         assert (o1 - o0).abs().max() <= ds * v_rng + 1e-5, backend
 
 
+def _poisoned(o0, l0):
+    """NaN-filled ``(mid_out, output, lse)`` for a decode of :func:`_decode`'s shapes: an element a kernel
+    does not write stays NaN."""
+    return (torch.full((3, 8, 4, 65), float("nan"), device=DEV), torch.full_like(o0, float("nan")),
+            torch.full_like(l0, float("nan")))
+
+
+def _assert_like_reference(o0, l0, o1, l1):
+    """Every element written; output and lse = the torch reference's to 2e-3; the empty request's lse -inf."""
+    assert not torch.isnan(o1).any() and not torch.isnan(l1).any()
+    assert torch.allclose(o0, o1, atol=2e-3)
+    assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
+
+
 @pytest.mark.parametrize("x32", [False, True])
 @pytest.mark.parametrize("name", ROTATED)
 def test_soa_decode_kernels_match_reference(name, x32):
@@ -359,17 +373,14 @@ def test_soa_decode_kernels_match_reference(name, x32):
     soa = _soa(name)
     blocks = _stored(soa)
     q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch")
-    mid = torch.full((3, 8, 4, 65), float("nan"), device=DEV)
-    o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    mid, o1, l1 = _poisoned(o0, l0)
     if not x32 and soa.key_bits == 3:  # the 16-codes-per-thread prototype reads vLLM's bit stream only
         with pytest.raises(ValueError, match="nibble planes"):
             ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=x32)
         assert torch.isnan(o1).all() and torch.isnan(mid).all()  # refused before any launch
         return
     ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=x32)
-    assert not torch.isnan(o1).any() and not torch.isnan(l1).any()
-    assert torch.allclose(o0, o1, atol=2e-3)
-    assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
+    _assert_like_reference(o0, l0, o1, l1)
 
 
 def test_soa_decode_serves_fp8_keys():
@@ -381,12 +392,9 @@ def test_soa_decode_serves_fp8_keys():
     soa = _soa("turboquant_k8v4")
     blocks = _stored(soa)
     q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch")
-    mid = torch.full((3, 8, 4, 65), float("nan"), device=DEV)
-    o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    mid, o1, l1 = _poisoned(o0, l0)
     ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16)
-    assert not torch.isnan(o1).any() and not torch.isnan(l1).any()
-    assert torch.allclose(o0, o1, atol=2e-3)
-    assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
+    _assert_like_reference(o0, l0, o1, l1)
     with pytest.raises(ValueError, match="no fp8-key path"):
         ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=False)
     assert not ts.use_soa(soa, blocks.cpu(), 64)
@@ -478,12 +486,9 @@ def test_frag_decode_variants_match_reference(name, variant):
     soa = _soa(name)
     blocks = _stored(soa)
     q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch")
-    mid = torch.full((3, 8, 4, 65), float("nan"), device=DEV)
-    o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    mid, o1, l1 = _poisoned(o0, l0)
     fr.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, variant=variant, block_t=16)
-    assert not torch.isnan(o1).any() and not torch.isnan(l1).any()
-    assert torch.allclose(o0, o1, atol=2e-3)
-    assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
+    _assert_like_reference(o0, l0, o1, l1)
 
 
 @pytest.mark.gpu
