@@ -451,7 +451,8 @@ if vs is not None:
         return ", ".join(f"{r['shape'].split('_')[0]} {r['preset'].removeprefix('turboquant_')} "
                          f"{r['ctx'] // 1024}K" for r in rs) or "none"
 
-    show_md(f"Issue 20's targets in this recording: **at least SDPA's speed** at 32K/128K: "
+    show_md(f"Issue 20's targets for tqlab **in vLLM's slot order** (the same recording's block-SoA columns: "
+            f"section 6): **at least SDPA's speed** at 32K/128K: "
             f"{len(at_sdpa)} of {len(long_rows)} rows ({_names(at_sdpa)}); **≥ 5× vLLM 0.33**: {len(at_5x)} of "
             f"{len(rows)} rows; **≥ 2× SDPA** for 3bit_nc on the Llama shard at 128K: "
             f"{'met' if any(r['preset'] == 'turboquant_3bit_nc' and r['sdpa_over_tqlab_best'] >= 2 for r in llama_128k) else 'not met'}"
@@ -620,7 +621,9 @@ if vs6 is not None:
             f"{'met' if tg['llama_3bit_128k_2x']['met'] else 'not met'} "
             f"(SDPA / SoA = {tg['llama_3bit_128k_2x']['worst']:.2f}×).")
     assert min(rot) > 1 and min(k8) > 1  # the order pays for every preset
-    assert tg["llama_3bit_128k_2x"]["met"] == 0 and tg["at_sdpa_32k_128k"]["met"] < tg["at_sdpa_32k_128k"]["of"]
+    # round 3 (edae506): SDPA's speed and 5x vLLM on every row; 2x SDPA for 3bit_nc at 128K not yet
+    assert all(tg[t]["met"] == tg[t]["of"] for t in ("at_sdpa_32k_128k", "vllm_5x"))
+    assert tg["llama_3bit_128k_2x"]["met"] == 0
 
 # %% [markdown]
 # **And the continuation prefill?** Its dequant writes the whole cached context back as fp16 K and V
