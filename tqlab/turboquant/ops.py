@@ -329,7 +329,7 @@ def dequant_kv(
         used = block_table_row[:need]
         if int(used.min()) < 0 or int(used.max()) >= nb:
             bad = int(used[(used < 0) | (used >= nb)][0])
-            raise ValueError(f"block_table_row[:{need}] holds block id {bad}, outside [0, {nb})")
+            raise ValueError(f"block_table_row[:{need}] holds block ids outside [0, {nb}): {bad}")
     if resolve_backend(backend, dev) == "triton":
         from tqlab.turboquant import _triton_fast as tf
         from tqlab.turboquant import _triton_kernels as tk
@@ -459,8 +459,8 @@ def _check_decode_ranges(cache, block_tables, seq_lens) -> None:
         used = block_tables[i, : -(-int(seq_lens[i]) // bs)]
         if used.numel() and (int(used.min()) < 0 or int(used.max()) >= nb):
             bad = int(used[(used < 0) | (used >= nb)][0])
-            raise ValueError(f"block_tables[{i}] holds block id {bad} within its sequence (seq_lens[{i}] = "
-                             f"{int(seq_lens[i])}), outside [0, {nb})")
+            raise ValueError(f"block_tables[{i}] holds block ids outside [0, {nb}) within its sequence "
+                             f"(seq_lens[{i}] = {int(seq_lens[i])}): {bad}")
 
 
 def _decode_reference(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse):
