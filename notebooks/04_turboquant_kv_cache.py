@@ -620,7 +620,8 @@ if vs6 is not None:
             f"{'met' if tg['llama_3bit_128k_2x']['met'] else 'not met'} "
             f"(SDPA / SoA = {tg['llama_3bit_128k_2x']['worst']:.2f}×).")
     assert min(rot) > 1 and min(k8) > 1  # the order pays for every preset
-    assert tg["llama_3bit_128k_2x"]["met"] == 0 and tg["at_sdpa_32k_128k"]["met"] < tg["at_sdpa_32k_128k"]["of"]
+    # at SDPA's speed on every 32K/128K row of both shapes; 2x SDPA for 3bit_nc at 128K not yet
+    assert tg["at_sdpa_32k_128k"]["met"] == tg["at_sdpa_32k_128k"]["of"] and tg["llama_3bit_128k_2x"]["met"] == 0
 
 # %% [markdown]
 # **And the continuation prefill?** Its dequant writes the whole cached context back as fp16 K and V
