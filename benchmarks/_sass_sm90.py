@@ -102,13 +102,13 @@ DECODE_DIV16 = ("q_ptr", "c16", "c32", "bt_ptr", "sl_ptr", "mid_ptr", "num_block
 def soa_decode_meta(spec, d: int = 128, block_size: int = 16, block_t: int = 128, group: int = 4) -> dict:
     """Constexprs of ``_decode_soa4_kernel`` as ``_triton_soa.decode_attention`` sets them on the GPU (``PTX``,
     the prmt table for MSE keys)."""
-    from tqlab.turboquant import _triton_fast as tf
     from tqlab.turboquant import _triton_kernels as tk
+    from tqlab.turboquant import ptx_tables as pt
 
     lut = 0 if spec.key_fp8 else 2
     return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
-                LUT_ASM=tf._asm_for(spec, d, lut), KEY_FP8=spec.key_fp8, PTX=True,
+                LUT_ASM=pt._asm_for(spec, d, lut), KEY_FP8=spec.key_fp8, PTX=True,
                 **tk._field_addr(spec, d, block_size), **tk._planes_flags(spec, d))
 
 

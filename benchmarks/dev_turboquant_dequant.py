@@ -1,4 +1,4 @@
-"""Continuation-prefill dequant variants of issue 20 (launch arguments of ``_triton_fast.dequant_kv``).
+"""Continuation-prefill dequant variants of issue 20 (launch arguments of ``_triton_dequant.dequant_kv``).
 
 GPU (one device call, ~2-3 min): every variant is checked bit for bit against the default kernel (NaN-poisoned
 outputs, a 5-token tail that must stay untouched), then timed exactly like ``bench_turboquant.py``'s dequant
@@ -38,7 +38,7 @@ from tqlab.turboquant import TQ_PRESETS
 ROTATED = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
 SHAPES = {"seed_per_rank": 1, "llama3.1-8b": 8}  # name (as bench_turboquant.SHAPES) -> Hk; D 128
 CONTEXTS = (32768, 131072)
-VARIANTS = {  # label -> tf.dequant_kv keyword arguments ({} = the default: launch.DEFAULTS["fast_dequant"])
+VARIANTS = {  # label -> td.dequant_kv keyword arguments ({} = the default: launch.DEFAULTS["fast_dequant"])
     "default": {},
     "v8": {"v8": True},
     "w32": {"w32": True},
@@ -68,13 +68,13 @@ def _case_inputs(hk: int, ctx: int, d: int = 128):
     return k, v
 
 
-def _check(tf, cache, row, ctx, spec, hk, d, kw) -> dict:
+def _check(td, cache, row, ctx, spec, hk, d, kw) -> dict:
     """The variant's bits vs the default's on ``ctx - 5`` tokens of a ``ctx`` buffer (tail must stay NaN)."""
     outs = []
     for args in ({}, kw):
         ko = torch.full((1, hk, ctx, d), float("nan"), device="cuda", dtype=torch.float16)
         vo = ko.clone()
-        tf.dequant_kv(cache, row, ctx - 5, ko, vo, spec, **args)
+        td.dequant_kv(cache, row, ctx - 5, ko, vo, spec, **args)
         outs.append((ko, vo))
     (k0, v0), (k1, v1) = outs
     n = ctx - 5
@@ -86,7 +86,7 @@ def _check(tf, cache, row, ctx, spec, hk, d, kw) -> dict:
 def run_gpu(args, log, save=lambda res: None) -> dict:
     from _tq_bench import copy_bandwidth, dequant_bytes, fill_paged, provenance, time_graph
 
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
 
     res = {"provenance": provenance(args), "method": __doc__, "variants": {k: ALL_VARIANTS[k] for k in args.variants},
            "copy": copy_bandwidth(1024 * 2**20), "rows": [], "errors": []}
@@ -109,10 +109,10 @@ def run_gpu(args, log, save=lambda res: None) -> dict:
                         base = {"shape": shape, "hk": hk, "cached_len": ctx, "preset": preset, "layout": layout,
                                 "variant": label, **kw}
                         try:
-                            row = {**base, **_check(tf, cache, bt[0], ctx, spec, hk, d, kw)}
+                            row = {**base, **_check(td, cache, bt[0], ctx, spec, hk, d, kw)}
                             stats: dict = {}
-                            tf.dequant_kv(cache, bt[0], ctx, k_out, v_out, spec, stats=stats, **kw)
-                            ms = time_graph(lambda c=cache, ko=k_out, vo=v_out, a=kw: tf.dequant_kv(c, bt[0], ctx, ko, vo, spec, **a))
+                            td.dequant_kv(cache, bt[0], ctx, k_out, v_out, spec, stats=stats, **kw)
+                            ms = time_graph(lambda c=cache, ko=k_out, vo=v_out, a=kw: td.dequant_kv(c, bt[0], ctx, ko, vo, spec, **a))
                             gbps = (read + written) / ms / 1e6
                             row.update(ms=ms, bytes_read=read, bytes_written=written, GBps=gbps,
                                        share_of_copy=gbps / copy_gbps, **stats)
@@ -146,15 +146,16 @@ def _best(rows) -> list:
 
 # ----------------------------------------------------------------------------- static analysis (CPU)
 def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 128, bs: int = 16):
-    """``_dequant_fast_kernel`` compiled for sm_90 as ``tf.dequant_kv(**kw)`` launches it (its last launch for
+    """``_dequant_fast_kernel`` compiled for sm_90 as ``td.dequant_kv(**kw)`` launches it (its last launch for
     ``split="launch"``), with the JIT's divisibility specialization of that shape."""
     from _sass_sm90 import compile_sm90
 
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
     from tqlab.turboquant import _triton_kernels as tk
+    from tqlab.turboquant import ptx_tables as pt
 
     spec = dataclasses.replace(TQ_PRESETS[preset], cache_layout=layout)
-    cfg = tf.FAST_DEFAULTS["fast_dequant"]
+    cfg = td.FAST_DEFAULTS["fast_dequant"]
     sig = {"cache16_ptr": "*u16", "bt_ptr": "*i32", "k_ptr": "*fp16", "v_ptr": "*fp16", "signs_ptr": "*fp16",
            "cache32_ptr": "*i32"}
     sig.update({f"c{i}": "fp32" for i in range(8)})
@@ -163,17 +164,17 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
     split = kw.get("split", "none")
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=kw.get("block_t", cfg["block_t"]), TILES=kw.get("tiles_per_program", 2),
                 KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
-                **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d), LUT=2, LUT_ASM=tf._asm_for(spec, d, 2),
+                **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d), LUT=2, LUT_ASM=pt._asm_for(spec, d, 2),
                 PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)), W32=bool(kw.get("w32", False)))
     sb = spec.slot_bytes(d)
-    meta["EVEN"] = meta["W32"] and tf.codes_even(tk._field_addr(spec, d, bs), hk * bs * sb, bs * sb, sb)
+    meta["EVEN"] = meta["W32"] and td.codes_even(tk._field_addr(spec, d, bs), hk * bs * sb, bs * sb, sb)
     div = ["cache16_ptr", "bt_ptr", "k_ptr", "v_ptr", "signs_ptr", "cache32_ptr", "cached_len", "num_blocks", "stride_kh",
            "stride_kt", "stride_vh", "stride_vt"]
     div += [n for n, val in (("stride_cb", hk * bs * sb), ("stride_ch", bs * sb), ("stride_ct", sb)) if val % 16 == 0]
-    kernels = [compile_sm90(tf._dequant_fast_kernel, sig, meta, num_warps=kw.get("num_warps", cfg["num_warps"]),
+    kernels = [compile_sm90(td._dequant_fast_kernel, sig, meta, num_warps=kw.get("num_warps", cfg["num_warps"]),
                             maxnreg=kw.get("maxnreg"), divisible=div)]
     if split == "launch":
-        kernels.insert(0, compile_sm90(tf._dequant_fast_kernel, sig, {**meta, "PART": 1},
+        kernels.insert(0, compile_sm90(td._dequant_fast_kernel, sig, {**meta, "PART": 1},
                                        num_warps=kw.get("num_warps", cfg["num_warps"]), maxnreg=kw.get("maxnreg"),
                                        divisible=div))
     return kernels

@@ -1,5 +1,5 @@
 """Development run for the fast TurboQuant kernels of issue 20 (one device call): correctness of
-``_triton_fast`` against the torch reference and the portable kernels (fresh random inputs,
+``_triton_fast`` / ``_triton_dequant`` against the torch reference and the portable kernels (fresh random inputs,
 poisoned outputs), then decode and dequant variants timed like the side-by-side benchmark
 (decode: CUDA-graph replay, L2 flushed, median; dequant: graph replay, bandwidth share of copy).
 
@@ -26,6 +26,7 @@ from _tq_bench import (ColdTimer, copy_bandwidth, dequant_bytes, fill_paged, jso
                        provenance, random_decode_inputs, sdpa, time_graph)
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv  # noqa: E402
+from tqlab.turboquant import _triton_dequant as td  # noqa: E402
 from tqlab.turboquant import _triton_fast as tf  # noqa: E402
 from tqlab.turboquant import _triton_kernels as tk  # noqa: E402
 
@@ -101,7 +102,7 @@ def check(log) -> list:
                 elif impl == "portable":
                     tk.dequant_kv(cache, bt[0], ctx - 5, ko, vo, spec)
                 else:
-                    tf.dequant_kv(cache, bt[0], ctx - 5, ko, vo, spec, **kw)
+                    td.dequant_kv(cache, bt[0], ctx - 5, ko, vo, spec, **kw)
                 outs[(impl, kw.get("lut"))] = (ko, vo)
             if not outs:
                 continue
@@ -190,7 +191,7 @@ def dequant_variants(log, copy_gbps, rows=None, save=lambda: None) -> list:
                          for bt_, nw, tl_ in ((64, 4, 2), (64, 4, 1), (32, 4, 2), (32, 4, 4), (64, 8, 1), (32, 2, 2))]
             for impl, kw in variants:
                 fn = (lambda: tk.dequant_kv(cache, bt[0], cl, ko, vo, spec)) if impl == "portable" else \
-                    (lambda: tf.dequant_kv(cache, bt[0], cl, ko, vo, spec, **kw))
+                    (lambda: td.dequant_kv(cache, bt[0], cl, ko, vo, spec, **kw))
                 try:
                     ms = time_graph(fn)
                 except Exception as exc:  # noqa: BLE001

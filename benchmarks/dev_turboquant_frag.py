@@ -62,6 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tqlab.turboquant import _triton_fast as tf
 from tqlab.turboquant import _triton_kernels as tk
 from tqlab.turboquant import _triton_soa as ts
+from tqlab.turboquant import _triton_soa_unpack as tsu
+from tqlab.turboquant import ptx_tables as pt
 from tqlab.turboquant.launch import SOA_DEFAULTS
 from tqlab.turboquant.spec import TurboQuantSpec
 
@@ -71,7 +73,7 @@ PRESETS = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc", "tu
 @triton.jit
 def _perm_cols2(x, R: tl.constexpr, D: tl.constexpr):
     """Columns of ``x [R, D]`` in the kWidth-2 mma slot order: slot ``16j + 8h + 2t + p`` <- natural
-    ``32t + 4j + 2h + p`` (Triton 3.9's first dot; ``_triton_soa._perm_cols`` is the kWidth-4 one)."""
+    ``32t + 4j + 2h + p`` (Triton 3.9's first dot; ``_triton_soa_unpack._perm_cols`` is the kWidth-4 one)."""
     return tl.reshape(tl.permute(tl.reshape(x, (R, D // 32, 8, 2, 2)), (0, 2, 3, 1, 4)), (R, D))
 
 
@@ -83,7 +85,7 @@ def _perm_rows_t2(x, T: tl.constexpr, D: tl.constexpr):
 
 @triton.jit
 def _words_before(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
-    """``_triton_soa._words_x32`` before the integration: ``[T, D // 32]`` pointer tensors (4 bits: a
+    """``_triton_soa_unpack._words_x32`` before the integration: ``[T, D // 32]`` pointer tensors (4 bits: a
     ``[T, D // 32, 4]`` vector load), which Triton 3.6 lays out one token per thread."""
     NC: tl.constexpr = D // 32
     gg = tl.arange(0, NC)
@@ -105,7 +107,7 @@ def _words_before(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
 
 @triton.jit
 def _fp8_before(c32, base32, ok, D: tl.constexpr, T: tl.constexpr, PTX: tl.constexpr):
-    """``_triton_soa._fp8_keys32`` before the integration: one ``[T, D // 32, 8]`` load of 32 key bytes per chunk."""
+    """``_triton_soa_unpack._fp8_keys32`` before the integration: one ``[T, D // 32, 8]`` load of 32 key bytes per chunk."""
     NC: tl.constexpr = D // 32
     offs = (tl.multiple_of(base32, 8)[:, None, None] + tl.arange(0, NC)[None, :, None] * 8
             + tl.arange(0, 8)[None, None, :])
@@ -117,7 +119,7 @@ def _fp8_before(c32, base32, ok, D: tl.constexpr, T: tl.constexpr, PTX: tl.const
     w2, w6 = tl.split(xa1)
     w1, w5 = tl.split(xb0)
     w3, w7 = tl.split(xb1)
-    return ts._fp8_to_f16(w0, w1, w2, w3, w4, w5, w6, w7, D, T, PTX)
+    return tsu._fp8_to_f16(w0, w1, w2, w3, w4, w5, w6, w7, D, T, PTX)
 
 
 @triton.jit
@@ -134,7 +136,7 @@ def _decode_frag_kernel(
 ):
     """``_triton_soa._decode_soa4_kernel`` before the integration (the natural chunk loads, ``tl.trans(k16)``;
     ``VARIANT`` 1: q and k in the kWidth-2 slot order).  Folded key norms (``NORM_CORR`` False); 3-bit fields in
-    nibble-plane order (``KP`` / ``VP``) through ``_triton_soa._planes32`` as the package kernel reads them."""
+    nibble-plane order (``KP`` / ``VP``) through ``_triton_soa_unpack._planes32`` as the package kernel reads them."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
     s = tl.program_id(2)
@@ -153,11 +155,11 @@ def _decode_frag_kernel(
         else:
             kx0, kx1, kx2, kx3 = _words_before(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
             if KP:
-                k16 = ts._planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D,
+                k16 = tsu._planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D,
                                    LUT_ASM if LUT == 2 else "", 0x3F800000, 20, True)
             else:
-                ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = ts._chunk_windows(kx0, kx1, kx2, kx3, KBITS)
-                k16 = ts._keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D,
+                ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3 = tsu._chunk_windows(kx0, kx1, kx2, kx3, KBITS)
+                k16 = tsu._keys32(ka0, ka1, ka2, ka3, kb0, kb1, kb2, kb3, c0, c1, c2, c3, c4, c5, c6, c7, KBITS, D,
                                  BLOCK_T, LUT, LUT_ASM)
             kn = tl.load(c16 + region16 + o * NS + NO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
             tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
@@ -169,22 +171,22 @@ def _decode_frag_kernel(
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
         vx0, vx1, vx2, vx3 = _words_before(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
         if VP and PTX:  # as _decode_soa4_kernel: exact integers from the planes asm's table of fp16(0..7)
-            v16 = ts._planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, tf.PLANES_VALUE_ASM, 0, 0,
+            v16 = tsu._planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, pt.PLANES_VALUE_ASM, 0, 0,
                                False)
         elif VP:
-            vc = ts._planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, "", 0x6400, 0, False)
+            vc = tsu._planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, "", 0x6400, 0, False)
             v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
         elif VBITS == 4 and PTX:  # as _decode_soa4_kernel: exact integer codes by the 0x6400 half2 trick
-            e = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+            e = tl.inline_asm_elementwise(pt.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
                                           [vx0, vx1], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
-            f = tl.inline_asm_elementwise(tf.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
+            f = tl.inline_asm_elementwise(pt.VALUE4_ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r",
                                           [vx2, vx3], dtype=(tl.float16,) * 16, is_pure=True, pack=1)
-            v16 = ts._tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13],
+            v16 = tsu._tree32(e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7], e[8], e[9], e[10], e[11], e[12], e[13],
                              e[14], e[15], f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11],
                              f[12], f[13], f[14], f[15], BLOCK_T, D)
         else:
-            va0, va1, va2, va3, vb0, vb1, vb2, vb3 = ts._chunk_windows(vx0, vx1, vx2, vx3, VBITS)
-            vc = ts._codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
+            va0, va1, va2, va3, vb0, vb1, vb2, vb3 = tsu._chunk_windows(vx0, vx1, vx2, vx3, VBITS)
+            vc = tsu._codes32(va0, va1, va2, va3, vb0, vb1, vb2, vb3, VBITS, D, BLOCK_T, 0x6400)
             v16 = vc.to(tl.int16).to(tl.float16, bitcast=True) - 1024.0
         vs = tl.load(c16 + region16 + o * SS + SO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
         vz = tl.load(c16 + region16 + o * ZS + ZO, mask=ok, other=0).to(tl.float16, bitcast=True).to(tl.float32)
@@ -198,7 +200,7 @@ def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, blo
           ptx: bool) -> dict:
     return dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
-                LUT_ASM=tf._asm_for(spec, d, lut), VARIANT=variant, KEY_FP8=spec.key_fp8, PTX=ptx,
+                LUT_ASM=pt._asm_for(spec, d, lut), VARIANT=variant, KEY_FP8=spec.key_fp8, PTX=ptx,
                 **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d))
 
 
@@ -212,12 +214,12 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     nb, hk, bs, _ = cache.shape
     if d % 32:
         raise ValueError(f"dev_turboquant_frag: head_dim {d} is not a multiple of 32 (whole 32-code chunks)")
-    lut = tf._lut_mode(spec, query.device, lut, cfg)
+    lut = pt._lut_mode(spec, query.device, lut, cfg)
     args = (query, cache.view(torch.uint16), cache.view(-1).view(torch.int32), block_tables, seq_lens, mid_out,
             *tk._centroid_poly(spec, d), scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
             query.stride(0), query.stride(1), cache.stride(0) // 2, cache.stride(1) // 2,
             block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
-    compiled = query.device.type == "cuda" and not tf.tk_interpret()
+    compiled = query.device.type == "cuda" and not pt.tk_interpret()
     meta = _meta(spec, hq, hk, d, bs, lut, block_t or cfg["block_t"], variant, compiled)
     meta["num_warps"] = num_warps or cfg["num_warps"]
     maxnreg = cfg.get("maxnreg") if maxnreg is None else maxnreg

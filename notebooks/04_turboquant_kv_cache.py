@@ -402,7 +402,7 @@ if bench is not None:
 # **Reading the numbers.** The fp8-key preset dequantizes at a large share of the copy bandwidth; the
 # rotated presets pay for the inverse Hadamard rotation and the unpacking. Where decode time goes is in
 # `benchmarks/NOTES_turboquant.md` (Nsight Compute on the H200). Since issue 20 the rotated presets run
-# the *fast* kernels (`tqlab/turboquant/_triton_fast.py`): a thread holds one group of 16 codes of a
+# the *fast* kernels (`tqlab/turboquant/_triton_fast.py`, `_triton_dequant.py`): a thread holds one group of 16 codes of a
 # token (lanes along D), centroids come from an exact byte-permute (`prmt`) table of the fp16 values,
 # and fewer registers let more programs share an SM. In vLLM's slot order that made the decode faster
 # by a fraction, not by the several-fold the smaller cache allows: the profile shows the load/store unit
@@ -561,12 +561,12 @@ assert nibbles(sel) == codes32[:8]
 assert nibbles(((L0 >> 2) & 0x33333333) | ((H << 1) & 0x44444444)) == codes32[8:16]  # one shift more each
 assert nibbles((L1 & 0x33333333) | (H & 0x44444444)) == codes32[16:24]  # codes 16-23: L1 and H itself
 try:  # the kernels' PTX, where Triton is installed: bit operations before the prmt lookups, per 16 codes
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import ptx_tables as pt
 
     def _bitops(asm):
         return sum(line.split(".")[0] in ("and", "or", "shr", "shl") for line in asm.splitlines())
-    show_md(f"Bit operations to build the `prmt` selectors of 16 key codes: **{_bitops(tf.lut_group_asm(vllm3, D))}** "
-            f"from vLLM's stream (`lut_group_asm`), **{_bitops(tf.planes_key_asm(soa3, D))}** from the planes "
+    show_md(f"Bit operations to build the `prmt` selectors of 16 key codes: **{_bitops(pt.lut_group_asm(vllm3, D))}** "
+            f"from vLLM's stream (`lut_group_asm`), **{_bitops(pt.planes_key_asm(soa3, D))}** from the planes "
             "(`planes_key_asm`).")
 except ImportError:
     show_md("(Triton is not installed here: the PTX op count is skipped.)")

@@ -150,23 +150,23 @@ def test_planes_round_trip_and_word_layout():
 
 @pytest.mark.parametrize("table", ["keys", "values", "values1024"])
 def test_planes_asm_is_exact(table):
-    """The package's nibble-plane ``prmt`` PTX (``_triton_fast.planes_key_asm`` / ``PLANES_VALUE_ASM`` /
+    """The package's nibble-plane ``prmt`` PTX (``ptx_tables.planes_key_asm`` / ``PLANES_VALUE_ASM`` /
     ``PLANES_VALUE1024_ASM``) on the words of random chunks, run by the PTX emulator: the fp16 centroid
     (keys), fp16 integer (values) or ``0x6400 | code`` (the fast dequant's values) of every code, in order."""
     import numpy as np
     from test_turboquant_triton import _ptx_emulate
 
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import ptx_tables as pt
 
     if table == "keys":
         want = np.asarray(lloyd_max(3, 128).centroids, dtype=np.float16).view(np.uint16)
-        asm = tf.planes_key_asm(TQ_PRESETS["turboquant_3bit_nc"], 128)
+        asm = pt.planes_key_asm(TQ_PRESETS["turboquant_3bit_nc"], 128)
     elif table == "values":
         want = np.arange(8, dtype=np.float16).view(np.uint16)
-        asm = tf.PLANES_VALUE_ASM.value
+        asm = pt.PLANES_VALUE_ASM.value
     else:  # the fast dequant's: the bits 0x6400 | code (fp16 1024 + code)
         want = np.arange(1024, 1032, dtype=np.float16).view(np.uint16)
-        asm = tf.PLANES_VALUE1024_ASM.value
+        asm = pt.PLANES_VALUE1024_ASM.value
     codes = torch.randint(0, 8, (40, 32), generator=torch.Generator().manual_seed(2), dtype=torch.uint8)
     words = planes_from_codes(codes).view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
     for t in range(40):
@@ -176,7 +176,7 @@ def test_planes_asm_is_exact(table):
         got = [a[f"${i}"] for i in range(16)] + [b[f"${i}"] for i in range(16)]
         assert got == want[codes[t].numpy()].tolist()
     with pytest.raises(ValueError, match="3-bit codes; turboquant_4bit_nc has 4-bit keys"):
-        tf.planes_key_asm(TQ_PRESETS["turboquant_4bit_nc"], 128)
+        pt.planes_key_asm(TQ_PRESETS["turboquant_4bit_nc"], 128)
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -279,7 +279,7 @@ def test_fast_dequant_on_block_soa_equals_vllm_order(name):
     centroids) on a block-SoA cache -- 3-bit fields through ``_planes_keys`` / ``_planes_values`` --
     writes bit for bit what it writes on the same bytes in vLLM's order read without correction, in
     the default launch and the ``v8`` / ``w32`` / split variants (which do not apply to plane fields)."""
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
 
     soa = _soa(name)
     blocks = _stored(soa)
@@ -290,7 +290,7 @@ def test_fast_dequant_on_block_soa_equals_vllm_order(name):
         for sp, c in ((flat_spec, flat), (soa, blocks)):
             k = torch.full((1, 2, 176, 64), 9.0, dtype=torch.float16, device=DEV)
             v = k.clone()
-            tf.dequant_kv(c, row, 171, k, v, sp, block_t=16, tiles_per_program=2, lut=0, **kw)
+            td.dequant_kv(c, row, 171, k, v, sp, block_t=16, tiles_per_program=2, lut=0, **kw)
             res.append((k, v))
         (k0, v0), (k1, v1) = res
         assert not torch.equal(k1[:, :, :171], torch.full_like(k1[:, :, :171], 9.0)), kw
@@ -402,14 +402,14 @@ def test_soa_decode_serves_fp8_keys():
 
 def test_fp8_ptx_converts_bytes_in_code_order():
     """``FP8_PTX`` unpacks four little-endian words of e4m3 bytes in code order, two per cvt."""
-    from tqlab.turboquant import _triton_soa as ts
+    from tqlab.turboquant import ptx_tables as pt
 
-    lines = [x.strip() for x in ts.FP8_PTX.splitlines()]
+    lines = [x.strip() for x in pt.FP8_PTX.splitlines()]
     assert lines.count("cvt.rn.f16x2.e4m3x2 r, l;") == 4 and lines.count("cvt.rn.f16x2.e4m3x2 r, h;") == 4
     assert lines[3:8] == ["mov.b32 {l, h}, $16;", "cvt.rn.f16x2.e4m3x2 r, l;", "mov.b32 {$0, $1}, r;",
                           "cvt.rn.f16x2.e4m3x2 r, h;", "mov.b32 {$2, $3}, r;"]
     assert lines[-2] == "mov.b32 {$14, $15}, r;"
-    assert ts.FP8_ASM.value == ts.FP8_PTX
+    assert pt.FP8_ASM.value == pt.FP8_PTX
 
 
 @pytest.mark.gpu

@@ -262,7 +262,7 @@ def test_decode_vs_vllm_figure_from_recorded():
 
 # ----------------------------------------------------------------------------- fast kernels (issue 20)
 def _ptx_emulate(asm: str, inputs: dict[str, int]) -> dict[str, int]:
-    """Run the straight-line 32-bit PTX of ``_triton_fast``'s table lookups (shr, shl, and, or,
+    """Run the straight-line 32-bit PTX of ``ptx_tables``' table lookups (shr, shl, and, or,
     xor, not, mul.lo, mov, prmt, sub.f16x2, ``mov.b32 {a, b}, r``) on python ints."""
     import re
 
@@ -309,7 +309,7 @@ def test_fast_centroid_tables_are_exact(name, d):
     per group of 16 packed codes)."""
     import numpy as np
 
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import ptx_tables as pt
     from tqlab.turboquant.codebook import lloyd_max
 
     spec = TQ_PRESETS[name]
@@ -318,21 +318,21 @@ def test_fast_centroid_tables_are_exact(name, d):
     rng = np.random.default_rng(d + bits)
     for _ in range(200):
         c = rng.integers(0, 1 << bits, 16)
-        r = _ptx_emulate(tf.lut_asm(spec, d), {"$2": int(sum(int(c[i]) << (8 * i) for i in range(4)))})
+        r = _ptx_emulate(pt.lut_asm(spec, d), {"$2": int(sum(int(c[i]) << (8 * i) for i in range(4)))})
         got = [r["$0"] & 0xFFFF, r["$0"] >> 16, r["$1"] & 0xFFFF, r["$1"] >> 16]
         assert got == cent[c[:4]].tolist()
         packed = sum(int(c[i]) << (i * bits) for i in range(16))
         words = [(packed >> (16 * k)) & 0xFFFF for k in range(bits + 1)]
-        r = _ptx_emulate(tf.lut_group_asm(spec, d), {f"${16 + k}": words[k] | words[k + 1] << 16 for k in range(bits)})
+        r = _ptx_emulate(pt.lut_group_asm(spec, d), {f"${16 + k}": words[k] | words[k + 1] << 16 for k in range(bits)})
         assert [r[f"${i}"] for i in range(16)] == cent[c].tolist()
 
 
 def test_value4_asm_gives_exact_integer_codes():
-    """The 4-bit value asm (``_triton_fast.VALUE4_PTX``, 0x6400 half2 trick minus 1024) turns every
+    """The 4-bit value asm (``ptx_tables.VALUE4_PTX``, 0x6400 half2 trick minus 1024) turns every
     4-bit code of a group of 16 into its exact fp16 integer, in code order."""
     import numpy as np
 
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import ptx_tables as pt
 
     want = np.arange(16, dtype=np.float16).view(np.uint16)
     rng = np.random.default_rng(4)
@@ -340,9 +340,9 @@ def test_value4_asm_gives_exact_integer_codes():
         c = rng.integers(0, 16, 16)
         w0 = sum(int(c[i]) << (4 * i) for i in range(8))
         w1 = sum(int(c[8 + i]) << (4 * i) for i in range(8))
-        r = _ptx_emulate(tf.VALUE4_PTX, {"$16": w0, "$17": w1})
+        r = _ptx_emulate(pt.VALUE4_PTX, {"$16": w0, "$17": w1})
         assert [r[f"${i}"] for i in range(16)] == want[c].tolist()
-    assert tf.VALUE4_ASM.value == tf.VALUE4_PTX
+    assert pt.VALUE4_ASM.value == pt.VALUE4_PTX
 
 
 @pytest.mark.parametrize("prefetch,norm_mma,staged", [(False, False, False), (True, True, False), (False, True, True)])
@@ -369,7 +369,7 @@ def test_fast_decode_matches_reference(name, prefetch, norm_mma, staged):
 
 @pytest.mark.parametrize("name", PRESETS)
 def test_fast_dequant_matches_reference(name):
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
 
     spec = TQ_PRESETS[name]
     cache = _filled(spec)
@@ -379,7 +379,7 @@ def test_fast_dequant_matches_reference(name):
     dequant_kv(cache, row, 83, k0, v0, spec, backend="torch")
     for tiles in (1, 3):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
-        tf.dequant_kv(cache, row, 83, k1, v1, spec, block_t=16, tiles_per_program=tiles)
+        td.dequant_kv(cache, row, 83, k1, v1, spec, block_t=16, tiles_per_program=tiles)
         assert torch.all(k1[:, :, 83:] == 9) and torch.all(v1[:, :, 83:] == 9)
         assert torch.allclose(k0.float(), k1.float(), atol=2e-3, rtol=1e-3)
         assert torch.equal(v0, v1)
@@ -395,6 +395,7 @@ def test_gpu_fast_equals_portable(name):
     centroids its MMA multiplies, the portable one by the fp32 centroids' norm (rotated presets;
     up to 2**-11 relative per centroid, the same for every token), so partial log-sum-exps
     of |x| ~ 10 move by a few 1e-3: the tolerance is fp16's spacing at 16."""
+    from tqlab.turboquant import _triton_dequant as td
     from tqlab.turboquant import _triton_fast as tf
     from tqlab.turboquant import _triton_kernels as tk
 
@@ -428,7 +429,7 @@ def test_gpu_fast_equals_portable(name):
     tk.dequant_kv(cache, bt[0], ctx - 5, k0, v0, spec)
     for lut in ((0,) if spec.key_fp8 else (0, 2)):
         k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
-        tf.dequant_kv(cache, bt[0], ctx - 5, k1, v1, spec, lut=lut)
+        td.dequant_kv(cache, bt[0], ctx - 5, k1, v1, spec, lut=lut)
         assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all()
         assert torch.allclose(k0[:, :, :ctx - 5].float(), k1[:, :, :ctx - 5].float(), atol=4e-3, rtol=2e-3)
         assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5])
@@ -443,20 +444,20 @@ def test_fast_dequant_variants_equal_default(name, layout):
     correction is summed at read time (vLLM's order, ``_nc`` presets) agree to fp16 rounding."""
     import dataclasses
 
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
 
     spec = dataclasses.replace(TQ_PRESETS[name], cache_layout=layout)
     cache = _filled(spec)
     row = torch.tensor([5, 0, 11, 3, 7, 2], dtype=torch.int32, device=DEV)
     k0 = torch.full((1, 2, 96, 64), 9.0, dtype=torch.float16, device=DEV)
     v0 = k0.clone()
-    tf.dequant_kv(cache, row, 83, k0, v0, spec, block_t=16, tiles_per_program=1)
+    td.dequant_kv(cache, row, 83, k0, v0, spec, block_t=16, tiles_per_program=1)
     assert not torch.equal(k0[:, :, :83], torch.full_like(k0[:, :, :83], 9.0))
     for kw in (dict(split="grid"), dict(split="launch"), dict(v8=True), dict(split="grid", v8=True),
                dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True),
                dict(w32=True), dict(w32=False), dict(split="grid", v8=True, w32=True)):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
-        tf.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
+        td.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
         assert torch.equal(v0, v1), kw
         if DEV.type == "cuda" and spec.norm_correction_on_read:
             # on the GPU the key norm correction's fp32 sum over D runs in the register layout of the
@@ -468,19 +469,19 @@ def test_fast_dequant_variants_equal_default(name, layout):
 
 
 def test_fast_dequant_w32_default_is_on_for_4bit_fields():
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
 
-    assert {n: tf.dequant_w32_default(s) for n, s in TQ_PRESETS.items()} == {
+    assert {n: td.dequant_w32_default(s) for n, s in TQ_PRESETS.items()} == {
         "turboquant_k8v4": True, "turboquant_4bit_nc": True, "turboquant_k3v4_nc": True, "turboquant_3bit_nc": False}
 
 
 def test_fast_dequant_rejects_unknown_split():
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
 
     spec = TQ_PRESETS["turboquant_3bit_nc"]
     buf = torch.zeros((1, 2, 16, 64), dtype=torch.float16, device=DEV)
     with pytest.raises(ValueError, match="split must be one of"):
-        tf.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
+        td.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
                       split="halves")
 
 
@@ -491,7 +492,7 @@ def test_gpu_fast_dequant_variants_bit_equal(name, layout):
     """On the GPU (prmt tables, 64-token tiles, wgmma) every dequant variant writes the default's bits."""
     import dataclasses
 
-    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_dequant as td
 
     spec = dataclasses.replace(TQ_PRESETS[name], cache_layout=layout)
     d, hk, bs, ctx = 128, 8, 16, 4096
@@ -503,10 +504,10 @@ def test_gpu_fast_dequant_variants_bit_equal(name, layout):
     row = torch.randperm(nb, generator=g).to(torch.int32).to(DEV)
     k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
     v0 = k0.clone()
-    tf.dequant_kv(cache, row, ctx - 5, k0, v0, spec)
+    td.dequant_kv(cache, row, ctx - 5, k0, v0, spec)
     for kw in (dict(v8=True), dict(w32=True), dict(v8=True, w32=True), dict(split="grid", v8=True, w32=True),
                dict(split="launch", v8=True, w32=True), dict(split="grid", v8=True, w32=True, tiles_per_program=1)):
         k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
-        tf.dequant_kv(cache, row, ctx - 5, k1, v1, spec, **kw)
+        td.dequant_kv(cache, row, ctx - 5, k1, v1, spec, **kw)
         assert torch.equal(k0[:, :, :ctx - 5], k1[:, :, :ctx - 5]) and torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw
         assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all(), kw

@@ -11,7 +11,7 @@ flushed; Llama-3.1-8B shard, batch 16, 32K context, and the seed rank at 128K), 
 """
 
 DEFAULTS: dict = {
-    # the fast kernels of issue 20 (``_triton_fast``), measured by benchmarks/dev_turboquant_fast.py:
+    # the fast kernels of issue 20 (``_triton_fast``, ``_triton_dequant``), measured by benchmarks/dev_turboquant_fast.py:
     # no software prefetch (it costs 75 registers: 4 -> 2 CTAs per SM), norm by 16 in-thread
     # products + 3 shuffles (the MMA against ones cost more), tiles per dequant program: 2, or 1
     # when that leaves fewer than 4 programs per SM

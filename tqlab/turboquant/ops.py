@@ -331,10 +331,11 @@ def dequant_kv(
             bad = int(used[(used < 0) | (used >= nb)][0])
             raise ValueError(f"block_table_row[:{need}] holds block ids outside [0, {nb}): {bad}")
     if resolve_backend(backend, dev) == "triton":
+        from tqlab.turboquant import _triton_dequant as td
         from tqlab.turboquant import _triton_fast as tf
         from tqlab.turboquant import _triton_kernels as tk
 
-        (tf if tf.use_fast(spec, dev) else tk).dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec)
+        (td if tf.use_fast(spec, dev) else tk).dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec)
         return
     k, v = decode_slots(_gather_request(cache, block_table_row, cached_len, spec, d), spec, d)
     k_out[0, :, :cached_len] = k.to(torch.float16)

@@ -1,0 +1,242 @@
+"""The inline-PTX tables of the fast TurboQuant kernels (issue 20): plain Python that writes the PTX strings,
+and the ``tl.constexpr`` globals the kernels read them from.  Moved here from ``_triton_fast`` /
+``_triton_soa`` (no change to any string: the compiled kernels are byte-identical).
+
+* the ``prmt`` centroid tables of the key codes in vLLM's bit order: :func:`lut_asm` (per 4 byte
+  codes) and :func:`lut_group_asm` (per group of 16 codes);
+* the nibble-plane tables (3-bit fields of the block-SoA layout, ``TurboQuantSpec.code_order``):
+  :func:`planes_asm`, :func:`planes_key_asm`, :data:`PLANES_VALUE_ASM`, :data:`PLANES_VALUE1024_ASM`;
+* the conversions :data:`VALUE4_PTX` (4-bit value codes -> exact fp16 integers) and :data:`FP8_PTX`
+  (fp8 e4m3 keys -> fp16, the block-SoA decode's k8v4 path);
+* which table a launch uses: :func:`use_lut`, :func:`tk_interpret`, ``_lut_mode``, ``_asm_for``.
+
+The jit helpers that run these tables are in ``_triton_unpack`` (16 codes per thread) and
+``_triton_soa_unpack`` (32 codes per thread).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton.language as tl
+
+from tqlab.turboquant.codebook import lloyd_max
+from tqlab.turboquant.spec import TurboQuantSpec
+
+_LUT_ASM: dict = {}
+
+
+# ----------------------------------------------------------------------------- centroid table
+def _fp16_bits(values) -> list[int]:
+    return [int(v) for v in np.asarray(values, dtype=np.float16).view(np.uint16)]
+
+
+def lut_asm(spec: TurboQuantSpec, d: int) -> str:
+    """PTX for ``tl.inline_asm_elementwise(pack=4)``: four uint8 codes in ``$2`` -> four fp16
+    centroids in ``$0, $1`` (two per register), by ``prmt`` lookups in the byte tables of the
+    fp16 centroids.  3 bits: one 8-entry table.  4 bits: the 8 positive centroids
+    ``c[8..15]`` (``c[i] = -c[15 - i]``, symmetric Lloyd-Max), index ``i ^ 7`` and the sign bit
+    set for ``i < 8``.  2 bits: the 4 centroids padded to 8.  (Key presets use 3 and 4 bits.)"""
+    key = (spec.key_bits, d)
+    if key in _LUT_ASM:
+        return _LUT_ASM[key]
+    bits = spec.key_bits
+    cent = np.asarray(lloyd_max(bits, d).centroids, dtype=np.float64)
+    if bits == 4:
+        table = cent[8:]
+    else:
+        table = np.concatenate([cent, np.zeros(8 - len(cent))])
+    h = _fp16_bits(table)
+    lo = [x & 0xFF for x in h]
+    hi = [x >> 8 for x in h]
+
+    def word(bs):
+        return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
+
+    lines = ["{", ".reg .b32 x, s, t, l, h, m, f;"]
+    if bits == 4:
+        # m: 0x07 in each byte whose code is < 8 (negative centroid); index = code ^ 7 there
+        lines += ["shr.b32 f, $2, 3;", "and.b32 f, f, 0x01010101;", "xor.b32 f, f, 0x01010101;",
+                  "mul.lo.u32 m, f, 7;", "xor.b32 x, $2, m;", "and.b32 x, x, 0x07070707;"]
+    else:
+        lines += ["and.b32 x, $2, 0x07070707;"]
+    lines += [
+        "shr.b32 t, x, 4;", "or.b32 s, x, t;",            # byte0 = c0 | c1 << 4, byte2 = c2 | c3 << 4
+        "and.b32 t, s, 0xFF;", "shr.b32 s, s, 8;", "and.b32 s, s, 0xFF00;", "or.b32 s, s, t;",
+        f"prmt.b32 l, {word(lo[:4])}, {word(lo[4:])}, s;",
+        f"prmt.b32 h, {word(hi[:4])}, {word(hi[4:])}, s;",
+        "prmt.b32 $0, l, h, 0x5140;", "prmt.b32 $1, l, h, 0x7362;",
+    ]
+    if bits == 4:  # sign bit 15 of each fp16 from the per-byte flags f (bit 0 of byte k)
+        lines += ["shl.b32 s, f, 15;", "and.b32 l, s, 0x8000;", "shl.b32 s, f, 23;", "and.b32 s, s, 0x80000000;",
+                  "or.b32 l, l, s;", "xor.b32 $0, $0, l;",
+                  "shr.b32 s, f, 1;", "and.b32 l, s, 0x8000;", "shl.b32 s, f, 7;", "and.b32 s, s, 0x80000000;",
+                  "or.b32 l, l, s;", "xor.b32 $1, $1, l;"]
+    lines.append("}")
+    _LUT_ASM[key] = "\n".join(lines)
+    return _LUT_ASM[key]
+
+
+def lut_group_asm(spec: TurboQuantSpec, d: int) -> str:
+    """PTX for ``tl.inline_asm_elementwise(pack=1)``: the 32-bit windows ``$16, $17, ...`` of one
+    group of 16 key codes -> their 16 fp16 centroids ``$0 .. $15``, four codes at a time.
+
+    3 bits: a nibble selector cut from the packed bits by shifts and masks, then ``prmt`` lookups
+    of the low and high bytes of the 8 fp16 centroids and two ``prmt`` to interleave them.
+    4 bits (the nibbles are the selectors): ``prmt`` takes 8 table bytes, so the low 3 bits of each
+    code look up both halves of the 16-entry table (codes 0-7 and 8-15) and one more ``prmt`` per
+    byte plane picks the half by the code's bit 3 (selector ``0x3210 | (bit 3 << 2)`` per byte):
+    13 instructions per 4 codes instead of 24 for the symmetric table with sign fix-up (issue 20)."""
+    bits = spec.key_bits
+    key = ("group", bits, d)
+    if key in _LUT_ASM:
+        return _LUT_ASM[key]
+    if bits not in (3, 4):
+        raise ValueError("group table lookup: 3- or 4-bit keys")
+    cent = np.asarray(lloyd_max(bits, d).centroids, dtype=np.float64)
+    h = _fp16_bits(cent)
+    lo = [x & 0xFF for x in h]
+    hi = [x >> 8 for x in h]
+
+    def word(bs):
+        return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
+
+    lines = ["{", ".reg .b32 q, s, t, l, h, a, b, r0, r1, tl0, tl1, th0, th1;",
+             f"mov.b32 tl0, {word(lo[:4])};", f"mov.b32 tl1, {word(lo[4:8])};",
+             f"mov.b32 th0, {word(hi[:4])};", f"mov.b32 th1, {word(hi[4:8])};"]
+    for k in range(4):  # quad k: codes 4k .. 4k+3
+        if bits == 3:  # bits 12k .. 12k+11 of the group: window 12k // 16 shifted by 12k % 16
+            lines += [f"shr.b32 q, ${16 + 12 * k // 16}, {12 * k % 16};",
+                      "and.b32 s, q, 0x7;", "shl.b32 t, q, 1;", "and.b32 t, t, 0x70;", "or.b32 s, s, t;",
+                      "shl.b32 t, q, 2;", "and.b32 t, t, 0x700;", "or.b32 s, s, t;",
+                      "shl.b32 t, q, 3;", "and.b32 t, t, 0x7000;", "or.b32 s, s, t;",
+                      "prmt.b32 l, tl0, tl1, s;", "prmt.b32 h, th0, th1, s;"]
+        else:  # low 3 bits index both table halves; bit 3 picks the half, byte by byte
+            lines += [f"and.b32 s, ${16 + k}, 0x7777;", f"shr.b32 t, ${16 + k}, 1;", "and.b32 t, t, 0x4444;",
+                      "or.b32 t, t, 0x3210;",
+                      "prmt.b32 a, tl0, tl1, s;", f"prmt.b32 b, {word(lo[8:12])}, {word(lo[12:])}, s;",
+                      "prmt.b32 l, a, b, t;",
+                      "prmt.b32 a, th0, th1, s;", f"prmt.b32 b, {word(hi[8:12])}, {word(hi[12:])}, s;",
+                      "prmt.b32 h, a, b, t;"]
+        lines += ["prmt.b32 r0, l, h, 0x5140;", "prmt.b32 r1, l, h, 0x7362;",
+                  f"mov.b32 {{${4 * k}, ${4 * k + 1}}}, r0;", f"mov.b32 {{${4 * k + 2}, ${4 * k + 3}}}, r1;"]
+    lines.append("}")
+    _LUT_ASM[key] = "\n".join(lines)
+    return _LUT_ASM[key]
+
+
+VALUE4_PTX = "\n".join(
+    ["{", ".reg .b32 t, r, m;", "mov.b32 m, 0x64006400;"]
+    + [line for w in range(2) for k in range(4) for line in (
+        ([f"shr.b32 t, ${16 + w}, {4 * k};"] if k else [f"mov.b32 t, ${16 + w};"])
+        + ["and.b32 r, t, 0x000F000F;", "or.b32 r, r, m;", "sub.f16x2 r, r, m;",
+           f"mov.b32 {{${8 * w + k}, ${8 * w + k + 4}}}, r;"])]
+    + ["}"])
+"""PTX for ``tl.inline_asm_elementwise(pack=1)``: 4-bit value codes -> exact fp16 integers.  ``$16``
+holds codes 0-7 of a group of 16 (nibble ``j`` = code ``j``), ``$17`` codes 8-15; codes ``j`` and
+``j + 4`` sit 16 bits apart, so one mask puts both in the low mantissa bits of a half2 under the
+exponent of 1024 (``0x6400``): ``(w >> 4k) & 0x000F000F | 0x64006400`` is ``(1024 + c_k, 1024 + c_{k+4})``,
+and one ``sub.f16x2`` of 1024 leaves the codes exactly: 2-3 instructions per two codes (issue 20)."""
+VALUE4_ASM = tl.constexpr(VALUE4_PTX)  # a jit function may read a global only as a constexpr
+
+
+
+# ----------------------------------------------------------------------------- nibble planes
+def _word(bs) -> int:
+    return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
+
+
+def planes_asm(table16: list[int] | None) -> str:
+    """PTX for ``tl.inline_asm_elementwise(pack=1)`` on a 3-bit field in nibble-plane order
+    (``TurboQuantSpec.code_order``): ``$16`` = a plane word ``L`` (``L0`` or ``L1``), ``$17`` = the
+    chunk's ``H`` shifted so that code ``j``'s high bit is at bit ``4j + 2`` (``H << 2`` for codes
+    0-15 of the chunk, ``H`` for codes 16-31) -> 16 fp16 ``$0 .. $15`` of codes ``0..15`` of that
+    half.  The ``prmt`` selector of 8 codes is ``(L & 0x33333333) | (H' & 0x44444444)`` (3 ops; the
+    next 8: both shifted right by 2 and 1 first).  ``table16``: the 8 fp16 bit patterns (key
+    centroids: low- and high-byte tables, two ``prmt`` to interleave); None = the values' table
+    fp16(0..7), whose low bytes are all zero (one ``prmt`` of the high bytes, two against zero)."""
+    key = ("planes", None if table16 is None else tuple(table16))
+    if key in _LUT_ASM:
+        return _LUT_ASM[key]
+    lines = ["{", ".reg .b32 s, t, u, l, h, r0, r1, z;", "mov.b32 z, 0;"]
+    if table16 is not None:
+        lo = [x & 0xFF for x in table16]
+        hi = [x >> 8 for x in table16]
+        tlo = (_word(lo[:4]), _word(lo[4:]))
+    else:
+        hi = [x >> 8 for x in _fp16_bits(np.arange(8))]
+    thi = (_word(hi[:4]), _word(hi[4:]))
+    for half in range(2):  # codes 8*half .. 8*half + 7
+        if half == 0:
+            lines += ["and.b32 s, $16, 0x33333333;", "and.b32 t, $17, 0x44444444;", "or.b32 s, s, t;"]
+        else:
+            lines += ["shr.b32 s, $16, 2;", "and.b32 s, s, 0x33333333;", "shr.b32 t, $17, 1;",
+                      "and.b32 t, t, 0x44444444;", "or.b32 s, s, t;"]
+        for quad in range(2):
+            sel = "s" if quad == 0 else "u"
+            if quad == 1:
+                lines.append("shr.b32 u, s, 16;")
+            o = 8 * half + 4 * quad
+            lines.append(f"prmt.b32 h, {thi[0]}, {thi[1]}, {sel};")
+            if table16 is not None:
+                lines += [f"prmt.b32 l, {tlo[0]}, {tlo[1]}, {sel};",
+                          "prmt.b32 r0, l, h, 0x5140;", "prmt.b32 r1, l, h, 0x7362;"]
+            else:
+                lines += ["prmt.b32 r0, h, z, 0x1404;", "prmt.b32 r1, h, z, 0x3424;"]
+            lines += [f"mov.b32 {{${o}, ${o + 1}}}, r0;", f"mov.b32 {{${o + 2}, ${o + 3}}}, r1;"]
+    lines.append("}")
+    _LUT_ASM[key] = "\n".join(lines)
+    return _LUT_ASM[key]
+
+
+def planes_key_asm(spec: TurboQuantSpec, d: int) -> str:
+    """:func:`planes_asm` with the fp16 Lloyd-Max centroids of 3-bit keys."""
+    if spec.key_bits != 3:
+        raise ValueError(f"nibble planes hold 3-bit codes; {spec.name} has {spec.key_bits}-bit keys")
+    return planes_asm(_fp16_bits(lloyd_max(3, d).centroids))
+
+
+# the values' tables, globals the kernels read as constexprs: fp16(0..7) (the SoA decode's MMA operand) and
+# the bits 0x6400 | code = fp16(1024 + code) (the fast dequant's, which subtracts 1024 as for the other fields)
+PLANES_VALUE_ASM = tl.constexpr(planes_asm(None))
+PLANES_VALUE1024_ASM = tl.constexpr(planes_asm([0x6400 | c for c in range(8)]))
+
+
+# ----------------------------------------------------------------------------- fp8 keys
+FP8_PTX = "\n".join(
+    ["{", ".reg .b16 l, h;", ".reg .b32 r;"]
+    + [line for w in range(4) for line in (
+        f"mov.b32 {{l, h}}, ${16 + w};", "cvt.rn.f16x2.e4m3x2 r, l;", f"mov.b32 {{${4 * w}, ${4 * w + 1}}}, r;",
+        "cvt.rn.f16x2.e4m3x2 r, h;", f"mov.b32 {{${4 * w + 2}, ${4 * w + 3}}}, r;")]
+    + ["}"])
+"""PTX: four 32-bit words of fp8 e4m3 key bytes (``$16 .. $19``, codes ``4w .. 4w+3`` in word ``w``, little
+endian) -> their 16 fp16 values in code order, two per ``cvt.rn.f16x2.e4m3x2`` (exact: every e4m3 value is
+an fp16 value)."""
+FP8_ASM = tl.constexpr(FP8_PTX)
+
+
+# ----------------------------------------------------------------------------- which table a launch uses
+def _lut_mode(spec: TurboQuantSpec, device, lut, cfg) -> int:
+    """0 (polynomial), 1 or 2 (``prmt`` tables): the table only where PTX runs and keys are 3/4-bit."""
+    if lut is None:
+        lut = cfg.get("lut", 2)
+    return int(lut) if lut and use_lut(spec, device) else 0
+
+
+def _asm_for(spec: TurboQuantSpec, d: int, lut: int) -> str:
+    """The key table asm for ``LUT``: 2 = per group of 16 codes (:func:`planes_key_asm` where the key
+    field is in nibble-plane order, ``TurboQuantSpec.code_order``), 1 = per 4 byte codes, 0 = none."""
+    if lut == 2 and not spec.key_fp8 and spec.code_order("key_idx", d) == "planes":
+        return planes_key_asm(spec, d)
+    return {0: "", 1: lut_asm, 2: lut_group_asm}[lut](spec, d) if lut else ""
+
+
+def use_lut(spec: TurboQuantSpec, device: torch.device) -> bool:
+    """The ``prmt`` table needs PTX (a CUDA device, not the interpreter) and MSE keys."""
+    return torch.device(device).type == "cuda" and spec.key_bits in (3, 4) and not tk_interpret()
+
+
+def tk_interpret() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
