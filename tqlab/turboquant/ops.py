@@ -302,7 +302,7 @@ def dequant_kv(
 
     Mirrors vLLM 0.33's ``_tq_full_dequant_kv`` (``vllm/v1/attention/ops/triton_turboquant_decode.py``),
     called from ``_continuation_prefill``.  Kernels (``backend="triton"``): the fast dequant
-    (``_triton_fast.dequant_kv``, launch ``launch.DEFAULTS["fast_dequant"]``) for the rotated presets on
+    (``_triton_dequant.dequant_kv``, launch ``launch.DEFAULTS["fast_dequant"]``) for the rotated presets on
     CUDA in either layout, the portable kernel otherwise; keys agree with the torch reference to fp16
     rounding, values bit for bit.
 
