@@ -269,8 +269,12 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
                block_t: int | None = None, num_warps: int | None = None, tiles_per_program: int | None = None,
                lut: int | None = None, stats: dict | None = None, split: str | None = None, v8: bool | None = None,
                maxnreg: int | None = None, w32: bool | None = None):
-    """The fast dequant (:func:`_dequant_fast_kernel`); launch arguments default to
-    ``launch.DEFAULTS["fast_dequant"]``.  Variants (issue 20's dequant target; every one writes the
+    """The fast continuation-prefill dequant (:func:`_dequant_fast_kernel`): the first ``cached_len``
+    tokens of one request into fp16 ``k_out``/``v_out`` ``(1, Hk, L, D)``, keys rotated back; tqlab's
+    counterpart of vLLM 0.33's ``_tq_full_dequant_kv`` (``vllm/v1/attention/ops/triton_turboquant_decode.py``).
+    Inputs are validated by :func:`tqlab.turboquant.ops.dequant_kv`.  Launch arguments default to
+    ``launch.DEFAULTS["fast_dequant"]``; ``v8`` and ``w32`` do not apply to nibble-plane fields (block-SoA
+    3-bit codes, read by their own helpers).  Variants (issue 20's dequant target; every one writes the
     same bits as the default, checked by tests/test_turboquant_triton.py and, on the GPU,
     benchmarks/dev_turboquant_dequant.py):
 
@@ -282,7 +286,8 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     * ``maxnreg``: register cap per thread (None = none);
     * ``w32``: 3- and 4-bit code words read as aligned 32-bit words (needs a 4-byte aligned cache whose
       size is a multiple of 4 bytes; ignored otherwise).  Default ``launch.DEFAULTS``' ``"4bit"``: on
-      when the key or value field is 4-bit (measured faster there, slower for 3bit_nc).
+      when the key or value field is 4-bit (measured faster there; 1-4 % slower for 3bit_nc in vLLM's
+      order, data/turboquant_dequant_variants_sweep_h200.json).
 
     Raises:
         ValueError: unknown ``split``.

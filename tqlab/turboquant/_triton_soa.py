@@ -260,9 +260,25 @@ def _decode_soa4_kernel(
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      block_t: int | None = None, num_warps: int | None = None, maxnreg: int | None = None,
                      lut: int | None = None, x32: bool = True, w32: bool = True, stats: dict | None = None):
-    """Split kernel on a block-SoA cache (``x32``: :func:`_decode_soa4_kernel`, else
-    :func:`_decode_soa_kernel` with ``w32``), then the portable reduction.  Launch defaults:
-    ``launch.SOA_DEFAULTS["soa_decode"]`` (the register cap only where the kernel is compiled)."""
+    """Split-KV decode on a block-SoA cache (``x32``: :func:`_decode_soa4_kernel`, else the prototype
+    :func:`_decode_soa_kernel` with ``w32``), then the portable reduction; the block-SoA counterpart of
+    vLLM 0.33's ``triton_turboquant_decode_attention`` (``vllm/v1/attention/ops/triton_turboquant_decode.py``:
+    ``_tq_decode_stage1`` + stage 2).  Inputs are validated by :func:`tqlab.turboquant.ops.decode_attention`,
+    which routes here only when :func:`use_soa` holds (CUDA, ``head_dim`` a multiple of 32, 16-byte
+    aligned fields); called directly, other head dims fail inside Triton.
+
+    Args:
+        query: ``(B, Hq, D)`` fp16/bf16.  cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)`` in the
+            block-SoA order of ``spec`` (norms folded, 3-bit fields as nibble planes).  block_tables: int32
+            ``(B, max_blocks)``.  seq_lens: ``(B,)`` tokens per request.  scale: softmax scale.
+        mid_out: fp32 ``(B, Hq, S, D + 1)`` split partials (``S`` = the split count).  output: ``(B, Hq, D)``,
+            lse: fp32 ``(B, Hq)`` (natural log), written in place.
+        block_t, num_warps, maxnreg, lut: launch overrides (default ``launch.SOA_DEFAULTS["soa_decode"]``;
+            the register cap only where the kernel is compiled).  stats: filled with the kernel's registers.
+
+    Raises:
+        ValueError: ``x32=False`` on a cache with fp8 keys or nibble-plane fields (the prototype reads
+            neither)."""
     cfg = SOA_DEFAULTS["soa_decode"]
     bsz, hq, d = query.shape
     nb, hk, bs, sb = cache.shape
