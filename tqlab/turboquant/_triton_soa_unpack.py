@@ -127,33 +127,12 @@ def _chunk_windows(x0, x1, x2, x3, BITS: tl.constexpr):
 def _tree32(e0, e1, e2, e3, e4, e5, e6, e7, e8, e9, e10, e11, e12, e13, e14, e15,
             f0, f1, f2, f3, f4, f5, f6, f7, f8, f9, f10, f11, f12, f13, f14, f15, T: tl.constexpr, D: tl.constexpr):
     """``[T, D]`` from code i of group A (``e_i``) and of group B (``f_i``) of every chunk, natural
-    head-dim order: the first join (most significant in-thread axis) pairs A and B."""
-    c0 = tl.join(e0, f0)
-    c1 = tl.join(e1, f1)
-    c2 = tl.join(e2, f2)
-    c3 = tl.join(e3, f3)
-    c4 = tl.join(e4, f4)
-    c5 = tl.join(e5, f5)
-    c6 = tl.join(e6, f6)
-    c7 = tl.join(e7, f7)
-    c8 = tl.join(e8, f8)
-    c9 = tl.join(e9, f9)
-    c10 = tl.join(e10, f10)
-    c11 = tl.join(e11, f11)
-    c12 = tl.join(e12, f12)
-    c13 = tl.join(e13, f13)
-    c14 = tl.join(e14, f14)
-    c15 = tl.join(e15, f15)
-    a0 = tl.join(c0, c8)
-    a1 = tl.join(c1, c9)
-    a2 = tl.join(c2, c10)
-    a3 = tl.join(c3, c11)
-    a4 = tl.join(c4, c12)
-    a5 = tl.join(c5, c13)
-    a6 = tl.join(c6, c14)
-    a7 = tl.join(c7, c15)
-    b = tl.join(tl.join(tl.join(a0, a4), tl.join(a2, a6)), tl.join(tl.join(a1, a5), tl.join(a3, a7)))
-    return tl.reshape(b, (T, D))
+    head-dim order: the first join (most significant in-thread axis) pairs A and B, then
+    :func:`_triton_unpack._tree16`'s tree over the 16 pairs."""
+    return tu._tree16(tl.join(e0, f0), tl.join(e1, f1), tl.join(e2, f2), tl.join(e3, f3), tl.join(e4, f4),
+                      tl.join(e5, f5), tl.join(e6, f6), tl.join(e7, f7), tl.join(e8, f8), tl.join(e9, f9),
+                      tl.join(e10, f10), tl.join(e11, f11), tl.join(e12, f12), tl.join(e13, f13), tl.join(e14, f14),
+                      tl.join(e15, f15), D, T)
 
 
 @triton.jit
