@@ -31,6 +31,11 @@ def _fp16_bits(values) -> list[int]:
     return [int(v) for v in np.asarray(values, dtype=np.float16).view(np.uint16)]
 
 
+def _word(bs) -> int:
+    """Four bytes, little-endian, as one 32-bit PTX immediate (a ``prmt`` table register)."""
+    return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
+
+
 def lut_asm(spec: TurboQuantSpec, d: int) -> str:
     """PTX for ``tl.inline_asm_elementwise(pack=4)``: four uint8 codes in ``$2`` -> four fp16
     centroids in ``$0, $1`` (two per register), by ``prmt`` lookups in the byte tables of the
@@ -50,9 +55,6 @@ def lut_asm(spec: TurboQuantSpec, d: int) -> str:
     lo = [x & 0xFF for x in h]
     hi = [x >> 8 for x in h]
 
-    def word(bs):
-        return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
-
     lines = ["{", ".reg .b32 x, s, t, l, h, m, f;"]
     if bits == 4:
         # m: 0x07 in each byte whose code is < 8 (negative centroid); index = code ^ 7 there
@@ -63,8 +65,8 @@ def lut_asm(spec: TurboQuantSpec, d: int) -> str:
     lines += [
         "shr.b32 t, x, 4;", "or.b32 s, x, t;",            # byte0 = c0 | c1 << 4, byte2 = c2 | c3 << 4
         "and.b32 t, s, 0xFF;", "shr.b32 s, s, 8;", "and.b32 s, s, 0xFF00;", "or.b32 s, s, t;",
-        f"prmt.b32 l, {word(lo[:4])}, {word(lo[4:])}, s;",
-        f"prmt.b32 h, {word(hi[:4])}, {word(hi[4:])}, s;",
+        f"prmt.b32 l, {_word(lo[:4])}, {_word(lo[4:])}, s;",
+        f"prmt.b32 h, {_word(hi[:4])}, {_word(hi[4:])}, s;",
         "prmt.b32 $0, l, h, 0x5140;", "prmt.b32 $1, l, h, 0x7362;",
     ]
     if bits == 4:  # sign bit 15 of each fp16 from the per-byte flags f (bit 0 of byte k)
@@ -98,12 +100,9 @@ def lut_group_asm(spec: TurboQuantSpec, d: int) -> str:
     lo = [x & 0xFF for x in h]
     hi = [x >> 8 for x in h]
 
-    def word(bs):
-        return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
-
     lines = ["{", ".reg .b32 q, s, t, l, h, a, b, r0, r1, tl0, tl1, th0, th1;",
-             f"mov.b32 tl0, {word(lo[:4])};", f"mov.b32 tl1, {word(lo[4:8])};",
-             f"mov.b32 th0, {word(hi[:4])};", f"mov.b32 th1, {word(hi[4:8])};"]
+             f"mov.b32 tl0, {_word(lo[:4])};", f"mov.b32 tl1, {_word(lo[4:8])};",
+             f"mov.b32 th0, {_word(hi[:4])};", f"mov.b32 th1, {_word(hi[4:8])};"]
     for k in range(4):  # quad k: codes 4k .. 4k+3
         if bits == 3:  # bits 12k .. 12k+11 of the group: window 12k // 16 shifted by 12k % 16
             lines += [f"shr.b32 q, ${16 + 12 * k // 16}, {12 * k % 16};",
@@ -114,9 +113,9 @@ def lut_group_asm(spec: TurboQuantSpec, d: int) -> str:
         else:  # low 3 bits index both table halves; bit 3 picks the half, byte by byte
             lines += [f"and.b32 s, ${16 + k}, 0x7777;", f"shr.b32 t, ${16 + k}, 1;", "and.b32 t, t, 0x4444;",
                       "or.b32 t, t, 0x3210;",
-                      "prmt.b32 a, tl0, tl1, s;", f"prmt.b32 b, {word(lo[8:12])}, {word(lo[12:])}, s;",
+                      "prmt.b32 a, tl0, tl1, s;", f"prmt.b32 b, {_word(lo[8:12])}, {_word(lo[12:])}, s;",
                       "prmt.b32 l, a, b, t;",
-                      "prmt.b32 a, th0, th1, s;", f"prmt.b32 b, {word(hi[8:12])}, {word(hi[12:])}, s;",
+                      "prmt.b32 a, th0, th1, s;", f"prmt.b32 b, {_word(hi[8:12])}, {_word(hi[12:])}, s;",
                       "prmt.b32 h, a, b, t;"]
         lines += ["prmt.b32 r0, l, h, 0x5140;", "prmt.b32 r1, l, h, 0x7362;",
                   f"mov.b32 {{${4 * k}, ${4 * k + 1}}}, r0;", f"mov.b32 {{${4 * k + 2}, ${4 * k + 3}}}, r1;"]
@@ -142,9 +141,6 @@ VALUE4_ASM = tl.constexpr(VALUE4_PTX)  # a jit function may read a global only a
 
 
 # ----------------------------------------------------------------------------- nibble planes
-def _word(bs) -> int:
-    return bs[0] | bs[1] << 8 | bs[2] << 16 | bs[3] << 24
-
 
 def planes_asm(table16: list[int] | None) -> str:
     """PTX for ``tl.inline_asm_elementwise(pack=1)`` on a 3-bit field in nibble-plane order
