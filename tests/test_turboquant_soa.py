@@ -384,6 +384,26 @@ def test_soa_decode_kernels_match_reference(name, x32, gp_min):
     _assert_like_reference(o0, l0, o1, l1)
 
 
+@pytest.mark.parametrize("hq", [2, 4, 16])
+def test_soa_decode_query_tile_rows_per_group(hq):
+    """GQA 1, 2 and 8 (cache Hk 2) with the default ``gp_min`` (``launch.SOA_DEFAULTS``): the query tile has
+    ``query_tile_rows(group, gp_min)`` rows (4, 4, 8: Triton pads the MMA below 16) and the decode still
+    matches the torch reference, every element written."""
+    from tqlab.turboquant import _triton_kernels as tk
+    from tqlab.turboquant import _triton_soa as ts
+    from tqlab.turboquant.launch import SOA_DEFAULTS
+
+    gp_min = SOA_DEFAULTS["soa_decode"]["gp_min"]
+    assert [tk.query_tile_rows(g, gp_min) for g in (1, 2, 4, 8)] == [4, 4, 4, 8]
+    soa = _soa("turboquant_3bit_nc")
+    blocks = _stored(soa)
+    q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch", hq=hq)
+    mid = torch.full((3, hq, 4, 65), float("nan"), device=DEV)
+    o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16)
+    _assert_like_reference(o0, l0, o1, l1)
+
+
 @pytest.mark.parametrize("gp_min", [16, 1])
 def test_soa_decode_serves_fp8_keys(gp_min):
     """k8v4 (fp8 e4m3 keys, 4-bit values) on block-SoA: the 32-codes-per-thread decode reads the key
