@@ -10,8 +10,8 @@ addresses; only the decode has a kernel of its own here:
 * ``_decode_soa4_kernel`` (the default, ``x32``): 32 codes per thread (4 lanes per token at
   D = 128): a 4-bit chunk is one 16-byte load per thread, a 3-bit one three aligned 32-bit loads;
   the two groups of 16 codes of a chunk go through the ``prmt`` table asm of ``ptx_tables``; 128-token
-  tiles, 4 warps, at most 128 registers (4 CTAs per SM); the key tile goes to the score MMA in
-  registers (below).
+  tiles, 4 warps, at most 96 registers (5 CTAs per SM), a query tile of the GQA group's own rows
+  (``gp_min``; issue 20 round 4, below); the key tile goes to the score MMA in registers (below).
 * ``_decode_soa_kernel`` (prototype kept for the driver's comparison): the fast kernel's 16 codes
   per thread on this order, ``W32`` = two aligned 32-bit loads per group; it reads vLLM's bit
   stream only, so :func:`decode_attention` refuses it for a cache with nibble-plane fields (the
@@ -59,6 +59,13 @@ the key tile).  It relies on Triton's layout inference, not on explicit layouts:
   4bit_nc 1595 -> 1463 (stack 40 -> 80 B), k8v4 1543 -> 1062 (stack 136 -> 8 B).  After a Triton
   upgrade on the GPU, re-check with ``_sass_sm90.py`` under the GPU's version (loop ``STS`` ~30, no
   spills) and time ``dev_turboquant_frag.py``.
+
+Query tile rows (issue 20, round 4; ``launch.SOA_DEFAULTS`` ``gp_min`` 4, :func:`_triton_kernels.query_tile_rows`):
+``tl.dot`` takes M below 16 and Triton pads the m16n8k16 MMA itself, so a GQA group of 4 no longer pads q to 16 rows
+in the program: the online softmax, the rescale and the partials run on 4 rows instead of 16.  Static sm_90 (Triton
+3.6, 128 x 4): loop SASS 3bit_nc 1482 -> 1348 at 128 registers, 124 -> 108 registers, and at a cap of 96 (5 CTAs per
+SM) 1342 with no spills (4bit_nc spills 72 B at 96).  H200 (``data/turboquant_gp_launch_h200.json``): Llama shard
+128K 3bit_nc 1.592 -> 1.418 ms (4 rows) -> 1.319 ms (4 rows, 96 registers).
 
 The value tile stays staged through shared memory (``STS.128`` + ``LDSM.T``): ``P V`` contracts over
 tokens, which the MMA keeps inside a warp, while a tile's tokens are spread over the 4 warps.
