@@ -100,14 +100,17 @@ DECODE_DIV16 = ("q_ptr", "c16", "c32", "bt_ptr", "sl_ptr", "mid_ptr", "num_block
                 "stride_qh", "stride_cb16", "stride_ch16", "stride_btb", "stride_mb", "stride_mh")
 
 
-def soa_decode_meta(spec, d: int = 128, block_size: int = 16, block_t: int = 128, group: int = 4) -> dict:
+def soa_decode_meta(spec, d: int = 128, block_size: int = 16, block_t: int = 128, group: int = 4,
+                    gp_min: int | None = None) -> dict:
     """Constexprs of ``_decode_soa4_kernel`` as ``_triton_soa.decode_attention`` sets them on the GPU (``PTX``,
     the prmt table for MSE keys)."""
     from tqlab.turboquant import _triton_kernels as tk
     from tqlab.turboquant import ptx_tables as pt
+    from tqlab.turboquant.launch import SOA_DEFAULTS
 
     lut = 0 if spec.key_fp8 else 2
-    return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t,
+    gp_min = SOA_DEFAULTS["soa_decode"].get("gp_min", 16) if gp_min is None else gp_min
+    return dict(GROUP=group, GP=tk.query_tile_rows(group, gp_min), BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=pt._asm_for(spec, d, lut), KEY_FP8=spec.key_fp8, PTX=True,
                 **tk._field_addr(spec, d, block_size), **tk._planes_flags(spec, d))

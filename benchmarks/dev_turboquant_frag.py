@@ -198,7 +198,7 @@ def _decode_frag_kernel(
 
 def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, block_t: int, variant: int,
           ptx: bool) -> dict:
-    return dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+    return dict(GROUP=hq // hk, GP=tk.query_tile_rows(hq // hk), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=pt._asm_for(spec, d, lut), VARIANT=variant, KEY_FP8=spec.key_fp8, PTX=ptx,
                 **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d))
@@ -275,12 +275,25 @@ def _frag(var: int):
     return call
 
 
-def kernels(variants) -> dict:
-    """name -> call: ``soa4`` (the package's ``_decode_soa4_kernel``, the baseline of every check) and ``v<N>``."""
-    return {"soa4": _soa4, **{f"v{v}": _frag(v) for v in variants}}
+# launch variants of the package kernel (``_triton_soa.decode_attention`` keyword overrides), issue 20 round 4:
+# ``gp_min`` 1 = the query tile has the GQA group's own rows (4 on both bench shapes) instead of 16
+LAUNCH = {"gp4": {"gp_min": 1}, "gp4_r96": {"gp_min": 1, "maxnreg": 96}, "gp4_r112": {"gp_min": 1, "maxnreg": 112},
+          "gp4_t256w8": {"gp_min": 1, "block_t": 256, "num_warps": 8}, "gp16": {"gp_min": 16}}
 
 
-def run(log, contexts, presets, variants, rows, save) -> None:
+def _launch(kw: dict):
+    def call(q, cache, bt, sl, spec, mid, out, lse, stats=None):
+        ts.decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats, **kw)
+    return call
+
+
+def kernels(variants, launches=()) -> dict:
+    """name -> call: ``soa4`` (the package's ``_decode_soa4_kernel``, the baseline of every check), ``v<N>`` and the
+    :data:`LAUNCH` variants named in ``launches``."""
+    return {"soa4": _soa4, **{f"v{v}": _frag(v) for v in variants}, **{n: _launch(LAUNCH[n]) for n in launches}}
+
+
+def run(log, contexts, presets, variants, rows, save, launches=()) -> None:
     """Per (shape, context, preset), every kernel of :func:`kernels` on the same K/V (the block-SoA store's cache,
     key norms folded): max |out - out_soa4| and |lse - lse_soa4|, registers, ColdTimer ms (CUDA-graph replay, L2
     flushed)."""
@@ -289,7 +302,7 @@ def run(log, contexts, presets, variants, rows, save) -> None:
     from tqlab.turboquant import get_spec
     from tqlab.turboquant import ops as _ops
 
-    timer, d, kern = ColdTimer(), 128, kernels(variants)
+    timer, d, kern = ColdTimer(), 128, kernels(variants, launches)
     for shape, (hq, hk, b) in SHAPES.items():
         for ctx in contexts:
             k, v, q = random_decode_inputs(b, hq, hk, ctx, d, seed=1000 + ctx + b + hq)
@@ -333,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--presets", default=",".join(PRESETS))
     ap.add_argument("--variants", default="0",
                     help="VARIANTs of _decode_frag_kernel to time beside the package kernel (0: before, 1: kWidth 2)")
+    ap.add_argument("--launch", default="", help=f"launch variants of the package kernel, comma-separated: {sorted(LAUNCH)}")
     ap.add_argument("--sass", default=None, metavar="DIR",
                     help="no GPU: compile the package kernel and the variants for sm_90 into DIR and print counts")
     return ap
@@ -365,7 +379,12 @@ def main(argv=None) -> int:
 
     log, save = progress_log(t0), json_saver(res, out, t0)
 
-    run(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), variants, res["rows"], save)
+    launches = [n for n in args.launch.split(",") if n]
+    unknown = sorted(set(launches) - set(LAUNCH))
+    if unknown:
+        print(f"dev_turboquant_frag.py: unknown --launch {unknown}; known: {sorted(LAUNCH)}", file=sys.stderr)
+        return 2
+    run(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), variants, res["rows"], save, launches)
     bad = [r for r in res["rows"] if not r["ok"]]
     print(f"CHECK: {len(res['rows']) - len(bad)} ok, {len(bad)} failed", flush=True)
     for r in res["rows"]:

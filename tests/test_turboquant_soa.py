@@ -389,14 +389,15 @@ def _assert_like_reference(o0, l0, o1, l1):
     assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=2e-3)
 
 
-@pytest.mark.parametrize("x32", [False, True])
+@pytest.mark.parametrize("x32,gp_min", [(False, 16), (True, 16), (True, 1)])
 @pytest.mark.parametrize("name", ROTATED)
-def test_soa_decode_kernels_match_reference(name, x32):
+def test_soa_decode_kernels_match_reference(name, x32, gp_min):
     """The SoA decode kernels (``_triton_soa``; the polynomial centroids under the interpreter) on a
     block-SoA cache (folded norms) against the torch reference on the same cache: empty request,
-    fewer tokens than splits, several tiles, shuffled blocks, GQA 4; every output element written
-    (NaN-poisoned before).  ``x32=False`` (``_decode_soa_kernel``, vLLM's bit stream only) refuses the
-    3-bit presets' nibble-plane fields with a clear error."""
+    fewer tokens than splits, several tiles, shuffled blocks, GQA 4 (query tile padded to 16 rows, or
+    ``gp_min`` 1: the group's own 4); every output element written (NaN-poisoned before).
+    ``x32=False`` (``_decode_soa_kernel``, vLLM's bit stream only) refuses the 3-bit presets'
+    nibble-plane fields with a clear error."""
     from tqlab.turboquant import _triton_soa as ts
 
     soa = _soa(name)
@@ -408,11 +409,32 @@ def test_soa_decode_kernels_match_reference(name, x32):
             ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=x32)
         assert torch.isnan(o1).all() and torch.isnan(mid).all()  # refused before any launch
         return
-    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=x32)
+    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=x32, gp_min=gp_min)
     _assert_like_reference(o0, l0, o1, l1)
 
 
-def test_soa_decode_serves_fp8_keys():
+@pytest.mark.parametrize("hq", [2, 4, 16])
+def test_soa_decode_query_tile_rows_per_group(hq):
+    """GQA 1, 2 and 8 (cache Hk 2) with the default ``gp_min`` (``launch.SOA_DEFAULTS``): the query tile has
+    ``query_tile_rows(group, gp_min)`` rows (4, 4, 8: Triton pads the MMA below 16) and the decode still
+    matches the torch reference, every element written."""
+    from tqlab.turboquant import _triton_kernels as tk
+    from tqlab.turboquant import _triton_soa as ts
+    from tqlab.turboquant.launch import SOA_DEFAULTS
+
+    gp_min = SOA_DEFAULTS["soa_decode"]["gp_min"]
+    assert [tk.query_tile_rows(g, gp_min) for g in (1, 2, 4, 8)] == [4, 4, 4, 8]
+    soa = _soa("turboquant_3bit_nc")
+    blocks = _stored(soa)
+    q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch", hq=hq)
+    mid = torch.full((3, hq, 4, 65), float("nan"), device=DEV)
+    o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
+    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16)
+    _assert_like_reference(o0, l0, o1, l1)
+
+
+@pytest.mark.parametrize("gp_min", [16, 1])
+def test_soa_decode_serves_fp8_keys(gp_min):
     """k8v4 (fp8 e4m3 keys, 4-bit values) on block-SoA: the 32-codes-per-thread decode reads the key
     bytes itself (interpreter: through Triton's fp8 type; GPU: ``FP8_PTX``) and matches the torch
     reference; the 16-codes prototype refuses fp8 keys; ``use_soa`` takes every preset on CUDA only."""
@@ -422,7 +444,7 @@ def test_soa_decode_serves_fp8_keys():
     blocks = _stored(soa)
     q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch")
     mid, o1, l1 = _poisoned(o0, l0)
-    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16)
+    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, gp_min=gp_min)
     _assert_like_reference(o0, l0, o1, l1)
     with pytest.raises(ValueError, match="no fp8-key path"):
         ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, x32=False)

@@ -300,7 +300,7 @@ def _split_meta(query, cache, spec, block_t: int, lut: int, staged: bool = False
     hk, bs = cache.shape[1], cache.shape[2]
     group = hq // hk
     fields = tk._field_words(spec, d) if staged else tk._field_addr(spec, d, bs)
-    return dict(GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
+    return dict(GROUP=group, GP=tk.query_tile_rows(group), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
                 **fields, LUT=lut, LUT_ASM=_asm_for(spec, d, lut))
 

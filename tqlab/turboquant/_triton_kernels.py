@@ -738,7 +738,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         cache.stride(0), cache.stride(1), cache.stride(2),
         block_tables.stride(0),
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        GROUP=group, GP=max(16, triton.next_power_of_2(group)), BLOCK_SIZE=bs,
+        GROUP=group, GP=query_tile_rows(group), BLOCK_SIZE=bs,
         D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages, PREFETCH=prefetch,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
         **_field_addr(spec, d, bs), **_planes_flags(spec, d), **opts,
@@ -746,6 +746,13 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     _record(stats, kern)
     reduce(mid_out, output, lse)
     return output
+
+
+def query_tile_rows(group: int, minimum: int = 16) -> int:
+    """Rows ``GP`` of a decode program's query tile: the GQA group size ``Hq // Hk`` rounded up to a power of
+    two, at least ``minimum`` (16 = one m16n8k16 MMA tile; below it Triton pads the MMA itself and the
+    softmax runs on the real rows only -- the block-SoA decode's ``gp_min``, ``launch.SOA_DEFAULTS``)."""
+    return max(minimum, triton.next_power_of_2(group))
 
 
 def reduce(mid_out, output, lse) -> None:

@@ -259,7 +259,8 @@ def _decode_soa4_kernel(
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      block_t: int | None = None, num_warps: int | None = None, maxnreg: int | None = None,
-                     lut: int | None = None, x32: bool = True, w32: bool = True, stats: dict | None = None):
+                     lut: int | None = None, x32: bool = True, w32: bool = True, stats: dict | None = None,
+                     gp_min: int | None = None):
     """Split-KV decode on a block-SoA cache (``x32``: :func:`_decode_soa4_kernel`, else the prototype
     :func:`_decode_soa_kernel` with ``w32``), then the portable reduction; the block-SoA counterpart of
     vLLM 0.33's ``triton_turboquant_decode_attention`` (``vllm/v1/attention/ops/triton_turboquant_decode.py``:
@@ -273,8 +274,9 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
             ``(B, max_blocks)``.  seq_lens: ``(B,)`` tokens per request.  scale: softmax scale.
         mid_out: fp32 ``(B, Hq, S, D + 1)`` split partials (``S`` = the split count).  output: ``(B, Hq, D)``,
             lse: fp32 ``(B, Hq)`` (natural log), written in place.
-        block_t, num_warps, maxnreg, lut: launch overrides (default ``launch.SOA_DEFAULTS["soa_decode"]``;
-            the register cap only where the kernel is compiled).  stats: filled with the kernel's registers.
+        block_t, num_warps, maxnreg, lut, gp_min: launch overrides (default ``launch.SOA_DEFAULTS["soa_decode"]``;
+            the register cap only where the kernel is compiled; ``gp_min``: the fewest query-tile rows,
+            :func:`tqlab.turboquant._triton_kernels.query_tile_rows`).  stats: filled with the kernel's registers.
 
     Raises:
         ValueError: ``x32=False`` on a cache with fp8 keys or nibble-plane fields (the prototype reads
@@ -287,7 +289,8 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
             *tk._centroid_poly(spec, d), scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
             query.stride(0), query.stride(1), cache.stride(0) // 2, cache.stride(1) // 2,
             block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2))
-    meta = dict(GROUP=hq // hk, GP=max(16, triton.next_power_of_2(hq // hk)), BLOCK_SIZE=bs, D=d,
+    gp_min = cfg.get("gp_min", 16) if gp_min is None else gp_min
+    meta = dict(GROUP=hq // hk, GP=tk.query_tile_rows(hq // hk, gp_min), BLOCK_SIZE=bs, D=d,
                 BLOCK_T=block_t or cfg["block_t"], KBITS=spec.key_bits, VBITS=spec.value_bits,
                 NORM_CORR=spec.norm_correction_on_read, LUT=lut, LUT_ASM=pt._asm_for(spec, d, lut),
                 num_warps=num_warps or cfg["num_warps"], **tk._field_addr(spec, d, bs))

@@ -25,8 +25,10 @@ DEFAULTS: dict = {
     "dequant": {"block_t": 64, "num_warps": 4, "num_stages": None, "maxnreg": None, "tiles": 8},
 }
 
-# block-SoA decode (``_triton_soa``; the ``soa_x32_128x4_r128`` variant of
-# benchmarks/dev_turboquant_soa.py, data/turboquant_soa_x32_launch_h200.json): 128-token tiles,
-# 4 warps, register cap 128 -> 4 CTAs per SM.  Kept apart from DEFAULTS, which
-# data/turboquant_bench.json's sweep recorded.
-SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 128, "lut": 2}}
+# block-SoA decode (``_triton_soa``): 128-token tiles, 4 warps (the ``soa_x32_128x4`` variant of
+# benchmarks/dev_turboquant_soa.py, data/turboquant_soa_x32_launch_h200.json); since issue 20's round 4 the
+# query tile has the GQA group's own rows (``gp_min`` 4: Triton pads the MMA below 16, the softmax runs on 4
+# rows instead of 16) and a register cap of 96 -> 5 CTAs per SM (``gp4_r96`` of
+# data/turboquant_gp_launch_h200.json: Llama shard 3bit_nc 128K 1.592 -> 1.319 ms; 128 registers with 16 rows
+# before).  Kept apart from DEFAULTS, which data/turboquant_bench.json's sweep recorded.
+SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 96, "lut": 2, "gp_min": 4}}
