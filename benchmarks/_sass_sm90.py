@@ -69,8 +69,8 @@ _OP = re.compile(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 
 def loop_ops(sass: str) -> dict:
     """The main loop of an ``nvdisasm -c`` listing: the instructions from the target label of the longest
-    back-branch (``BRA`` to an earlier label) through that branch: ``loop_sass`` (count) and ``loop_opcodes``
-    (histogram, most common first); zeros when the kernel has no backward branch."""
+    back-branch (``BRA`` to an earlier label) through that branch: ``loop_sass`` (count), ``loop_opcodes``
+    (histogram, most common first) and ``loop_text`` (those lines); zeros when the kernel has no backward branch."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, ln in enumerate(lines) if (m := re.match(r"^(\.L_x_\d+):", ln))}
     span = (0, -1)
@@ -78,8 +78,9 @@ def loop_ops(sass: str) -> dict:
         m = re.search(r"\bBRA\s+`\((\.L_x_\d+)\)", ln)
         if m and labels.get(m.group(1), i) < i and i - labels[m.group(1)] > span[1] - span[0]:
             span = (labels[m.group(1)], i)
-    ops = [m.group(1) for ln in lines[span[0]: span[1] + 1] if (m := _OP.match(ln))]
-    return {"loop_sass": len(ops), "loop_opcodes": collections.Counter(ops).most_common()}
+    body = lines[span[0]: span[1] + 1]
+    ops = [m.group(1) for ln in body if (m := _OP.match(ln))]
+    return {"loop_sass": len(ops), "loop_opcodes": collections.Counter(ops).most_common(), "loop_text": "\n".join(body)}
 
 
 def decode_signature() -> dict:

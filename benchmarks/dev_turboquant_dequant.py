@@ -11,6 +11,8 @@ CPU (``--sass``): each variant compiled for sm_90 by ``_sass_sm90.compile_sm90``
 so counts are estimates): registers, shared memory, SASS count and the loads, stores, barriers and MMAs in it.
 
     python benchmarks/dev_turboquant_dequant.py --out $OUT/dequant.json
+    python benchmarks/dev_turboquant_dequant.py --layouts block_soa \
+        --variants default,p16,t1,t2,t4,w8,w8_r64,fill,b128_w8_t1 --out $OUT/dq.json   # 32-bit planes, seed tiling
     python benchmarks/dev_turboquant_dequant.py --record --commit X   # data/turboquant_dequant_variants_h200.json
     PYTHONPATH=$PWD python benchmarks/dev_turboquant_dequant.py --sass [--sass-dir /tmp/sass]
 """
@@ -53,6 +55,17 @@ EXTRA_VARIANTS = {  # not run by default (compile time); --variants picks them b
     "launch_v8": {"split": "launch", "v8": True},
     "v8_128x8": {"v8": True, "w32": True, "block_t": 128, "num_warps": 8},
     "v8_w32_t4": {"v8": True, "w32": True, "tiles_per_program": 4},
+    # issue 20's continuation-dequant target on block-SoA (branch dq32): nibble-plane words as 16-bit pairs (the
+    # kernel before p32), and the tokens per program for the seed rank (1 KV head): fixed tiles, warps, "fill"
+    "p16": {"p32": False},
+    "t1": {"split": "none", "tiles_per_program": 1},
+    "t2": {"split": "none", "tiles_per_program": 2},
+    "t4": {"split": "none", "tiles_per_program": 4},
+    "w8": {"num_warps": 8},
+    "t1_w8": {"split": "none", "tiles_per_program": 1, "num_warps": 8},
+    "w8_r64": {"num_warps": 8, "maxnreg": 64},
+    "fill": {"tiling": "fill"},
+    "b128_w8_t1": {"split": "none", "block_t": 128, "tiles_per_program": 1, "num_warps": 8},
 }
 ALL_VARIANTS = {**VARIANTS, **EXTRA_VARIANTS}
 PATTERNS = {"LDG16": r"LDG\.E\.U16", "LDG32": r"LDG\.E ", "LDG128": r"LDG\.E\.128", "STG128": r"STG\.E\.128",
@@ -145,9 +158,10 @@ def _best(rows) -> list:
 
 
 # ----------------------------------------------------------------------------- static analysis (CPU)
-def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 128, bs: int = 16):
-    """``_dequant_fast_kernel`` compiled for sm_90 as ``td.dequant_kv(**kw)`` launches it (its last launch for
-    ``split="launch"``), with the JIT's divisibility specialization of that shape."""
+def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 128, bs: int = 16, ctx: int = 32768):
+    """``_dequant_fast_kernel`` compiled for sm_90 as ``td.dequant_kv(**kw)`` launches it on ``hk`` KV heads and
+    ``ctx`` cached tokens of an aligned, contiguous cache on 132 SMs (its last launch for ``split="launch"``),
+    with the JIT's divisibility specialization of that shape; ``w32`` and ``p32`` default as in ``dequant_kv``."""
     from _sass_sm90 import compile_sm90
 
     from tqlab.turboquant import _triton_dequant as td
@@ -162,41 +176,54 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
     sig.update({n: "i32" for n in ("cached_len", "num_blocks", "stride_cb", "stride_ch", "stride_ct", "stride_kh",
                                    "stride_kt", "stride_vh", "stride_vt")}, inv_sqrt_d="fp32")
     split = kw.get("split", "none")
-    meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=kw.get("block_t", cfg["block_t"]), TILES=kw.get("tiles_per_program", 2),
-                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
-                **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d), LUT=2, LUT_ASM=pt._asm_for(spec, d, 2),
-                PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)), W32=bool(kw.get("w32", False)))
+    block_t, tiles = kw.get("block_t", cfg["block_t"]), kw.get("tiles_per_program")
+    if tiles is None:
+        block_t, tiles = td.dequant_tiling(ctx, hk, 132, block_t, cfg["tiles"], kw.get("tiling") or cfg.get("tiling", "tiles"))
     sb = spec.slot_bytes(d)
-    meta["EVEN"] = meta["W32"] and td.codes_even(tk._field_addr(spec, d, bs), hk * bs * sb, bs * sb, sb)
+    fields, planes = tk._field_addr(spec, d, bs), tk._planes_flags(spec, d)
+    even = td.codes_even(fields, hk * bs * sb, bs * sb, sb)
+    w32 = bool(kw.get("w32", td.dequant_w32_default(spec)))
+    p32 = bool(kw.get("p32", cfg.get("p32", True))) and even and (planes["KP"] or planes["VP"])
+    meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
+                KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
+                **fields, **planes, LUT=2, LUT_ASM=pt._asm_for(spec, d, 2),
+                PART={"none": 3, "grid": 0, "launch": 2}[split], V8=bool(kw.get("v8", False)), W32=w32,
+                EVEN=w32 and even, P32=p32)
     div = ["cache16_ptr", "bt_ptr", "k_ptr", "v_ptr", "signs_ptr", "cache32_ptr", "cached_len", "num_blocks", "stride_kh",
            "stride_kt", "stride_vh", "stride_vt"]
     div += [n for n, val in (("stride_cb", hk * bs * sb), ("stride_ch", bs * sb), ("stride_ct", sb)) if val % 16 == 0]
-    kernels = [compile_sm90(td._dequant_fast_kernel, sig, meta, num_warps=kw.get("num_warps", cfg["num_warps"]),
-                            maxnreg=kw.get("maxnreg"), divisible=div)]
+    nw, mr = kw.get("num_warps", cfg["num_warps"]), kw.get("maxnreg")
+    kernels = [compile_sm90(td._dequant_fast_kernel, sig, meta, num_warps=nw, maxnreg=mr, divisible=div)]
     if split == "launch":
-        kernels.insert(0, compile_sm90(td._dequant_fast_kernel, sig, {**meta, "PART": 1},
-                                       num_warps=kw.get("num_warps", cfg["num_warps"]), maxnreg=kw.get("maxnreg"),
+        kernels.insert(0, compile_sm90(td._dequant_fast_kernel, sig, {**meta, "PART": 1}, num_warps=nw, maxnreg=mr,
                                        divisible=div))
     return kernels
 
 
 def run_sass(args, log) -> dict:
+    """Static sm_90 counts of each variant, per preset, layout and shape (at the first ``--contexts`` entry: the
+    tiling rule depends on it); ``loop_*``: the main loop (``_sass_sm90.loop_ops``)."""
     from _sass_sm90 import report
 
     rows = []
+    ctx = args.contexts[0]
     for preset in args.presets:
         for layout in args.layouts:
-            for label in args.variants:
-                for part, kern in enumerate(compile_variant(preset, layout, ALL_VARIANTS[label])):
-                    name = f"{preset}_{layout}_{label}" + (f"_launch{part + 1}" if ALL_VARIANTS[label].get("split") == "launch" else "")
-                    r = report(kern, args.sass_dir, name)
-                    sass = (Path(args.sass_dir) / f"{name}.sass").read_text()
-                    row = {"preset": preset, "layout": layout, "variant": label, "kernel": name,
-                           "registers": r["usage"].get("REG"), "shared_bytes": kern.metadata.shared,
-                           "sass": r["sass_total"], "convert_layout": r["convert_layout"],
-                           **{k: len(re.findall(p, sass)) for k, p in PATTERNS.items()}}
-                    rows.append(row)
-                    log(row)
+            for shape in args.shapes:
+                for label in args.variants:
+                    kw = ALL_VARIANTS[label]
+                    for part, kern in enumerate(compile_variant(preset, layout, kw, hk=SHAPES[shape], ctx=ctx)):
+                        name = f"{preset}_{layout}_{shape}_{label}" + (f"_launch{part + 1}" if kw.get("split") == "launch" else "")
+                        r = report(kern, args.sass_dir, name)
+                        sass = (Path(args.sass_dir) / f"{name}.sass").read_text()
+                        row = {"preset": preset, "layout": layout, "shape": shape, "variant": label, "kernel": name,
+                               "registers": r["usage"].get("REG"), "stack": r["usage"].get("STACK", 0),
+                               "shared_bytes": kern.metadata.shared, "sass": r["sass_total"], "loop_sass": r["loop_sass"],
+                               "convert_layout": r["convert_layout"],
+                               **{k: len(re.findall(p, sass)) for k, p in PATTERNS.items()},
+                               **{f"loop_{k}": len(re.findall(p, r["loop_text"])) for k, p in PATTERNS.items() if k.startswith("LDG")}}
+                        rows.append(row)
+                        log(row)
     return {"sass": rows}
 
 

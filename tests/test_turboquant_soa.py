@@ -297,6 +297,35 @@ def test_fast_dequant_on_block_soa_equals_vllm_order(name):
         assert torch.equal(k0, k1) and torch.equal(v0, v1), kw
 
 
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc"])
+def test_fast_dequant_planes_32bit_words_equal_16bit_pairs(name):
+    """The fast dequant reads a block-SoA cache's nibble-plane words as aligned 32-bit loads (``p32``, the
+    default where the cache is 4-byte aligned) or as pairs of 16-bit loads: the same bits either way; a
+    cache 2 bytes off a 4-byte boundary takes the 16-bit reads (``stats["p32"]`` False) with the same result."""
+    from tqlab.turboquant import _triton_dequant as td
+
+    soa = _soa(name)
+    blocks = _stored(soa)
+    buf = torch.zeros(blocks.numel() + 2, dtype=torch.uint8, device=DEV)
+    odd = buf[2:].view(blocks.shape)
+    odd.copy_(blocks)
+    assert blocks.data_ptr() % 4 == 0 and odd.data_ptr() % 4 == 2
+    row = torch.randperm(12, generator=torch.Generator().manual_seed(3)).to(DEV)
+    res = []
+    for c, kw, used in ((blocks, {}, True), (blocks, {"p32": False}, False), (odd, {}, False)):
+        k = torch.full((1, 2, 176, 64), 9.0, dtype=torch.float16, device=DEV)
+        v = k.clone()
+        st: dict = {}
+        td.dequant_kv(c, row, 171, k, v, soa, block_t=16, tiles_per_program=2, lut=0, stats=st, **kw)
+        assert st["p32"] is used, kw
+        res.append((k, v))
+    (k0, v0) = res[0]
+    assert not torch.equal(k0[:, :, :171], torch.full_like(k0[:, :, :171], 9.0))
+    assert torch.all(k0[:, :, 171:] == 9) and torch.all(v0[:, :, 171:] == 9)
+    for k1, v1 in res[1:]:
+        assert torch.equal(k0, k1) and torch.equal(v0, v1)
+
+
 def test_fast_decode_refuses_nibble_planes():
     """``_triton_fast.decode_attention`` reads vLLM's bit stream only: a block-SoA 3-bit cache gets a
     clear error (``ops`` sends such caches to ``_triton_soa`` or, off its alignment, the portable decode)."""

@@ -455,7 +455,8 @@ def test_fast_dequant_variants_equal_default(name, layout):
     assert not torch.equal(k0[:, :, :83], torch.full_like(k0[:, :, :83], 9.0))
     for kw in (dict(split="grid"), dict(split="launch"), dict(v8=True), dict(split="grid", v8=True),
                dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True),
-               dict(w32=True), dict(w32=False), dict(split="grid", v8=True, w32=True)):
+               dict(w32=True), dict(w32=False), dict(split="grid", v8=True, w32=True), dict(p32=False),
+               dict(tiles_per_program=None, block_t=64, tiling="fill"), dict(num_warps=8, tiles_per_program=2)):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
         td.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
         assert torch.equal(v0, v1), kw
@@ -475,6 +476,37 @@ def test_fast_dequant_w32_default_is_on_for_4bit_fields():
         "turboquant_k8v4": True, "turboquant_4bit_nc": True, "turboquant_k3v4_nc": True, "turboquant_3bit_nc": False}
 
 
+def test_fast_dequant_tiling_fills_the_gpu_only_where_the_default_does_not():
+    """``dequant_tiling``: 2 tiles of 64 tokens per program where that leaves >= 4 programs per SM (132 SMs:
+    528), else 1 tile; ``"fill"`` then halves the tile down to 32 tokens while 1 tile per program still
+    leaves fewer (the seed rank, 1 KV head, at 32K: 512 -> 1024 programs)."""
+    from tqlab.turboquant import _triton_dequant as td
+
+    assert td.dequant_tiling(32768, 1, 132, 64, 2) == (64, 1)  # 512 programs
+    assert td.dequant_tiling(32768, 1, 132, 64, 2, "fill") == (32, 1)  # 1024
+    assert td.dequant_tiling(131072, 1, 132, 64, 2, "fill") == (64, 2)  # 1024 programs already
+    assert td.dequant_tiling(32768, 8, 132, 64, 2, "fill") == (64, 2)  # the Llama shard: 2048
+    assert td.dequant_tiling(8192, 1, 132, 64, 2, "fill") == (32, 1)  # 256 programs: never below 32 tokens
+    assert td.dequant_tiling(33792, 1, 132, 64, 2) == (64, 1)  # 528 tiles // 2 = 264 < 528
+    assert td.dequant_tiling(67584, 1, 132, 64, 2) == (64, 2)  # 1056 // 2 = 528
+    with pytest.raises(ValueError, match="tiling must be one of"):
+        td.dequant_tiling(1024, 1, 132, 64, 2, "waves")
+
+
+def test_fast_dequant_stats_report_the_launch():
+    """``stats`` gets the launch actually made: the ``fill`` tiling's 32-token tiles for a short request on the
+    CPU's assumed 132 SMs, and ``p32`` off for vLLM's order (no nibble planes)."""
+    from tqlab.turboquant import _triton_dequant as td
+
+    spec = TQ_PRESETS["turboquant_3bit_nc"]
+    row = torch.tensor([5, 0, 11, 3, 7, 2], dtype=torch.int32, device=DEV)
+    k = torch.full((1, 2, 96, 64), 9.0, dtype=torch.float16, device=DEV)
+    st: dict = {}
+    td.dequant_kv(_filled(spec), row, 83, k, k.clone(), spec, tiling="fill", stats=st)
+    assert {x: st[x] for x in ("block_t", "tiles", "programs", "p32")} == {"block_t": 32, "tiles": 1, "programs": 6,
+                                                                          "p32": False}
+
+
 def test_fast_dequant_rejects_unknown_split():
     from tqlab.turboquant import _triton_dequant as td
 
@@ -483,6 +515,9 @@ def test_fast_dequant_rejects_unknown_split():
     with pytest.raises(ValueError, match="split must be one of"):
         td.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
                       split="halves")
+    with pytest.raises(ValueError, match="tiling must be one of"):
+        td.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
+                      tiling="waves")
 
 
 @pytest.mark.gpu
@@ -506,7 +541,9 @@ def test_gpu_fast_dequant_variants_bit_equal(name, layout):
     v0 = k0.clone()
     td.dequant_kv(cache, row, ctx - 5, k0, v0, spec)
     for kw in (dict(v8=True), dict(w32=True), dict(v8=True, w32=True), dict(split="grid", v8=True, w32=True),
-               dict(split="launch", v8=True, w32=True), dict(split="grid", v8=True, w32=True, tiles_per_program=1)):
+               dict(split="launch", v8=True, w32=True), dict(split="grid", v8=True, w32=True, tiles_per_program=1),
+               dict(p32=False), dict(tiling="fill"), dict(block_t=32, tiles_per_program=1),
+               dict(tiles_per_program=4), dict(num_warps=8), dict(num_warps=8, maxnreg=64)):
         k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
         td.dequant_kv(cache, row, ctx - 5, k1, v1, spec, **kw)
         assert torch.equal(k0[:, :, :ctx - 5], k1[:, :, :ctx - 5]) and torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw

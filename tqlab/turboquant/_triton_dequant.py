@@ -24,18 +24,39 @@ FAST_DEFAULTS = tk.DEFAULTS  # key "fast_dequant" (launch.py); the same dict as 
 
 # ----------------------------------------------------------------------------- nibble planes
 @triton.jit
-def _planes_words(cache16_ptr, base16, ok, D: tl.constexpr):
+def _planes_words(cache16_ptr, base16, ok, D: tl.constexpr, P32: tl.constexpr = 0):
     """``(lw, hw)`` int32 ``[T, D // 16]`` of a nibble-plane field at 16-bit word ``base16``: group
     ``g`` of 16 codes = half ``g % 2`` of chunk ``g // 2`` (6 words per chunk: ``L0, L1, H``);
-    ``lw`` = its plane word, ``hw`` = ``H << 2`` (half 0) or ``H`` (half 1), as :func:`planes_asm`."""
+    ``lw`` = its plane word, ``hw`` = ``H << 2`` (half 0) or ``H`` (half 1), as :func:`planes_asm`.
+
+    ``P32`` 0: each word as two 16-bit loads, ORed.  Else ``base16`` must be even (a 4-byte aligned
+    block-SoA cache, :func:`codes_even`) and the words are aligned 32-bit loads (the same int32 values, bit
+    for bit): 1 -- ``lw`` and ``hw`` as two ``[T, D // 16]`` loads (``H`` read once per half chunk); 2 --
+    ``L0``, ``L1``, ``H`` as three ``[T, D // 32]`` loads joined in registers (``H`` read once).  Static
+    sm_90 (Triton 3.6): 2 is the shorter loop for keys, but for the value field it adds 6 barriers and 8
+    ``LDSM`` per tile to the key tile's staging (so the kernel reads keys by 2 and values by 1)."""
     g = tl.arange(0, D // 16)
-    row = cache16_ptr + base16[:, None]
-    lp = row + ((g // 2) * 6 + (g % 2) * 2)[None, :]
-    hp = row + ((g // 2) * 6 + 4)[None, :]
     m = ok[:, None]
-    lw = tl.load(lp, mask=m, other=0).to(tl.int32) | (tl.load(lp + 1, mask=m, other=0).to(tl.int32) << 16)
-    hw = tl.load(hp, mask=m, other=0).to(tl.int32) | (tl.load(hp + 1, mask=m, other=0).to(tl.int32) << 16)
-    return lw, tl.where((g % 2 == 0)[None, :], hw << 2, hw)
+    if P32 == 0:
+        row = cache16_ptr + base16[:, None]
+        lp = row + ((g // 2) * 6 + (g % 2) * 2)[None, :]
+        hp = row + ((g // 2) * 6 + 4)[None, :]
+        lw = tl.load(lp, mask=m, other=0).to(tl.int32) | (tl.load(lp + 1, mask=m, other=0).to(tl.int32) << 16)
+        hw = tl.load(hp, mask=m, other=0).to(tl.int32) | (tl.load(hp + 1, mask=m, other=0).to(tl.int32) << 16)
+        return lw, tl.where((g % 2 == 0)[None, :], hw << 2, hw)
+    row32 = (cache16_ptr + base16[:, None]).to(tl.pointer_type(tl.int32), bitcast=True)
+    if P32 == 1:
+        # contiguity 1 declared: pairs of L words are contiguous, and Triton would load them across lanes and
+        # convert the tile to the token-per-thread layout the unpacking wants (through shared memory)
+        lw = tl.load(row32 + tl.max_contiguous((g // 2) * 3 + g % 2, 1)[None, :], mask=m, other=0)
+        hw = tl.load(row32 + ((g // 2) * 3 + 2)[None, :], mask=m, other=0)
+        return lw, tl.where((g % 2 == 0)[None, :], hw << 2, hw)
+    c3 = (tl.arange(0, D // 32) * 3)[None, :]
+    l0 = tl.load(row32 + c3, mask=m, other=0)
+    l1 = tl.load(row32 + c3 + 1, mask=m, other=0)
+    h = tl.load(row32 + c3 + 2, mask=m, other=0)
+    T: tl.constexpr = base16.shape[0]
+    return tl.reshape(tl.join(l0, l1), (T, D // 16)), tl.reshape(tl.join(h << 2, h), (T, D // 16))
 
 
 @triton.jit
@@ -61,10 +82,11 @@ def _planes_tile(lw, hw, T: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr, OR
 
 @triton.jit
 def _planes_keys(cache16_ptr, kb16, ok, c0, c1, c2, c3, c4, c5, c6, c7, D: tl.constexpr, T: tl.constexpr,
-                 LUT: tl.constexpr, LUT_ASM: tl.constexpr):
+                 LUT: tl.constexpr, LUT_ASM: tl.constexpr, P32: tl.constexpr = 0):
     """fp16 key centroids ``[T, D]`` of a 3-bit key field in nibble-plane order (the fast dequant's
-    ``KP``): LUT 2 = :func:`planes_key_asm` (in ``LUT_ASM``), else the exact polynomial."""
-    kl, kh = _planes_words(cache16_ptr, kb16, ok, D)
+    ``KP``): LUT 2 = :func:`planes_key_asm` (in ``LUT_ASM``), else the exact polynomial.  ``P32``: as
+    :func:`_planes_words`."""
+    kl, kh = _planes_words(cache16_ptr, kb16, ok, D, P32)
     if LUT == 2:
         yh = _planes_tile(kl, kh, T, D, LUT_ASM, 0, 0)
     else:
@@ -74,11 +96,13 @@ def _planes_keys(cache16_ptr, kb16, ok, c0, c1, c2, c3, c4, c5, c6, c7, D: tl.co
 
 
 @triton.jit
-def _planes_values(cache16_ptr, vb16, ok, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr):
+def _planes_values(cache16_ptr, vb16, ok, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr,
+                   P32: tl.constexpr = 0):
     """int32 ``0x6400 | code`` ``[T, D]`` of a 3-bit value field in nibble-plane order (the fast
     dequant's ``VP``; the caller's ``bits(.) - 1024`` gives the exact integer codes): LUT 2 =
-    :data:`PLANES_VALUE1024_ASM` (a ``prmt`` table of those bits), else :func:`_plane_code`."""
-    vl, vh = _planes_words(cache16_ptr, vb16, ok, D)
+    :data:`PLANES_VALUE1024_ASM` (a ``prmt`` table of those bits), else :func:`_plane_code`.  ``P32``: as
+    :func:`_planes_words`."""
+    vl, vh = _planes_words(cache16_ptr, vb16, ok, D, P32)
     if LUT == 2:
         vc = _planes_tile(vl, vh, T, D, PLANES_VALUE1024_ASM, 0, 0).to(tl.int16, bitcast=True).to(tl.int32)
     else:
@@ -171,7 +195,7 @@ def _dequant_fast_kernel(
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     PART: tl.constexpr = 3, V8: tl.constexpr = False, W32: tl.constexpr = False, EVEN: tl.constexpr = False,
-    KP: tl.constexpr = False, VP: tl.constexpr = False,
+    KP: tl.constexpr = False, VP: tl.constexpr = False, P32: tl.constexpr = False,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
     writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs.
@@ -184,7 +208,9 @@ def _dequant_fast_kernel(
     2- to 4-bit fields read as aligned 32-bit words of ``cache32_ptr`` (:func:`_group_words32`); ``EVEN``:
     every code field starts at an even 16-bit word (block-SoA), so 4-bit groups need no shift.  ``KP`` /
     ``VP``: key / value codes in nibble-plane order (``_triton_kernels._planes_flags``), cut by
-    :func:`_planes_keys` / :func:`_planes_values` (``V8`` and ``W32`` do not apply to them)."""
+    :func:`_planes_keys` / :func:`_planes_values` (``V8`` and ``W32`` do not apply to them); ``P32``: their
+    plane words as aligned 32-bit loads (every code field at an even 16-bit word of a 4-byte aligned cache;
+    :func:`_planes_words` mode 2 for keys, 1 for values)."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     if PART == 0:
@@ -199,14 +225,14 @@ def _dequant_fast_kernel(
         sg = tl.load(signs_ptr + cols[:, None] * D + cols[None, :])  # fp16 +-1, exact
     k_head = k_ptr + h.to(tl.int64) * stride_kh
     v_head = v_ptr + h.to(tl.int64) * stride_vh
-    for i in tl.range(0, TILES, num_stages=1 if W32 else None):  # 32-bit loads: no cp.async staging
+    for i in tl.range(0, TILES, num_stages=1 if W32 or P32 else None):  # 32-bit loads: no cp.async staging
         t = (pid * TILES + i) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_len = t < cached_len
         fk, fn, fv, fs, fz, ok = tk._field_bases(bt_ptr, t, in_len, BLOCK_SIZE, num_blocks, h, stride_cb, stride_ch, stride_ct,
                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         if do_v:
             if VP:
-                vc = _planes_values(cache16_ptr, fv, ok, D, BLOCK_T, LUT)
+                vc = _planes_values(cache16_ptr, fv, ok, D, BLOCK_T, LUT, 1 if P32 else 0)
             elif V8:
                 vc = _codes8(cache16_ptr, fv, ok, VBITS, D, BLOCK_T, 0x6400, cache32_ptr, W32 and EVEN)
             elif W32 and VBITS <= 4:
@@ -228,7 +254,8 @@ def _dequant_fast_kernel(
             tl.store(k_head + t[:, None] * stride_kt + cols[None, :], kf, mask=in_len[:, None])
         else:
             if KP:
-                yh = _planes_keys(cache16_ptr, fk, ok, c0, c1, c2, c3, c4, c5, c6, c7, D, BLOCK_T, LUT, LUT_ASM)
+                yh = _planes_keys(cache16_ptr, fk, ok, c0, c1, c2, c3, c4, c5, c6, c7, D, BLOCK_T, LUT, LUT_ASM,
+                                  2 if P32 else 0)
             elif W32:
                 kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words32(cache32_ptr, fk, ok, KBITS, D, EVEN)
             else:
@@ -246,6 +273,34 @@ def _dequant_fast_kernel(
 
 
 DEQUANT_SPLITS = ("none", "grid", "launch")
+DEQUANT_TILINGS = ("tiles", "fill")
+MIN_FILL_BLOCK_T = 32
+
+
+def dequant_tiling(cached_len: int, num_kv_heads: int, num_sms: int, block_t: int, tiles: int, policy: str = "tiles",
+                   programs_per_sm: int = 4) -> tuple[int, int]:
+    """``(block_t, tiles per program)`` of a fast dequant launch: one program per KV head and group of
+    ``tiles * block_t`` tokens; ``programs_per_sm * num_sms`` programs fill the GPU (4 CTAs per SM: the
+    kernel's ~125 registers and 48 KB of shared memory).
+
+    * ``"tiles"`` (default): ``tiles`` tiles per program where that leaves at least ``programs_per_sm *
+      num_sms`` programs, else 1 (the seed rank, 1 KV head, at 32K: 512 programs of 64 tokens).
+    * ``"fill"``: the same, then, while one ``block_t`` tile per program still leaves fewer programs than
+      that, halve ``block_t`` (down to ``MIN_FILL_BLOCK_T``): the seed rank at 32K gets 1024 programs of
+      32 tokens, the Llama shard (8 KV heads) is unchanged.  The decode's ``"fill"`` split policy
+      (``ops.decode_num_splits``) fills the GPU the same way.
+
+    Raises:
+        ValueError: unknown ``policy``.
+    """
+    if policy not in DEQUANT_TILINGS:
+        raise ValueError(f"tiling must be one of {DEQUANT_TILINGS}, got {policy!r}")
+    want = programs_per_sm * num_sms
+    if num_kv_heads * triton.cdiv(cached_len, block_t) // tiles >= want:
+        return block_t, tiles
+    while policy == "fill" and block_t > MIN_FILL_BLOCK_T and num_kv_heads * triton.cdiv(cached_len, block_t) < want:
+        block_t //= 2
+    return block_t, 1
 
 
 def codes_even(fields: dict, stride_cb: int, stride_ch: int, stride_ct: int) -> bool:
@@ -268,7 +323,8 @@ def dequant_w32_default(spec: TurboQuantSpec) -> bool:
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
                block_t: int | None = None, num_warps: int | None = None, tiles_per_program: int | None = None,
                lut: int | None = None, stats: dict | None = None, split: str | None = None, v8: bool | None = None,
-               maxnreg: int | None = None, w32: bool | None = None):
+               maxnreg: int | None = None, w32: bool | None = None, p32: bool | None = None,
+               tiling: str | None = None):
     """The fast continuation-prefill dequant (:func:`_dequant_fast_kernel`): the first ``cached_len``
     tokens of one request into fp16 ``k_out``/``v_out`` ``(1, Hk, L, D)``, keys rotated back; tqlab's
     counterpart of vLLM 0.33's ``_tq_full_dequant_kv`` (``vllm/v1/attention/ops/triton_turboquant_decode.py``).
@@ -287,31 +343,50 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     * ``w32``: 3- and 4-bit code words read as aligned 32-bit words (needs a 4-byte aligned cache whose
       size is a multiple of 4 bytes; ignored otherwise).  Default ``launch.DEFAULTS``' ``"4bit"``: on
       when the key or value field is 4-bit (measured faster there; 1-4 % slower for 3bit_nc in vLLM's
-      order, data/turboquant_dequant_variants_sweep_h200.json).
+      order, data/turboquant_dequant_variants_sweep_h200.json);
+    * ``p32``: nibble-plane words (block-SoA 3-bit fields) read as aligned 32-bit words instead of pairs of
+      16-bit words (default on: ``launch.DEFAULTS["fast_dequant"].get("p32", True)``); needs a 4-byte aligned
+      cache whose code fields all start on 4 bytes (:func:`codes_even`; block size 16 does) -- else the
+      16-bit reads;
+    * ``tiling``: how ``block_t`` and the tiles per program follow the grid when ``tiles_per_program`` is
+      None (:func:`dequant_tiling`): ``"tiles"`` (default) or ``"fill"``.
+
+    ``stats`` (when given) gets the launch's ``block_t``, ``tiles``, ``programs`` (all heads), ``p32``, and on
+    the GPU the kernel's registers, spills and shared memory.
 
     Raises:
-        ValueError: unknown ``split``.
+        ValueError: unknown ``split`` or ``tiling``.
     """
     cfg = FAST_DEFAULTS["fast_dequant"]
     block_t = block_t or cfg["block_t"]
     split = split or cfg.get("split", "none")
     if split not in DEQUANT_SPLITS:
         raise ValueError(f"split must be one of {DEQUANT_SPLITS}, got {split!r}")
+    tiling = tiling or cfg.get("tiling", "tiles")
+    if tiling not in DEQUANT_TILINGS:
+        raise ValueError(f"tiling must be one of {DEQUANT_TILINGS}, got {tiling!r}")
     v8 = bool(cfg.get("v8", False) if v8 is None else v8) and spec.value_bits in (2, 3, 4)
     maxnreg = maxnreg or cfg.get("maxnreg")
-    w32 = bool(dequant_w32_default(spec) if w32 is None else w32) and cache.numel() % 4 == 0 and cache.data_ptr() % 4 == 0
+    aligned = cache.data_ptr() % 4 == 0
+    w32 = bool(dequant_w32_default(spec) if w32 is None else w32) and aligned and cache.numel() % 4 == 0 \
+        and cache.is_contiguous()
     lut = _lut_mode(spec, cache.device, lut, cfg)
     nb, hk, bs, sb = cache.shape
     d = k_out.shape[-1]
     signs16, _, _, _ = tk._consts(spec, d, cache.device)
-    cache32 = cache.view(-1).view(torch.int32) if w32 else signs16  # unused when not w32
     fields = tk._field_addr(spec, d, bs)
-    even = w32 and codes_even(fields, cache.stride(0), cache.stride(1), cache.stride(2))
+    planes = tk._planes_flags(spec, d)
+    even = aligned and codes_even(fields, cache.stride(0), cache.stride(1), cache.stride(2))
+    p32 = bool(cfg.get("p32", True) if p32 is None else p32) and even and (planes["KP"] or planes["VP"])
+    cache32 = cache.view(-1).view(torch.int32) if w32 else signs16  # unused when not w32
+    even = even and w32
+    if tiles_per_program is None:
+        block_t, tiles_per_program = dequant_tiling(cached_len, hk, _num_sms(cache.device), block_t, cfg["tiles"], tiling)
     n_tiles = triton.cdiv(cached_len, block_t)
-    if tiles_per_program is None:  # fewer tiles per program where 2 would leave < 4 programs per SM
-        tiles_per_program = cfg["tiles"] if hk * n_tiles // cfg["tiles"] >= 4 * _num_sms(cache.device) else 1
     tiles = max(1, min(tiles_per_program, n_tiles))
     n_prog = triton.cdiv(n_tiles, tiles)
+    if stats is not None:
+        stats.update(block_t=block_t, tiles=tiles, programs=n_prog * hk, p32=p32)
     opts = {"num_warps": num_warps or cfg["num_warps"]}
     if maxnreg:
         opts["maxnreg"] = maxnreg
@@ -320,7 +395,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
             k_out.stride(1), k_out.stride(2), v_out.stride(1), v_out.stride(2), 1.0 / math.sqrt(d))
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles, KEY_FP8=spec.key_fp8, KBITS=spec.key_bits,
                 VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, **fields, LUT=lut,
-                LUT_ASM=_asm_for(spec, d, lut), V8=v8, W32=w32, EVEN=even, **tk._planes_flags(spec, d), **opts)
+                LUT_ASM=_asm_for(spec, d, lut), V8=v8, W32=w32, EVEN=even, **planes, P32=p32, **opts)
     if split == "launch":
         _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=1)
         kern = _dequant_fast_kernel[(n_prog, hk)](*args, **meta, PART=2)
