@@ -29,7 +29,7 @@ at 8K / 32K / 128K, CUDA-graph replay with L2 flushed (``_tq_bench.ColdTimer``),
 
     python benchmarks/dev_turboquant_soa.py --out $OUT/soa.json
     python benchmarks/dev_turboquant_soa.py --record --commit X   # data/turboquant_soa_prototype_h200.json
-    python benchmarks/dev_turboquant_soa.py --profile soa_x32   # one Llama 32K 3bit_nc launch, for ncu
+    python benchmarks/dev_turboquant_soa.py --profile package   # one Llama 32K 3bit_nc launch, for ncu
 """
 
 from __future__ import annotations
@@ -67,6 +67,8 @@ VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vL
     "soa_x32_128x4_r128": ("soa", {"x32": True, "block_t": 128, "num_warps": 4, "maxnreg": 128}),
     "soa_x32_128x8": ("soa", {"x32": True, "block_t": 128, "num_warps": 8}),
     "soa_x32_256x8": ("soa", {"x32": True, "block_t": 256, "num_warps": 8}),
+    # the package's launch (``launch.SOA_DEFAULTS["soa_decode"]``: tile, warps, register cap, query tile rows)
+    "package": ("soa", {"x32": True, "block_t": None, "num_warps": None, "maxnreg": None}),
 }
 
 
