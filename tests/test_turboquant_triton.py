@@ -524,7 +524,10 @@ def test_fast_dequant_rejects_unknown_split():
 @pytest.mark.parametrize("layout", ["vllm", "block_soa"])
 @pytest.mark.parametrize("name", PRESETS)
 def test_gpu_fast_dequant_variants_bit_equal(name, layout):
-    """On the GPU (prmt tables, 64-token tiles, wgmma) every dequant variant writes the default's bits."""
+    """On the GPU (prmt tables, 64-token tiles, wgmma) every dequant variant writes the default's bits, except
+    one case measured on the H200 (b92cd53): in vLLM's order the ``_nc`` keys are renormalized on read, and a
+    launch that changes the tile or warp shape (``tiling="fill"``, 32-token tiles, 8 warps) sums ``c_hat**2`` in
+    another order, so ~6e-5 of the keys move by one fp16 ulp (max relative 9.75e-4); values stay bit-equal."""
     import dataclasses
 
     from tqlab.turboquant import _triton_dequant as td
@@ -546,5 +549,12 @@ def test_gpu_fast_dequant_variants_bit_equal(name, layout):
                dict(tiles_per_program=4), dict(num_warps=8), dict(num_warps=8, maxnreg=64)):
         k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
         td.dequant_kv(cache, row, ctx - 5, k1, v1, spec, **kw)
-        assert torch.equal(k0[:, :, :ctx - 5], k1[:, :, :ctx - 5]) and torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw
+        k_a, k_b = k0[:, :, :ctx - 5], k1[:, :, :ctx - 5]
+        assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw
+        reshaped = "tiling" in kw or kw.get("block_t") == 32 or kw.get("num_warps") == 8
+        if reshaped and spec.norm_correction_on_read:  # the norm-sum order follows the launch shape (docstring)
+            rel = (k_a.float() - k_b.float()).abs() / k_a.float().abs().clamp_min(2.0**-14)
+            assert float(rel.max()) <= 2.0**-10 and float((k_a != k_b).float().mean()) < 1e-3, kw
+        else:
+            assert torch.equal(k_a, k_b), kw
         assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all(), kw
