@@ -113,7 +113,7 @@ def soa_decode_meta(spec, d: int = 128, block_size: int = 16, block_t: int = 128
     return dict(GROUP=group, GP=tk.query_tile_rows(group, gp_min), BLOCK_SIZE=block_size, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=pt._asm_for(spec, d, lut), KEY_FP8=spec.key_fp8, PTX=True,
-                **tk._field_addr(spec, d, block_size), **tk._planes_flags(spec, d))
+                **tk._field_addr(spec, d, block_size), **tk._planes_flags(spec, d, block_size))
 
 
 def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int | None, div16: bool = True):

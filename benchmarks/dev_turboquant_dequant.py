@@ -180,7 +180,7 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
     if tiles is None:
         block_t, tiles = td.dequant_tiling(ctx, hk, 132, block_t, cfg["tiles"], kw.get("tiling") or cfg.get("tiling", "tiles"))
     sb = spec.slot_bytes(d)
-    fields, planes = tk._field_addr(spec, d, bs), tk._planes_flags(spec, d)
+    fields, planes = tk._field_addr(spec, d, bs), tk._planes_flags(spec, d, bs)
     even = td.codes_even(fields, hk * bs * sb, bs * sb, sb)
     w32 = bool(kw.get("w32", td.dequant_w32_default(spec)))
     p32 = bool(kw.get("p32", cfg.get("p32", True))) and even and (planes["KP"] or planes["VP"])

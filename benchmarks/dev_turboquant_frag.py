@@ -84,9 +84,10 @@ def _perm_rows_t2(x, T: tl.constexpr, D: tl.constexpr):
 
 
 @triton.jit
-def _words_before(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
+def _words_before(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr, PLANES: tl.constexpr = 0):
     """``_triton_soa_unpack._words_x32`` before the integration: ``[T, D // 32]`` pointer tensors (4 bits: a
-    ``[T, D // 32, 4]`` vector load), which Triton 3.6 lays out one token per thread."""
+    ``[T, D // 32, 4]`` vector load), which Triton 3.6 lays out one token per thread; ``PLANES``: as
+    ``_words_x32`` (the plane-major nibble planes, ``TurboQuantSpec.plane_stride``)."""
     NC: tl.constexpr = D // 32
     gg = tl.arange(0, NC)
     if BITS == 4:
@@ -96,6 +97,12 @@ def _words_before(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
         xa, xb = tl.split(tl.reshape(x, (base32.shape[0], NC, 2, 2)))
         x0, x2 = tl.split(xa)
         x1, x3 = tl.split(xb)
+    elif PLANES:
+        ptr = c32 + base32[:, None] + gg[None, :]
+        x0 = tl.load(ptr, mask=ok[:, None], other=0)
+        x1 = tl.load(ptr + PLANES // 2, mask=ok[:, None], other=0)
+        x2 = tl.load(ptr + PLANES, mask=ok[:, None], other=0)
+        x3 = x2
     else:
         ptr = c32 + base32[:, None] + gg[None, :] * BITS
         x0 = tl.load(ptr, mask=ok[:, None], other=0)
@@ -153,7 +160,7 @@ def _decode_frag_kernel(
             k16 = _fp8_before(c32, (region16 + o * KS + KO) // 2, ok, D, BLOCK_T, PTX)
             ks = tl.full([BLOCK_T], 1.0, tl.float32) * qk_scale
         else:
-            kx0, kx1, kx2, kx3 = _words_before(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
+            kx0, kx1, kx2, kx3 = _words_before(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D, KP)
             if KP:
                 k16 = tsu._planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D,
                                    LUT_ASM if LUT == 2 else "", 0x3F800000, 20, True)
@@ -169,7 +176,7 @@ def _decode_frag_kernel(
         else:
             sc = tl.dot(q, tl.trans(k16)) * ks[None, :]
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
-        vx0, vx1, vx2, vx3 = _words_before(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
+        vx0, vx1, vx2, vx3 = _words_before(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D, VP)
         if VP and PTX:  # as _decode_soa4_kernel: exact integers from the planes asm's table of fp16(0..7)
             v16 = tsu._planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, pt.PLANES_VALUE_ASM, 0, 0,
                                False)
@@ -201,7 +208,7 @@ def _meta(spec: TurboQuantSpec, hq: int, hk: int, d: int, bs: int, lut: int, blo
     return dict(GROUP=hq // hk, GP=tk.query_tile_rows(hq // hk), BLOCK_SIZE=bs, D=d, BLOCK_T=block_t,
                 KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read, LUT=lut,
                 LUT_ASM=pt._asm_for(spec, d, lut), VARIANT=variant, KEY_FP8=spec.key_fp8, PTX=ptx,
-                **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d))
+                **tk._field_addr(spec, d, bs), **tk._planes_flags(spec, d, bs))
 
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,

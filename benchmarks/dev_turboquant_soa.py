@@ -96,7 +96,7 @@ def _serves(variant, spec, d) -> bool:
     """False for the ``soa_w*`` prototypes (``x32`` False) on a cache with nibble-plane fields:
     ``_triton_soa.decode_attention`` refuses them (they read vLLM's bit stream only)."""
     kind, kw = VARIANTS[variant]
-    planes = any(tk._planes_flags(get_spec(spec, "block_soa"), d).values())
+    planes = any(tk._planes_flags(get_spec(spec, "block_soa"), d, 16).values())
     return kind == "fast" or kw.get("x32", False) or not planes
 
 

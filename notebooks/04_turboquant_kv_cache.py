@@ -538,15 +538,19 @@ print(f"same {soa3.slot_bytes(D)} bytes per token; store → to_slot_order equal
 # 2 bits of code `8r + j` (`r` = 0, 1) at bit `4j + 2r`, `L1` the same for codes 16–31, `H` every high bit
 # (code `8r + j` at bit `4j + r`). Why: the decode looks centroids up with `prmt`, a byte permute that
 # takes one index per 4-bit nibble. **Predict, then run.** From which words, and with how many bit
-# operations, do codes 0–7 of a token land one per nibble?
+# operations, do codes 0–7 of a token land one per nibble? (Across a block the words are stored plane by
+# plane: every token's `L0` words, then every `L1`, then every `H`, `spec.plane_stride(D, BS)` bytes apart,
+# so the four threads that read a token's four chunks, and the eight tokens of a warp, read 128 contiguous
+# bytes per load.)
 
 # %%
 b0, o0 = int(slots20[0]) // BS, int(slots20[0]) % BS  # the first stored token, KV head 0
 kn_bytes = vllm3.key_index_bytes(D)
 codes32 = unpack_indices(c_vllm[b0, 0, o0, :kn_bytes], 3, D)[:32].tolist()  # vLLM's stream, decoded
-koff, kstride, _ = fa_soa["key_idx"]
-field = c_soa[b0, 0].reshape(-1)[koff + o0 * kstride: koff + o0 * kstride + 12]  # its first chunk, block-SoA
-L0, L1, H = (int.from_bytes(bytes(field[4 * w: 4 * w + 4].tolist()), "little") for w in range(3))
+koff, ps = fa_soa["key_idx"][0], soa3.plane_stride(D, BS)  # word w of chunk c of token o: w * ps + 4 * (o * D/32 + c)
+region0 = c_soa[b0, 0].reshape(-1)
+L0, L1, H = (int.from_bytes(bytes(region0[koff + w * ps + 4 * o0 * (D // 32):][:4].tolist()), "little")
+             for w in range(3))  # its first chunk, block-SoA
 sel = (L0 & 0x33333333) | ((H << 2) & 0x44444444)  # the prmt selector of codes 0-7: and, shift, and, or
 print(f"codes 0-31 of token {o0} in block {b0}: {codes32}")
 print(f"L0 = {L0:032b}\nL1 = {L1:032b}\nH  = {H:032b}")

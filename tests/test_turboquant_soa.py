@@ -194,9 +194,17 @@ def test_layout_conversion_round_trips_and_places_fields(name):
             continue
         o, _, n = fa[kind]
         vllm_bytes = cache[..., off[kind]: off[kind] + n]
-        if soa.code_order(kind, d) == "planes":  # the 3-bit fields: nibble planes of vLLM's codes
-            vllm_bytes = planes_from_codes(unpack_indices(vllm_bytes, bits, d))
-        assert torch.equal(region[..., o: o + bs * n].reshape(cache.shape[:3] + (n,)), vllm_bytes), kind
+        field = region[..., o: o + bs * n]
+        if soa.code_order(kind, d) == "planes":  # the 3-bit fields: nibble planes of vLLM's codes, plane-major:
+            tok = planes_from_codes(unpack_indices(vllm_bytes, bits, d))  # word w of chunk c of token t at byte
+            ps, nc = soa.plane_stride(d, bs), d // 32  # w * plane_stride + 4 * (t * nc + c)
+            assert ps == bs * d // 8 and 3 * ps == bs * n
+            for t, c, w in ((0, 0, 0), (1, 0, 2), (5, 1, 1), (15, 1, 2)):
+                assert torch.equal(field[..., w * ps + 4 * (t * nc + c): w * ps + 4 * (t * nc + c) + 4],
+                                   tok[..., t, 12 * c + 4 * w: 12 * c + 4 * w + 4]), (kind, t, c, w)
+            field = field.reshape(cache.shape[:2] + (3, bs, nc, 4)).movedim(-4, -2)
+            vllm_bytes = tok
+        assert torch.equal(field.reshape(cache.shape[:3] + (n,)), vllm_bytes), kind
     o, _, n = fa["val_zero"]
     assert torch.equal(region[..., o: o + bs * n].reshape(cache.shape[:3] + (n,)), cache[..., off["val_zero"]: off["val_zero"] + 2])
 
@@ -204,7 +212,7 @@ def test_layout_conversion_round_trips_and_places_fields(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_store_writes_vllm_bytes_in_block_soa_order(name):
     """Both backends, padding slots and a partly filled cache: each 3-bit code field's words are
-    ``planes_from_codes`` of vLLM's codes; converted back (``to_slot_order``) the block-SoA cache is exactly the
+    ``planes_from_codes`` of vLLM's codes, stored plane-major (``TurboQuantSpec.plane_stride``); converted back (``to_slot_order``) the block-SoA cache is exactly the
     vLLM-order cache except the key norm field of the _nc presets, which holds
     fp16(||k|| / ||c_hat||) computed independently here (equal bit for bit: the same fp32 operations,
     IEEE sqrt and divide in the kernel); k8v4 (fp8 keys, no norm): every byte equal."""
@@ -226,7 +234,8 @@ def test_store_writes_vllm_bytes_in_block_soa_order(name):
         for kind in ("key_idx", "val_idx"):  # the 3-bit fields' words: planes_from_codes of vLLM's codes
             if kind in fa and soa.code_order(kind, d) == "planes":
                 o_, _, n_ = fa[kind]
-                field = region[..., o_: o_ + bs * n_].reshape(*blocks.shape[:3], n_)
+                field = region[..., o_: o_ + bs * n_].reshape(*blocks.shape[:2], 3, bs, d // 32, 4)  # plane-major
+                field = field.movedim(-4, -2).reshape(*blocks.shape[:3], n_)
                 assert torch.equal(field, planes_from_codes(unpack_indices(ref[..., off[kind]: off[kind] + n_], 3, d))), kind
         got = to_slot_order(blocks, soa, d)
         assert torch.equal(got[..., rest], ref[..., rest]), backend

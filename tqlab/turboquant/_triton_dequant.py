@@ -24,9 +24,10 @@ FAST_DEFAULTS = tk.DEFAULTS  # key "fast_dequant" (launch.py); the same dict as 
 
 # ----------------------------------------------------------------------------- nibble planes
 @triton.jit
-def _planes_words(cache16_ptr, base16, ok, D: tl.constexpr, P32: tl.constexpr = 0):
+def _planes_words(cache16_ptr, base16, ok, D: tl.constexpr, P32: tl.constexpr = 0, PS: tl.constexpr = 0):
     """``(lw, hw)`` int32 ``[T, D // 16]`` of a nibble-plane field at 16-bit word ``base16``: group
-    ``g`` of 16 codes = half ``g % 2`` of chunk ``g // 2`` (6 words per chunk: ``L0, L1, H``);
+    ``g`` of 16 codes = half ``g % 2`` of chunk ``g // 2`` (words ``L0, L1, H`` of chunk ``c`` at 16-bit
+    words ``2 c``, ``2 c + PS``, ``2 c + 2 PS``: ``PS`` = the plane stride of ``_triton_kernels._planes_flags``);
     ``lw`` = its plane word, ``hw`` = ``H << 2`` (half 0) or ``H`` (half 1), as :func:`planes_asm`.
 
     ``P32`` 0: each word as two 16-bit loads, ORed.  Else ``base16`` must be even (a 4-byte aligned
@@ -39,8 +40,8 @@ def _planes_words(cache16_ptr, base16, ok, D: tl.constexpr, P32: tl.constexpr = 
     m = ok[:, None]
     if P32 == 0:
         row = cache16_ptr + base16[:, None]
-        lp = row + ((g // 2) * 6 + (g % 2) * 2)[None, :]
-        hp = row + ((g // 2) * 6 + 4)[None, :]
+        lp = row + ((g // 2) * 2 + (g % 2) * PS)[None, :]
+        hp = row + ((g // 2) * 2 + 2 * PS)[None, :]
         lw = tl.load(lp, mask=m, other=0).to(tl.int32) | (tl.load(lp + 1, mask=m, other=0).to(tl.int32) << 16)
         hw = tl.load(hp, mask=m, other=0).to(tl.int32) | (tl.load(hp + 1, mask=m, other=0).to(tl.int32) << 16)
         return lw, tl.where((g % 2 == 0)[None, :], hw << 2, hw)
@@ -48,13 +49,13 @@ def _planes_words(cache16_ptr, base16, ok, D: tl.constexpr, P32: tl.constexpr = 
     if P32 == 1:
         # contiguity 1 declared: pairs of L words are contiguous, and Triton would load them across lanes and
         # convert the tile to the token-per-thread layout the unpacking wants (through shared memory)
-        lw = tl.load(row32 + tl.max_contiguous((g // 2) * 3 + g % 2, 1)[None, :], mask=m, other=0)
-        hw = tl.load(row32 + ((g // 2) * 3 + 2)[None, :], mask=m, other=0)
+        lw = tl.load(row32 + tl.max_contiguous(g // 2 + (g % 2) * (PS // 2), 1)[None, :], mask=m, other=0)
+        hw = tl.load(row32 + (g // 2 + PS)[None, :], mask=m, other=0)
         return lw, tl.where((g % 2 == 0)[None, :], hw << 2, hw)
-    c3 = (tl.arange(0, D // 32) * 3)[None, :]
-    l0 = tl.load(row32 + c3, mask=m, other=0)
-    l1 = tl.load(row32 + c3 + 1, mask=m, other=0)
-    h = tl.load(row32 + c3 + 2, mask=m, other=0)
+    c1 = tl.max_contiguous(tl.arange(0, D // 32), 1)[None, :]  # as P32 1: no vector load of a token's 4 words
+    l0 = tl.load(row32 + c1, mask=m, other=0)
+    l1 = tl.load(row32 + c1 + PS // 2, mask=m, other=0)
+    h = tl.load(row32 + c1 + PS, mask=m, other=0)
     T: tl.constexpr = base16.shape[0]
     return tl.reshape(tl.join(l0, l1), (T, D // 16)), tl.reshape(tl.join(h << 2, h), (T, D // 16))
 
@@ -82,11 +83,11 @@ def _planes_tile(lw, hw, T: tl.constexpr, D: tl.constexpr, ASM: tl.constexpr, OR
 
 @triton.jit
 def _planes_keys(cache16_ptr, kb16, ok, c0, c1, c2, c3, c4, c5, c6, c7, D: tl.constexpr, T: tl.constexpr,
-                 LUT: tl.constexpr, LUT_ASM: tl.constexpr, P32: tl.constexpr = 0):
+                 LUT: tl.constexpr, LUT_ASM: tl.constexpr, P32: tl.constexpr = 0, PS: tl.constexpr = 0):
     """fp16 key centroids ``[T, D]`` of a 3-bit key field in nibble-plane order (the fast dequant's
     ``KP``): LUT 2 = :func:`planes_key_asm` (in ``LUT_ASM``), else the exact polynomial.  ``P32``: as
     :func:`_planes_words`."""
-    kl, kh = _planes_words(cache16_ptr, kb16, ok, D, P32)
+    kl, kh = _planes_words(cache16_ptr, kb16, ok, D, P32, PS)
     if LUT == 2:
         yh = _planes_tile(kl, kh, T, D, LUT_ASM, 0, 0)
     else:
@@ -97,12 +98,12 @@ def _planes_keys(cache16_ptr, kb16, ok, c0, c1, c2, c3, c4, c5, c6, c7, D: tl.co
 
 @triton.jit
 def _planes_values(cache16_ptr, vb16, ok, D: tl.constexpr, T: tl.constexpr, LUT: tl.constexpr,
-                   P32: tl.constexpr = 0):
+                   P32: tl.constexpr = 0, PS: tl.constexpr = 0):
     """int32 ``0x6400 | code`` ``[T, D]`` of a 3-bit value field in nibble-plane order (the fast
     dequant's ``VP``; the caller's ``bits(.) - 1024`` gives the exact integer codes): LUT 2 =
     :data:`PLANES_VALUE1024_ASM` (a ``prmt`` table of those bits), else :func:`_plane_code`.  ``P32``: as
     :func:`_planes_words`."""
-    vl, vh = _planes_words(cache16_ptr, vb16, ok, D, P32)
+    vl, vh = _planes_words(cache16_ptr, vb16, ok, D, P32, PS)
     if LUT == 2:
         vc = _planes_tile(vl, vh, T, D, PLANES_VALUE1024_ASM, 0, 0).to(tl.int16, bitcast=True).to(tl.int32)
     else:
@@ -232,7 +233,7 @@ def _dequant_fast_kernel(
                                                  KO, KS, NO, NS, VO, VS, SO, SS, ZO, ZS)
         if do_v:
             if VP:
-                vc = _planes_values(cache16_ptr, fv, ok, D, BLOCK_T, LUT, 1 if P32 else 0)
+                vc = _planes_values(cache16_ptr, fv, ok, D, BLOCK_T, LUT, 1 if P32 else 0, VP)
             elif V8:
                 vc = _codes8(cache16_ptr, fv, ok, VBITS, D, BLOCK_T, 0x6400, cache32_ptr, W32 and EVEN)
             elif W32 and VBITS <= 4:
@@ -255,7 +256,7 @@ def _dequant_fast_kernel(
         else:
             if KP:
                 yh = _planes_keys(cache16_ptr, fk, ok, c0, c1, c2, c3, c4, c5, c6, c7, D, BLOCK_T, LUT, LUT_ASM,
-                                  2 if P32 else 0)
+                                  2 if P32 else 0, KP)
             elif W32:
                 kw0, kw1, kw2, kw3, kw4, kw5, kw6, kw7 = _group_words32(cache32_ptr, fk, ok, KBITS, D, EVEN)
             else:
@@ -375,9 +376,9 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
     d = k_out.shape[-1]
     signs16, _, _, _ = tk._consts(spec, d, cache.device)
     fields = tk._field_addr(spec, d, bs)
-    planes = tk._planes_flags(spec, d)
+    planes = tk._planes_flags(spec, d, bs)
     even = aligned and codes_even(fields, cache.stride(0), cache.stride(1), cache.stride(2))
-    p32 = bool(cfg.get("p32", True) if p32 is None else p32) and even and (planes["KP"] or planes["VP"])
+    p32 = bool(cfg.get("p32", True) if p32 is None else p32) and even and bool(planes["KP"] or planes["VP"])
     cache32 = cache.view(-1).view(torch.int32) if w32 else signs16  # unused when not w32
     even = even and w32
     if tiles_per_program is None:

@@ -324,7 +324,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     Raises:
         ValueError: a cache with nibble-plane code fields (``TurboQuantSpec.code_order``; block-SoA
             caches of the 3-bit presets take ``_triton_soa`` or the portable decode, ``ops``)."""
-    if any(tk._planes_flags(spec, query.shape[-1]).values()):
+    if any(tk._planes_flags(spec, query.shape[-1], cache.shape[2]).values()):
         raise ValueError(f"_triton_fast.decode_attention reads vLLM's bit stream only; {spec.name} on "
                          f"{spec.cache_layout} has nibble-plane code fields (TurboQuantSpec.code_order)")
     cfg = FAST_DEFAULTS["fast_decode"]

@@ -114,7 +114,7 @@ def _store_codes(cache_ptr, base, codes, mask, OFF: tl.constexpr, BITS: tl.const
         cols = tl.arange(0, D)
         tl.store(cache_ptr + base[:, None] + OFF + cols[None, :], codes.to(tl.uint8), mask=mask[:, None])
     elif PLANES:
-        _store_planes(cache_ptr, base, codes, mask, OFF, D, ROWS)
+        _store_planes(cache_ptr, base, codes, mask, OFF, D, ROWS, PLANES)
     else:
         c3 = tl.reshape(codes.to(tl.int64), (ROWS, D // 8, 8))
         sh = (tl.arange(0, 8) * BITS).to(tl.int64)
@@ -126,10 +126,12 @@ def _store_codes(cache_ptr, base, codes, mask, OFF: tl.constexpr, BITS: tl.const
 
 
 @triton.jit
-def _store_planes(cache_ptr, base, codes, mask, OFF: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+def _store_planes(cache_ptr, base, codes, mask, OFF: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr,
+                  PS: tl.constexpr):
     """3-bit codes [ROWS, D] as nibble planes (``quant.planes_from_codes``): code ``i = 8r + j`` of a
     32-code chunk puts its low 2 bits at bit ``4j + 2 (r % 2)`` of word ``r // 2`` (``L0``, ``L1``)
-    and its high bit at bit ``4j + r`` of word 2 (``H``); the chunk's 12 bytes are stored LE."""
+    and its high bit at bit ``4j + r`` of word 2 (``H``); word ``w`` of chunk ``c`` is stored LE at byte
+    ``base + 4 c + 2 w PS`` (``PS``: the plane stride in 16-bit words, :func:`_planes_flags`)."""
     c3 = tl.reshape(codes.to(tl.int64), (ROWS, D // 32, 32))
     i = tl.arange(0, 32)
     j4 = ((i % 8) * 4).to(tl.int64)
@@ -139,11 +141,11 @@ def _store_planes(cache_ptr, base, codes, mask, OFF: tl.constexpr, D: tl.constex
     l1 = tl.sum(tl.where((i >= 16)[None, None, :], lo, 0), axis=2)
     hw = tl.sum(((c3 >> 2) & 1) << (j4 + r)[None, None, :], axis=2)
     ch = tl.arange(0, D // 32)
-    ptr = cache_ptr + base[:, None] + OFF + ch[None, :] * 12
+    ptr = cache_ptr + base[:, None] + OFF + ch[None, :] * 4
     for m in tl.static_range(4):
         tl.store(ptr + m, ((l0 >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
-        tl.store(ptr + 4 + m, ((l1 >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
-        tl.store(ptr + 8 + m, ((hw >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
+        tl.store(ptr + 2 * PS + m, ((l1 >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
+        tl.store(ptr + 4 * PS + m, ((hw >> (8 * m)) & 255).to(tl.uint8), mask=mask[:, None])
 
 
 @triton.jit
@@ -259,32 +261,33 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
         1.0 / math.sqrt(d),
         D=d, BLOCK_N=block_n,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_FOLD=spec.norm_folded,
-        **_field_addr(spec, d, bs), **_planes_flags(spec, d), num_warps=num_warps,
+        **_field_addr(spec, d, bs), **_planes_flags(spec, d, bs), num_warps=num_warps,
     )
 
 
 # ----------------------------------------------------------------------------- token tile load
 @triton.jit
 def _words_t(cache16_ptr, base16, mask, WOFF: tl.constexpr, BITS: tl.constexpr, D: tl.constexpr,
-             PLANES: tl.constexpr = False):
+             PLANES: tl.constexpr = 0):
     """The packed field at 16-bit word ``base16 + WOFF`` of each token (column), as three int32
     tensors ``[NG, COLS]``: the words 0, 1, 2 of each group of codes (word 2 only for 3 bits;
     else a copy of word 1).  Groups of ``CPG`` codes span ``WPG`` 16-bit words (2 bits: 16 codes
     / 2 words, 3: 16 / 3, 4: 8 / 2, 8: 4 / 2); each word is loaded once.  ``PLANES`` (3 bits in
-    nibble-plane order, ``TurboQuantSpec.code_order``): group ``g`` = half ``g % 2`` of chunk
-    ``g // 2``; word 0 = its 32-bit plane word (``L0`` or ``L1``), word 1 = the chunk's ``H``
+    nibble-plane order, ``TurboQuantSpec.code_order``; the plane stride of :func:`_planes_flags`, 0 = a bit
+    stream): group ``g`` = half ``g % 2`` of chunk ``g // 2``; word 0 = its 32-bit plane word (``L0`` or
+    ``L1``), word 1 = the chunk's ``H``
     shifted right by ``2 * (g % 2)`` (so code ``8r' + j`` of the group has its high bit at
     ``4j + r'``), word 2 = word 1."""
     CPG: tl.constexpr = 16 if BITS < 4 else 32 // BITS
     WPG: tl.constexpr = CPG * BITS // 16
     g = tl.arange(0, D // CPG)
     if PLANES:
-        ptr = cache16_ptr + (base16[None, :] + WOFF) + ((g // 2) * 6)[:, None]
-        lw = ptr + ((g % 2) * 2)[:, None]
+        ptr = cache16_ptr + (base16[None, :] + WOFF) + ((g // 2) * 2)[:, None]
+        lw = ptr + ((g % 2) * PLANES)[:, None]
         w0 = tl.load(lw, mask=mask[None, :], other=0).to(tl.int32) | (
             tl.load(lw + 1, mask=mask[None, :], other=0).to(tl.int32) << 16)
-        hw = tl.load(ptr + 4, mask=mask[None, :], other=0).to(tl.int32) | (
-            tl.load(ptr + 5, mask=mask[None, :], other=0).to(tl.int32) << 16)
+        hw = tl.load(ptr + 2 * PLANES, mask=mask[None, :], other=0).to(tl.int32) | (
+            tl.load(ptr + 2 * PLANES + 1, mask=mask[None, :], other=0).to(tl.int32) << 16)
         w1 = hw >> ((g % 2) * 2)[:, None]  # arithmetic shift: only bits >= 30 see the sign, unused
         w2 = w1
     else:
@@ -469,11 +472,15 @@ def _field_words(spec: TurboQuantSpec, d: int) -> dict:
     return dict(KNORM_W=max(off["key_norm"], 0) // 2, VIDX_W=off["val_idx"] // 2, VSCALE_W=off["val_scale"] // 2)
 
 
-def _planes_flags(spec: TurboQuantSpec, d: int) -> dict:
-    """Kernel constexprs ``KP, VP``: the key / value code field is in nibble-plane order
-    (:meth:`TurboQuantSpec.code_order` is ``"planes"``: 3-bit fields of the block-SoA layout)."""
+def _planes_flags(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
+    """Kernel constexprs ``KP, VP``: 0 when the key / value code field is not in nibble-plane order, else
+    (:meth:`TurboQuantSpec.code_order` is ``"planes"``: 3-bit fields of the block-SoA layout) the plane
+    stride in 16-bit words, :meth:`TurboQuantSpec.plane_stride` / 2: word ``w`` (``L0, L1, H``) of chunk
+    ``c`` of token ``o`` is at 16-bit word ``field + o * (D // 16) + 2 * c + w * KP`` (``_field_addr``
+    gives the token stride ``D // 16``)."""
     kp = not spec.key_fp8 and spec.code_order("key_idx", d) == "planes"
-    return {"KP": kp, "VP": spec.code_order("val_idx", d) == "planes"}
+    ps = spec.plane_stride(d, block_size) // 2
+    return {"KP": ps if kp else 0, "VP": ps if spec.code_order("val_idx", d) == "planes" else 0}
 
 
 def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
@@ -486,6 +493,8 @@ def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
     for c, kind in (("K", "key_fp8" if spec.key_fp8 else "key_idx"), ("N", "key_norm"), ("V", "val_idx"),
                     ("S", "val_scale"), ("Z", "val_zero")):
         off, stride, _ = fa.get(kind, (0, 0, 0))
+        if kind in ("key_idx", "val_idx") and spec.code_order(kind, d) == "planes":
+            stride = spec.plane_stride(d, block_size) // block_size  # the planes' words interleave tokens
         out[c + "O"], out[c + "S"] = off // 2, stride // 2
     return out
 
@@ -509,7 +518,7 @@ def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuan
         1.0 / math.sqrt(d),
         BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
-        **_field_addr(spec, d, bs), **_planes_flags(spec, d), **opts,
+        **_field_addr(spec, d, bs), **_planes_flags(spec, d, bs), **opts,
     )
     _record(stats, kern)
 
@@ -741,7 +750,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         GROUP=group, GP=query_tile_rows(group), BLOCK_SIZE=bs,
         D=d, BLOCK_T=block_t, KC=min(d, 32), NUM_STAGES=n_stages, PREFETCH=prefetch,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
-        **_field_addr(spec, d, bs), **_planes_flags(spec, d), **opts,
+        **_field_addr(spec, d, bs), **_planes_flags(spec, d, bs), **opts,
     )
     _record(stats, kern)
     reduce(mid_out, output, lse)

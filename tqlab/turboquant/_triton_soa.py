@@ -226,7 +226,7 @@ def _decode_soa4_kernel(
             k16 = _fp8_keys32(c32, (region16 + o * KS + KO) // 2, ok, D, BLOCK_T, PTX)
             sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D)) * qk_scale
         else:
-            kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D)
+            kx0, kx1, kx2, kx3 = _words_x32(c32, (region16 + o * KS + KO) // 2, ok, KBITS, D, KP)
             if KP:
                 k16 = _planes32(kx0, kx1, kx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D,
                                 LUT_ASM if LUT == 2 else "", 0x3F800000, 20, True)
@@ -238,7 +238,7 @@ def _decode_soa4_kernel(
             tl.static_assert(not NORM_CORR, "block-SoA key norms are folded (TurboQuantSpec.norm_folded)")
             sc = tl.dot(q, _perm_rows_t(k16, BLOCK_T, D)) * (kn * qk_scale)[None, :]  # kn = ||k|| / ||c_hat|| for the _nc presets
         m_new, alpha, p, l_i = tk._online_step(sc, in_seq, m_i, l_i)
-        vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D)
+        vx0, vx1, vx2, vx3 = _words_x32(c32, (region16 + o * VS + VO) // 2, ok, VBITS, D, VP)
         if VP and PTX:  # exact integers from the planes asm's table of fp16(0..7)
             v16 = _planes32(vx0, vx1, vx2, c0, c1, c2, c3, c4, c5, c6, c7, BLOCK_T, D, pt.PLANES_VALUE_ASM, 0, 0, False)
         elif VP:
@@ -309,7 +309,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     if maxnreg and query.device.type == "cuda" and not pt.tk_interpret():
         meta["maxnreg"] = maxnreg
     grid = (bsz, hk, mid_out.shape[2])
-    planes = tk._planes_flags(spec, d)
+    planes = tk._planes_flags(spec, d, bs)
     if not x32 and any(planes.values()):
         raise ValueError(f"_triton_soa.decode_attention(x32=False): the 16-codes-per-thread prototype reads vLLM's bit "
                          f"stream only; {spec.name} on block_soa stores its 3-bit codes as nibble planes "

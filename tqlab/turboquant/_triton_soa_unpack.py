@@ -20,21 +20,32 @@ from tqlab.turboquant.ptx_tables import FP8_ASM
 
 
 @triton.jit
-def _words_x32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr):
+def _words_x32(c32, base32, ok, BITS: tl.constexpr, D: tl.constexpr, PLANES: tl.constexpr = 0):
     """The ``BITS`` 32-bit words of each chunk of 32 codes (a thread's chunk; 4 lanes per token at
     D = 128), int32 ``[T, D // 32]`` each (3 bits: words 0, 1, 2 of the chunk and word 2 again).  The
     loads are shaped so Triton 3.6 puts a token's chunks on 4 lanes (module docstring): 4 bits -- the
     token's ``D // 8`` words as one contiguous ``[T, D // 8]`` load (one 16-byte vector per chunk);
-    3 bits -- ``[D // 32, T]`` pointer tensors, loaded and transposed."""
+    3 bits -- ``[D // 32, T]`` pointer tensors, loaded and transposed: with ``PLANES`` (the nibble planes' plane
+    stride in 16-bit words, ``_triton_kernels._planes_flags``) ``L0, L1, H`` of chunk ``c`` at 32-bit words ``c``,
+    ``c + PLANES / 2``, ``c + PLANES`` (each load instruction of a warp: 8 tokens x 4 chunks = 128 contiguous
+    bytes), else chunk ``c``'s three words at ``3 c``."""
     NC: tl.constexpr = D // 32
     if BITS == 4:
         x0, x1, x2, x3 = _chunk_words4(c32, base32, ok, 4, D)
     else:
-        ptr = c32 + base32[None, :] + tl.arange(0, NC)[:, None] * BITS
         m = ok[None, :]
-        x0 = tl.trans(tl.load(ptr, mask=m, other=0))
-        x1 = tl.trans(tl.load(ptr + 1, mask=m, other=0))
-        x2 = tl.trans(tl.load(ptr + 2, mask=m, other=0))
+        if PLANES:
+            # contiguity 1 declared: a token's 4 chunk words are contiguous now, and Triton would load them as one
+            # vector per thread (a token per thread), then convert the tile to 4 lanes per token through shared memory
+            ptr = c32 + base32[None, :] + tl.max_contiguous(tl.arange(0, NC), 1)[:, None]
+            x0 = tl.trans(tl.load(ptr, mask=m, other=0))
+            x1 = tl.trans(tl.load(ptr + PLANES // 2, mask=m, other=0))
+            x2 = tl.trans(tl.load(ptr + PLANES, mask=m, other=0))
+        else:
+            ptr = c32 + base32[None, :] + tl.arange(0, NC)[:, None] * BITS
+            x0 = tl.trans(tl.load(ptr, mask=m, other=0))
+            x1 = tl.trans(tl.load(ptr + 1, mask=m, other=0))
+            x2 = tl.trans(tl.load(ptr + 2, mask=m, other=0))
         x3 = x2
     return x0, x1, x2, x3
 

@@ -405,7 +405,7 @@ def decode_attention(
 
             if ts.use_soa(spec, cache, query.shape[-1]):
                 kernels = ts
-            elif any(tk._planes_flags(spec, query.shape[-1]).values()):
+            elif any(tk._planes_flags(spec, query.shape[-1], cache.shape[2]).values()):
                 kernels = tk  # nibble-plane fields off the SoA decode's alignment: the portable decode reads them
         return kernels.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
     return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)

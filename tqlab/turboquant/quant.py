@@ -314,18 +314,21 @@ def codes_from_planes(planes: torch.Tensor, head_dim: int) -> torch.Tensor:
 def _recode_planes(region: torch.Tensor, spec: TurboQuantSpec, head_dim: int, block_size: int,
                    to_planes: bool) -> torch.Tensor:
     """Re-encode in place the ``"planes"`` code fields (:meth:`TurboQuantSpec.code_order`) of uint8
-    regions ``(..., block_size * slot_bytes)`` in ``spec``'s order: LSB-first stream -> planes
-    (``to_planes``) or back.  Returns ``region``."""
+    regions ``(..., block_size * slot_bytes)`` in ``spec``'s order: LSB-first stream -> planes, stored
+    plane by plane (:meth:`TurboQuantSpec.plane_stride`) (``to_planes``), or back.  Returns ``region``."""
     fa = spec.field_addresses(head_dim, block_size)
+    lead, nc = region.shape[:-1], head_dim // 32
     for kind in ("key_idx", "val_idx"):
         if kind in fa and spec.code_order(kind, head_dim) == "planes":
             off, _, n = fa[kind]
-            field = region[..., off: off + block_size * n].reshape(*region.shape[:-1], block_size, n)
+            field = region[..., off: off + block_size * n]
             if to_planes:
-                new = planes_from_codes(unpack_indices(field, 3, head_dim))
+                tok = planes_from_codes(unpack_indices(field.reshape(*lead, block_size, n), 3, head_dim))
+                new = tok.reshape(*lead, block_size, nc, 3, 4).movedim(-2, -4)  # (..., plane, token, chunk, byte)
             else:
-                new = pack_indices(codes_from_planes(field, head_dim), 3)
-            region[..., off: off + block_size * n] = new.reshape(*region.shape[:-1], block_size * n)
+                tok = field.reshape(*lead, 3, block_size, nc, 4).movedim(-4, -2).reshape(*lead, block_size, n)
+                new = pack_indices(codes_from_planes(tok, head_dim), 3)
+            region[..., off: off + block_size * n] = new.reshape(*lead, block_size * n)
     return region
 
 

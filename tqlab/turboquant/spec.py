@@ -30,7 +30,10 @@ Byte order inside one (block, KV head) region of ``block_size * slot_bytes`` byt
   of codes 0-7 at bits ``4j .. 4j+1`` and of codes 8-15 at ``4j+2 .. 4j+3`` (code ``8r + j``),
   ``L1`` the same for codes 16-31, ``H`` the high bit of code ``8r + j`` at bit ``4j + r``.  Same
   12 bytes per 32 codes; a ``prmt`` nibble selector of 8 codes is then ``(L & 0x33333333) | ((H <<
-  s) & 0x44444444)`` (3 ops instead of ~22, ``benchmarks/NOTES_turboquant.md``).
+  s) & 0x44444444)`` (3 ops instead of ~22, ``benchmarks/NOTES_turboquant.md``).  The words of a block's
+  planes field are stored plane by plane (:meth:`TurboQuantSpec.plane_stride`): all ``L0`` words of the
+  block (token-major, chunk-minor), then all ``L1``, then all ``H``, so the 4 lanes that read a token's 4
+  chunks and the 8 tokens of a warp read 128 contiguous bytes per load (issue 20, round 4).
 
 The four presets are vLLM's ``--kv-cache-dtype`` TurboQuant choices (PR #38479 lineage,
 ``vllm/v1/attention/backends/turboquant_attn.py``); ``_nc`` means norm correction.
@@ -173,6 +176,22 @@ class TurboQuantSpec:
             raise ValueError(f"code_order: kind must be 'key_idx' or 'val_idx', got {kind!r}")
         bits = self.value_bits if kind == "val_idx" else self.key_bits
         return "planes" if self.cache_layout == "block_soa" and bits == 3 and d % 32 == 0 else "stream"
+
+    def plane_stride(self, head_dim: int, block_size: int) -> int:
+        """Bytes between the planes ``L0``, ``L1``, ``H`` of a block's nibble-plane field
+        (:meth:`code_order` ``"planes"``): ``block_size * head_dim / 8``.  32-bit word ``w`` of chunk ``c``
+        of token ``o`` sits at field byte ``w * plane_stride + 4 * (o * head_dim / 32 + c)``: plane-major,
+        so a warp's load of one plane word for 8 tokens x 4 chunks is 128 contiguous bytes (issue 20,
+        round 4: the token-major order, 12 bytes per chunk, made each such load span 384 bytes).  The one
+        definition the store, every reader and :func:`tqlab.turboquant.quant.to_cache_layout` use.
+
+        Raises:
+            ValueError: bad ``head_dim``; ``block_size`` not a positive int.
+        """
+        d = self._check_dim(head_dim)
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        return block_size * d // 8
 
     @staticmethod
     def _check_dim(head_dim: int) -> int:
