@@ -212,8 +212,8 @@ def test_layout_conversion_round_trips_and_places_fields(name):
 @pytest.mark.parametrize("name", PRESETS)
 def test_store_writes_vllm_bytes_in_block_soa_order(name):
     """Both backends, padding slots and a partly filled cache: each 3-bit code field's words are
-    ``planes_from_codes`` of vLLM's codes, stored plane-major (``TurboQuantSpec.plane_stride``); converted back (``to_slot_order``) the block-SoA cache is exactly the
-    vLLM-order cache except the key norm field of the _nc presets, which holds
+    ``planes_from_codes`` of vLLM's codes, stored plane-major (``TurboQuantSpec.plane_stride``); converted
+    back (``to_slot_order``) the block-SoA cache is exactly the vLLM-order cache except the key norm field of the _nc presets, which holds
     fp16(||k|| / ||c_hat||) computed independently here (equal bit for bit: the same fp32 operations,
     IEEE sqrt and divide in the kernel); k8v4 (fp8 keys, no norm): every byte equal."""
     spec, soa, d, bs = TQ_PRESETS[name], _soa(name), 64, 16
