@@ -133,10 +133,14 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--block-t", type=int, default=128)
-    ap.add_argument("--maxnreg", type=int, default=128)
+    ap.add_argument("--maxnreg", type=int, default=None, help="register cap (default: launch.SOA_DEFAULTS')")
     ap.add_argument("--no-div16", action="store_true", help="compile without the launcher's 16-divisibility")
     ap.add_argument("--out", default="/tmp/sass")
     a = ap.parse_args()
+    if a.maxnreg is None:
+        from tqlab.turboquant.launch import SOA_DEFAULTS
+
+        a.maxnreg = SOA_DEFAULTS["soa_decode"].get("maxnreg") or 0
     print(f"Triton {triton.__version__}, sm_90, D {a.head_dim}, block {a.block_size}, {a.block_t} x 4 warps, "
           f"maxnreg {a.maxnreg}, div16 {not a.no_div16}")
     for preset in a.preset.split(","):

@@ -183,7 +183,7 @@ def compile_variant(preset: str, layout: str, kw: dict, hk: int = 8, d: int = 12
     fields, planes = tk._field_addr(spec, d, bs), tk._planes_flags(spec, d, bs)
     even = td.codes_even(fields, hk * bs * sb, bs * sb, sb)
     w32 = bool(kw.get("w32", td.dequant_w32_default(spec)))
-    p32 = bool(kw.get("p32", cfg.get("p32", True))) and even and (planes["KP"] or planes["VP"])
+    p32 = bool(kw.get("p32", cfg.get("p32", True))) and even and bool(planes["KP"] or planes["VP"])
     meta = dict(BLOCK_SIZE=bs, D=d, BLOCK_T=block_t, TILES=tiles,
                 KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_CORR=spec.norm_correction_on_read,
                 **fields, **planes, LUT=2, LUT_ASM=pt._asm_for(spec, d, 2),

@@ -438,8 +438,22 @@ def test_soa_decode_query_tile_rows_per_group(hq):
     q, bt, seq_lens, _, o0, l0 = _decode(soa, blocks, "torch", hq=hq)
     mid = torch.full((3, hq, 4, 65), float("nan"), device=DEV)
     o1, l1 = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
-    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16)
+    st: dict = {}
+    ts.decode_attention(q, blocks, bt, seq_lens, soa, 64**-0.5, mid, o1, l1, block_t=16, stats=st)
     _assert_like_reference(o0, l0, o1, l1)
+    assert st["gp"] == tk.query_tile_rows(hq // 2, gp_min)  # the launch used the group's rows, not 16
+
+
+def test_plane_stride_rule_and_errors():
+    """``plane_stride`` = block_size * head_dim / 8 bytes (three planes fill the field), and bad arguments are
+    refused with the bad value named."""
+    soa = _soa("turboquant_3bit_nc")
+    assert soa.plane_stride(128, 16) == 256 and 3 * soa.plane_stride(128, 16) == 16 * soa.key_index_bytes(128)
+    for bad in (0, -16, 16.0, True):
+        with pytest.raises(ValueError, match="block_size must be a positive int"):
+            soa.plane_stride(128, bad)
+    with pytest.raises(ValueError, match="head_dim"):
+        soa.plane_stride(100, 16)
 
 
 @pytest.mark.parametrize("gp_min", [16, 1])

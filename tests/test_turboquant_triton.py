@@ -523,7 +523,7 @@ def test_fast_dequant_rejects_unknown_split():
 @pytest.mark.gpu
 @pytest.mark.parametrize("layout", ["vllm", "block_soa"])
 @pytest.mark.parametrize("name", PRESETS)
-def test_gpu_fast_dequant_variants_bit_equal(name, layout):
+def test_gpu_fast_dequant_variants_bit_equal_or_one_ulp(name, layout):
     """On the GPU (prmt tables, 64-token tiles, wgmma) every dequant variant writes the default's bits, except
     one case measured on the H200 (b92cd53): in vLLM's order the ``_nc`` keys are renormalized on read, and a
     launch that changes the tile or warp shape (``tiling="fill"``, 32-token tiles, 8 warps) sums ``c_hat**2`` in
@@ -553,8 +553,8 @@ def test_gpu_fast_dequant_variants_bit_equal(name, layout):
         assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw
         reshaped = "tiling" in kw or kw.get("block_t") == 32 or kw.get("num_warps") == 8
         if reshaped and spec.norm_correction_on_read:  # the norm-sum order follows the launch shape (docstring)
-            rel = (k_a.float() - k_b.float()).abs() / k_a.float().abs().clamp_min(2.0**-14)
-            assert float(rel.max()) <= 2.0**-10 and float((k_a != k_b).float().mean()) < 1e-3, kw
+            ulps = (k_a.view(torch.int16).int() - k_b.view(torch.int16).int()).abs()  # same sign: bit patterns 1 apart
+            assert int(ulps.max()) <= 1 and float((ulps > 0).float().mean()) < 1e-3, kw
         else:
             assert torch.equal(k_a, k_b), kw
         assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all(), kw

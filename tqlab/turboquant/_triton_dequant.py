@@ -196,7 +196,7 @@ def _dequant_fast_kernel(
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     PART: tl.constexpr = 3, V8: tl.constexpr = False, W32: tl.constexpr = False, EVEN: tl.constexpr = False,
-    KP: tl.constexpr = False, VP: tl.constexpr = False, P32: tl.constexpr = False,
+    KP: tl.constexpr = 0, VP: tl.constexpr = 0, P32: tl.constexpr = False,
 ):
     """One program = TILES tiles of BLOCK_T tokens of one KV head; ``[T, D]`` tiles, a thread
     writes 16 contiguous fp16 of a row (32 bytes), keys rotated back by one MMA with the signs.
@@ -208,7 +208,7 @@ def _dequant_fast_kernel(
     16-byte store, so they skip the layout conversion through shared memory.  ``W32``: the code words of
     2- to 4-bit fields read as aligned 32-bit words of ``cache32_ptr`` (:func:`_group_words32`); ``EVEN``:
     every code field starts at an even 16-bit word (block-SoA), so 4-bit groups need no shift.  ``KP`` /
-    ``VP``: key / value codes in nibble-plane order (``_triton_kernels._planes_flags``), cut by
+    ``VP``: 0, or the plane stride of key / value codes in nibble-plane order (``_triton_kernels._planes_flags``), cut by
     :func:`_planes_keys` / :func:`_planes_values` (``V8`` and ``W32`` do not apply to them); ``P32``: their
     plane words as aligned 32-bit loads (every code field at an even 16-bit word of a 4-byte aligned cache;
     :func:`_planes_words` mode 2 for keys, 1 for values)."""

@@ -131,7 +131,7 @@ def _store_planes(cache_ptr, base, codes, mask, OFF: tl.constexpr, D: tl.constex
     """3-bit codes [ROWS, D] as nibble planes (``quant.planes_from_codes``): code ``i = 8r + j`` of a
     32-code chunk puts its low 2 bits at bit ``4j + 2 (r % 2)`` of word ``r // 2`` (``L0``, ``L1``)
     and its high bit at bit ``4j + r`` of word 2 (``H``); word ``w`` of chunk ``c`` is stored LE at byte
-    ``base + 4 c + 2 w PS`` (``PS``: the plane stride in 16-bit words, :func:`_planes_flags`)."""
+    ``base + OFF + 4 c + 2 w PS`` (``PS``: the plane stride in 16-bit words, :func:`_planes_flags`)."""
     c3 = tl.reshape(codes.to(tl.int64), (ROWS, D // 32, 32))
     i = tl.arange(0, 32)
     j4 = ((i % 8) * 4).to(tl.int64)
@@ -188,8 +188,8 @@ def _store_kernel(
     its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order).
     ``NORM_FOLD`` (``TurboQuantSpec.norm_folded``): the norm field gets ``||k|| / ||c_hat||``,
     ``c_hat`` gathered from the fp32 centroid table ``cent_ptr``, IEEE sqrt and divide (vLLM 0.33's
-    SoA ``_tq_fused_store_mse`` step 3, "Opt#1").  ``KP`` / ``VP`` (:func:`_planes_flags`): the key /
-    value codes in nibble-plane order."""
+    SoA ``_tq_fused_store_mse`` step 3, "Opt#1").  ``KP`` / ``VP`` (:func:`_planes_flags`): 0, or the plane
+    stride of key / value codes in nibble-plane order."""
     pid = tl.program_id(0)
     h = tl.program_id(1)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -487,7 +487,9 @@ def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
     """Kernel constexprs ``XO, XS``: 16-bit word offset and per-token stride of each field inside a
     (block, KV head) region (:meth:`TurboQuantSpec.field_addresses`, either layout): K = key codes
     (or fp8 keys), N = key norm (fp8 keys: none, 0/0), V = value codes, S = value scale, Z = value
-    zero.  Every field of both layouts starts at an even byte and has an even stride."""
+    zero.  Every field of both layouts starts at an even byte and has an even stride.  A nibble-plane code
+    field (``TurboQuantSpec.code_order`` ``"planes"``) gets the token stride of its plane-major words,
+    ``plane_stride / block_size`` bytes = ``D / 16`` words, not ``nbytes / 2`` (:func:`_planes_flags`)."""
     fa = spec.field_addresses(d, block_size)
     out = {}
     for c, kind in (("K", "key_fp8" if spec.key_fp8 else "key_idx"), ("N", "key_norm"), ("V", "val_idx"),
@@ -546,7 +548,7 @@ def _key_order(x, ROWS: tl.constexpr, D: tl.constexpr, BITS: tl.constexpr):
 
 @triton.jit
 def _tile_words(cache16_ptr, kb16, nb16, vb16, sb16, zb16, ok, D: tl.constexpr, KB: tl.constexpr,
-                VBITS: tl.constexpr, KP: tl.constexpr = False, VP: tl.constexpr = False):
+                VBITS: tl.constexpr, KP: tl.constexpr = 0, VP: tl.constexpr = 0):
     """Every 16-bit word a decode tile needs (word addresses of :func:`_field_bases`): key words,
     key norm (f32; fp8 keys read a dummy), value words, value scale and zero (f32); masked-out
     tokens read as zeros."""
@@ -562,7 +564,7 @@ def _tile_words(cache16_ptr, kb16, nb16, vb16, sb16, zb16, ok, D: tl.constexpr, 
 def _tile_update(q, k0, k1, k2, kn, v0, v1, v2, vs, vz, in_seq, m_i, l_i, acc, acc_z,
                  c0, c1, c2, c3, c4, c5, c6, c7, qk_scale,
                  D: tl.constexpr, BLOCK_T: tl.constexpr, KEY_FP8: tl.constexpr, KBITS: tl.constexpr,
-                 VBITS: tl.constexpr, NORM_CORR: tl.constexpr, KP: tl.constexpr = False, VP: tl.constexpr = False):
+                 VBITS: tl.constexpr, NORM_CORR: tl.constexpr, KP: tl.constexpr = 0, VP: tl.constexpr = 0):
     """One online-softmax step of a decode program over a tile of BLOCK_T tokens (columns).
     ``NORM_CORR`` = ``TurboQuantSpec.norm_correction_on_read``: divide the stored norm by ``||y_hat||``
     here, unless the store already folded it in (block-SoA ``_nc`` caches)."""

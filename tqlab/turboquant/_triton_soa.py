@@ -201,7 +201,7 @@ def _decode_soa4_kernel(
     KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_CORR: tl.constexpr, LUT: tl.constexpr, LUT_ASM: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KEY_FP8: tl.constexpr = False,
-    PTX: tl.constexpr = False, KP: tl.constexpr = False, VP: tl.constexpr = False,
+    PTX: tl.constexpr = False, KP: tl.constexpr = 0, VP: tl.constexpr = 0,
 ):
     """The SoA order, 32 codes per thread (4 lanes per token): 4-bit fields as one 16-byte load
     per thread and chunk, 3-bit fields as three 32-bit loads, fp8 keys (``KEY_FP8``, k8v4) as two
@@ -209,7 +209,7 @@ def _decode_soa4_kernel(
     layouts put the key tile in the score MMA's registers).  ``PTX``: inline-PTX conversions (fp8
     keys, 4-bit values, nibble-plane values; not under the interpreter).  Key norms are read folded
     (``TurboQuantSpec.norm_folded``): ``NORM_CORR`` must be False (static assert).  3-bit fields in
-    nibble-plane order (``KP`` / ``VP``, ``TurboQuantSpec.code_order``) are cut by :func:`_planes32`
+    nibble-plane order (``KP`` / ``VP``: their plane stride, 0 = none; ``TurboQuantSpec.code_order``) are cut by :func:`_planes32`
     from the chunk words ``L0, L1, H`` (keys with ``LUT`` 2: ``LUT_ASM`` = ``ptx_tables.planes_key_asm``)."""
     b = tl.program_id(0)
     hk = tl.program_id(1)
@@ -283,7 +283,8 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
             lse: fp32 ``(B, Hq)`` (natural log), written in place.
         block_t, num_warps, maxnreg, lut, gp_min: launch overrides (default ``launch.SOA_DEFAULTS["soa_decode"]``;
             the register cap only where the kernel is compiled; ``gp_min``: the fewest query-tile rows,
-            :func:`tqlab.turboquant._triton_kernels.query_tile_rows`).  stats: filled with the kernel's registers.
+            :func:`tqlab.turboquant._triton_kernels.query_tile_rows`).  stats: filled with the kernel's registers
+            and the query tile rows ``gp``.
 
     Raises:
         ValueError: ``x32=False`` on a cache with fp8 keys or nibble-plane fields (the prototype reads
@@ -316,5 +317,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
                          f"(TurboQuantSpec.code_order): use x32=True")
     kern = _decode_soa4_kernel[grid](*args, **meta, **planes) if x32 else _decode_soa_kernel[grid](*args, W32=w32, **meta)
     tk._record(stats, kern)
+    if stats is not None:
+        stats["gp"] = meta["GP"]
     tk.reduce(mid_out, output, lse)
     return output

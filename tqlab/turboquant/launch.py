@@ -29,6 +29,7 @@ DEFAULTS: dict = {
 # benchmarks/dev_turboquant_soa.py, data/turboquant_soa_x32_launch_h200.json); since issue 20's round 4 the
 # query tile has the GQA group's own rows (``gp_min`` 4: Triton pads the MMA below 16, the softmax runs on 4
 # rows instead of 16) and a register cap of 96 -> 5 CTAs per SM (``gp4_r96`` of
-# data/turboquant_gp_launch_h200.json: Llama shard 3bit_nc 128K 1.592 -> 1.319 ms; 128 registers with 16 rows
-# before).  Kept apart from DEFAULTS, which data/turboquant_bench.json's sweep recorded.
+# data/turboquant_gp_launch_h200.json, which set gp_min 1: the same 4 rows for the bench shapes' GQA 4; Llama
+# shard 3bit_nc 128K 1.592 -> 1.319 ms; 128 registers with 16 rows before).  gp_min 4 rather than 1 keeps the
+# GQA-1 and -2 tiles at the 4 rows the GPU run measured.  Kept apart from DEFAULTS, which data/turboquant_bench.json's sweep recorded.
 SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 96, "lut": 2, "gp_min": 4}}

@@ -321,6 +321,8 @@ def _recode_planes(region: torch.Tensor, spec: TurboQuantSpec, head_dim: int, bl
     for kind in ("key_idx", "val_idx"):
         if kind in fa and spec.code_order(kind, head_dim) == "planes":
             off, _, n = fa[kind]
+            # (plane, token, chunk, byte): plane w at w * plane_stride, token o's chunk c at 4 * (o * nc + c)
+            assert spec.plane_stride(head_dim, block_size) == block_size * nc * 4 and n == 12 * nc
             field = region[..., off: off + block_size * n]
             if to_planes:
                 tok = planes_from_codes(unpack_indices(field.reshape(*lead, block_size, n), 3, head_dim))

@@ -165,8 +165,9 @@ class TurboQuantSpec:
         :meth:`layout`): ``"planes"`` (nibble planes, module docstring) for a 3-bit field of the
         ``"block_soa"`` layout with ``head_dim % 32 == 0`` (whole 32-code chunks), else ``"stream"``
         (vLLM's LSB-first bit stream, :func:`tqlab.turboquant.quant.pack_indices`).  vLLM's slot
-        order is always ``"stream"`` (parity with vLLM 0.33 pins those bytes).  The one rule every
-        store, reader and conversion asks.
+        order is always ``"stream"`` (parity with vLLM 0.33 pins those bytes).  A ``"planes"`` field is also
+        laid out plane-major across the block (:meth:`plane_stride`).  The one rule every store, reader and
+        conversion asks.
 
         Raises:
             ValueError: ``kind`` is not a code field kind, bad ``head_dim``.
@@ -275,7 +276,9 @@ class TurboQuantSpec:
         the order key codes, value codes, key norm, value scale, value zero, pad, each
         ``block_size * nbytes`` long, stride ``nbytes`` (all in bytes; with ``block_size % 16 == 0``
         every block-SoA field starts 16-byte aligned).  Byte ranges only: the bit order inside a
-        3-bit code field is :meth:`code_order`'s.  The one place both layouts are defined: kernels,
+        3-bit code field is :meth:`code_order`'s, and for a ``"planes"`` field only the whole field
+        ``[offset, offset + block_size * nbytes)`` holds: its words are placed plane-major across the
+        block's tokens (:meth:`plane_stride`).  The one place both layouts are defined: kernels,
         the torch reference's conversion and the tests read it.  ``"vllm"`` is the order vLLM 0.33's store
         writes (``_tq_fused_store_mse`` / ``_tq_fused_store_fp8`` in
         ``vllm/v1/attention/ops/triton_turboquant_store.py``).
