@@ -29,6 +29,7 @@ Tricks worth knowing (decode and dequant read the same packed fields, see ``_unp
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -478,9 +479,16 @@ def _planes_flags(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
     stride in 16-bit words, :meth:`TurboQuantSpec.plane_stride` / 2: word ``w`` (``L0, L1, H``) of chunk
     ``c`` of token ``o`` is at 16-bit word ``field + o * (D // 16) + 2 * c + w * KP`` (``_field_addr``
     gives the token stride ``D // 16``)."""
+    return dict(_planes_items(spec, d, block_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _planes_items(spec: TurboQuantSpec, d: int, block_size: int) -> tuple:
+    """:func:`_planes_flags` as a tuple of items, computed once per (spec, head_dim, block_size): every decode
+    and dequant launch asks (a frozen spec is hashable)."""
     kp = not spec.key_fp8 and spec.code_order("key_idx", d) == "planes"
     ps = spec.plane_stride(d, block_size) // 2
-    return {"KP": ps if kp else 0, "VP": ps if spec.code_order("val_idx", d) == "planes" else 0}
+    return (("KP", ps if kp else 0), ("VP", ps if spec.code_order("val_idx", d) == "planes" else 0))
 
 
 def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
@@ -490,6 +498,12 @@ def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
     zero.  Every field of both layouts starts at an even byte and has an even stride.  A nibble-plane code
     field (``TurboQuantSpec.code_order`` ``"planes"``) gets the token stride of its plane-major words,
     ``plane_stride / block_size`` bytes = ``D / 16`` words, not ``nbytes / 2`` (:func:`_planes_flags`)."""
+    return dict(_field_items(spec, d, block_size))
+
+
+@functools.lru_cache(maxsize=256)
+def _field_items(spec: TurboQuantSpec, d: int, block_size: int) -> tuple:
+    """:func:`_field_addr` as a tuple of items, computed once per (spec, head_dim, block_size)."""
     fa = spec.field_addresses(d, block_size)
     out = {}
     for c, kind in (("K", "key_fp8" if spec.key_fp8 else "key_idx"), ("N", "key_norm"), ("V", "val_idx"),
@@ -498,7 +512,7 @@ def _field_addr(spec: TurboQuantSpec, d: int, block_size: int) -> dict:
         if kind in ("key_idx", "val_idx") and spec.code_order(kind, d) == "planes":
             stride = spec.plane_stride(d, block_size) // block_size  # the planes' words interleave tokens
         out[c + "O"], out[c + "S"] = off // 2, stride // 2
-    return out
+    return tuple(out.items())
 
 
 def dequant_kv(cache, block_table_row, cached_len, k_out, v_out, spec: TurboQuantSpec,
