@@ -300,7 +300,19 @@ def _launch(kw: dict):
 def kernels(variants, launches=()) -> dict:
     """name -> call: ``soa4`` (the package's ``_decode_soa4_kernel``, the baseline of every check), ``v<N>`` and the
     :data:`LAUNCH` variants named in ``launches``."""
-    return {"soa4": _soa4, **{f"v{v}": _frag(v) for v in variants}, **{n: _launch(LAUNCH[n]) for n in launches}}
+    out = {"soa4": _soa4, **{f"v{v}": _frag(v) for v in variants}, **{n: _launch(LAUNCH[n]) for n in launches}}
+    if GLUON:
+        out["gluon"] = _gluon
+    return out
+
+
+GLUON = False
+
+
+def _gluon(q, cache, bt, sl, spec, mid, out, lse, stats=None):
+    from tqlab.turboquant import _gluon_decode as gd
+
+    gd.decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats)
 
 
 def run(log, contexts, presets, variants, rows, save, launches=()) -> None:
@@ -357,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", default="0",
                     help="VARIANTs of _decode_frag_kernel to time beside the package kernel (0: before, 1: kWidth 2)")
     ap.add_argument("--launch", default="", help=f"launch variants of the package kernel, comma-separated: {sorted(LAUNCH)}")
+    ap.add_argument("--gluon", action="store_true", help="time the Gluon kernel (_gluon_decode, 3bit_nc) too")
     ap.add_argument("--sass", default=None, metavar="DIR",
                     help="no GPU: compile the package kernel and the variants for sm_90 into DIR and print counts")
     return ap
@@ -389,6 +402,8 @@ def main(argv=None) -> int:
 
     log, save = progress_log(t0), json_saver(res, out, t0)
 
+    global GLUON
+    GLUON = args.gluon
     launches = [n for n in args.launch.split(",") if n]
     unknown = sorted(set(launches) - set(LAUNCH))
     if unknown:
