@@ -44,7 +44,7 @@ from tqlab.turboquant.spec import TurboQuantSpec
 __all__ = ["use_gluon", "decode_attention"]
 
 NUM_WARPS = 4  # one batch of the MMAs per warp
-TW = gl.constexpr(32)  # tokens per warp and step
+TW_DEFAULT = 32  # tokens per warp and step
 NQ = gl.constexpr(8)  # query rows of the MMAs (the GQA group, padded)
 _ASM_OUT = ",".join(["=h"] * 16) + ",r,r"
 
@@ -58,7 +58,7 @@ def use_gluon(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int, group: i
             and cache.shape[2] % 16 == 0 and cache.data_ptr() % 16 == 0)
 
 
-def layouts(num_warps: int = NUM_WARPS) -> dict:
+def layouts(num_warps: int = NUM_WARPS, tw: int = TW_DEFAULT) -> dict:
     """The kernel's register layouts (constexprs): the MMA accumulator ``MMA`` (one batch per warp) and its
     kWidth-2 operands (keys ``KA`` and values ``VA`` as A, q' ``QB`` and P ``PB`` as B); the word tiles
     ``[W, 2, 16, C]`` (warp, 16-token group ``k``, token ``i`` of the group, chunk / half chunk) laid out as the
@@ -68,16 +68,18 @@ def layouts(num_warps: int = NUM_WARPS) -> dict:
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1, 1], instr_shape=[1, 16, 8])
     warps4 = [[1 << i, 0, 0, 0] for i in range(int(math.log2(num_warps)))]
     warps3 = [w[:3] for w in warps4]
-    kw = gl.DistributedLinearLayout(reg_bases=[[0, 0, 8, 0], [0, 1, 0, 0]],
+    ng = tw // 16
+    groups = [[0, 1 << i, 0, 0] for i in range(int(math.log2(ng)))]
+    kw = gl.DistributedLinearLayout(reg_bases=[[0, 0, 8, 0]] + groups,
                                     lane_bases=[[0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 1, 0], [0, 0, 2, 0], [0, 0, 4, 0]],
-                                    warp_bases=warps4, block_bases=[], shape=[num_warps, 2, 16, 4])
-    vw = gl.DistributedLinearLayout(reg_bases=[[0, 0, 1, 0], [0, 0, 8, 0], [0, 1, 0, 0]],
+                                    warp_bases=warps4, block_bases=[], shape=[num_warps, ng, 16, 4])
+    vw = gl.DistributedLinearLayout(reg_bases=[[0, 0, 1, 0], [0, 0, 8, 0]] + groups,
                                     lane_bases=[[0, 0, 2, 0], [0, 0, 4, 0], [0, 0, 0, 1], [0, 0, 0, 2], [0, 0, 0, 4]],
-                                    warp_bases=warps4, block_bases=[], shape=[num_warps, 2, 16, 8])
+                                    warp_bases=warps4, block_bases=[], shape=[num_warps, ng, 16, 8])
     ql2 = gl.DistributedLinearLayout(reg_bases=[[0, 0, 32], [0, 0, 64], [0, 0, 1], [0, 0, 2], [0, 0, 4]],
                                      lane_bases=[[0, 0, 8], [0, 0, 16], [0, 1, 0], [0, 2, 0], [0, 4, 0]],
                                      warp_bases=warps3, block_bases=[], shape=[num_warps, 8, 128])
-    return dict(MMA=mma, KA=gl.DotOperandLayout(0, mma, 2), QB=gl.DotOperandLayout(1, mma, 2),
+    return dict(TW=tw, MMA=mma, KA=gl.DotOperandLayout(0, mma, 2), QB=gl.DotOperandLayout(1, mma, 2),
                 VA=gl.DotOperandLayout(0, mma, 2), PB=gl.DotOperandLayout(1, mma, 2), KW=kw, VW=vw,
                 QL=gl.BlockedLayout([1, 1, 32], [1, 8, 4], [num_warps, 1, 1], [2, 1, 0]), QL2=ql2)
 
@@ -126,6 +128,14 @@ def _planes16(lw, hw, ASM: gl.constexpr):
 
 
 @gluon.jit
+def _value_pairs(lw, hw, ASM: gl.constexpr):
+    """``ptx_tables.planes_value_pair_ptx`` on token pairs (``pack`` 2: consecutive register elements of ``lw`` /
+    ``hw``, tokens ``2t, 2t + 1``): 16 fp16 tensors, code ``j`` of each token as ``code * 2^(s_j - 24)``."""
+    return gl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [lw, hw],
+                                     dtype=(gl.float16,) * 16, is_pure=True, pack=2)
+
+
+@gluon.jit
 def _stack16(e, A: gl.constexpr, B: gl.constexpr, C: gl.constexpr):
     """``[A, B, C, 16]`` from 16 ``[A, B, C]`` tensors (element ``i`` = ``e[i]``); joins most significant index bit
     first."""
@@ -160,7 +170,7 @@ def _decode_planes_kernel(
     q_ptr, c16, c32, bt_ptr, sl_ptr, mid_ptr,
     qk_scale, inv_sqrt_d, num_blocks, num_splits,
     stride_qb, stride_qh, stride_cb32, stride_ch32, stride_btb, stride_mb, stride_mh, stride_ms,
-    GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, D: gl.constexpr,
+    GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, D: gl.constexpr, TW: gl.constexpr,
     KO: gl.constexpr, KP: gl.constexpr, NO: gl.constexpr, NS: gl.constexpr, VO: gl.constexpr, VP: gl.constexpr,
     SO: gl.constexpr, SS: gl.constexpr, ZO: gl.constexpr, ZS: gl.constexpr,
     KASM: gl.constexpr, VASM: gl.constexpr,
@@ -168,6 +178,7 @@ def _decode_planes_kernel(
     KW: gl.constexpr, VW: gl.constexpr, QL: gl.constexpr, QL2: gl.constexpr,
 ):
     W: gl.constexpr = gl.num_warps()
+    NG: gl.constexpr = TW // 16
     SL: gl.constexpr = gl.SliceLayout(2, MMA)  # per token of the score tile [W, 32]
     RL: gl.constexpr = gl.SliceLayout(1, MMA)  # per query row [W, NQ]
     b = gl.program_id(0)
@@ -185,10 +196,10 @@ def _decode_planes_kernel(
     acc_z = gl.zeros([W, NQ], gl.float32, layout=RL)
     acc = gl.zeros([W, D, NQ], gl.float32, layout=MMA)
     # [W, 2, 16, C] word tiles: warp w's tokens t0 + 32 w + 16 k + i; first token of each 16-token group
-    kg = _ix4(W, 0, KW) * TW + _ix4(2, 1, KW) * 16
+    kg = _ix4(W, 0, KW) * TW + _ix4(NG, 1, KW) * 16
     ki = _ix4(16, 2, KW)
     kc = _ix4(D // 32, 3, KW)
-    vg = _ix4(W, 0, VW) * TW + _ix4(2, 1, VW) * 16
+    vg = _ix4(W, 0, VW) * TW + _ix4(NG, 1, VW) * 16
     vi = _ix4(16, 2, VW)
     hc = _ix4(8, 3, VW)
     ts = _ix(W, 0, MMA) * TW + _ix(TW, 1, MMA)  # [W, 32, 1] tokens of the score tile
@@ -201,13 +212,13 @@ def _decode_planes_kernel(
         kl0 = gl.load(kp, mask=ok, other=0)
         kl1 = gl.load(kp + KP // 2, mask=ok, other=0)
         kh = gl.load(kp + KP, mask=ok, other=0)
-        kx = _stack32(_planes16(kl0, kh << 2, KASM), _planes16(kl1, kh, KASM), W * 2, 16, D // 32)
+        kx = _stack32(_planes16(kl0, kh << 2, KASM), _planes16(kl1, kh, KASM), W * NG, 16, D // 32)
         kt = gl.reshape(gl.permute(gl.reshape(kx, [W, TW, 4, 8, 2, 2]), (0, 1, 3, 4, 2, 5)), [W, TW, D])
         sc = mma_v2(gl.convert_layout(kt, KA), qt, gl.zeros([W, TW, NQ], gl.float32, layout=MMA))  # [W, 32, NQ]
         reg16 = reg * 2
-        kn = _per_token(c16, reg16 + o * NS + NO, ok, W, SL)
-        vs = _per_token(c16, reg16 + o * SS + SO, ok, W, SL)
-        vz = _per_token(c16, reg16 + o * ZS + ZO, ok, W, SL)
+        kn = _per_token(c16, reg16 + o * NS + NO, ok, W, TW, SL)
+        vs = _per_token(c16, reg16 + o * SS + SO, ok, W, TW, SL)
+        vz = _per_token(c16, reg16 + o * ZS + ZO, ok, W, TW, SL)
         sc = gl.where(t0 + ts < end, sc * gl.expand_dims(kn * qk_scale, 2), float("-inf"))
         m_new = gl.maximum(m_i, gl.max(sc, axis=1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no token yet
@@ -222,7 +233,7 @@ def _decode_planes_kernel(
         vp = c32 + reg_v + VO // 2 + o_v * (D // 32) + v_word
         vl = gl.load(vp, mask=ok_v, other=0)
         vh = gl.load(vp - (hc % 2) * (VP // 2) + VP, mask=ok_v, other=0) << h_shift
-        vx = _stack16(_planes16(vl, vh, VASM), W * 2, 16, 8)  # [W * 2, 16, 8, 16]: code i of half chunk hc
+        vx = _stack16(_value_pairs(vl, vh, VASM), W * NG, 16, 8)  # [W * NG, 16, 8, 16]: code i of half chunk hc
         vt = gl.reshape(gl.permute(gl.reshape(vx, [W, TW, 8, 8, 2]), (0, 3, 4, 2, 1)), [W, D, TW])
         acc = mma_v2(gl.convert_layout(vt, VA), pt_, acc * gl.expand_dims(alpha, 1))
         m_i = m_new
@@ -230,7 +241,7 @@ def _decode_planes_kernel(
 
 
 @gluon.jit
-def _per_token(c16, idx16, ok, W: gl.constexpr, SL: gl.constexpr):
+def _per_token(c16, idx16, ok, W: gl.constexpr, TW: gl.constexpr, SL: gl.constexpr):
     """An fp16 field of each token of a ``[W, 2, 16, C]`` word tile (index ``[W, 2, 16, 1]``), fp32, as ``[W, 32]``
     in the score tile's token layout ``SL``; 0 where not ``ok``."""
     x = gl.load(c16 + idx16, mask=ok, other=0).to(gl.float16, bitcast=True).to(gl.float32)
@@ -278,11 +289,13 @@ def _finish(mid_ptr, b, hk, s, m_i, l_i, acc, acc_z, stride_mb, stride_mh, strid
     z = gl.sum(acc_z * wgt, axis=0)
     o = gl.sum(acc * gl.expand_dims(wgt, 1), axis=0)  # [D rows, NQ]
     OL: gl.constexpr = gl.SliceLayout(0, MMA)
+    row = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, OL)), 1)
+    ci = 2 * (row // 16) + (row // 8) % 2  # the row's code index within its half chunk
+    o = o * gl.where(ci % 4 == 0, 16777216.0, gl.where(ci % 4 == 2, 65536.0, 1048576.0))  # 2^(24 - s)
     has = tot > 0
     inv = gl.convert_layout(1.0 / gl.where(has, tot, 1.0), gl.SliceLayout(0, OL))
     zq = gl.convert_layout(z, gl.SliceLayout(0, OL))
     out = (o + gl.expand_dims(zq, 0)) * gl.expand_dims(inv, 0)
-    row = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, OL)), 1)
     qr = gl.expand_dims(gl.arange(0, NQ, layout=gl.SliceLayout(0, OL)), 0)
     dim = 16 * (row % 8) + 2 * (row // 16) + (row // 8) % 2  # row 16i + 8h + g = head dim 16g + 2i + h
     base = mid_ptr + b.to(gl.int64) * stride_mb + s.to(gl.int64) * stride_ms
@@ -309,7 +322,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=hq // hk, BLOCK_SIZE=bs, D=d, KO=fa["KO"], KP=planes["KP"], NO=fa["NO"], NS=fa["NS"], VO=fa["VO"],
         VP=planes["VP"], SO=fa["SO"], SS=fa["SS"], ZO=fa["ZO"], ZS=fa["ZS"],
-        KASM=pt.planes_key_asm(spec, d), VASM=pt.PLANES_VALUE_ASM.value, **layouts(), num_warps=NUM_WARPS)
+        KASM=pt.planes_key_asm(spec, d), VASM=pt.PLANES_VALUE_PAIR_ASM.value, **layouts(), num_warps=NUM_WARPS)
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)
     return output

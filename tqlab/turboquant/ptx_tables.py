@@ -192,6 +192,39 @@ def planes_key_asm(spec: TurboQuantSpec, d: int) -> str:
     return planes_asm(_fp16_bits(lloyd_max(3, d).centroids))
 
 
+def planes_value_pair_ptx() -> str:
+    """PTX for ``inline_asm_elementwise(pack=2)`` over two tokens ``A, B`` of a 3-bit nibble-plane value field
+    (the Gluon decode's ``V^T`` operand, ``_gluon_decode``): ``$16, $17`` = a plane word ``L`` of ``A`` and ``B``,
+    ``$18, $19`` = their ``H`` shifted as ``$17`` of :func:`planes_asm` -> ``$0 .. $15``: code ``j`` of both
+    tokens as one half2 register whose halves are fp16 *bit patterns* of the integer code times a power of two,
+    no table: ``code_A << s | code_B << (16 + s)`` with ``s = 0, 4, 8, 4`` for ``j % 4 = 0, 1, 2, 3``.  Bit
+    patterns below ``0x0800`` are ``bits * 2^-24`` exactly (subnormals and the first binade share that spacing),
+    so the half2 holds ``(c_A, c_B) * 2^(s - 24)``: the MMA sums them exactly like the integers, and the decode
+    multiplies output row ``j`` by ``2^(24 - s)`` once at the end (:data:`VALUE_PAIR_SHIFT`).  Per two tokens and
+    16 codes: 2 selectors per token (as :func:`planes_asm`), 4 ``prmt`` that gather 4 codes of ``A`` in the low
+    and of ``B`` in the high half, then 1-2 ops per register: ~1.1 instructions per value (issue 20, round 5)."""
+    lines = ["{", ".reg .b32 sa, sb, x, t;"]
+    for half in range(2):  # codes 8*half .. 8*half + 7
+        for tok, (lw, hw) in (("sa", ("$16", "$18")), ("sb", ("$17", "$19"))):
+            if half == 0:
+                lines += [f"and.b32 {tok}, {lw}, 0x33333333;", f"and.b32 t, {hw}, 0x44444444;", f"or.b32 {tok}, {tok}, t;"]
+            else:
+                lines += [f"shr.b32 {tok}, {lw}, 2;", f"and.b32 {tok}, {tok}, 0x33333333;", f"shr.b32 t, {hw}, 1;",
+                          "and.b32 t, t, 0x44444444;", f"or.b32 {tok}, {tok}, t;"]
+        for quad, sel in ((0, "0x5410"), (1, "0x7632")):  # nibbles [A 4q .. 4q+3, B 4q .. 4q+3]
+            o = 8 * half + 4 * quad
+            lines += [f"prmt.b32 x, sa, sb, {sel};",
+                      f"and.b32 ${o}, x, 0x000F000F;", f"and.b32 ${o + 1}, x, 0x00F000F0;",
+                      f"and.b32 ${o + 2}, x, 0x0F000F00;", "shr.b32 t, x, 8;", f"and.b32 ${o + 3}, t, 0x00F000F0;"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+VALUE_PAIR_SHIFT = (0, 4, 8, 4)
+"""``s`` of :func:`planes_value_pair_ptx` for code ``j % 4`` of a quad."""
+PLANES_VALUE_PAIR_ASM = tl.constexpr(planes_value_pair_ptx())
+
+
 # the values' tables, globals the kernels read as constexprs: fp16(0..7) (the SoA decode's MMA operand) and
 # the bits 0x6400 | code = fp16(1024 + code) (the fast dequant's, which subtracts 1024 as for the other fields)
 PLANES_VALUE_ASM = tl.constexpr(planes_asm(None))
