@@ -128,6 +128,19 @@ def _planes16(lw, hw, ASM: gl.constexpr):
 
 
 @gluon.jit
+def _key_pairs(lw, hw, ASM: gl.constexpr, A: gl.constexpr, B: gl.constexpr, C: gl.constexpr):
+    """``ptx_tables.planes_key_pair_ptx`` on ``[W, NG, 16, C]`` words (``A = W * NG``, ``B = 16``): ``[A, B, C, 16]``
+    fp16 centroids of codes 0..15
+    of the half chunk; each packed instance writes the half2 of codes ``2m, 2m + 1`` (the words joined with
+    themselves give the pair its parity axis)."""
+    o = gl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [gl.join(lw, lw), gl.join(hw, hw)],
+                                  dtype=(gl.float16,) * 8, is_pure=True, pack=2)
+    x = gl.join(gl.join(gl.join(o[0], o[4]), gl.join(o[2], o[6])), gl.join(gl.join(o[1], o[5]), gl.join(o[3], o[7])))
+    # x: [W, NG, 16, C, 2 (parity), 2 (m bit 2), 2 (m bit 1), 2 (m bit 0)]
+    return gl.reshape(gl.permute(x, (0, 1, 2, 3, 5, 6, 7, 4)), [A, B, C, 16])
+
+
+@gluon.jit
 def _value_pairs(lw, hw, ASM: gl.constexpr):
     """``ptx_tables.planes_value_pair_ptx`` on token pairs (``pack`` 2: consecutive register elements of ``lw`` /
     ``hw``, tokens ``2t, 2t + 1``): 16 fp16 tensors, code ``j`` of each token as ``code * 2^(s_j - 24)``."""
@@ -212,7 +225,9 @@ def _decode_planes_kernel(
         kl0 = gl.load(kp, mask=ok, other=0)
         kl1 = gl.load(kp + KP // 2, mask=ok, other=0)
         kh = gl.load(kp + KP, mask=ok, other=0)
-        kx = _stack32(_planes16(kl0, kh << 2, KASM), _planes16(kl1, kh, KASM), W * NG, 16, D // 32)
+        ke = _key_pairs(kl0, kh << 2, KASM, W * NG, 16, D // 32)
+        kf = _key_pairs(kl1, kh, KASM, W * NG, 16, D // 32)
+        kx = gl.reshape(gl.permute(gl.join(ke, kf), (0, 1, 2, 4, 3)), [W * NG, 16, D // 32, 32])
         kt = gl.reshape(gl.permute(gl.reshape(kx, [W, TW, 4, 8, 2, 2]), (0, 1, 3, 4, 2, 5)), [W, TW, D])
         sc = mma_v2(gl.convert_layout(kt, KA), qt, gl.zeros([W, TW, NQ], gl.float32, layout=MMA))  # [W, 32, NQ]
         reg16 = reg * 2
@@ -322,7 +337,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=hq // hk, BLOCK_SIZE=bs, D=d, KO=fa["KO"], KP=planes["KP"], NO=fa["NO"], NS=fa["NS"], VO=fa["VO"],
         VP=planes["VP"], SO=fa["SO"], SS=fa["SS"], ZO=fa["ZO"], ZS=fa["ZS"],
-        KASM=pt.planes_key_asm(spec, d), VASM=pt.PLANES_VALUE_PAIR_ASM.value, **layouts(), num_warps=NUM_WARPS)
+        KASM=pt.planes_key_pair_ptx(spec, d), VASM=pt.PLANES_VALUE_PAIR_ASM.value, **layouts(), num_warps=NUM_WARPS)
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)
     return output

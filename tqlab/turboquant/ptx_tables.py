@@ -220,6 +220,35 @@ def planes_value_pair_ptx() -> str:
     return "\n".join(lines)
 
 
+def planes_key_pair_ptx(spec: TurboQuantSpec, d: int) -> str:
+    """:func:`planes_key_asm` for ``inline_asm_elementwise(pack=2)`` with 32-bit outputs: ``$8`` (= ``$9``) a
+    plane word ``L``, ``$10`` (= ``$11``) the chunk's shifted ``H`` -> ``$0 .. $7``: the fp16 centroids of codes
+    ``2m, 2m + 1`` of the half chunk as one half2 each (the Gluon decode's key A operand: its input words are
+    joined with themselves so that the pair of a packed instance is the code parity).  The same selectors and
+    ``prmt`` lookups as :func:`planes_asm`, written straight into the output registers."""
+    if spec.key_bits != 3:
+        raise ValueError(f"nibble planes hold 3-bit codes; {spec.name} has {spec.key_bits}-bit keys")
+    table16 = _fp16_bits(lloyd_max(3, d).centroids)
+    lo, hi = [x & 0xFF for x in table16], [x >> 8 for x in table16]
+    tlo, thi = (_word(lo[:4]), _word(lo[4:])), (_word(hi[:4]), _word(hi[4:]))
+    lines = ["{", ".reg .b32 s, t, u, l, h;"]
+    for half in range(2):  # codes 8*half .. 8*half + 7
+        if half == 0:
+            lines += ["and.b32 s, $8, 0x33333333;", "and.b32 t, $10, 0x44444444;", "or.b32 s, s, t;"]
+        else:
+            lines += ["shr.b32 s, $8, 2;", "and.b32 s, s, 0x33333333;", "shr.b32 t, $10, 1;",
+                      "and.b32 t, t, 0x44444444;", "or.b32 s, s, t;"]
+        for quad in range(2):
+            sel = "s" if quad == 0 else "u"
+            if quad == 1:
+                lines.append("shr.b32 u, s, 16;")
+            o = 4 * half + 2 * quad
+            lines += [f"prmt.b32 h, {thi[0]}, {thi[1]}, {sel};", f"prmt.b32 l, {tlo[0]}, {tlo[1]}, {sel};",
+                      f"prmt.b32 ${o}, l, h, 0x5140;", f"prmt.b32 ${o + 1}, l, h, 0x7362;"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
 VALUE_PAIR_SHIFT = (0, 4, 8, 4)
 """``s`` of :func:`planes_value_pair_ptx` for code ``j % 4`` of a quad."""
 PLANES_VALUE_PAIR_ASM = tl.constexpr(planes_value_pair_ptx())
