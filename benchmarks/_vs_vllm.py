@@ -75,6 +75,7 @@ def time_vllm(vk, tq_layout, preset, k, v, q, seq_lens, splits, timer) -> dict:
 def time_tqlab(preset, k, v, q, seq_lens, splits_list, timer, cache_layout="vllm") -> dict:
     """tqlab's decode on its own cache (in ``cache_layout``) of the same K/V, for each split count."""
     from tqlab.turboquant import decode_attention, get_spec
+    from tqlab.turboquant.ops import decode_kernel_name
 
     spec = get_spec(preset, cache_layout=cache_layout)
     b, hq, d = q.shape
@@ -85,7 +86,7 @@ def time_tqlab(preset, k, v, q, seq_lens, splits_list, timer, cache_layout="vllm
         out = torch.empty(b, hq, d, device="cuda", dtype=q.dtype)
         lse = torch.empty(b, hq, device="cuda")
         ms = timer(lambda: decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse))
-        res["by_splits"][s] = {"ms": ms, "out": out.clone()}
+        res["by_splits"][s] = {"ms": ms, "out": out.clone(), "kernel": decode_kernel_name(q, cache, bt, spec, mid)}
     del cache, bt
     return res
 
@@ -116,12 +117,12 @@ def bench_context(shape, ctx, presets, vllm_presets, anchor, copy_gbps, timer, l
         row.update({"slot_bytes": tq["slot_bytes"], "step_bytes": nbytes, "byte_limit_ms": nbytes / copy_gbps / 1e6})
         for s, r in tq["by_splits"].items():
             key = "tqlab" if s == VLLM_NUM_SPLITS else "tqlab_fill"
-            row[f"{key}_ms"], row[f"{key}_splits"] = r["ms"], s
+            row[f"{key}_ms"], row[f"{key}_splits"], row[f"{key}_kernel"] = r["ms"], s, r["kernel"]
             row[f"{key}_rel_err_vs_fp32"] = _rel(r["out"], ref)
         del tq
         for s, r in time_tqlab(preset, k, v, q, seq_lens, splits, timer, "block_soa")["by_splits"].items():
             key = "soa" if s == VLLM_NUM_SPLITS else "soa_fill"
-            row[f"{key}_ms"], row[f"{key}_splits"] = r["ms"], s
+            row[f"{key}_ms"], row[f"{key}_splits"], row[f"{key}_kernel"] = r["ms"], s, r["kernel"]
             row[f"{key}_rel_err_vs_fp32"] = _rel(r["out"], ref)
         if anchor[0] is not None and preset in vllm_presets:
             vr = time_vllm(anchor[0], anchor[1], preset, k, v, q, seq_lens, VLLM_NUM_SPLITS, timer)

@@ -301,18 +301,21 @@ def kernels(variants, launches=()) -> dict:
     """name -> call: ``soa4`` (the package's ``_decode_soa4_kernel``, the baseline of every check), ``v<N>`` and the
     :data:`LAUNCH` variants named in ``launches``."""
     out = {"soa4": _soa4, **{f"v{v}": _frag(v) for v in variants}, **{n: _launch(LAUNCH[n]) for n in launches}}
-    if GLUON:
-        out["gluon"] = _gluon
+    for r in GLUON:
+        out[f"gluon_r{r}" if r else "gluon"] = _gluon(r)
     return out
 
 
-GLUON = False
+GLUON: list = []
+SPLITS: list = ["fill"]
 
 
-def _gluon(q, cache, bt, sl, spec, mid, out, lse, stats=None):
-    from tqlab.turboquant import _gluon_decode as gd
+def _gluon(maxnreg):
+    def call(q, cache, bt, sl, spec, mid, out, lse, stats=None):
+        from tqlab.turboquant import _gluon_decode as gd
 
-    gd.decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats)
+        gd.decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats, maxnreg=maxnreg)
+    return call
 
 
 def run(log, contexts, presets, variants, rows, save, launches=()) -> None:
@@ -331,29 +334,30 @@ def run(log, contexts, presets, variants, rows, save, launches=()) -> None:
             dev = q.device
             sl = torch.full((b,), ctx, device=dev, dtype=torch.int32)
             sl[-1] = ctx - 1037  # one uneven request: a partial tile and a partial block
-            s = _ops.decode_num_splits(b, hk, "fill")
-            for name in presets:
-                spec = get_spec(name, cache_layout="block_soa")
-                cache, bt = fill_paged(spec, k, v)  # the block-SoA store: key norms folded
-                res = {}
-                for var, fn in kern.items():
-                    mid = torch.full((b, hq, s, d + 1), float("nan"), device=dev)
-                    out = torch.full((b, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
-                    lse = torch.full((b, hq), float("nan"), device=dev)
-                    st: dict = {}
-                    fn(q, cache, bt, sl, spec, mid, out, lse, stats=st)
-                    res[var] = (out.float().clone(), lse.clone())
-                    row = {"shape": shape, "ctx": ctx, "preset": name, "splits": s, "variant": var, "base": "soa4",
-                           "regs": st.get("n_regs"), "spills": st.get("n_spills"),
-                           "nan": bool(torch.isnan(out.float()).any() or torch.isnan(lse).any()),
-                           "out_max_abs_vs_base": float((out.float() - res["soa4"][0]).abs().max()),
-                           "lse_max_abs_vs_base": float((lse - res["soa4"][1]).abs().max()),
-                           "ms": timer(lambda: fn(q, cache, bt, sl, spec, mid, out, lse))}
-                    row["ok"] = not row["nan"] and row["out_max_abs_vs_base"] < 2e-2 and row["lse_max_abs_vs_base"] < 1e-2
-                    rows.append(row)
-                    log(row)
-                cache = None
-                torch.cuda.empty_cache()
+            for sp in SPLITS:
+                s = _ops.decode_num_splits(b, hk, "fill") if sp == "fill" else int(sp)
+                for name in presets:
+                    spec = get_spec(name, cache_layout="block_soa")
+                    cache, bt = fill_paged(spec, k, v)  # the block-SoA store: key norms folded
+                    res = {}
+                    for var, fn in kern.items():
+                        mid = torch.full((b, hq, s, d + 1), float("nan"), device=dev)
+                        out = torch.full((b, hq, d), float("nan"), device=dev, dtype=torch.bfloat16)
+                        lse = torch.full((b, hq), float("nan"), device=dev)
+                        st: dict = {}
+                        fn(q, cache, bt, sl, spec, mid, out, lse, stats=st)
+                        res[var] = (out.float().clone(), lse.clone())
+                        row = {"shape": shape, "ctx": ctx, "preset": name, "splits": s, "variant": var, "base": "soa4",
+                               "regs": st.get("n_regs"), "spills": st.get("n_spills"),
+                               "nan": bool(torch.isnan(out.float()).any() or torch.isnan(lse).any()),
+                               "out_max_abs_vs_base": float((out.float() - res["soa4"][0]).abs().max()),
+                               "lse_max_abs_vs_base": float((lse - res["soa4"][1]).abs().max()),
+                               "ms": timer(lambda: fn(q, cache, bt, sl, spec, mid, out, lse))}
+                        row["ok"] = not row["nan"] and row["out_max_abs_vs_base"] < 2e-2 and row["lse_max_abs_vs_base"] < 1e-2
+                        rows.append(row)
+                        log(row)
+                    cache = None
+                    torch.cuda.empty_cache()
             del k, v
             save()
 
@@ -369,7 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--variants", default="0",
                     help="VARIANTs of _decode_frag_kernel to time beside the package kernel (0: before, 1: kWidth 2)")
     ap.add_argument("--launch", default="", help=f"launch variants of the package kernel, comma-separated: {sorted(LAUNCH)}")
-    ap.add_argument("--gluon", action="store_true", help="time the Gluon kernel (_gluon_decode, 3bit_nc) too")
+    ap.add_argument("--splits", default="fill", help="split counts, comma-separated: 'fill' (ops.decode_num_splits) "
+                    "or integers")
+    ap.add_argument("--gluon", default="", help="time the Gluon kernel (_gluon_decode, 3bit_nc) too, at these "
+                    "register caps (comma-separated, 0 = none)")
     ap.add_argument("--sass", default=None, metavar="DIR",
                     help="no GPU: compile the package kernel and the variants for sm_90 into DIR and print counts")
     return ap
@@ -403,7 +410,8 @@ def main(argv=None) -> int:
     log, save = progress_log(t0), json_saver(res, out, t0)
 
     global GLUON
-    GLUON = args.gluon
+    GLUON = [int(r) for r in args.gluon.split(",") if r]
+    SPLITS[:] = args.splits.split(",")
     launches = [n for n in args.launch.split(",") if n]
     unknown = sorted(set(launches) - set(LAUNCH))
     if unknown:
@@ -414,8 +422,10 @@ def main(argv=None) -> int:
     print(f"CHECK: {len(res['rows']) - len(bad)} ok, {len(bad)} failed", flush=True)
     for r in res["rows"]:
         if r["variant"] != "soa4":
-            base = next(x for x in res["rows"] if x["variant"] == "soa4" and all(x[k] == r[k] for k in ("shape", "ctx", "preset")))
-            print(f"{r['shape']:5s} {r['ctx'] // 1024:4d}K {r['preset']:20s} soa4 {base['ms']:.3f} ms (regs {base['regs']}) "
+            base = next(x for x in res["rows"]
+                        if x["variant"] == "soa4" and all(x[k] == r[k] for k in ("shape", "ctx", "preset", "splits")))
+            print(f"{r['shape']:5s} {r['ctx'] // 1024:4d}K S {r['splits']:3d} {r['preset']:20s} soa4 {base['ms']:.3f} ms "
+                  f"(regs {base['regs']}) "
                   f"vs {r['variant']} {r['ms']:.3f} ms (regs {r['regs']}): soa4 {r['ms'] / base['ms']:.2f}x faster, "
                   f"out diff {r['out_max_abs_vs_base']:.2e}")
     save()

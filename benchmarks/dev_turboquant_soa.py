@@ -69,6 +69,8 @@ VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vL
     "soa_x32_256x8": ("soa", {"x32": True, "block_t": 256, "num_warps": 8}),
     # the package's launch (``launch.SOA_DEFAULTS["soa_decode"]``: tile, warps, register cap, query tile rows)
     "package": ("soa", {"x32": True, "block_t": None, "num_warps": None, "maxnreg": None}),
+    # the Gluon decode (``_gluon_decode``, issue 20 round 5; 3bit_nc only), for ``--profile gluon``
+    "gluon": ("gluon", {}),
 }
 
 
@@ -86,6 +88,10 @@ def _call(variant, q, caches, bt, sl, spec, mid, out, lse, stats=None):
     d = q.shape[-1]
     if kind == "fast":
         tf.decode_attention(q, caches[0], bt, sl, spec, d**-0.5, mid, out, lse, stats=stats)
+    elif kind == "gluon":
+        from tqlab.turboquant import _gluon_decode as gd
+
+        gd.decode_attention(q, caches[1], bt, sl, get_spec(spec, "block_soa"), d**-0.5, mid, out, lse, stats=stats)
     else:
         kw = {"block_t": 64, "num_warps": 4, "maxnreg": 0, "x32": False, **kw}  # the prototypes' launch
         ts.decode_attention(q, caches[1], bt, sl, get_spec(spec, "block_soa"), d**-0.5, mid, out, lse, stats=stats,
@@ -97,6 +103,8 @@ def _serves(variant, spec, d) -> bool:
     ``_triton_soa.decode_attention`` refuses them (they read vLLM's bit stream only)."""
     kind, kw = VARIANTS[variant]
     planes = any(tk._planes_flags(get_spec(spec, "block_soa"), d, 16).values())
+    if kind == "gluon":
+        return get_spec(spec).name == "turboquant_3bit_nc"
     return kind == "fast" or kw.get("x32", False) or not planes
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import mma_v2
@@ -110,12 +109,13 @@ def _ix4(N: gl.constexpr, AXIS: gl.constexpr, L: gl.constexpr):
 
 
 @gluon.jit
-def _group_rows(bt_row, first, i, end, num_blocks, hk, stride_cb32, stride_ch32, BLOCK_SIZE: gl.constexpr):
-    """Tokens ``first + i`` of 16-token groups (``first``: ``[W, 2, 1, 1]``, multiples of 16, so one block table
-    load per group; ``i``: ``[1, 1, 16, 1]``): inside the sequence and a valid block, the 32-bit index of the
-    group's (block, KV head) region, and the tokens' slots in the block."""
+def _group_rows(bt_row, first, i, start, end, num_blocks, hk, stride_cb32, stride_ch32, BLOCK_SIZE: gl.constexpr):
+    """Tokens ``first + i`` of 16-token groups (``first``: ``[W, NG, 1, 1]``, multiples of 16, so one block table
+    load per group; ``i``: ``[1, 1, 16, 1]``): inside the split ``[start, end)`` and a valid block, the 32-bit index
+    of the group's (block, KV head) region, and the tokens' slots in the block."""
     blk = gl.load(bt_row + first // BLOCK_SIZE, mask=first < end, other=-1).to(gl.int64)
-    ok = (first + i < end) & (blk >= 0) & (blk < num_blocks)
+    tok = first + i
+    ok = (tok >= start) & (tok < end) & (blk >= 0) & (blk < num_blocks)
     return ok, gl.where(blk >= 0, blk, 0) * stride_cb32 + hk * stride_ch32, (first % BLOCK_SIZE + i).to(gl.int64)
 
 
@@ -198,7 +198,7 @@ def _decode_planes_kernel(
     hk = gl.program_id(1)
     s = gl.program_id(2)
     seq_len = gl.load(sl_ptr + b)
-    chunk = gl.cdiv(gl.cdiv(seq_len, num_splits), 16) * 16  # 16-token groups never straddle a block
+    chunk = gl.cdiv(seq_len, num_splits)  # ops.split_bounds
     start = gl.minimum(s * chunk, seq_len)
     end = gl.minimum(start + chunk, seq_len)
     bt_row = bt_ptr + b.to(gl.int64) * stride_btb
@@ -218,9 +218,10 @@ def _decode_planes_kernel(
     ts = _ix(W, 0, MMA) * TW + _ix(TW, 1, MMA)  # [W, 32, 1] tokens of the score tile
     v_word = hc // 2 + (hc % 2) * (VP // 2)  # L0 / L1 of the half chunk's chunk
     h_shift = 2 - 2 * (hc % 2)  # H << 2 for codes 0..15 of a chunk
-    for t0 in range(start, end, W * TW):
+    for t0 in range((start // 16) * 16, end, W * TW):  # whole 16-token groups: one block each (block_size % 16 == 0)
         # keys: chunk t of tokens g + 8h + 16k -> A operand [W, 32, D]
-        ok, reg, o = _group_rows(bt_row, t0 + kg, ki, end, num_blocks, hk, stride_cb32, stride_ch32, BLOCK_SIZE)
+        ok, reg, o = _group_rows(bt_row, t0 + kg, ki, start, end, num_blocks, hk, stride_cb32, stride_ch32,
+                                 BLOCK_SIZE)
         kp = c32 + reg + KO // 2 + o * (D // 32) + kc
         kl0 = gl.load(kp, mask=ok, other=0)
         kl1 = gl.load(kp + KP // 2, mask=ok, other=0)
@@ -234,7 +235,7 @@ def _decode_planes_kernel(
         kn = _per_token(c16, reg16 + o * NS + NO, ok, W, TW, SL)
         vs = _per_token(c16, reg16 + o * SS + SO, ok, W, TW, SL)
         vz = _per_token(c16, reg16 + o * ZS + ZO, ok, W, TW, SL)
-        sc = gl.where(t0 + ts < end, sc * gl.expand_dims(kn * qk_scale, 2), float("-inf"))
+        sc = gl.where((t0 + ts >= start) & (t0 + ts < end), sc * gl.expand_dims(kn * qk_scale, 2), float("-inf"))
         m_new = gl.maximum(m_i, gl.max(sc, axis=1))
         m_use = gl.where(m_new == float("-inf"), 0.0, m_new)  # a warp with no token yet
         alpha = gl.exp2(m_i - m_use)
@@ -243,7 +244,7 @@ def _decode_planes_kernel(
         acc_z = acc_z * alpha + gl.sum(p * gl.expand_dims(vz, 2), axis=1)
         pt_ = gl.convert_layout((p * gl.expand_dims(vs, 2)).to(gl.float16), PB)  # [W, 32, NQ]
         # values: half chunk g of tokens 2t + p + 8h' + 16k -> A operand [W, D, 32]
-        ok_v, reg_v, o_v = _group_rows(bt_row, t0 + vg, vi, end, num_blocks, hk, stride_cb32, stride_ch32,
+        ok_v, reg_v, o_v = _group_rows(bt_row, t0 + vg, vi, start, end, num_blocks, hk, stride_cb32, stride_ch32,
                                        BLOCK_SIZE)
         vp = c32 + reg_v + VO // 2 + o_v * (D // 32) + v_word
         vl = gl.load(vp, mask=ok_v, other=0)
@@ -322,7 +323,7 @@ def _finish(mid_ptr, b, hk, s, m_i, l_i, acc, acc_z, stride_mb, stride_mh, strid
 
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
-                     stats: dict | None = None):
+                     stats: dict | None = None, maxnreg: int | None = None):
     """Split-KV decode of a 3bit_nc block-SoA cache by :func:`_decode_planes_kernel`, then the portable
     reduction (``_triton_kernels.reduce``); the same inputs and outputs as ``_triton_soa.decode_attention``
     (``mid_out`` fp32 ``(B, Hq, S, D + 1)``).  Only where :func:`use_gluon` holds."""
@@ -337,7 +338,8 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=hq // hk, BLOCK_SIZE=bs, D=d, KO=fa["KO"], KP=planes["KP"], NO=fa["NO"], NS=fa["NS"], VO=fa["VO"],
         VP=planes["VP"], SO=fa["SO"], SS=fa["SS"], ZO=fa["ZO"], ZS=fa["ZS"],
-        KASM=pt.planes_key_pair_ptx(spec, d), VASM=pt.PLANES_VALUE_PAIR_ASM.value, **layouts(), num_warps=NUM_WARPS)
+        KASM=pt.planes_key_pair_ptx(spec, d), VASM=pt.PLANES_VALUE_PAIR_ASM.value, **layouts(), num_warps=NUM_WARPS,
+        **({"maxnreg": maxnreg} if maxnreg else {}))
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)
     return output

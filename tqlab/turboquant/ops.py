@@ -42,6 +42,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "split_bounds",
     "decode_num_splits",
+    "decode_kernel_name",
     "SPLIT_POLICIES",
     "VLLM_NUM_SPLITS",
 ]
@@ -362,9 +363,10 @@ def decode_attention(
     ``_fwd_kernel_stage2``'s reduction; ``vllm/v1/attention/ops/triton_turboquant_decode.py``) on vLLM's
     slot order.  Kernels (``backend="triton"``): on CUDA the fast kernel (``_triton_fast``) for the rotated
     presets in vLLM's order; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
-    (``_triton_soa``, every preset) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte
-    aligned, else the portable kernel (``_triton_kernels``), which also serves the interpreter.  All read
-    the same bytes and agree to fp16 rounding.
+    (``_triton_soa``, every preset; for 3bit_nc with long splits the Gluon decode ``_gluon_decode``, issue 20
+    round 5) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable
+    kernel (``_triton_kernels``), which also serves the interpreter.  All read the same bytes and agree to fp16
+    rounding.
 
     Args:
         query: ``(B, Hq, D)`` float16/bfloat16/float32; ``Hq % Hk == 0`` (GQA).
@@ -396,19 +398,56 @@ def decode_attention(
     if query.shape[0] == 0:
         return output
     if resolve_backend(backend, dev) == "triton":
-        from tqlab.turboquant import _triton_fast as tf
-        from tqlab.turboquant import _triton_kernels as tk
-
-        kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
-        if spec.cache_layout == "block_soa":
-            from tqlab.turboquant import _triton_soa as ts
-
-            if ts.use_soa(spec, cache, query.shape[-1]):
-                kernels = ts
-            elif any(tk._planes_flags(spec, query.shape[-1], cache.shape[2]).values()):
-                kernels = tk  # nibble-plane fields off the SoA decode's alignment: the portable decode reads them
+        kernels = _decode_kernels(spec, dev, query, cache, block_tables, mid_out)
         return kernels.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
     return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
+
+
+def _decode_kernels(spec, dev, query, cache, block_tables, mid_out):
+    """The kernel module that serves a Triton-backend :func:`decode_attention` call (its routing rule, in one place;
+    :func:`decode_kernel_name` reports it)."""
+    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_kernels as tk
+
+    kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
+    if spec.cache_layout == "block_soa":
+        from tqlab.turboquant import _triton_soa as ts
+
+        if ts.use_soa(spec, cache, query.shape[-1]):
+            kernels = _gluon_or(ts, spec, query, cache, block_tables, mid_out)
+        elif any(tk._planes_flags(spec, query.shape[-1], cache.shape[2]).values()):
+            kernels = tk  # nibble-plane fields off the SoA decode's alignment: the portable decode reads them
+    return kernels
+
+
+def decode_kernel_name(query, cache, block_tables, spec, mid_out, backend: str = "auto") -> str:
+    """Which kernel :func:`decode_attention` runs for these arguments (no launch): ``"torch"`` (the reference),
+    ``"portable"`` (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"block_soa"`` (``_triton_soa``) or
+    ``"gluon"`` (``_gluon_decode``).  Benchmarks record it next to their timings."""
+    spec = get_spec(spec)
+    if resolve_backend(backend, query.device) != "triton":
+        return "torch"
+    mod = _decode_kernels(spec, query.device, query, cache, block_tables, mid_out).__name__.rsplit(".", 1)[-1]
+    return {"_triton_kernels": "portable", "_triton_fast": "fast", "_triton_soa": "block_soa",
+            "_gluon_decode": "gluon"}[mod]
+
+
+def _gluon_or(kernels, spec, query, cache, block_tables, mid_out):
+    """The Gluon block-SoA decode (``_gluon_decode``, 3bit_nc) where it serves the call and each split can hold at
+    least ``launch.SOA_DEFAULTS["gluon_decode"]["min_split_tokens"]`` tokens (block-table width x block size / S:
+    fixed per captured CUDA graph, never read from ``seq_lens``); else ``kernels``.  A Triton without Gluon
+    (``triton.experimental.gluon``) keeps ``kernels``."""
+    try:
+        from tqlab.turboquant import _gluon_decode as gd
+    except ImportError:  # Triton before Gluon: the Triton block-SoA decode serves every call
+        return kernels
+    from tqlab.turboquant.launch import SOA_DEFAULTS
+
+    group = query.shape[1] // cache.shape[1]
+    per_split = block_tables.shape[1] * cache.shape[2] // mid_out.shape[2]
+    if gd.use_gluon(spec, cache, query.shape[-1], group) and per_split >= SOA_DEFAULTS["gluon_decode"]["min_split_tokens"]:
+        return gd
+    return kernels
 
 
 def _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse) -> torch.device:

@@ -1,0 +1,156 @@
+"""The Gluon block-SoA decode (``tqlab.turboquant._gluon_decode``, issue 20 round 5) and its routing.
+
+CPU: its two PTX programs (``ptx_tables.planes_key_pair_ptx``, ``planes_value_pair_ptx``) run by the PTX
+emulator give every code's fp16 centroid pair / scaled integer pair, and ``ops.decode_kernel_name`` reports
+the routing rule.  GPU: the kernel against the torch reference on the same block-SoA cache (uneven splits
+whose starts are not 16-aligned, empty and one-token requests, GQA 1 / 4 / 8), ``mid_out`` included, and
+``ops.decode_attention`` routes to it only for 3bit_nc with long splits.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_turboquant_triton's PTX emulator
+
+from tqlab.turboquant import TQ_PRESETS, decode_attention, get_spec, kv_cache_shape, store_kv
+from tqlab.turboquant import ptx_tables as pt
+from tqlab.turboquant.codebook import lloyd_max
+from tqlab.turboquant.ops import decode_kernel_name
+from tqlab.turboquant.quant import planes_from_codes
+
+DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _chunks(n: int, seed: int):
+    """``n`` random 32-code chunks and their nibble-plane words ``L0, L1, H`` (python ints)."""
+    codes = torch.randint(0, 8, (n, 32), generator=torch.Generator().manual_seed(seed), dtype=torch.uint8)
+    words = planes_from_codes(codes).view(torch.int32).numpy().astype(np.int64) & 0xFFFFFFFF
+    return codes.numpy(), [tuple(int(x) for x in w) for w in words]
+
+
+def test_key_pair_ptx_gives_centroid_pairs():
+    """``planes_key_pair_ptx``: output ``m`` of a half chunk = the fp16 centroids of codes ``2m`` (low half) and
+    ``2m + 1`` (high half), for both halves of 24 random chunks; 4-bit keys refused."""
+    from test_turboquant_triton import _ptx_emulate
+
+    cent = np.asarray(lloyd_max(3, 128).centroids, dtype=np.float16).view(np.uint16)
+    asm = pt.planes_key_pair_ptx(TQ_PRESETS["turboquant_3bit_nc"], 128)
+    codes, words = _chunks(24, 7)
+    for c, (l0, l1, h) in zip(codes, words):
+        for half, (lw, hw) in enumerate(((l0, (h << 2) & 0xFFFFFFFF), (l1, h))):
+            r = _ptx_emulate(asm, {"$8": lw, "$9": lw, "$10": hw, "$11": hw})
+            for m in range(8):
+                lo, hi = c[16 * half + 2 * m], c[16 * half + 2 * m + 1]
+                assert r[f"${m}"] == int(cent[lo]) | int(cent[hi]) << 16, (half, m)
+    with pytest.raises(ValueError, match="3-bit codes; turboquant_4bit_nc has 4-bit keys"):
+        pt.planes_key_pair_ptx(TQ_PRESETS["turboquant_4bit_nc"], 128)
+
+
+def test_value_pair_ptx_gives_scaled_code_pairs():
+    """``PLANES_VALUE_PAIR_ASM`` on two tokens' words: output ``j`` = code ``j`` of token A in the low half and of
+    token B in the high half, each as the fp16 bit pattern ``code << s`` (``s = VALUE_PAIR_SHIFT[j % 4]``), and
+    every such pattern is exactly ``code * 2^(s - 24)`` (the kernel's per-row rescale undoes it)."""
+    from test_turboquant_triton import _ptx_emulate
+
+    asm = pt.PLANES_VALUE_PAIR_ASM.value
+    codes, words = _chunks(24, 8)
+    for t in range(0, 24, 2):
+        for half in range(2):
+            hw = [(w[2] << 2) & 0xFFFFFFFF if half == 0 else w[2] for w in (words[t], words[t + 1])]
+            r = _ptx_emulate(asm, {"$16": words[t][half], "$17": words[t + 1][half], "$18": hw[0], "$19": hw[1]})
+            for j in range(16):
+                s = pt.VALUE_PAIR_SHIFT[j % 4]
+                a, b = int(codes[t][16 * half + j]), int(codes[t + 1][16 * half + j])
+                assert r[f"${j}"] == a << s | b << (16 + s), (t, half, j)
+    for s in set(pt.VALUE_PAIR_SHIFT):
+        bits = np.array([c << s for c in range(8)], dtype=np.uint16)
+        assert bits.view(np.float16).astype(np.float64).tolist() == [c * 2.0 ** (s - 24) for c in range(8)]
+
+
+def test_decode_kernel_name_reports_the_torch_and_portable_paths():
+    """Without CUDA: the torch reference for ``"torch"``, the portable kernel under the interpreter."""
+    spec = get_spec("turboquant_3bit_nc", cache_layout="block_soa")
+    cache = torch.zeros(kv_cache_shape(4, 1, 16, 128, spec), dtype=torch.uint8)
+    q, bt, mid = torch.zeros(1, 4, 128), torch.zeros(1, 4, dtype=torch.int32), torch.zeros(1, 4, 1, 129)
+    assert decode_kernel_name(q, cache, bt, spec, mid, backend="torch") == "torch"
+    if not torch.cuda.is_available():
+        assert decode_kernel_name(q, cache, bt, spec, mid, backend="triton") == "portable"
+
+
+def _case(name, hq, hk, splits, seq, d=128, bs=16, seed=3):
+    soa = get_spec(name, cache_layout="block_soa")
+    b = len(seq)
+    per = -(-max(seq) // bs) + 3
+    nb = b * per
+    g = torch.Generator().manual_seed(seed)
+    cache = torch.zeros(kv_cache_shape(nb, hk, bs, d, soa), dtype=torch.uint8, device=DEV)
+    n = nb * bs
+    store_kv(cache, torch.randn(n, hk, d, generator=g).to(DEV), (torch.randn(n, hk, d, generator=g) * 2 + 0.5).to(DEV),
+             torch.randperm(n, generator=g).to(DEV), soa)
+    bt = torch.randperm(nb, generator=g).view(b, per).to(torch.int32).to(DEV)
+    q = torch.randn(b, hq, d, generator=g).to(DEV, torch.bfloat16)
+    return soa, cache, bt, q, torch.tensor(seq, device=DEV)
+
+
+def _run(fn, q, splits, d=128):
+    b, hq, _ = q.shape
+    mid = torch.full((b, hq, splits, d + 1), float("nan"), device=DEV)
+    out = torch.full((b, hq, d), float("nan"), device=DEV, dtype=q.dtype)
+    lse = torch.full((b, hq), float("nan"), device=DEV)
+    fn(mid, out, lse)
+    return mid, out, lse
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("hq,hk", [(8, 2), (16, 2), (2, 2)])
+def test_gpu_gluon_decode_matches_reference(hq, hk):
+    """The Gluon kernel called directly, against the torch reference on the same 3bit_nc block-SoA cache: an empty
+    request, one token, splits of 334 tokens (starts not 16-aligned), a split count above the tokens, GQA
+    ``hq / hk``; every ``mid_out`` split partial (output columns and LSE, ``-inf`` for empty splits) and the reduced
+    output to fp16 rounding."""
+    from tqlab.turboquant import _gluon_decode as gd
+
+    soa, cache, bt, q, seq = _case("turboquant_3bit_nc", hq, hk, 3, [0, 1, 1000, 2999])
+    assert gd.use_gluon(soa, cache, 128, hq // hk)
+    ref = _run(lambda m, o, s: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, s, backend="torch"), q, 3)
+    got = _run(lambda m, o, s: gd.decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, s), q, 3)
+    (m0, o0, l0), (m1, o1, l1) = ref, got
+    assert not torch.isnan(m1).any() and not torch.isnan(o1).any() and not torch.isnan(l1).any()
+    assert torch.equal(torch.isinf(m0[..., -1]), torch.isinf(m1[..., -1]))  # the same empty splits
+    live = ~torch.isinf(m0[..., -1])
+    assert torch.allclose(m0[live], m1[live], atol=1e-2, rtol=2e-3)
+    assert torch.allclose(o0.float(), o1.float(), atol=1e-2, rtol=2e-3)
+    assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=1e-2, rtol=2e-3)
+
+
+@pytest.mark.gpu
+def test_gpu_decode_routes_long_3bit_splits_to_gluon():
+    """``ops.decode_attention`` takes the Gluon kernel for 3bit_nc when each split can hold >= 512 tokens
+    (block-table width x block size / S) and the Triton block-SoA decode otherwise or for other presets, and
+    both agree with the torch reference."""
+    from tqlab.turboquant.launch import SOA_DEFAULTS
+
+    soa, cache, bt, q, seq = _case("turboquant_3bit_nc", 8, 2, 2, [700, 1500, 40])
+    cap = bt.shape[1] * 16
+    assert SOA_DEFAULTS["gluon_decode"]["min_split_tokens"] == 512
+    long_s, short_s = cap // 512, cap // 511 + 1
+    for s, want in ((long_s, "gluon"), (short_s, "block_soa")):
+        mid = torch.zeros(q.shape[0], q.shape[1], s, 129, device=DEV)
+        assert decode_kernel_name(q, cache, bt, soa, mid) == want, s
+        ref = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x, backend="torch"), q, s)
+        got = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x), q, s)
+        assert torch.allclose(ref[1].float(), got[1].float(), atol=1e-2, rtol=2e-3)
+        assert torch.allclose(ref[2], got[2], atol=1e-2, rtol=2e-3)
+    k3v4 = get_spec("turboquant_k3v4_nc", cache_layout="block_soa")
+    cache4 = torch.zeros(kv_cache_shape(bt.numel(), 2, 16, 128, k3v4), dtype=torch.uint8, device=DEV)
+    assert decode_kernel_name(q, cache4, bt, k3v4, torch.zeros(3, 8, long_s, 129, device=DEV)) == "block_soa"
