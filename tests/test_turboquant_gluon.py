@@ -1,10 +1,10 @@
 """The Gluon block-SoA decode (``tqlab.turboquant._gluon_decode``, issue 20 round 5) and its routing.
 
-CPU: its two PTX programs (``ptx_tables.planes_key_pair_ptx``, ``planes_value_pair_ptx``) run by the PTX
-emulator give every code's fp16 centroid pair / scaled integer pair, and ``ops.decode_kernel_name`` reports
-the routing rule.  GPU: the kernel against the torch reference on the same block-SoA cache (uneven splits
+CPU: its PTX programs (``ptx_tables.planes_key_pair_ptx``, ``planes_value_pair_ptx``, ``value4_pair_ptx``) run by
+the PTX emulator give every code's fp16 centroid pair / scaled integer pair, and ``ops.decode_kernel_name`` reports
+the routing rule.  GPU: the kernel (3bit_nc, k3v4_nc) against the torch reference on the same block-SoA cache (uneven splits
 whose starts are not 16-aligned, empty and one-token requests, GQA 1 / 4 / 8), ``mid_out`` included, and
-``ops.decode_attention`` routes to it only for 3bit_nc with long splits.
+``ops.decode_attention`` routes to it only for 3-bit keys with long splits.
 """
 
 from __future__ import annotations
@@ -77,6 +77,26 @@ def test_value_pair_ptx_gives_scaled_code_pairs():
         assert bits.view(np.float16).astype(np.float64).tolist() == [c * 2.0 ** (s - 24) for c in range(8)]
 
 
+def test_value4_pair_ptx_gives_scaled_code_pairs():
+    """``VALUE4_PAIR_ASM`` on two tokens' two words of 4-bit codes (vLLM's bit stream, code ``j`` at bits ``4j``):
+    output ``j`` = ``code_A << s | code_B << (16 + s)``, ``s = VALUE4_PAIR_SHIFT[j % 4]``, each half an exact
+    ``code * 2^(s - 24)``."""
+    from test_turboquant_triton import _ptx_emulate
+
+    g = np.random.default_rng(4)
+    for _ in range(24):
+        a, b = g.integers(0, 16, 16), g.integers(0, 16, 16)
+        word = [[sum(int(x[8 * w + i]) << (4 * i) for i in range(8)) for w in range(2)] for x in (a, b)]
+        r = _ptx_emulate(pt.VALUE4_PAIR_ASM.value, {"$16": word[0][0], "$17": word[1][0], "$18": word[0][1],
+                                                     "$19": word[1][1]})
+        for j in range(16):
+            s = pt.VALUE4_PAIR_SHIFT[j % 4]
+            assert r[f"${j}"] == int(a[j]) << s | int(b[j]) << (16 + s), j
+    for s in set(pt.VALUE4_PAIR_SHIFT):
+        bits = np.array([c << s for c in range(16)], dtype=np.uint16)
+        assert bits.view(np.float16).astype(np.float64).tolist() == [c * 2.0 ** (s - 24) for c in range(16)]
+
+
 def test_decode_kernel_name_reports_the_torch_and_portable_paths():
     """Without CUDA: the torch reference for ``"torch"``, the portable kernel under the interpreter."""
     spec = get_spec("turboquant_3bit_nc", cache_layout="block_soa")
@@ -112,15 +132,16 @@ def _run(fn, q, splits, d=128):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc"])
 @pytest.mark.parametrize("hq,hk", [(8, 2), (16, 2), (2, 2)])
-def test_gpu_gluon_decode_matches_reference(hq, hk):
-    """The Gluon kernel called directly, against the torch reference on the same 3bit_nc block-SoA cache: an empty
+def test_gpu_gluon_decode_matches_reference(hq, hk, name):
+    """The Gluon kernel called directly, against the torch reference on the same block-SoA cache: an empty
     request, one token, splits of 334 tokens (starts not 16-aligned), a split count above the tokens, GQA
     ``hq / hk``; every ``mid_out`` split partial (output columns and LSE, ``-inf`` for empty splits) and the reduced
     output to fp16 rounding."""
     from tqlab.turboquant import _gluon_decode as gd
 
-    soa, cache, bt, q, seq = _case("turboquant_3bit_nc", hq, hk, 3, [0, 1, 1000, 2999])
+    soa, cache, bt, q, seq = _case(name, hq, hk, 3, [0, 1, 1000, 2999])
     assert gd.use_gluon(soa, cache, 128, hq // hk)
     ref = _run(lambda m, o, s: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, s, backend="torch"), q, 3)
     got = _run(lambda m, o, s: gd.decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, s), q, 3)
@@ -135,8 +156,8 @@ def test_gpu_gluon_decode_matches_reference(hq, hk):
 
 @pytest.mark.gpu
 def test_gpu_decode_routes_long_3bit_splits_to_gluon():
-    """``ops.decode_attention`` takes the Gluon kernel for 3bit_nc when each split can hold >= 512 tokens
-    (block-table width x block size / S) and the Triton block-SoA decode otherwise or for other presets, and
+    """``ops.decode_attention`` takes the Gluon kernel for 3bit_nc (and k3v4_nc) when each split can hold >= 512
+    tokens (block-table width x block size / S) and the Triton block-SoA decode otherwise or for 4-bit keys, and
     both agree with the torch reference."""
     from tqlab.turboquant.launch import SOA_DEFAULTS
 
@@ -151,6 +172,8 @@ def test_gpu_decode_routes_long_3bit_splits_to_gluon():
         got = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x), q, s)
         assert torch.allclose(ref[1].float(), got[1].float(), atol=1e-2, rtol=2e-3)
         assert torch.allclose(ref[2], got[2], atol=1e-2, rtol=2e-3)
-    k3v4 = get_spec("turboquant_k3v4_nc", cache_layout="block_soa")
-    cache4 = torch.zeros(kv_cache_shape(bt.numel(), 2, 16, 128, k3v4), dtype=torch.uint8, device=DEV)
-    assert decode_kernel_name(q, cache4, bt, k3v4, torch.zeros(3, 8, long_s, 129, device=DEV)) == "block_soa"
+    for name, want in (("turboquant_k3v4_nc", "gluon"), ("turboquant_4bit_nc", "block_soa"),
+                       ("turboquant_k8v4", "block_soa")):
+        other = get_spec(name, cache_layout="block_soa")
+        c = torch.zeros(kv_cache_shape(bt.numel(), 2, 16, 128, other), dtype=torch.uint8, device=DEV)
+        assert decode_kernel_name(q, c, bt, other, torch.zeros(3, 8, long_s, 129, device=DEV)) == want, name

@@ -1,4 +1,5 @@
-"""Block-SoA decode with explicit register layouts (Gluon), for 3-bit nibble-plane keys and values.
+"""Block-SoA decode with explicit register layouts (Gluon), for 3-bit nibble-plane keys and 3- or 4-bit values
+(``turboquant_3bit_nc``, ``turboquant_k3v4_nc``).
 
 Issue 20, round 5 (measured in ``benchmarks/NOTES_turboquant.md``).  The Triton kernel
 ``_triton_soa._decode_soa4_kernel`` leaves its layouts to the compiler; Triton 3.6 then builds both
@@ -49,11 +50,13 @@ _ASM_OUT = ",".join(["=h"] * 16) + ",r,r"
 
 
 def use_gluon(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int, group: int) -> bool:
-    """This kernel serves 3-bit nibble-plane keys and values (``turboquant_3bit_nc``) on a CUDA block-SoA
-    cache with ``head_dim`` 128, a GQA group of at most 8 and 16-byte aligned fields."""
+    """This kernel serves 3-bit nibble-plane keys with 3-bit (planes) or 4-bit values (``turboquant_3bit_nc``,
+    ``turboquant_k3v4_nc``) on a CUDA block-SoA cache with ``head_dim`` 128, a GQA group of at most 8 and 16-byte
+    aligned fields."""
     planes = tk._planes_flags(spec, head_dim, cache.shape[2])
     return (spec.cache_layout == "block_soa" and cache.device.type == "cuda" and not pt.tk_interpret()
-            and head_dim == 128 and group <= NQ.value and bool(planes["KP"]) and bool(planes["VP"])
+            and head_dim == 128 and group <= NQ.value and bool(planes["KP"])
+            and (bool(planes["VP"]) or spec.value_bits == 4)
             and cache.shape[2] % 16 == 0 and cache.data_ptr() % 16 == 0)
 
 
@@ -142,8 +145,9 @@ def _key_pairs(lw, hw, ASM: gl.constexpr, A: gl.constexpr, B: gl.constexpr, C: g
 
 @gluon.jit
 def _value_pairs(lw, hw, ASM: gl.constexpr):
-    """``ptx_tables.planes_value_pair_ptx`` on token pairs (``pack`` 2: consecutive register elements of ``lw`` /
-    ``hw``, tokens ``2t, 2t + 1``): 16 fp16 tensors, code ``j`` of each token as ``code * 2^(s_j - 24)``."""
+    """``ptx_tables.planes_value_pair_ptx`` / ``value4_pair_ptx`` on token pairs (``pack`` 2: consecutive register
+    elements of ``lw`` / ``hw``, tokens ``2t, 2t + 1``): 16 fp16 tensors, code ``j`` of each token as
+    ``code * 2^(s_j - 24)``."""
     return gl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,=r,r,r,r,r", [lw, hw],
                                      dtype=(gl.float16,) * 16, is_pure=True, pack=2)
 
@@ -186,7 +190,7 @@ def _decode_planes_kernel(
     GROUP: gl.constexpr, BLOCK_SIZE: gl.constexpr, D: gl.constexpr, TW: gl.constexpr,
     KO: gl.constexpr, KP: gl.constexpr, NO: gl.constexpr, NS: gl.constexpr, VO: gl.constexpr, VP: gl.constexpr,
     SO: gl.constexpr, SS: gl.constexpr, ZO: gl.constexpr, ZS: gl.constexpr,
-    KASM: gl.constexpr, VASM: gl.constexpr,
+    KASM: gl.constexpr, VASM: gl.constexpr, VSHIFT: gl.constexpr,
     MMA: gl.constexpr, KA: gl.constexpr, QB: gl.constexpr, VA: gl.constexpr, PB: gl.constexpr,
     KW: gl.constexpr, VW: gl.constexpr, QL: gl.constexpr, QL2: gl.constexpr,
 ):
@@ -246,14 +250,19 @@ def _decode_planes_kernel(
         # values: half chunk g of tokens 2t + p + 8h' + 16k -> A operand [W, D, 32]
         ok_v, reg_v, o_v = _group_rows(bt_row, t0 + vg, vi, start, end, num_blocks, hk, stride_cb32, stride_ch32,
                                        BLOCK_SIZE)
-        vp = c32 + reg_v + VO // 2 + o_v * (D // 32) + v_word
-        vl = gl.load(vp, mask=ok_v, other=0)
-        vh = gl.load(vp - (hc % 2) * (VP // 2) + VP, mask=ok_v, other=0) << h_shift
-        vx = _stack16(_value_pairs(vl, vh, VASM), W * NG, 16, 8)  # [W * NG, 16, 8, 16]: code i of half chunk hc
+        if VP:  # 3-bit nibble planes: the half chunk's L word and its chunk's H
+            vp = c32 + reg_v + VO // 2 + o_v * (D // 32) + v_word
+            va = gl.load(vp, mask=ok_v, other=0)
+            vb = gl.load(vp - (hc % 2) * (VP // 2) + VP, mask=ok_v, other=0) << h_shift
+        else:  # 4-bit codes: the half chunk's two words
+            vp = c32 + reg_v + VO // 2 + o_v * (D // 8) + 2 * hc
+            va = gl.load(vp, mask=ok_v, other=0)
+            vb = gl.load(vp + 1, mask=ok_v, other=0)
+        vx = _stack16(_value_pairs(va, vb, VASM), W * NG, 16, 8)  # [W * NG, 16, 8, 16]: code i of half chunk hc
         vt = gl.reshape(gl.permute(gl.reshape(vx, [W, TW, 8, 8, 2]), (0, 3, 4, 2, 1)), [W, D, TW])
         acc = mma_v2(gl.convert_layout(vt, VA), pt_, acc * gl.expand_dims(alpha, 1))
         m_i = m_new
-    _finish(mid_ptr, b, hk, s, m_i, l_i, acc, acc_z, stride_mb, stride_mh, stride_ms, GROUP, D, W, MMA)
+    _finish(mid_ptr, b, hk, s, m_i, l_i, acc, acc_z, stride_mb, stride_mh, stride_ms, GROUP, D, W, MMA, VSHIFT)
 
 
 @gluon.jit
@@ -295,7 +304,7 @@ def _query(q_ptr, b, hk, stride_qb, stride_qh, inv_sqrt_d, GROUP: gl.constexpr, 
 
 @gluon.jit
 def _finish(mid_ptr, b, hk, s, m_i, l_i, acc, acc_z, stride_mb, stride_mh, stride_ms, GROUP: gl.constexpr,
-            D: gl.constexpr, W: gl.constexpr, MMA: gl.constexpr):
+            D: gl.constexpr, W: gl.constexpr, MMA: gl.constexpr, VSHIFT: gl.constexpr):
     """Merge the warps' online softmaxes and write the split's partial (``_triton_kernels._store_partial``'s
     format: normalized output in natural head-dim order, natural-log LSE at column D)."""
     mx = gl.max(m_i, axis=0)
@@ -307,7 +316,9 @@ def _finish(mid_ptr, b, hk, s, m_i, l_i, acc, acc_z, stride_mb, stride_mh, strid
     OL: gl.constexpr = gl.SliceLayout(0, MMA)
     row = gl.expand_dims(gl.arange(0, D, layout=gl.SliceLayout(1, OL)), 1)
     ci = 2 * (row // 16) + (row // 8) % 2  # the row's code index within its half chunk
-    o = o * gl.where(ci % 4 == 0, 16777216.0, gl.where(ci % 4 == 2, 65536.0, 1048576.0))  # 2^(24 - s)
+    j = ci % 4  # the values' half2 held code * 2^(VSHIFT[j] - 24)
+    o = o * gl.where(j == 0, 2.0 ** (24 - VSHIFT[0]), gl.where(j == 1, 2.0 ** (24 - VSHIFT[1]),
+                     gl.where(j == 2, 2.0 ** (24 - VSHIFT[2]), 2.0 ** (24 - VSHIFT[3]))))
     has = tot > 0
     inv = gl.convert_layout(1.0 / gl.where(has, tot, 1.0), gl.SliceLayout(0, OL))
     zq = gl.convert_layout(z, gl.SliceLayout(0, OL))
@@ -320,6 +331,13 @@ def _finish(mid_ptr, b, hk, s, m_i, l_i, acc, acc_z, stride_mb, stride_mh, strid
     lse = gl.where(has, (mx_use + gl.log2(gl.where(has, tot, 1.0))) * 0.6931471805599453, float("-inf"))
     q1 = gl.arange(0, NQ, layout=gl.SliceLayout(0, gl.SliceLayout(1, MMA)))
     gl.store(base + (hk * GROUP + q1).to(gl.int64) * stride_mh + D, lse, mask=q1 < GROUP)
+
+
+def _value_table(spec: TurboQuantSpec) -> dict:
+    """The value pair PTX and its per-code shifts: 3-bit nibble planes or 4-bit codes."""
+    if spec.value_bits == 3:
+        return dict(VASM=pt.PLANES_VALUE_PAIR_ASM.value, VSHIFT=pt.VALUE_PAIR_SHIFT)
+    return dict(VASM=pt.VALUE4_PAIR_ASM.value, VSHIFT=pt.VALUE4_PAIR_SHIFT)
 
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
@@ -338,7 +356,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=hq // hk, BLOCK_SIZE=bs, D=d, KO=fa["KO"], KP=planes["KP"], NO=fa["NO"], NS=fa["NS"], VO=fa["VO"],
         VP=planes["VP"], SO=fa["SO"], SS=fa["SS"], ZO=fa["ZO"], ZS=fa["ZS"],
-        KASM=pt.planes_key_pair_ptx(spec, d), VASM=pt.PLANES_VALUE_PAIR_ASM.value, **layouts(), num_warps=NUM_WARPS,
+        KASM=pt.planes_key_pair_ptx(spec, d), **_value_table(spec), **layouts(), num_warps=NUM_WARPS,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)

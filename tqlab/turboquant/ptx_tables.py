@@ -254,6 +254,29 @@ VALUE_PAIR_SHIFT = (0, 4, 8, 4)
 PLANES_VALUE_PAIR_ASM = tl.constexpr(planes_value_pair_ptx())
 
 
+def value4_pair_ptx() -> str:
+    """:func:`planes_value_pair_ptx` for 4-bit value codes (vLLM's bit stream: code ``j`` of a word at bits
+    ``4j .. 4j + 3``): ``$16, $17`` = word 0 (codes 0..7 of a half chunk) of tokens ``A, B``, ``$18, $19`` = word 1
+    (codes 8..15) -> ``$0 .. $15``: ``code_A << s | code_B << (16 + s)`` with ``s = 0, 4, 4, 4`` for ``j % 4 = 0, 1,
+    2, 3`` (:data:`VALUE4_PAIR_SHIFT`; a 4-bit code shifted by 8 would leave the exact ``bits * 2^-24`` range
+    below ``0x0800``).  Per two tokens and 16 codes: 4 ``prmt`` and 1-2 ops per register (~0.9 per value)."""
+    lines = ["{", ".reg .b32 x, t;"]
+    for w, (a, b) in enumerate((("$16", "$17"), ("$18", "$19"))):
+        for quad, sel in ((0, "0x5410"), (1, "0x7632")):  # nibbles [A 4q .. 4q+3, B 4q .. 4q+3]
+            o = 8 * w + 4 * quad
+            lines += [f"prmt.b32 x, {a}, {b}, {sel};",
+                      f"and.b32 ${o}, x, 0x000F000F;", f"and.b32 ${o + 1}, x, 0x00F000F0;",
+                      "shr.b32 t, x, 4;", f"and.b32 ${o + 2}, t, 0x00F000F0;",
+                      "shr.b32 t, x, 8;", f"and.b32 ${o + 3}, t, 0x00F000F0;"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+VALUE4_PAIR_SHIFT = (0, 4, 4, 4)
+"""``s`` of :func:`value4_pair_ptx` for code ``j % 4``."""
+VALUE4_PAIR_ASM = tl.constexpr(value4_pair_ptx())
+
+
 # the values' tables, globals the kernels read as constexprs: fp16(0..7) (the SoA decode's MMA operand) and
 # the bits 0x6400 | code = fp16(1024 + code) (the fast dequant's, which subtracts 1024 as for the other fields)
 PLANES_VALUE_ASM = tl.constexpr(planes_asm(None))
