@@ -301,8 +301,8 @@ def kernels(variants, launches=()) -> dict:
     """name -> call: ``soa4`` (the package's ``_decode_soa4_kernel``, the baseline of every check), ``v<N>`` and the
     :data:`LAUNCH` variants named in ``launches``."""
     out = {"soa4": _soa4, **{f"v{v}": _frag(v) for v in variants}, **{n: _launch(LAUNCH[n]) for n in launches}}
-    for r in GLUON:
-        out[f"gluon_r{r}" if r else "gluon"] = _gluon(r)
+    for g in GLUON:
+        out[f"gluon_{g}" if g else "gluon"] = _gluon(g)
     return out
 
 
@@ -310,11 +310,14 @@ GLUON: list = []
 SPLITS: list = ["fill"]
 
 
-def _gluon(maxnreg):
+def _gluon(name: str):
+    """The Gluon decode with launch overrides ``name``: "" (defaults), ``r<N>`` (register cap), ``w<N>`` (warps)."""
+    kw = {"maxnreg": int(name[1:])} if name.startswith("r") else {"num_warps": int(name[1:])} if name else {}
+
     def call(q, cache, bt, sl, spec, mid, out, lse, stats=None):
         from tqlab.turboquant import _gluon_decode as gd
 
-        gd.decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats, maxnreg=maxnreg)
+        gd.decode_attention(q, cache, bt, sl, spec, q.shape[-1] ** -0.5, mid, out, lse, stats=stats, **kw)
     return call
 
 
@@ -375,8 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--launch", default="", help=f"launch variants of the package kernel, comma-separated: {sorted(LAUNCH)}")
     ap.add_argument("--splits", default="fill", help="split counts, comma-separated: 'fill' (ops.decode_num_splits) "
                     "or integers")
-    ap.add_argument("--gluon", default="", help="time the Gluon kernel (_gluon_decode, 3bit_nc) too, at these "
-                    "register caps (comma-separated, 0 = none)")
+    ap.add_argument("--gluon", default=None, help="time the Gluon kernel (_gluon_decode; 3bit_nc, k3v4_nc) too, "
+                    "with these launch overrides, comma-separated: 'default', r<N> (register cap), w<N> (warps)")
     ap.add_argument("--sass", default=None, metavar="DIR",
                     help="no GPU: compile the package kernel and the variants for sm_90 into DIR and print counts")
     return ap
@@ -410,7 +413,7 @@ def main(argv=None) -> int:
     log, save = progress_log(t0), json_saver(res, out, t0)
 
     global GLUON
-    GLUON = [int(r) for r in args.gluon.split(",") if r]
+    GLUON = [("" if g == "default" else g) for g in args.gluon.split(",")] if args.gluon else []
     SPLITS[:] = args.splits.split(",")
     launches = [n for n in args.launch.split(",") if n]
     unknown = sorted(set(launches) - set(LAUNCH))

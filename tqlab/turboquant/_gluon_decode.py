@@ -43,7 +43,7 @@ from tqlab.turboquant.spec import TurboQuantSpec
 
 __all__ = ["use_gluon", "decode_attention"]
 
-NUM_WARPS = 4  # one batch of the MMAs per warp
+NUM_WARPS = 2  # one batch of the MMAs per warp (2: dev_turboquant_frag.py --gluon w1,w2,default, NOTES)
 TW_DEFAULT = 32  # tokens per warp and step
 NQ = gl.constexpr(8)  # query rows of the MMAs (the GQA group, padded)
 _ASM_OUT = ",".join(["=h"] * 16) + ",r,r"
@@ -341,12 +341,13 @@ def _value_table(spec: TurboQuantSpec) -> dict:
 
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
-                     stats: dict | None = None, maxnreg: int | None = None):
+                     stats: dict | None = None, maxnreg: int | None = None, num_warps: int | None = None):
     """Split-KV decode of a 3bit_nc block-SoA cache by :func:`_decode_planes_kernel`, then the portable
     reduction (``_triton_kernels.reduce``); the same inputs and outputs as ``_triton_soa.decode_attention``
     (``mid_out`` fp32 ``(B, Hq, S, D + 1)``).  Only where :func:`use_gluon` holds."""
     bsz, hq, d = query.shape
     nb, hk, bs, _ = cache.shape
+    nw = num_warps or NUM_WARPS
     fa = tk._field_addr(spec, d, bs)
     planes = tk._planes_flags(spec, d, bs)
     kern = _decode_planes_kernel[(bsz, hk, mid_out.shape[2])](
@@ -356,7 +357,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=hq // hk, BLOCK_SIZE=bs, D=d, KO=fa["KO"], KP=planes["KP"], NO=fa["NO"], NS=fa["NS"], VO=fa["VO"],
         VP=planes["VP"], SO=fa["SO"], SS=fa["SS"], ZO=fa["ZO"], ZS=fa["ZS"],
-        KASM=pt.planes_key_pair_ptx(spec, d), **_value_table(spec), **layouts(), num_warps=NUM_WARPS,
+        KASM=pt.planes_key_pair_ptx(spec, d), **_value_table(spec), **layouts(nw), num_warps=nw,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)
