@@ -1,10 +1,11 @@
 """The Gluon block-SoA decode (``tqlab.turboquant._gluon_decode``, issue 20 round 5) and its routing.
 
-CPU: its PTX programs (``ptx_tables.planes_key_pair_ptx``, ``planes_value_pair_ptx``, ``value4_pair_ptx``) run by
-the PTX emulator give every code's fp16 centroid pair / scaled integer pair, and ``ops.decode_kernel_name`` reports
-the routing rule.  GPU: the kernel (3bit_nc, k3v4_nc) against the torch reference on the same block-SoA cache (uneven splits
-whose starts are not 16-aligned, empty and one-token requests, GQA 1 / 4 / 8), ``mid_out`` included, and
-``ops.decode_attention`` routes to it only for 3-bit keys with long splits.
+CPU: its PTX programs (``ptx_tables.planes_key_pair_ptx``, ``key4_pair_ptx``, ``planes_value_pair_ptx``,
+``value4_pair_ptx``) run by the PTX emulator give every code's fp16 centroid pair / scaled integer pair, and
+``ops.decode_kernel_name`` reports the routing rule.  GPU: the kernel (the rotated presets 3bit_nc, k3v4_nc,
+4bit_nc) against the torch reference on the same block-SoA cache (uneven splits whose starts are not 16-aligned,
+empty and one-token requests, GQA 1 / 4 / 8), ``mid_out`` included, and ``ops.decode_attention`` routes to it only
+for the rotated presets with long splits.
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ def test_key_pair_ptx_gives_centroid_pairs():
                 assert r[f"${m}"] == int(cent[lo]) | int(cent[hi]) << 16, (half, m)
     with pytest.raises(ValueError, match="3-bit codes; turboquant_4bit_nc has 4-bit keys"):
         pt.planes_key_pair_ptx(TQ_PRESETS["turboquant_4bit_nc"], 128)
+
+
+def test_key4_pair_ptx_gives_centroid_pairs():
+    """``key4_pair_ptx``: output ``m`` of a word of 4-bit codes = the fp16 centroids of codes ``2m`` (low half) and
+    ``2m + 1`` (high half); 3-bit keys refused."""
+    from test_turboquant_triton import _ptx_emulate
+
+    cent = np.asarray(lloyd_max(4, 128).centroids, dtype=np.float16).view(np.uint16)
+    asm = pt.key4_pair_ptx(TQ_PRESETS["turboquant_4bit_nc"], 128)
+    g = np.random.default_rng(5)
+    for _ in range(32):
+        c = g.integers(0, 16, 8)
+        r = _ptx_emulate(asm, {"$4": sum(int(x) << (4 * i) for i, x in enumerate(c)), "$5": 0})
+        assert [r[f"${m}"] for m in range(4)] == [int(cent[c[2 * m]]) | int(cent[c[2 * m + 1]]) << 16 for m in range(4)]
+    with pytest.raises(ValueError, match="reads 4-bit codes; turboquant_3bit_nc has 3-bit keys"):
+        pt.key4_pair_ptx(TQ_PRESETS["turboquant_3bit_nc"], 128)
 
 
 def test_value_pair_ptx_gives_scaled_code_pairs():
@@ -132,7 +149,7 @@ def _run(fn, q, splits, d=128):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc"])
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"])
 @pytest.mark.parametrize("hq,hk", [(8, 2), (16, 2), (2, 2)])
 def test_gpu_gluon_decode_matches_reference(hq, hk, name):
     """The Gluon kernel called directly, against the torch reference on the same block-SoA cache: an empty
@@ -156,9 +173,9 @@ def test_gpu_gluon_decode_matches_reference(hq, hk, name):
 
 @pytest.mark.gpu
 def test_gpu_decode_routes_long_3bit_splits_to_gluon():
-    """``ops.decode_attention`` takes the Gluon kernel for 3bit_nc (and k3v4_nc) when each split can hold >= 512
-    tokens (block-table width x block size / S) and the Triton block-SoA decode otherwise or for 4-bit keys, and
-    both agree with the torch reference."""
+    """``ops.decode_attention`` takes the Gluon kernel for 3bit_nc (and the other rotated presets) when each split
+    can hold >= 512 tokens (block-table width x block size / S) and the Triton block-SoA decode otherwise or for fp8
+    keys (k8v4), and both agree with the torch reference."""
     from tqlab.turboquant.launch import SOA_DEFAULTS
 
     soa, cache, bt, q, seq = _case("turboquant_3bit_nc", 8, 2, 2, [700, 1500, 40])
@@ -172,7 +189,7 @@ def test_gpu_decode_routes_long_3bit_splits_to_gluon():
         got = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x), q, s)
         assert torch.allclose(ref[1].float(), got[1].float(), atol=1e-2, rtol=2e-3)
         assert torch.allclose(ref[2], got[2], atol=1e-2, rtol=2e-3)
-    for name, want in (("turboquant_k3v4_nc", "gluon"), ("turboquant_4bit_nc", "block_soa"),
+    for name, want in (("turboquant_k3v4_nc", "gluon"), ("turboquant_4bit_nc", "gluon"),
                        ("turboquant_k8v4", "block_soa")):
         other = get_spec(name, cache_layout="block_soa")
         c = torch.zeros(kv_cache_shape(bt.numel(), 2, 16, 128, other), dtype=torch.uint8, device=DEV)

@@ -1,5 +1,5 @@
-"""Block-SoA decode with explicit register layouts (Gluon), for 3-bit nibble-plane keys and 3- or 4-bit values
-(``turboquant_3bit_nc``, ``turboquant_k3v4_nc``).
+"""Block-SoA decode with explicit register layouts (Gluon) for the rotated presets (``turboquant_3bit_nc``,
+``turboquant_k3v4_nc``, ``turboquant_4bit_nc``: 3-bit nibble-plane or 4-bit keys and values).
 
 Issue 20, round 5 (measured in ``benchmarks/NOTES_turboquant.md``).  The Triton kernel
 ``_triton_soa._decode_soa4_kernel`` leaves its layouts to the compiler; Triton 3.6 then builds both
@@ -50,13 +50,13 @@ _ASM_OUT = ",".join(["=h"] * 16) + ",r,r"
 
 
 def use_gluon(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int, group: int) -> bool:
-    """This kernel serves 3-bit nibble-plane keys with 3-bit (planes) or 4-bit values (``turboquant_3bit_nc``,
-    ``turboquant_k3v4_nc``) on a CUDA block-SoA cache with ``head_dim`` 128, a GQA group of at most 8 and 16-byte
-    aligned fields."""
+    """This kernel serves the rotated presets (MSE keys, folded norms: 3-bit nibble-plane or 4-bit key and value
+    codes; ``turboquant_3bit_nc``, ``turboquant_k3v4_nc``, ``turboquant_4bit_nc``) on a CUDA block-SoA cache with
+    ``head_dim`` 128, a GQA group of at most 8 and 16-byte aligned fields."""
     planes = tk._planes_flags(spec, head_dim, cache.shape[2])
     return (spec.cache_layout == "block_soa" and cache.device.type == "cuda" and not pt.tk_interpret()
-            and head_dim == 128 and group <= NQ.value and bool(planes["KP"])
-            and (bool(planes["VP"]) or spec.value_bits == 4)
+            and head_dim == 128 and group <= NQ.value and not spec.key_fp8 and not spec.norm_correction_on_read
+            and (bool(planes["KP"]) or spec.key_bits == 4) and (bool(planes["VP"]) or spec.value_bits == 4)
             and cache.shape[2] % 16 == 0 and cache.data_ptr() % 16 == 0)
 
 
@@ -144,6 +144,40 @@ def _key_pairs(lw, hw, ASM: gl.constexpr, A: gl.constexpr, B: gl.constexpr, C: g
 
 
 @gluon.jit
+def _key4_pairs(w, ASM: gl.constexpr, A: gl.constexpr, B: gl.constexpr, C: gl.constexpr):
+    """``ptx_tables.key4_pair_ptx`` on ``[W, NG, 16, C]`` words of 4-bit key codes (``A = W * NG``, ``B = 16``):
+    ``[A, B, C, 8]`` fp16 centroids of the word's codes 0..7."""
+    o = gl.inline_asm_elementwise(ASM, "=r,=r,=r,=r,r,r", [gl.join(w, w)], dtype=(gl.float16,) * 4, is_pure=True,
+                                  pack=2)
+    x = gl.join(gl.join(o[0], o[2]), gl.join(o[1], o[3]))  # [W, NG, 16, C, 2 (parity), 2 (m bit 1), 2 (m bit 0)]
+    return gl.reshape(gl.permute(x, (0, 1, 2, 3, 5, 6, 4)), [A, B, C, 8])
+
+
+@gluon.jit
+def _key_tile(c32, reg, o, kc, ok, KO: gl.constexpr, KP: gl.constexpr, KASM: gl.constexpr, A: gl.constexpr,
+              D: gl.constexpr):
+    """fp16 key centroids ``[A, 16, D // 32, 32]`` (natural order within each chunk) of the word tile's tokens:
+    3-bit nibble planes (``KP``: ``L0, L1, H`` of the chunk) or 4-bit codes (the chunk's 4 words)."""
+    if KP:
+        kp = c32 + reg + KO // 2 + o * (D // 32) + kc
+        kl0 = gl.load(kp, mask=ok, other=0)
+        kl1 = gl.load(kp + KP // 2, mask=ok, other=0)
+        kh = gl.load(kp + KP, mask=ok, other=0)
+        ke = _key_pairs(kl0, kh << 2, KASM, A, 16, D // 32)
+        kf = _key_pairs(kl1, kh, KASM, A, 16, D // 32)
+        kx = gl.reshape(gl.permute(gl.join(ke, kf), (0, 1, 2, 4, 3)), [A, 16, D // 32, 32])
+    else:
+        kp = c32 + reg + KO // 2 + o * (D // 8) + 4 * kc
+        k0 = _key4_pairs(gl.load(kp, mask=ok, other=0), KASM, A, 16, D // 32)
+        k1 = _key4_pairs(gl.load(kp + 1, mask=ok, other=0), KASM, A, 16, D // 32)
+        k2 = _key4_pairs(gl.load(kp + 2, mask=ok, other=0), KASM, A, 16, D // 32)
+        k3 = _key4_pairs(gl.load(kp + 3, mask=ok, other=0), KASM, A, 16, D // 32)
+        x = gl.join(gl.join(k0, k2), gl.join(k1, k3))  # [A, 16, C, 8, word bit 1, word bit 0]
+        kx = gl.reshape(gl.permute(x, (0, 1, 2, 4, 5, 3)), [A, 16, D // 32, 32])
+    return kx
+
+
+@gluon.jit
 def _value_pairs(lw, hw, ASM: gl.constexpr):
     """``ptx_tables.planes_value_pair_ptx`` / ``value4_pair_ptx`` on token pairs (``pack`` 2: consecutive register
     elements of ``lw`` / ``hw``, tokens ``2t, 2t + 1``): 16 fp16 tensors, code ``j`` of each token as
@@ -226,13 +260,7 @@ def _decode_planes_kernel(
         # keys: chunk t of tokens g + 8h + 16k -> A operand [W, 32, D]
         ok, reg, o = _group_rows(bt_row, t0 + kg, ki, start, end, num_blocks, hk, stride_cb32, stride_ch32,
                                  BLOCK_SIZE)
-        kp = c32 + reg + KO // 2 + o * (D // 32) + kc
-        kl0 = gl.load(kp, mask=ok, other=0)
-        kl1 = gl.load(kp + KP // 2, mask=ok, other=0)
-        kh = gl.load(kp + KP, mask=ok, other=0)
-        ke = _key_pairs(kl0, kh << 2, KASM, W * NG, 16, D // 32)
-        kf = _key_pairs(kl1, kh, KASM, W * NG, 16, D // 32)
-        kx = gl.reshape(gl.permute(gl.join(ke, kf), (0, 1, 2, 4, 3)), [W * NG, 16, D // 32, 32])
+        kx = _key_tile(c32, reg, o, kc, ok, KO, KP, KASM, W * NG, D)  # [W * NG, 16, 4, 32]
         kt = gl.reshape(gl.permute(gl.reshape(kx, [W, TW, 4, 8, 2, 2]), (0, 1, 3, 4, 2, 5)), [W, TW, D])
         sc = mma_v2(gl.convert_layout(kt, KA), qt, gl.zeros([W, TW, NQ], gl.float32, layout=MMA))  # [W, 32, NQ]
         reg16 = reg * 2
@@ -357,7 +385,8 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
         GROUP=hq // hk, BLOCK_SIZE=bs, D=d, KO=fa["KO"], KP=planes["KP"], NO=fa["NO"], NS=fa["NS"], VO=fa["VO"],
         VP=planes["VP"], SO=fa["SO"], SS=fa["SS"], ZO=fa["ZO"], ZS=fa["ZS"],
-        KASM=pt.planes_key_pair_ptx(spec, d), **_value_table(spec), **layouts(nw), num_warps=nw,
+        KASM=pt.planes_key_pair_ptx(spec, d) if spec.key_bits == 3 else pt.key4_pair_ptx(spec, d),
+        **_value_table(spec), **layouts(nw), num_warps=nw,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     tk._record(stats, kern)
     tk.reduce(mid_out, output, lse)

@@ -33,8 +33,8 @@ DEFAULTS: dict = {
 # shard 3bit_nc 128K 1.592 -> 1.319 ms; 128 registers with 16 rows before).  gp_min 4 rather than 1 keeps the
 # GQA-1 and -2 tiles at the 4 rows the GPU run measured.  Kept apart from DEFAULTS, which data/turboquant_bench.json's sweep recorded.
 SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 96, "lut": 2, "gp_min": 4},
-                     # the Gluon decode (``_gluon_decode``, issue 20 round 5: 3-bit nibble-plane keys, i.e. 3bit_nc and
-                     # k3v4_nc, GQA <= 8, D 128) serves a call when its split can hold at least this many tokens
+                     # the Gluon decode (``_gluon_decode``, issue 20 round 5: the rotated presets 3bit_nc, k3v4_nc,
+                     # 4bit_nc; GQA <= 8, D 128) serves a call when its split can hold at least this many tokens
                      # (block-table width x block size / S, fixed per captured graph): on the H200 (3bit_nc) it is
                      # 1.2-1.6x faster than the Triton block-SoA decode with >= 512 tokens per split and 1.1-1.3x slower
                      # with <= 256 (its prologue and cross-warp merge cost more per program; dev_turboquant_frag.py

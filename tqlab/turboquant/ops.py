@@ -363,7 +363,7 @@ def decode_attention(
     ``_fwd_kernel_stage2``'s reduction; ``vllm/v1/attention/ops/triton_turboquant_decode.py``) on vLLM's
     slot order.  Kernels (``backend="triton"``): on CUDA the fast kernel (``_triton_fast``) for the rotated
     presets in vLLM's order; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
-    (``_triton_soa``, every preset; for 3bit_nc and k3v4_nc with long splits the Gluon decode ``_gluon_decode``,
+    (``_triton_soa``, every preset; for the rotated presets with long splits the Gluon decode ``_gluon_decode``,
     issue 20 round 5) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable
     kernel (``_triton_kernels``), which also serves the interpreter.  All read the same bytes and agree to fp16
     rounding.
@@ -433,7 +433,7 @@ def decode_kernel_name(query, cache, block_tables, spec, mid_out, backend: str =
 
 
 def _gluon_or(kernels, spec, query, cache, block_tables, mid_out):
-    """The Gluon block-SoA decode (``_gluon_decode``: 3bit_nc, k3v4_nc) where it serves the call and each split can
+    """The Gluon block-SoA decode (``_gluon_decode``: the rotated presets) where it serves the call and each split can
     hold at least ``launch.SOA_DEFAULTS["gluon_decode"]["min_split_tokens"]`` tokens (block-table width x block size / S:
     fixed per captured CUDA graph, never read from ``seq_lens``); else ``kernels``.  A Triton without Gluon
     (``triton.experimental.gluon``) keeps ``kernels``."""

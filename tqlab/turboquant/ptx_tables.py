@@ -249,6 +249,28 @@ def planes_key_pair_ptx(spec: TurboQuantSpec, d: int) -> str:
     return "\n".join(lines)
 
 
+def key4_pair_ptx(spec: TurboQuantSpec, d: int) -> str:
+    """:func:`planes_key_pair_ptx` for 4-bit keys (vLLM's bit stream: code ``j`` of a 32-bit word at bits ``4j``):
+    ``$4`` (= ``$5``) one word -> ``$0 .. $3``: the fp16 centroids of codes ``2m, 2m + 1`` of the word as one half2
+    each.  The lookups of :func:`lut_group_asm`'s 4-bit path (the low 3 bits of each code index both halves of the
+    16-entry table, one more ``prmt`` per byte plane picks the half by bit 3), written straight into the outputs:
+    13 instructions per 4 codes."""
+    if spec.key_bits != 4:
+        raise ValueError(f"key4_pair_ptx reads 4-bit codes; {spec.name} has {spec.key_bits}-bit keys")
+    h = _fp16_bits(lloyd_max(4, d).centroids)
+    lo, hi = [x & 0xFF for x in h], [x >> 8 for x in h]
+    lines = ["{", ".reg .b32 q, s, t, a, b, l, h;"]
+    for quad in range(2):  # codes 4 quad .. 4 quad + 3 of the word
+        lines += ["mov.b32 q, $4;"] if quad == 0 else ["shr.b32 q, $4, 16;"]
+        lines += ["and.b32 s, q, 0x7777;", "shr.b32 t, q, 1;", "and.b32 t, t, 0x4444;", "or.b32 t, t, 0x3210;"]
+        for tab, out in ((lo, "l"), (hi, "h")):
+            lines += [f"prmt.b32 a, {_word(tab[:4])}, {_word(tab[4:8])}, s;",
+                      f"prmt.b32 b, {_word(tab[8:12])}, {_word(tab[12:])}, s;", f"prmt.b32 {out}, a, b, t;"]
+        lines += [f"prmt.b32 ${2 * quad}, l, h, 0x5140;", f"prmt.b32 ${2 * quad + 1}, l, h, 0x7362;"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
 VALUE_PAIR_SHIFT = (0, 4, 8, 4)
 """``s`` of :func:`planes_value_pair_ptx` for code ``j % 4`` of a quad."""
 PLANES_VALUE_PAIR_ASM = tl.constexpr(planes_value_pair_ptx())
