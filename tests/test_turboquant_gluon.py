@@ -5,7 +5,7 @@ CPU: its PTX programs (``ptx_tables.planes_key_pair_ptx``, ``key4_pair_ptx``, ``
 ``ops.decode_kernel_name`` reports the routing rule.  GPU: the kernel (the rotated presets 3bit_nc, k3v4_nc,
 4bit_nc) against the torch reference on the same block-SoA cache (uneven splits whose starts are not 16-aligned,
 empty and one-token requests, GQA 1 / 4 / 8), ``mid_out`` included, and ``ops.decode_attention`` routes to it only
-for the rotated presets with long splits.
+for the rotated presets given a program per SM.
 """
 
 from __future__ import annotations
@@ -172,17 +172,17 @@ def test_gpu_gluon_decode_matches_reference(hq, hk, name):
 
 
 @pytest.mark.gpu
-def test_gpu_decode_routes_long_3bit_splits_to_gluon():
-    """``ops.decode_attention`` takes the Gluon kernel for 3bit_nc (and the other rotated presets) when each split
-    can hold >= 512 tokens (block-table width x block size / S) and the Triton block-SoA decode otherwise or for fp8
-    keys (k8v4), and both agree with the torch reference."""
+def test_gpu_decode_routes_rotated_presets_to_gluon_given_a_program_per_sm():
+    """``ops.decode_attention`` takes the Gluon kernel for the rotated presets when the launch has at least one
+    program (request x KV head x split) per SM, the Triton block-SoA decode with fewer programs or for fp8 keys
+    (k8v4); both agree with the torch reference."""
     from tqlab.turboquant.launch import SOA_DEFAULTS
 
     soa, cache, bt, q, seq = _case("turboquant_3bit_nc", 8, 2, 2, [700, 1500, 40])
-    cap = bt.shape[1] * 16
-    assert SOA_DEFAULTS["gluon_decode"]["min_split_tokens"] == 512
-    long_s, short_s = cap // 512, cap // 511 + 1
-    for s, want in ((long_s, "gluon"), (short_s, "block_soa")):
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    assert SOA_DEFAULTS["gluon_decode"]["min_programs_per_sm"] == 1
+    many, few = -(-sms // 6), sms // 6 - 1  # B * Hk = 6 programs per split
+    for s, want in ((many, "gluon"), (few, "block_soa")):
         mid = torch.zeros(q.shape[0], q.shape[1], s, 129, device=DEV)
         assert decode_kernel_name(q, cache, bt, soa, mid) == want, s
         ref = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x, backend="torch"), q, s)
@@ -193,4 +193,4 @@ def test_gpu_decode_routes_long_3bit_splits_to_gluon():
                        ("turboquant_k8v4", "block_soa")):
         other = get_spec(name, cache_layout="block_soa")
         c = torch.zeros(kv_cache_shape(bt.numel(), 2, 16, 128, other), dtype=torch.uint8, device=DEV)
-        assert decode_kernel_name(q, c, bt, other, torch.zeros(3, 8, long_s, 129, device=DEV)) == want, name
+        assert decode_kernel_name(q, c, bt, other, torch.zeros(3, 8, many, 129, device=DEV)) == want, name

@@ -34,9 +34,9 @@ DEFAULTS: dict = {
 # GQA-1 and -2 tiles at the 4 rows the GPU run measured.  Kept apart from DEFAULTS, which data/turboquant_bench.json's sweep recorded.
 SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 96, "lut": 2, "gp_min": 4},
                      # the Gluon decode (``_gluon_decode``, issue 20 round 5: the rotated presets 3bit_nc, k3v4_nc,
-                     # 4bit_nc; GQA <= 8, D 128) serves a call when its split can hold at least this many tokens
-                     # (block-table width x block size / S, fixed per captured graph): on the H200 (3bit_nc) it is
-                     # 1.2-1.6x faster than the Triton block-SoA decode with >= 512 tokens per split and 1.1-1.3x slower
-                     # with <= 256 (its prologue and cross-warp merge cost more per program; dev_turboquant_frag.py
-                     # --gluon, benchmarks/NOTES_turboquant.md); no register cap (96 spills, 104 is slower)
-                     "gluon_decode": {"min_split_tokens": 512}}
+                     # 4bit_nc; GQA <= 8, D 128, 2 warps per program) serves a call that launches at least this many
+                     # programs (request x KV head x split) per SM (fixed per captured graph).  H200, every rotated preset
+                     # (dev_turboquant_frag.py --gluon, benchmarks/NOTES_turboquant.md): 1.2-1.6x faster than the Triton
+                     # block-SoA decode from 8K to 128K on the Llama shard and with the seed rank's 256 splits; 2-6 %
+                     # slower only for the seed rank with 32 splits (128 programs on 132 SMs)
+                     "gluon_decode": {"min_programs_per_sm": 1}}

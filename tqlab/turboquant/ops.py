@@ -363,7 +363,7 @@ def decode_attention(
     ``_fwd_kernel_stage2``'s reduction; ``vllm/v1/attention/ops/triton_turboquant_decode.py``) on vLLM's
     slot order.  Kernels (``backend="triton"``): on CUDA the fast kernel (``_triton_fast``) for the rotated
     presets in vLLM's order; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
-    (``_triton_soa``, every preset; for the rotated presets with long splits the Gluon decode ``_gluon_decode``,
+    (``_triton_soa``, every preset; for the rotated presets, given a program per SM, the Gluon decode ``_gluon_decode``,
     issue 20 round 5) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable
     kernel (``_triton_kernels``), which also serves the interpreter.  All read the same bytes and agree to fp16
     rounding.
@@ -433,19 +433,20 @@ def decode_kernel_name(query, cache, block_tables, spec, mid_out, backend: str =
 
 
 def _gluon_or(kernels, spec, query, cache, block_tables, mid_out):
-    """The Gluon block-SoA decode (``_gluon_decode``: the rotated presets) where it serves the call and each split can
-    hold at least ``launch.SOA_DEFAULTS["gluon_decode"]["min_split_tokens"]`` tokens (block-table width x block size / S:
-    fixed per captured CUDA graph, never read from ``seq_lens``); else ``kernels``.  A Triton without Gluon
-    (``triton.experimental.gluon``) keeps ``kernels``."""
+    """The Gluon block-SoA decode (``_gluon_decode``: the rotated presets) where it serves the call and the launch
+    has at least ``launch.SOA_DEFAULTS["gluon_decode"]["min_programs_per_sm"]`` programs (request x KV head x split)
+    per multiprocessor (fixed per captured CUDA graph: ``B``, ``Hk`` and ``S``, never ``seq_lens``); else
+    ``kernels``.  A Triton without Gluon (``triton.experimental.gluon``) keeps ``kernels``."""
     try:
         from tqlab.turboquant import _gluon_decode as gd
     except ImportError:  # Triton before Gluon: the Triton block-SoA decode serves every call
         return kernels
     from tqlab.turboquant.launch import SOA_DEFAULTS
 
-    group = query.shape[1] // cache.shape[1]
-    per_split = block_tables.shape[1] * cache.shape[2] // mid_out.shape[2]
-    if gd.use_gluon(spec, cache, query.shape[-1], group) and per_split >= SOA_DEFAULTS["gluon_decode"]["min_split_tokens"]:
+    programs = query.shape[0] * cache.shape[1] * mid_out.shape[2]
+    sms = torch.cuda.get_device_properties(query.device).multi_processor_count
+    if (gd.use_gluon(spec, cache, query.shape[-1], query.shape[1] // cache.shape[1])
+            and programs >= SOA_DEFAULTS["gluon_decode"]["min_programs_per_sm"] * sms):
         return gd
     return kernels
 
