@@ -266,7 +266,7 @@ def main_vs_vllm(args) -> int:
            "launch_defaults": {**{k: dict(v) for k, v in tk.DEFAULTS.items()}, **SOA_DEFAULTS}}
     res["copy"] = copy_bandwidth(1024 * 2**20)
     res["targets"] = {"vllm_over_tqlab_min": 5.0, "sdpa_over_tqlab_min_32k_128k": 1.0,
-                      "sdpa_over_tqlab_llama_3bit_128k": 2.0}
+                      "sdpa_over_tqlab_llama_3bit_128k": 2.0, "soa_frac_of_byte_limit_llama": 0.4}
     timer = ColdTimer()
     presets = list(TQ_PRESETS)
     vllm_presets = args.vllm_presets.split(",") if args.vllm_presets else presets
