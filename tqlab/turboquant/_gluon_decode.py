@@ -1,31 +1,31 @@
 """Block-SoA decode with explicit register layouts (Gluon) for the rotated presets (``turboquant_3bit_nc``,
-``turboquant_k3v4_nc``, ``turboquant_4bit_nc``: 3-bit nibble-plane or 4-bit keys and values).
+``turboquant_k3v4_nc``, ``turboquant_4bit_nc``: 3-bit nibble-plane or 4-bit key and value codes, folded norms).
 
-Issue 20, round 5 (measured in ``benchmarks/NOTES_turboquant.md``).  The Triton kernel
-``_triton_soa._decode_soa4_kernel`` leaves its layouts to the compiler; Triton 3.6 then builds both
-MMAs with kWidth 4, re-reads q from shared memory every tile and stages the value tile through shared
-memory.  Here every layout is written down, so nothing but the loads touches memory in the loop:
+Issue 20, round 5 (measured in ``benchmarks/NOTES_turboquant.md``, "Issue 20, round 5").  The Triton kernel
+``_triton_soa._decode_soa4_kernel`` leaves its layouts to the compiler; Triton 3.6 then builds both MMAs with
+kWidth 4, re-reads q from shared memory every tile and stages the value tile through shared memory.  Here, in
+Triton's Gluon dialect (``triton.experimental.gluon``), every layout is written down (:func:`layouts`), and
+nothing but the loads touches memory in the loop.  Lane ``(g, t)``: ``g = lane // 4``, ``t = lane % 4``.
 
-* **one warp = one batch of the MMAs.**  A program (request, KV head, split) has 4 warps; each warp takes its
-  own 32 tokens of every 128-token step and keeps its own online softmax (running max, sum, accumulator).  The
-  4 partial softmaxes are merged once, after the loop.  So ``P V``, which sums over tokens, never needs another
-  warp's tokens, and the value tile never leaves the registers.
-* **scores** ``S[w] = q' K[w]^T``: ``mma_v2`` m16n8k16 with the query rows as M (the GQA group, padded to 8)
-  and tokens as N.  The key tile is the B operand ``[D, 32]`` in kWidth 2: lane ``(g, t)`` (``g = lane // 4``,
-  ``t = lane % 4``) holds tokens ``g + 8n`` and, per k step ``j``, the slots ``16j + 8h + 2t + p``.  q and k
-  contract over D in any order, so slot ``16j + 8h + 2t + p`` is given head dim ``32t + 4j + 2h + p``
-  (:func:`_slot_dims`): lane ``t``'s slots are exactly the 32 codes of chunk ``t`` of its token, the 3 words
-  ``L0, L1, H`` it loads.  q' (rotated, scaled) is put in that order once per program.
-* **values** ``O[w]^T += V[w]^T P[w]^T``: head dims as M, tokens as K, query rows as N.  ``P^T`` as the B
-  operand is the score MMA's accumulator itself (its rows 0..7 are the B operand's columns; a register
-  selection, no data movement).  ``V^T`` as the A operand: lane ``(g, t)`` holds rows ``16i + 8h + g`` of
-  tokens ``16k + 8h' + 2t + p``; row ``16i + 8h + g`` is head dim ``16g + 2i + h`` (:func:`_row_dims`), so a
-  lane's 16 rows are one half chunk (codes 0..15 or 16..31: words ``L0`` or ``L1``, and ``H``) of 8 tokens.
+* **One warp = one batch of the MMAs** (``mma_v2`` m16n8k16, fp16 in, fp32 accumulators).  A program (request,
+  KV head, split) has ``NUM_WARPS`` warps; each takes its own 32 tokens of every step and keeps its own online
+  softmax; the warps' partials merge once, after the loop (:func:`_finish`).  ``P V`` sums over tokens, so the
+  value tile never needs another warp's tokens and never leaves the registers.
+* **Scores** ``S^T = K q'^T`` ``[32 tokens, 8 query rows]``: keys as the A operand, q' (rotated, scaled, the GQA
+  group padded to ``NQ`` = 8 rows) as B.  Lane ``(g, t)`` holds tokens ``g + 8h + 16k`` and, per k step ``j``,
+  slots ``16j + 8h' + 2t + p``; q and k contract over D in any order, so that slot is head dim
+  ``32t + 4j + 2h' + p``: lane ``t``'s slots are exactly chunk ``t`` of its tokens, the words it loads.
+* **Values** ``O^T += V^T P^T`` ``[D, 8]``: ``P^T`` (B operand) comes from ``S^T`` by a few shuffles; ``V^T``
+  (A operand) row ``16i + 8h + g`` is head dim ``16g + 2i + h``, so a lane's 16 rows are one half chunk of its
+  8 tokens ``2t + p + 8h' + 16k``.
+* **Codes to fp16**: key centroids by the ``prmt`` tables of ``ptx_tables.planes_key_pair_ptx`` /
+  ``key4_pair_ptx``, written as half2 registers; value codes without a table (``planes_value_pair_ptx`` /
+  ``value4_pair_ptx``): two tokens' codes as fp16 bit patterns ``code << s``, i.e. ``code * 2^(s - 24)``
+  exactly, undone per output row at the end.  Key norms are read folded (``TurboQuantSpec.norm_folded``), value
+  scales multiply ``P``, zeros add ``sum(p * zero)``, as in ``_triton_soa``.
 
-Codes become fp16 through the ``prmt`` tables of ``ptx_tables.planes_asm`` (key centroids, value integers
-0..7).  Key norms are read folded (``TurboQuantSpec.norm_folded``), value scales multiply ``P``, zeros add
-``sum(p * zero)``, as in ``_triton_soa``.  GPU only (Gluon does not run under the interpreter); the tests
-compare it with the portable kernel on the GPU.
+GPU only (Gluon does not run under the interpreter).  The GPU tests compare it with the torch reference
+(``tests/test_turboquant_gluon.py``); ``ops.decode_attention`` routes to it (``ops.decode_kernel_name``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ __all__ = ["use_gluon", "decode_attention"]
 NUM_WARPS = 2  # one batch of the MMAs per warp (2: dev_turboquant_frag.py --gluon w1,w2,default, NOTES)
 TW_DEFAULT = 32  # tokens per warp and step
 NQ = gl.constexpr(8)  # query rows of the MMAs (the GQA group, padded)
-_ASM_OUT = ",".join(["=h"] * 16) + ",r,r"
 
 
 def use_gluon(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int, group: int) -> bool:
@@ -61,12 +60,13 @@ def use_gluon(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int, group: i
 
 
 def layouts(num_warps: int = NUM_WARPS, tw: int = TW_DEFAULT) -> dict:
-    """The kernel's register layouts (constexprs): the MMA accumulator ``MMA`` (one batch per warp) and its
-    kWidth-2 operands (keys ``KA`` and values ``VA`` as A, q' ``QB`` and P ``PB`` as B); the word tiles
-    ``[W, 2, 16, C]`` (warp, 16-token group ``k``, token ``i`` of the group, chunk / half chunk) laid out as the
-    operands need them: keys ``KW`` (lane ``(g, t)``: tokens ``i = g + 8h``, chunk ``t``), values ``VW`` (lane
-    ``(g, t)``: tokens ``i = 2t + p + 8h'``, half chunk ``g``); and the query tiles ``QL`` / ``QL2``
-    ``[W, 8, D]`` of the Walsh-Hadamard transform."""
+    """The kernel's register layouts (constexprs, plus ``TW`` = ``tw`` tokens per warp and step): the MMA
+    accumulator ``MMA`` (one batch per warp) and its kWidth-2 operands (keys ``KA`` and values ``VA`` as A, q'
+    ``QB`` and P ``PB`` as B); the word tiles ``[W, NG, 16, C]`` (warp, 16-token group ``k``, token ``i`` of the
+    group, chunk / half chunk; ``NG = tw / 16``) laid out as the operands need them: keys ``KW`` (lane
+    ``(g, t)``: tokens ``i = g + 8h``, chunk ``t``), values ``VW`` (lane ``(g, t)``: tokens ``i = 2t + p + 8h'``,
+    half chunk ``g``); the query tiles ``QL`` / ``QL2`` ``[W, 8, D]`` of the Walsh-Hadamard transform (a thread's
+    32 consecutive head dims, then dims ``d + 32 m``).  D = 128 only."""
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1, 1], instr_shape=[1, 16, 8])
     warps4 = [[1 << i, 0, 0, 0] for i in range(int(math.log2(num_warps)))]
     warps3 = [w[:3] for w in warps4]
@@ -123,13 +123,6 @@ def _group_rows(bt_row, first, i, start, end, num_blocks, hk, stride_cb32, strid
 
 
 # ----------------------------------------------------------------------------- codes -> fp16
-@gluon.jit
-def _planes16(lw, hw, ASM: gl.constexpr):
-    """``ptx_tables.planes_asm``: 16 fp16 of codes 0..15 of a half chunk (plane word ``lw``, shifted ``hw``)."""
-    return gl.inline_asm_elementwise(ASM, "=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,=h,r,r", [lw, hw],
-                                     dtype=(gl.float16,) * 16, is_pure=True, pack=1)
-
-
 @gluon.jit
 def _key_pairs(lw, hw, ASM: gl.constexpr, A: gl.constexpr, B: gl.constexpr, C: gl.constexpr):
     """``ptx_tables.planes_key_pair_ptx`` on ``[W, NG, 16, C]`` words (``A = W * NG``, ``B = 16``): ``[A, B, C, 16]``
@@ -208,13 +201,6 @@ def _stack16(e, A: gl.constexpr, B: gl.constexpr, C: gl.constexpr):
     return gl.reshape(x, [A, B, C, 16])
 
 
-@gluon.jit
-def _stack32(e, f, A: gl.constexpr, B: gl.constexpr, C: gl.constexpr):
-    """``[A, B, C, 32]``: elements 0..15 from ``e``, 16..31 from ``f``."""
-    x = gl.join(_stack16(e, A, B, C), _stack16(f, A, B, C))
-    return gl.reshape(gl.permute(x, (0, 1, 2, 4, 3)), [A, B, C, 32])
-
-
 # ----------------------------------------------------------------------------- the kernel
 @gluon.jit
 def _decode_planes_kernel(
@@ -246,21 +232,21 @@ def _decode_planes_kernel(
     l_i = gl.zeros([W, NQ], gl.float32, layout=RL)
     acc_z = gl.zeros([W, NQ], gl.float32, layout=RL)
     acc = gl.zeros([W, D, NQ], gl.float32, layout=MMA)
-    # [W, 2, 16, C] word tiles: warp w's tokens t0 + 32 w + 16 k + i; first token of each 16-token group
+    # [W, NG, 16, C] word tiles: warp w's tokens t0 + TW w + 16 k + i; first token of each 16-token group
     kg = _ix4(W, 0, KW) * TW + _ix4(NG, 1, KW) * 16
     ki = _ix4(16, 2, KW)
     kc = _ix4(D // 32, 3, KW)
     vg = _ix4(W, 0, VW) * TW + _ix4(NG, 1, VW) * 16
     vi = _ix4(16, 2, VW)
     hc = _ix4(8, 3, VW)
-    ts = _ix(W, 0, MMA) * TW + _ix(TW, 1, MMA)  # [W, 32, 1] tokens of the score tile
+    ts = _ix(W, 0, MMA) * TW + _ix(TW, 1, MMA)  # [W, TW, 1] tokens of the score tile
     v_word = hc // 2 + (hc % 2) * (VP // 2)  # L0 / L1 of the half chunk's chunk
     h_shift = 2 - 2 * (hc % 2)  # H << 2 for codes 0..15 of a chunk
     for t0 in range((start // 16) * 16, end, W * TW):  # whole 16-token groups: one block each (block_size % 16 == 0)
-        # keys: chunk t of tokens g + 8h + 16k -> A operand [W, 32, D]
+        # keys: chunk t of tokens g + 8h + 16k -> A operand [W, TW, D] (slot order)
         ok, reg, o = _group_rows(bt_row, t0 + kg, ki, start, end, num_blocks, hk, stride_cb32, stride_ch32,
                                  BLOCK_SIZE)
-        kx = _key_tile(c32, reg, o, kc, ok, KO, KP, KASM, W * NG, D)  # [W * NG, 16, 4, 32]
+        kx = _key_tile(c32, reg, o, kc, ok, KO, KP, KASM, W * NG, D)  # [W * NG, 16, D // 32, 32]
         kt = gl.reshape(gl.permute(gl.reshape(kx, [W, TW, 4, 8, 2, 2]), (0, 1, 3, 4, 2, 5)), [W, TW, D])
         sc = mma_v2(gl.convert_layout(kt, KA), qt, gl.zeros([W, TW, NQ], gl.float32, layout=MMA))  # [W, 32, NQ]
         reg16 = reg * 2
@@ -274,8 +260,8 @@ def _decode_planes_kernel(
         p = gl.exp2(sc - gl.expand_dims(m_use, 1))
         l_i = l_i * alpha + gl.sum(p, axis=1)
         acc_z = acc_z * alpha + gl.sum(p * gl.expand_dims(vz, 2), axis=1)
-        pt_ = gl.convert_layout((p * gl.expand_dims(vs, 2)).to(gl.float16), PB)  # [W, 32, NQ]
-        # values: half chunk g of tokens 2t + p + 8h' + 16k -> A operand [W, D, 32]
+        pt_ = gl.convert_layout((p * gl.expand_dims(vs, 2)).to(gl.float16), PB)  # [W, TW, NQ]
+        # values: half chunk g of tokens 2t + p + 8h' + 16k -> A operand [W, D, TW] (row order of _finish)
         ok_v, reg_v, o_v = _group_rows(bt_row, t0 + vg, vi, start, end, num_blocks, hk, stride_cb32, stride_ch32,
                                        BLOCK_SIZE)
         if VP:  # 3-bit nibble planes: the half chunk's L word and its chunk's H
@@ -295,8 +281,8 @@ def _decode_planes_kernel(
 
 @gluon.jit
 def _per_token(c16, idx16, ok, W: gl.constexpr, TW: gl.constexpr, SL: gl.constexpr):
-    """An fp16 field of each token of a ``[W, 2, 16, C]`` word tile (index ``[W, 2, 16, 1]``), fp32, as ``[W, 32]``
-    in the score tile's token layout ``SL``; 0 where not ``ok``."""
+    """An fp16 field of each token of a ``[W, NG, 16, C]`` key-word tile (index ``[W, NG, 16, 1]``), fp32, as
+    ``[W, TW]`` in the score tile's token layout ``SL`` (the same lanes: a register move); 0 where not ``ok``."""
     x = gl.load(c16 + idx16, mask=ok, other=0).to(gl.float16, bitcast=True).to(gl.float32)
     return gl.convert_layout(gl.reshape(x, [W, TW]), SL)
 
@@ -313,9 +299,9 @@ def _butterfly(x, ST: gl.constexpr, W: gl.constexpr, D: gl.constexpr):
 @gluon.jit
 def _query(q_ptr, b, hk, stride_qb, stride_qh, inv_sqrt_d, GROUP: gl.constexpr, D: gl.constexpr, W: gl.constexpr,
            QL: gl.constexpr, QL2: gl.constexpr, QB: gl.constexpr):
-    """q' = (q @ H) / sqrt(D) of the GQA group, fp16, in the slot order of the key B operand
-    (slot ``16j + 8h + 2t + p`` = head dim ``32t + 4j + 2h + p``), rows padded to NQ, one copy per warp:
-    ``[W, NQ, D]`` in the A-operand layout."""
+    """q' = (q @ H) / sqrt(D) of the GQA group (``_triton_kernels._fwht``'s butterflies, fp32), fp16, in the slot
+    order of the keys (slot ``16j + 8h + 2t + p`` = head dim ``32t + 4j + 2h + p``), rows padded to NQ, one copy
+    per warp: ``q'^T`` ``[W, D, NQ]`` in the B-operand layout ``QB``."""
     r = _ix(NQ, 1, QL)
     cols = _ix(D, 2, QL)
     ptr = q_ptr + b.to(gl.int64) * stride_qb + (hk * GROUP + r).to(gl.int64) * stride_qh + cols + _ix(W, 0, QL) * 0
