@@ -142,6 +142,17 @@ VALUE4_ASM = tl.constexpr(VALUE4_PTX)  # a jit function may read a global only a
 
 # ----------------------------------------------------------------------------- nibble planes
 
+def _plane_selector(half: int, dst: str, lw: str, hw: str) -> list[str]:
+    """PTX lines that put the ``prmt`` selector of codes ``8 * half .. 8 * half + 7`` of a nibble-plane half chunk
+    into ``dst`` (nibble ``j`` = code ``j``): ``(L & 0x33333333) | (H' & 0x44444444)``, both shifted first for the
+    second half (``lw`` = the plane word ``L``, ``hw`` = ``H`` shifted as :func:`planes_asm`'s ``$17``; uses the
+    scratch register ``t``)."""
+    if half == 0:
+        return [f"and.b32 {dst}, {lw}, 0x33333333;", f"and.b32 t, {hw}, 0x44444444;", f"or.b32 {dst}, {dst}, t;"]
+    return [f"shr.b32 {dst}, {lw}, 2;", f"and.b32 {dst}, {dst}, 0x33333333;", f"shr.b32 t, {hw}, 1;",
+            "and.b32 t, t, 0x44444444;", f"or.b32 {dst}, {dst}, t;"]
+
+
 def planes_asm(table16: list[int] | None) -> str:
     """PTX for ``tl.inline_asm_elementwise(pack=1)`` on a 3-bit field in nibble-plane order
     (``TurboQuantSpec.code_order``): ``$16`` = a plane word ``L`` (``L0`` or ``L1``), ``$17`` = the
@@ -163,11 +174,7 @@ def planes_asm(table16: list[int] | None) -> str:
         hi = [x >> 8 for x in _fp16_bits(np.arange(8))]
     thi = (_word(hi[:4]), _word(hi[4:]))
     for half in range(2):  # codes 8*half .. 8*half + 7
-        if half == 0:
-            lines += ["and.b32 s, $16, 0x33333333;", "and.b32 t, $17, 0x44444444;", "or.b32 s, s, t;"]
-        else:
-            lines += ["shr.b32 s, $16, 2;", "and.b32 s, s, 0x33333333;", "shr.b32 t, $17, 1;",
-                      "and.b32 t, t, 0x44444444;", "or.b32 s, s, t;"]
+        lines += _plane_selector(half, "s", "$16", "$17")
         for quad in range(2):
             sel = "s" if quad == 0 else "u"
             if quad == 1:
@@ -205,12 +212,7 @@ def planes_value_pair_ptx() -> str:
     and of ``B`` in the high half, then 1-2 ops per register: ~1.1 instructions per value (issue 20, round 5)."""
     lines = ["{", ".reg .b32 sa, sb, x, t;"]
     for half in range(2):  # codes 8*half .. 8*half + 7
-        for tok, (lw, hw) in (("sa", ("$16", "$18")), ("sb", ("$17", "$19"))):
-            if half == 0:
-                lines += [f"and.b32 {tok}, {lw}, 0x33333333;", f"and.b32 t, {hw}, 0x44444444;", f"or.b32 {tok}, {tok}, t;"]
-            else:
-                lines += [f"shr.b32 {tok}, {lw}, 2;", f"and.b32 {tok}, {tok}, 0x33333333;", f"shr.b32 t, {hw}, 1;",
-                          "and.b32 t, t, 0x44444444;", f"or.b32 {tok}, {tok}, t;"]
+        lines += _plane_selector(half, "sa", "$16", "$18") + _plane_selector(half, "sb", "$17", "$19")
         for quad, sel in ((0, "0x5410"), (1, "0x7632")):  # nibbles [A 4q .. 4q+3, B 4q .. 4q+3]
             o = 8 * half + 4 * quad
             lines += [f"prmt.b32 x, sa, sb, {sel};",
@@ -233,11 +235,7 @@ def planes_key_pair_ptx(spec: TurboQuantSpec, d: int) -> str:
     tlo, thi = (_word(lo[:4]), _word(lo[4:])), (_word(hi[:4]), _word(hi[4:]))
     lines = ["{", ".reg .b32 s, t, u, l, h;"]
     for half in range(2):  # codes 8*half .. 8*half + 7
-        if half == 0:
-            lines += ["and.b32 s, $8, 0x33333333;", "and.b32 t, $10, 0x44444444;", "or.b32 s, s, t;"]
-        else:
-            lines += ["shr.b32 s, $8, 2;", "and.b32 s, s, 0x33333333;", "shr.b32 t, $10, 1;",
-                      "and.b32 t, t, 0x44444444;", "or.b32 s, s, t;"]
+        lines += _plane_selector(half, "s", "$8", "$10")
         for quad in range(2):
             sel = "s" if quad == 0 else "u"
             if quad == 1:
