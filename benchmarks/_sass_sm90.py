@@ -7,6 +7,7 @@ shared memory).  The local Triton may be newer than the GPU's (3.9 here, 3.6 on 
 
     PYTHONPATH=$PWD python benchmarks/_sass_sm90.py                 # the block-SoA decode, 3bit_nc, D 128
     PYTHONPATH=$PWD python benchmarks/_sass_sm90.py --preset turboquant_4bit_nc --out /tmp/sass
+    PYTHONPATH=$PWD python benchmarks/_sass_sm90.py --gluon 2 --maxnreg 0   # the Gluon decode, 2 warps, no cap
 
 Library use: ``compile_sm90(fn, signature, constexprs, num_warps, maxnreg)`` and ``report(kernel, out_dir)``.
 """
@@ -28,20 +29,24 @@ _BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 
 
 def compile_sm90(fn, signature: dict, constexprs: dict, num_warps: int = 4, maxnreg: int | None = None,
-                 arch: int = 90, divisible=()):
+                 arch: int = 90, divisible=(), gluon: bool = False):
     """``triton.compile`` of ``fn`` for ``cuda:arch`` without a device; constexpr arguments go in both dicts.
 
     ``divisible``: argument names the JIT would specialize as multiples of 16 (``tt.divisibility``: pointers
     16-byte aligned, integers ``% 16 == 0``, what a launch with those values compiles).  Without it Triton
     cannot prove a row start aligned, so stores come out as 2-byte ``STG.U16`` where the GPU's run has
-    ``STG.128``."""
+    ``STG.128``.  ``gluon``: ``fn`` is a ``gluon.jit`` kernel (``GluonASTSource``)."""
     sig = dict(signature)
     sig.update({k: "constexpr" for k in constexprs})
     opts = {"num_warps": num_warps}
     if maxnreg:
         opts["maxnreg"] = maxnreg
     attrs = {(fn.arg_names.index(n),): [["tt.divisibility", 16]] for n in divisible}
-    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as src
+    else:
+        src = ASTSource
+    return triton.compile(src(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
                           target=GPUTarget("cuda", arch, 32), options=opts)
 
 
@@ -127,6 +132,31 @@ def _soa_decode(preset: str, d: int, block_size: int, block_t: int, maxnreg: int
                         divisible=DECODE_DIV16 if div16 else ())
 
 
+def _gluon_decode(preset: str, num_warps: int, maxnreg: int | None):
+    """``_gluon_decode._decode_planes_kernel`` as ``_gluon_decode.decode_attention`` launches it (D 128, block 16,
+    GQA 4), with the launcher's 16-divisibility."""
+    import torch  # noqa: F401  (tqlab's kernels import torch)
+
+    from tqlab.turboquant import _gluon_decode as gd
+    from tqlab.turboquant import _triton_kernels as tk
+    from tqlab.turboquant import get_spec
+    from tqlab.turboquant import ptx_tables as pt
+
+    spec, d, bs = get_spec(preset, cache_layout="block_soa"), 128, 16
+    fa, planes = tk._field_addr(spec, d, bs), tk._planes_flags(spec, d, bs)
+    sig = {"q_ptr": "*fp16", "c16": "*u16", "c32": "*i32", "bt_ptr": "*i32", "sl_ptr": "*i32", "mid_ptr": "*fp32",
+           "qk_scale": "fp32", "inv_sqrt_d": "fp32", "num_blocks": "i32", "num_splits": "i32"}
+    sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "stride_cb32", "stride_ch32", "stride_btb", "stride_mb",
+                                   "stride_mh", "stride_ms")})
+    meta = dict(GROUP=4, BLOCK_SIZE=bs, D=d, KO=fa["KO"], KP=planes["KP"], NO=fa["NO"], NS=fa["NS"], VO=fa["VO"],
+                VP=planes["VP"], SO=fa["SO"], SS=fa["SS"], ZO=fa["ZO"], ZS=fa["ZS"],
+                KASM=pt.planes_key_pair_ptx(spec, d) if spec.key_bits == 3 else pt.key4_pair_ptx(spec, d),
+                **gd._value_table(spec), **gd.layouts(num_warps))
+    div = [n.replace("16", "32") if n.startswith("stride_c") else n for n in DECODE_DIV16]
+    return compile_sm90(gd._decode_planes_kernel, sig, meta, num_warps=num_warps, maxnreg=maxnreg, divisible=div,
+                        gluon=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--preset", default="turboquant_3bit_nc", help="one preset or a comma-separated list")
@@ -135,25 +165,29 @@ def main() -> None:
     ap.add_argument("--block-t", type=int, default=128)
     ap.add_argument("--maxnreg", type=int, default=None, help="register cap (default: launch.SOA_DEFAULTS')")
     ap.add_argument("--no-div16", action="store_true", help="compile without the launcher's 16-divisibility")
+    ap.add_argument("--gluon", type=int, default=0, metavar="WARPS",
+                    help="compile the Gluon decode (_gluon_decode) with this many warps instead (needs Triton's Gluon)")
     ap.add_argument("--out", default="/tmp/sass")
     a = ap.parse_args()
     if a.maxnreg is None:
         from tqlab.turboquant.launch import SOA_DEFAULTS
 
         a.maxnreg = SOA_DEFAULTS["soa_decode"].get("maxnreg") or 0
-    print(f"Triton {triton.__version__}, sm_90, D {a.head_dim}, block {a.block_size}, {a.block_t} x 4 warps, "
+    launch = f"Gluon decode, {a.gluon} warps" if a.gluon else f"{a.block_t} x 4 warps"
+    print(f"Triton {triton.__version__}, sm_90, D {a.head_dim}, block {a.block_size}, {launch}, "
           f"maxnreg {a.maxnreg}, div16 {not a.no_div16}")
     for preset in a.preset.split(","):
-        name = f"soa_decode_{preset.removeprefix('turboquant_')}"
-        r = report(_soa_decode(preset, a.head_dim, a.block_size, a.block_t, a.maxnreg or None, not a.no_div16),
-                   a.out, name)
+        name = f"{'gluon' if a.gluon else 'soa'}_decode_{preset.removeprefix('turboquant_')}"
+        kern = (_gluon_decode(preset, a.gluon, a.maxnreg or None) if a.gluon else
+                _soa_decode(preset, a.head_dim, a.block_size, a.block_t, a.maxnreg or None, not a.no_div16))
+        r = report(kern, a.out, name)
         lp = dict(r["loop_opcodes"])
         print(f"{preset}: registers {r['usage'].get('REG')}, stack {r['usage'].get('STACK')} B, shared "
               f"{r['usage'].get('SHARED')} B; SASS {r['sass_total']}, loop {r['loop_sass']} (STS {lp.get('STS', 0)}, "
               f"LDS {lp.get('LDS', 0)}, LDSM {lp.get('LDSM', 0)}, LDL {lp.get('LDL', 0)}, STL {lp.get('STL', 0)}); "
               f"TTGIR convert_layout {r['convert_layout']}, local_alloc {r['local_alloc']}")
         print("  " + ", ".join(f"{op} {n}" for op, n in r["opcodes"][:24]))
-    print(f"files: {a.out}/soa_decode_<preset>.{{sass,ttgir,cubin}}")
+    print(f"files: {a.out}/{'gluon' if a.gluon else 'soa'}_decode_<preset>.{{sass,ttgir,cubin}}")
 
 
 if __name__ == "__main__":

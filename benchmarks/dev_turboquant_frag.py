@@ -337,8 +337,7 @@ def run(log, contexts, presets, variants, rows, save, launches=()) -> None:
             dev = q.device
             sl = torch.full((b,), ctx, device=dev, dtype=torch.int32)
             sl[-1] = ctx - 1037  # one uneven request: a partial tile and a partial block
-            for sp in SPLITS:
-                s = _ops.decode_num_splits(b, hk, "fill") if sp == "fill" else int(sp)
+            for s in sorted({_ops.decode_num_splits(b, hk, "fill") if sp == "fill" else int(sp) for sp in SPLITS}):
                 for name in presets:
                     spec = get_spec(name, cache_layout="block_soa")
                     cache, bt = fill_paged(spec, k, v)  # the block-SoA store: key norms folded
@@ -378,8 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--launch", default="", help=f"launch variants of the package kernel, comma-separated: {sorted(LAUNCH)}")
     ap.add_argument("--splits", default="fill", help="split counts, comma-separated: 'fill' (ops.decode_num_splits) "
                     "or integers")
-    ap.add_argument("--gluon", default=None, help="time the Gluon kernel (_gluon_decode; 3bit_nc, k3v4_nc) too, "
-                    "with these launch overrides, comma-separated: 'default', r<N> (register cap), w<N> (warps)")
+    ap.add_argument("--gluon", default=None, help="time the Gluon kernel (_gluon_decode; the rotated presets) too, "
+                    "with these launch overrides, comma-separated: 'default' (launch_warps' rule), r<N> (register "
+                    "cap), w<N> (warps)")
     ap.add_argument("--sass", default=None, metavar="DIR",
                     help="no GPU: compile the package kernel and the variants for sm_90 into DIR and print counts")
     return ap

@@ -69,7 +69,7 @@ VARIANTS = {  # name: (kernel, kwargs) -- "fast" = today's kernel on tqlab's (vL
     "soa_x32_256x8": ("soa", {"x32": True, "block_t": 256, "num_warps": 8}),
     # the package's launch (``launch.SOA_DEFAULTS["soa_decode"]``: tile, warps, register cap, query tile rows)
     "package": ("soa", {"x32": True, "block_t": None, "num_warps": None, "maxnreg": None}),
-    # the Gluon decode (``_gluon_decode``, issue 20 round 5; 3bit_nc only), for ``--profile gluon``
+    # the Gluon decode (``_gluon_decode``, issue 20 round 5; the rotated presets), for ``--profile gluon``
     "gluon": ("gluon", {}),
 }
 
@@ -104,7 +104,7 @@ def _serves(variant, spec, d) -> bool:
     kind, kw = VARIANTS[variant]
     planes = any(tk._planes_flags(get_spec(spec, "block_soa"), d, 16).values())
     if kind == "gluon":
-        return get_spec(spec).name == "turboquant_3bit_nc"
+        return get_spec(spec).name in ROTATED
     return kind == "fast" or kw.get("x32", False) or not planes
 
 

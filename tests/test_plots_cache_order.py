@@ -58,7 +58,7 @@ def _row(shape, ctx, preset, sdpa, vllm, tq, soa, frac=0.5):
 
 
 REC = {"targets": {"vllm_over_tqlab_min": 5.0, "sdpa_over_tqlab_min_32k_128k": 1.0,
-                   "sdpa_over_tqlab_llama_3bit_128k": 2.0},
+                   "sdpa_over_tqlab_llama_3bit_128k": 2.0, "soa_frac_of_byte_limit_llama": 0.4},
        "rows": [_row("llama3.1-8b", 8192, "turboquant_3bit_nc", 1.0, 8.0, 2.0, 1.0),
                 _row("llama3.1-8b", 32768, "turboquant_3bit_nc", 4.0, 16.0, 4.0, 2.0, 0.25),
                 _row("llama3.1-8b", 131072, "turboquant_3bit_nc", 16.0, 40.0, 16.0, 8.0),
@@ -74,7 +74,7 @@ def test_order_rows_and_targets_exact():
         "at_sdpa_32k_128k": {"target": 1.0, "met": 2, "of": 3, "worst": 0.25},
         "vllm_5x": {"target": 5.0, "met": 3, "of": 4, "worst": 1.0},
         "llama_3bit_128k_2x": {"target": 2.0, "met": 1, "of": 1, "worst": 2.0},
-        # the byte-limit target: a recording without the key falls back to issue 20's 0.4; 32K/128K Llama rows only
+        # the byte-limit target: the 32K/128K Llama rows only
         "llama_byte_limit_32k_128k": {"target": 0.4, "met": 1, "of": 2, "worst": 0.25}}
     rec = {**REC, "targets": {**REC["targets"], "soa_frac_of_byte_limit_llama": 0.2}}
     assert order_targets(rec)["llama_byte_limit_32k_128k"] == {"target": 0.2, "met": 2, "of": 2, "worst": 0.25}

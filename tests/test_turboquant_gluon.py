@@ -5,7 +5,7 @@ CPU: its PTX programs (``ptx_tables.planes_key_pair_ptx``, ``key4_pair_ptx``, ``
 ``ops.decode_kernel_name`` reports the routing rule.  GPU: the kernel (the rotated presets 3bit_nc, k3v4_nc,
 4bit_nc) against the torch reference on the same block-SoA cache (uneven splits whose starts are not 16-aligned,
 empty and one-token requests, GQA 1 / 4 / 8), ``mid_out`` included, and ``ops.decode_attention`` routes to it only
-for the rotated presets given a program per SM.
+for the rotated presets (4 warps per program below one program per SM, 2 from there on).
 """
 
 from __future__ import annotations
@@ -114,6 +114,26 @@ def test_value4_pair_ptx_gives_scaled_code_pairs():
         assert bits.view(np.float16).astype(np.float64).tolist() == [c * 2.0 ** (s - 24) for c in range(16)]
 
 
+def test_launch_warps_rule_and_refusals():
+    """Warps per program: 2 from one program per SM on, 4 below (``launch.SOA_DEFAULTS["gluon_decode"]``); the
+    kernel's entry point refuses a bad warp count and any call ``use_gluon`` does not serve (here: CPU tensors) with
+    a ValueError naming it, before any launch."""
+    from tqlab.turboquant import _gluon_decode as gd
+
+    assert [gd.launch_warps(p, 132) for p in (1, 131, 132, 4096)] == [4, 4, 2, 2]
+    spec = get_spec("turboquant_3bit_nc", cache_layout="block_soa")
+    cache = torch.zeros(kv_cache_shape(4, 1, 16, 128, spec), dtype=torch.uint8)
+    q, bt, sl = torch.zeros(1, 4, 128), torch.zeros(1, 4, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    mid, out, lse = torch.zeros(1, 4, 2, 129), torch.full((1, 4, 128), 7.0), torch.zeros(1, 4)
+    for nw in (3, 16, 0, True):
+        with pytest.raises(ValueError, match=f"num_warps must be 1, 2, 4 or 8, got {nw!r}"):
+            gd.decode_attention(q, cache, bt, sl, spec, 0.1, mid, out, lse, num_warps=nw)
+    with pytest.raises(ValueError, match="does not serve turboquant_3bit_nc on block_soa with head_dim 128, GQA 4"):
+        gd.decode_attention(q, cache, bt, sl, spec, 0.1, mid, out, lse)
+    assert (out == 7.0).all()  # nothing written
+    assert not gd.use_gluon(spec, cache, 128, 4)
+
+
 def test_decode_kernel_name_reports_the_torch_and_portable_paths():
     """Without CUDA: the torch reference for ``"torch"``, the portable kernel under the interpreter."""
     spec = get_spec("turboquant_3bit_nc", cache_layout="block_soa")
@@ -124,7 +144,7 @@ def test_decode_kernel_name_reports_the_torch_and_portable_paths():
         assert decode_kernel_name(q, cache, bt, spec, mid, backend="triton") == "portable"
 
 
-def _case(name, hq, hk, splits, seq, d=128, bs=16, seed=3):
+def _case(name, hq, hk, seq, d=128, bs=16, seed=3):
     soa = get_spec(name, cache_layout="block_soa")
     b = len(seq)
     per = -(-max(seq) // bs) + 3
@@ -150,15 +170,16 @@ def _run(fn, q, splits, d=128):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"])
-@pytest.mark.parametrize("hq,hk", [(8, 2), (16, 2), (2, 2)])
-def test_gpu_gluon_decode_matches_reference(hq, hk, name):
+@pytest.mark.parametrize("hq,hk,bs", [(8, 2, 16), (16, 2, 16), (2, 2, 16), (12, 2, 32), (4, 2, 64)])
+def test_gpu_gluon_decode_matches_reference(hq, hk, bs, name):
     """The Gluon kernel called directly, against the torch reference on the same block-SoA cache: an empty
     request, one token, splits of 334 tokens (starts not 16-aligned), a split count above the tokens, GQA
-    ``hq / hk``; every ``mid_out`` split partial (output columns and LSE, ``-inf`` for empty splits) and the reduced
-    output to fp16 rounding."""
+    ``hq / hk`` (1, 2, 4, 6, 8), blocks of 16, 32 and 64 tokens (several 16-token groups per block); every
+    ``mid_out`` split partial (output columns and LSE, ``-inf`` for empty splits) and the reduced output to fp16
+    rounding."""
     from tqlab.turboquant import _gluon_decode as gd
 
-    soa, cache, bt, q, seq = _case(name, hq, hk, 3, [0, 1, 1000, 2999])
+    soa, cache, bt, q, seq = _case(name, hq, hk, [0, 1, 1000, 2999], bs=bs)
     assert gd.use_gluon(soa, cache, 128, hq // hk)
     ref = _run(lambda m, o, s: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, s, backend="torch"), q, 3)
     got = _run(lambda m, o, s: gd.decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, s), q, 3)
@@ -172,25 +193,29 @@ def test_gpu_gluon_decode_matches_reference(hq, hk, name):
 
 
 @pytest.mark.gpu
-def test_gpu_decode_routes_rotated_presets_to_gluon_given_a_program_per_sm():
-    """``ops.decode_attention`` takes the Gluon kernel for the rotated presets when the launch has at least one
-    program (request x KV head x split) per SM, the Triton block-SoA decode with fewer programs or for fp8 keys
-    (k8v4); both agree with the torch reference."""
-    from tqlab.turboquant.launch import SOA_DEFAULTS
+def test_gpu_decode_routes_rotated_presets_to_gluon():
+    """``ops.decode_attention`` on block-SoA takes the Gluon kernel for the rotated presets (4 warps below one program
+    per SM, 2 from there on) and the Triton block-SoA decode for fp8 keys (k8v4); both warp counts agree with the
+    torch reference."""
+    from tqlab.turboquant import _gluon_decode as gd
 
-    soa, cache, bt, q, seq = _case("turboquant_3bit_nc", 8, 2, 2, [700, 1500, 40])
+    soa, cache, bt, q, seq = _case("turboquant_3bit_nc", 8, 2, [700, 1500, 40])
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
-    assert SOA_DEFAULTS["gluon_decode"]["min_programs_per_sm"] == 1
-    many, few = -(-sms // 6), sms // 6 - 1  # B * Hk = 6 programs per split
-    for s, want in ((many, "gluon"), (few, "block_soa")):
+    for s, warps in ((-(-sms // 6), 2), (2, 4)):  # B * Hk = 6 programs per split
         mid = torch.zeros(q.shape[0], q.shape[1], s, 129, device=DEV)
-        assert decode_kernel_name(q, cache, bt, soa, mid) == want, s
+        assert decode_kernel_name(q, cache, bt, soa, mid) == "gluon", s
+        st: dict = {}
+        got = _run(lambda m, o, x: gd.decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x, stats=st), q, s)
+        assert st["num_warps"] == warps, s
         ref = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x, backend="torch"), q, s)
-        got = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x), q, s)
+        via_ops = _run(lambda m, o, x: decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x), q, s)
+        assert torch.equal(got[1], via_ops[1]) and torch.equal(got[2], via_ops[2])
         assert torch.allclose(ref[1].float(), got[1].float(), atol=1e-2, rtol=2e-3)
         assert torch.allclose(ref[2], got[2], atol=1e-2, rtol=2e-3)
     for name, want in (("turboquant_k3v4_nc", "gluon"), ("turboquant_4bit_nc", "gluon"),
                        ("turboquant_k8v4", "block_soa")):
         other = get_spec(name, cache_layout="block_soa")
         c = torch.zeros(kv_cache_shape(bt.numel(), 2, 16, 128, other), dtype=torch.uint8, device=DEV)
-        assert decode_kernel_name(q, c, bt, other, torch.zeros(3, 8, many, 129, device=DEV)) == want, name
+        assert decode_kernel_name(q, c, bt, other, torch.zeros(3, 8, 32, 129, device=DEV)) == want, name
+    with pytest.raises(ValueError, match="does not serve turboquant_k8v4"):
+        gd.decode_attention(q, c, bt, seq, other, 0.1, *_run(lambda m, o, x: None, q, 2))

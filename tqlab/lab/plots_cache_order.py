@@ -114,7 +114,7 @@ def order_targets(rec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     "llama_byte_limit_32k_128k": ...}``, each ``{"target": x, "met": n_rows, "of": n_rows, "worst": min ratio}``.
     The 32K/128K rows are ``ctx >= 32768``; the 2× row is 3bit_nc on ``llama3.1-8b`` at the largest recorded
     context; the byte-limit rows are the Llama shard's at 32K/128K (every preset), share of the byte limit against
-    ``targets["soa_frac_of_byte_limit_llama"]`` (recordings made before the bench recorded that key: issue 20's 0.4)."""
+    ``targets["soa_frac_of_byte_limit_llama"]``."""
     t, rows = rec["targets"], list(rec["rows"])
     long_rows = [r for r in rows if r["ctx"] >= 32768]
     llama = [r for r in rows if r["shape"] == "llama3.1-8b" and r["preset"] == "turboquant_3bit_nc"]
@@ -125,7 +125,7 @@ def order_targets(rec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         return {"target": target, "met": sum(v >= target for v in vals), "of": len(vals), "worst": min(vals)}
 
     llama_long = [r for r in long_rows if r["shape"] == "llama3.1-8b"]
-    return {"llama_byte_limit_32k_128k": one(t.get("soa_frac_of_byte_limit_llama", 0.4), llama_long,
+    return {"llama_byte_limit_32k_128k": one(t["soa_frac_of_byte_limit_llama"], llama_long,
                                              "soa_best_frac_of_byte_limit"),
             "at_sdpa_32k_128k": one(t["sdpa_over_tqlab_min_32k_128k"], long_rows, "sdpa_over_soa_best"),
             "vllm_5x": one(t["vllm_over_tqlab_min"], rows, "vllm_over_soa_best"),

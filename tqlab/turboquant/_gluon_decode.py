@@ -8,7 +8,7 @@ Triton's Gluon dialect (``triton.experimental.gluon``), every layout is written 
 nothing but the loads touches memory in the loop.  Lane ``(g, t)``: ``g = lane // 4``, ``t = lane % 4``.
 
 * **One warp = one batch of the MMAs** (``mma_v2`` m16n8k16, fp16 in, fp32 accumulators).  A program (request,
-  KV head, split) has ``NUM_WARPS`` warps; each takes its own 32 tokens of every step and keeps its own online
+  KV head, split) has 2 or 4 warps (:func:`launch_warps`); each takes its own 32 tokens of every step and keeps its own online
   softmax; the warps' partials merge once, after the loop (:func:`_finish`).  ``P V`` sums over tokens, so the
   value tile never needs another warp's tokens and never leaves the registers.
 * **Scores** ``S^T = K q'^T`` ``[32 tokens, 8 query rows]``: keys as the A operand, q' (rotated, scaled, the GQA
@@ -39,27 +39,36 @@ from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 
 from tqlab.turboquant import _triton_kernels as tk
 from tqlab.turboquant import ptx_tables as pt
+from tqlab.turboquant.launch import SOA_DEFAULTS
 from tqlab.turboquant.spec import TurboQuantSpec
 
-__all__ = ["use_gluon", "decode_attention"]
+__all__ = ["use_gluon", "launch_warps", "decode_attention"]
 
-NUM_WARPS = 2  # one batch of the MMAs per warp (2: dev_turboquant_frag.py --gluon w1,w2,default, NOTES)
 TW_DEFAULT = 32  # tokens per warp and step
 NQ = gl.constexpr(8)  # query rows of the MMAs (the GQA group, padded)
 
 
 def use_gluon(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int, group: int) -> bool:
     """This kernel serves the rotated presets (MSE keys, folded norms: 3-bit nibble-plane or 4-bit key and value
-    codes; ``turboquant_3bit_nc``, ``turboquant_k3v4_nc``, ``turboquant_4bit_nc``) on a CUDA block-SoA cache with
-    ``head_dim`` 128, a GQA group of at most 8 and 16-byte aligned fields."""
+    codes; ``turboquant_3bit_nc``, ``turboquant_k3v4_nc``, ``turboquant_4bit_nc``) on a CUDA block-SoA cache of an
+    sm_80+ GPU (``mma_v2``: m16n8k16) with ``head_dim`` 128, a GQA group of at most 8 and 16-byte aligned fields."""
     planes = tk._planes_flags(spec, head_dim, cache.shape[2])
     return (spec.cache_layout == "block_soa" and cache.device.type == "cuda" and not pt.tk_interpret()
+            and torch.cuda.get_device_capability(cache.device)[0] >= 8
             and head_dim == 128 and group <= NQ.value and not spec.key_fp8 and not spec.norm_correction_on_read
             and (bool(planes["KP"]) or spec.key_bits == 4) and (bool(planes["VP"]) or spec.value_bits == 4)
             and cache.shape[2] % 16 == 0 and cache.data_ptr() % 16 == 0)
 
 
-def layouts(num_warps: int = NUM_WARPS, tw: int = TW_DEFAULT) -> dict:
+def launch_warps(programs: int, num_sms: int) -> int:
+    """Warps per program: ``launch.SOA_DEFAULTS["gluon_decode"]``'s ``num_warps`` when the launch has at least one
+    of its ``programs`` (request x KV head x split) per multiprocessor, else ``num_warps_below_one_program_per_sm``
+    (fixed per captured CUDA graph: ``B``, ``Hk``, ``S``)."""
+    cfg = SOA_DEFAULTS["gluon_decode"]
+    return cfg["num_warps"] if programs >= num_sms else cfg["num_warps_below_one_program_per_sm"]
+
+
+def layouts(num_warps: int = 2, tw: int = TW_DEFAULT) -> dict:
     """The kernel's register layouts (constexprs, plus ``TW`` = ``tw`` tokens per warp and step): the MMA
     accumulator ``MMA`` (one batch per warp) and its kWidth-2 operands (keys ``KA`` and values ``VA`` as A, q'
     ``QB`` and P ``PB`` as B); the word tiles ``[W, NG, 16, C]`` (warp, 16-token group ``k``, token ``i`` of the
@@ -356,12 +365,31 @@ def _value_table(spec: TurboQuantSpec) -> dict:
 
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      stats: dict | None = None, maxnreg: int | None = None, num_warps: int | None = None):
-    """Split-KV decode of a 3bit_nc block-SoA cache by :func:`_decode_planes_kernel`, then the portable
-    reduction (``_triton_kernels.reduce``); the same inputs and outputs as ``_triton_soa.decode_attention``
-    (``mid_out`` fp32 ``(B, Hq, S, D + 1)``).  Only where :func:`use_gluon` holds."""
+    """Split-KV decode of a block-SoA cache of a rotated preset by :func:`_decode_planes_kernel`, then the portable
+    reduction (``_triton_kernels.reduce``); the same inputs and outputs as ``_triton_soa.decode_attention``: query
+    ``(B, Hq, D)`` fp16/bf16, cache uint8 ``(num_blocks, Hk, block_size, slot_bytes)``, block_tables int32
+    ``(B, max_blocks)``, seq_lens ``(B,)``, mid_out fp32 ``(B, Hq, S, D + 1)`` (split partials, bounds of
+    ``ops.split_bounds``), output ``(B, Hq, D)`` and lse fp32 ``(B, Hq)`` written in place.  ``ops.decode_attention``
+    validates the inputs and routes here (``routing``).
+
+    Args:
+        stats: filled with the kernel's registers / spills and ``num_warps``.
+        maxnreg: register cap (None: none; 96 spills, ``benchmarks/NOTES_turboquant.md``).
+        num_warps: warps per program, a power of two <= 8 (None: :func:`launch_warps`).
+
+    Raises:
+        ValueError: ``num_warps`` not a power of two in 1..8, or a call :func:`use_gluon` does not serve
+            (another preset or layout, ``head_dim`` != 128, a GQA group above 8, a CPU tensor, an old GPU)."""
+    if num_warps is not None and (isinstance(num_warps, bool) or num_warps not in (1, 2, 4, 8)):
+        raise ValueError(f"num_warps must be 1, 2, 4 or 8, got {num_warps!r}")
     bsz, hq, d = query.shape
     nb, hk, bs, _ = cache.shape
-    nw = num_warps or NUM_WARPS
+    if not use_gluon(spec, cache, d, hq // hk):
+        raise ValueError(f"the Gluon decode does not serve {spec.name} on {spec.cache_layout} with head_dim {d}, "
+                         f"GQA {hq // hk}, block_size {bs} on {cache.device} (use_gluon is False; "
+                         f"ops.decode_attention picks the kernel)")
+    nw = num_warps or launch_warps(bsz * hk * mid_out.shape[2],
+                                   torch.cuda.get_device_properties(cache.device).multi_processor_count)
     fa = tk._field_addr(spec, d, bs)
     planes = tk._planes_flags(spec, d, bs)
     kern = _decode_planes_kernel[(bsz, hk, mid_out.shape[2])](
@@ -375,5 +403,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
         **_value_table(spec), **layouts(nw), num_warps=nw,
         **({"maxnreg": maxnreg} if maxnreg else {}))
     tk._record(stats, kern)
+    if stats is not None:
+        stats["num_warps"] = nw
     tk.reduce(mid_out, output, lse)
     return output

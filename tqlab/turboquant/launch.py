@@ -33,10 +33,10 @@ DEFAULTS: dict = {
 # shard 3bit_nc 128K 1.592 -> 1.319 ms; 128 registers with 16 rows before).  gp_min 4 rather than 1 keeps the
 # GQA-1 and -2 tiles at the 4 rows the GPU run measured.  Kept apart from DEFAULTS, which data/turboquant_bench.json's sweep recorded.
 SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 96, "lut": 2, "gp_min": 4},
-                     # the Gluon decode (``_gluon_decode``, issue 20 round 5: the rotated presets 3bit_nc, k3v4_nc,
-                     # 4bit_nc; GQA <= 8, D 128, 2 warps per program) serves a call that launches at least this many
-                     # programs (request x KV head x split) per SM (fixed per captured graph).  H200, every rotated preset
-                     # (dev_turboquant_frag.py --gluon, benchmarks/NOTES_turboquant.md): 1.2-1.6x faster than the Triton
-                     # block-SoA decode from 8K to 128K on the Llama shard and with the seed rank's 256 splits; 2-6 %
-                     # slower only for the seed rank with 32 splits (128 programs on 132 SMs)
-                     "gluon_decode": {"min_programs_per_sm": 1}}
+                     # the Gluon decode (``_gluon_decode``, issue 20 round 5: the rotated presets, GQA <= 8, D 128):
+                     # warps per program (each warp keeps its own softmax over its own tokens), 2 when the launch has
+                     # at least one program (request x KV head x split) per SM, else 4 (fixed per captured graph).
+                     # H200 (data/turboquant_gluon_launch_h200.json, benchmarks/NOTES_turboquant.md): with >= 1
+                     # program per SM 2 warps beat 1 and 4 (Llama 32K 3bit_nc 0.236 / 0.240 / 0.253 ms); below it
+                     # (the seed rank's 32 splits: 128 programs on 132 SMs) 4 warps are 1.2-1.7x faster than 2
+                     "gluon_decode": {"num_warps": 2, "num_warps_below_one_program_per_sm": 4}}

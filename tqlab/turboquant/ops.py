@@ -363,8 +363,8 @@ def decode_attention(
     ``_fwd_kernel_stage2``'s reduction; ``vllm/v1/attention/ops/triton_turboquant_decode.py``) on vLLM's
     slot order.  Kernels (``backend="triton"``): on CUDA the fast kernel (``_triton_fast``) for the rotated
     presets in vLLM's order; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
-    (``_triton_soa``, every preset; for the rotated presets, given a program per SM, the Gluon decode ``_gluon_decode``,
-    issue 20 round 5) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable
+    (``_triton_soa``, every preset; for the rotated presets on sm_80+ the Gluon decode ``_gluon_decode``, issue 20
+    round 5; ``routing``) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable
     kernel (``_triton_kernels``), which also serves the interpreter.  All read the same bytes and agree to fp16
     rounding.
 
@@ -398,57 +398,27 @@ def decode_attention(
     if query.shape[0] == 0:
         return output
     if resolve_backend(backend, dev) == "triton":
-        kernels = _decode_kernels(spec, dev, query, cache, block_tables, mid_out)
+        from tqlab.turboquant.routing import decode_kernels
+
+        kernels = decode_kernels(spec, dev, query, cache)  # the routing rule (tqlab/turboquant/routing.py)
         return kernels.decode_attention(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
     return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
 
 
-def _decode_kernels(spec, dev, query, cache, block_tables, mid_out):
-    """The kernel module that serves a Triton-backend :func:`decode_attention` call (its routing rule, in one place;
-    :func:`decode_kernel_name` reports it)."""
-    from tqlab.turboquant import _triton_fast as tf
-    from tqlab.turboquant import _triton_kernels as tk
-
-    kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
-    if spec.cache_layout == "block_soa":
-        from tqlab.turboquant import _triton_soa as ts
-
-        if ts.use_soa(spec, cache, query.shape[-1]):
-            kernels = _gluon_or(ts, spec, query, cache, block_tables, mid_out)
-        elif any(tk._planes_flags(spec, query.shape[-1], cache.shape[2]).values()):
-            kernels = tk  # nibble-plane fields off the SoA decode's alignment: the portable decode reads them
-    return kernels
-
-
 def decode_kernel_name(query, cache, block_tables, spec, mid_out, backend: str = "auto") -> str:
-    """Which kernel :func:`decode_attention` runs for these arguments (no launch): ``"torch"`` (the reference),
-    ``"portable"`` (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"block_soa"`` (``_triton_soa``) or
-    ``"gluon"`` (``_gluon_decode``).  Benchmarks record it next to their timings."""
+    """Which kernel :func:`decode_attention` runs for these arguments (no launch; ``block_tables`` and ``mid_out``
+    are not read, they keep the call's signature): ``"torch"`` (the reference), ``"portable"``
+    (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"block_soa"`` (``_triton_soa``) or ``"gluon"``
+    (``_gluon_decode``); the rule: :mod:`tqlab.turboquant.routing`.  Benchmarks record it next to their timings.
+
+    Raises:
+        ValueError: unknown ``backend`` or preset (as :func:`decode_attention`)."""
     spec = get_spec(spec)
     if resolve_backend(backend, query.device) != "triton":
         return "torch"
-    mod = _decode_kernels(spec, query.device, query, cache, block_tables, mid_out).__name__.rsplit(".", 1)[-1]
-    return {"_triton_kernels": "portable", "_triton_fast": "fast", "_triton_soa": "block_soa",
-            "_gluon_decode": "gluon"}[mod]
+    from tqlab.turboquant.routing import decode_kernel_name as name
 
-
-def _gluon_or(kernels, spec, query, cache, block_tables, mid_out):
-    """The Gluon block-SoA decode (``_gluon_decode``: the rotated presets) where it serves the call and the launch
-    has at least ``launch.SOA_DEFAULTS["gluon_decode"]["min_programs_per_sm"]`` programs (request x KV head x split)
-    per multiprocessor (fixed per captured CUDA graph: ``B``, ``Hk`` and ``S``, never ``seq_lens``); else
-    ``kernels``.  A Triton without Gluon (``triton.experimental.gluon``) keeps ``kernels``."""
-    try:
-        from tqlab.turboquant import _gluon_decode as gd
-    except ImportError:  # Triton before Gluon: the Triton block-SoA decode serves every call
-        return kernels
-    from tqlab.turboquant.launch import SOA_DEFAULTS
-
-    programs = query.shape[0] * cache.shape[1] * mid_out.shape[2]
-    sms = torch.cuda.get_device_properties(query.device).multi_processor_count
-    if (gd.use_gluon(spec, cache, query.shape[-1], query.shape[1] // cache.shape[1])
-            and programs >= SOA_DEFAULTS["gluon_decode"]["min_programs_per_sm"] * sms):
-        return gd
-    return kernels
+    return name(spec, query, cache)
 
 
 def _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse) -> torch.device:

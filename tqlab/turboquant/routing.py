@@ -1,0 +1,59 @@
+"""Which kernel serves a Triton-backend ``ops.decode_attention`` call: the routing rule in one place.
+
+* vLLM's slot order: the fast kernel (``_triton_fast``) for the rotated presets on CUDA, else the portable one
+  (``_triton_kernels``, also the interpreter's and fp8 keys').
+* block-SoA (``cache_layout="block_soa"``) with 16-byte aligned fields (``_triton_soa.use_soa``): the Gluon decode
+  (``_gluon_decode``, issue 20 round 5) for the rotated presets on sm_80+ with Gluon available, else the Triton
+  block-SoA decode (``_triton_soa``, every preset); nibble-plane fields off that alignment: the portable decode.
+
+:func:`decode_kernel_name` reports the choice (benchmarks record it next to their timings).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from tqlab.turboquant.spec import TurboQuantSpec
+
+__all__ = ["decode_kernels", "decode_kernel_name", "gluon_available"]
+
+KERNEL_NAMES = {"_triton_kernels": "portable", "_triton_fast": "fast", "_triton_soa": "block_soa",
+                "_gluon_decode": "gluon"}
+
+
+def gluon_available() -> bool:
+    """Whether this Triton ships the Gluon dialect (``triton.experimental.gluon``; Triton 3.6 does).  Without it the
+    Triton block-SoA decode serves every block-SoA call; any other import error of tqlab's Gluon module is raised."""
+    try:
+        return importlib.util.find_spec("triton.experimental.gluon") is not None
+    except ModuleNotFoundError:  # no triton.experimental at all
+        return False
+
+
+def decode_kernels(spec: TurboQuantSpec, dev: torch.device, query: torch.Tensor, cache: torch.Tensor):
+    """The kernel module (``decode_attention(query, cache, block_tables, seq_lens, spec, scale, mid_out, output,
+    lse)``) that serves a Triton-backend decode of ``query`` ``(B, Hq, D)`` on ``cache`` (module docstring)."""
+    from tqlab.turboquant import _triton_fast as tf
+    from tqlab.turboquant import _triton_kernels as tk
+
+    kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
+    if spec.cache_layout == "block_soa":
+        from tqlab.turboquant import _triton_soa as ts
+
+        if ts.use_soa(spec, cache, query.shape[-1]):
+            kernels = ts
+            if gluon_available():
+                from tqlab.turboquant import _gluon_decode as gd
+
+                if gd.use_gluon(spec, cache, query.shape[-1], query.shape[1] // cache.shape[1]):
+                    kernels = gd
+        elif any(tk._planes_flags(spec, query.shape[-1], cache.shape[2]).values()):
+            kernels = tk  # nibble-plane fields off the SoA decode's alignment: the portable decode reads them
+    return kernels
+
+
+def decode_kernel_name(spec: TurboQuantSpec, query: torch.Tensor, cache: torch.Tensor) -> str:
+    """``"portable"``, ``"fast"``, ``"block_soa"`` or ``"gluon"``: the kernel :func:`decode_kernels` picks."""
+    return KERNEL_NAMES[decode_kernels(spec, query.device, query, cache).__name__.rsplit(".", 1)[-1]]
