@@ -144,6 +144,34 @@ def test_decode_kernel_name_reports_the_torch_and_portable_paths():
         assert decode_kernel_name(q, cache, bt, spec, mid, backend="triton") == "portable"
 
 
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"])
+def test_gluon_kernel_compiles_for_sm90_with_registers_only_in_the_loop(name):
+    """No GPU needed: ``benchmarks/_sass_sm90.py`` compiles the Gluon decode for sm_90 (2 warps, the launch's
+    constexprs) with the local Triton and ptxas: the layouts and shapes are consistent, nothing spills, the loop has
+    no shared-memory traffic and exactly 32 HMMA per warp and step (16 for the scores, 16 for ``P V``)."""
+    import re
+    import subprocess
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        import _sass_sm90 as ss
+    finally:
+        sys.path.pop(0)
+    if not (ss._BIN / "nvdisasm").exists():
+        pytest.skip(f"no nvdisasm in this Triton ({ss._BIN})")
+    out = Path(os.environ.get("TMPDIR", "/tmp")) / f"tqlab_sass_{os.getpid()}"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # this module interprets kernels on CPU
+    env["PYTHONPATH"] = str(bench.parent)
+    res = subprocess.run([sys.executable, str(bench / "_sass_sm90.py"), "--gluon", "2", "--maxnreg", "0", "--preset",
+                          name, "--out", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = next(ln for ln in res.stdout.splitlines() if ln.startswith(name + ":"))
+    assert re.search(r"stack 0 B,.*\(STS 0, LDS 0, LDSM 0, LDL 0, STL 0\);.*local_alloc 0$", line), line
+    loop = dict(ss.loop_ops((out / f"gluon_decode_{name.removeprefix('turboquant_')}.sass").read_text())["loop_opcodes"])
+    assert loop.get("HMMA", 0) == 32, loop
+
+
 def _case(name, hq, hk, seq, d=128, bs=16, seed=3):
     soa = get_spec(name, cache_layout="block_soa")
     b = len(seq)
