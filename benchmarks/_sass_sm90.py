@@ -7,7 +7,7 @@ shared memory).  The local Triton may be newer than the GPU's (3.9 here, 3.6 on 
 
     PYTHONPATH=$PWD python benchmarks/_sass_sm90.py                 # the block-SoA decode, 3bit_nc, D 128
     PYTHONPATH=$PWD python benchmarks/_sass_sm90.py --preset turboquant_4bit_nc --out /tmp/sass
-    PYTHONPATH=$PWD python benchmarks/_sass_sm90.py --gluon 2 --maxnreg 0   # the Gluon decode, 2 warps, no cap
+    PYTHONPATH=$PWD python benchmarks/_sass_sm90.py --gluon 2       # the Gluon decode, 2 warps, no cap
 
 Library use: ``compile_sm90(fn, signature, constexprs, num_warps, maxnreg)`` and ``report(kernel, out_dir)``.
 """
@@ -163,16 +163,20 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--block-size", type=int, default=16)
     ap.add_argument("--block-t", type=int, default=128)
-    ap.add_argument("--maxnreg", type=int, default=None, help="register cap (default: launch.SOA_DEFAULTS')")
+    ap.add_argument("--maxnreg", type=int, default=None,
+                    help="register cap (default: launch.SOA_DEFAULTS' for the Triton kernel, none with --gluon)")
     ap.add_argument("--no-div16", action="store_true", help="compile without the launcher's 16-divisibility")
     ap.add_argument("--gluon", type=int, default=0, metavar="WARPS",
                     help="compile the Gluon decode (_gluon_decode) with this many warps instead (needs Triton's Gluon)")
     ap.add_argument("--out", default="/tmp/sass")
     a = ap.parse_args()
+    if a.gluon and (a.head_dim, a.block_size, a.block_t) != (128, 16, 128):
+        ap.error("--gluon compiles the Gluon decode at D 128, block 16, GQA 4: --head-dim/--block-size/--block-t "
+                 "do not apply")
     if a.maxnreg is None:
         from tqlab.turboquant.launch import SOA_DEFAULTS
 
-        a.maxnreg = SOA_DEFAULTS["soa_decode"].get("maxnreg") or 0
+        a.maxnreg = 0 if a.gluon else SOA_DEFAULTS["soa_decode"].get("maxnreg") or 0  # the Gluon launch: no cap
     launch = f"Gluon decode, {a.gluon} warps" if a.gluon else f"{a.block_t} x 4 warps"
     print(f"Triton {triton.__version__}, sm_90, D {a.head_dim}, block {a.block_size}, {launch}, "
           f"maxnreg {a.maxnreg}, div16 {not a.no_div16}")

@@ -34,6 +34,13 @@ the package kernel): Llama shard B 16, 3bit_nc 0.614 -> 0.464 ms at 32K and 2.37
 over the rotated presets), seed rank 1.07-1.26x; with the planes 3bit_nc 0.543 -> 0.418 ms at 32K, 2.092 -> 1.593
 ms at 128K (fp16 SDPA 1.91 ms).
 
+``--gluon default,w1,w4,r96`` adds the Gluon decode (``tqlab/turboquant/_gluon_decode.py``, issue 20 round 5; the
+rotated presets) beside ``soa4`` (the Triton block-SoA decode, the baseline of every check): ``gluon`` = its launch
+(``launch_warps``: 2 warps per program from one program per SM, else 4), ``gluon_w<N>`` = N warps, ``gluon_r<N>`` =
+a register cap of N.  ``--splits fill,32`` times each distinct split count ("fill" = ``ops.decode_num_splits``).
+Recorded: ``data/turboquant_gluon_launch_h200.json`` (f09f119, before the split counts were de-duplicated: the
+Llama rows appear twice there, "fill" being 32).
+
 Usage (the GPU run checks each variant against the package kernel on the Llama shard and the seed rank -- exit 1
 if any row is off by more than 2e-2 in the output or 1e-2 in the lse, or NaN -- and times both with
 ``_tq_bench.ColdTimer``)::

@@ -78,6 +78,10 @@ def test_order_rows_and_targets_exact():
         "llama_byte_limit_32k_128k": {"target": 0.4, "met": 1, "of": 2, "worst": 0.25}}
     rec = {**REC, "targets": {**REC["targets"], "soa_frac_of_byte_limit_llama": 0.2}}
     assert order_targets(rec)["llama_byte_limit_32k_128k"] == {"target": 0.2, "met": 2, "of": 2, "worst": 0.25}
+    assert [(r["soa_frac"], r["soa_kernel"]) for r in rows] == [(0.5, None), (0.25, None), (0.5, None), (0.5, None)]
+    fill = {**REC["rows"][0], "soa_ms": 1.2, "soa_kernel": "block_soa", "soa_fill_ms": 1.0, "soa_fill_kernel": "gluon"}
+    assert order_rows({"rows": [fill]}, "turboquant_3bit_nc")[0]["soa_kernel"] == "gluon"
+    assert order_rows({"rows": [{**fill, "soa_fill_ms": 1.5}]}, "turboquant_3bit_nc")[0]["soa_kernel"] == "block_soa"
     with pytest.raises(ValueError, match="no rows for preset"):
         order_rows(REC, "turboquant_k8v4")
     bad = {"rows": [{k: v for k, v in REC["rows"][0].items() if k != "soa_best_ms"}]}

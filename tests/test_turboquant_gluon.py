@@ -10,6 +10,7 @@ for the rotated presets (4 warps per program below one program per SM, 2 from th
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -132,6 +133,23 @@ def test_launch_warps_rule_and_refusals():
         gd.decode_attention(q, cache, bt, sl, spec, 0.1, mid, out, lse)
     assert (out == 7.0).all()  # nothing written
     assert not gd.use_gluon(spec, cache, 128, 4)
+
+
+def test_gluon_needs_triton_3_6():
+    """``routing.gluon_available``: False for a Triton before 3.6 (whatever its ``experimental.gluon`` holds), so the
+    Triton block-SoA decode serves; with this Triton it is the presence of ``triton.experimental.gluon``."""
+    from unittest import mock
+
+    import triton
+
+    from tqlab.turboquant import routing
+
+    assert routing.MIN_GLUON_TRITON == (3, 6)
+    for old in ("3.5.1", "3.4.0", "2.3.0"):
+        with mock.patch.object(triton, "__version__", old):
+            assert routing.gluon_available() is False, old
+    with mock.patch.object(triton, "__version__", "3.6.0"):
+        assert routing.gluon_available() is (importlib.util.find_spec("triton.experimental.gluon") is not None)
 
 
 def test_decode_kernel_name_reports_the_torch_and_portable_paths():

@@ -492,7 +492,7 @@ def test_gpu_block_soa_equals_vllm_order(name):
     """On the GPU at the benchmark's size class (GQA 4, 4K context, block 16): store on block-SoA =
     vLLM's bytes permuted except the _nc presets' key norm, fp16(||k|| / ||c_hat||) to 1 fp16 ulp
     (the kernel's ||k|| uses the GPU's fast sqrt; >= 99.9 % bit-equal); ``ops.decode_attention`` on
-    block-SoA (1024 programs: the Gluon decode for the rotated presets, the fast SoA kernel for k8v4) equals the fast kernel on
+    block-SoA (the Gluon decode for the rotated presets, the Triton block-SoA decode for k8v4) equals the fast kernel on
     the same bytes in vLLM's order read without correction, to fp16 rounding (the tolerance of
     ``test_gpu_fast_equals_portable``); dequant of both bit for bit; dequantized keys against the
     unfolded vLLM-order cache within the norm's fp16 rounding (2**-10), the fast kernels' fp16

@@ -89,7 +89,9 @@ def plot_block_orders(kv_cache_dtype: str, head_dim: int, block_size: int, ax=No
 def order_rows(rec: Mapping[str, Any], preset: str) -> list[dict[str, Any]]:
     """Rows of one preset from the side-by-side recording: decode ms of fp16 SDPA, vLLM 0.33's
     kernels on vLLM's layout, tqlab in vLLM's slot order and in block-SoA (each tqlab order at its
-    faster split policy, ``*_best_ms``), and the ratios ``vllm_order / soa`` and ``sdpa / soa``.
+    faster split policy, ``*_best_ms``), the ratios ``vllm_order / soa`` and ``sdpa / soa``, block-SoA's share of
+    the byte limit (``soa_frac``) and the kernel that served that block-SoA time (``soa_kernel``, as
+    ``ops.decode_kernel_name``; None in recordings made before the side-by-side recorded it).
 
     Raises:
         ValueError: no row of that preset, or a row without block-SoA columns.
@@ -104,8 +106,15 @@ def order_rows(rec: Mapping[str, Any], preset: str) -> list[dict[str, Any]]:
         out.append({"shape": r["shape"], "batch": r["batch"], "ctx": r["ctx"], "sdpa_ms": r["sdpa_fp16_ms"],
                     "vllm_ms": r["vllm_ms"], "vllm_order_ms": r["tqlab_best_ms"], "soa_ms": r["soa_best_ms"],
                     "vllm_order_over_soa": r["tqlab_best_ms"] / r["soa_best_ms"],
-                    "sdpa_over_soa": r["sdpa_fp16_ms"] / r["soa_best_ms"]})
+                    "sdpa_over_soa": r["sdpa_fp16_ms"] / r["soa_best_ms"],
+                    "soa_frac": r.get("soa_best_frac_of_byte_limit"), "soa_kernel": _best_kernel(r)})
     return sorted(out, key=lambda r: (r["shape"], r["ctx"]))
+
+
+def _best_kernel(r: Mapping[str, Any]) -> str | None:
+    """The kernel of the faster block-SoA split policy of a side-by-side row (``soa_kernel`` / ``soa_fill_kernel``)."""
+    fill = "soa_fill_ms" in r and r["soa_fill_ms"] < r.get("soa_ms", float("inf"))
+    return r.get("soa_fill_kernel" if fill else "soa_kernel")
 
 
 def order_targets(rec: Mapping[str, Any]) -> dict[str, dict[str, Any]]:

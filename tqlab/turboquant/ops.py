@@ -363,10 +363,10 @@ def decode_attention(
     ``_fwd_kernel_stage2``'s reduction; ``vllm/v1/attention/ops/triton_turboquant_decode.py``) on vLLM's
     slot order.  Kernels (``backend="triton"``): on CUDA the fast kernel (``_triton_fast``) for the rotated
     presets in vLLM's order; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
-    (``_triton_soa``, every preset; for the rotated presets on sm_80+ the Gluon decode ``_gluon_decode``, issue 20
-    round 5; ``routing``) where ``block_size % 16 == 0``, ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable
-    kernel (``_triton_kernels``), which also serves the interpreter.  All read the same bytes and agree to fp16
-    rounding.
+    (``_triton_soa``, every preset; for the rotated presets with D 128 and GQA <= 8 on sm_80+ and Triton >= 3.6 the
+    Gluon decode ``_gluon_decode``, issue 20 round 5; the rule: ``routing``) where ``block_size % 16 == 0``,
+    ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable kernel (``_triton_kernels``), which also
+    serves the interpreter.  All read the same bytes and agree to fp16 rounding.
 
     Args:
         query: ``(B, Hq, D)`` float16/bfloat16/float32; ``Hq % Hk == 0`` (GQA).

@@ -3,8 +3,10 @@
 * vLLM's slot order: the fast kernel (``_triton_fast``) for the rotated presets on CUDA, else the portable one
   (``_triton_kernels``, also the interpreter's and fp8 keys').
 * block-SoA (``cache_layout="block_soa"``) with 16-byte aligned fields (``_triton_soa.use_soa``): the Gluon decode
-  (``_gluon_decode``, issue 20 round 5) for the rotated presets on sm_80+ with Gluon available, else the Triton
-  block-SoA decode (``_triton_soa``, every preset); nibble-plane fields off that alignment: the portable decode.
+  (``_gluon_decode``, issue 20 round 5) where ``_gluon_decode.use_gluon`` holds -- a rotated preset (3bit_nc,
+  k3v4_nc, 4bit_nc), ``head_dim`` 128, a GQA group of at most 8, an sm_80+ GPU -- and Triton >= 3.6 ships Gluon
+  (:func:`gluon_available`); else the Triton block-SoA decode (``_triton_soa``, every preset, k8v4 always).
+  Nibble-plane fields off that alignment: the portable decode.
 
 :func:`decode_kernel_name` reports the choice (benchmarks record it next to their timings).
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 
 import torch
 
@@ -23,9 +26,17 @@ KERNEL_NAMES = {"_triton_kernels": "portable", "_triton_fast": "fast", "_triton_
                 "_gluon_decode": "gluon"}
 
 
+MIN_GLUON_TRITON = (3, 6)  # the H200's Triton, the only one the Gluon decode was measured and tested with
+
+
 def gluon_available() -> bool:
-    """Whether this Triton ships the Gluon dialect (``triton.experimental.gluon``; Triton 3.6 does).  Without it the
-    Triton block-SoA decode serves every block-SoA call; any other import error of tqlab's Gluon module is raised."""
+    """Whether this Triton is >= :data:`MIN_GLUON_TRITON` and ships the Gluon dialect (``triton.experimental.gluon``;
+    earlier Triton releases had a partial Gluon whose layouts the kernel does not use).  Without it the Triton
+    block-SoA decode serves every block-SoA call; any other import error of tqlab's Gluon module is raised."""
+    import triton
+
+    if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) < MIN_GLUON_TRITON:
+        return False
     try:
         return importlib.util.find_spec("triton.experimental.gluon") is not None
     except ModuleNotFoundError:  # no triton.experimental at all
