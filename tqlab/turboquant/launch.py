@@ -37,6 +37,7 @@ SOA_DEFAULTS: dict = {"soa_decode": {"block_t": 128, "num_warps": 4, "maxnreg": 
                      # warps per program (each warp keeps its own softmax over its own tokens), 2 when the launch has
                      # at least one program (request x KV head x split) per SM, else 4 (fixed per captured graph).
                      # H200 (data/turboquant_gluon_launch_h200.json, benchmarks/NOTES_turboquant.md): with >= 1
-                     # program per SM 2 warps beat 1 and 4 (Llama 32K 3bit_nc 0.236 / 0.240 / 0.253 ms); below it
-                     # (the seed rank's 32 splits: 128 programs on 132 SMs) 4 warps are 1.2-1.7x faster than 2
+                     # program per SM 2 warps are best at 32K (Llama 3bit_nc 0.236 ms; 1 warp 0.240, 4 warps 0.253)
+                     # and within 1 % of 4 at 128K, where 1 warp is 5 % slower (1 warp is up to 7 % faster at 8K);
+                     # below it (the seed rank's 32 splits: 128 programs on 132 SMs) 4 warps are 1.2-1.7x faster
                      "gluon_decode": {"num_warps": 2, "num_warps_below_one_program_per_sm": 4}}
