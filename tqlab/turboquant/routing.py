@@ -31,8 +31,8 @@ MIN_GLUON_TRITON = (3, 6)  # the H200's Triton, the only one the Gluon decode wa
 
 def gluon_available() -> bool:
     """Whether this Triton is >= :data:`MIN_GLUON_TRITON` and ships the Gluon dialect (``triton.experimental.gluon``;
-    earlier Triton releases had a partial Gluon whose layouts the kernel does not use).  Without it the Triton
-    block-SoA decode serves every block-SoA call; any other import error of tqlab's Gluon module is raised."""
+    the kernel was measured and tested with Triton 3.6 only, earlier releases' Gluon is not tried).  Without it the
+    Triton block-SoA decode serves every block-SoA call; any other import error of tqlab's Gluon module is raised."""
     import triton
 
     if tuple(int(x) for x in re.findall(r"\d+", triton.__version__)[:2]) < MIN_GLUON_TRITON:
