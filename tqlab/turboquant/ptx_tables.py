@@ -153,6 +153,21 @@ def _plane_selector(half: int, dst: str, lw: str, hw: str) -> list[str]:
             "and.b32 t, t, 0x44444444;", f"or.b32 {dst}, {dst}, t;"]
 
 
+def _plane_quads(lw: str, hw: str):
+    """The four quads (4 codes each) of a nibble-plane half chunk: yields ``(quad, selector register, PTX lines
+    to emit before the quad's lookups)`` -- the selector of codes 0-7 into ``s`` before quad 0, of codes 8-15
+    before quad 2 (:func:`_plane_selector`), the upper 4 nibbles moved into ``u`` before quads 1 and 3."""
+    for half in range(2):
+        yield 2 * half, "s", _plane_selector(half, "s", lw, hw)
+        yield 2 * half + 1, "u", ["shr.b32 u, s, 16;"]
+
+
+def _byte_tables(table16: list[int]) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The low- and high-byte ``prmt`` tables (two 32-bit words each) of 8 fp16 bit patterns."""
+    lo, hi = [x & 0xFF for x in table16], [x >> 8 for x in table16]
+    return (_word(lo[:4]), _word(lo[4:])), (_word(hi[:4]), _word(hi[4:]))
+
+
 def planes_asm(table16: list[int] | None) -> str:
     """PTX for ``tl.inline_asm_elementwise(pack=1)`` on a 3-bit field in nibble-plane order
     (``TurboQuantSpec.code_order``): ``$16`` = a plane word ``L`` (``L0`` or ``L1``), ``$17`` = the
@@ -166,27 +181,16 @@ def planes_asm(table16: list[int] | None) -> str:
     if key in _LUT_ASM:
         return _LUT_ASM[key]
     lines = ["{", ".reg .b32 s, t, u, l, h, r0, r1, z;", "mov.b32 z, 0;"]
-    if table16 is not None:
-        lo = [x & 0xFF for x in table16]
-        hi = [x >> 8 for x in table16]
-        tlo = (_word(lo[:4]), _word(lo[4:]))
-    else:
-        hi = [x >> 8 for x in _fp16_bits(np.arange(8))]
-    thi = (_word(hi[:4]), _word(hi[4:]))
-    for half in range(2):  # codes 8*half .. 8*half + 7
-        lines += _plane_selector(half, "s", "$16", "$17")
-        for quad in range(2):
-            sel = "s" if quad == 0 else "u"
-            if quad == 1:
-                lines.append("shr.b32 u, s, 16;")
-            o = 8 * half + 4 * quad
-            lines.append(f"prmt.b32 h, {thi[0]}, {thi[1]}, {sel};")
-            if table16 is not None:
-                lines += [f"prmt.b32 l, {tlo[0]}, {tlo[1]}, {sel};",
-                          "prmt.b32 r0, l, h, 0x5140;", "prmt.b32 r1, l, h, 0x7362;"]
-            else:
-                lines += ["prmt.b32 r0, h, z, 0x1404;", "prmt.b32 r1, h, z, 0x3424;"]
-            lines += [f"mov.b32 {{${o}, ${o + 1}}}, r0;", f"mov.b32 {{${o + 2}, ${o + 3}}}, r1;"]
+    tlo, thi = _byte_tables(_fp16_bits(np.arange(8)) if table16 is None else table16)
+    for quad, sel, pre in _plane_quads("$16", "$17"):
+        o = 4 * quad
+        lines += pre + [f"prmt.b32 h, {thi[0]}, {thi[1]}, {sel};"]
+        if table16 is not None:
+            lines += [f"prmt.b32 l, {tlo[0]}, {tlo[1]}, {sel};",
+                      "prmt.b32 r0, l, h, 0x5140;", "prmt.b32 r1, l, h, 0x7362;"]
+        else:
+            lines += ["prmt.b32 r0, h, z, 0x1404;", "prmt.b32 r1, h, z, 0x3424;"]
+        lines += [f"mov.b32 {{${o}, ${o + 1}}}, r0;", f"mov.b32 {{${o + 2}, ${o + 3}}}, r1;"]
     lines.append("}")
     _LUT_ASM[key] = "\n".join(lines)
     return _LUT_ASM[key]
@@ -230,19 +234,12 @@ def planes_key_pair_ptx(spec: TurboQuantSpec, d: int) -> str:
     ``prmt`` lookups as :func:`planes_asm`, written straight into the output registers."""
     if spec.key_bits != 3:
         raise ValueError(f"nibble planes hold 3-bit codes; {spec.name} has {spec.key_bits}-bit keys")
-    table16 = _fp16_bits(lloyd_max(3, d).centroids)
-    lo, hi = [x & 0xFF for x in table16], [x >> 8 for x in table16]
-    tlo, thi = (_word(lo[:4]), _word(lo[4:])), (_word(hi[:4]), _word(hi[4:]))
+    tlo, thi = _byte_tables(_fp16_bits(lloyd_max(3, d).centroids))
     lines = ["{", ".reg .b32 s, t, u, l, h;"]
-    for half in range(2):  # codes 8*half .. 8*half + 7
-        lines += _plane_selector(half, "s", "$8", "$10")
-        for quad in range(2):
-            sel = "s" if quad == 0 else "u"
-            if quad == 1:
-                lines.append("shr.b32 u, s, 16;")
-            o = 4 * half + 2 * quad
-            lines += [f"prmt.b32 h, {thi[0]}, {thi[1]}, {sel};", f"prmt.b32 l, {tlo[0]}, {tlo[1]}, {sel};",
-                      f"prmt.b32 ${o}, l, h, 0x5140;", f"prmt.b32 ${o + 1}, l, h, 0x7362;"]
+    for quad, sel, pre in _plane_quads("$8", "$10"):
+        o = 2 * quad
+        lines += pre + [f"prmt.b32 h, {thi[0]}, {thi[1]}, {sel};", f"prmt.b32 l, {tlo[0]}, {tlo[1]}, {sel};",
+                        f"prmt.b32 ${o}, l, h, 0x5140;", f"prmt.b32 ${o + 1}, l, h, 0x7362;"]
     lines.append("}")
     return "\n".join(lines)
 
