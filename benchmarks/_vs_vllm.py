@@ -86,7 +86,7 @@ def time_tqlab(preset, k, v, q, seq_lens, splits_list, timer, cache_layout="vllm
         out = torch.empty(b, hq, d, device="cuda", dtype=q.dtype)
         lse = torch.empty(b, hq, device="cuda")
         ms = timer(lambda: decode_attention(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse))
-        res["by_splits"][s] = {"ms": ms, "out": out.clone(), "kernel": decode_kernel_name(q, cache, bt, spec, mid)}
+        res["by_splits"][s] = {"ms": ms, "out": out.clone(), "kernel": decode_kernel_name(q, cache, spec)}
     del cache, bt
     return res
 

@@ -304,17 +304,12 @@ def _launch(kw: dict):
     return call
 
 
-def kernels(variants, launches=()) -> dict:
-    """name -> call: ``soa4`` (the package's ``_decode_soa4_kernel``, the baseline of every check), ``v<N>`` and the
-    :data:`LAUNCH` variants named in ``launches``."""
+def kernels(variants, launches=(), gluon=()) -> dict:
+    """name -> call: ``soa4`` (the package's ``_decode_soa4_kernel``, the baseline of every check), ``v<N>``, the
+    :data:`LAUNCH` variants named in ``launches`` and the Gluon decode with each override of ``gluon``
+    (:func:`_gluon`)."""
     out = {"soa4": _soa4, **{f"v{v}": _frag(v) for v in variants}, **{n: _launch(LAUNCH[n]) for n in launches}}
-    for g in GLUON:
-        out[f"gluon_{g}" if g else "gluon"] = _gluon(g)
-    return out
-
-
-GLUON: list = []
-SPLITS: list = ["fill"]
+    return {**out, **{f"gluon_{g}" if g else "gluon": _gluon(g) for g in gluon}}
 
 
 def _gluon(name: str):
@@ -328,7 +323,7 @@ def _gluon(name: str):
     return call
 
 
-def run(log, contexts, presets, variants, rows, save, launches=()) -> None:
+def run(log, contexts, presets, variants, rows, save, launches=(), gluon=(), splits=("fill",)) -> None:
     """Per (shape, context, preset), every kernel of :func:`kernels` on the same K/V (the block-SoA store's cache,
     key norms folded): max |out - out_soa4| and |lse - lse_soa4|, registers, ColdTimer ms (CUDA-graph replay, L2
     flushed)."""
@@ -337,14 +332,14 @@ def run(log, contexts, presets, variants, rows, save, launches=()) -> None:
     from tqlab.turboquant import get_spec
     from tqlab.turboquant import ops as _ops
 
-    timer, d, kern = ColdTimer(), 128, kernels(variants, launches)
+    timer, d, kern = ColdTimer(), 128, kernels(variants, launches, gluon)
     for shape, (hq, hk, b) in SHAPES.items():
         for ctx in contexts:
             k, v, q = random_decode_inputs(b, hq, hk, ctx, d, seed=1000 + ctx + b + hq)
             dev = q.device
             sl = torch.full((b,), ctx, device=dev, dtype=torch.int32)
             sl[-1] = ctx - 1037  # one uneven request: a partial tile and a partial block
-            for s in sorted({_ops.decode_num_splits(b, hk, "fill") if sp == "fill" else int(sp) for sp in SPLITS}):
+            for s in sorted({_ops.decode_num_splits(b, hk, "fill") if sp == "fill" else int(sp) for sp in splits}):
                 for name in presets:
                     spec = get_spec(name, cache_layout="block_soa")
                     cache, bt = fill_paged(spec, k, v)  # the block-SoA store: key norms folded
@@ -419,15 +414,14 @@ def main(argv=None) -> int:
 
     log, save = progress_log(t0), json_saver(res, out, t0)
 
-    global GLUON
-    GLUON = [("" if g == "default" else g) for g in args.gluon.split(",")] if args.gluon else []
-    SPLITS[:] = args.splits.split(",")
+    gluon = [("" if g == "default" else g) for g in args.gluon.split(",")] if args.gluon else []
     launches = [n for n in args.launch.split(",") if n]
     unknown = sorted(set(launches) - set(LAUNCH))
     if unknown:
         print(f"dev_turboquant_frag.py: unknown --launch {unknown}; known: {sorted(LAUNCH)}", file=sys.stderr)
         return 2
-    run(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), variants, res["rows"], save, launches)
+    run(log, [int(c) for c in args.contexts.split(",")], args.presets.split(","), variants, res["rows"], save, launches,
+        gluon, args.splits.split(","))
     bad = [r for r in res["rows"] if not r["ok"]]
     print(f"CHECK: {len(res['rows']) - len(bad)} ok, {len(bad)} failed", flush=True)
     for r in res["rows"]:

@@ -156,10 +156,10 @@ def test_decode_kernel_name_reports_the_torch_and_portable_paths():
     """Without CUDA: the torch reference for ``"torch"``, the portable kernel under the interpreter."""
     spec = get_spec("turboquant_3bit_nc", cache_layout="block_soa")
     cache = torch.zeros(kv_cache_shape(4, 1, 16, 128, spec), dtype=torch.uint8)
-    q, bt, mid = torch.zeros(1, 4, 128), torch.zeros(1, 4, dtype=torch.int32), torch.zeros(1, 4, 1, 129)
-    assert decode_kernel_name(q, cache, bt, spec, mid, backend="torch") == "torch"
+    q = torch.zeros(1, 4, 128)
+    assert decode_kernel_name(q, cache, spec, backend="torch") == "torch"
     if not torch.cuda.is_available():
-        assert decode_kernel_name(q, cache, bt, spec, mid, backend="triton") == "portable"
+        assert decode_kernel_name(q, cache, spec, backend="triton") == "portable"
 
 
 @pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"])
@@ -248,8 +248,7 @@ def test_gpu_decode_routes_rotated_presets_to_gluon():
     soa, cache, bt, q, seq = _case("turboquant_3bit_nc", 8, 2, [700, 1500, 40])
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     for s, warps in ((-(-sms // 6), 2), (2, 4)):  # B * Hk = 6 programs per split
-        mid = torch.zeros(q.shape[0], q.shape[1], s, 129, device=DEV)
-        assert decode_kernel_name(q, cache, bt, soa, mid) == "gluon", s
+        assert decode_kernel_name(q, cache, soa) == "gluon", s
         st: dict = {}
         got = _run(lambda m, o, x: gd.decode_attention(q, cache, bt, seq, soa, 128**-0.5, m, o, x, stats=st), q, s)
         assert st["num_warps"] == warps, s
@@ -262,6 +261,6 @@ def test_gpu_decode_routes_rotated_presets_to_gluon():
                        ("turboquant_k8v4", "block_soa")):
         other = get_spec(name, cache_layout="block_soa")
         c = torch.zeros(kv_cache_shape(bt.numel(), 2, 16, 128, other), dtype=torch.uint8, device=DEV)
-        assert decode_kernel_name(q, c, bt, other, torch.zeros(3, 8, 32, 129, device=DEV)) == want, name
+        assert decode_kernel_name(q, c, other) == want, name
     with pytest.raises(ValueError, match="does not serve turboquant_k8v4"):
         gd.decode_attention(q, c, bt, seq, other, 0.1, *_run(lambda m, o, x: None, q, 2))

@@ -68,7 +68,7 @@ def launch_warps(programs: int, num_sms: int) -> int:
     return cfg["num_warps"] if programs >= num_sms else cfg["num_warps_below_one_program_per_sm"]
 
 
-def layouts(num_warps: int = 2, tw: int = TW_DEFAULT) -> dict:
+def layouts(num_warps: int | None = None, tw: int = TW_DEFAULT) -> dict:
     """The kernel's register layouts (constexprs, plus ``TW`` = ``tw`` tokens per warp and step): the MMA
     accumulator ``MMA`` (one batch per warp) and its kWidth-2 operands (keys ``KA`` and values ``VA`` as A, q'
     ``QB`` and P ``PB`` as B); the word tiles ``[W, NG, 16, C]`` (warp, 16-token group ``k``, token ``i`` of the
@@ -76,6 +76,7 @@ def layouts(num_warps: int = 2, tw: int = TW_DEFAULT) -> dict:
     ``(g, t)``: tokens ``i = g + 8h``, chunk ``t``), values ``VW`` (lane ``(g, t)``: tokens ``i = 2t + p + 8h'``,
     half chunk ``g``); the query tiles ``QL`` / ``QL2`` ``[W, 8, D]`` of the Walsh-Hadamard transform (a thread's
     32 consecutive head dims, then dims ``d + 32 m``).  D = 128 only."""
+    num_warps = num_warps or SOA_DEFAULTS["gluon_decode"]["num_warps"]
     mma = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[num_warps, 1, 1], instr_shape=[1, 16, 8])
     warps4 = [[1 << i, 0, 0, 0] for i in range(int(math.log2(num_warps)))]
     warps3 = [w[:3] for w in warps4]

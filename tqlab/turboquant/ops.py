@@ -405,9 +405,9 @@ def decode_attention(
     return _decode_reference(query, cache, block_tables, seq_lens, spec, float(scale), mid_out, output, lse)
 
 
-def decode_kernel_name(query, cache, block_tables, spec, mid_out, backend: str = "auto") -> str:
-    """Which kernel :func:`decode_attention` runs for these arguments (no launch; ``block_tables`` and ``mid_out``
-    are not read, they keep the call's signature): ``"torch"`` (the reference), ``"portable"``
+def decode_kernel_name(query, cache, spec, backend: str = "auto") -> str:
+    """Which kernel :func:`decode_attention` runs for this query ``(B, Hq, D)``, cache and spec (no launch; the rule
+    reads nothing else): ``"torch"`` (the reference), ``"portable"``
     (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"block_soa"`` (``_triton_soa``) or ``"gluon"``
     (``_gluon_decode``); the rule: :mod:`tqlab.turboquant.routing`.  Benchmarks record it next to their timings.
 
