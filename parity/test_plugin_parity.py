@@ -119,3 +119,55 @@ def test_trace_report_finds_the_refusal_and_agrees_with_the_prediction(two_ranks
     assert res.exit_code == 0, res.output
     assert "as predicted" in res.output and res.output.count("refused continuation prefill") == 2
     record("verdict", rep["verdict"])
+
+
+_PERSISTENT = r"""
+import os, sys, torch
+os.environ["TQLAB_VLLM_TRACE"] = "rel/trace"          # relative, resolved when tracing starts
+from tqlab.vllm import vllm_cpu_patches
+with vllm_cpu_patches():
+    import vllm.plugins
+    vllm.plugins.load_general_plugins()
+    import vllm.v1.worker.workspace as ws
+    from vllm.model_executor.layers.fused_moe.moe_permute_unpermute import get_moe_permute_scratch
+    ws.init_workspace_manager(torch.device("cpu"))
+    m = ws.current_workspace_manager()
+    m.get_simultaneous(((1 << 20,), torch.uint8))
+    m.get_persistent(("marlin_locks", 0), (64,), torch.int, zero_init=True)   # vLLM marlin_utils' key and dtype
+    get_moe_permute_scratch(num_experts=8, num_local_experts=8, device=torch.device("cpu"))
+    ws.lock_workspace()
+    os.chdir(sys.argv[1])                                                        # the engine moves away
+    try:
+        get_moe_permute_scratch(num_experts=16, num_local_experts=16, device=torch.device("cpu"))
+    except AssertionError as e:
+        print(str(e))
+        sys.stdout.flush()
+        os._exit(3)                                                              # a dead engine runs no atexit
+"""
+
+
+def test_persistent_refusal_after_a_chdir_is_in_the_record(tmp_path, record):
+    """issue 33: vLLM's MoE permute scratch refused after the lock ("... was not allocated during warmup",
+    ``moe_permute_unpermute.py`` ``get_moe_permute_scratch`` -> ``WorkspaceManager.get_persistent_resource``)
+    ends the record as ``refused`` with vLLM's message, although the process left the folder that the
+    relative ``TQLAB_VLLM_TRACE`` named; the record states the vLLM that ran."""
+    import vllm
+
+    away = tmp_path / "away"
+    away.mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-c", _PERSISTENT, str(away)], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 3, out.stderr[-2000:]
+    message = out.stdout.strip().splitlines()[-1]
+    assert "was not allocated during warmup" in message
+    (path,) = (tmp_path / "rel" / "trace").glob("*.json")
+    assert not list(away.rglob("*.json"))
+    rec = json.loads(path.read_text())
+    assert rec["event"] == "refused" and rec["vllm_version"] == vllm.__version__
+    (v,) = rec["refused"]
+    assert (v["kind"], v["message"], v["required_bytes"], v["current_bytes"]) == ("persistent", message, None, 1 << 20)
+    assert v["caller"].endswith(":get_moe_permute_scratch") and v["caller"].startswith("moe_permute_unpermute.py:")
+    created = {p["key"]: p for p in rec["persistent"] if p["created"]}
+    assert any("marlin_locks" in k and p["nbytes"] == 256 for k, p in created.items())
+    record("persistent_refusal", {"kind": v["kind"], "caller": v["caller"]})

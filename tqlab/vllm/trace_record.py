@@ -10,8 +10,12 @@ A process that never creates a manager (API server, engine core) writes no file.
 
 The record ``DIR/<host>-<pid>.json`` (:data:`RECORD_FORMAT`) is rewritten atomically (temp
 file, then ``os.replace``) when a manager is created, at every ``lock()``/``unlock()``, at
-every refused request *before* vLLM's ``AssertionError`` propagates (a dying engine may
-never run ``atexit``), and at exit. Sizes in bytes.
+every refused request *before* vLLM's error propagates (a dying engine may never run
+``atexit``), and at exit. Refused requests are scratch growth after the lock, persistent
+resources missing after the lock ("... was not allocated during warmup": Marlin locks, MoE
+permute scratch), a persistent key asked with another shape, an unconfigured lane
+(:data:`tqlab.vllm.tracer.REFUSAL_KINDS`). ``vllm_version`` is the version of the vLLM this
+process imported. Sizes in bytes.
 """
 
 from __future__ import annotations
@@ -100,7 +104,7 @@ def vllm_config_summary() -> dict[str, Any] | None:
 
 def record_path(trace_dir: str | os.PathLike) -> Path:
     """``DIR/<host>-<pid>.json`` for this process."""
-    return Path(trace_dir) / f"{socket.gethostname()}-{os.getpid()}.json"
+    return Path(trace_dir).absolute() / f"{socket.gethostname()}-{os.getpid()}.json"
 
 
 class TraceRecorder:
@@ -145,6 +149,7 @@ class TraceRecorder:
             "locks": rep["locks"],
             "size_at_lock_bytes": rep["size_at_lock_bytes"],
             "refused": rep["violations"],
+            "persistent": rep["persistent"],
         }
 
     def flush(self, event: str) -> None:
@@ -170,12 +175,15 @@ _RECORDER: dict[str, TraceRecorder] = {}
 def start_tracing(trace_dir: str | os.PathLike) -> TraceRecorder | None:
     """Trace every vLLM workspace manager this process creates into ``trace_dir`` (created if missing).
 
+    A relative ``trace_dir`` is resolved against the working directory of this call, once
+    (every later write goes there, whatever the process's working directory is then).
     Idempotent (vLLM may call plugins more than once per process). Returns the
     recorder, or None with a one-line message on standard error when ``trace_dir``
     cannot be created (vLLM then runs untraced). Imports vLLM's workspace module.
     """
     if "recorder" in _RECORDER:
         return _RECORDER["recorder"]
+    trace_dir = Path(trace_dir).absolute()  # once, now: vLLM or the model may chdir before the lock or a refusal
     try:
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -7,9 +7,11 @@
 from __future__ import annotations
 
 import atexit
+import contextvars
 import dataclasses
 import importlib.util
 import json
+import math
 import os
 import sys
 import threading
@@ -31,7 +33,16 @@ def vllm_available() -> bool:
 
 
 def vllm_version() -> str | None:
-    """The installed vLLM version string, or None (read from package metadata, no import)."""
+    """The vLLM version this process runs, or None without vLLM.
+
+    ``vllm.__version__`` when this process already imported vLLM (the code that actually
+    runs: a source checkout on ``sys.path`` may differ from the installed package's
+    metadata), else the installed package's metadata (no import).
+    """
+    mod = sys.modules.get("vllm")
+    imported = getattr(mod, "__version__", None) if mod is not None else None
+    if isinstance(imported, str) and imported:
+        return imported
     try:
         from importlib.metadata import PackageNotFoundError, version
     except ImportError:  # pragma: no cover
@@ -78,18 +89,65 @@ class CallerStats:
         return {**dataclasses.asdict(self), "high_water_phase": self.high_water_phase}
 
 
+REFUSAL_KINDS = ("scratch", "persistent", "persistent_shape", "lane")
+"""What a :class:`Violation` refused (vLLM 0.33 ``vllm/v1/worker/workspace.py`` ``WorkspaceManager``):
+``scratch`` -- ``_ensure_workspace_size`` growth after ``lock()`` (``get_simultaneous``);
+``persistent`` -- ``get_persistent_resource`` of a key missing after ``lock()`` ("... was not
+allocated during warmup": Marlin locks, MoE permute scratch, ROCm segmented attention);
+``persistent_shape`` -- ``get_persistent`` of a key cached with another shape/dtype (``ValueError``);
+``lane`` -- ``_get_workspace_id`` for a lane the manager was not built with (``RuntimeError``)."""
+
+
 @dataclass(frozen=True)
 class Violation:
-    """A request refused by a locked workspace: who, how much, and the manager's own message."""
+    """A request the workspace manager refused: who, how much, and the manager's own message.
+
+    ``kind``: one of :data:`REFUSAL_KINDS`. ``required_bytes`` is None for a persistent
+    resource whose size tqlab cannot know (``get_persistent_resource`` with a factory);
+    ``current_bytes`` is the slot's scratch size then (bytes). ``key``: the persistent
+    resource's key (``repr``), else None.
+    """
 
     caller: str
-    required_bytes: int
+    required_bytes: int | None
     current_bytes: int
     slot: int
     message: str
+    kind: str = "scratch"
+    key: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass
+class PersistentStats:
+    """One caller's requests for one persistent resource (``get_persistent_resource`` key, ``repr``).
+
+    ``created``: requests that made it (the slot lacked the key); ``refused``: requests
+    refused after the lock; ``nbytes``: its size when known (``get_persistent``: shape x
+    dtype size, bytes), else None; ``slots``: the slots (ubatch x lanes + lane) used.
+    """
+
+    caller: str
+    key: str
+    requests: int = 0
+    created: int = 0
+    refused: int = 0
+    nbytes: int | None = None
+    slots: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+_PENDING_BYTES: contextvars.ContextVar[int | None] = contextvars.ContextVar("tqlab_persistent_bytes", default=None)
+
+
+def _tensor_type() -> Any:
+    import torch
+
+    return torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -132,8 +190,9 @@ def _skipped(code: Any) -> bool:
     if getattr(code, "co_qualname", code.co_name).startswith("WorkspaceManager."):
         return True
     fname = os.path.normcase(os.path.abspath(code.co_filename))
-    tq_ws = os.path.normcase(os.path.abspath(sys.modules["tqlab.core.workspace"].__file__))
-    return fname == tq_ws or fname.endswith(os.path.normcase("contextlib.py"))
+    tq = {os.path.normcase(os.path.abspath(sys.modules[m].__file__))
+          for m in ("tqlab.core.workspace", "tqlab.core.workspace_slots") if m in sys.modules}
+    return fname in tq or fname.endswith(os.path.normcase("contextlib.py"))
 
 
 def _disguise(fn: Callable, qualname: str, filename: str | None = None) -> Callable:
@@ -171,6 +230,32 @@ def _flavor(manager: Any) -> str:
 
 def _vllm_sizes(manager: Any) -> tuple[int, ...]:
     return tuple(0 if ws is None else ws.numel() * ws.element_size() for ws in manager._current_workspaces)
+
+
+def _slot_ids(manager: Any, flavor: str) -> tuple[int, int]:
+    """``(slot, scratch bytes of that slot)`` the manager uses now; its own ``RuntimeError`` for an
+    unconfigured lane (vLLM 0.33 ``WorkspaceManager._get_workspace_id``)."""
+    if flavor == "vllm":
+        slot = _vllm_slot(manager)
+        return slot, _vllm_sizes(manager)[slot]
+    slot = manager._current_slot()
+    return slot, manager.sizes_bytes()[slot]
+
+
+def _intended_slot(manager: Any) -> int:
+    """The slot id an unconfigured lane asks for (``ubatch * lanes + lane``), for the refusal record."""
+    try:
+        from vllm.v1.worker.ubatching import dbo_current_ubatch_id
+        from vllm.v1.worker.workspace import _workspace_lane
+
+        return int(dbo_current_ubatch_id()) * int(manager._num_lanes) + int(_workspace_lane.get())
+    except Exception:  # the record must not fail where the engine's own error is what matters
+        return -1
+
+
+def _key_text(key: Any, limit: int = 200) -> str:
+    text = repr(key)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _vllm_slot(manager: Any) -> int:
@@ -211,6 +296,7 @@ class WorkspaceTracer:
         self.callers: dict[str, CallerStats] = {}
         self.violations: list[Violation] = []
         self.locks: list[LockRecord] = []
+        self.persistent: dict[tuple[str, str], PersistentStats] = {}
         self._attached: list[tuple[Any, dict[str, Any]]] = []
         self._mutex = threading.Lock()
         self.on_event: Callable[[str], None] | None = None
@@ -227,11 +313,14 @@ class WorkspaceTracer:
         flavor = _flavor(manager)
         if any(m is manager for m, _ in self._attached):
             raise ValueError("this tracer is already attached to that manager")
-        saved = {name: manager.__dict__.get(name, _MISSING) for name in ("_ensure_workspace_size", "get_simultaneous", "lock", "unlock")}
+        saved = {name: manager.__dict__.get(name, _MISSING) for name in (
+            "_ensure_workspace_size", "get_simultaneous", "lock", "unlock", "get_persistent_resource", "get_persistent")}
         if flavor == "vllm":
             self._wrap_vllm(manager)
         else:
             self._wrap_tqlab(manager)
+        if hasattr(manager, "get_persistent_resource"):
+            self._wrap_persistent(manager, flavor)
         self._attached.append((manager, saved))
         return self
 
@@ -285,11 +374,31 @@ class WorkspaceTracer:
         with self._mutex:
             self._stats(caller, nbytes, slot, locked).growths += int(grew)
 
-    def _record_violation(self, caller: str, nbytes: int, current: int, slot: int, message: str) -> None:
+    def _record_violation(self, caller: str, nbytes: int | None, current: int, slot: int, message: str,
+                          kind: str = "scratch", key: str | None = None) -> None:
         with self._mutex:
-            self._stats(caller, nbytes, slot, True).violations += 1
-            self.violations.append(Violation(caller, nbytes, current, slot, message))
+            if kind == "scratch":
+                self._stats(caller, nbytes or 0, slot, True).violations += 1
+            else:
+                st = self._persistent_stats(caller, key or "?", slot, nbytes, created=False,
+                                            count=kind != "persistent_shape")  # that request was counted already
+                st.refused += 1
+            self.violations.append(Violation(caller, nbytes, current, slot, message, kind, key))
         self._notify("refused")
+
+    def _persistent_stats(self, caller: str, key: str, slot: int, nbytes: int | None, created: bool,
+                          count: bool = True) -> "PersistentStats":
+        """The (caller, key) persistent-resource stats, with one more request counted if ``count`` (mutex held)."""
+        st = self.persistent.get((caller, key))
+        if st is None:
+            st = self.persistent[(caller, key)] = PersistentStats(caller, key)
+        st.requests += int(count)
+        st.created += int(created)
+        if nbytes is not None:
+            st.nbytes = nbytes
+        if slot not in st.slots:
+            st.slots.append(slot)
+        return st
 
     def _record_lock(self, kind: str, sizes: tuple[int, ...], caller: str) -> None:
         with self._mutex:
@@ -307,7 +416,11 @@ class WorkspaceTracer:
 
         def _ensure_workspace_size(required_bytes: int):
             caller = _caller(2)
-            slot = _vllm_slot(manager)
+            try:
+                slot = _vllm_slot(manager)
+            except RuntimeError as e:  # a lane the manager was not built with: vLLM's own error, recorded
+                tracer._record_violation(caller, required_bytes, 0, _intended_slot(manager), str(e), "lane")
+                raise
             current = _vllm_sizes(manager)[slot]
             try:
                 out = ensure(required_bytes)
@@ -371,6 +484,57 @@ class WorkspaceTracer:
         manager.lock = tq_ws.workspace_wrapper(_lock, wraps=("lock",))
         manager.unlock = tq_ws.workspace_wrapper(_unlock, wraps=("lock",))
 
+    def _wrap_persistent(self, manager: Any, flavor: str) -> None:
+        """Record ``get_persistent_resource`` / ``get_persistent`` and every refusal they raise.
+
+        vLLM 0.33 ``vllm/v1/worker/workspace.py``: ``get_persistent_resource`` raises
+        ``AssertionError`` for a key the slot lacks once locked; ``get_persistent`` (Marlin's
+        locks, ``marlin_utils.get_marlin_workspace``) raises ``ValueError`` for a cached key of
+        another shape/dtype; ``_get_workspace_id`` a ``RuntimeError`` for an unknown lane. Each
+        is recorded (and the plugin's record flushed) before it propagates.
+        """
+        tracer = self
+        get_res, get_pers = manager.get_persistent_resource, manager.get_persistent
+        store = "_persistent_resources" if flavor == "vllm" else "_persistent"
+
+        def get_persistent_resource(key, factory):
+            caller, nbytes = _caller(2), _PENDING_BYTES.get()
+            try:
+                slot, current = _slot_ids(manager, flavor)
+            except RuntimeError as e:
+                tracer._record_violation(caller, nbytes, 0, _intended_slot(manager), str(e), "lane", _key_text(key))
+                raise
+            missing = key not in getattr(manager, store)[slot]
+            try:
+                out = get_res(key, factory)
+            except AssertionError as e:
+                if missing and manager.is_locked():
+                    tracer._record_violation(caller, nbytes, current, slot, str(e), "persistent", _key_text(key))
+                raise
+            with tracer._mutex:
+                tracer._persistent_stats(caller, _key_text(key), slot, nbytes, created=missing)
+            return out
+
+        def get_persistent(key, shape, dtype, *, zero_init=False):
+            try:
+                nbytes = math.prod(shape) * dtype.itemsize
+            except (TypeError, AttributeError):
+                nbytes = None
+            token = _PENDING_BYTES.set(nbytes)
+            try:
+                return get_pers(key, shape, dtype, zero_init=zero_init)
+            except ValueError as e:
+                if str(e).startswith("Persistent workspace"):
+                    slot, current = _slot_ids(manager, flavor)
+                    tracer._record_violation(_caller(2), nbytes, current, slot, str(e), "persistent_shape",
+                                             _key_text((_tensor_type(), key)))
+                raise
+            finally:
+                _PENDING_BYTES.reset(token)
+
+        manager.get_persistent_resource = _disguise(get_persistent_resource, "WorkspaceManager.get_persistent_resource")
+        manager.get_persistent = _disguise(get_persistent, "WorkspaceManager.get_persistent")
+
     # -- results -------------------------------------------------------------- #
     def size_at_lock(self) -> tuple[int, ...] | None:
         """Slot sizes (bytes) right after the most recent ``lock()``, or None if never locked."""
@@ -395,6 +559,7 @@ class WorkspaceTracer:
             "size_at_lock_bytes": None if self.size_at_lock() is None else list(self.size_at_lock()),
             "locks": [r.to_dict() for r in self.locks],
             "violations": [v.to_dict() for v in self.violations],
+            "persistent": [p.to_dict() for p in self.persistent.values()],
         }
 
     def format(self) -> str:
@@ -416,10 +581,12 @@ def format_trace_report(report: Mapping[str, Any]) -> str:
         + ("never locked" if lock is None else ", ".join(f"slot {i}: {format_mb(b)} MiB" for i, b in enumerate(lock)))
     )
     for v in report["violations"]:
-        lines.append(
-            f"VIOLATION slot {v['slot']}: {v['caller']} needs {format_mb(v['required_bytes'])} MiB, "
-            f"locked at {format_mb(v['current_bytes'])} MiB"
-        )
+        kind = v.get("kind", "scratch")
+        if kind == "scratch":
+            lines.append(f"VIOLATION slot {v['slot']}: {v['caller']} needs {format_mb(v['required_bytes'])} MiB, "
+                         f"locked at {format_mb(v['current_bytes'])} MiB")
+        else:
+            lines.append(f"VIOLATION ({kind}) slot {v['slot']}: {v['caller']}: {v['message']}")
     return "\n".join(lines)
 
 
@@ -468,7 +635,7 @@ def install_vllm_hook(json_path: str | os.PathLike | None = None, *, tracer: Wor
         if on_attach is not None:
             on_attach(ws.current_workspace_manager())
     if json_path is not None:
-        def _dump(p=Path(json_path)) -> None:
+        def _dump(p=Path(json_path).absolute()) -> None:  # resolved now: the process may chdir before exit
             report = tracer.report()
             report["pid"] = os.getpid()
             p.write_text(json.dumps(report, indent=2))
