@@ -50,8 +50,8 @@ def test_report_on_recorded_run_is_as_predicted():
     assert rep["prediction"]["locked_bytes"] == LOCKED and rep["prediction"]["disagreements"] == []
     for row in rep["rows"]:
         assert row["lock_bytes"] == [LOCKED]
-        assert row["refused"] == [{"consumer": "continuation prefill (dequant)", "required_bytes": 2 << 20,
-                                   "current_bytes": LOCKED, "slot": 0}]
+        assert row["refused"] == [{"consumer": "continuation prefill (dequant)", "kind": "scratch",
+                                   "required_bytes": 2 << 20, "current_bytes": LOCKED, "slot": 0}]
         assert row["consumers"]["split-KV decode"]["phase"] == "before lock"
     json.dumps(rep)
 

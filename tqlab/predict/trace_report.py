@@ -1,27 +1,34 @@
 """``tqlab trace-report DIR``: the per-process records of the vLLM plugin, merged, and held against the prediction.
 
 Each file ``DIR/<host>-<pid>.json`` is one process's record (:mod:`tqlab.vllm.trace_record`).
-This module reads them (a truncated or foreign file is skipped with a one-line warning),
+This module reads them (a truncated or foreign file, a FIFO, a device, a file above
+:data:`~tqlab.predict.trace_checks.MAX_RECORD_BYTES` is skipped with a one-line warning),
 makes one row per rank (lock size per slot, largest request per consumer, refusals),
-says whether the ranks agree, and -- given the deployment -- compares every number with
-:mod:`tqlab.predict.analysis` (the predictor ``plan`` and ``inspect-vllm`` use) and names
-each disagreement. Sizes in bytes; "MiB" in text is 2**20 bytes (vLLM's messages call it "MB").
+says whether the ranks agree and whether the records describe one deployment (vLLM
+version, config, rank set: :mod:`tqlab.predict.trace_checks`), and -- given the deployment
+-- compares every number with :mod:`tqlab.predict.analysis` (the predictor ``plan`` and
+``inspect-vllm`` use), every consumer it sizes included, and names each disagreement.
+Sizes in bytes; "MiB" in text is 2**20 bytes (vLLM's messages call it "MB").
 """
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from rich.markup import escape
+
 from tqlab.core.config import EngineConfig
+from tqlab.core.consumers.registry import TURBOQUANT
 from tqlab.core.reservation import plan_bytes, reservation_plan
 from tqlab.core.workspace import format_mb
 from tqlab.predict import analysis
+from tqlab.predict import trace_checks
 from tqlab.predict.report import DECODE, DEQUANT_CHUNK
 from tqlab.vllm.trace_record import RECORD_FORMAT
+from tqlab.vllm.tracer import REFUSAL_KINDS
 
 RESERVATION = "reservation (PR #44053)"
 # vLLM 0.33 vllm/v1/attention/backends/turboquant_attn.py: the function that asks the workspace -> consumer
@@ -34,9 +41,14 @@ _REQUIRED = ("rank", "consumers", "locks", "refused", "pid", "host")
 
 
 def consumer_name(caller: str) -> str:
-    """The consumer a caller ``'file.py:line:function'`` is (:data:`CONSUMER_OF_FUNCTION`), else its function name."""
-    func = caller.rsplit(":", 1)[-1]
-    return CONSUMER_OF_FUNCTION.get(func, func)
+    """The consumer a caller ``'file.py:line:function'`` is: TurboQuant's (:data:`CONSUMER_OF_FUNCTION`), else
+    ``'file.py:function'`` -- the call-site name the consumer registry gives every other consumer
+    (``ConsumerRow.consumer``, e.g. ``'modular_kernel.py:_allocate_buffers'`` for the fused MoE)."""
+    parts = caller.split(":")
+    func = parts[-1]
+    if func in CONSUMER_OF_FUNCTION:
+        return CONSUMER_OF_FUNCTION[func]
+    return f"{parts[0]}:{func}" if len(parts) >= 3 else caller
 
 
 def load_trace_dir(trace_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], list[str]]:
@@ -44,17 +56,17 @@ def load_trace_dir(trace_dir: str | os.PathLike) -> tuple[list[dict[str, Any]], 
 
     A file that is not JSON (e.g. cut short by a killed process), not an object, or not a
     record of :data:`~tqlab.vllm.trace_record.RECORD_FORMAT` is skipped, with one line in
-    ``warnings`` naming it. Raises ``ValueError`` when ``trace_dir`` is not a folder.
+    ``warnings`` naming it; so is anything :func:`~tqlab.predict.trace_checks.read_record_file` will not
+    read (not a regular file, too large). Raises ``ValueError`` when ``trace_dir`` is not a folder.
     """
     d = Path(trace_dir)
     if not d.is_dir():
         raise ValueError(f"trace folder {str(trace_dir)!r} does not exist or is not a folder")
     records, warnings = [], []
     for path in sorted(d.glob("*.json")):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-            warnings.append(f"skipped {path.name}: not readable JSON (truncated?): {str(e).splitlines()[0]}")
+        rec, why = trace_checks.read_record_file(path)
+        if why is not None:
+            warnings.append(f"skipped {path.name}: {why}")
             continue
         if not isinstance(rec, dict) or rec.get("format") != RECORD_FORMAT:
             fmt = rec.get("format") if isinstance(rec, dict) else type(rec).__name__
@@ -81,7 +93,10 @@ def _malformed(rec: Mapping[str, Any]) -> str | None:
         row = rank_row(rec)
         rank_label(rec)
         nums = [*_rank_key(rec), rec["pid"], *(row.lock_bytes or ()), *(c["bytes"] for c in row.consumers.values()),
-                *(r[k] for r in row.refused for k in ("required_bytes", "current_bytes", "slot"))]
+                *(r[k] for r in row.refused for k in ("current_bytes", "slot")),
+                *(r["required_bytes"] for r in row.refused if r["kind"] == "scratch" or r["required_bytes"] is not None)]
+        if any(r["kind"] not in REFUSAL_KINDS for r in row.refused):
+            return f"refusal kind {next(r['kind'] for r in row.refused if r['kind'] not in REFUSAL_KINDS)!r}"
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
         return f"{type(e).__name__}: {e}"
     bad = [n for n in nums if isinstance(n, bool) or not isinstance(n, int)]
@@ -119,7 +134,7 @@ class RankRow:
     def key(self) -> tuple:
         """What must be equal on every tensor-parallel rank."""
         cons = tuple(sorted((k, v["bytes"], v["phase"]) for k, v in self.consumers.items()))
-        refs = tuple((r["consumer"], r["required_bytes"], r["current_bytes"], r["slot"]) for r in self.refused)
+        refs = tuple((r["kind"], r["consumer"], r["required_bytes"], r["current_bytes"], r["slot"]) for r in self.refused)
         return (tuple(self.lock_bytes or ()), cons, refs)
 
 
@@ -130,7 +145,9 @@ def rank_row(rec: Mapping[str, Any]) -> RankRow:
         name = consumer_name(c["caller"])
         if name not in cons or c["high_water_bytes"] > cons[name]["bytes"]:
             cons[name] = {"bytes": c["high_water_bytes"], "phase": c.get("high_water_phase", "?"), "caller": c["caller"]}
-    refused = [{"consumer": consumer_name(v["caller"]), **{k: v[k] for k in ("required_bytes", "current_bytes", "slot")}}
+    refused = [{"consumer": consumer_name(v["caller"]), "kind": v.get("kind", "scratch"),
+                **{k: v[k] for k in ("required_bytes", "current_bytes", "slot")},
+                **({} if v.get("kind", "scratch") == "scratch" else {"message": str(v.get("message", ""))})}
                for v in rec["refused"]]
     locks = [lk["sizes_bytes"] for lk in rec["locks"] if lk.get("kind") == "lock"]
     return RankRow(rank_label(rec), rec["file"], str(rec.get("event", "?")), locks[-1] if locks else None, cons, refused)
@@ -156,6 +173,7 @@ class Comparison:
     bounds: dict[str, int]
     disagreements: list[str] = field(default_factory=list)
     agreements: list[str] = field(default_factory=list)
+    slots: int = 1
 
     @property
     def verdict(self) -> str:
@@ -166,16 +184,31 @@ def consumer_bounds(config: EngineConfig) -> dict[str, int]:
     """The largest request each consumer can make (bytes), per :mod:`tqlab.predict.analysis`.
 
     Split-KV decode: ``max_num_seqs`` rows; continuation prefill: ``max_model_len - 1``
-    cached tokens; the PR #44053 reservation: its largest call (``plan_bytes``).
+    cached tokens; the PR #44053 reservation: its largest call (``plan_bytes``); every other
+    consumer the predictor sizes (:func:`tqlab.predict.analysis.consumer_table`, e.g. the fused
+    MoE's ``modular_kernel.py:_allocate_buffers``): the larger of its reservation before the lock
+    and its serve-time request, keyed by its call site (:func:`consumer_name`).
     """
-    return {
-        DECODE: analysis.decode_bytes(config, config.max_num_seqs),
-        DEQUANT_CHUNK: analysis.continuation_bytes(config, max(1, config.max_model_len - 1)),
-        RESERVATION: plan_bytes(reservation_plan(config)),
-    }
+    bounds = {}
+    if config.has_turboquant_consumers:
+        bounds = {DECODE: analysis.decode_bytes(config, config.max_num_seqs),
+                  DEQUANT_CHUNK: analysis.continuation_bytes(config, max(1, config.max_model_len - 1)),
+                  RESERVATION: plan_bytes(reservation_plan(config))}
+    for row in analysis.consumer_table(config).rows:
+        if row.name not in TURBOQUANT:
+            bounds[row.consumer] = max(bounds.get(row.consumer, 0), row.reserved_bytes, row.max_runtime_bytes)
+    return bounds
 
 
 def _check_lock(row: RankRow, cmp: Comparison) -> None:
+    """Slot 0 (ubatch 0, lane 0) against the prediction; other slots by the predictor's slot rule.
+
+    The predictor sizes slot (ubatch 0, lane 0) only (:func:`tqlab.predict.analysis.locked_bytes`): init
+    reservations, PR #44053's included, land there (vLLM 0.33 ``vllm/v1/worker/workspace.py``
+    ``WorkspaceManager._get_workspace_id``: ``dbo_current_ubatch_id() * num_lanes + lane``, 0 outside a DBO
+    ubatch thread). Another slot holds what the profile run and captures asked in it: from 0 (nothing
+    ran there, as tqlab's ``repro --enable-dbo`` gives) up to slot 0's size; only more is a disagreement.
+    """
     pu, pf = cmp.locked_unfixed, cmp.locked_fixed
     if row.lock_bytes is None:
         if pu is not None:
@@ -185,7 +218,19 @@ def _check_lock(row: RankRow, cmp: Comparison) -> None:
     if pu is None:
         cmp.disagreements.append(f"{row.rank}: locked, but the deployment is predicted never to lock (eager)")
         return
+    if len(row.lock_bytes) < cmp.slots:
+        cmp.disagreements.append(f"{row.rank}: {len(row.lock_bytes)} workspace slot(s); the deployment has "
+                                 f"{cmp.slots} ubatch slots (DBO)")
     for slot, size in enumerate(row.lock_bytes):
+        if slot > 0:
+            top = max(pu, pf)
+            if size > top:
+                cmp.disagreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MiB ({size:,} bytes), "
+                                         f"more than slot 0's predicted {format_mb(top)} MiB")
+            else:
+                cmp.agreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MiB: tqlab sizes slot "
+                                      f"(ubatch 0, lane 0) only; any size up to its {format_mb(top)} MiB fits the rule")
+            continue
         which = "without PR #44053" if size == pu else "with PR #44053" if size == pf else None
         if which is None:
             cmp.disagreements.append(f"{row.rank}: slot {slot} locked at {format_mb(size)} MiB ({size:,} bytes); predicted "
@@ -198,7 +243,8 @@ def _check_consumers(row: RankRow, cmp: Comparison) -> None:
     for name, c in sorted(row.consumers.items()):
         bound = cmp.bounds.get(name)
         if bound is None:
-            cmp.agreements.append(f"{row.rank}: {name} ({c['caller']}) is not a consumer tqlab predicts; not compared")
+            cmp.disagreements.append(f"{row.rank}: {name} ({c['caller']}) asked for {format_mb(c['bytes'])} MiB; "
+                                     "the prediction has no such consumer for this deployment")
         elif c["bytes"] > bound:
             cmp.disagreements.append(f"{row.rank}: {name} asked for {format_mb(c['bytes'])} MiB, more than the predicted "
                                      f"largest {format_mb(bound)} MiB")
@@ -213,7 +259,11 @@ def _check_consumers(row: RankRow, cmp: Comparison) -> None:
 def _check_refusals(row: RankRow, cmp: Comparison) -> None:
     for r in row.refused:
         req, cur = r["required_bytes"], r["current_bytes"]
-        locked = row.lock_bytes[r["slot"]] if row.lock_bytes and r["slot"] < len(row.lock_bytes) else None
+        if r["kind"] != "scratch":  # the predictor sizes scratch only: a persistent/lane refusal is never predicted
+            cmp.disagreements.append(f"{row.rank}: vLLM refused {r['consumer']} ({r['kind']}): {r['message']}; "
+                                     "the prediction does not foresee this refusal")
+            continue
+        locked = row.lock_bytes[r["slot"]] if row.lock_bytes and 0 <= r["slot"] < len(row.lock_bytes) else None
         if locked is not None and cur != locked:
             cmp.disagreements.append(f"{row.rank}: refusal says slot {r['slot']} holds {format_mb(cur)} MiB, "
                                      f"the lock recorded {format_mb(locked)} MiB")
@@ -228,7 +278,7 @@ def _check_refusals(row: RankRow, cmp: Comparison) -> None:
 def compare(rows: Sequence[RankRow], config: EngineConfig) -> Comparison:
     """Hold each row against the prediction for ``config``: lock sizes, largest requests, refusals."""
     cmp = Comparison(analysis.locked_bytes(config, fix=False), analysis.locked_bytes(config, fix=True),
-                     consumer_bounds(config))
+                     consumer_bounds(config), slots=config.num_ubatches)
     for row in rows:
         _check_lock(row, cmp)
         _check_consumers(row, cmp)
@@ -249,27 +299,44 @@ def _deployment(engine_args, model_config, preset) -> EngineConfig | None:
     return dep.config
 
 
+def _deployment_problems(records: Sequence[Mapping[str, Any]], config: EngineConfig, engine_args) -> list[str]:
+    """Records whose config or vLLM version contradicts the deployment and the vLLM tqlab models."""
+    from tqlab.vllm.flags import vllm_flags
+
+    modelled = vllm_flags()["vllm_version"]
+    out = trace_checks.config_disagreements(records, config, trace_checks.model_in_args(engine_args))
+    other = sorted({str(r.get("vllm_version")) for r in records} - {modelled})
+    if other:
+        out.append(f"records ran vLLM {', '.join(other)}; the prediction models vLLM {modelled}")
+    return out
+
+
 def trace_report(trace_dir: str | os.PathLike, engine_args: str | Sequence[str] | None = None,
                  model_config: str | os.PathLike | None = None, *, preset: str | None = None) -> dict[str, Any]:
     """Merge the records in ``trace_dir``; with a deployment (``model_config`` or ``preset`` plus
     ``engine_args``, as ``inspect-vllm`` reads them) compare them with the prediction.
 
-    Returns ``{"rows", "warnings", "ranks_agree", "rank_differences", "prediction", "verdict"}``
-    (JSON types; ``prediction``/``verdict`` None without a deployment). Raises ``ValueError``
-    (one line) for a missing folder, a folder without records, or a bad deployment.
+    Returns ``{"rows", "warnings", "ranks_agree", "rank_differences", "record_problems", "vllm_versions",
+    "prediction", "verdict"}`` (JSON types; ``prediction``/``verdict`` None without a deployment).
+    ``record_problems``: the records disagree with each other (:func:`trace_checks.record_problems`);
+    with a deployment they, and every record field contradicting it, count as disagreements.
+    Raises ``ValueError`` (one line) for a missing folder, a folder without records, or a bad deployment.
     """
     records, warnings = load_trace_dir(trace_dir)
     if not records:
         raise ValueError(f"no tqlab trace record in {str(trace_dir)!r} (set TQLAB_VLLM_TRACE={trace_dir} for vLLM)")
+    config = _deployment(engine_args, model_config, preset)
     rows = [rank_row(r) for r in records]
     diffs = rank_differences(rows)
-    config = _deployment(engine_args, model_config, preset)
+    problems = trace_checks.record_problems(records)
     out: dict[str, Any] = {
         "rows": [vars(r) for r in rows], "warnings": warnings, "ranks_agree": not diffs, "rank_differences": diffs,
+        "record_problems": problems,
         "vllm_versions": sorted({str(r.get("vllm_version")) for r in records}), "prediction": None, "verdict": None,
     }
     if config is not None:
         cmp = compare(rows, config)
+        cmp.disagreements[:0] = problems + _deployment_problems(records, config, engine_args)
         out["prediction"] = {"locked_bytes": cmp.locked_unfixed, "locked_bytes_with_fix": cmp.locked_fixed,
                              "largest_request_bytes": cmp.bounds, "disagreements": cmp.disagreements,
                              "agreements": cmp.agreements}
@@ -284,37 +351,48 @@ def _mb(nbytes: int | None) -> str:
 SHORT = {DECODE: "decode", DEQUANT_CHUNK: "continuation", RESERVATION: "reservation"}
 
 
+def _refusal_cell(x: Mapping[str, Any]) -> str:
+    name = escape(SHORT.get(x["consumer"], x["consumer"]))
+    if x["kind"] != "scratch":
+        return f"[bold red]{name} ({x['kind']})[/]"
+    return f"[bold red]{name} {_mb(x['required_bytes'])} > {_mb(x['current_bytes'])}[/]"
+
+
 def render(report: Mapping[str, Any]) -> list[Any]:
-    """What ``tqlab trace-report`` prints: warnings, a rich table (rows: ranks), rank agreement, the comparison."""
+    """What ``tqlab trace-report`` prints: warnings, a rich table (rows: ranks), rank agreement, the comparison.
+
+    Every text taken from a record or a file name is escaped (``rich.markup.escape``): a caller such as
+    ``x.py:1:[/]`` prints as written instead of raising rich's ``MarkupError``.
+    """
     from rich.table import Table
 
     rows = report["rows"]
     slots = max((len(r["lock_bytes"] or ()) for r in rows), default=0)
     consumers = sorted({c for r in rows for c in r["consumers"]})
     t = Table("rank", "last write", *[f"lock slot {i}" for i in range(slots)],
-              *[f"largest {SHORT.get(c, c)}" for c in consumers], "refused",
+              *[f"largest {escape(SHORT.get(c, c))}" for c in consumers], "refused",
               title="workspace per rank, MiB (tqlab trace records)")
     for r in rows:
         locks = list(r["lock_bytes"] or ()) + [None] * (slots - len(r["lock_bytes"] or ()))
-        cons = [f"{_mb(r['consumers'][c]['bytes'])} ({r['consumers'][c]['phase']})" if c in r["consumers"] else "-"
-                for c in consumers]
-        refused = "\n".join(f"[bold red]{SHORT.get(x['consumer'], x['consumer'])} {_mb(x['required_bytes'])} > "
-                            f"{_mb(x['current_bytes'])}[/]" for x in r["refused"]) or "none"
-        t.add_row(r["rank"], r["event"], *[_mb(b) for b in locks], *cons, refused)
-    out: list[Any] = [f"[yellow]warning: {w}[/]" for w in report["warnings"]]
+        cons = [f"{_mb(r['consumers'][c]['bytes'])} ({escape(str(r['consumers'][c]['phase']))})"
+                if c in r["consumers"] else "-" for c in consumers]
+        refused = "\n".join(_refusal_cell(x) for x in r["refused"]) or "none"
+        t.add_row(escape(r["rank"]), escape(r["event"]), *[_mb(b) for b in locks], *cons, refused)
+    out: list[Any] = [f"[yellow]warning: {escape(w)}[/]" for w in report["warnings"]]
     out.append(t)
-    out.append("records: " + ", ".join(f"{r['file']} ({r['rank']})" for r in rows)
-               + f"; vLLM {', '.join(report['vllm_versions'])}")
+    out.append("records: " + escape(", ".join(f"{r['file']} ({r['rank']})" for r in rows)
+                                    + f"; vLLM {', '.join(report['vllm_versions'])}"))
     out.append(f"ranks: all {len(rows)} agree (lock sizes, largest requests, refusals)" if report["ranks_agree"] else
-               "[bold]ranks disagree[/]: " + "; ".join(report["rank_differences"]))
+               "[bold]ranks disagree[/]: " + escape("; ".join(report["rank_differences"])))
+    out += [f"[bold]records disagree[/]: {escape(p)}" for p in report.get("record_problems", ())]
     pred = report["prediction"]
     if pred is None:
         out.append("no deployment given (--config/--preset and --args): not compared with the prediction")
         return out
-    out.append(f"prediction: lock at {_mb(pred['locked_bytes'])} MiB without PR #44053, "
+    out.append(escape(f"prediction: lock at {_mb(pred['locked_bytes'])} MiB without PR #44053, "
                f"{_mb(pred['locked_bytes_with_fix'])} MiB with it; largest request "
-               + ", ".join(f"{SHORT.get(k, k)} {_mb(v)} MiB" for k, v in pred["largest_request_bytes"].items()))
-    out += [f"  [green]ok[/] {a}" for a in pred["agreements"]]
-    out += [f"  [bold red]DISAGREES[/] {d}" for d in pred["disagreements"]]
-    out.append(f"[bold]{report['verdict']}[/]")
+               + ", ".join(f"{SHORT.get(k, k)} {_mb(v)} MiB" for k, v in pred["largest_request_bytes"].items())))
+    out += [f"  [green]ok[/] {escape(a)}" for a in pred["agreements"]]
+    out += [f"  [bold red]DISAGREES[/] {escape(d)}" for d in pred["disagreements"]]
+    out.append(f"[bold]{escape(report['verdict'])}[/]")
     return out
