@@ -15,7 +15,8 @@
 #   4. installs the vLLM wheel itself with --no-deps;
 #   5. checks that the modules the suite needs import, and writes a stamp;
 #   6. installs this project editable with --no-deps (its vllm.general_plugins entry point),
-#      also on later runs whenever the entry point is missing.
+#      also on later runs whenever the entry point is missing, and checks it from outside the
+#      repository (python -I in an empty folder: parity/check_entry_point.py).
 # Prints the wall time of each step and the total (minutes).
 set -euo pipefail
 
@@ -44,11 +45,25 @@ PY
 
 # tqlab itself, editable and --no-deps (its vllm.general_plugins entry point, parity/test_plugin_parity.py):
 # a few seconds, redone whenever the entry point is missing (a venv made before the plugin existed).
+# The check runs isolated (python -I) from an empty folder outside the repository: a tqlab.egg-info in
+# the repository root must not pass for an install into this venv (parity/check_entry_point.py).
+entry_point_ok() {
+  local away rc=0
+  away="$(mktemp -d)"
+  (cd "$away" && "$VENV/bin/python" -I "$ROOT/parity/check_entry_point.py") || rc=$?
+  rmdir "$away"
+  return $rc
+}
 install_project() {
-  if ! "$VENV/bin/python" -c 'import sys; from importlib.metadata import entry_points as e; sys.exit(not [p for p in e(group="vllm.general_plugins") if p.name == "tqlab_trace"])' 2>/dev/null; then
+  if ! entry_point_ok >/dev/null 2>&1; then
     step "installing tqlab (editable, --no-deps) for its vllm.general_plugins entry point"
+    # --no-build-isolation builds with the venv's own setuptools: PEP 660 editables and a built-in
+    # bdist_wheel need setuptools >= 70.1 (python3 -m venv on 3.11 seeds 65.5)
+    quiet "$VENV/bin/python" -m pip --disable-pip-version-check install -q "setuptools>=70.1"
     quiet "$VENV/bin/python" -m pip --disable-pip-version-check install -q --no-deps --no-build-isolation -e "$ROOT"
   fi
+  step "checking the entry point from outside the repository"
+  entry_point_ok
 }
 # pip warns once per package about the machine's optional local index folders; drop that noise only
 quiet() { "$@" 2> >(grep -v "^WARNING: Location 'file://" >&2 || true); }

@@ -23,12 +23,16 @@ SEED_REFUSAL = ("Workspace is locked but allocation from 'turboquant_attn.py:942
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _project_installed():
-    from importlib.metadata import entry_points
-
-    if not [p for p in entry_points(group="vllm.general_plugins") if p.name == "tqlab_trace"]:
-        pytest.fail(f"tqlab's vllm.general_plugins entry point is not installed in {sys.prefix}: "
-                    "run `bash parity/install.sh` (it installs the project, editable, --no-deps)")
+def _project_installed(tmp_path_factory):
+    """The entry point as vLLM finds it anywhere: checked isolated (``python -I``) from a folder outside the
+    repository (``parity/check_entry_point.py``), so a ``tqlab.egg-info`` in the repository root on
+    ``sys.path`` cannot pass for an install into this venv (issue 33)."""
+    away = tmp_path_factory.mktemp("outside-the-repo")
+    out = subprocess.run([sys.executable, "-I", str(ROOT / "parity" / "check_entry_point.py")], cwd=away,
+                         capture_output=True, text=True, timeout=120)
+    if out.returncode != 0:
+        pytest.fail(f"{out.stdout.strip()}: run `bash parity/install.sh` (it installs the project, editable, "
+                    "--no-deps)")
 
 
 def test_vllm_plugin_loader_finds_the_entry_point():
