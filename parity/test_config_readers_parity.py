@@ -34,6 +34,17 @@ PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size
         "original_max_position_embeddings": 4096, "vocab_size": 32064,
         "rope_scaling": {"type": "longrope", "long_factor": [1.0] * 48, "short_factor": [1.0] * 48}}
 
+DBRX = {"architectures": ["DbrxForCausalLM"], "model_type": "dbrx", "d_model": 6144, "n_heads": 48, "n_layers": 40,
+        "max_seq_len": 32768, "vocab_size": 100352, "tie_word_embeddings": False,
+        "attn_config": {"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000},
+        "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4}}
+MPT = {"architectures": ["MPTForCausalLM"], "model_type": "mpt", "d_model": 4096, "n_heads": 32, "n_layers": 32,
+       "max_seq_len": 2048, "vocab_size": 50432}
+GPT2 = {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 1600, "n_head": 25, "n_layer": 48,
+        "n_positions": 1024, "vocab_size": 50257}
+BIGCODE = {"architectures": ["GPTBigCodeForCausalLM"], "model_type": "gpt_bigcode", "n_embd": 6144, "n_head": 48,
+           "n_layer": 40, "n_positions": 8192, "multi_query": True, "vocab_size": 49152}
+
 CASES = {  # name: (config.json, hf_overrides or None)
     "llama": (LLAMA, None),
     "chatglm": (CHATGLM, None),
@@ -65,6 +76,20 @@ CASES = {  # name: (config.json, hf_overrides or None)
     "override-max-position": (LLAMA, {"max_position_embeddings": 8192}),
     "override-rope-dict": ({**LLAMA, "max_position_embeddings": 8192},
                            {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}),
+    # issue 33: families read through transformers' attribute_map (and DBRX's convertor)
+    "dbrx": (DBRX, None),
+    "dbrx-no-kv_n_heads": ({**DBRX, "attn_config": {"clip_qkv": 8}}, None),
+    "dbrx-no-attn_config": ({k: v for k, v in DBRX.items() if k != "attn_config"}, None),
+    "dbrx-override-heads": (DBRX, {"num_attention_heads": 64}),
+    "mpt-7b": (MPT, None),
+    "mpt-defaults": ({"architectures": ["MPTForCausalLM"], "model_type": "mpt"}, None),
+    "gpt2": (GPT2, None),
+    "gpt2-defaults": ({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}, None),
+    "gpt2-override-positions": (GPT2, {"max_position_embeddings": 512}),
+    "gpt_bigcode": (BIGCODE, None),
+    "gpt_bigcode-multi-head": ({**BIGCODE, "multi_query": False}, None),
+    "gpt_bigcode-no-multi_query-key": ({k: v for k, v in BIGCODE.items() if k != "multi_query"}, None),
+    "gpt_bigcode-kv-key-ignored": ({**BIGCODE, "num_key_value_heads": 8}, None),
 }
 LENGTHS = (2048, 4096, 8192, 16384, 32768, 131072, 131073, 262144)
 
@@ -160,3 +185,33 @@ def test_lax_int_equals_pydantics_lax_int():
         except VllmArgsError:
             got = "error"
         assert got == want, v
+
+
+NAS_BLOCKS = [  # Llama-3.3-Nemotron-Super-49B style: a no_op attention block first, then grouped attention
+    {"attention": {"no_op": True, "replace_with_linear": False, "n_heads_in_group": None}, "ffn": {"no_op": False}},
+    {"attention": {"no_op": False, "replace_with_linear": False, "n_heads_in_group": 8}, "ffn": {"no_op": False}},
+    {"attention": {"no_op": False, "replace_with_linear": False, "n_heads_in_group": 16}, "ffn": {"no_op": False}},
+]
+
+
+@pytest.mark.parametrize("blocks", [NAS_BLOCKS, NAS_BLOCKS[1:], NAS_BLOCKS[:1]], ids=["no_op-first", "grouped", "all-no_op"])
+def test_nemotron_nas_kv_heads_equal_vllms_convertor(blocks):
+    """vLLM 0.33 ``NemotronNasModelArchConfigConvertor.get_total_num_kv_heads`` on the block objects the
+    remote-code ``DeciLMConfig`` makes (attribute access: stand-ins), vs tqlab on the same config.json."""
+    from vllm.transformers_utils.model_arch_config_convertor import NemotronNasModelArchConfigConvertor
+
+    from tqlab.vllm.hf_config import HFConfigError
+
+    cfg = {"architectures": ["DeciLMForCausalLM"], "model_type": "nemotron-nas", "hidden_size": 8192,
+           "num_attention_heads": 64, "num_hidden_layers": len(blocks), "max_position_embeddings": 131072,
+           "block_configs": blocks}
+    ns = SimpleNamespace(num_attention_heads=64, architectures=cfg["architectures"], block_configs=[
+        SimpleNamespace(attention=SimpleNamespace(**b["attention"]), ffn=SimpleNamespace(**b["ffn"])) for b in blocks])
+    try:
+        want = NemotronNasModelArchConfigConvertor(ns, ns).get_total_num_kv_heads()
+    except RuntimeError as e:
+        assert "Could not determine the number of key-value attention heads" in str(e)
+        with pytest.raises(HFConfigError, match="has no attention block"):
+            read_hf_config(cfg)
+        return
+    assert read_hf_config(cfg).num_key_value_heads == want == 8

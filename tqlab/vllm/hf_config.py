@@ -316,7 +316,12 @@ KV_HEAD_KEYS = ("n_head_kv", "num_kv_heads", "num_key_value_heads", "multi_query
 
 
 def _kv_heads(r: _Reader, hq: int, model_type: Any, family_src: Mapping[str, str]) -> tuple[int, str]:
-    """``(KV heads, source)``: ``get_total_num_kv_heads`` of vLLM's convertor for this family."""
+    """``(KV heads, source)``: ``get_total_num_kv_heads`` of vLLM's convertor for this family
+    (``vllm/transformers_utils/model_arch_config_convertor.py``: Falcon, DBRX, Nemotron-NAS override it)."""
+    if model_type == "dbrx":
+        return _dbrx_kv_heads(r)
+    if model_type == "nemotron-nas":
+        return _nemotron_nas_kv_heads(r, hq)
     if model_type in FALCON_TYPES and not r.cfg.get("new_decoder_architecture") and r.cfg.get("multi_query"):
         return 1, ("derived: Falcon multi_query without new_decoder_architecture: one KV head "
                    "(vLLM FalconModelArchConfigConvertor.get_total_num_kv_heads)")
@@ -326,6 +331,47 @@ def _kv_heads(r: _Reader, hq: int, model_type: Any, family_src: Mapping[str, str
             return v, family_src.get(key, r.src(key))
     return hq, ("derived: no num_key_value_heads (nor n_head_kv, num_kv_heads, multi_query_group_num, "
                 "num_attention_groups), = num_attention_heads (vLLM)")
+
+
+def _dbrx_kv_heads(r: _Reader) -> tuple[int, str]:
+    """vLLM 0.33 ``DbrxModelArchConfigConvertor.get_total_num_kv_heads``: ``attn_config.kv_n_heads``
+    (transformers ``DbrxAttentionConfig``: default 1 when config.json leaves it or ``attn_config`` out)."""
+    attn = r.cfg.get("attn_config")
+    if attn is None:
+        attn = {}
+    if not isinstance(attn, dict):
+        raise r.fail("attn_config", f"must be an object, got {_short(attn)}")
+    sub = _Reader(r.where, attn, f"{r.prefix}attn_config.",
+                  {k.removeprefix("attn_config.") for k in r.overridden if k.startswith("attn_config.")})
+    kv = sub.int("kv_n_heads")
+    if kv is None:
+        return 1, "DBRX, transformers DbrxAttentionConfig default kv_n_heads 1 (attn_config.kv_n_heads not in config.json)"
+    return kv, sub.src("kv_n_heads") + " (vLLM DbrxModelArchConfigConvertor)"
+
+
+def _nemotron_nas_kv_heads(r: _Reader, hq: int) -> tuple[int, str]:
+    """vLLM 0.33 ``NemotronNasModelArchConfigConvertor.get_total_num_kv_heads``: ``num_attention_heads //
+    n_heads_in_group`` of the first block whose attention is not ``no_op`` (``block_configs``); none such:
+    vLLM's ``RuntimeError`` ("Could not determine the number of key-value attention heads")."""
+    blocks = r.cfg.get("block_configs")
+    if not isinstance(blocks, list) or not blocks or not all(isinstance(b, dict) for b in blocks):
+        raise r.fail("block_configs", f"must be a list of block objects (Nemotron-NAS), got {_short(blocks)}")
+    groups = []
+    for i, block in enumerate(blocks):
+        attn = block.get("attention")
+        if not isinstance(attn, dict):
+            raise r.fail(f"block_configs[{i}].attention", f"must be an object, got {_short(attn)}")
+        if not attn.get("no_op"):
+            groups.append((i, _Reader(r.where, attn, f"{r.prefix}block_configs[{i}].attention.").int(
+                "n_heads_in_group", required=True)))
+    if not groups:
+        raise r.fail("block_configs", "has no attention block (every attention is no_op): vLLM cannot determine "
+                     "the number of KV heads")
+    i, g = groups[0]
+    others = sorted({x for _, x in groups} - {g})
+    return hq // g, (f"derived: num_attention_heads // block_configs[{i}].attention.n_heads_in_group = {hq} // {g} "
+                     "(vLLM NemotronNasModelArchConfigConvertor: the first attention block)"
+                     + (f"; other blocks use n_heads_in_group {others}, which it ignores" if others else ""))
 
 
 def _attention_layers(r: _Reader, n: int) -> tuple[tuple[int, ...], str | None]:

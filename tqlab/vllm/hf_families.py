@@ -17,6 +17,20 @@ families tqlab models:
 * Falcon's older ``RefinedWeb`` / ``RefinedWebModel`` (vLLM ``RWConfig``):
   ``n_layer`` / ``n_head`` / ``n_head_kv`` (defaults 2 / 8 / 1) are the layers,
   heads and KV heads; ``hidden_size`` 8192 sets ``new_decoder_architecture``.
+* GPT-2 (``gpt2``; transformers ``GPT2Config``) and GPTBigCode (``gpt_bigcode``;
+  ``GPTBigCodeConfig``): ``attribute_map`` ``num_attention_heads`` -> ``n_head`` (default 12),
+  ``hidden_size`` -> ``n_embd`` (768), ``num_hidden_layers`` -> ``n_layer`` (12),
+  ``max_position_embeddings`` -> ``n_positions`` (1024). GPTBigCode's ``__post_init__`` sets
+  ``num_key_value_heads = 1 if multi_query else n_head`` (``multi_query`` defaults to True); a
+  ``num_key_value_heads`` in config.json wins (``PreTrainedConfig.__post_init__`` sets the extra
+  keys after the subclass's ``__post_init__``; transformers 5.20, checked in parity).
+* DBRX (``dbrx``; ``DbrxConfig``) and MPT (``mpt``; ``MptConfig``): ``num_attention_heads`` ->
+  ``n_heads`` (16), ``hidden_size`` -> ``d_model`` (2048), ``num_hidden_layers`` -> ``n_layers``
+  (24); DBRX also ``max_position_embeddings`` -> ``max_seq_len`` (2048; MPT reads
+  ``max_seq_len``, default 2048, under its own name). DBRX's KV heads are
+  ``attn_config.kv_n_heads`` (``DbrxAttentionConfig`` default 1), read by vLLM's
+  ``DbrxModelArchConfigConvertor.get_total_num_kv_heads`` (:func:`tqlab.vllm.hf_config._kv_heads`);
+  MPT has no KV-head key: the base convertor's default, the query heads.
 
 :func:`apply_hf_overrides` mirrors ``ModelConfig.__post_init__``
 (``vllm/config/model.py``): non-dict values go through ``PreTrainedConfig.update``
@@ -37,8 +51,16 @@ __all__ = ["ATTRIBUTE_MAPS", "FALCON_TYPES", "apply_hf_overrides", "family_view"
 FALCON_TYPES = frozenset({"falcon", "RefinedWeb", "RefinedWebModel"})
 """``model_type`` values vLLM reads with ``FalconModelArchConfigConvertor`` (``MODEL_ARCH_CONFIG_CONVERTORS``)."""
 
+_GPT2_MAP = {"hidden_size": "n_embd", "max_position_embeddings": "n_positions", "num_attention_heads": "n_head",
+             "num_hidden_layers": "n_layer"}
+_DBRX_MAP = {"num_attention_heads": "n_heads", "hidden_size": "d_model", "num_hidden_layers": "n_layers"}
+
 ATTRIBUTE_MAPS: dict[str, dict[str, str]] = {
     "chatglm": {"num_hidden_layers": "num_layers", "n_head_kv": "multi_query_group_num"},
+    "gpt2": _GPT2_MAP,
+    "gpt_bigcode": _GPT2_MAP,
+    "dbrx": {**_DBRX_MAP, "max_position_embeddings": "max_seq_len"},
+    "mpt": _DBRX_MAP,
     "RefinedWeb": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "num_kv_heads": "n_head_kv"},
     "RefinedWebModel": {"num_hidden_layers": "n_layer", "num_attention_heads": "n_head", "num_kv_heads": "n_head_kv"},
 }
@@ -78,6 +100,8 @@ def family_view(cfg: Mapping[str, Any], model_type: str | None) -> tuple[dict[st
         for key, default in (("multi_query", True), ("new_decoder_architecture", False), ("max_position_embeddings", 2048)):
             if view.get(key) is None:
                 view[key], src[key] = default, f"{why} default {default} ({key} not in config.json)"
+    elif model_type in _ALIAS_FAMILIES:
+        _alias_family(view, src, alias, model_type)
     elif model_type in ("RefinedWeb", "RefinedWebModel"):
         why = "Falcon RefinedWeb, vLLM RWConfig"
         alias("num_hidden_layers", "n_layer", 2, why)
@@ -89,6 +113,31 @@ def family_view(cfg: Mapping[str, Any], model_type: str | None) -> tuple[dict[st
             view["new_decoder_architecture"] = True
             src["new_decoder_architecture"] = f"derived: hidden_size 8192 ({why})"
     return view, src
+
+
+_ALIAS_FAMILIES = {
+    # model_type: (transformers class, {real key: its default})
+    "gpt2": ("GPT-2, transformers GPT2Config", {"n_head": 12, "n_embd": 768, "n_layer": 12, "n_positions": 1024}),
+    "gpt_bigcode": ("GPTBigCode, transformers GPTBigCodeConfig",
+                    {"n_head": 12, "n_embd": 768, "n_layer": 12, "n_positions": 1024}),
+    "dbrx": ("DBRX, transformers DbrxConfig", {"n_heads": 16, "d_model": 2048, "n_layers": 24, "max_seq_len": 2048}),
+    "mpt": ("MPT, transformers MptConfig", {"n_heads": 16, "d_model": 2048, "n_layers": 24}),
+}
+
+
+def _alias_family(view: dict[str, Any], src: dict[str, str], alias: Any, model_type: str) -> None:
+    """GPT-2, GPTBigCode, DBRX, MPT: the ``attribute_map`` aliases with the class defaults (module docstring)."""
+    why, defaults = _ALIAS_FAMILIES[model_type]
+    for key, real in ATTRIBUTE_MAPS[model_type].items():
+        alias(key, real, defaults[real], why)
+    if model_type == "mpt" and view.get("max_seq_len") is None:
+        view["max_seq_len"], src["max_seq_len"] = 2048, f"{why} default 2048 (max_seq_len not in config.json)"
+    if model_type == "gpt_bigcode" and view.get("num_key_value_heads") is None:  # a config.json value is set after
+        mq = view.get("multi_query")
+        mq = True if mq is None else mq
+        view["num_key_value_heads"] = 1 if mq else view["n_head"]
+        src["num_key_value_heads"] = (f"derived: multi_query {'true' if mq else 'false'} -> "
+                                      f"{'1' if mq else 'n_head'} ({why}.__post_init__)")
 
 
 def _merge(target: dict[str, Any], updates: Mapping[str, Any]) -> None:
