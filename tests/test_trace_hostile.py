@@ -263,3 +263,19 @@ def test_fifo_device_folder_and_huge_files_are_skipped_with_one_line(trace_dir):
                      "warning: skipped huge.json: 1,500,000,000 bytes, more than a record can be (16,777,216)",
                      "warning: skipped zero.json: not a regular file (a character device)"]
     assert res.stdout.rstrip().endswith("as predicted")
+
+
+def test_impossible_ranks_and_fields_are_skipped_with_one_line(trace_dir):
+    a, b = sorted(trace_dir.glob("*.json"))
+    rec = json.loads(a.read_text())
+    huge = {g: {"rank": 0, "size": 10**6} for g in ("dp", "pp", "tp")}  # would enumerate 10**18 ranks
+    (trace_dir / "huge-ranks.json").write_text(json.dumps({**rec, "rank": huge}))
+    (trace_dir / "bad-rank.json").write_text(json.dumps({**rec, "rank": {**rec["rank"], "tp": {"rank": 2, "size": 2}}}))
+    (trace_dir / "bad-config.json").write_text(json.dumps({**rec, "config": [1]}))
+    rep = trace_report(trace_dir, META["engine_args"], preset=META["preset"])
+    assert rep["warnings"] == [
+        "skipped bad-config.json: malformed record (config [1] is not an object)",
+        "skipped bad-rank.json: malformed record (rank tp {'rank': 2, 'size': 2} is not {'rank': r, 'size': s} "
+        "with 0 <= r < s)",
+        "skipped huge-ranks.json: malformed record (rank sizes make 1,000,000,000,000,000,000 ranks (more than 65,536))"]
+    assert rep["verdict"] == "as predicted"

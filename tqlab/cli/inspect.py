@@ -93,8 +93,11 @@ def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) ->
     each process that creates a workspace manager writes TRACE_DIR/<host>-<pid>.json.
     Prints one row per rank (lock size per slot, largest request per consumer,
     refusals), whether the ranks agree and, with --config/--preset and --args,
-    each disagreement with inspect-vllm's prediction, else "as predicted". A
-    truncated or foreign JSON file is skipped with a one-line warning.
+    each disagreement with inspect-vllm's prediction, else "as predicted".
+    Records that disagree with each other or with --args (vLLM version,
+    config, a duplicated or missing rank) are named. A truncated or foreign
+    JSON file, a FIFO, a device, a folder or a file over 16 MiB is skipped
+    with a one-line warning.
     """
     from tqlab.predict.trace_report import render, trace_report
 

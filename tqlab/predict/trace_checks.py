@@ -80,6 +80,33 @@ def _file_kind(mode: int) -> str:
     return "not a plain file"
 
 
+MAX_RANKS = 1 << 16
+"""The most ranks (dp x pp x tp) a record may state: more is not a deployment (and would not be enumerated)."""
+
+
+def field_problem(rec: Mapping[str, Any]) -> str | None:
+    """Why ``rec``'s ``rank``, ``config`` or ``vllm_version`` cannot be read, else None: each ``rank`` group
+    ``{"rank": r, "size": s}`` with whole numbers ``0 <= r < s``, dp x pp x tp at most :data:`MAX_RANKS`;
+    ``config`` an object or null; ``vllm_version`` text or null."""
+    rank = rec.get("rank") or {}
+    if not isinstance(rank, dict):
+        return f"rank {rank!r} is not an object"
+    total = 1
+    for group, v in rank.items():
+        ok = isinstance(v, dict) and all(isinstance(v.get(k), int) and not isinstance(v.get(k), bool)
+                                         for k in ("rank", "size"))
+        if not ok or not 0 <= v["rank"] < v["size"]:
+            return f"rank {group} {v!r} is not {{'rank': r, 'size': s}} with 0 <= r < s"
+        total *= v["size"] if group in _RANK_GROUPS else 1
+    if total > MAX_RANKS:
+        return f"rank sizes make {total:,} ranks (more than {MAX_RANKS:,})"
+    if rec.get("config") is not None and not isinstance(rec["config"], dict):
+        return f"config {rec['config']!r} is not an object"
+    if rec.get("vllm_version") is not None and not isinstance(rec["vllm_version"], str):
+        return f"vllm_version {rec['vllm_version']!r} is not text"
+    return None
+
+
 def _norm(value: Any) -> Any:
     """A config value as text comparable across the record (JSON) and an EngineConfig (``torch.bfloat16``,
     ``CUDAGraphMode.FULL``): ``"bfloat16"``, ``"FULL"``."""

@@ -102,7 +102,9 @@ def _malformed(rec: Mapping[str, Any]) -> str | None:
     bad = [n for n in nums if isinstance(n, bool) or not isinstance(n, int)]
     if bad:
         return f"{bad[0]!r} where a whole number is expected"
-    return None if isinstance(rec["host"], str) else f"host {rec['host']!r} is not a string"
+    if not isinstance(rec["host"], str):
+        return f"host {rec['host']!r} is not a string"
+    return trace_checks.field_problem(rec)
 
 
 def _rank_key(rec: Mapping[str, Any]) -> tuple:
