@@ -175,3 +175,30 @@ def test_persistent_refusal_after_a_chdir_is_in_the_record(tmp_path, record):
     created = {p["key"]: p for p in rec["persistent"] if p["created"]}
     assert any("marlin_locks" in k and p["nbytes"] == 256 for k, p in created.items())
     record("persistent_refusal", {"kind": v["kind"], "caller": v["caller"]})
+
+
+def test_tracer_records_vllms_shape_and_lane_refusals():
+    """vLLM 0.33 ``workspace.py``: ``get_persistent`` of a cached key with another shape raises ``ValueError``;
+    a lane the manager was not built with raises ``RuntimeError`` (``_get_workspace_id``). Each is recorded
+    with vLLM's own message before it propagates, and vLLM's error is what the caller sees."""
+    import torch
+    from vllm.v1.worker.workspace import WorkspaceManager, use_workspace_lane
+
+    from tqlab.vllm import vllm_cpu_patches
+    from tqlab.vllm.tracer import WorkspaceTracer
+
+    with vllm_cpu_patches():
+        m = WorkspaceManager(torch.device("cpu"))
+        tracer = WorkspaceTracer(m)
+        events = []
+        tracer.on_event = events.append
+        m.get_persistent(("marlin_locks", 0), (64,), torch.int)
+        with pytest.raises(ValueError, match="Persistent workspace") as shape:
+            m.get_persistent(("marlin_locks", 0), (32,), torch.int)
+        with use_workspace_lane(1), pytest.raises(RuntimeError, match="Workspace lane 1 is not configured") as lane:
+            m.get_simultaneous(((256,), torch.uint8))
+    assert events == ["refused", "refused"]
+    a, b = tracer.violations
+    assert (a.kind, a.required_bytes, a.message) == ("persistent_shape", 128, str(shape.value))
+    assert (b.kind, b.required_bytes, b.slot, b.message) == ("lane", 256, 1, str(lane.value))
+    assert a.caller.startswith("test_plugin_parity.py:") and b.caller.startswith("test_plugin_parity.py:")
