@@ -279,3 +279,15 @@ def test_impossible_ranks_and_fields_are_skipped_with_one_line(trace_dir):
         "with 0 <= r < s)",
         "skipped huge-ranks.json: malformed record (rank sizes make 1,000,000,000,000,000,000 ranks (more than 65,536))"]
     assert rep["verdict"] == "as predicted"
+
+
+def test_a_refusal_where_every_request_is_predicted_to_fit_is_named(trace_dir):
+    """--max-model-len 4096: the predictor says "ok" without PR #44053 (no prompt overflows the 1.02 MiB lock);
+    a recorded refusal is then a disagreement, never "as predicted without PR #44053"."""
+    for p, rec in _recs(trace_dir):
+        rec["config"]["max_model_len"] = 4096
+        p.write_text(json.dumps(rec))
+    rep = trace_report(trace_dir, META["engine_args"] + " --max-model-len 4096", preset=META["preset"])
+    assert rep["prediction"]["disagreements"] == [
+        f"TP {r}/2: continuation prefill (dequant) refused 2.00 MiB > 1.02 MiB; predicted: every request of this "
+        "deployment fits, even without PR #44053" for r in (0, 1)]

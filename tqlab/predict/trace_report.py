@@ -176,6 +176,7 @@ class Comparison:
     disagreements: list[str] = field(default_factory=list)
     agreements: list[str] = field(default_factory=list)
     slots: int = 1
+    crash_predicted: bool = True
 
     @property
     def verdict(self) -> str:
@@ -272,6 +273,9 @@ def _check_refusals(row: RankRow, cmp: Comparison) -> None:
         elif cmp.locked_unfixed is not None and cur == cmp.locked_fixed and cur != cmp.locked_unfixed:
             cmp.disagreements.append(f"{row.rank}: {r['consumer']} refused {format_mb(req)} MiB with PR #44053's "
                                      f"{format_mb(cur)} MiB reserved; predicted: every request fits")
+        elif cmp.locked_unfixed is not None and req > cur and not cmp.crash_predicted:
+            cmp.disagreements.append(f"{row.rank}: {r['consumer']} refused {format_mb(req)} MiB > {format_mb(cur)} MiB; "
+                                     "predicted: every request of this deployment fits, even without PR #44053")
         elif cmp.locked_unfixed is not None and req > cur:
             cmp.agreements.append(f"{row.rank}: refused {r['consumer']}, {format_mb(req)} MiB > {format_mb(cur)} MiB at "
                                   "lock, as predicted without PR #44053")
@@ -280,7 +284,8 @@ def _check_refusals(row: RankRow, cmp: Comparison) -> None:
 def compare(rows: Sequence[RankRow], config: EngineConfig) -> Comparison:
     """Hold each row against the prediction for ``config``: lock sizes, largest requests, refusals."""
     cmp = Comparison(analysis.locked_bytes(config, fix=False), analysis.locked_bytes(config, fix=True),
-                     consumer_bounds(config), slots=config.num_ubatches)
+                     consumer_bounds(config), slots=config.num_ubatches,
+                     crash_predicted=analysis.predict(config).verdict == "crash")
     for row in rows:
         _check_lock(row, cmp)
         _check_consumers(row, cmp)
