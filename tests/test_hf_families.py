@@ -68,7 +68,10 @@ def test_hf_overrides_go_through_the_attribute_map():
     ({**NAS, "block_configs": [{"attention": {"no_op": False}}]},
      "block_configs[0].attention.n_heads_in_group is missing or null"),
     ({**NAS, "block_configs": [{"ffn": {}}]}, "block_configs[0].attention must be an object, got None"),
-    ({"model_type": "gpt2", "n_head": "x"}, "num_attention_heads must be an integer, got 'x'"),
+    ({"model_type": "gpt2", "n_head": "x"}, "n_head must be an integer, got 'x'"),  # the key the file spells
+    ({"model_type": "gpt2", "num_attention_heads": 0}, "num_attention_heads must be >= 1, got 0"),
+    ({"model_type": "dbrx", "n_heads": 48, "d_model": 6001}, "d_model (6001) is not divisible by num_attention_heads "
+     "(48); give head_dim"),
 ])
 def test_a_bad_family_field_is_one_line_naming_the_file(tmp_path, cfg, msg):
     p = tmp_path / "config.json"

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from tqlab.core.model_arch import IndexerFields, MLAFields, MoEFields
-from tqlab.vllm.hf_families import FALCON_TYPES, apply_hf_overrides, family_view
+from tqlab.vllm.hf_families import ATTRIBUTE_MAPS, FALCON_TYPES, apply_hf_overrides, family_view
 
 __all__ = ["KV_HEAD_KEYS", "NEMOTRON_H_ARCHITECTURES", "HFConfigError", "MambaState", "ModelShape", "read_hf_config"]
 
@@ -188,10 +188,13 @@ def _load(source: str | os.PathLike | Mapping[str, Any]) -> tuple[str, Any]:
 class _Reader:
     """Typed access to one config dict, every error naming the file and key."""
 
-    def __init__(self, where: str, cfg: Mapping[str, Any], prefix: str = "", overridden: set[str] | None = None) -> None:
+    def __init__(self, where: str, cfg: Mapping[str, Any], prefix: str = "", overridden: set[str] | None = None,
+                 names: Mapping[str, str] | None = None) -> None:
         self.where, self.cfg, self.prefix, self.overridden = where, cfg, prefix, overridden or set()
+        self.names = dict(names or {})  # key read -> the key config.json spells it (a family's attribute_map)
 
     def fail(self, key: str, msg: str) -> HFConfigError:
+        key = self.names.get(key, key)
         if key.split(".")[0] in self.overridden:
             return HFConfigError(f"--hf-overrides {self.prefix}{key} {msg}")
         return HFConfigError(f"{self.where}: {self.prefix}{key} {msg}")
@@ -267,7 +270,10 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any], hf_overrides: 
     prefix = "text_config." if text is not None else ""
     model_type = (text or {}).get("model_type") or raw.get("model_type")
     cfg, family_src = family_view(text if text is not None else raw, model_type if isinstance(model_type, str) else None)
-    r = _Reader(where, cfg, prefix, {k[len(prefix):] for k in overridden if k.startswith(prefix)})
+    source = text if text is not None else raw
+    amap = ATTRIBUTE_MAPS.get(model_type, {}) if isinstance(model_type, str) else {}
+    names = {k: real for k, real in amap.items() if source.get(k) is None and source.get(real) is not None}
+    r = _Reader(where, cfg, prefix, {k[len(prefix):] for k in overridden if k.startswith(prefix)}, names)
     sources: dict[str, str] = {}
     hq = r.int("num_attention_heads", required=True)
     sources["num_attention_heads"] = family_src.get("num_attention_heads", r.src("num_attention_heads"))
