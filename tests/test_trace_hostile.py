@@ -105,6 +105,16 @@ def test_persistent_shape_refusal_is_recorded_once(tmp_path):
     assert (p["requests"], p["created"], p["refused"]) == (2, 1, 1)
 
 
+def test_detach_restores_the_persistent_methods():
+    m = WorkspaceManager("cpu")
+    tracer = WorkspaceTracer(m)
+    assert {"get_persistent_resource", "get_persistent"} <= set(vars(m))
+    tracer.detach()
+    assert not {"get_persistent_resource", "get_persistent"} & set(vars(m))
+    marlin_locks(m)
+    assert tracer.persistent == {}
+
+
 def test_relative_trace_folder_survives_chdir(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     m = WorkspaceManager("cpu")

@@ -497,7 +497,7 @@ class WorkspaceTracer:
         get_res, get_pers = manager.get_persistent_resource, manager.get_persistent
         store = "_persistent_resources" if flavor == "vllm" else "_persistent"
 
-        def get_persistent_resource(key, factory):
+        def get_persistent_resource(key, factory, *args, **kwargs):  # extra arguments pass through untouched
             caller, nbytes = _caller(2), _PENDING_BYTES.get()
             try:
                 slot, current = _slot_ids(manager, flavor)
@@ -506,7 +506,7 @@ class WorkspaceTracer:
                 raise
             missing = key not in getattr(manager, store)[slot]
             try:
-                out = get_res(key, factory)
+                out = get_res(key, factory, *args, **kwargs)
             except AssertionError as e:
                 if missing and manager.is_locked():
                     tracer._record_violation(caller, nbytes, current, slot, str(e), "persistent", _key_text(key))
@@ -515,14 +515,14 @@ class WorkspaceTracer:
                 tracer._persistent_stats(caller, _key_text(key), slot, nbytes, created=missing)
             return out
 
-        def get_persistent(key, shape, dtype, *, zero_init=False):
+        def get_persistent(key, shape, dtype, *args, **kwargs):
             try:
                 nbytes = math.prod(shape) * dtype.itemsize
             except (TypeError, AttributeError):
                 nbytes = None
             token = _PENDING_BYTES.set(nbytes)
             try:
-                return get_pers(key, shape, dtype, zero_init=zero_init)
+                return get_pers(key, shape, dtype, *args, **kwargs)
             except ValueError as e:
                 if str(e).startswith("Persistent workspace"):
                     slot, current = _slot_ids(manager, flavor)
