@@ -301,3 +301,23 @@ def test_a_refusal_where_every_request_is_predicted_to_fit_is_named(trace_dir):
     assert rep["prediction"]["disagreements"] == [
         f"TP {r}/2: continuation prefill (dequant) refused 2.00 MiB > 1.02 MiB; predicted: every request of this "
         "deployment fits, even without PR #44053" for r in (0, 1)]
+
+
+def test_oversized_tables_are_refused_or_cut(trace_dir):
+    """A record with a million lock slots or consumers is skipped; many real consumers fill at most 16 columns."""
+    a, b = sorted(trace_dir.glob("*.json"))
+    rec = json.loads(a.read_text())
+    (trace_dir / "slots.json").write_text(json.dumps({**rec, "locks": [{"kind": "lock", "sizes_bytes": [0] * 10**5}]}))
+    many = [{"caller": f"f{i}.py:1:g{i}", "requests": 1, "high_water_bytes": 256 * (i + 1)} for i in range(2000)]
+    (trace_dir / "many.json").write_text(json.dumps({**rec, "consumers": many}))
+    res = _run_cli("trace-report", str(trace_dir))
+    assert res.returncode == 0, res.stderr
+    assert ("warning: skipped many.json: malformed record (2,000 entries in consumers, more than a vLLM process "
+            "makes (1,024))") in res.stdout
+    assert "warning: skipped slots.json: malformed record (100,000 workspace slots" in res.stdout
+    _edit(b, consumers=json.loads(b.read_text())["consumers"] + many[:40])
+    rep = trace_report(trace_dir)
+    from tqlab.predict.trace_report import render
+
+    lines = [str(x) for x in render(rep) if isinstance(x, str)]
+    assert "26 more consumer(s) with smaller requests: see --json" in lines

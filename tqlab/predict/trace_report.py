@@ -38,6 +38,10 @@ CONSUMER_OF_FUNCTION = {
     "_reserve_workspace": RESERVATION,
 }
 _REQUIRED = ("rank", "consumers", "locks", "refused", "pid", "host")
+# bounds no vLLM process reaches (a handful of consumers, 2 ubatches x a few lanes, a lock per start-up or
+# elastic-EP rescale): a record beyond them is not read as one
+MAX_CONSUMERS, MAX_LOCKS, MAX_SLOTS = 1024, 4096, 64
+MAX_COLUMNS = 16  # consumer columns the text table shows (the largest; --json has all)
 
 
 def consumer_name(caller: str) -> str:
@@ -90,8 +94,13 @@ def _malformed(rec: Mapping[str, Any]) -> str | None:
     """Why ``rec`` (with :data:`_REQUIRED`'s keys) cannot be read as a record -- a field of the wrong type or
     missing inside it -- else None; the checks are what :func:`rank_row`, :func:`rank_label` and the sort use."""
     try:
+        for key, cap in (("consumers", MAX_CONSUMERS), ("locks", MAX_LOCKS), ("refused", MAX_LOCKS)):
+            if len(rec[key]) > cap:
+                return f"{len(rec[key]):,} entries in {key}, more than a vLLM process makes ({cap:,})"
         row = rank_row(rec)
         rank_label(rec)
+        if len(row.lock_bytes or ()) > MAX_SLOTS:
+            return f"{len(row.lock_bytes):,} workspace slots (vLLM has ubatches x lanes, at most {MAX_SLOTS} here)"
         nums = [*_rank_key(rec), rec["pid"], *(row.lock_bytes or ()), *(c["bytes"] for c in row.consumers.values()),
                 *(r[k] for r in row.refused for k in ("current_bytes", "slot")),
                 *(r["required_bytes"] for r in row.refused if r["kind"] == "scratch" or r["required_bytes"] is not None)]
@@ -375,7 +384,12 @@ def render(report: Mapping[str, Any]) -> list[Any]:
 
     rows = report["rows"]
     slots = max((len(r["lock_bytes"] or ()) for r in rows), default=0)
-    consumers = sorted({c for r in rows for c in r["consumers"]})
+    largest: dict[str, int] = {}
+    for r in rows:
+        for c, v in r["consumers"].items():
+            largest[c] = max(largest.get(c, 0), v["bytes"])
+    shown = sorted(largest, key=lambda c: (-largest[c], c))[:MAX_COLUMNS]
+    consumers = sorted(shown)
     t = Table("rank", "last write", *[f"lock slot {i}" for i in range(slots)],
               *[f"largest {escape(SHORT.get(c, c))}" for c in consumers], "refused",
               title="workspace per rank, MiB (tqlab trace records)")
@@ -387,6 +401,8 @@ def render(report: Mapping[str, Any]) -> list[Any]:
         t.add_row(escape(r["rank"]), escape(r["event"]), *[_mb(b) for b in locks], *cons, refused)
     out: list[Any] = [f"[yellow]warning: {escape(w)}[/]" for w in report["warnings"]]
     out.append(t)
+    if len(largest) > len(consumers):
+        out.append(f"{len(largest) - len(consumers)} more consumer(s) with smaller requests: see --json")
     out.append("records: " + escape(", ".join(f"{r['file']} ({r['rank']})" for r in rows)
                                     + f"; vLLM {', '.join(report['vllm_versions'])}"))
     out.append(f"ranks: all {len(rows)} agree (lock sizes, largest requests, refusals)" if report["ranks_agree"] else
