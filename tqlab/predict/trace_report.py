@@ -28,7 +28,7 @@ from tqlab.predict import analysis
 from tqlab.predict import trace_checks
 from tqlab.predict.report import DECODE, DEQUANT_CHUNK
 from tqlab.vllm.trace_record import RECORD_FORMAT
-from tqlab.vllm.tracer import REFUSAL_KINDS
+from tqlab.vllm.trace_types import REFUSAL_KINDS
 
 RESERVATION = "reservation (PR #44053)"
 # vLLM 0.33 vllm/v1/attention/backends/turboquant_attn.py: the function that asks the workspace -> consumer
