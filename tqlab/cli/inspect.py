@@ -9,16 +9,18 @@ import click
 
 
 from tqlab.cli.options import (
+    EXIT_HELP,
     GPU_HELP,
     GpuName,
     HumanInt,
     _check_json_path,
     _console,
     _write_json,
+    exit_by_verdict,
     request_options,
 )
 
-@click.command("inspect-vllm")
+@click.command("inspect-vllm", epilog=EXIT_HELP)
 @click.option("--args", "engine_args", type=str, default=None,
               help='the `vllm serve ...` command line, e.g. "vllm serve M --tensor-parallel-size 8 --max-model-len 131072"')
 @click.option("--config", "model_config", type=click.Path(exists=True), default=None,
@@ -68,14 +70,15 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     text = json.dumps(report, indent=2, default=str)
     if to_stdout:  # --json -: standard output holds only the JSON
         click.echo(text)
-        return
-    if json_path is not None:
+    elif json_path is not None:
         try:
             with open(json_path, "w") as f:
                 f.write(text)
         except OSError as e:
             raise click.UsageError(f"cannot write the JSON report to {json_path!r}: {e.strerror}") from None
-    click.echo(report["text"])
+    if not to_stdout:
+        click.echo(report["text"])
+    exit_by_verdict(report)
 
 
 @click.command("trace-report")

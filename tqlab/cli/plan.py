@@ -9,6 +9,7 @@ import click
 from tqlab.core.config import EngineConfig
 
 from tqlab.cli.options import (
+    EXIT_HELP,
     MiB,
     _build_config,
     _check_json_path,
@@ -18,11 +19,12 @@ from tqlab.cli.options import (
     _predict,
     _sources,
     _write_json,
+    exit_by_verdict,
     request_max_tokens,
     request_options,
 )
 
-@click.command()
+@click.command(epilog=EXIT_HELP)
 @click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
 @request_options()
 @click.option("--json", "json_path", type=str, default=None,
@@ -32,7 +34,7 @@ def plan(preset, prompt_tokens, max_tokens, json_path, **overrides) -> None:
     """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit."""
     _check_json_path(json_path)
     config = _build_config(preset, overrides)
-    capped = None
+    capped, asked_max_tokens = None, max_tokens
     if prompt_tokens is not None:
         max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
     pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, sources=_sources(preset, overrides))
@@ -40,18 +42,19 @@ def plan(preset, prompt_tokens, max_tokens, json_path, **overrides) -> None:
         lines = _plan_lines(config, pred)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    # The top level always describes the deployment (as inspect-vllm's does); a --prompt-tokens
+    # prediction goes under "prompt". The exit status follows the deployment's verdict.
+    obj = (pred if prompt_tokens is None
+           else _predict(config, max_tokens=asked_max_tokens, sources=pred.sources)).to_json()
+    if prompt_tokens is not None:
+        obj["prompt"] = {k: v for k, v in pred.to_json().items() if k != "sources"}
     if json_path is not None:
-        # The top level always describes the deployment (as inspect-vllm's does); a --prompt-tokens
-        # prediction goes under "prompt".
-        obj = pred.to_json() if prompt_tokens is None else _predict(config, sources=pred.sources).to_json()
-        if prompt_tokens is not None:
-            obj["prompt"] = {k: v for k, v in pred.to_json().items() if k != "sources"}
         _write_json(obj, json_path)
-        if json_path == "-":
-            return
-    console = _console()
-    for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
-        console.print(line)
+    if json_path != "-":
+        console = _console()
+        for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
+            console.print(line)
+    exit_by_verdict(obj)
 
 
 def _plan_lines(config: EngineConfig, pred) -> list:

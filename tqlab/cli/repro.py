@@ -111,7 +111,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
         if not torch.cuda.is_available():
             raise click.BadParameter("no CUDA device is available here; use cpu, meta (shapes only) or auto",
                                      param_hint="--device")
-    config = _build_config(preset, overrides)
+    config = _build_config(preset, overrides, server_defaults=False)  # the preset's own limits: see _build_config
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
     max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)

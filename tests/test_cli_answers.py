@@ -1,0 +1,153 @@
+"""An answer a user can act on (issue 30): exit codes by verdict, the first decode step asked by default, the same
+serve line giving the same answer with ``--preset`` and with the model's config.json."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tqlab.cli import app
+from tqlab.cli.options import EXIT_CODES, verdict_exit_code
+
+LLAMA = "llama-3.1-8b"
+# meta-llama/Llama-3.1-8B-Instruct's config.json, the fields the llama-3.1-8b preset cites in its "source"
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+                "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
+SPEC2 = '--speculative-config \'{"method": "eagle", "model": "d", "num_speculative_tokens": 2}\''
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, list(args))
+
+
+@pytest.fixture
+def llama_json(tmp_path):
+    p = tmp_path / "config.json"
+    p.write_text(json.dumps(LLAMA_CONFIG))
+    return str(p)
+
+
+# --------------------------------------------------------------------------- exit codes
+
+
+def test_exit_codes_are_one_mapping_of_the_five_verdicts():
+    assert EXIT_CODES == {"ok": 0, "never_locked": 0, "crash": 3, "partial": 4, "refused": 5}
+    assert [verdict_exit_code({"verdict": v}) for v in ("ok", "never_locked", "crash", "partial", "refused")] == [
+        0, 0, 3, 4, 5]
+    assert verdict_exit_code({"verdict": "ok", "partial": True}) == 4  # ok over the modelled consumers only
+    assert verdict_exit_code({"verdict": "crash", "partial": True}) == 3
+    assert verdict_exit_code({"verdict": "maybe"}) == 4  # a verdict this CLI cannot read is never an ok
+    assert verdict_exit_code({}) == 4
+
+
+@pytest.mark.parametrize("args, code, verdict", [
+    (["plan", "--preset", LLAMA], 3, "crash"),  # vLLM's 1024 seqs on an H200: the first crash at 73,857 tokens
+    (["plan", "--preset", LLAMA, "--max-model-len", "32k"], 0, "ok"),
+    (["plan", "--preset", LLAMA, "--enforce-eager"], 0, "never_locked"),
+    (["inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M"], 3, "crash"),
+    (["inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M --max-model-len 32k"], 0, "ok"),
+    (["inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M --enforce-eager"], 0, "never_locked"),
+])
+def test_plan_and_inspect_exit_by_the_deployments_verdict(args, code, verdict):
+    r = _cli(*args)
+    assert r.exit_code == code, r.output
+    r = _cli(*args, "--json", "-")  # the same code with the JSON alone on stdout
+    assert r.exit_code == code and json.loads(r.output)["verdict"] == verdict
+
+
+def test_a_partial_answer_exits_4(tmp_path):
+    # Kimi-style MoE on a B200: vLLM prefers FlashInfer's bf16 experts on SM100, which tqlab does not size
+    cfg = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "kimi_k2", "hidden_size": 7168,
+           "num_attention_heads": 64, "num_key_value_heads": 64, "num_hidden_layers": 61, "kv_lora_rank": 512,
+           "q_lora_rank": 1536, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128,
+           "n_routed_experts": 384, "num_experts_per_tok": 8, "moe_intermediate_size": 2048,
+           "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = _cli("inspect-vllm", "--config", str(tmp_path / "config.json"), "--args", "vllm serve K -tp 4", "--gpu", "B200",
+             "--json", "-")
+    obj = json.loads(r.output)
+    assert (r.exit_code, obj["verdict"], obj["partial"]) == (4, "ok", True)
+
+
+@pytest.mark.parametrize("cmd", ["plan", "inspect-vllm"])
+def test_help_documents_the_exit_codes(cmd):
+    out = " ".join(_cli(cmd, "--help").output.split())
+    assert ("Exit status by the deployment's verdict: 0 ok or never locked, 3 crash, 4 partial (a consumer it "
+            "reaches is not sized), 5 refused (vLLM will not start it), 2 bad usage.") in out
+
+
+# --------------------------------------------------------------------------- the first decode step
+
+
+def test_first_decode_crash_shows_with_default_flags():
+    """Two speculative tokens: the drafter's second pass is a one-token decode through _decode_attention
+    (SpecDecodeBaseProposer.propose), which asks 536,832 B (0.51 MiB) of a workspace locked at 0 bytes (the
+    target's 3-token rows take the prefill path at capture). A 100-token prompt's prefill is fine; its first decode
+    step crashes -- asked by default now (vLLM's max_tokens 16), not with --max-tokens 1."""
+    r = _cli("inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M " + SPEC2, "--tokens", "100")
+    assert r.exit_code == 3, r.output
+    assert ("  first refused call without the fix (vLLM dies here): split-KV decode, cached 100 q 1: "
+            "0.51 MiB > 0.00 MiB at lock") in r.output
+    assert "request of 100 prompt tokens (alone), largest call per consumer:" in r.output
+    r1 = _cli("inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M " + SPEC2, "--tokens", "100",
+              "--max-tokens", "1")
+    assert "first refused call without the fix" not in r1.output  # the prefill alone fits
+    p = _cli("plan", "--preset", LLAMA, "--num-speculative-tokens", "2", "--prompt-tokens", "100", "--json", "-")
+    call = json.loads(p.output)["prompt"]["first_refused_call"]
+    assert call == {"caller": "_decode_attention (drafter)", "required_bytes": 536_832, "current_bytes": 0,
+                    "cached_len": 100, "q_len": 1}
+    p1 = _cli("plan", "--preset", LLAMA, "--num-speculative-tokens", "2", "--prompt-tokens", "100", "--max-tokens", "1",
+              "--json", "-")
+    assert json.loads(p1.output)["prompt"]["first_refused_call"] is None
+
+
+# --------------------------------------------------------------------------- --preset vs config.json
+
+
+def test_the_same_serve_line_gives_the_same_answer_with_preset_and_config_json(llama_json):
+    line = "vllm serve meta-llama/Llama-3.1-8B-Instruct --kv-cache-dtype turboquant_4bit_nc"
+    by_preset = json.loads(_cli("inspect-vllm", "--preset", LLAMA, "--args", line, "--json", "-").output)
+    by_config = json.loads(_cli("inspect-vllm", "--config", llama_json, "--args", line, "--json", "-").output)
+    keys = ("verdict", "locked_bytes", "locked_bytes_with_fix", "first_failing_prompt_tokens",
+            "safe_max_model_len_alone", "safe_max_model_len_any_schedule", "first_refused_call")
+    assert {k: by_preset[k] for k in keys} == {k: by_config[k] for k in keys}
+    assert (by_preset["locked_bytes"], by_preset["first_failing_prompt_tokens"]) == (274_792_448, 73_857)  # 262.06 MiB
+    for obj in (by_preset, by_config):
+        cfg = obj["prediction"]["config"]
+        assert (cfg["max_num_seqs"], cfg["max_num_batched_tokens"]) == (1024, 8192)
+        assert obj["sources"]["max_num_seqs"] == "vLLM default (`vllm serve` on --gpu H200, 139.8 GiB: >= 70 GiB)"
+    plan = json.loads(_cli("plan", "--preset", LLAMA, "--json", "-").output)
+    assert {k: plan[k] for k in keys} == {k: by_preset[k] for k in keys}
+    assert plan["sources"]["max_num_batched_tokens"] == "vLLM default (`vllm serve` on --gpu H200, 139.8 GiB: >= 70 GiB)"
+
+
+@pytest.mark.parametrize("gpu, seqs, mbt", [("A4000", 256, 2048), ("B200", 1024, 16384)])
+def test_a_presets_server_limits_follow_the_gpu(gpu, seqs, mbt):
+    plan = json.loads(_cli("plan", "--preset", LLAMA, "--gpu", gpu, "--json", "-").output)
+    insp = json.loads(_cli("inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M", "--gpu", gpu,
+                           "--json", "-").output)
+    assert (insp["prediction"]["config"]["max_num_seqs"], insp["prediction"]["config"]["max_num_batched_tokens"]) == (
+        seqs, mbt)
+    assert plan["locked_bytes"] == insp["locked_bytes"]
+    assert plan["sources"]["max_num_seqs"].startswith(f"vLLM default (`vllm serve` on --gpu {gpu}")
+
+
+def test_flags_and_recorded_deployments_keep_their_server_limits():
+    r = _cli("plan", "--preset", LLAMA, "--max-num-seqs", "256", "--json", "-")
+    obj = json.loads(r.output)  # the old preset numbers, given as flags: lock 131.03 MiB, first crash 41,089
+    assert (obj["locked_bytes"], obj["first_failing_prompt_tokens"], obj["sources"]["max_num_seqs"]) == (
+        137_396_224, 41_089, "flag")
+    nemo = json.loads(_cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--json", "-").output)
+    assert nemo["sources"]["max_num_seqs"] == "preset nemotron-3-super-120b-a12b"  # the bug report's --max-num-seqs 4
+    assert nemo["sources"]["max_num_batched_tokens"] == "preset nemotron-3-super-120b-a12b"
+    assert "max_num_seqs=4, max_num_batched_tokens=4096" in _cli("plan", "--preset", "nemotron-3-super-120b-a12b").output
+
+
+def test_repro_keeps_the_presets_own_limits():
+    r = _cli("repro", "--preset", LLAMA, "--device", "meta", "--prompt-tokens", "100", "--num-hidden-layers", "1",
+             "--max-tokens", "1")
+    assert r.exit_code == 0, r.output
+    assert "max_num_seqs=256, max_num_batched_tokens=8192" in r.output
