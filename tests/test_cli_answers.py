@@ -151,3 +151,76 @@ def test_repro_keeps_the_presets_own_limits():
              "--max-tokens", "1")
     assert r.exit_code == 0, r.output
     assert "max_num_seqs=256, max_num_batched_tokens=8192" in r.output
+
+
+# --------------------------------------------------------------------------- ways out
+
+
+def test_fix_release_is_the_first_wheel_with_reserve_workspace():
+    from tqlab.predict.ways_out import FIX_FIRST_RELEASE, FIX_RELEASES_CHECKED
+
+    assert FIX_FIRST_RELEASE == "0.24.0"
+    assert min((v for v, has in FIX_RELEASES_CHECKED.items() if has), key=lambda v: tuple(map(int, v.split(".")))) == (
+        FIX_FIRST_RELEASE)
+    assert not any(has for v, has in FIX_RELEASES_CHECKED.items() if tuple(map(int, v.split("."))) < (0, 24))
+
+
+def test_every_way_out_is_checked_by_the_predictor():
+    from tqlab.core.config import EngineConfig
+    from tqlab.predict.analysis import predict
+    from tqlab.predict.ways_out import ways_out
+
+    c = EngineConfig.from_preset(LLAMA, max_num_seqs=1024)  # vLLM's H200 default: crash at 73,857 tokens
+    ways = ways_out(c)
+    assert [w.flag for w in ways] == [None, "--max-model-len 67217 --max-num-seqs 512",
+                                      "--max-num-batched-tokens 128 --max-num-seqs 128", "--enforce-eager"]
+    assert [w.verdict for w in ways] == ["ok", "ok", "ok", "never_locked"]
+    # each, replayed: the predictor's verdict for the changed deployment
+    assert predict(c, fix=True).verdict == "ok"
+    shorter = predict(c.replace(max_model_len=67217, max_num_seqs=512))
+    assert (shorter.verdict, shorter.safe_max_model_len_any_schedule) == ("ok", 67217)
+    assert predict(c.replace(max_model_len=67218, max_num_seqs=512)).safe_max_model_len_any_schedule == 67217
+    assert predict(c.replace(max_num_batched_tokens=128, max_num_seqs=128)).verdict == "ok"
+    assert predict(c.replace(enforce_eager=True)).verdict == "never_locked"
+    # 67,217 at 1024 seqs is not offered: a decode batch of 513+ requests runs eagerly and overflows 262.06 MiB
+    assert any(n.field == "max_num_seqs" for n in predict(c.replace(max_model_len=67217)).notes)
+
+
+def test_no_ways_out_for_a_safe_deployment_and_none_invented():
+    from tqlab.core.config import EngineConfig
+    from tqlab.predict.ways_out import way_out_lines, ways_out
+
+    assert ways_out(EngineConfig.from_preset(LLAMA, max_num_seqs=512, max_model_len=32000)) == []
+    # an "ok" that a busy server breaks (issue 30: --max-model-len 41089 at 256 seqs, any-chunking bound 33,665)
+    busy = ways_out(EngineConfig.from_preset(LLAMA, max_num_seqs=256, max_model_len=41089))
+    assert [w.flag for w in busy] == [None, "--max-model-len 33665", "--max-num-batched-tokens 128 --max-num-seqs 128",
+                                      "--enforce-eager"]
+    assert way_out_lines(busy, crashed=False)[0].startswith("the verdict does not hold for every schedule vLLM can make")
+    spec = ways_out(EngineConfig.from_preset(LLAMA, max_num_seqs=1024, num_speculative_tokens=2))
+    # the drafter's one-token decode asks 536,832 B of a 0-byte lock at any length or chunk size
+    assert [w.flag for w in spec] == [None, "--enforce-eager"]
+    assert way_out_lines([], crashed=True) == [
+        "ways out: none of vLLM's (a release with PR #44053, a shorter --max-model-len, 128-token chunks, "
+        "--enforce-eager) gives this deployment an ok verdict"]
+    assert way_out_lines([], crashed=False) == []
+
+
+def test_plan_and_inspect_print_the_ways_out_and_the_safe_length():
+    r = _cli("plan", "--preset", "nemotron-3-super-120b-a12b")
+    assert r.exit_code == 3
+    out = " ".join(r.output.split())
+    assert ("safe max_model_len without the fix: 4225 (requests alone), 656 (any chunking); with the fix: 131072 "
+            "(any chunking) -- any chunking: the bound for a busy server, where a prompt's chunks are cut by other "
+            "requests sharing a step or start after a prefix-cache hit") in out
+    assert ("verdict without the fix: CRASH: _continuation_prefill requires 2.00 MB, current size is 0.26 MB (cached "
+            "4096, q 129) -- for the deployment: its shortest failing prompt (4,225 tokens, alone), not necessarily "
+            "one you asked about") in out
+    assert "- --max-model-len 656: serve at most 656 tokens per request -> ok;" in out
+    assert "- run vLLM >= 0.24.0 (carries PR #44053's reservation) -> ok;" in out
+    obj = json.loads(_cli("inspect-vllm", "--preset", "nemotron-3-super-120b-a12b", "--args", "vllm serve M",
+                          "--json", "-").output)
+    assert [w["flag"] for w in obj["ways_out"]] == [None, "--max-model-len 656", "--max-num-batched-tokens 128",
+                                                    "--enforce-eager"]
+    assert "  - --enforce-eager: run without CUDA graphs" in obj["text"]
+    p = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--prompt-tokens", "8192")
+    assert "(cached 4096, q 4096) -- for the 8,192-token prompt asked about" in " ".join(p.output.split())

@@ -18,6 +18,7 @@ from tqlab.cli.options import (
     _write_json,
     exit_by_verdict,
     request_options,
+    ways_out_report,
 )
 
 @click.command("inspect-vllm", epilog=EXIT_HELP)
@@ -67,6 +68,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
         raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     except OSError as e:
         raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
+    _add_ways_out(report, max_tokens)
     text = json.dumps(report, indent=2, default=str)
     if to_stdout:  # --json -: standard output holds only the JSON
         click.echo(text)
@@ -79,6 +81,20 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     if not to_stdout:
         click.echo(report["text"])
     exit_by_verdict(report)
+
+
+def _add_ways_out(report: dict, max_tokens: int) -> None:
+    """``report["ways_out"]`` and its lines after the text (:func:`tqlab.cli.options.ways_out_report`), for the
+    deployment the report read (its ``prediction.config``) and a measured lock size if one was given."""
+    from tqlab.core.config import EngineConfig
+
+    cfg = dict(report["prediction"]["config"])
+    config = EngineConfig(**cfg)
+    measured = report["locked_bytes"] if report.get("locked_source") == "measured" else None
+    report["ways_out"], lines = ways_out_report(config, crashed=report["verdict"] == "crash", locked_bytes=measured,
+                                                max_tokens=max_tokens)
+    if lines:
+        report["text"] += "\n" + "\n".join(lines)
 
 
 @click.command("trace-report")

@@ -142,6 +142,16 @@ def request_max_tokens(config: EngineConfig, prompt_tokens: int, max_tokens: int
     return room, (f"--max-tokens {max_tokens} capped at max_model_len - prompt = {room}, as vLLM's get_max_tokens does")
 
 
+def ways_out_report(config: EngineConfig, *, crashed: bool, locked_bytes: int | None = None,
+                    max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[list[dict[str, Any]], list[str]]:
+    """``(--json's "ways_out" list, text lines)``: :func:`tqlab.predict.ways_out.ways_out` of the deployment, each
+    way checked by the predictor; ``crashed``: the deployment's verdict is a crash (then "none" is said too)."""
+    from tqlab.predict.ways_out import way_out_lines, ways_out
+
+    ways = ways_out(config, locked_bytes=locked_bytes, max_tokens=max_tokens)
+    return [w.to_json() for w in ways], way_out_lines(ways, crashed=crashed)
+
+
 def _console():
     from rich.console import Console  # lazy: `tqlab --help` must not pay for rich/torch
 

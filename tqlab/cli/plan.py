@@ -22,6 +22,7 @@ from tqlab.cli.options import (
     exit_by_verdict,
     request_max_tokens,
     request_options,
+    ways_out_report,
 )
 
 @click.command(epilog=EXIT_HELP)
@@ -48,6 +49,8 @@ def plan(preset, prompt_tokens, max_tokens, json_path, **overrides) -> None:
            else _predict(config, max_tokens=asked_max_tokens, sources=pred.sources)).to_json()
     if prompt_tokens is not None:
         obj["prompt"] = {k: v for k, v in pred.to_json().items() if k != "sources"}
+    obj["ways_out"], way_lines = ways_out_report(config, crashed=obj["verdict"] == "crash", max_tokens=asked_max_tokens)
+    lines += way_lines
     if json_path is not None:
         _write_json(obj, json_path)
     if json_path != "-":
@@ -94,7 +97,7 @@ def _plan_lines(config: EngineConfig, pred) -> list:
                  "was captured with)")
         out.append(f"split-KV decode: S = {adv.configured_splits} ({adv.configured_bytes:,} bytes of decode scratch at "
                    f"max_num_seqs rows); {fills}")
-    from tqlab.predict.consumer_text import consumer_lines, verdict_line
+    from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_line
 
     out += consumer_lines(pred)
     if pred.locked_bytes is None:
@@ -109,6 +112,6 @@ def _plan_lines(config: EngineConfig, pred) -> list:
         f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
         + survives + f"; verdict: {pred.verdict}" + (" (PARTIAL: unmodelled consumers)" if pred.partial else "")
     )
-    return out + [verdict_line(pred)]
+    return out + [safe_len_line(pred), verdict_line(pred)]
 
 

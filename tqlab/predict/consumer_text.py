@@ -17,7 +17,12 @@ from tqlab.core.workspace import format_mb
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.predict.analysis import Prediction
 
-__all__ = ["consumer_lines", "gpu_line", "verdict_line"]
+__all__ = ["ANY_CHUNKING", "consumer_lines", "gpu_line", "safe_len_line", "verdict_line"]
+
+ANY_CHUNKING = ("any chunking: the bound for a busy server, where a prompt's chunks are cut by other requests "
+                "sharing a step or start after a prefix-cache hit")
+"""What "(any chunking)" means, printed beside it (:func:`tqlab.predict.prompts.safe_max_model_len`,
+``schedule="any"``); "requests alone": each prompt prefilled alone in chunks of ``max_num_batched_tokens``."""
 
 _TQ_PREFIX = "turboquant_attn.py:"
 
@@ -69,6 +74,29 @@ def _lock_line(pred: "Prediction") -> str:
     return line
 
 
+def safe_len_line(pred: "Prediction") -> str:
+    """``safe max_model_len without the fix: A (requests alone), B (any chunking); with the fix: C (any chunking)``
+    and what "any chunking" means (:data:`ANY_CHUNKING`); "None" is explained when no length is safe."""
+    return (f"safe max_model_len without the fix: {pred.safe_max_model_len_alone} (requests alone), "
+            f"{pred.safe_max_model_len_any_schedule} (any chunking); with the fix: {pred.fixed_safe_any_schedule} "
+            f"(any chunking) -- {ANY_CHUNKING}"
+            + ("" if pred.safe_max_model_len_any_schedule is not None else
+               " (None: no length is safe -- see the notes)"))
+
+
+def _which_prompt(pred: "Prediction") -> str:
+    """Which prompt a crash verdict describes: the one asked about, or (for the deployment) its shortest failing
+    prompt -- said, so a verdict is never read as the answer for another prompt."""
+    if pred.prompt_tokens is not None:
+        return f" -- for the {pred.prompt_tokens:,}-token prompt asked about"
+    n = pred.first_failing_prompt_tokens
+    if n is None:
+        return ""
+    return (" -- for every prompt: another consumer overflows the lock" if n == 1 else
+            f" -- for the deployment: its shortest failing prompt ({n:,} tokens, alone), not necessarily one you asked "
+            "about")
+
+
 def verdict_line(pred: "Prediction") -> str:
     """``verdict (without the fix): crash|ok|never locked ...``, with the first refused call, and ``PARTIAL`` (and why)
     when the deployment uses consumers tqlab does not size: never a bare "ok" then."""
@@ -78,7 +106,7 @@ def verdict_line(pred: "Prediction") -> str:
     elif pred.verdict == "crash":
         c = pred.first_refused_call
         text = (f"CRASH: {c['caller']} requires {format_mb(c['required_bytes'])} MB, current size is "
-                f"{format_mb(c['current_bytes'])} MB (cached {c['cached_len']}, q {c['q_len']})")
+                f"{format_mb(c['current_bytes'])} MB (cached {c['cached_len']}, q {c['q_len']})" + _which_prompt(pred))
     else:
         text = "ok"
     n = len(pred.consumers.get("unmodelled", []))

@@ -18,7 +18,7 @@ from tqlab.core.reservation import chunk_workspace_request, decode_workspace_sha
 from tqlab.core.workspace import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
-from tqlab.predict.consumer_text import consumer_lines, verdict_line
+from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_line
 
 __all__ = ["DECODE", "DEQUANT_CHUNK", "SHORT_CHUNK", "ConsumerNeed", "ConsumerReport", "RequestPrediction",
            "chunk_shapes", "consumer_report", "other_request_prediction", "request_prediction"]
@@ -244,12 +244,7 @@ class ConsumerReport:
             out.append(f"  -> {r.verdict}")
         if self.first_failing_prompt is not None:
             out.append(f"shortest prompt that crashes without the fix (alone): {self.first_failing_prompt} tokens")
-        out.append(
-            f"safe max_model_len without the fix: {self.safe_max_model_len_alone} (requests alone), "
-            f"{self.safe_max_model_len_any_schedule} (any chunking); with the fix: {self.fixed_safe_any_schedule} (any chunking)"
-            + ("" if self.safe_max_model_len_any_schedule is not None else
-               " (None: no length is safe -- see the notes)")
-        )
+        out.append(safe_len_line(self.prediction))
         out.append(verdict_line(self.prediction))
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
