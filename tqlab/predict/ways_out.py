@@ -99,8 +99,9 @@ def ways_out(config: "EngineConfig", *, locked_bytes: int | None = None, max_tok
     ``config``: the deployment; ``locked_bytes``: a measured lock size without the fix (kept for the changed
     deployments); ``max_tokens``: tokens per request, as asked. Returns ``[]`` when the deployment is safe as it is
     (the same test as for a way out: an ``ok`` that also holds under any chunking and for a busy server's decode
-    batch, or ``never_locked``); an ``ok`` that does not hold there gets its ways out too. Order: the upgrade, ``--max-model-len``, ``--max-num-batched-tokens``
-    (with ``--max-num-seqs`` capped at 128, vLLM's ``max_num_batched_tokens >= max_num_seqs``), ``--enforce-eager``.
+    batch, or ``never_locked``); an ``ok`` that does not hold there gets its ways out too. Order: the upgrade,
+    ``--max-model-len``, ``--max-num-batched-tokens`` (with ``--max-num-seqs`` capped at 128, vLLM's
+    ``max_num_batched_tokens >= max_num_seqs``), ``--enforce-eager``.
     """
     base = predict(config, locked_bytes=locked_bytes, max_tokens=max_tokens)
     if _checked(config, locked_bytes=locked_bytes, max_tokens=max_tokens) is not None:
