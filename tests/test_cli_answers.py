@@ -224,3 +224,100 @@ def test_plan_and_inspect_print_the_ways_out_and_the_safe_length():
     assert "  - --enforce-eager: run without CUDA graphs" in obj["text"]
     p = _cli("plan", "--preset", "nemotron-3-super-120b-a12b", "--prompt-tokens", "8192")
     assert "(cached 4096, q 4096) -- for the 8,192-token prompt asked about" in " ".join(p.output.split())
+
+
+# --------------------------------------------------------------------------- outputs that overwrite
+
+
+def _copy_trace(tmp_path):
+    import shutil
+
+    from tqlab.core.provenance import DATA_DIR
+
+    d = tmp_path / "trace"
+    shutil.copytree(DATA_DIR / "trace_two_ranks", d)
+    return d
+
+
+@pytest.mark.parametrize("cmd", [["plan", "--preset", LLAMA], ["inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M"]])
+def test_json_never_writes_under_data(cmd):
+    from tqlab.core.config import PRESET_DIR
+
+    target = PRESET_DIR / f"{LLAMA}.json"
+    before = target.read_bytes()
+    for extra in ([], ["--force"]):
+        r = _cli(*cmd, "--json", str(target), *extra)
+        assert r.exit_code == 2, r.output
+        assert r.output.strip().splitlines()[-1].startswith(
+            f"Error: Invalid value for --json: {target} is under the project's data/")
+        assert "config" not in r.output.splitlines()[0]  # refused before any work
+    assert target.read_bytes() == before
+
+
+@pytest.mark.parametrize("cmd", [["plan", "--preset", LLAMA], ["inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M"]])
+def test_json_replaces_an_existing_file_only_with_force(cmd, tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text("keep me")
+    r = _cli(*cmd, "--json", str(out))
+    assert r.exit_code == 2 and f"Error: Invalid value for --json: {out} exists; pass --force to replace it" in r.output
+    assert out.read_text() == "keep me"
+    r = _cli(*cmd, "--json", str(out), "--force")
+    assert r.exit_code == 3 and json.loads(out.read_text())["verdict"] == "crash"
+
+
+def test_trace_report_json_never_replaces_a_record(tmp_path):
+    d = _copy_trace(tmp_path)
+    rec = sorted(d.glob("*.json"))[0]
+    before = rec.read_bytes()
+    for target, extra in ((rec, ["--force"]), (d / "merged.json", [])):
+        r = _cli("trace-report", str(d), "--json", str(target), *extra)
+        assert r.exit_code == 2 and "is in a trace folder" in r.output, r.output
+    assert rec.read_bytes() == before and not (d / "merged.json").exists()
+    # a folder holding trace records is one for plan too
+    r = _cli("plan", "--preset", LLAMA, "--json", str(d / "plan.json"))
+    assert r.exit_code == 2 and "is in a trace folder" in r.output
+    r = _cli("trace-report", str(d), "--json", str(tmp_path / "merged.json"))
+    assert r.exit_code == 0 and json.loads((tmp_path / "merged.json").read_text())
+
+
+def test_a_broken_preset_file_is_one_line_naming_it(tmp_path, monkeypatch):
+    import shutil
+
+    import tqlab.core.config as config_mod
+
+    presets = tmp_path / "presets"
+    shutil.copytree(config_mod.PRESET_DIR, presets)
+    (presets / f"{LLAMA}.json").write_text(json.dumps({"verdict": "crash"}))  # a plan report written over it
+    (presets / "qwen3-32b.json").write_text("{not json")
+    monkeypatch.setattr(config_mod, "PRESET_DIR", presets)
+    want = (f"preset {LLAMA}: {presets / (LLAMA + '.json')} is not a tqlab preset (no title, source, config); "
+            f"restore it, e.g. `git checkout -- data/presets/{LLAMA}.json`")
+    for cmd in (["plan"], ["inspect-vllm", "--args", "vllm serve M"], ["repro", "--device", "meta"]):
+        r = _cli(*cmd, "--preset", LLAMA)
+        assert r.exit_code == 2 and r.output.strip().splitlines()[-1] == f"Error: {want}", r.output
+    r = _cli("presets")
+    assert r.exit_code == 0, r.output
+    lines = [" ".join(x.split()) for x in r.output.splitlines() if x.startswith("skipped")]
+    assert lines == [f"skipped {want}", f"skipped preset qwen3-32b: {presets / 'qwen3-32b.json'} is not JSON (Expecting "
+                     "property name enclosed in double quotes, line 1); restore it, e.g. `git checkout -- "
+                     "data/presets/qwen3-32b.json`"]
+    assert "nemotron-3-super-120b-a12b" in r.output
+
+
+@pytest.mark.parametrize("value, why", [("0", "0 is below 1: at least one fresh process per figure"),
+                                        ("-3", "-3 is below 1: at least one fresh process per figure"),
+                                        ("x", "'x' is not an integer")])
+def test_bench_inspect_vllm_repeats_below_one_is_a_usage_error(value, why, capsys):
+    import importlib.util
+
+    from tqlab.core.provenance import DATA_DIR
+
+    spec = importlib.util.spec_from_file_location("bench_inspect_vllm", DATA_DIR.parent / "benchmarks"
+                                                  / "bench_inspect_vllm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--repeats", value])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f": error: argument --repeats: {why}")
+    assert mod._ANSWERED == (0, *sorted(set(EXIT_CODES.values()) - {0}))  # a verdict's exit status is an answer

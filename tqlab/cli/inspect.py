@@ -8,12 +8,13 @@ import json
 import click
 
 
+from tqlab.cli.outputs import check_json_path, force_option
 from tqlab.cli.options import (
     EXIT_HELP,
     GPU_HELP,
     GpuName,
     HumanInt,
-    _check_json_path,
+    _check_preset,
     _console,
     _write_json,
     exit_by_verdict,
@@ -36,8 +37,9 @@ from tqlab.cli.options import (
 @click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the report as JSON ('-': standard output, then only the JSON)")
+@force_option
 def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_tokens, locked_bytes, gpu, gpu_memory_gib,
-                     demo, json_path) -> None:
+                     demo, json_path, force) -> None:
     """Predict, per workspace consumer, whether a vLLM deployment hits the locked-workspace crash.
 
     Reads engine args + the model's config.json; prints the workspace each
@@ -46,7 +48,9 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     "--json -" writes the report to standard output, and nothing else. Bad
     input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
     field, --gpu-memory-gib that is not a finite number > 0, a --json path in
-    a missing folder) is a one-line usage error (exit 2).
+    a missing folder) is a one-line usage error (exit 2). --json never writes
+    under data/ or over a trace record, nor over an existing file without
+    --force.
     """
     import math
 
@@ -59,7 +63,9 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
     to_stdout = json_path == "-"
-    _check_json_path(json_path)
+    check_json_path(json_path, force=force)
+    if preset is not None:
+        _check_preset(preset)
     try:
         report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
                               max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
@@ -105,7 +111,8 @@ def _add_ways_out(report: dict, max_tokens: int) -> None:
 @click.option("--args", "engine_args", type=str, default=None, help='the `vllm serve ...` command line of the deployment')
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the merged report as JSON ('-': standard output, then only the JSON)")
-def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) -> None:
+@force_option
+def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path, force) -> None:
     """Merge the vLLM plugin's per-process records in TRACE_DIR; hold them against the prediction.
 
     Run vLLM with TQLAB_VLLM_TRACE=TRACE_DIR (tqlab installed in vLLM's environment):
@@ -113,10 +120,15 @@ def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) ->
     Prints one row per rank (lock size per slot, largest request per consumer,
     refusals), whether the ranks agree and, with --config/--preset and --args,
     each disagreement with inspect-vllm's prediction, else "as predicted". A
-    truncated or foreign JSON file is skipped with a one-line warning.
+    truncated or foreign JSON file is skipped with a one-line warning. --json
+    never writes into TRACE_DIR, under data/, or over an existing file
+    without --force.
     """
     from tqlab.predict.trace_report import render, trace_report
 
+    check_json_path(json_path, force=force, trace_dir=trace_dir)
+    if preset is not None:
+        _check_preset(preset)
     try:
         report = trace_report(trace_dir, engine_args, model_config, preset=preset)
     except (ValueError, TypeError) as e:

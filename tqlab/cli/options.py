@@ -253,23 +253,38 @@ def _sources(preset: str | None, overrides: dict[str, Any], *, server_defaults: 
     return out
 
 
-def _check_preset(preset: str) -> None:
-    """A preset file that is not a preset (e.g. overwritten by a report) as one usage line naming it."""
+def preset_problem(preset: str) -> str | None:
+    """Why ``data/presets/<preset>.json`` is not a usable preset (one line naming the file), or None. An unknown
+    name is not this function's: :func:`tqlab.core.config.load_preset` lists the known ones."""
     from tqlab.core.config import PRESET_DIR
 
     path = PRESET_DIR / f"{preset}.json"
+    restore = f"; restore it, e.g. `git checkout -- data/presets/{preset}.json`"
     try:
         data = load_preset(preset)
     except json.JSONDecodeError as e:
-        raise click.UsageError(f"preset {preset}: {path} is not JSON ({e.msg}, line {e.lineno}); restore it, e.g. "
-                               f"`git checkout -- data/presets/{preset}.json`") from None
-    except ValueError as e:  # an unknown name, listing the known ones
-        raise click.UsageError(str(e).splitlines()[0]) from None
+        return f"preset {preset}: {path} is not JSON ({e.msg}, line {e.lineno})" + restore
+    except (OSError, UnicodeDecodeError) as e:
+        return f"preset {preset}: {path} cannot be read ({e})" + restore
+    if not isinstance(data, dict):
+        return f"preset {preset}: {path} is not a tqlab preset (a JSON {type(data).__name__}, not an object)" + restore
     missing = [k for k in ("title", "source", "config") if k not in data]
-    if missing or not isinstance(data.get("config"), dict):
-        raise click.UsageError(f"preset {preset}: {path} is not a tqlab preset (no "
-                               f"{', '.join(missing) or 'config object'}); restore it, e.g. `git checkout -- "
-                               f"data/presets/{preset}.json`")
+    if missing or not isinstance(data["config"], dict):
+        what = f"no {', '.join(missing)}" if missing else "its config is not an object"
+        return f"preset {preset}: {path} is not a tqlab preset ({what})" + restore
+    return None
+
+
+def _check_preset(preset: str) -> None:
+    """An unknown preset (listing the known ones) or a broken preset file (:func:`preset_problem`) as one usage
+    line, before any work."""
+    from tqlab.core.config import list_presets
+
+    if preset not in list_presets():
+        raise click.UsageError(f"unknown preset {preset!r}; known presets: {', '.join(list_presets())}")
+    problem = preset_problem(preset)
+    if problem is not None:
+        raise click.UsageError(problem)
 
 
 def _predict(config: EngineConfig, **kw):
@@ -293,19 +308,6 @@ def _config_line(c: EngineConfig) -> str:
     )
 
 
-
-
-def _check_json_path(json_path: str | None) -> None:
-    """Refuse a ``--json FILE`` in a missing folder before any work (``-`` is standard output)."""
-    from pathlib import Path
-
-    if json_path is None or json_path == "-":
-        return
-    parent = Path(json_path).resolve().parent
-    if not parent.is_dir():
-        raise click.BadParameter(f"{json_path}: folder {parent} does not exist", param_hint="--json")
-    if Path(json_path).is_dir():
-        raise click.BadParameter(f"{json_path} is a folder; give a file name", param_hint="--json")
 
 
 def _write_json(obj: dict, json_path: str) -> None:

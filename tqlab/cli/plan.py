@@ -8,11 +8,11 @@ import click
 
 from tqlab.core.config import EngineConfig
 
+from tqlab.cli.outputs import check_json_path, force_option
 from tqlab.cli.options import (
     EXIT_HELP,
     MiB,
     _build_config,
-    _check_json_path,
     _config_line,
     _console,
     _override_options,
@@ -30,10 +30,17 @@ from tqlab.cli.options import (
 @request_options()
 @click.option("--json", "json_path", type=str, default=None,
               help="write the prediction as JSON to FILE ('-': stdout, which then holds only the JSON)")
+@force_option
 @_override_options
-def plan(preset, prompt_tokens, max_tokens, json_path, **overrides) -> None:
-    """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit."""
-    _check_json_path(json_path)
+def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> None:
+    """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit.
+
+    With --preset, max_num_seqs and max_num_batched_tokens no flag gives are
+    vLLM's defaults for --gpu (as for a config.json), unless the preset
+    records a real deployment. --json never writes under data/ or over a
+    trace record, nor over an existing file without --force.
+    """
+    check_json_path(json_path, force=force)
     config = _build_config(preset, overrides)
     capped, asked_max_tokens = None, max_tokens
     if prompt_tokens is not None:
