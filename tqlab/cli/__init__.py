@@ -12,6 +12,8 @@ The commands live one per module: :mod:`tqlab.cli.repro`, :mod:`tqlab.cli.plan`,
 
 from __future__ import annotations
 
+from tqlab.cli import _needs  # noqa: F401  (first: click and rich present, else one line saying what to add)
+
 import click
 
 from tqlab.cli.inspect import inspect_vllm_cmd, trace_report_cmd
