@@ -321,3 +321,30 @@ def test_bench_inspect_vllm_repeats_below_one_is_a_usage_error(value, why, capsy
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1].endswith(f": error: argument --repeats: {why}")
     assert mod._ANSWERED == (0, *sorted(set(EXIT_CODES.values()) - {0}))  # a verdict's exit status is an answer
+
+
+# --------------------------------------------------------------------------- 80 columns
+
+
+@pytest.mark.parametrize("args", [["--help"], ["plan", "--help"], ["repro", "--help"], ["inspect-vllm", "--help"],
+                                  ["trace-report", "--help"], ["presets"]])
+def test_help_and_tables_fit_80_columns(args, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    r = CliRunner().invoke(app, args, terminal_width=80)
+    assert r.exit_code == 0, r.output
+    assert max(map(len, r.output.splitlines())) <= 80
+
+
+def test_the_consumer_table_fits_80_columns():
+    from tqlab.core.config import EngineConfig
+    from tqlab.predict.analysis import predict
+    from tqlab.predict.consumer_text import consumer_lines
+
+    lines = consumer_lines(predict(EngineConfig.from_preset("deepseek-v3.2")))
+    at = lines.index("  phase             reserved before the lock              max at serve time  cov")
+    assert lines[at + 1:at + 5] == [
+        "  flashmla_sparse.py:__init__",
+        "  init         2,369,781,760 B   2260.00 MiB  2,369,781,760 B   2260.00 MiB  yes",
+        "  sparse_attn_indexer.py:sparse_attn_indexer",
+        "  profile_run    866,123,776 B    826.00 MiB    865,075,200 B    825.00 MiB  yes"]
+    assert max(len(x) for x in lines[:at + 5]) <= 80

@@ -167,8 +167,9 @@ def _override_options(f):
         hlp = field_help(fld.name)
         if fld.type in ("bool", bool):
             opt = click.option(f"{flag}/--no-{fld.name.replace('_', '-')}", fld.name, default=None, help=hlp)
-        elif fld.name == "kv_cache_dtype":
-            opt = click.option(flag, fld.name, type=click.Choice(KV_CACHE_DTYPES), default=None, help=hlp)
+        elif fld.name == "kv_cache_dtype":  # the choices go in the help text, which wraps (80 columns)
+            opt = click.option(flag, fld.name, type=click.Choice(KV_CACHE_DTYPES), default=None, metavar="DTYPE",
+                               help=f"{hlp}; one of: {', '.join(KV_CACHE_DTYPES)}")
         elif fld.name == "cudagraph_mode":
             opt = click.option(flag, fld.name, type=click.Choice(CUDAGRAPH_MODES, case_sensitive=False), default=None,
                                help=hlp)

@@ -39,18 +39,20 @@ def _size(nbytes: int) -> str:
 
 
 def consumer_lines(pred: "Prediction") -> list[str]:
-    """The consumer table (consumer, phase, reserved before the lock, max at serve time, covered), the line that
+    """The consumer table (consumer, phase, reserved before the lock, max at serve time, covered; two lines a
+    consumer, 80 columns), the line that
     names who sets the lock, and the unmodelled consumers with their reasons. Bytes and MiB (2**20)."""
     rows = pred.consumers.get("consumers", [])
     out = [gpu_line(pred)]
     if rows:
-        out.append("workspace consumers (slot ubatch 0, lane 0; a slot is as large as the largest request before "
-                   "the lock):")
-        w = max(len(r["consumer"]) for r in rows)
-        out.append(f"  {'consumer':<{w}}  {'phase':<11}  {'reserved before the lock':>29}  "
-                   f"{'max at serve time':>29}  covered")
+        out.append("workspace consumers (slot ubatch 0, lane 0; a slot is as large as the largest")
+        out.append("request before the lock):")
+        # two lines a consumer, so the table fits 80 columns: its call site, then phase, sizes and covered
+        out.append("  consumer (call site), then phase, sizes, whether the lock covers it (cov)")
+        out.append(f"  {'phase':<11}  {'reserved before the lock':>29}  {'max at serve time':>29}  cov")
         for r in rows:
-            out.append(f"  {r['consumer']:<{w}}  {r['phase']:<11}  {_size(r['reserved_bytes'])}  "
+            out.append(f"  {r['consumer']}")
+            out.append(f"  {r['phase']:<11}  {_size(r['reserved_bytes'])}  "
                        f"{_size(r['max_runtime_bytes'])}  {'yes' if r['covered'] else 'NO'}")
         if any(r["consumer"].startswith(_TQ_PREFIX) for r in rows):
             out.append("  (TurboQuant's rows: with PR #44053's reservation, and covered = fits the lock with it; without "
