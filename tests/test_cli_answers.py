@@ -348,3 +348,26 @@ def test_the_consumer_table_fits_80_columns():
         "  sparse_attn_indexer.py:sparse_attn_indexer",
         "  profile_run    866,123,776 B    826.00 MiB    865,075,200 B    825.00 MiB  yes"]
     assert max(len(x) for x in lines[:at + 5]) <= 80
+
+
+MTP = ["--num-attention-heads", "24", "--num-key-value-heads", "8", "--head-dim", "256", "--max-num-seqs", "1",
+       "--max-model-len", "1024", "--max-num-batched-tokens", "1024", "--kv-cache-dtype", "turboquant_4bit_nc",
+       "--num-speculative-tokens", "2"]
+"""vLLM issue #42544's layout per rank (notebook 03, section 8): an MTP drafter with 2 speculative tokens."""
+
+
+def test_the_speculative_reports_first_decode_crash_shows_with_default_flags():
+    """'_decode_attention' requires 0.76 MB, current size is 0.00 MB (vLLM #42544): the first decode step, which the
+    old default --max-tokens 1 never asked (that run said ok, exit 0)."""
+    r = _cli("plan", *MTP)
+    assert r.exit_code == 3, r.output
+    out = " ".join(r.output.split())
+    assert ("verdict without the fix: CRASH: _decode_attention (drafter) requires 0.76 MB, current size is 0.00 MB "
+            "(cached 1, q 1) -- for the deployment: the decode step every prompt makes (shown for a 1-token prompt)"
+            ) in out
+    assert ("every prompt crashes at its first decode step (_decode_attention (drafter) asks 802,048 bytes); without "
+            "decode steps (--max-tokens 1) the longest prompt that survives is 1023 tokens; verdict: crash") in out
+    assert [w["flag"] for w in json.loads(_cli("plan", *MTP, "--json", "-").output)["ways_out"]] == [
+        None, "--enforce-eager"]
+    r1 = _cli("plan", *MTP, "--max-tokens", "1", "--json", "-")
+    assert (r1.exit_code, json.loads(r1.output)["verdict"]) == (0, "ok")  # the prefill-only question

@@ -47,7 +47,7 @@ def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> No
         max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
     pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, sources=_sources(preset, overrides))
     try:
-        lines = _plan_lines(config, pred)
+        lines = _plan_lines(config, pred, _first_decode_refusal(config, asked_max_tokens))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     # The top level always describes the deployment (as inspect-vllm's does); a --prompt-tokens
@@ -67,8 +67,18 @@ def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> No
     exit_by_verdict(obj)
 
 
-def _plan_lines(config: EngineConfig, pred) -> list:
-    """What ``tqlab plan`` prints: config, the reservation table, the KV share and the verdict without the fix."""
+def _first_decode_refusal(config: EngineConfig, max_tokens: int) -> dict | None:
+    """The call a 1-token prompt's decode steps make that the lock refuses, or None: the predictor for that prompt
+    (a 1-token prompt has no continuation chunk, so a refused call is its first decode step's, which every
+    prompt makes alike: a speculative drafter's one-token decode at a lock of 0 bytes). None for ``max_tokens`` 1."""
+    if max_tokens < 2 or config.max_model_len < 1 + max_tokens:
+        return None
+    return _predict(config, prompt_tokens=1, max_tokens=max_tokens).first_refused_call
+
+
+def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) -> list:
+    """What ``tqlab plan`` prints: config, the reservation table, the KV share and the verdict without the fix;
+    ``decode_refusal``: :func:`_first_decode_refusal` (then every prompt crashes at its first decode step)."""
     from rich.table import Table
 
     from tqlab.attention import kv_cache_bytes_per_token
@@ -113,6 +123,9 @@ def _plan_lines(config: EngineConfig, pred) -> list:
         return out + [verdict_line(pred)]
     bad = pred.first_failing_prompt_tokens
     survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
+                f"every prompt crashes at its first decode step ({decode_refusal['caller']} asks "
+                f"{decode_refusal['required_bytes']:,} bytes); without decode steps (--max-tokens 1) the longest prompt "
+                f"that survives is {bad - 1 if bad else config.max_model_len - 1} tokens" if decode_refusal else
                 f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
                 else "every prompt up to max_model_len survives its prefill")
     out.append(

@@ -100,6 +100,8 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     """Walk the engine lifecycle and send one prompt; check the run against tqlab.predict.analysis.predict.
 
     Exit status 0 when the run behaves as predicted (crash, completes, or never locked), 1 otherwise.
+    With --preset, the preset's own max_num_seqs and max_num_batched_tokens (plan and inspect-vllm take
+    vLLM's defaults for --gpu instead); give them as flags to replay a server.
     """
     from tqlab.engine import LLMEngine
     from tqlab.core.workspace import format_mb

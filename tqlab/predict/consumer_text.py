@@ -92,8 +92,8 @@ def _which_prompt(pred: "Prediction") -> str:
     if pred.prompt_tokens is not None:
         return f" -- for the {pred.prompt_tokens:,}-token prompt asked about"
     n = pred.first_failing_prompt_tokens
-    if n is None:
-        return ""
+    if n is None:  # no prefill overflows: the refused call is the decode step every prompt makes
+        return " -- for the deployment: the decode step every prompt makes (shown for a 1-token prompt)"
     return (" -- for every prompt: another consumer overflows the lock" if n == 1 else
             f" -- for the deployment: its shortest failing prompt ({n:,} tokens, alone), not necessarily one you asked "
             "about")
