@@ -371,3 +371,36 @@ def test_the_speculative_reports_first_decode_crash_shows_with_default_flags():
         None, "--enforce-eager"]
     r1 = _cli("plan", *MTP, "--max-tokens", "1", "--json", "-")
     assert (r1.exit_code, json.loads(r1.output)["verdict"]) == (0, "ok")  # the prefill-only question
+
+
+def test_every_way_out_replays_safe_on_random_deployments():
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from tqlab.core.config import EngineConfig
+    from tqlab.predict.analysis import predict
+    from tqlab.predict.ways_out import ways_out
+
+    @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @given(preset=st.sampled_from([LLAMA, "nemotron-3-super-120b-a12b", "qwen3-32b", "pr-44053-unit-test"]),
+           seqs=st.sampled_from([1, 4, 64, 256, 1024]), mml=st.integers(2048, 131072),
+           k=st.sampled_from([0, 0, 2]), prefix=st.booleans())
+    def check(preset, seqs, mml, k, prefix):
+        try:
+            c = EngineConfig.from_preset(preset, max_num_seqs=seqs, max_model_len=mml, num_speculative_tokens=k,
+                                         enable_prefix_caching=prefix, max_num_batched_tokens=max(seqs, 2048))
+        except ValueError:
+            return
+        for w in ways_out(c):
+            if w.flag is None:
+                p, changed = predict(c, fix=True, max_tokens=16), c
+            else:
+                words = w.flag.split()
+                changes = {words[i][2:].replace("-", "_"): int(words[i + 1]) if i + 1 < len(words) and
+                           words[i + 1].isdigit() else True for i in range(len(words)) if words[i].startswith("--")}
+                changed = c.replace(**changes)
+                p = predict(changed, max_tokens=16)
+            assert p.verdict in ("ok", "never_locked"), (w, p.verdict)
+            assert p.verdict == "never_locked" or p.safe_max_model_len_any_schedule == changed.max_model_len
+
+    check()
