@@ -36,18 +36,35 @@ KIMI_K26 = dict(model_type="kimi_k2", hidden_size=7168, num_attention_heads=64, 
 TARGET_S = 3.0
 
 
+_ANSWERED = (0, 3, 4, 5)
+"""Exit statuses of an answer: inspect-vllm exits by its verdict (tqlab.cli.options.EXIT_CODES); 1/2 are failures."""
+
+
 def _time(cmd: list[str], env: dict[str, str], repeats: int) -> dict[str, float]:
     runs = []
     for _ in range(repeats):
         t = time.perf_counter()
-        subprocess.run(cmd, env=env, check=True, capture_output=True, cwd=ROOT)
+        done = subprocess.run(cmd, env=env, capture_output=True, cwd=ROOT)
         runs.append(time.perf_counter() - t)
+        if done.returncode not in _ANSWERED:
+            raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
     return {"min_s": round(min(runs), 3), "median_s": round(statistics.median(runs), 3)}
+
+
+def _positive_int(text: str) -> int:
+    """``--repeats``: an integer >= 1 (a minimum and a median need one run at least), else argparse's usage error."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is below 1: at least one fresh process per figure")
+    return n
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5, help="fresh processes per figure")
+    ap.add_argument("--repeats", type=_positive_int, default=5, help="fresh processes per figure (>= 1)")
     ap.add_argument("--record", action="store_true", help="write data/inspect_vllm_cpu.json instead of build/")
     return ap
 

@@ -137,10 +137,13 @@ config_json = st.one_of(
 
 def _check(result, elapsed: float) -> None:
     out = result.output
-    assert result.exit_code in (0, 1, 2), (result.exit_code, out, result.exception)
+    # 0/3/4/5: a verdict (tqlab.cli.options.EXIT_CODES: ok, crash, partial, refused); 1/2: an error in one line
+    assert result.exit_code in (0, 1, 2, 3, 4, 5), (result.exit_code, out, result.exception)
     assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
     assert "Traceback" not in out
-    if result.exit_code:
+    if result.exit_code in (3, 4, 5):
+        assert "Error:" not in out and "verdict" in out, out
+    elif result.exit_code:
         err = out[out.index("Error:"):].strip() if "Error:" in out else out.strip()
         assert err and "\n" not in err, out
     assert elapsed < CALL_SECONDS, f"{elapsed:.1f} s"

@@ -38,7 +38,7 @@ def test_plan_and_repro_take_human_readable_sizes():
     assert "max_model_len=32000" in r.output and "max_num_batched_tokens=4096" in r.output
     r = _cli("repro", "--preset", LLAMA, "--device", "meta", "--prompt-tokens", "8k", "--num-hidden-layers", "1")
     assert r.exit_code == 0, r.output
-    assert "request 8000-token prompt, max_tokens=1" in r.output
+    assert "request 8000-token prompt, max_tokens=16" in r.output  # vLLM's SamplingParams default (was 1)
     r = _cli("inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M --max-model-len 16K", "--tokens", "8k")
     assert r.exit_code == 0, r.output
     assert "request of 8000 prompt tokens" in r.output
@@ -64,7 +64,7 @@ def test_plan_serves_a_prompt_one_short_of_max_model_len_as_vllm_does():
 def test_the_three_entry_points_share_the_request_options(cmd):
     params = {p.name: p for p in app.commands[cmd].params}
     assert isinstance(params["prompt_tokens"].type, HumanInt) and isinstance(params["max_tokens"].type, HumanInt)
-    assert params["max_tokens"].default == 1
+    assert params["max_tokens"].default == 16  # vLLM 0.33's SamplingParams.max_tokens: the first decode step is asked
     assert params["prompt_tokens"].multiple == (cmd == "inspect-vllm")
 
 

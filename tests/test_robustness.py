@@ -133,7 +133,8 @@ def test_repro_rejects_a_prompt_longer_than_max_model_len_up_front():
 def test_repro_counts_serving_paths_only():
     r = CliRunner().invoke(app, ["repro", "--preset", NEMOTRON, "--device", "meta", "--fix", "--num-hidden-layers", "1"])
     assert r.exit_code == 0, r.output
-    assert "paths used: {'prefill': 1, 'decode': 0, 'decode_kernel': 0, 'continuation': 1}" in r.output
+    # vLLM's default max_tokens 16: the prefill samples the first token, 15 decode steps follow
+    assert "paths used: {'prefill': 1, 'decode': 15, 'decode_kernel': 0, 'continuation': 1}" in r.output
 
 
 def test_marked_wrappers_are_skipped_when_naming_the_caller():

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 
 import pytest
+
+from tqlab.core.notes import NoteKind
 import torch
 from click.testing import CliRunner
 from hypothesis import given, settings
@@ -396,7 +398,10 @@ def test_hybrid_preset_takes_the_lines_prefix_caching_flags():
     assert "tqlab does not model (mamba_block_aligned_split left off)" in d.notes[-1]
     d = deployment_from_preset("vllm serve M --no-enable-prefix-caching", "qwen3-32b")  # dense preset: the field only
     assert (d.config.mamba_block_aligned_split, d.config.enable_prefix_caching) == (False, False)
-    assert d.notes == ["preset qwen3-32b"] and d.sources["enable_prefix_caching"] == "flag --enable-prefix-caching"
+    assert d.notes[0] == "preset qwen3-32b" and d.sources["enable_prefix_caching"] == "flag --enable-prefix-caching"
+    # the rest: the server limits the line leaves out are vLLM's defaults for the GPU, not the preset's (issue 30)
+    assert [n.kind for n in d.notes[1:]] == [NoteKind.DEFAULTED, NoteKind.DEFAULTED]
+    assert (d.config.max_num_seqs, d.config.max_num_batched_tokens) == (1024, 8192)
 
 
 @pytest.mark.parametrize("deploy, heads_bytes", [
@@ -450,7 +455,7 @@ def test_inspect_vllm_reads_a_hybrid_config(tmp_path):
     out = tmp_path / "r.json"
     r = CliRunner().invoke(app, ["inspect-vllm", "--config", str(tmp_path), "--args", REPORT_43357, "--tokens", "8000",
                                  "--json", str(out)])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # crash: the exit status follows the verdict
     rep = json.loads(out.read_text())
     c = rep["prediction"]["config"]
     assert (c["block_size"], c["num_hidden_layers"], c["max_model_len"], c["kv_cache_dtype"]) == (2080, 16, 114688, "turboquant_k8v4")
@@ -524,7 +529,7 @@ def test_fields_being_added_to_engine_config_are_passed_once_they_exist(monkeypa
 
 def test_inspect_vllm_json_dash_prints_only_the_json():
     r = CliRunner().invoke(app, ["inspect-vllm", "--preset", "pr-44053-unit-test", "--tokens", "100", "--json", "-"])
-    assert r.exit_code == 0, r.output
+    assert r.exit_code == 3, r.output  # crash: the unit test's deployment without the fix
     rep = json.loads(r.output)
     assert rep["prediction"]["config"]["preset"] == "pr-44053-unit-test"
 

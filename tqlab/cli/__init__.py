@@ -12,10 +12,12 @@ The commands live one per module: :mod:`tqlab.cli.repro`, :mod:`tqlab.cli.plan`,
 
 from __future__ import annotations
 
+from tqlab.cli import _needs  # noqa: F401  (first: click and rich present, else one line saying what to add)
+
 import click
 
 from tqlab.cli.inspect import inspect_vllm_cmd, trace_report_cmd
-from tqlab.cli.options import HumanInt, _console, request_max_tokens
+from tqlab.cli.options import HumanInt, _console, preset_problem, request_max_tokens
 from tqlab.cli.plan import plan
 from tqlab.cli.repro import _pick_device, cpu_run_estimate, repro
 from tqlab.core.config import list_presets, load_preset
@@ -30,10 +32,11 @@ def app() -> None:
 
 @app.command()
 def presets() -> None:
-    """List the presets in data/presets/ with their sources."""
+    """List the presets in data/presets/ with their sources (a broken preset file: one line naming it)."""
     from rich.table import Table
 
-    names = list_presets()
+    problems = {n: preset_problem(n) for n in list_presets()}
+    names = [n for n, p in problems.items() if p is None]
     t = Table(show_lines=True)
     t.add_column("preset", no_wrap=True, min_width=max(map(len, names), default=6))  # a name is copied whole
     t.add_column("title")
@@ -41,7 +44,12 @@ def presets() -> None:
     for name in names:
         data = load_preset(name)
         t.add_row(name, data["title"], data["source"])
-    _console().print(t)
+    console = _console()
+    console.print(t)
+    from rich.markup import escape
+
+    for problem in filter(None, problems.values()):
+        console.print(f"[yellow]skipped[/] {escape(problem)}")
 
 
 

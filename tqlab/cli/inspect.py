@@ -8,17 +8,21 @@ import json
 import click
 
 
+from tqlab.cli.outputs import check_json_path, force_option
 from tqlab.cli.options import (
+    EXIT_HELP,
     GPU_HELP,
     GpuName,
     HumanInt,
-    _check_json_path,
+    _check_preset,
     _console,
     _write_json,
+    exit_by_verdict,
     request_options,
+    ways_out_report,
 )
 
-@click.command("inspect-vllm")
+@click.command("inspect-vllm", epilog=EXIT_HELP)
 @click.option("--args", "engine_args", type=str, default=None,
               help='the `vllm serve ...` command line, e.g. "vllm serve M --tensor-parallel-size 8 --max-model-len 131072"')
 @click.option("--config", "model_config", type=click.Path(exists=True), default=None,
@@ -33,8 +37,9 @@ from tqlab.cli.options import (
 @click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the report as JSON ('-': standard output, then only the JSON)")
+@force_option
 def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_tokens, locked_bytes, gpu, gpu_memory_gib,
-                     demo, json_path) -> None:
+                     demo, json_path, force) -> None:
     """Predict, per workspace consumer, whether a vLLM deployment hits the locked-workspace crash.
 
     Reads engine args + the model's config.json; prints the workspace each
@@ -43,7 +48,9 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     "--json -" writes the report to standard output, and nothing else. Bad
     input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
     field, --gpu-memory-gib that is not a finite number > 0, a --json path in
-    a missing folder) is a one-line usage error (exit 2).
+    a missing folder) is a one-line usage error (exit 2). --json never writes
+    under data/ or over a trace record, nor over an existing file without
+    --force.
     """
     import math
 
@@ -56,7 +63,9 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     if gpu_memory_gib is not None and not (math.isfinite(gpu_memory_gib) and gpu_memory_gib > 0):
         raise click.BadParameter(f"must be a finite number of GiB > 0, got {gpu_memory_gib}", param_hint="--gpu-memory-gib")
     to_stdout = json_path == "-"
-    _check_json_path(json_path)
+    check_json_path(json_path, force=force)
+    if preset is not None:
+        _check_preset(preset)
     try:
         report = inspect_vllm(engine_args, model_config, preset=preset, prompt_tokens=prompt_tokens,
                               max_tokens=max_tokens, locked_bytes=locked_bytes, gpu=gpu,
@@ -65,17 +74,33 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
         raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     except OSError as e:
         raise click.UsageError(f"{e.filename or json_path}: {e.strerror}") from None
+    _add_ways_out(report, max_tokens)
     text = json.dumps(report, indent=2, default=str)
     if to_stdout:  # --json -: standard output holds only the JSON
         click.echo(text)
-        return
-    if json_path is not None:
+    elif json_path is not None:
         try:
             with open(json_path, "w") as f:
                 f.write(text)
         except OSError as e:
             raise click.UsageError(f"cannot write the JSON report to {json_path!r}: {e.strerror}") from None
-    click.echo(report["text"])
+    if not to_stdout:
+        click.echo(report["text"])
+    exit_by_verdict(report)
+
+
+def _add_ways_out(report: dict, max_tokens: int) -> None:
+    """``report["ways_out"]`` and its lines after the text (:func:`tqlab.cli.options.ways_out_report`), for the
+    deployment the report read (its ``prediction.config``) and a measured lock size if one was given."""
+    from tqlab.core.config import EngineConfig
+
+    cfg = dict(report["prediction"]["config"])
+    config = EngineConfig(**cfg)
+    measured = report["locked_bytes"] if report.get("locked_source") == "measured" else None
+    report["ways_out"], lines = ways_out_report(config, crashed=report["verdict"] == "crash", locked_bytes=measured,
+                                                max_tokens=max_tokens)
+    if lines:
+        report["text"] += "\n" + "\n".join(lines)
 
 
 @click.command("trace-report")
@@ -86,7 +111,8 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
 @click.option("--args", "engine_args", type=str, default=None, help='the `vllm serve ...` command line of the deployment')
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the merged report as JSON ('-': standard output, then only the JSON)")
-def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) -> None:
+@force_option
+def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path, force) -> None:
     """Merge the vLLM plugin's per-process records in TRACE_DIR; hold them against the prediction.
 
     Run vLLM with TQLAB_VLLM_TRACE=TRACE_DIR (tqlab installed in vLLM's environment):
@@ -97,10 +123,14 @@ def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path) ->
     Records that disagree with each other or with --args (vLLM version,
     config, a duplicated or missing rank) are named. A truncated or foreign
     JSON file, a FIFO, a device, a folder or a file over 16 MiB is skipped
-    with a one-line warning.
+    with a one-line warning. --json never writes into TRACE_DIR, under data/,
+    or over an existing file without --force.
     """
     from tqlab.predict.trace_report import render, trace_report
 
+    check_json_path(json_path, force=force, trace_dir=trace_dir)
+    if preset is not None:
+        _check_preset(preset)
     try:
         report = trace_report(trace_dir, engine_args, model_config, preset=preset)
     except (ValueError, TypeError) as e:

@@ -63,24 +63,64 @@ GPU_HELP = ("GPU target vLLM would run on (SM count, compute capability, default
             "H100, H200, B200, A4000, ... (default H200; case-insensitive)")
 
 
+DEFAULT_MAX_TOKENS = 16
+"""``--max-tokens``' default: vLLM 0.33's own default output length for a request that does not say,
+``SamplingParams.max_tokens = 16`` (``vllm/sampling_params.py``; the ``LLM`` class and ``/v1/completions``,
+``vllm/entrypoints/openai/completion/protocol.py`` ``max_tokens: int | None = 16``). ``/v1/chat/completions``
+defaults to ``None``, which ``get_max_tokens`` (``vllm/entrypoints/serve/utils/api_utils.py``) turns into
+``max_model_len - prompt``: longer, but every decode step after the first makes the same workspace call, so
+16 asks the same question. Either way the first decode step is asked; ``--max-tokens 1`` asks the prefill alone
+(vLLM samples the first token in the prefill's last step and stops there: ``vllm/v1/core/sched/utils.py``
+``check_stop``)."""
+
+
 def request_options(*, several: bool = False):
     """The request options every entry point takes (``repro``, ``plan``, ``inspect-vllm``), one decorator.
 
     ``--prompt-tokens N`` (``inspect-vllm``: repeatable, alias ``--tokens``) and ``--max-tokens N``
-    (default 1: the prompt's prefill and its one output token; vLLM serves ``prompt + max_tokens <=
-    max_model_len``), both :class:`HumanInt`.
+    (default :data:`DEFAULT_MAX_TOKENS` = 16, vLLM's: the prefill, its output token and the decode steps after it;
+    vLLM serves ``prompt + max_tokens <= max_model_len``), both :class:`HumanInt`.
     """
     def deco(f):
         names = ("--prompt-tokens", "--tokens") if several else ("--prompt-tokens",)
         hlp = ("prompt length to check (repeatable; default max_model_len - 1)" if several
                else "prompt length in tokens (repro: default the preset's, e.g. 8192; plan: also predict this prompt)")
-        mt_help = "tokens to generate (vLLM caps it at max_model_len - prompt)"
+        mt_help = ("tokens to generate; default 16, vLLM's SamplingParams default (so the first decode step is "
+                   "asked); 1 = the prefill alone; capped at max_model_len - prompt as vLLM caps it")
         if several:  # inspect-vllm: each later decode step makes the same split-KV call as the first
-            mt_help += "; the decode call does not grow with length, so the verdict depends on the prompt alone"
-        f = click.option("--max-tokens", type=HumanInt(1), default=1, show_default=True, help=mt_help)(f)
+            mt_help += "; every decode step makes the same call, so any value >= 2 gives the same verdict"
+        f = click.option("--max-tokens", type=HumanInt(1), default=DEFAULT_MAX_TOKENS, show_default=True,
+                         help=mt_help)(f)
         return click.option(*names, "prompt_tokens", type=HumanInt(1), multiple=several,
                             default=() if several else None, help=hlp)(f)
     return deco
+
+
+EXIT_CODES = {"ok": 0, "never_locked": 0, "crash": 3, "partial": 4, "refused": 5}
+"""Exit status of ``plan`` and ``inspect-vllm`` by the deployment's verdict (the JSON's top-level ``verdict``):
+0 ok or never locked (the locked-workspace assertion cannot fire), 3 crash, 4 partial (a consumer the
+deployment reaches is not sized: tqlab does not know), 5 refused (vLLM will not start the deployment).
+A usage error is 2 (click's). ``repro`` keeps its own rule (0 when the run did what the predictor said)."""
+
+EXIT_HELP = ("Exit status by the deployment's verdict: 0 ok or never locked, 3 crash, 4 partial (a consumer it "
+             "reaches is not sized), 5 refused (vLLM will not start it), 2 bad usage.")
+
+
+def verdict_exit_code(report: dict[str, Any]) -> int:
+    """The exit status for a ``--json`` report (:data:`EXIT_CODES`): its ``verdict``, read as ``partial`` when it
+    says ``ok`` but ``partial`` is true (an ok over the modelled consumers only is no ok). A verdict outside the
+    five (a newer predictor's) exits 4, as partial: an answer this CLI cannot read is never an ok."""
+    verdict = report.get("verdict")
+    if verdict == "ok" and report.get("partial"):
+        verdict = "partial"
+    return EXIT_CODES.get(verdict, EXIT_CODES["partial"])
+
+
+def exit_by_verdict(report: dict[str, Any]) -> None:
+    """End the command with :func:`verdict_exit_code` of ``report`` (returns normally for 0)."""
+    code = verdict_exit_code(report)
+    if code:
+        raise click.exceptions.Exit(code)
 
 
 def request_max_tokens(config: EngineConfig, prompt_tokens: int, max_tokens: int) -> tuple[int, str | None]:
@@ -102,6 +142,16 @@ def request_max_tokens(config: EngineConfig, prompt_tokens: int, max_tokens: int
     return room, (f"--max-tokens {max_tokens} capped at max_model_len - prompt = {room}, as vLLM's get_max_tokens does")
 
 
+def ways_out_report(config: EngineConfig, *, crashed: bool, locked_bytes: int | None = None,
+                    max_tokens: int = DEFAULT_MAX_TOKENS) -> tuple[list[dict[str, Any]], list[str]]:
+    """``(--json's "ways_out" list, text lines)``: :func:`tqlab.predict.ways_out.ways_out` of the deployment, each
+    way checked by the predictor; ``crashed``: the deployment's verdict is a crash (then "none" is said too)."""
+    from tqlab.predict.ways_out import way_out_lines, ways_out
+
+    ways = ways_out(config, locked_bytes=locked_bytes, max_tokens=max_tokens)
+    return [w.to_json() for w in ways], way_out_lines(ways, crashed=crashed)
+
+
 def _console():
     from rich.console import Console  # lazy: `tqlab --help` must not pay for rich/torch
 
@@ -117,8 +167,9 @@ def _override_options(f):
         hlp = field_help(fld.name)
         if fld.type in ("bool", bool):
             opt = click.option(f"{flag}/--no-{fld.name.replace('_', '-')}", fld.name, default=None, help=hlp)
-        elif fld.name == "kv_cache_dtype":
-            opt = click.option(flag, fld.name, type=click.Choice(KV_CACHE_DTYPES), default=None, help=hlp)
+        elif fld.name == "kv_cache_dtype":  # the choices go in the help text, which wraps (80 columns)
+            opt = click.option(flag, fld.name, type=click.Choice(KV_CACHE_DTYPES), default=None, metavar="DTYPE",
+                               help=f"{hlp}; one of: {', '.join(KV_CACHE_DTYPES)}")
         elif fld.name == "cudagraph_mode":
             opt = click.option(flag, fld.name, type=click.Choice(CUDAGRAPH_MODES, case_sensitive=False), default=None,
                                help=hlp)
@@ -135,7 +186,23 @@ def _override_options(f):
     return f
 
 
-def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig:
+def _server_defaults(preset: str, ov: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """``(values, sources)`` of the server limits a ``--preset`` deployment takes from vLLM's defaults for ``--gpu``
+    (:func:`tqlab.vllm.preset_server.preset_server_limits`); a bad preset file is one usage line."""
+    from tqlab.vllm.preset_server import preset_server_limits
+
+    try:
+        values, sources, _ = preset_server_limits(preset, ov, gpu=ov.get("gpu"))
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
+    return values, sources
+
+
+def _build_config(preset: str | None, overrides: dict[str, Any], *, server_defaults: bool = True) -> EngineConfig:
+    """The :class:`EngineConfig` of a command's flags, on ``preset`` if given. ``server_defaults``: a preset's
+    ``max_num_seqs`` / ``max_num_batched_tokens`` that no flag gives take vLLM's defaults for ``--gpu``
+    (``plan``, as ``inspect-vllm``); False keeps the preset's numbers (``repro``, whose runs and notebooks
+    rely on them). Raises ``click.UsageError`` (one line) for bad input."""
     ov = {k: v for k, v in overrides.items() if v is not None}
     if "cudagraph_capture_sizes" in ov:
         try:
@@ -148,7 +215,9 @@ def _build_config(preset: str | None, overrides: dict[str, Any]) -> EngineConfig
         ov.setdefault("mamba_block_aligned_split", False)
     try:
         if preset:
-            return EngineConfig.from_preset(preset, **ov)
+            _check_preset(preset)
+            extra = _server_defaults(preset, ov)[0] if server_defaults else {}
+            return EngineConfig.from_preset(preset, **ov, **extra)
         missing = [n for n in ("num_attention_heads", "num_key_value_heads", "head_dim") if n not in ov]
         if missing:
             raise click.UsageError(
@@ -170,16 +239,53 @@ def _name_flags(message: str, given: dict[str, Any]) -> str:
     return message
 
 
-def _sources(preset: str | None, overrides: dict[str, Any]) -> dict[str, str]:
-    """Where each input came from: ``flag``, ``preset NAME`` or ``tqlab default``."""
-    given = {k for k, v in overrides.items() if v is not None}
+def _sources(preset: str | None, overrides: dict[str, Any], *, server_defaults: bool = True) -> dict[str, str]:
+    """Where each input came from: ``flag``, ``preset NAME``, vLLM's default for ``--gpu`` (a preset's server
+    limits, as :func:`_build_config` sets them) or ``tqlab default``."""
+    ov = {k: v for k, v in overrides.items() if v is not None}
     from_preset = set(load_preset(preset)["config"]) if preset else set()
+    vllm = _server_defaults(preset, ov)[1] if preset and server_defaults else {}
     out = {}
     for fld in dataclasses.fields(EngineConfig):
         if fld.name in _SKIP:
             continue
-        out[fld.name] = "flag" if fld.name in given else (f"preset {preset}" if fld.name in from_preset else "tqlab default")
+        out[fld.name] = ("flag" if fld.name in ov else vllm.get(fld.name) or
+                         (f"preset {preset}" if fld.name in from_preset else "tqlab default"))
     return out
+
+
+def preset_problem(preset: str) -> str | None:
+    """Why ``data/presets/<preset>.json`` is not a usable preset (one line naming the file), or None. An unknown
+    name is not this function's: :func:`tqlab.core.config.load_preset` lists the known ones."""
+    from tqlab.core.config import PRESET_DIR
+
+    path = PRESET_DIR / f"{preset}.json"
+    restore = f"; restore it, e.g. `git checkout -- data/presets/{preset}.json`"
+    try:
+        data = load_preset(preset)
+    except json.JSONDecodeError as e:
+        return f"preset {preset}: {path} is not JSON ({e.msg}, line {e.lineno})" + restore
+    except (OSError, UnicodeDecodeError) as e:
+        return f"preset {preset}: {path} cannot be read ({e})" + restore
+    if not isinstance(data, dict):
+        return f"preset {preset}: {path} is not a tqlab preset (a JSON {type(data).__name__}, not an object)" + restore
+    missing = [k for k in ("title", "source", "config") if k not in data]
+    if missing or not isinstance(data["config"], dict):
+        what = f"no {', '.join(missing)}" if missing else "its config is not an object"
+        return f"preset {preset}: {path} is not a tqlab preset ({what})" + restore
+    return None
+
+
+def _check_preset(preset: str) -> None:
+    """An unknown preset (listing the known ones) or a broken preset file (:func:`preset_problem`) as one usage
+    line, before any work."""
+    from tqlab.core.config import list_presets
+
+    if preset not in list_presets():
+        raise click.UsageError(f"unknown preset {preset!r}; known presets: {', '.join(list_presets())}")
+    problem = preset_problem(preset)
+    if problem is not None:
+        raise click.UsageError(problem)
 
 
 def _predict(config: EngineConfig, **kw):
@@ -203,19 +309,6 @@ def _config_line(c: EngineConfig) -> str:
     )
 
 
-
-
-def _check_json_path(json_path: str | None) -> None:
-    """Refuse a ``--json FILE`` in a missing folder before any work (``-`` is standard output)."""
-    from pathlib import Path
-
-    if json_path is None or json_path == "-":
-        return
-    parent = Path(json_path).resolve().parent
-    if not parent.is_dir():
-        raise click.BadParameter(f"{json_path}: folder {parent} does not exist", param_hint="--json")
-    if Path(json_path).is_dir():
-        raise click.BadParameter(f"{json_path} is a folder; give a file name", param_hint="--json")
 
 
 def _write_json(obj: dict, json_path: str) -> None:

@@ -8,54 +8,77 @@ import click
 
 from tqlab.core.config import EngineConfig
 
+from tqlab.cli.outputs import check_json_path, force_option
 from tqlab.cli.options import (
+    EXIT_HELP,
     MiB,
     _build_config,
-    _check_json_path,
     _config_line,
     _console,
     _override_options,
     _predict,
     _sources,
     _write_json,
+    exit_by_verdict,
     request_max_tokens,
     request_options,
+    ways_out_report,
 )
 
-@click.command()
+@click.command(epilog=EXIT_HELP)
 @click.option("--preset", type=str, default=None, help="a name from `tqlab presets`")
 @request_options()
 @click.option("--json", "json_path", type=str, default=None,
               help="write the prediction as JSON to FILE ('-': stdout, which then holds only the JSON)")
+@force_option
 @_override_options
-def plan(preset, prompt_tokens, max_tokens, json_path, **overrides) -> None:
-    """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit."""
-    _check_json_path(json_path)
+def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> None:
+    """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit.
+
+    With --preset, max_num_seqs and max_num_batched_tokens no flag gives are
+    vLLM's defaults for --gpu (as for a config.json), unless the preset
+    records a real deployment. --json never writes under data/ or over a
+    trace record, nor over an existing file without --force.
+    """
+    check_json_path(json_path, force=force)
     config = _build_config(preset, overrides)
-    capped = None
+    capped, asked_max_tokens = None, max_tokens
     if prompt_tokens is not None:
         max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
     pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, sources=_sources(preset, overrides))
     try:
-        lines = _plan_lines(config, pred)
+        lines = _plan_lines(config, pred, _first_decode_refusal(config, asked_max_tokens))
     except ValueError as e:
         raise click.UsageError(str(e)) from None
+    # The top level always describes the deployment (as inspect-vllm's does); a --prompt-tokens
+    # prediction goes under "prompt". The exit status follows the deployment's verdict.
+    obj = (pred if prompt_tokens is None
+           else _predict(config, max_tokens=asked_max_tokens, sources=pred.sources)).to_json()
+    if prompt_tokens is not None:
+        obj["prompt"] = {k: v for k, v in pred.to_json().items() if k != "sources"}
+    obj["ways_out"], way_lines = ways_out_report(config, crashed=obj["verdict"] == "crash", max_tokens=asked_max_tokens)
+    lines += way_lines
     if json_path is not None:
-        # The top level always describes the deployment (as inspect-vllm's does); a --prompt-tokens
-        # prediction goes under "prompt".
-        obj = pred.to_json() if prompt_tokens is None else _predict(config, sources=pred.sources).to_json()
-        if prompt_tokens is not None:
-            obj["prompt"] = {k: v for k, v in pred.to_json().items() if k != "sources"}
         _write_json(obj, json_path)
-        if json_path == "-":
-            return
-    console = _console()
-    for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
-        console.print(line)
+    if json_path != "-":
+        console = _console()
+        for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
+            console.print(line)
+    exit_by_verdict(obj)
 
 
-def _plan_lines(config: EngineConfig, pred) -> list:
-    """What ``tqlab plan`` prints: config, the reservation table, the KV share and the verdict without the fix."""
+def _first_decode_refusal(config: EngineConfig, max_tokens: int) -> dict | None:
+    """The call a 1-token prompt's decode steps make that the lock refuses, or None: the predictor for that prompt
+    (a 1-token prompt has no continuation chunk, so a refused call is its first decode step's, which every
+    prompt makes alike: a speculative drafter's one-token decode at a lock of 0 bytes). None for ``max_tokens`` 1."""
+    if max_tokens < 2 or config.max_model_len < 1 + max_tokens:
+        return None
+    return _predict(config, prompt_tokens=1, max_tokens=max_tokens).first_refused_call
+
+
+def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) -> list:
+    """What ``tqlab plan`` prints: config, the reservation table, the KV share and the verdict without the fix;
+    ``decode_refusal``: :func:`_first_decode_refusal` (then every prompt crashes at its first decode step)."""
     from rich.table import Table
 
     from tqlab.attention import kv_cache_bytes_per_token
@@ -91,7 +114,7 @@ def _plan_lines(config: EngineConfig, pred) -> list:
                  "was captured with)")
         out.append(f"split-KV decode: S = {adv.configured_splits} ({adv.configured_bytes:,} bytes of decode scratch at "
                    f"max_num_seqs rows); {fills}")
-    from tqlab.predict.consumer_text import consumer_lines, verdict_line
+    from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_line
 
     out += consumer_lines(pred)
     if pred.locked_bytes is None:
@@ -100,12 +123,15 @@ def _plan_lines(config: EngineConfig, pred) -> list:
         return out + [verdict_line(pred)]
     bad = pred.first_failing_prompt_tokens
     survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
+                f"every prompt crashes at its first decode step ({decode_refusal['caller']} asks "
+                f"{decode_refusal['required_bytes']:,} bytes); without decode steps (--max-tokens 1) the longest prompt "
+                f"that survives is {bad - 1 if bad else config.max_model_len - 1} tokens" if decode_refusal else
                 f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
                 else "every prompt up to max_model_len survives its prefill")
     out.append(
         f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
         + survives + f"; verdict: {pred.verdict}" + (" (PARTIAL: unmodelled consumers)" if pred.partial else "")
     )
-    return out + [verdict_line(pred)]
+    return out + [safe_len_line(pred), verdict_line(pred)]
 
 

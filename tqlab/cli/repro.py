@@ -100,6 +100,8 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     """Walk the engine lifecycle and send one prompt; check the run against tqlab.predict.analysis.predict.
 
     Exit status 0 when the run behaves as predicted (crash, completes, or never locked), 1 otherwise.
+    With --preset, the preset's own max_num_seqs and max_num_batched_tokens (plan and inspect-vllm take
+    vLLM's defaults for --gpu instead); give them as flags to replay a server.
     """
     from tqlab.engine import LLMEngine
     from tqlab.core.workspace import format_mb
@@ -111,7 +113,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
         if not torch.cuda.is_available():
             raise click.BadParameter("no CUDA device is available here; use cpu, meta (shapes only) or auto",
                                      param_hint="--device")
-    config = _build_config(preset, overrides)
+    config = _build_config(preset, overrides, server_defaults=False)  # the preset's own limits: see _build_config
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
     max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)

@@ -17,7 +17,12 @@ from tqlab.core.workspace import format_mb
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.predict.analysis import Prediction
 
-__all__ = ["consumer_lines", "gpu_line", "verdict_line"]
+__all__ = ["ANY_CHUNKING", "consumer_lines", "gpu_line", "safe_len_line", "verdict_line"]
+
+ANY_CHUNKING = ("any chunking: the bound for a busy server, where a prompt's chunks are cut by other requests "
+                "sharing a step or start after a prefix-cache hit")
+"""What "(any chunking)" means, printed beside it (:func:`tqlab.predict.prompts.safe_max_model_len`,
+``schedule="any"``); "requests alone": each prompt prefilled alone in chunks of ``max_num_batched_tokens``."""
 
 _TQ_PREFIX = "turboquant_attn.py:"
 
@@ -34,18 +39,20 @@ def _size(nbytes: int) -> str:
 
 
 def consumer_lines(pred: "Prediction") -> list[str]:
-    """The consumer table (consumer, phase, reserved before the lock, max at serve time, covered), the line that
+    """The consumer table (consumer, phase, reserved before the lock, max at serve time, covered; two lines a
+    consumer, 80 columns), the line that
     names who sets the lock, and the unmodelled consumers with their reasons. Bytes and MiB (2**20)."""
     rows = pred.consumers.get("consumers", [])
     out = [gpu_line(pred)]
     if rows:
-        out.append("workspace consumers (slot ubatch 0, lane 0; a slot is as large as the largest request before "
-                   "the lock):")
-        w = max(len(r["consumer"]) for r in rows)
-        out.append(f"  {'consumer':<{w}}  {'phase':<11}  {'reserved before the lock':>29}  "
-                   f"{'max at serve time':>29}  covered")
+        out.append("workspace consumers (slot ubatch 0, lane 0; a slot is as large as the largest")
+        out.append("request before the lock):")
+        # two lines a consumer, so the table fits 80 columns: its call site, then phase, sizes and covered
+        out.append("  consumer (call site), then phase, sizes, whether the lock covers it (cov)")
+        out.append(f"  {'phase':<11}  {'reserved before the lock':>29}  {'max at serve time':>29}  cov")
         for r in rows:
-            out.append(f"  {r['consumer']:<{w}}  {r['phase']:<11}  {_size(r['reserved_bytes'])}  "
+            out.append(f"  {r['consumer']}")
+            out.append(f"  {r['phase']:<11}  {_size(r['reserved_bytes'])}  "
                        f"{_size(r['max_runtime_bytes'])}  {'yes' if r['covered'] else 'NO'}")
         if any(r["consumer"].startswith(_TQ_PREFIX) for r in rows):
             out.append("  (TurboQuant's rows: with PR #44053's reservation, and covered = fits the lock with it; without "
@@ -69,6 +76,29 @@ def _lock_line(pred: "Prediction") -> str:
     return line
 
 
+def safe_len_line(pred: "Prediction") -> str:
+    """``safe max_model_len without the fix: A (requests alone), B (any chunking); with the fix: C (any chunking)``
+    and what "any chunking" means (:data:`ANY_CHUNKING`); "None" is explained when no length is safe."""
+    return (f"safe max_model_len without the fix: {pred.safe_max_model_len_alone} (requests alone), "
+            f"{pred.safe_max_model_len_any_schedule} (any chunking); with the fix: {pred.fixed_safe_any_schedule} "
+            f"(any chunking) -- {ANY_CHUNKING}"
+            + ("" if pred.safe_max_model_len_any_schedule is not None else
+               " (None: no length is safe -- see the notes)"))
+
+
+def _which_prompt(pred: "Prediction") -> str:
+    """Which prompt a crash verdict describes: the one asked about, or (for the deployment) its shortest failing
+    prompt -- said, so a verdict is never read as the answer for another prompt."""
+    if pred.prompt_tokens is not None:
+        return f" -- for the {pred.prompt_tokens:,}-token prompt asked about"
+    n = pred.first_failing_prompt_tokens
+    if n is None:  # no prefill overflows: the refused call is the decode step every prompt makes
+        return " -- for the deployment: the decode step every prompt makes (shown for a 1-token prompt)"
+    return (" -- for every prompt: another consumer overflows the lock" if n == 1 else
+            f" -- for the deployment: its shortest failing prompt ({n:,} tokens, alone), not necessarily one you asked "
+            "about")
+
+
 def verdict_line(pred: "Prediction") -> str:
     """``verdict (without the fix): crash|ok|never locked ...``, with the first refused call, and ``PARTIAL`` (and why)
     when the deployment uses consumers tqlab does not size: never a bare "ok" then."""
@@ -78,7 +108,7 @@ def verdict_line(pred: "Prediction") -> str:
     elif pred.verdict == "crash":
         c = pred.first_refused_call
         text = (f"CRASH: {c['caller']} requires {format_mb(c['required_bytes'])} MB, current size is "
-                f"{format_mb(c['current_bytes'])} MB (cached {c['cached_len']}, q {c['q_len']})")
+                f"{format_mb(c['current_bytes'])} MB (cached {c['cached_len']}, q {c['q_len']})" + _which_prompt(pred))
     else:
         text = "ok"
     n = len(pred.consumers.get("unmodelled", []))

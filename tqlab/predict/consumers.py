@@ -1,8 +1,13 @@
 """inspect-vllm's per-consumer view of one :class:`~tqlab.predict.analysis.Prediction`: what each prompt's
 calls need, consumer by consumer, against the locked size without and with PR #44053.
 
-Every number comes from :mod:`tqlab.predict.analysis` (the one predictor); this module only
-arranges it per consumer (:class:`ConsumerReport`) and formats it.
+The deployment's numbers (locks, first failing prompt, safe lengths, verdict) are the one
+:class:`~tqlab.predict.analysis.Prediction`'s. Per prompt it does compute: each TurboQuant consumer's largest
+call (:func:`request_prediction`: the chunk and decode shapes of :mod:`tqlab.core.reservation`, their bytes, and
+whether they fit each lock), and the first refused call as a :class:`ConsumerNeed`
+(:func:`_first_refused_need`, from :func:`tqlab.predict.analysis.first_refused_call`; another consumer's, from
+:func:`tqlab.predict.analysis.predict` per prompt: :func:`other_request_prediction`). It arranges that per
+consumer (:class:`ConsumerReport`) and formats it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from tqlab.core.reservation import chunk_workspace_request, decode_workspace_sha
 from tqlab.core.workspace import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
-from tqlab.predict.consumer_text import consumer_lines, verdict_line
+from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_line
 
 __all__ = ["DECODE", "DEQUANT_CHUNK", "SHORT_CHUNK", "ConsumerNeed", "ConsumerReport", "RequestPrediction",
            "chunk_shapes", "consumer_report", "other_request_prediction", "request_prediction"]
@@ -244,12 +249,7 @@ class ConsumerReport:
             out.append(f"  -> {r.verdict}")
         if self.first_failing_prompt is not None:
             out.append(f"shortest prompt that crashes without the fix (alone): {self.first_failing_prompt} tokens")
-        out.append(
-            f"safe max_model_len without the fix: {self.safe_max_model_len_alone} (requests alone), "
-            f"{self.safe_max_model_len_any_schedule} (any chunking); with the fix: {self.fixed_safe_any_schedule} (any chunking)"
-            + ("" if self.safe_max_model_len_any_schedule is not None else
-               " (None: no length is safe -- see the notes)")
-        )
+        out.append(safe_len_line(self.prediction))
         out.append(verdict_line(self.prediction))
         out += [f"note: {n}" for n in self.notes]
         return "\n".join(out)
@@ -299,10 +299,12 @@ def _decode_shapes(config: EngineConfig):
                                    config.tq_max_kv_splits_for_cuda_graph, config.dtype)
 
 
-def _first_refused(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed,
-                   max_tokens: int = 2) -> ConsumerNeed | None:
-    """The first TurboQuant call refused at ``locked`` bytes, or None; its ``fits_unfixed``/``fits_fixed`` say whether
-    it fits each locked size (a call refused without the fix may fit with it)."""
+def _first_refused_need(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed,
+                        max_tokens: int = 2) -> ConsumerNeed | None:
+    """The first TurboQuant call refused at ``locked`` bytes as a :class:`ConsumerNeed`, or None; its
+    ``fits_unfixed``/``fits_fixed`` say whether it fits each locked size (a call refused without the fix may fit
+    with it). Which call: :func:`tqlab.predict.analysis.first_refused_call` (the rule; the deployment-wide order
+    over every consumer is ``analysis._first_refused``, which calls it too)."""
     call = analysis.first_refused_call(config, n, locked, max_tokens=max_tokens)
     if call is None:
         return None
@@ -328,8 +330,8 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
         return RequestPrediction(n, (), 0, False, False, rejected=rejected)
     best = _consumer_needs(config, n, locked_unfixed, locked_fixed, max_tokens)
     needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
-    first_u = _first_refused(config, n, locked_unfixed, locked_unfixed, locked_fixed, max_tokens)
-    first_f = _first_refused(config, n, locked_fixed, locked_unfixed, locked_fixed, max_tokens)
+    first_u = _first_refused_need(config, n, locked_unfixed, locked_unfixed, locked_fixed, max_tokens)
+    first_f = _first_refused_need(config, n, locked_fixed, locked_unfixed, locked_fixed, max_tokens)
     return RequestPrediction(
         n, needs, max((x.nbytes for x in needs), default=0), first_u is not None, first_f is not None,
         first_refused_unfixed=first_u, first_refused_fixed=first_f,

@@ -158,7 +158,7 @@ def decode_num_splits(batch: int, num_kv_heads: int, policy: str = "vllm", *, nu
       ``data/turboquant_fast_variants_h200.json``).
 
     This is the one place the split count is chosen: size the decode workspace with it
-    (:func:`tqlab.reservation.decode_workspace_shapes`' ``num_kv_splits``, which the engine and
+    (:func:`tqlab.core.reservation.decode_workspace_shapes`' ``num_kv_splits``, which the engine and
     planner take from ``tq_max_kv_splits_for_cuda_graph``) and allocate ``mid_out`` with it.
 
     Raises:
@@ -418,7 +418,7 @@ def decode_kernel_name(query, cache, spec, backend: str = "auto") -> str:
         return "torch"
     from tqlab.turboquant.routing import decode_kernel_name as name
 
-    return name(spec, query, cache)
+    return name(query, cache, spec)
 
 
 def _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse) -> torch.device:

@@ -65,6 +65,7 @@ def decode_kernels(spec: TurboQuantSpec, dev: torch.device, query: torch.Tensor,
     return kernels
 
 
-def decode_kernel_name(spec: TurboQuantSpec, query: torch.Tensor, cache: torch.Tensor) -> str:
-    """``"portable"``, ``"fast"``, ``"block_soa"`` or ``"gluon"``: the kernel :func:`decode_kernels` picks."""
+def decode_kernel_name(query: torch.Tensor, cache: torch.Tensor, spec: TurboQuantSpec) -> str:
+    """``"portable"``, ``"fast"``, ``"block_soa"`` or ``"gluon"``: the kernel :func:`decode_kernels` picks (the
+    Triton side of :func:`tqlab.turboquant.ops.decode_kernel_name`, with its argument order)."""
     return KERNEL_NAMES[decode_kernels(spec, query.device, query, cache).__name__.rsplit(".", 1)[-1]]

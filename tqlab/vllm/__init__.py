@@ -1,13 +1,17 @@
-"""Watch a vLLM workspace manager, run vLLM's own classes on a CPU, and predict the locked-workspace crash.
+"""vLLM's inputs and vLLM itself: read a deployment as vLLM reads it, watch a workspace manager, run vLLM's own
+classes on a CPU. The prediction is not here: it is :mod:`tqlab.predict` (``tqlab plan`` / ``inspect-vllm``),
+which reads the deployments built here.
 
-- ``tracer.py``      — :class:`WorkspaceTracer` and :func:`install_vllm_hook` for a live vLLM (or tqlab) manager
+- ``tracer.py``      — :class:`WorkspaceTracer` and :func:`install_vllm_hook` for a live vLLM (or tqlab) manager;
+  ``trace_record.py``: the plugin's per-process record
 - ``cpu_harness.py`` — vLLM 0.33's ``WorkspaceManager`` / ``TurboQuantMetadataBuilder`` on a CPU, beside tqlab's
 - ``flags.py``       — vLLM 0.33's ``vllm serve`` flags (generated data) and the line parser
-- ``hf_config.py``   — the model's ``config.json``
+- ``hf_config.py``   — the model's ``config.json`` (``hf_families.py``: the families read their own way)
 - ``deployment.py``  — a deployment from ``vllm serve`` arguments plus ``config.json`` (or a preset), built
   once on a ``draft.py`` :class:`DeploymentDraft` (per field: value, source, notes); ``hybrid.py``: hybrid
   models' block size and Mamba block-aligned split; its readers: ``flag_map.py`` (the line's flags ->
-  EngineConfig fields) and ``defaults.py`` (config.json and vLLM's defaults and limits)
+  EngineConfig fields), ``defaults.py`` (config.json and vLLM's defaults and limits) and ``preset_server.py``
+  (a preset's server limits from vLLM's defaults for the GPU)
 
 vLLM is imported lazily, only by functions whose names say ``vllm``; ``import tqlab.vllm``
 works without it. Bytes everywhere; "MB" in text means 2**20 bytes, as in vLLM's messages.

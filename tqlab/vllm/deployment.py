@@ -263,11 +263,27 @@ def _preset_hf_overrides(given: Mapping[str, Any], d: DeploymentDraft) -> None:
                "them to; give the model's config.json with --config to see their effect")
 
 
+def _preset_server(preset: str, given: Mapping[str, Any], d: DeploymentDraft) -> None:
+    """The server limits no flag sets take vLLM's defaults for the GPU, not the preset's numbers
+    (:func:`tqlab.vllm.preset_server.preset_server_limits`), with their sources and notes."""
+    from tqlab.vllm.preset_server import preset_server_limits
+
+    flags = d.kwargs(_field_names())
+    values, sources, notes = preset_server_limits(preset, flags, gpu=flags.get("gpu"),
+                                                  performance_mode=given.get("performance_mode"),
+                                                  all2all_backend=given.get("all2all_backend"))
+    for name, value in values.items():
+        d.set(name, value, sources[name])
+    d.notes += notes
+
+
 def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str,
                            gpu: str | None = None) -> VllmDeployment:
     """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
 
-    Fields the line sets say ``"flag --..."``; the others ``"preset NAME"``. A preset with
+    Fields the line sets say ``"flag --..."``; ``max_num_seqs`` / ``max_num_batched_tokens`` the line leaves out
+    take vLLM's defaults for ``gpu`` as for a config.json (:mod:`tqlab.vllm.preset_server`; a preset that
+    records a real deployment keeps its own); the others ``"preset NAME"``. A preset with
     ``mamba_block_aligned_split`` (a hybrid) takes the line's prefix-caching flags
     (:func:`tqlab.vllm.hybrid.apply_mamba_split`). Raises ``ValueError`` for an unknown preset or bad
     flags (one line), and ``TypeError`` never: only EngineConfig fields are passed.
@@ -283,6 +299,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     if base.get(SPLIT):
         _preset_split(d, given, base)
     names = _field_names()
+    _preset_server(preset, given, d)
     config = EngineConfig.from_preset(preset, **d.kwargs(names))
     _chunking_notes(given, config.block_size, config.mamba_block_aligned_split, d)
     for name in sorted(names - set(d.sources(names))):
