@@ -18,7 +18,7 @@ from tqlab.core.reservation import chunk_workspace_request, decode_workspace_sha
 from tqlab.core.workspace import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
-from tqlab.predict.consumer_text import consumer_lines, verdict_line
+from tqlab.predict.consumer_text import consumer_lines, verdict_head, verdict_line
 
 __all__ = ["DECODE", "DEQUANT_CHUNK", "SHORT_CHUNK", "ConsumerNeed", "ConsumerReport", "RequestPrediction",
            "chunk_shapes", "consumer_report", "other_request_prediction", "request_prediction"]
@@ -207,7 +207,7 @@ class ConsumerReport:
     def format(self) -> str:
         """Plain text: the per-rank shape, locked sizes, one block per request, the verdicts."""
         c = self.config
-        out = [
+        out = verdict_head(self.prediction) + [
             f"per rank: Hq {c.num_heads_per_rank}, Hk {c.num_kv_heads_per_rank}, D {c.head_dim}, "
             f"{str(c.dtype).removeprefix('torch.')}, {c.tq_max_kv_splits_for_cuda_graph} KV splits, block {c.block_size}; "
             f"max_num_seqs {c.max_num_seqs}, max_num_batched_tokens {c.max_num_batched_tokens}, "

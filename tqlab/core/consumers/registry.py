@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from tqlab.core.consumers.arch_table import unsized as arch_unsized
 from tqlab.core.consumers.backends import attention_backend
 from tqlab.core.consumers.base import Consumer, StartUp
 from tqlab.core.consumers.flash_attn_dcp import FlashAttentionDCP
@@ -152,8 +153,11 @@ def turboquant_only(config: "EngineConfig") -> bool:
 
 
 def unmodelled(config: "EngineConfig") -> list[dict[str, str]]:
-    """``[{"consumer", "reason"}]`` of the unmodelled consumers ``config`` would use (as far as its fields tell)."""
-    out = []
+    """``[{"consumer", "reason"}]`` of the consumers ``config`` would use that tqlab does not size: those vLLM's model
+    code reaches for ``config.architecture`` and no registry entry sizes (:func:`tqlab.core.consumers.arch_table.unsized`:
+    an architecture outside vLLM's registry, an unread field, a model-specific call site), then those
+    :data:`UNMODELLED` applies to as far as the fields tell (the experts class, a backend tqlab does not size)."""
+    out = arch_unsized(config)
     for u in UNMODELLED:
         if u.applies is not None and u.applies(config):
             reason = unmodelled_reason(config) if u.consumer.startswith("modular_kernel") else u.reason
