@@ -13,8 +13,9 @@ What it reads (vLLM 0.33):
 
 * ``vllm/model_executor/models/registry.py``: the dict literals of :data:`TABLES` (``arch: (module, class)``;
   a module without a dot is ``vllm.model_executor.models.<module>``, as ``_LazyRegisteredModel`` resolves it).
-  ``_TRANSFORMERS_*`` tables map to the Transformers modelling backend, whose layers are built from the HF
-  model at run time: they are listed with ``consumers: null`` (unknown statically).
+  An architecture in several tables keeps ``_VLLM_MODELS``'s entry (the later table's) and lists them all
+  (``tables``). ``_TRANSFORMERS_*`` tables map to the Transformers modelling backend, whose layers are built
+  from the HF model at run time: they are listed with ``markers: null`` (unknown statically).
 * From the model class, a closure over the names its code references (base classes, classes it
   builds, functions it calls), resolved through each module's imports and re-exports (package ``__init__``), kept to
   the model and layer code (:data:`WALK`). Platform dispatch (``if current_platform.is_rocm(): ... else:``)
@@ -264,18 +265,21 @@ def generate(root: Path) -> dict:
     index = Index(root)
     archs: dict[str, dict] = {}
     tables = registry_tables(root)
+    winner: dict[str, tuple[str, tuple[str, str]]] = {}  # _VLLM_MODELS merges the tables: a later entry wins
     for table in TABLES:
-        for arch, (mod, cls) in sorted(tables.get(table, {}).items()):
-            rec = {"table": table, "module": mod, "class": cls}
-            path = index.path_of(mod)
-            hit = index.resolve(path, cls) if path else None
-            if table.startswith("_TRANSFORMERS") or hit is None or hit[1] is None:
-                why = ("Transformers modelling backend: layers are built from the HF model at run time"
-                       if table.startswith("_TRANSFORMERS") else f"{mod}.{cls} not found in the source")
-                rec.update(defined_in=None, consumers=None, why=why)
-            else:
-                rec.update(defined_in=f"{hit[0]}:{hit[1]}", **walk(index, *hit))
-            archs[arch] = rec
+        for arch, entry in tables.get(table, {}).items():
+            winner[arch] = (table, entry)
+    for arch, (table, (mod, cls)) in sorted(winner.items()):
+        rec = {"tables": [t for t in TABLES if arch in tables.get(t, {})], "module": mod, "class": cls}
+        path = index.path_of(mod)
+        hit = index.resolve(path, cls) if path else None
+        if table.startswith("_TRANSFORMERS") or hit is None or hit[1] is None:
+            why = ("Transformers modelling backend: layers are built from the HF model at run time"
+                   if table.startswith("_TRANSFORMERS") else f"{mod}.{cls} not found in the source")
+            rec.update(defined_in=None, markers=None, call_sites=[], config_fields={}, why=why)
+        else:
+            rec.update(defined_in=f"{hit[0]}:{hit[1]}", **walk(index, *hit))
+        archs[arch] = rec
     return {"vllm_version": vllm_version(root), "tables": list(TABLES), "markers": MARKERS, "architectures": archs}
 
 
