@@ -37,6 +37,7 @@ import datetime as _dt
 import importlib.util
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -284,9 +285,13 @@ def generate(root: Path) -> dict:
 
 
 def _provenance(version: str, argv: list[str]) -> dict:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    except OSError:
+        commit = "unknown"
     return {"device": "none (source read with ast)", "date": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat(),
-            "command": "python parity/gen_arch_consumers.py" + "".join(f" {a}" for a in argv), "vllm": version,
-            "torch": "not used"}
+            "commit": commit or "unknown", "command": "python parity/gen_arch_consumers.py" + "".join(f" {a}" for a in argv),
+            "vllm": version, "torch": "not used"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -153,3 +153,15 @@ def test_no_ok_while_the_busy_server_bound_is_below_max_model_len():
     assert "a request of 33666 tokens" in pred.first_refused_call["schedule"]
     assert analysis.predict(cfg.replace(max_model_len=33665)).verdict == "ok"
     assert analysis.predict(cfg, 8192).verdict == "ok" and "alone" in analysis.predict(cfg, 8192).verdict_covers
+
+
+def test_the_model_class_not_the_config_keys_decides_which_consumers_run():
+    """Expert keys in a Llama config build no MoE (vLLM's LlamaForCausalLM has no FusedMoEFactory); a TurboQuant
+    cache on DeepSeek-V4 (its own attention, no vLLM Attention layer) runs no TurboQuant consumer."""
+    llama = _predict({**MIXTRAL, "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    assert llama.consumers["consumers"] == [] and llama.verdict == "ok"
+    assert AT.reachable_families(deployment_from_vllm("vllm serve m", MIXTRAL, gpu="H200").config) == {
+        "attention", "fused_moe"}
+    v4 = _predict({**DSV4, "num_hidden_layers": 32}, "vllm serve m --kv-cache-dtype turboquant_4bit_nc")
+    assert v4.consumers["consumers"][0]["name"] == "fused_moe" and len(v4.consumers["consumers"]) == 1
+    assert v4.verdict == "partial"

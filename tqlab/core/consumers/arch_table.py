@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["DATA_DIR", "EXPERT_COUNT_KEYS", "arch_row", "arch_table", "expert_count_keys", "unsized"]
+__all__ = ["DATA_DIR", "EXPERT_COUNT_KEYS", "FAMILY", "arch_row", "arch_table", "expert_count_keys", "reachable_families",
+           "unsized"]
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data"
 DEFAULT_VLLM = "0.33"
@@ -79,6 +80,27 @@ def expert_count_keys(architecture: str | None, vllm: str = DEFAULT_VLLM) -> tup
     read = set((row or {}).get("config_fields", {}).get("fused_moe", []))
     keys = tuple(k for k in EXPERT_COUNT_KEYS if k in read)
     return keys or EXPERT_COUNT_KEYS
+
+
+FAMILY = {
+    "turboquant_decode": "attention", "turboquant_continuation": "attention", "flash_attn_dcp": "attention",
+    "fused_moe": "fused_moe", "flashmla_sparse": "mla_attention", "mla_prefill_trtllm_ragged": "mla_attention",
+    "mla_prefill_flashinfer": "mla_attention", "triton_mla_logits": "mla_attention", "sparse_indexer": "sparse_indexer",
+}
+"""Registry name -> the layer family (table marker) whose layers make its requests: the attention backend's
+consumers run where vLLM's ``Attention`` layer runs (the selector picks the backend), the MLA backends' where
+``MLAAttention`` runs, the indexer where ``SparseAttnIndexer`` runs, the experts' where ``FusedMoEFactory`` runs."""
+
+
+def reachable_families(config: "EngineConfig", vllm: str = DEFAULT_VLLM) -> frozenset[str] | None:
+    """The layer families ``config.architecture``'s model class builds (markers, and the families of the
+    modelled call sites it reaches), or None when the table cannot restrict anything (no architecture, one
+    outside the registry, layers chosen at run time): then every consumer the fields activate is sized."""
+    row = arch_row(config.architecture, vllm) if config.architecture else None
+    if row is None or row.get("markers") is None or "dynamic_submodel" in row["markers"]:
+        return None
+    sites = {_MODELLED_SITES[s["consumer"]] for s in row["call_sites"] if s["consumer"] in _MODELLED_SITES}
+    return frozenset(row["markers"]) | sites
 
 
 def _site_reason(path: str) -> str:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from tqlab.core.consumers.arch_table import FAMILY, reachable_families
 from tqlab.core.consumers.arch_table import unsized as arch_unsized
 from tqlab.core.consumers.backends import attention_backend
 from tqlab.core.consumers.base import Consumer, StartUp
@@ -141,8 +142,11 @@ class ConsumerTable:
 
 
 def active_consumers(config: "EngineConfig") -> list[Consumer]:
-    """The modelled consumers ``config`` uses, in registry order."""
-    return [c for c in CONSUMERS if c.active(config)]
+    """The modelled consumers ``config`` uses, in registry order: those whose rule (fields, the backend vLLM's
+    selector picks) holds, among the layer families ``config.architecture``'s model class builds
+    (:func:`tqlab.core.consumers.arch_table.reachable_families`; every family when the table cannot tell)."""
+    families = reachable_families(config)
+    return [c for c in CONSUMERS if (families is None or FAMILY[c.name] in families) and c.active(config)]
 
 
 def turboquant_only(config: "EngineConfig") -> bool:
