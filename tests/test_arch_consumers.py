@@ -93,6 +93,8 @@ def test_the_cli_answers_partial_for_an_unknown_architecture(tmp_path):
     text = CliRunner().invoke(app, ["inspect-vllm", "--config", str(path), "--args", "vllm serve m"]).output.splitlines()
     assert text[0].startswith("verdict without the fix: PARTIAL")
     assert text[2].startswith("  unsized: model class of NoSuchModelForCausalLM: NoSuchModelForCausalLM is not in")
+    (request,) = [line for line in text if line.startswith("  -> ")]
+    assert request == "  -> ok without the fix, ok with it (sized consumers only: the verdict is partial, see the first lines)"
 
 
 def test_a_config_without_architectures_is_partial():

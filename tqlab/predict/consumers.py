@@ -241,7 +241,8 @@ class ConsumerReport:
                         f"  first refused call {label} the fix (vLLM dies here): {first.consumer}, cached {first.cached_len} "
                         f"q {first.q_len}: {format_mb(first.nbytes)} MiB > {format_mb(locked)} MiB at lock"
                     )
-            out.append(f"  -> {r.verdict}")
+            out.append(f"  -> {r.verdict}" + (" (sized consumers only: the verdict is partial, see the first lines)"
+                                               if self.prediction.unsized and not r.crashes_unfixed else ""))
         if self.first_failing_prompt is not None:
             out.append(f"shortest prompt that crashes without the fix (alone): {self.first_failing_prompt} tokens")
         out.append(
