@@ -291,6 +291,7 @@ def test_prediction_json_is_the_documented_object():
         "safe_max_model_len_alone": 4225, "safe_max_model_len_any_schedule": 656, "fixed_safe_any_schedule": 131072,
         "locked_source": "capture", "turboquant_consumers": True, "notes": [],
         "lock_set_by": "turboquant_attn.py:_decode_attention", "gpu": "H200", "partial": False,
+        "unsized": [], "verdict_covers": A.ANY_SCHEDULE,
     }
 
 
@@ -315,7 +316,10 @@ def test_qwen3_moe_scratch_sets_the_lock_over_turboquants_capture():
     # TritonExperts at M = 8192, N = 1536, K = 2048, topk 8, bf16: max(8192*8*2048, 8192*2048) + 8192*8*2048 = 512 MiB
     assert p.locked_bytes == 512 << 20 == 536_870_912 > tq_unfixed
     assert p.lock_set_by == "modular_kernel.py:_allocate_buffers"
-    assert p.verdict == "ok" and p.first_refused_call is None and p.first_failing_prompt_tokens is None
+    # every prompt alone fits; the deployment's verdict covers a busy server too: a decode batch of 1001 requests
+    # (max_num_seqs 1024, captures stop at 512) asks _decode_attention for more than the 512 MiB lock
+    assert p.first_failing_prompt_tokens is None and p.verdict == "crash"
+    assert p.first_refused_call["caller"] == "_decode_attention" and "decode batch of 1001" in p.first_refused_call["schedule"]
     assert (p.safe_max_model_len_alone, p.safe_max_model_len_any_schedule) == (40960, 40960)
     fixed = A.predict(c, fix=True)
     assert fixed.locked_bytes == p.locked_bytes_with_fix == 549_584_896  # the fix's decode reservation is larger
@@ -346,7 +350,7 @@ def test_deepseek_v32_flashmla_sparse_sets_the_lock_and_the_answer_is_partial():
     assert p.lock_set_by == "flashmla_sparse.py:__init__"
     assert [r["name"] for r in p.consumers["consumers"]] == ["flashmla_sparse", "sparse_indexer"]
     assert p.consumers["consumers"][1]["reserved_bytes"] == 866_123_776  # the indexer's profile run, below the lock
-    assert p.verdict == "ok" and p.partial  # FP8 MoE experts (DeepGEMM) are not sized: the answer is partial
+    assert p.verdict == "partial" and p.partial  # FP8 MoE experts (DeepGEMM) are not sized: the answer is partial
     assert any(n.kind is NoteKind.NOT_MODELLED and n.startswith("partial answer") for n in p.notes)
     assert p.safe_max_model_len_any_schedule == 163840
 
@@ -395,7 +399,8 @@ def test_eager_decode_batches_above_the_largest_capture_are_noted():
     preset = json.loads((Path(__file__).parents[1] / "data/presets/qwen3-30b-a3b.json").read_text())["config"]
     cfg = EngineConfig(**preset)
     p = predict(cfg)
-    assert p.verdict == "ok" and p.locked_bytes == 536_870_912
+    assert p.verdict == "crash" and p.locked_bytes == 536_870_912  # the busy server's batch: not a silent ok
+    assert p.first_refused_call["required_bytes"] == decode_bytes(cfg, 1001)
     assert decode_bytes(cfg, 1000) <= p.locked_bytes < decode_bytes(cfg, 1001)
     busy = [str(n) for n in p.notes if "decode batch" in n]
     assert len(busy) == 1 and "1001" in busy[0] and "_decode_attention" in busy[0]

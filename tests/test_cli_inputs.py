@@ -33,22 +33,23 @@ def test_human_int_refusals_are_one_line(text, msg):
 
 
 def test_plan_and_repro_take_human_readable_sizes():
-    r = _cli("plan", "--preset", LLAMA, "--max-model-len", "32k", "--max-num-batched-tokens", "4K")
+    r = _cli("plan", "--preset", LLAMA, "--max-model-len", "32k", "--max-num-batched-tokens", "4K", "--max-num-seqs", "256")
     assert r.exit_code == 0, r.output
     assert "max_model_len=32000" in r.output and "max_num_batched_tokens=4096" in r.output
     r = _cli("repro", "--preset", LLAMA, "--device", "meta", "--prompt-tokens", "8k", "--num-hidden-layers", "1")
     assert r.exit_code == 0, r.output
     assert "request 8000-token prompt, max_tokens=16" in r.output  # vLLM's SamplingParams default (was 1)
-    r = _cli("inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M --max-model-len 16K", "--tokens", "8k")
+    r = _cli("inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M --max-model-len 16K --max-num-seqs 256", "--tokens", "8k")
     assert r.exit_code == 0, r.output
     assert "request of 8000 prompt tokens" in r.output
 
 
 def test_plan_serves_a_prompt_one_short_of_max_model_len_as_vllm_does():
     # vLLM 0.33: a prompt of max_model_len - 1 tokens is served (max_tokens 1); plan used to add 2 and refuse it
-    r = _cli("plan", "--preset", LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8191")
+    r = _cli("plan", "--preset", LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8191", "--max-num-seqs", "256")
     assert r.exit_code == 0, r.output
-    r = _cli("plan", "--preset", LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8191", "--max-tokens", "5")
+    r = _cli("plan", "--preset", LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8191", "--max-tokens", "5",
+             "--max-num-seqs", "256")
     assert r.exit_code == 0 and "--max-tokens 5 capped at max_model_len - prompt = 1, as vLLM's get_max_tokens does" in r.output
     for cmd in (["plan"], ["repro", "--device", "meta"]):
         r = _cli(*cmd, "--preset", LLAMA, "--max-model-len", "8192", "--prompt-tokens", "8192")

@@ -90,7 +90,8 @@ def test_engine_cli_inspect_vllm_and_planner_agree(d):
 
 
 DENSE = "llama-3.1-8b"
-LLAMA_CONFIG_JSON = {"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "num_hidden_layers": 32,
+LLAMA_CONFIG_JSON = {"architectures": ["LlamaForCausalLM"],
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "num_hidden_layers": 32,
                      "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}  # meta-llama/Llama-3.1-8B-Instruct
 DENSE_DTYPES = [d for d in VLLM_CACHE_DTYPES if d not in MLA_ONLY_KV_CACHE_DTYPES]
 """Every ``--kv-cache-dtype`` vLLM 0.33 accepts for a dense model: its CacheDType literal less the MLA-only layouts."""

@@ -175,7 +175,7 @@ def _override_options(f):
                                help=hlp)
         elif fld.name == "gpu":
             opt = click.option(flag, fld.name, type=GpuName(), default=None, help=GPU_HELP)
-        elif fld.name in ("attention_backend", "mla_prefill_backend"):
+        elif fld.name in ("attention_backend", "mla_prefill_backend", "architecture"):
             opt = click.option(flag, fld.name, type=str, default=None, help=hlp)
         elif fld.name in ("dtype", "cudagraph_capture_sizes"):
             opt = click.option(flag, fld.name, type=str, default=None,

@@ -125,6 +125,8 @@ _FIELD_HELP = {
     "attention_backend": "--attention-backend (vLLM's AttentionBackendEnum name); none: vLLM's default for the GPU",
     "mla_prefill_backend": "--attention-config.mla_prefill_backend (FLASH_ATTN, TRTLLM_RAGGED, FLASHINFER, ...); none: default",
     "gpu": "GPU target vLLM would read SM count, compute capability and defaults from (H100, H200, B200, A4000, ...)",
+    "architecture": "config.json architectures[0], the vLLM model class: picks the workspace consumers its layers "
+                    "reach; none: from these fields only",
     "turboquant_backend_on_unquantized": "teaching variant, not a vLLM deployment: TurboQuant's backend and its workspace "
                                          "consumers on an unquantized (kv_cache_dtype auto) cache",
 }
@@ -214,6 +216,11 @@ class EngineConfig:
         default there): a prefill chunk that is not the prompt's last ends on a multiple of
         ``block_size`` (:func:`tqlab.core.vllm_rules.mamba_block_aligned_split`). Requires
         ``block_size <= max_num_batched_tokens`` (the case tqlab models).
+    Model class:
+        architecture (None): config.json's ``architectures[0]`` (``""`` when it names none). It picks the
+        deployment's reachable workspace consumers from vLLM's model code
+        (:mod:`tqlab.core.consumers.arch_table`); None: a deployment described only by these fields
+        (notebooks, the engine), whose consumers follow from the fields.
     Teaching variant (never set by a vLLM deployment reader):
         turboquant_backend_on_unquantized (False): run TurboQuant's backend and its two workspace
         consumers on an unquantized ``auto`` cache (a copy instead of a dequant), so the crash can be
@@ -260,6 +267,7 @@ class EngineConfig:
     mla_prefill_backend: str | None = None
     gpu: str = "H200"
     turboquant_backend_on_unquantized: bool = False
+    architecture: str | None = None
     preset: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
@@ -347,6 +355,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be None or a backend name, got {v!r}")
             if v is not None:
                 object.__setattr__(self, name, v.strip().upper())
+        if self.architecture is not None and not isinstance(self.architecture, str):
+            raise ValueError(f"architecture must be None or config.json's architectures[0] (a string), "
+                             f"got {self.architecture!r}")
         object.__setattr__(self, "gpu", gpu_target(self.gpu).name)
 
     def _check_mamba_split(self) -> None:

@@ -46,6 +46,7 @@ from tqlab.core.vllm_rules import (
 )
 from tqlab.core.workspace import positive_int
 from tqlab.predict.prompts import (
+    any_schedule_cached_len,
     continuation_bytes,
     decode_bytes,
     decode_uses_workspace,
@@ -152,10 +153,15 @@ class Prediction:
     reservation) and every other consumer's ``reserved_bytes``; ``locked_bytes_with_fix`` always
     with TurboQuant's fix; both None when nothing locks. ``lock_set_by``: the call site whose request
     sets it (:func:`lock_set_by`; None when measured or 0). ``verdict``: ``"never_locked"``,
-    ``"crash"`` or ``"ok"``: crash when any consumer's request exceeds the lock -- TurboQuant's per
-    prompt (continuation chunks, decode), another consumer's at its serve-time maximum
-    (``max_runtime_bytes``). ``first_refused_call``: ``{caller, required_bytes, current_bytes,
-    cached_len, q_len}`` of the first such call in serving order, or None; ``caller`` is
+    ``"crash"``, ``"partial"`` or ``"ok"``: crash when any sized consumer's request exceeds the lock --
+    TurboQuant's per prompt (continuation chunks, decode) and, for the deployment (no ``prompt_tokens``), under
+    any schedule a busy server produces (:func:`_busy_server_refusal`), another consumer's at its serve-time
+    maximum (``max_runtime_bytes``); else partial when ``unsized`` is not empty; ok only when every consumer the
+    deployment reaches is sized and none is refused. ``unsized``: ``({"consumer", "reason"}, ...)``, the consumers
+    it reaches that tqlab cannot size (:func:`tqlab.core.consumers.registry.unmodelled`). ``verdict_covers``:
+    which schedule the verdict speaks for (:data:`ANY_SCHEDULE`, or one prompt alone). ``first_refused_call``:
+    ``{caller, required_bytes, current_bytes, cached_len, q_len}`` (and ``schedule`` for a busy server's call) of
+    the first such call in serving order, or None; ``caller`` is
     ``_continuation_prefill`` / ``_decode_attention`` for TurboQuant (the method, as before) and the
     call site as vLLM's assertion names it (``file.py:function``) for any other consumer.
     ``first_failing_prompt_tokens``: TurboQuant's shortest prompt whose prefill overflows, or 1 when
@@ -194,11 +200,14 @@ class Prediction:
     consumers: Mapping[str, Any] = field(default_factory=dict)
     lock_set_by: str | None = None
     gpu: str = "H200"
+    unsized: tuple[dict[str, str], ...] = ()
+    verdict_covers: str = ""
 
     @property
     def partial(self) -> bool:
-        """The deployment uses consumers tqlab does not size (``unmodelled`` is not empty): the verdict is partial."""
-        return bool(self.consumers.get("unmodelled"))
+        """The deployment reaches consumers tqlab does not size (``unsized`` is not empty): the verdict is
+        ``partial`` unless a sized consumer crashes (``crash`` wins) or nothing locks (``never_locked``)."""
+        return bool(self.unsized)
 
     def to_json(self) -> dict[str, Any]:
         """The documented, stable object of ``tqlab plan --json`` / ``inspect-vllm --json`` (JSON types only).
@@ -227,6 +236,8 @@ class Prediction:
             "lock_set_by": self.lock_set_by,
             "gpu": self.gpu,
             "partial": self.partial,
+            "unsized": [dict(u) for u in self.unsized],
+            "verdict_covers": self.verdict_covers,
         }
 
     def dumps(self) -> str:
@@ -259,21 +270,31 @@ def _eager_decode_note(config: "EngineConfig", locked: int | None) -> list[Note]
     ``max_num_seqs``) runs eagerly after the lock, and ``turboquant_attn.py`` ``_decode_attention`` asks
     ``(B, Hq, S, D + 1)`` at ``B`` rows. Without PR #44053 nothing reserved ``max_num_seqs`` rows. Only for
     ``num_speculative_tokens == 0`` (with ``k`` tokens the rows and the drafter's passes differ)."""
-    if locked is None or config.num_speculative_tokens or not decode_uses_workspace(config):
+    lo = _eager_decode_rows(config, locked)
+    if lo is None:
         return []
     top = config.max_num_seqs
-    if decode_bytes(config, top) <= locked:
-        return []
-    lo, hi = 1, top  # decode_bytes grows with the rows: the first batch size that overflows
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if decode_bytes(config, mid) > locked else (mid + 1, hi)
     return [Note(NoteKind.RESERVATION_GAP,
                  f"busy server: a decode batch of {lo} or more requests (up to max_num_seqs {top}; captured decode "
                  f"batches stop at {decode_rows_at_lock(config)}, larger ones run eagerly after the lock) asks "
                  f"turboquant_attn.py:_decode_attention for {decode_bytes(config, lo):,} bytes or more > {locked:,} "
                  "locked: it crashes even though each request alone is ok (PR #44053 reserves max_num_seqs rows)",
                  "max_num_seqs")]
+
+
+def _eager_decode_rows(config: "EngineConfig", locked: int | None) -> int | None:
+    """The smallest decode batch (rows, up to ``max_num_seqs``) whose ``_decode_attention`` call overflows
+    ``locked``, or None (none does, nothing locks, speculative decoding, or decode asks no workspace)."""
+    if locked is None or config.num_speculative_tokens or not decode_uses_workspace(config):
+        return None
+    top = config.max_num_seqs
+    if decode_bytes(config, top) <= locked:
+        return None
+    lo, hi = 1, top  # decode_bytes grows with the rows: the first batch size that overflows
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if decode_bytes(config, mid) > locked else (mid + 1, hi)
+    return lo
 
 
 def _locked(config: "EngineConfig", fix: bool, measured: int | None) -> tuple[int | None, int | None, str]:
@@ -400,7 +421,10 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
     first_bad = _first_failing(config, locked, rows)
     n = prompt_tokens if prompt_tokens is not None else (first_bad or 1)
     refused = _first_refused(config, n, locked, max_tokens, rows)
-    verdict = "never_locked" if locked is None else ("crash" if refused else "ok")
+    if refused is None and prompt_tokens is None:  # the deployment's verdict covers any schedule vLLM can produce
+        refused = _busy_server_refusal(config, locked, _safe(config, locked, "any", rows))
+    unsized = tuple(table.unmodelled)
+    verdict = "never_locked" if locked is None else ("crash" if refused else ("partial" if unsized else "ok"))
     return Prediction(
         capture_sizes=capture_sizes(config), decode_rows_at_lock=decode_rows_at_lock(config), locked_bytes=locked,
         verdict=verdict, first_failing_prompt_tokens=first_bad, first_refused_call=refused,
@@ -413,7 +437,42 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked) + _eager_decode_note(config, locked)),
         consumers=table.to_dict(), gpu=config.gpu,
         lock_set_by=None if source == "measured" else lock_set_by(config, locked, fix=fix, table=table),
+        unsized=unsized,
+        verdict_covers=(f"a prompt of {prompt_tokens} tokens alone, then {max_tokens - 1} decode step(s)"
+                        if prompt_tokens is not None else ANY_SCHEDULE),
     )
+
+
+ANY_SCHEDULE = ("any schedule vLLM can produce: each request alone, any chunking (busy server, prefix-cache hits) "
+                "and decode batches up to max_num_seqs")
+"""What a deployment's verdict (:func:`predict` without ``prompt_tokens``) covers."""
+
+
+def _busy_server_refusal(config: "EngineConfig", locked: int | None, safe_any: int | None) -> dict[str, Any] | None:
+    """The first refused call of a schedule a busy server produces that no request alone makes, or None.
+
+    A continuation chunk with more cached tokens than any request alone reaches (:func:`safe_max_model_len`
+    ``schedule="any"`` below ``max_model_len``: a request of ``safe_any + 1`` tokens whose last chunk starts
+    :func:`~tqlab.predict.prompts.any_schedule_cached_len` tokens in), else a decode batch larger than any captured
+    one (``turboquant_attn.py`` ``_decode_attention`` at ``B`` rows, :func:`_eager_decode_note`). The call gets a
+    ``schedule`` key saying which. Only TurboQuant's requests depend on the schedule; another consumer's
+    serve-time maximum already covers a full batch (:func:`_other_refusal`).
+    """
+    if locked is None or not config.has_turboquant_consumers:
+        return None
+    if safe_any is not None and safe_any < config.max_model_len:
+        cached = any_schedule_cached_len(config, safe_any + 1)
+        if cached:
+            return {"caller": "_continuation_prefill", "required_bytes": continuation_bytes(config, cached),
+                    "current_bytes": locked, "cached_len": cached, "q_len": CONTINUATION_DECODE_THRESHOLD + 1,
+                    "schedule": f"busy server: a request of {safe_any + 1} tokens whose last chunk starts after "
+                                f"{cached} cached tokens (any chunking; the bound is {safe_any})"}
+    rows = _eager_decode_rows(config, locked)
+    if rows is None:
+        return None
+    return {"caller": "_decode_attention", "required_bytes": decode_bytes(config, rows), "current_bytes": locked,
+            "cached_len": None, "q_len": 1,
+            "schedule": f"busy server: a decode batch of {rows} requests (larger than any captured one, run eagerly)"}
 
 
 def lock_set_by(config: "EngineConfig", locked: int | None, *, fix: bool, table=None) -> str | None:

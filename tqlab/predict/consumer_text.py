@@ -17,7 +17,7 @@ from tqlab.core.workspace import format_mb
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.predict.analysis import Prediction
 
-__all__ = ["ANY_CHUNKING", "consumer_lines", "gpu_line", "safe_len_line", "verdict_line"]
+__all__ = ["ANY_CHUNKING", "consumer_lines", "gpu_line", "safe_len_line", "verdict_head", "verdict_line"]
 
 ANY_CHUNKING = ("any chunking: the bound for a busy server, where a prompt's chunks are cut by other requests "
                 "sharing a step or start after a prefix-cache hit")
@@ -91,6 +91,8 @@ def _which_prompt(pred: "Prediction") -> str:
     prompt -- said, so a verdict is never read as the answer for another prompt."""
     if pred.prompt_tokens is not None:
         return f" -- for the {pred.prompt_tokens:,}-token prompt asked about"
+    if (pred.first_refused_call or {}).get("schedule"):  # a busy server's schedule, named in the parentheses
+        return " -- for the deployment on a busy server"
     n = pred.first_failing_prompt_tokens
     if n is None:  # no prefill overflows: the refused call is the decode step every prompt makes
         return " -- for the deployment: the decode step every prompt makes (shown for a 1-token prompt)"
@@ -100,19 +102,32 @@ def _which_prompt(pred: "Prediction") -> str:
 
 
 def verdict_line(pred: "Prediction") -> str:
-    """``verdict (without the fix): crash|ok|never locked ...``, with the first refused call, and ``PARTIAL`` (and why)
-    when the deployment uses consumers tqlab does not size: never a bare "ok" then."""
+    """``verdict (without the fix): crash|partial|ok|never locked ...``, with the first refused call (and the busy-
+    server schedule that makes it), and, beside any verdict, how many reached consumers tqlab does not size:
+    ``ok`` only when every consumer is sized (``partial`` otherwise)."""
     fix = "with" if pred.fix else "without"
     if pred.verdict == "never_locked":
         text = "never locked: no request can hit the locked-workspace assertion"
     elif pred.verdict == "crash":
         c = pred.first_refused_call
+        where = c["schedule"] if c.get("schedule") else f"cached {c['cached_len']}, q {c['q_len']}"
         text = (f"CRASH: {c['caller']} requires {format_mb(c['required_bytes'])} MB, current size is "
-                f"{format_mb(c['current_bytes'])} MB (cached {c['cached_len']}, q {c['q_len']})" + _which_prompt(pred))
+                f"{format_mb(c['current_bytes'])} MB ({where})" + _which_prompt(pred))
+    elif pred.verdict == "partial":
+        text = "PARTIAL: no sized consumer is refused, but tqlab cannot size every consumer this deployment reaches"
     else:
         text = "ok"
-    n = len(pred.consumers.get("unmodelled", []))
-    if n:
-        text += (f" -- PARTIAL answer: {n} consumer(s) this deployment uses are not modelled (listed above); "
+    n = len(pred.unsized)
+    if n and pred.verdict != "partial":
+        text += (f" -- and {n} consumer(s) this deployment reaches are not sized (listed); "
                  "their requests may set the lock or crash")
     return f"verdict {fix} the fix: {text}"
+
+
+def verdict_head(pred: "Prediction") -> list[str]:
+    """The report's first lines: the verdict (:func:`verdict_line`), what it covers, and each unsized consumer with why."""
+    out = [verdict_line(pred)]
+    if pred.verdict_covers:
+        out.append(f"  covers: {pred.verdict_covers}")
+    out += [f"  unsized: {u['consumer']}: {u['reason']}" for u in pred.unsized]
+    return out

@@ -23,7 +23,7 @@ from tqlab.core.reservation import chunk_workspace_request, decode_workspace_sha
 from tqlab.core.workspace import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
-from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_line
+from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_head, verdict_line
 
 __all__ = ["DECODE", "DEQUANT_CHUNK", "SHORT_CHUNK", "ConsumerNeed", "ConsumerReport", "RequestPrediction",
            "chunk_shapes", "consumer_report", "other_request_prediction", "request_prediction"]
@@ -212,7 +212,7 @@ class ConsumerReport:
     def format(self) -> str:
         """Plain text: the per-rank shape, locked sizes, one block per request, the verdicts."""
         c = self.config
-        out = [
+        out = verdict_head(self.prediction) + [
             f"per rank: Hq {c.num_heads_per_rank}, Hk {c.num_kv_heads_per_rank}, D {c.head_dim}, "
             f"{str(c.dtype).removeprefix('torch.')}, {c.tq_max_kv_splits_for_cuda_graph} KV splits, block {c.block_size}; "
             f"max_num_seqs {c.max_num_seqs}, max_num_batched_tokens {c.max_num_batched_tokens}, "
@@ -246,7 +246,8 @@ class ConsumerReport:
                         f"  first refused call {label} the fix (vLLM dies here): {first.consumer}, cached {first.cached_len} "
                         f"q {first.q_len}: {format_mb(first.nbytes)} MiB > {format_mb(locked)} MiB at lock"
                     )
-            out.append(f"  -> {r.verdict}")
+            out.append(f"  -> {r.verdict}" + (" (sized consumers only: the verdict is partial, see the first lines)"
+                                               if self.prediction.unsized and not r.crashes_unfixed else ""))
         if self.first_failing_prompt is not None:
             out.append(f"shortest prompt that crashes without the fix (alone): {self.first_failing_prompt} tokens")
         out.append(safe_len_line(self.prediction))

@@ -25,6 +25,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
 __all__ = [
+    "any_schedule_cached_len",
     "continuation_bytes",
     "decode_bytes",
     "decode_uses_workspace",
@@ -208,8 +209,11 @@ def first_failing_prompt(config: "EngineConfig", locked_bytes: int) -> int | Non
     return _first_failing_alone(config, locked_bytes, config.max_model_len - 1)
 
 
-def _need_any_schedule(config: "EngineConfig", length: int) -> int:
-    """Largest call any chunking of a request of ``length`` tokens can make (busy scheduler, prefix-cache hits).
+def any_schedule_cached_len(config: "EngineConfig", length: int) -> int:
+    """The most cached tokens a continuation chunk of a request of ``length`` tokens can have under any chunking
+    (busy scheduler, prefix-cache hits): ``length - 129`` (the chunk must exceed the 128-token decode-kernel
+    threshold), whole blocks of it for a prefix-cache hit or the block-aligned split; 0 when no continuation
+    chunk can reach the workspace.
 
     Modelled: text-only requests without a KV connector or a streaming-input session (those can leave
     any number of tokens cached in vLLM 0.33, whatever the chunking and prefix-caching settings).
@@ -225,7 +229,13 @@ def _need_any_schedule(config: "EngineConfig", length: int) -> int:
         c_max = c_max // config.block_size * config.block_size
     if c_max < 1 or config.chunk_budget <= CONTINUATION_DECODE_THRESHOLD:
         return 0
-    return continuation_bytes(config, c_max)
+    return c_max
+
+
+def _need_any_schedule(config: "EngineConfig", length: int) -> int:
+    """Largest call any chunking of a request of ``length`` tokens can make (:func:`any_schedule_cached_len`)."""
+    c_max = any_schedule_cached_len(config, length)
+    return continuation_bytes(config, c_max) if c_max else 0
 
 
 def safe_max_model_len(config: "EngineConfig", locked_bytes: int, *, schedule: str = "any",

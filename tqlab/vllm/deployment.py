@@ -133,6 +133,7 @@ def _read_model(engine_args, shape: ModelShape, *, gpu_memory_gib: float | None,
         d.set(name, value, "config.json")
     for name, how in shape.sources.items():
         d.set_source(name, how)
+    d.set("architecture", shape.architecture or "", "config.json architectures[0]")  # picks the consumers (issue 30)
     for kind in ("mla", "indexer", "moe"):  # workspace consumers' model fields (issue 19)
         if getattr(shape, kind) is not None:
             d.set(kind, getattr(shape, kind), f"config.json ({kind} fields)")

@@ -37,8 +37,10 @@ it mirrors in vLLM 0.33:
   vLLM's ``is_deepseek_mla`` list (``model_arch_config_convertor.py``) and has ``kv_lora_rank`` uses MLA: its head
   size is ``kv_lora_rank + qk_rope_head_dim`` (``get_head_size``; 576 for DeepSeek-V3) and it has one KV head
   (``ModelConfig.get_num_kv_heads``: "during decode it becomes MQA"); ``index_topk``/``index_head_dim``/
-  ``index_n_heads`` give the sparse indexer; ``n_routed_experts`` or ``num_experts`` (> 1) with
-  ``num_experts_per_tok`` and ``moe_intermediate_size`` give a MoE block.
+  ``index_n_heads`` give the sparse indexer; the expert count the model class reads (``n_routed_experts``,
+  ``num_experts`` or ``num_local_experts``: :func:`tqlab.core.consumers.arch_table.expert_count_keys`, e.g.
+  ``mixtral.py`` ``MixtralDecoderLayer`` reads ``num_local_experts``) (> 1) with ``num_experts_per_tok`` and
+  ``moe_intermediate_size`` (else ``intermediate_size``) give a MoE block.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tqlab.core.consumers.arch_table import expert_count_keys
 from tqlab.core.model_arch import IndexerFields, MLAFields, MoEFields
 from tqlab.vllm.hf_families import ATTRIBUTE_MAPS, FALCON_TYPES, apply_hf_overrides, family_view
 
@@ -544,7 +547,10 @@ def _consumer_fields(r: _Reader, raw: Mapping[str, Any]) -> tuple[MLAFields | No
         indexer = IndexerFields(r.int("index_topk", required=True), r.int("index_head_dim", required=True),
                                 r.int("index_n_heads", required=True))
     moe = None
-    experts = r.int("n_routed_experts") or r.int("num_experts")
+    archs = raw.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    # the expert count under the key the model class reads (arch_table: n_routed_experts, num_experts, num_local_experts)
+    experts = next((v for v in (r.int(k) for k in expert_count_keys(arch)) if v is not None), None)
     if experts is not None and experts > 1 and c.get("num_experts_per_tok") is not None:
         hidden = r.int("hidden_size", required=True)
         inter = r.int("moe_intermediate_size") or r.int("intermediate_size", required=True)

@@ -31,6 +31,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from tqlab.core.consumers.arch_table import FAMILY, reachable_families
+from tqlab.core.consumers.arch_table import unsized as arch_unsized
 from tqlab.core.consumers.backends import attention_backend
 from tqlab.core.consumers.base import Consumer, StartUp
 from tqlab.core.consumers.flash_attn_dcp import FlashAttentionDCP
@@ -140,8 +142,11 @@ class ConsumerTable:
 
 
 def active_consumers(config: "EngineConfig") -> list[Consumer]:
-    """The modelled consumers ``config`` uses, in registry order."""
-    return [c for c in CONSUMERS if c.active(config)]
+    """The modelled consumers ``config`` uses, in registry order: those whose rule (fields, the backend vLLM's
+    selector picks) holds, among the layer families ``config.architecture``'s model class builds
+    (:func:`tqlab.core.consumers.arch_table.reachable_families`; every family when the table cannot tell)."""
+    families = reachable_families(config)
+    return [c for c in CONSUMERS if (families is None or FAMILY[c.name] in families) and c.active(config)]
 
 
 def turboquant_only(config: "EngineConfig") -> bool:
@@ -152,8 +157,11 @@ def turboquant_only(config: "EngineConfig") -> bool:
 
 
 def unmodelled(config: "EngineConfig") -> list[dict[str, str]]:
-    """``[{"consumer", "reason"}]`` of the unmodelled consumers ``config`` would use (as far as its fields tell)."""
-    out = []
+    """``[{"consumer", "reason"}]`` of the consumers ``config`` would use that tqlab does not size: those vLLM's model
+    code reaches for ``config.architecture`` and no registry entry sizes (:func:`tqlab.core.consumers.arch_table.unsized`:
+    an architecture outside vLLM's registry, an unread field, a model-specific call site), then those
+    :data:`UNMODELLED` applies to as far as the fields tell (the experts class, a backend tqlab does not size)."""
+    out = arch_unsized(config)
     for u in UNMODELLED:
         if u.applies is not None and u.applies(config):
             reason = unmodelled_reason(config) if u.consumer.startswith("modular_kernel") else u.reason
