@@ -2,10 +2,11 @@
 # Install vLLM's Python package into a separate CPU-only venv for the parity suite.
 #
 #   bash parity/install.sh            # idempotent: a no-op when the venv already works
+#   VLLM_VERSION=0.34.0 bash parity/install.sh    # another release, in its own venv (.venv-parity-0.34)
 #   PARITY_VENV=/path VLLM_VERSION=0.33.0 bash parity/install.sh
 #
 # What it does (see parity/README.md for why this works and its limits):
-#   1. creates $PARITY_VENV (default .venv-parity/ in the repo root) with python3;
+#   1. creates $PARITY_VENV (default: parity/venv.sh's rule, .venv-parity/ for 0.33.0) with python3;
 #   2. installs torch==2.13.0 (the CPU build from the machine's wheel cache) and
 #      the test tools (pytest, hypothesis, numpy);
 #   3. downloads the vLLM wheel (--no-deps), derives its runtime requirements from
@@ -20,8 +21,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${PARITY_VENV:-$ROOT/.venv-parity}"
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+source "$ROOT/parity/venv.sh"
+VENV="${PARITY_VENV:-$(parity_venv "$ROOT" "$VLLM_VERSION")}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.parity-installed"

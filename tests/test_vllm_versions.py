@@ -53,6 +53,7 @@ def test_what_differs():
     assert (v33.jit_warmup_always, v34.jit_warmup_always) == (False, True)
     assert v33.view_alignment == v34.view_alignment == 256
     assert v34.release == "0.34.0" and v33.release == "0.33.0"
+    assert (v33.startup_rules_modelled, v34.startup_rules_modelled) == (True, False)
 
 
 def test_data_files_are_named_by_version():

@@ -58,6 +58,12 @@ class VllmVersion:
         view_alignment: bytes every workspace view starts at (256 in both; named ``_VIEW_ALIGNMENT`` in 0.34).
         added_consumers / removed_consumers: CUDA workspace call sites (``path:function`` under ``vllm/``) new
             in this release / gone since the previous one (from the two censuses).
+        startup_rules_modelled: tqlab's start-up rules (``tqlab.core.vllm_rules``: capture sizes, decode rows at
+            the lock) are this release's. False for 0.34: ``VllmConfig._split_cudagraph_capture_sizes``
+            (``vllm/config/vllm.py``) keeps prefill graphs in tokens and decode graphs in requests
+            (``decode_cudagraph_capture_request_sizes``), and ``adjust_cudagraph_sizes_for_spec_decode`` is gone;
+            an answer that depends on them must say it is 0.33's rule (``parity/test_capture_sizes_parity.py``
+            pins where they part).
     """
 
     name: str
@@ -68,6 +74,7 @@ class VllmVersion:
     view_alignment: int = 256
     added_consumers: tuple[str, ...] = ()
     removed_consumers: tuple[str, ...] = ()
+    startup_rules_modelled: bool = True
 
     @property
     def slug(self) -> str:
@@ -122,6 +129,7 @@ VERSIONS: dict[str, VllmVersion] = {
         runners=("v1/worker/gpu/model_runner.py",),
         jit_warmup_always=True,
         manager_methods=(*_MANAGER_0_33, "get_retained"),
+        startup_rules_modelled=False,
         added_consumers=(
             "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:QwenGatedDeltaNetAttention._forward_flashinfer_prefill",
             "models/kimi_k3/nvidia/kda.py:KimiK3DeltaAttention.__init__",
