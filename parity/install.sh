@@ -33,13 +33,26 @@ t0=$(date +%s)
 step() { echo "[parity/install] $(($(date +%s) - t0))s: $*"; }
 
 check_imports() {
-  "$VENV/bin/python" - <<'PY'
+  PYTHONPATH="$ROOT" VLLM_VERSION="$VLLM_VERSION" "$VENV/bin/python" - <<'PY'
+import os
 import torch
 assert torch.version.cuda is None, f"parity venv must hold a CPU torch, found CUDA {torch.version.cuda}"
 import vllm.v1.worker.workspace as ws
 from vllm.v1.attention.backends import turboquant_attn as tq
 assert hasattr(tq.TurboQuantMetadataBuilder, "_reserve_workspace"), "vLLM lacks PR #44053"
 import vllm
+assert vllm.__version__ == os.environ["VLLM_VERSION"], f"venv holds vllm {vllm.__version__}, not {os.environ['VLLM_VERSION']}"
+# The manager's API is the one tqlab's version home says (tqlab/core/vllm_versions.py; a release being added is
+# not there yet: say so and go on).
+from tqlab.core import vllm_versions
+try:
+    known = vllm_versions.get(vllm.__version__)
+except ValueError as e:
+    print(f"note: {e} (add it to tqlab/core/vllm_versions.py)")
+else:
+    missing = [m for m in known.manager_methods if not hasattr(ws.WorkspaceManager, m)]
+    assert not missing, f"vllm {vllm.__version__}'s WorkspaceManager lacks {missing}"
+    assert hasattr(ws.WorkspaceManager, "get_retained") == known.has_get_retained, "get_retained differs from tqlab's table"
 print(f"vllm {vllm.__version__} / torch {torch.__version__}: workspace + turboquant_attn import")
 PY
 }

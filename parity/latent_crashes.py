@@ -3,7 +3,8 @@
 Each ``check_*`` returns ``{"candidate", "verdict", "evidence": {...}, "limits"}`` with ``verdict`` one of
 ``confirmed``, ``refuted``, ``not run``. ``parity/test_latent_crashes.py`` asserts the verdicts;
 ``python parity/latent_crashes.py`` (a parity venv) writes them to ``data/vllm_<x>_<y>_latent_crashes.json``
-(``VllmVersion.latent_crashes_file``) with provenance. Run inside ``tqlab.vllm.vllm_cpu_patches()`` (the parity conftest does; ``main`` does too).
+(``VllmVersion.latent_crashes_file``) with provenance. Run inside ``tqlab.vllm.vllm_cpu_patches()`` (the parity
+conftest does; ``main`` does too).
 
 1. TurboQuant, chunked prefill off + prefix caching: the fix reserves no continuation buffers, a prefix hit
    followed by > 128 new tokens runs ``_continuation_prefill`` (``tqlab.vllm.cpu_harness.run_vllm_seed_scenario``).

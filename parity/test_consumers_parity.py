@@ -321,7 +321,9 @@ def test_sparse_indexer_profile_reservation_equals_vllms(seed):
     with mock.patch.object(sai, "get_forward_context", lambda: _ns(attn_metadata=None)), \
          mock.patch.object(sai, "current_workspace_manager", lambda: rec):
         with pytest.raises(_Stop):
-            sai.sparse_attn_indexer(torch.zeros(4, 16), "layer.0", None, None, None, None, None, 128, None, 2048,
+            # q_quant (4 tokens, 16 heads, head_dim): vLLM 0.34 reads its shape before the profile branch
+            sai.sparse_attn_indexer(torch.zeros(4, 16), "layer.0", None, torch.zeros(4, 16, head_dim), None, None, None,
+                                    128, None, 2048,
                                     head_dim, mml, rows, torch.zeros(4, 2048, dtype=torch.int32), False, False, False,
                                     "layer.0")
     assert rec.calls == [indexer_profile_call(rows, head_dim)]
