@@ -64,3 +64,17 @@ def test_data_files_are_named_by_version():
     v34 = vv.VERSIONS["0.34"]
     assert (v34.flags_file.name, v34.census_file.name, v34.architectures_file.name) == (
         "vllm_0_34_flags.json", "vllm_0_34_workspace_consumers.json", "vllm_0_34_arch_consumers.json")
+
+
+def test_sparse_indexer_rows_are_one_rule_in_both_versions():
+    """Issue 31's 1M-token numbers: x 40 rows is factor 5, x 16 is factor 2; both wheels resolve the factor the
+    same way (``VllmConfig.__post_init__``: 5 up to 256 Ki tokens, else 2), so "5036.40 MB" needs factor 5 set."""
+    from tqlab.core.consumers.sparse_indexer import indexer_profile_call, max_prefill_buffer_size
+    from tqlab.core.workspace import compute_layout, format_mb
+
+    def mb(rows: int) -> str:
+        return format_mb(compute_layout(indexer_profile_call(rows, 128)).total_bytes)
+
+    assert max_prefill_buffer_size(1_000_000) == 16_000_000  # default factor 2 above 262,144 tokens
+    assert (mb(max_prefill_buffer_size(1_000_000)), mb(max_prefill_buffer_size(1_000_000, 5))) == ("2015.16", "5036.40")
+    assert max_prefill_buffer_size(262_144) == 262_144 * 40 and max_prefill_buffer_size(262_145) == 262_145 * 16
