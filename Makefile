@@ -49,7 +49,7 @@ help:
 	@echo "make sync    jupytext --sync notebooks/*.ipynb <-> *.py, then strip outputs"
 	@echo "make check   notebooks stored clean and paired .py in sync; import layers (lint-imports); ruff"
 	@echo "make lab     open JupyterLab on notebooks/ with the $(KERNEL_NAME) kernel"
-	@echo "make parity  cross-check against vLLM 0.33's own classes in .venv-parity (first run installs it)"
+	@echo "make parity  cross-check against each supported vLLM's own classes ($(PARITY_VERSIONS); VLLM_VERSION=0.34.0 for one), each in its own venv (first run installs it)"
 	@echo "make browser-test  run every notebook in JupyterLab + headless chromium; screenshots in $(BUILD)/screenshots"
 	@echo "make clean   remove $(BUILD)/ and caches; make distclean also removes $(VENV)"
 
@@ -110,11 +110,16 @@ clean:
 distclean: clean
 	rm -rf $(VENV)
 
-# --- parity with real vLLM (parity/README.md): vLLM 0.33's pure-Python modules
-# in a separate .venv-parity (wheel --no-deps + its non-CUDA requirements, torch 2.13 CPU).
+# --- parity with real vLLM (parity/README.md): each supported release's pure-Python modules in its
+# own venv (parity/venv.sh: .venv-parity for 0.33.0, .venv-parity-0.34 for 0.34.0; wheel --no-deps +
+# its non-CUDA requirements, torch 2.13 CPU). VLLM_VERSION=0.34.0 runs one release; every release
+# runs even when an earlier one fails, and the target fails if any did.
+PARITY_VERSIONS := $(if $(VLLM_VERSION),$(VLLM_VERSION),0.33.0 0.34.0)
 parity:
-	bash parity/run.sh $(PYTEST_ARGS)
+	@failed=""; for v in $(PARITY_VERSIONS); do echo "== make parity: vLLM $$v"; \
+	  VLLM_VERSION=$$v bash parity/run.sh $(PYTEST_ARGS) </dev/null || failed="$$failed $$v"; done; \
+	  if [ -n "$$failed" ]; then echo "== make parity: failed for vLLM$$failed" >&2; exit 1; fi
 
-# Same, and rewrite data/parity_results.json with provenance.
+# Same, and rewrite data/parity_results.json (0.33.0) / data/parity_results_<x>_<y>.json with provenance.
 parity-record:
-	bash parity/run.sh --record
+	@for v in $(PARITY_VERSIONS); do VLLM_VERSION=$$v bash parity/run.sh --record; done

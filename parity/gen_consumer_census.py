@@ -1,12 +1,14 @@
-"""Generate ``data/vllm_0_33_workspace_consumers.json``: every workspace call site of vLLM 0.33, classified.
+"""Generate ``data/vllm_<version>_workspace_consumers.json``: every workspace call site of one vLLM release, classified.
 
 Run with any Python (it parses vLLM's source with :mod:`ast`, it does not import vLLM)::
 
     .venv/bin/python parity/gen_consumer_census.py [--vllm DIR] [--check]
 
 ``DIR`` defaults to ``.venv-parity/lib/python3.11/site-packages/vllm`` (``PARITY_VENV`` overrides the
-venv). A call site is a call ``X.get_simultaneous(...)``, ``X.get_persistent(...)`` or
-``X.get_persistent_resource(...)`` outside ``vllm/v1/worker/workspace.py`` (the manager itself:
+venv); the output file is named by the release found next to ``DIR`` (``vllm-<x.y.z>.dist-info``):
+``vllm_0_33_...`` for 0.33.0, ``vllm_0_34_...`` for 0.34.0 (e.g. ``--vllm /work/vsrc/0.34/vllm``, an
+unpacked wheel). A call site is a call ``X.get_simultaneous(...)``, ``X.get_persistent(...)``,
+``X.get_persistent_resource(...)`` or (vLLM 0.34 on) ``X.get_retained(...)`` outside ``vllm/v1/worker/workspace.py`` (the manager itself:
 ``get_persistent`` calling ``get_persistent_resource`` is not a consumer).
 
 Each record: ``site`` (``path:line``), ``call`` (which method), ``function`` (enclosing
@@ -36,7 +38,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "data" / "vllm_0_33_workspace_consumers.json"
-CALLS = ("get_simultaneous", "get_persistent", "get_persistent_resource")
+"""The 0.33 recording (the default when no version is found); :func:`out_path` names each version's."""
+CALLS = ("get_simultaneous", "get_persistent", "get_persistent_resource", "get_retained")
 _PROFILE = "profile_run"
 
 # (path suffix, function) -> role, first_sized_by, covered_by, consumer, note.  Read in vLLM 0.33's source.
@@ -149,11 +152,53 @@ _CUDA: dict[tuple[str, str], tuple[str, str, str | None, str | None, str]] = {
         ("use", "init", "v1/attention/backends/turboquant_attn.py:TurboQuantMetadataBuilder._reserve_workspace", "turboquant", ""),
 }
 
+# Read in vLLM 0.34's source: the CUDA sites new in 0.34 (a site of 0.33 keeps its 0.33 reading unless listed).
+_CUDA_0_34: dict[tuple[str, str], tuple[str, str, str | None, str | None, str]] = {
+    ("gdn/qwen_gdn_linear_attn.py", "QwenGatedDeltaNetAttention._forward_flashinfer_prefill"):
+        ("use", _PROFILE, "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:_warmup_prefill_kernels", None,
+         "checkpoint buffer (0.33's _forward_core site moved here)"),
+    ("kimi_k3/nvidia/kda.py", "KimiK3DeltaAttention.__init__"):
+        ("reserve", "init", None, None, "FlashKDA buffers or the FlashInfer KDA output (1, max_num_batched_tokens, H, D): "
+         "'Profiling skips attention, so reserve its runtime layout before the KV cache is sized'"),
+    ("kimi_k3/nvidia/kv_balanced_mla/decode.py", "KvBalancedDecode._buffers"):
+        ("reserve+use", "init", None, None, "split-KV scratch (workspace_bytes(heads, max_q, max_num_seqs),) int8 + persistent "
+         "counts/work plans; KvBalancedDecode.__init__ calls _buffers() (slot 0, 0), each decode step again"),
+    ("minimax_m3/nvidia/indexer_nvfp4.py", "MiniMaxM3IndexerNvfp4Impl.reserve_workspace"):
+        ("reserve", _PROFILE, None, None, "(max_gather_pages, PAGE_SIZE, HEAD_DIM) fp8 gather pages; called from the model's "
+         "forward when slot_mapping is not bound (the profile run)"),
+    ("minimax_m3/nvidia/indexer_nvfp4.py", "MiniMaxM3IndexerNvfp4Impl._prefill"):
+        ("use", _PROFILE, "models/minimax_m3/nvidia/indexer_nvfp4.py:MiniMaxM3IndexerNvfp4Impl.reserve_workspace", None,
+         "(max(total_pages, 1), PAGE_SIZE, HEAD_DIM) fp8 per prefill chunk"),
+    ("deepseek_v41/nvidia/flash_mla_mega_attn.py", "DeepseekV4MegaAttnAttention._forward_prefill_mega"):
+        ("use", _PROFILE, "models/deepseek_v41/nvidia/flash_mla_mega_attn.py:_reserve_prefill_workspace", None,
+         "get_simultaneous index scratch + get_retained KV chunk at the tail; _reserve_prefill_workspace sizes both side by side"),
+}
+
 _ROCM_ONLY_ON_CUDA_FILES = {
     ("backends/turboquant_attn.py", "TurboQuantAttentionImpl._ensure_on_device"),
     ("backends/ultraquant_attn.py", "UltraQuantAttentionImpl._ensure_on_device"),
 }
 """Sites in CUDA files whose branch runs only on ROCm (counted as CUDA by path, flagged ``reachable_on_cuda: false``)."""
+
+
+def release_of(version: str) -> str:
+    """``"0.34"`` for ``"0.34.0"``: the version part of the output file's name."""
+    return ".".join(version.split(".")[:2])
+
+
+def out_path(version: str) -> Path:
+    """``data/vllm_<major>_<minor>_workspace_consumers.json`` for a release such as ``"0.34.0"`` (0.33's for unknown)."""
+    if version == "unknown":
+        return OUT
+    return ROOT / "data" / f"vllm_{release_of(version).replace('.', '_')}_workspace_consumers.json"
+
+
+def _table(version: str) -> dict:
+    """The hand-read classification for ``version``: 0.33's, with 0.34's readings on top from 0.34 on."""
+    table = dict(_CUDA)
+    if version != "unknown" and tuple(int(p) for p in release_of(version).split(".")) >= (0, 34):
+        table.update(_CUDA_0_34)
+    return table
 
 
 def default_vllm_dir() -> Path:
@@ -218,15 +263,18 @@ def _phase_by_name(function: str) -> str:
     return "forward"
 
 
-def classify(site: dict) -> dict:
-    """Add ``platform``, ``role``, ``first_sized_by``, ``covered_by``, ``consumer``, ``note`` to one site."""
+def classify(site: dict, table: dict | None = None) -> dict:
+    """Add ``platform``, ``role``, ``first_sized_by``, ``covered_by``, ``consumer``, ``note`` to one site
+    (``table``: :func:`_table` of the release; default 0.33's)."""
+    table = _CUDA if table is None else table
     rec = dict(site)
     rec["platform"] = platform_of(site["path"])
-    key = next((k for k in _CUDA if site["path"].endswith(k[0]) and site["function"] == k[1]), None)
+    key = next((k for k in table if site["path"].endswith(k[0]) and site["function"] == k[1]), None)
     if rec["platform"] == "cuda":
         if key is None:
-            raise SystemExit(f"unclassified CUDA call site {site['site']} in {site['function']}: read it and add it to _CUDA")
-        role, phase, covered_by, consumer, note = _CUDA[key]
+            raise SystemExit(f"unclassified CUDA call site {site['site']} in {site['function']}: read it and add it to "
+                             f"_CUDA (or the release's _CUDA_<version> table)")
+        role, phase, covered_by, consumer, note = table[key]
         rec.update(role=role, first_sized_by=phase, phase_source="read", covered_by=covered_by,
                    consumer=consumer, note=note, reachable_on_cuda=key not in _ROCM_ONLY_ON_CUDA_FILES)
     else:
@@ -247,12 +295,14 @@ def _vllm_version(vllm_dir: Path) -> str:
 
 def census(vllm_dir: Path) -> dict:
     """The census payload (without provenance): ``counts``, ``call_sites`` and ``unlock_sites``."""
-    sites = [classify(s) for s in find_call_sites(vllm_dir)]
+    version = _vllm_version(vllm_dir)
+    table = _table(version)
+    sites = [classify(s, table) for s in find_call_sites(vllm_dir)]
     count = lambda pred: sum(1 for s in sites if pred(s))  # noqa: E731
     counts = {
         "call_sites": len(sites),
         "get_simultaneous": count(lambda s: s["call"] == "get_simultaneous"),
-        "persistent": count(lambda s: s["call"] != "get_simultaneous"),
+        "persistent": count(lambda s: s["call"] in ("get_persistent", "get_persistent_resource")),
         "cuda": count(lambda s: s["platform"] == "cuda"),
         "rocm": count(lambda s: s["platform"] == "rocm"),
         "xpu": count(lambda s: s["platform"] == "xpu"),
@@ -264,7 +314,9 @@ def census(vllm_dir: Path) -> dict:
         if s["platform"] == "cuda":
             d = counts["cuda_by_first_sized_by"]
             d[s["first_sized_by"]] = d.get(s["first_sized_by"], 0) + 1
-    return {"vllm_version": _vllm_version(vllm_dir), "counts": counts, "call_sites": sites,
+    if any(s["call"] == "get_retained" for s in sites):
+        counts["get_retained"] = count(lambda s: s["call"] == "get_retained")
+    return {"vllm_version": version, "counts": counts, "call_sites": sites,
             "unlock_sites": find_unlock_sites(vllm_dir)}
 
 
@@ -288,14 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no vLLM source at {vllm_dir} (run bash parity/run.sh first, or pass --vllm)", file=sys.stderr)
         return 2
     payload = census(vllm_dir)
+    out_file = out_path(payload["vllm_version"])
     if args.check:
-        old = json.loads(OUT.read_text())
+        old = json.loads(out_file.read_text())
         same = all(old.get(k) == payload[k] for k in ("call_sites", "counts", "unlock_sites"))
-        print("census up to date" if same else f"{OUT.name} differs from vLLM's source: re-run without --check")
+        print("census up to date" if same else f"{out_file.name} differs from vLLM's source: re-run without --check")
         return 0 if same else 1
     out = {"provenance": _provenance(payload["vllm_version"]), **payload}
-    OUT.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
-    print(f"{OUT.relative_to(ROOT)}: {json.dumps(payload['counts'])}")
+    out_file.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(f"{out_file.relative_to(ROOT)}: {json.dumps(payload['counts'])}")
     return 0
 
 

@@ -1,6 +1,7 @@
-"""Generate ``tqlab/vllm/vllm_0_33_flags.json``: the flags of ``vllm serve``, read from vLLM's own parser.
+"""Generate ``tqlab/vllm/vllm_<version>_flags.json``: the flags of ``vllm serve``, read from vLLM's own parser.
 
-Run in the parity environment (vLLM 0.33 installed, CPU is enough)::
+Run in a parity environment (CPU is enough); the file is named by the installed release
+(``vllm_0_33_flags.json`` under vLLM 0.33.0, ``vllm_0_34_flags.json`` under 0.34.0)::
 
     .venv-parity/bin/python parity/gen_vllm_flags.py            # rewrite the file
     .venv-parity/bin/python parity/gen_vllm_flags.py --check    # exit 1 if it differs
@@ -136,9 +137,12 @@ def render(table: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--check", action="store_true", help="compare with the checked-in file instead of writing it")
-    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--out", type=Path, default=None, help="default: tqlab/vllm/vllm_<major>_<minor>_flags.json")
     a = p.parse_args(argv)
     text = render(generate())
+    if a.out is None:
+        major_minor = "_".join(json.loads(text)["vllm_version"].split(".")[:2])
+        a.out = OUT.with_name(f"vllm_{major_minor}_flags.json")
     if a.check:
         same = a.out.is_file() and a.out.read_text() == text
         print(f"{a.out}: {'up to date' if same else 'DIFFERS from vLLM ' + json.loads(text)['vllm_version']}")

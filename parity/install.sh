@@ -2,10 +2,11 @@
 # Install vLLM's Python package into a separate CPU-only venv for the parity suite.
 #
 #   bash parity/install.sh            # idempotent: a no-op when the venv already works
+#   VLLM_VERSION=0.34.0 bash parity/install.sh    # another release, in its own venv (.venv-parity-0.34)
 #   PARITY_VENV=/path VLLM_VERSION=0.33.0 bash parity/install.sh
 #
 # What it does (see parity/README.md for why this works and its limits):
-#   1. creates $PARITY_VENV (default .venv-parity/ in the repo root) with python3;
+#   1. creates $PARITY_VENV (default: parity/venv.sh's rule, .venv-parity/ for 0.33.0) with python3;
 #   2. installs torch==2.13.0 (the CPU build from the machine's wheel cache) and
 #      the test tools (pytest, hypothesis, numpy);
 #   3. downloads the vLLM wheel (--no-deps), derives its runtime requirements from
@@ -21,8 +22,9 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${PARITY_VENV:-$ROOT/.venv-parity}"
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+source "$ROOT/parity/venv.sh"
+VENV="${PARITY_VENV:-$(parity_venv "$ROOT" "$VLLM_VERSION")}"
 TORCH_VERSION="${TORCH_VERSION:-2.13.0}"
 PYTHON="${PYTHON:-python3}"
 STAMP="$VENV/.parity-installed"
@@ -32,13 +34,26 @@ t0=$(date +%s)
 step() { echo "[parity/install] $(($(date +%s) - t0))s: $*"; }
 
 check_imports() {
-  "$VENV/bin/python" - <<'PY'
+  PYTHONPATH="$ROOT" VLLM_VERSION="$VLLM_VERSION" "$VENV/bin/python" - <<'PY'
+import os
 import torch
 assert torch.version.cuda is None, f"parity venv must hold a CPU torch, found CUDA {torch.version.cuda}"
 import vllm.v1.worker.workspace as ws
 from vllm.v1.attention.backends import turboquant_attn as tq
 assert hasattr(tq.TurboQuantMetadataBuilder, "_reserve_workspace"), "vLLM lacks PR #44053"
 import vllm
+assert vllm.__version__ == os.environ["VLLM_VERSION"], f"venv holds vllm {vllm.__version__}, not {os.environ['VLLM_VERSION']}"
+# The manager's API is the one tqlab's version home says (tqlab/core/vllm_versions.py; a release being added is
+# not there yet: say so and go on).
+from tqlab.core import vllm_versions
+try:
+    known = vllm_versions.get(vllm.__version__)
+except ValueError as e:
+    print(f"note: {e} (add it to tqlab/core/vllm_versions.py)")
+else:
+    missing = [m for m in known.manager_methods if not hasattr(ws.WorkspaceManager, m)]
+    assert not missing, f"vllm {vllm.__version__}'s WorkspaceManager lacks {missing}"
+    assert hasattr(ws.WorkspaceManager, "get_retained") == known.has_get_retained, "get_retained differs from tqlab's table"
 print(f"vllm {vllm.__version__} / torch {torch.__version__}: workspace + turboquant_attn import")
 PY
 }

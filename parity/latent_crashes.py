@@ -1,9 +1,10 @@
-"""Issue 19's latent-crash candidates, each checked with vLLM 0.33's own classes on this CPU.
+"""Issue 19's latent-crash candidates, each checked with the installed vLLM's own classes on this CPU (0.33, 0.34).
 
 Each ``check_*`` returns ``{"candidate", "verdict", "evidence": {...}, "limits"}`` with ``verdict`` one of
 ``confirmed``, ``refuted``, ``not run``. ``parity/test_latent_crashes.py`` asserts the verdicts;
-``python parity/latent_crashes.py`` (parity venv) writes them to ``data/vllm_0_33_latent_crashes.json`` with
-provenance. Run inside ``tqlab.vllm.vllm_cpu_patches()`` (the parity conftest does; ``main`` does too).
+``python parity/latent_crashes.py`` (a parity venv) writes them to ``data/vllm_<x>_<y>_latent_crashes.json``
+(``VllmVersion.latent_crashes_file``) with provenance. Run inside ``tqlab.vllm.vllm_cpu_patches()`` (the parity
+conftest does; ``main`` does too).
 
 1. TurboQuant, chunked prefill off + prefix caching: the fix reserves no continuation buffers, a prefix hit
    followed by > 128 new tokens runs ``_continuation_prefill`` (``tqlab.vllm.cpu_harness.run_vllm_seed_scenario``).
@@ -51,6 +52,10 @@ def check_turboquant_prefix_hit_without_chunked_prefill() -> dict:
 
 
 def check_flash_attn_dcp_piecewise() -> dict:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm.v1.worker.gpu_model_runner") is None:  # vLLM 0.34: Model Runner V2 only
+        return _check_flash_attn_dcp_jit_warmup()
     import vllm.distributed.parallel_state as ps
     import vllm.v1.attention.backends.flash_attn as fa
     import vllm.v1.worker.workspace as ws
@@ -92,6 +97,69 @@ def check_flash_attn_dcp_piecewise() -> dict:
                       "would size it; another consumer (e.g. MoE) sizing the slot larger hides it"}
 
 
+def _check_flash_attn_dcp_jit_warmup() -> dict:
+    """Candidate 2 where the V1 runner is gone (vLLM 0.34): V2's JIT warm-up runs a real DCP decode before capture.
+
+    ``Worker._compile_or_warm_up_model`` (``gpu_worker.py``) calls ``warmup_kernels`` when
+    ``KernelConfig.enable_jit_warmup`` (default True), for every cudagraph mode, before ``capture_model``;
+    ``_warmup_kernels`` (``v1/worker/gpu/warmup.py``) runs decode steps whose requests have context, so
+    ``FlashAttentionImpl._forward_with_dcp`` makes its request before the lock. Shown here: that request (one DCP
+    decode with context through vLLM's ``forward``) before the lock, then the same decode after it.
+    """
+    import vllm.distributed.parallel_state as ps
+    import vllm.v1.attention.backends.flash_attn as fa
+    import vllm.v1.worker.workspace as ws
+    from vllm.config.kernel import KernelConfig
+    from vllm.v1.worker import gpu_worker
+    from vllm.v1.worker.gpu import warmup
+
+    from test_consumers_parity import _flash_attn_impl
+
+    worker_src = inspect.getsource(gpu_worker.Worker._compile_or_warm_up_model)
+    jit_default = KernelConfig.__dataclass_fields__["enable_jit_warmup"].default
+    warmup_before_capture = ("warmup_kernels(" in worker_src and "enable_jit_warmup" in worker_src
+                             and worker_src.index("warmup_kernels(") < worker_src.index("capture_model()"))
+    decode_steps = "num_decode_steps" in inspect.getsource(warmup._warmup_kernels)
+    impl = _flash_attn_impl(fa, ps, 8, 128, 2, 8192, torch.bfloat16)
+    class _KernelReached(Exception):
+        pass
+
+    def kernel(*a, **k):
+        raise _KernelReached
+
+    ws.reset_workspace_manager()
+    ws.init_workspace_manager(torch.device("cpu"))
+    try:
+        with mock.patch.object(fa, "current_workspace_manager", ws.current_workspace_manager), \
+             mock.patch.object(fa, "flash_attn_varlen_func", kernel, create=True):
+            try:  # the JIT warm-up's decode step (context > 0): its workspace request, then the kernel (stopped)
+                _decode_on_real_manager(fa, impl)
+            except _KernelReached:
+                pass
+            m = ws.current_workspace_manager()
+            size_at_lock = m._workspace_size_bytes(m._current_workspaces[0])
+            ws.lock_workspace()
+            error = None
+            try:
+                _decode_on_real_manager(fa, impl)
+            except AssertionError as e:
+                error = str(e)
+            except _KernelReached:
+                pass
+    finally:
+        ws.reset_workspace_manager()
+    reached = jit_default is True and warmup_before_capture and decode_steps and size_at_lock > 0 and error is None
+    return {"candidate": 2, "name": "FlashAttention + DCP, PIECEWISE-only CUDA graphs",
+            "verdict": "refuted" if reached else "confirmed",
+            "evidence": {"v1_runner": "absent (vllm/v1/worker/gpu_model_runner.py)",
+                         "enable_jit_warmup_default": jit_default,
+                         "warmup_kernels_before_capture_model": warmup_before_capture,
+                         "jit_warmup_runs_decode_steps": decode_steps,
+                         "slot_bytes_at_lock": size_at_lock, "first_dcp_decode_after_lock": error},
+            "limits": "with the defaults only: with --kernel-config enable_jit_warmup=false V2's PIECEWISE capture path "
+                      "is not checked; the warm-up's decode is vLLM's forward on CPU, not the whole warmup_kernels"}
+
+
 def _decode_on_real_manager(fa, impl) -> None:
     """One DCP decode through the real ``forward`` on the real (locked) manager; stops at the kernel."""
     n, dcp = 4, 2
@@ -99,7 +167,8 @@ def _decode_on_real_manager(fa, impl) -> None:
              max_query_len=1, max_seq_len=9, block_table=torch.zeros(4, 4, dtype=torch.int32), scheduler_metadata=None,
              max_dcp_context_kv_len=5, num_decode_reqs=4, num_prefill_reqs=0, num_decode_tokens=4,
              num_prefill_tokens=0, causal=True, max_num_splits=0, dcp_context_kv_lens=torch.tensor([5, 5, 5, 5]))
-    layer = _ns(_q_scale=torch.ones(1), _k_scale=torch.ones(1), _v_scale=torch.ones(1))
+    layer = _ns(_q_scale=torch.ones(1), _k_scale=torch.ones(1), _v_scale=torch.ones(1),
+                _q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0)  # the floats: vLLM 0.34 reads them
     group = _ns(all_gather=lambda x, dim: torch.cat([x] * dcp, dim=dim))
     with mock.patch.object(fa, "get_dcp_group", lambda: group):
         impl.forward(layer, torch.zeros(n, 8, 128), torch.zeros(n, 2, 128), torch.zeros(n, 2, 128),
@@ -120,6 +189,9 @@ def check_elastic_ep_relocks_eager() -> dict:
         m.get_simultaneous(((1 * MiB,), torch.uint8))  # start-up profile run; eager: never locked
         locked_after_startup = m.is_locked()
         runner = _ns(max_num_tokens=8192, eep_eplb_suppressed=False, preserve_serving_state=lambda: nullcontext(),
+                     # read by vLLM 0.34's eplb_utils.preserve_serving_state(runner): no request, no KV zeroer
+                     req_states=_ns(req_id_to_index={}), block_tables=_ns(redirect_writes_to_null_block=False),
+                     kv_block_zeroer=None, _remove_request=lambda req_id: None,
                      _dummy_run=lambda n, **kw: (calls.append(f"_dummy_run({n})"),
                                                  m.get_simultaneous(((2 * MiB,), torch.uint8))))
         worker = _ns(model_runner=runner, use_v2_model_runner=False, randomize_dummy_inputs=False,
@@ -250,13 +322,17 @@ def main() -> int:
 
     root = Path(__file__).resolve().parent.parent
     sys.path[:0] = [str(root), str(Path(__file__).resolve().parent)]
+    from tqlab.core import vllm_versions
     from tqlab.core.provenance import make_provenance, save_recorded
     from tqlab.vllm import vllm_cpu_patches, vllm_version
 
     with vllm_cpu_patches():
         results = [check() for check in CHECKS]
-    prov = make_provenance(".venv-parity/bin/python parity/latent_crashes.py", extra={"vllm": vllm_version() or "unknown"})
-    path = save_recorded("vllm_0_33_latent_crashes", {"checks": results}, prov, root / "data")
+    release = vllm_version() or "unknown"
+    out = vllm_versions.get(".".join(release.split(".")[:2])).latent_crashes_file
+    prov = make_provenance(f"{Path(sys.executable).parents[1].name}/bin/python parity/latent_crashes.py",
+                           extra={"vllm": release})
+    path = save_recorded(out.stem, {"checks": results}, prov, root / "data")
     print(path, json.dumps([(r["candidate"], r["verdict"]) for r in results]))
     return 0
 

@@ -5,17 +5,23 @@
 #   bash parity/run.sh --record     # ... and write data/parity_results.json (with provenance)
 #   bash parity/run.sh -k seed      # extra arguments go to pytest
 #
-# Environment: PARITY_VENV (default .venv-parity), VLLM_VERSION (0.33.0), PARITY_SKIP_INSTALL=1.
+# Environment: VLLM_VERSION (0.33.0; 0.34.0 runs vLLM 0.34 in .venv-parity-0.34), PARITY_VENV (default:
+# parity/venv.sh's rule), PARITY_SKIP_INSTALL=1. --record writes data/parity_results.json for 0.33.0 and
+# data/parity_results_<major>_<minor>.json for any other release.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-VENV="${PARITY_VENV:-$ROOT/.venv-parity}"
+export VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
+source "$ROOT/parity/venv.sh"
+export PARITY_VENV="${PARITY_VENV:-$(parity_venv "$ROOT" "$VLLM_VERSION")}"
+VENV="$PARITY_VENV"
 cd "$ROOT"
 
 RECORD=()
 ARGS=()
 for a in "$@"; do
   if [[ "$a" == "--record" ]]; then
-    RECORD=(--parity-record "$ROOT/data/parity_results.json")
+    if [[ "$VLLM_VERSION" == "0.33.0" ]]; then out=parity_results.json; else v="${VLLM_VERSION%.*}"; out="parity_results_${v//./_}.json"; fi
+    RECORD=(--parity-record "$ROOT/data/$out")
   else
     ARGS+=("$a")
   fi

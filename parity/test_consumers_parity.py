@@ -115,7 +115,8 @@ def _dcp_forward(fa, impl, heads: int, head_size: int, dcp: int, n: int, context
              scheduler_metadata=None, max_dcp_context_kv_len=context, num_decode_reqs=0, num_prefill_reqs=1,
              num_decode_tokens=0, num_prefill_tokens=n, causal=True, max_num_splits=0,
              dcp_context_kv_lens=torch.tensor([context]))
-    layer = _ns(_q_scale=torch.ones(1), _k_scale=torch.ones(1), _v_scale=torch.ones(1))
+    layer = _ns(_q_scale=torch.ones(1), _k_scale=torch.ones(1), _v_scale=torch.ones(1),
+                _q_scale_float=1.0, _k_scale_float=1.0, _v_scale_float=1.0)  # the floats: vLLM 0.34 reads them
     group = _ns(all_gather=lambda x, dim: torch.cat([x] * dcp, dim=dim))
     with mock.patch.object(fa, "get_dcp_group", lambda: group), mock.patch.object(fa, "current_workspace_manager", lambda: rec):
         try:
@@ -209,6 +210,7 @@ def _flashmla_sparse_specs(num_heads, kv_lora_rank, rope, kv_dtype, mnbt, mml, f
         self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim = num_heads, kv_lora_rank, rope
         self.need_to_return_lse_for_decode, self.dcp_world_size, self.pcp_world_size = False, 1, 1
         self.supports_dense_mha_prefill = True
+        self.use_shardq = False  # vLLM 0.34 (SparseMLACommonImpl sets it from the parallel config)
 
     cfg = _ns(scheduler_config=_ns(max_num_batched_tokens=mnbt), model_config=_ns(max_model_len=mml),
               attention_config=_ns(sparse_mla_prefill_workspace_factor=factor),
@@ -216,7 +218,9 @@ def _flashmla_sparse_specs(num_heads, kv_lora_rank, rope, kv_dtype, mnbt, mml, f
     rec = Recorder()
     with mock.patch.object(SparseMLACommonImpl, "__init__", parent_init), \
          mock.patch.object(fms, "get_current_vllm_config", lambda: cfg), \
-         mock.patch.object(fms, "current_workspace_manager", lambda: rec):
+         mock.patch.object(fms, "current_workspace_manager", lambda: rec), \
+         mock.patch.object(torch.accelerator, "current_device_index", lambda: 0), \
+         mock.patch.object(fms, "num_compute_units", lambda _: 132, create=not hasattr(fms, "num_compute_units")):
         fms.FlashMLASparseImpl(num_heads, kv_lora_rank + rope, 0.1, 1, None, None, kv_dtype, None, "decoder", None)
     return rec.calls
 
@@ -317,7 +321,9 @@ def test_sparse_indexer_profile_reservation_equals_vllms(seed):
     with mock.patch.object(sai, "get_forward_context", lambda: _ns(attn_metadata=None)), \
          mock.patch.object(sai, "current_workspace_manager", lambda: rec):
         with pytest.raises(_Stop):
-            sai.sparse_attn_indexer(torch.zeros(4, 16), "layer.0", None, None, None, None, None, 128, None, 2048,
+            # q_quant (4 tokens, 16 heads, head_dim): vLLM 0.34 reads its shape before the profile branch
+            sai.sparse_attn_indexer(torch.zeros(4, 16), "layer.0", None, torch.zeros(4, 16, head_dim), None, None, None,
+                                    128, None, 2048,
                                     head_dim, mml, rows, torch.zeros(4, 2048, dtype=torch.int32), False, False, False,
                                     "layer.0")
     assert rec.calls == [indexer_profile_call(rows, head_dim)]
@@ -332,7 +338,8 @@ def test_zz_record_consumer_parity_counts(record):
 
 
 def test_census_is_up_to_date_with_the_installed_vllm(record):
-    """data/vllm_0_33_workspace_consumers.json matches the installed vLLM's source (parity/gen_consumer_census.py)."""
+    """The installed release's census (data/vllm_<x>_<y>_workspace_consumers.json) matches its source
+    (parity/gen_consumer_census.py)."""
     import importlib.util
     import json
     from pathlib import Path
@@ -343,10 +350,12 @@ def test_census_is_up_to_date_with_the_installed_vllm(record):
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
     fresh = gen.census(Path(vllm.__file__).parent)
-    recorded = json.loads(gen.OUT.read_text())
+    recorded = json.loads(gen.out_path(fresh["vllm_version"]).read_text())
     assert fresh["counts"] == recorded["counts"] and fresh["call_sites"] == recorded["call_sites"]
     assert fresh["unlock_sites"] == recorded["unlock_sites"]  # seed 002's Elastic EP row (tqlab.vllm.source_scan)
-    assert [u["site"] for u in fresh["unlock_sites"]] == ["distributed/elastic_ep/elastic_execute.py:707"]
-    assert (fresh["counts"]["call_sites"], fresh["counts"]["get_simultaneous"], fresh["counts"]["persistent"]) == (85, 81, 4)
-    assert (fresh["counts"]["cuda"], fresh["counts"]["rocm"], fresh["counts"]["xpu"]) == (54, 29, 2)
+    unlock_line, counts, platforms = {"0.33.0": (707, (85, 81, 4), (54, 29, 2)),
+                                      "0.34.0": (730, (96, 89, 6), (62, 32, 2))}[fresh["vllm_version"]]
+    assert [u["site"] for u in fresh["unlock_sites"]] == [f"distributed/elastic_ep/elastic_execute.py:{unlock_line}"]
+    assert (fresh["counts"]["call_sites"], fresh["counts"]["get_simultaneous"], fresh["counts"]["persistent"]) == counts
+    assert (fresh["counts"]["cuda"], fresh["counts"]["rocm"], fresh["counts"]["xpu"]) == platforms
     record("census_counts", fresh["counts"])

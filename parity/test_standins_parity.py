@@ -87,10 +87,16 @@ def test_triton_mla_builder_reserves_through_the_module_function():
 
 def test_profile_run_is_a_dummy_run_of_max_num_batched_tokens():
     # GPUModelRunner.profile_run -> _dummy_run(self.max_num_tokens, is_profile=True); max_num_tokens = max_num_batched_tokens
-    fn = _function("v1/worker/gpu_model_runner.py", "GPUModelRunner", "profile_run")
+    import vllm
+
+    from tqlab.core import vllm_versions
+
+    runner = vllm_versions.get(".".join(vllm.__version__.split(".")[:2])).model_runner  # 0.34: V2 only
+    fn = _function(runner, "GPUModelRunner", "profile_run")
     run = next(c for c in ast.walk(fn) if isinstance(c, ast.Call) and getattr(c.func, "attr", "") == "_dummy_run")
     assert ast.unparse(run.args[0]) == "self.max_num_tokens"
     assert any(k.arg == "is_profile" and ast.unparse(k.value) == "True" for k in run.keywords)
-    init = _function("v1/worker/gpu_model_runner.py", "GPUModelRunner", "__init__")
+    init = _function(runner, "GPUModelRunner", "__init__")
     assigns = [ast.unparse(n) for n in ast.walk(init) if isinstance(n, ast.Assign)]
-    assert "self.max_num_tokens = scheduler_config.max_num_batched_tokens" in assigns
+    assert {"self.max_num_tokens = scheduler_config.max_num_batched_tokens",
+            "self.max_num_tokens = self.scheduler_config.max_num_batched_tokens"} & set(assigns)

@@ -1,4 +1,4 @@
-"""The start-up order: tqlab's ``LLMEngine`` phases against vLLM 0.33's own call graph.
+"""The start-up order: tqlab's ``LLMEngine`` phases against the installed vLLM's own call graph (0.33, 0.34).
 
 vLLM's order is read from its source (``ast``, nothing imported or run):
 
@@ -14,6 +14,11 @@ vLLM's order is read from its source (``ast``, nothing imported or run):
   ``initialize_metadata_builders`` -> ``AttentionGroup.create_metadata_builders``; ``TurboQuantMetadataBuilder.__init__`` -> ``_reserve_workspace``;
 - ``GPUModelRunner.capture_model`` ends in ``lock_workspace``.
 
+vLLM 0.34 (only Model Runner V2, ``v1/worker/gpu/model_runner.py``): ``GPUModelRunner.profile_cudagraph_memory``
+-> ``cudagraph_utils.profile_cudagraph_memory`` -> ``_init_minimal_kv_cache_for_profiling`` ->
+``runner.initialize_kv_cache`` -> ``init_attn_backend`` (``attn_utils.py``) -> ``create_metadata_builders``; its
+``capture_model`` ends in ``lock_workspace`` after ``cudagraph_manager.capture``.
+
 So PR #44053's reservation runs after the profile run and before capture and the lock;
 tqlab's engine records the same order (``tqlab.engine.llm_engine.STARTUP_PHASES``).
 """
@@ -21,15 +26,18 @@ tqlab's engine records the same order (``tqlab.engine.llm_engine.STARTUP_PHASES`
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 import importlib.util
 from functools import lru_cache
 from pathlib import Path
 
+from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
 from tqlab.engine import LLMEngine
 from tqlab.engine.llm_engine import STARTUP_PHASES
 
 VLLM = Path(importlib.util.find_spec("vllm").origin).parent
+VERSION = vllm_versions.get(".".join(importlib.metadata.version("vllm").split(".")[:2]))
 
 
 @lru_cache(maxsize=None)
@@ -50,6 +58,39 @@ def _calls(rel: str, cls: str, func: str) -> list[tuple[int, str]]:
     return sorted(out)
 
 
+def _fn_calls(rel: str, func: str) -> set[str]:
+    """Names called in module-level function ``func`` of vLLM file ``rel``."""
+    fn = next(n for n in _tree(rel).body if isinstance(n, ast.FunctionDef) and n.name == func)
+    return {f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            for f in (c.func for c in ast.walk(fn) if isinstance(c, ast.Call))}
+
+
+def _runner_builds_the_builders_before_the_lock(runner: str) -> list:
+    """The runner's chain from ``profile_cudagraph_memory`` to ``create_metadata_builders``, and its capture's calls."""
+    if runner == "v1/worker/gpu_model_runner.py":  # vLLM 0.33's V1 runner
+        chain = [("profile_cudagraph_memory", "_init_minimal_kv_cache_for_profiling"),
+                 ("_init_minimal_kv_cache_for_profiling", "initialize_kv_cache"),
+                 ("initialize_kv_cache", "initialize_attn_backend"),
+                 ("initialize_kv_cache", "initialize_metadata_builders"),
+                 ("initialize_metadata_builders", "create_metadata_builders")]
+        for caller, callee in chain:
+            assert callee in {n for _, n in _calls(runner, "GPUModelRunner", caller)}, (caller, callee)
+        capture = _calls(runner, "GPUModelRunner", "capture_model")
+        assert _first(capture, "lock_workspace") > _first(capture, "set_cudagraph_capturing_enabled")
+        return chain
+    # vLLM 0.34: Model Runner V2 only
+    assert "_profile_cudagraph_memory" in {n for _, n in _calls(runner, "GPUModelRunner", "profile_cudagraph_memory")}
+    utils = "v1/worker/gpu/cudagraph_utils.py"
+    assert "_init_minimal_kv_cache_for_profiling" in _fn_calls(utils, "profile_cudagraph_memory")
+    assert "initialize_kv_cache" in _fn_calls(utils, "_init_minimal_kv_cache_for_profiling")
+    assert "init_attn_backend" in {n for _, n in _calls(runner, "GPUModelRunner", "initialize_kv_cache")}
+    assert "create_metadata_builders" in _fn_calls("v1/worker/gpu/attn_utils.py", "init_attn_backend")
+    capture = _calls(runner, "GPUModelRunner", "capture_model")
+    assert _first(capture, "lock_workspace") > _first(capture, "capture")
+    return ["profile_cudagraph_memory", "cudagraph_utils.profile_cudagraph_memory", "_init_minimal_kv_cache_for_profiling",
+            "initialize_kv_cache", "init_attn_backend", "create_metadata_builders"]
+
+
 def _first(calls: list[tuple[int, str]], name: str) -> int:
     lines = [line for line, n in calls if n == name]
     assert lines, f"{name} not called"
@@ -66,18 +107,9 @@ def test_vllm_reserves_after_the_profile_run_and_locks_after_capture(record):
     dam = _calls(worker, "Worker", "determine_available_memory")
     assert _first(dam, "profile_run") < _first(dam, "profile_cudagraph_memory")
     assert "initialize_kv_cache" in {n for _, n in _calls(worker, "Worker", "initialize_from_config")}
-    runner = "v1/worker/gpu_model_runner.py"
-    chain = [("profile_cudagraph_memory", "_init_minimal_kv_cache_for_profiling"),
-             ("_init_minimal_kv_cache_for_profiling", "initialize_kv_cache"),
-             ("initialize_kv_cache", "initialize_attn_backend"),
-             ("initialize_kv_cache", "initialize_metadata_builders"),
-             ("initialize_metadata_builders", "create_metadata_builders")]
-    for caller, callee in chain:
-        assert callee in {n for _, n in _calls(runner, "GPUModelRunner", caller)}, (caller, callee)
+    record("runner_chain", _runner_builds_the_builders_before_the_lock(VERSION.model_runner))
     tq = _calls("v1/attention/backends/turboquant_attn.py", "TurboQuantMetadataBuilder", "__init__")
     assert "_reserve_workspace" in {n for _, n in tq}
-    capture = _calls(runner, "GPUModelRunner", "capture_model")
-    assert _first(capture, "lock_workspace") > _first(capture, "set_cudagraph_capturing_enabled")
     vllm_order = ["init_workspace", "load_model", "profile_run", "build_backend", "capture", "lock"]
     assert [name for name, _ in STARTUP_PHASES] == vllm_order
     engine = LLMEngine(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), fix=True, device="meta")

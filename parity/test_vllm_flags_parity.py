@@ -30,7 +30,15 @@ from tqlab.vllm.deployment import FLAGS_FILE, VllmArgsError, parse_serve_args
 
 
 def test_checked_in_flag_table_is_what_vllm_generates():
-    assert FLAGS_FILE.read_text() == gen_vllm_flags.render(gen_vllm_flags.generate())
+    """The installed release's table (``VllmVersion.flags_file``: ``vllm_0_33_flags.json``, ``vllm_0_34_flags.json``)."""
+    import vllm
+
+    from tqlab.core import vllm_versions
+
+    table = vllm_versions.get(".".join(vllm.__version__.split(".")[:2])).flags_file
+    assert table.read_text() == gen_vllm_flags.render(gen_vllm_flags.generate())
+    if table.name == "vllm_0_33_flags.json":
+        assert table == FLAGS_FILE  # what tqlab.vllm.flags reads today
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +183,8 @@ def _vllm_hybrid_block(kind, hf_text, *, kv, tp, hk, d, block, spec):
     cc = ns(cache_dtype=kv, kv_cache_dtype_skip_layers=None, block_size=block, mamba_cache_mode="none",
             mamba_cache_dtype="auto", mamba_ssm_cache_dtype="auto", mamba_page_size_padded=None, use_replayssm=False)
     cfg = ns(model_config=mc, cache_config=cc, parallel_config=ns(tensor_parallel_size=tp),
-             speculative_config=ns(num_speculative_tokens=spec) if spec else None, num_speculative_tokens=spec)
+             speculative_config=ns(num_speculative_tokens=spec) if spec else None, num_speculative_tokens=spec,
+             use_flashinfer_replayssm=False)  # vLLM 0.34's VllmConfig property (cache_config.use_replayssm is False)
     if kind == "gdn":
         Qwen3_5ForConditionalGenerationConfig.verify_and_update_config(cfg)
     else:

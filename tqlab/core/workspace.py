@@ -29,6 +29,10 @@ PR #40941), written from scratch:
   handed-out view can still reallocate the shared storage (vLLM 0.33 has the
   same hole); every request while locked compares the slot's ``data_ptr()`` with
   the one recorded at ``lock()`` and raises :class:`WorkspaceMovedError`.
+* vLLM 0.34's retained tail (``get_retained(key, shape, dtype) -> (view, intact)``): a view at the end of
+  the slot's buffer that may outlive a request; ``intact`` says whether the span still holds what the
+  previous ``get_retained`` left there (:meth:`WorkspaceManager.get_retained`). A manager built for vLLM
+  0.33 (``vllm_version="0.33"``) has no ``get_retained``, as vLLM 0.33's has none.
 * A refused call changes nothing: bad input (``TypeError``/``ValueError``,
   checked on the 256-rounded sizes), a locked workspace, and a growth the
   allocator cannot give (``torch.OutOfMemoryError``, checked against
@@ -53,6 +57,7 @@ from typing import Iterator, Sequence
 
 import torch
 
+from tqlab.core import vllm_versions
 from tqlab.core.workspace_layout import (
     ALIGNMENT,
     MAX_BYTES,
@@ -117,6 +122,10 @@ class WorkspaceManager(WorkspaceSlots):
         growth_policy: ``"free_then_allocate"`` (vLLM; peak = new size) or
             ``"allocate_then_free"`` (what ``resize_``/copy-growth costs:
             peak = old + new). The second exists to measure the difference.
+        vllm_version: the vLLM release whose manager API this one has (``"0.33"``, ``"0.34"``; see
+            :mod:`tqlab.core.vllm_versions`); ``None`` (default) takes the run's version
+            (:func:`tqlab.core.vllm_versions.current`, the newest unless chosen). Only 0.34 on has
+            :meth:`get_retained`.
 
     Raises:
         TypeError/ValueError: bad device, slot count or policy.
@@ -131,6 +140,7 @@ class WorkspaceManager(WorkspaceSlots):
         *,
         grow_all_slots: bool = False,
         growth_policy: str = "free_then_allocate",
+        vllm_version: "str | vllm_versions.VllmVersion | None" = None,
     ):
         try:
             self._device = torch.device(device)
@@ -150,9 +160,11 @@ class WorkspaceManager(WorkspaceSlots):
             raise TypeError(f"num_lanes must be an int, got {num_lanes!r}")
         if num_lanes < 1:
             raise ValueError(f"num_lanes must be at least one, got {num_lanes}.")
+        version = vllm_versions.get(vllm_version)
         if growth_policy not in _GROWTH_POLICIES:
             raise ValueError(f"growth_policy must be one of {_GROWTH_POLICIES}, got {growth_policy!r}")
         self._num_ubatches = n
+        self.vllm_version = version
         self._num_lanes = num_lanes
         self._alloc_context = alloc_context
         slots = n * num_lanes
@@ -161,6 +173,9 @@ class WorkspaceManager(WorkspaceSlots):
         self._locked = False
         self._locked_ptrs: list[int] = [0] * slots  # each slot's data_ptr() at lock()
         self._locked_sizes: list[int] = [0] * slots
+        # Per slot, (key, start) of the tail span get_retained last handed out (vLLM 0.34 ``_retained``);
+        # cleared when a get_simultaneous request reaches into it or the slot's buffer is reallocated.
+        self._retained: list[tuple | None] = [None] * slots
         self.grow_all_slots = bool(grow_all_slots)
         self.growth_policy = growth_policy
         self.events: list[WorkspaceEvent] = []
@@ -241,6 +256,7 @@ class WorkspaceManager(WorkspaceSlots):
         if key is not None:
             cached = self._views.get((key, slot))
             if cached is not None and cached[0] is buf:
+                self._forget_retained_below(slot, lay.total_bytes)
                 # Fresh aliases of private views: callers may reshape theirs in place.
                 return [v.view(shape) for v, shape in zip(cached[1], lay.shapes)]
             cached = None  # must not pin an old buffer across growth
@@ -252,6 +268,7 @@ class WorkspaceManager(WorkspaceSlots):
             if self._empty is None:
                 self._empty = torch.empty(0, dtype=torch.uint8, device=self._device)
             buf = self._empty
+        self._forget_retained_below(slot, lay.total_bytes)
         views = [
             buf[off : off + n].view(dt).view(shape)
             for shape, dt, n, off in zip(lay.shapes, lay.dtypes, lay.nbytes, lay.offsets)
@@ -260,6 +277,66 @@ class WorkspaceManager(WorkspaceSlots):
             self._cache_views(key, slot, owner, views)
             return [v.view(shape) for v, shape in zip(views, lay.shapes)]
         return views
+
+    # -- the retained tail (vLLM 0.34) ----------------------------------------- #
+    @property
+    def get_retained(self):
+        """``get_retained(key, shape, dtype) -> (view, intact)``: a view at the end of the slot's buffer that can
+        outlive requests (vLLM 0.34 ``WorkspaceManager.get_retained``, ``vllm/v1/worker/workspace.py``).
+
+        ``get_simultaneous`` carves its views from the start of the buffer, so a request smaller than the buffer
+        leaves its end alone. The view spans ``nbytes = prod(shape) * dtype.itemsize`` bytes from
+        ``start = round_down(size - nbytes, 256)`` (``size`` = the slot's buffer after growing it to at least
+        ``nbytes``, unaligned, as vLLM's ``_ensure_workspace_size(num_bytes)``). ``intact`` is True only when the
+        previous ``get_retained`` on this (ubatch, lane) slot had the same ``key`` and the same ``start``, no
+        ``get_simultaneous`` since needed more than ``start`` bytes (its 256-rounded total), and the buffer was
+        not reallocated in between. Only the latest key is remembered; what the bytes mean is the caller's to
+        track. vLLM compares ``(key, start)``, not the size: two sizes whose spans start on the same 256-byte
+        boundary both count as intact (its docstring says "the same key and size").
+
+        Raises:
+            AttributeError: the manager was built for vLLM 0.33 (``vllm_version="0.33"``), which has no
+                ``get_retained`` (``hasattr(manager, "get_retained")`` is False there).
+            TypeError/ValueError: a malformed shape or dtype, or a zero-byte request on a slot that was never
+                grown (vLLM 0.34 fails there with ``AttributeError`` on ``None.numel()``); state unchanged.
+            WorkspaceLockedError: locked and the buffer is smaller than ``nbytes`` (vLLM's message, naming the
+                caller of ``get_retained``); the remembered span is unchanged.
+        """
+        if not self.vllm_version.has_get_retained:
+            raise AttributeError(
+                f"'WorkspaceManager' object has no attribute 'get_retained': {self.vllm_version}'s manager has none "
+                f"(added in vLLM 0.34, vllm/v1/worker/workspace.py)"
+            )
+        return self._get_retained
+
+    def _get_retained(self, key, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, bool]:
+        lay = compute_layout(((shape, dtype),))
+        num_bytes = lay.nbytes[0]
+        slot = self._current_slot()
+        buf = self._buffers[slot]
+        if self._locked and buf is not None and self._moved(slot, self._locked_ptrs[slot]):
+            self._raise_moved(slot)
+        if (0 if buf is None else buf.numel()) < num_bytes:
+            buf = None
+            buf = self._grow(slot, num_bytes)
+        elif buf is None:
+            raise ValueError(f"get_retained of 0 bytes (shape {tuple(shape)}) on a slot that was never grown")
+        start = (buf.numel() - num_bytes) // ALIGNMENT * ALIGNMENT
+        intact = self._retained[slot] == (key, start)
+        self._retained[slot] = (key, start)
+        return buf[start : start + num_bytes].view(dtype).view(lay.shapes[0]), intact
+
+    def retained_span(self, ubatch: int = 0, lane: int = 0) -> tuple | None:
+        """``(key, start)`` of the span slot ``(ubatch, lane)``'s last ``get_retained`` handed out, or None once a
+        ``get_simultaneous`` reached into it, the buffer was reallocated, or none was asked (vLLM 0.34
+        ``_retained``). ``start`` is the span's byte offset in the buffer."""
+        return self._retained[self._check_slot(ubatch, lane)]
+
+    def _forget_retained_below(self, slot: int, total_bytes: int) -> None:
+        """A ``get_simultaneous`` of ``total_bytes`` (256-rounded) reached into the retained span: forget it."""
+        kept = self._retained[slot]
+        if kept is not None and total_bytes > kept[1]:
+            self._retained[slot] = None
 
     def _cache_views(self, key: tuple, slot: int, owner: torch.Tensor | None, views: list[torch.Tensor]) -> None:
         """Cache ``views`` of ``owner`` for ``key`` only if ``owner`` is still the slot's buffer.

@@ -152,7 +152,7 @@ class WorkspaceSlots:
 
     Not used on its own: it reads the attributes ``WorkspaceManager.__init__`` sets (``_device``,
     ``_num_ubatches``, ``_num_lanes``, ``_buffers``, ``_persistent``, ``_locked``, ``_mutex``,
-    ``_views``, ``_alloc_context``, ``grow_all_slots``, ``growth_policy``, ``events``,
+    ``_views``, ``_retained``, ``_alloc_context``, ``grow_all_slots``, ``growth_policy``, ``events``,
     ``peak_live_bytes``) and calls its ``_preflight``.
     """
 
@@ -286,6 +286,7 @@ class WorkspaceSlots:
             return self._buffers[slot]
 
     def _grow_slot(self, i: int, required: int, caller: str, capturing: bool) -> None:
+        self._retained[i] = None  # vLLM 0.34: a reallocated slot's tail span holds nothing any more
         old = self._buffers[i]
         old_size = 0 if old is None else old.numel()
         live_before = self.live_bytes()

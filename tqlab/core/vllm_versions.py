@@ -1,0 +1,199 @@
+"""What tqlab knows about each vLLM version it models: one :class:`VllmVersion` per release, chosen once per run.
+
+A version is one place. Its generated data (``parity/`` scripts write them, with provenance) and the few
+rules that differ between releases live here under one name; the rest of the package asks
+:func:`current` (or :func:`get`) instead of naming a version. Read from the unpacked wheels of vLLM
+0.33.0 and 0.34.0 (``diff -r``; parity/README.md, section "vLLM 0.34", has the citations):
+
+* **Model runner.** 0.33 ships two runners: ``vllm/v1/worker/gpu_model_runner.py`` (V1) and
+  ``vllm/v1/worker/gpu/model_runner.py`` (Model Runner V2, chosen by ``VllmConfig.use_v2_model_runner``:
+  ``VLLM_USE_V2_MODEL_RUNNER``, else V2 unless a feature it lacks is on). 0.34 ships only V2:
+  ``gpu_worker.py`` imports ``vllm.v1.worker.gpu.model_runner.GPUModelRunner`` and
+  ``VLLM_USE_V2_MODEL_RUNNER`` left ``envs.py``. In both, ``GPUModelRunner.capture_model`` ends in
+  ``lock_workspace()`` and ``Worker._compile_or_warm_up_model`` skips it under ``enforce_eager``: an eager
+  server never locks. V2's JIT warm-up (``warmup_kernels``, ``vllm/v1/worker/gpu/warmup.py``, on by default
+  through ``KernelConfig.enable_jit_warmup``) runs a real prefill and decode step before capture: in 0.33
+  only when V2 runs, in 0.34 always.
+* **Manager API.** 0.34's ``WorkspaceManager`` (``vllm/v1/worker/workspace.py``) adds ``get_retained(key,
+  shape, dtype) -> (view, intact)`` and names the view alignment ``_VIEW_ALIGNMENT = 256``; 0.33 has no
+  ``get_retained``. :class:`tqlab.core.workspace.WorkspaceManager` follows the version it is built for.
+* **Consumers.** The census (``data/vllm_<v>_workspace_consumers.json``) lists every call site per version;
+  the sparse indexer's rows are the same rule in both (``get_max_prefill_buffer_size``:
+  ``max_model_len * 8 * factor``, factor 5 up to 256 Ki tokens, else 2).
+
+Chosen once per run: :func:`select` (the CLI's ``--vllm``), else ``$TQLAB_VLLM_VERSION``, else
+:data:`DEFAULT` (the newest). Pure Python; imports nothing from tqlab (the lowest layer of ``tqlab.core``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT", "ENV", "SUPPORTED", "VERSIONS", "VllmVersion", "current", "get", "reset", "select",
+]
+
+ENV = "TQLAB_VLLM_VERSION"
+"""Environment variable naming the run's version when nothing called :func:`select`."""
+
+_ROOT = Path(__file__).resolve().parents[2]  # the repository (data/ lives here)
+_PACKAGE = Path(__file__).resolve().parents[1]  # tqlab/
+
+
+@dataclass(frozen=True)
+class VllmVersion:
+    """Everything tqlab knows about one vLLM release.
+
+    Attributes:
+        name: ``"0.33"``, ``"0.34"`` (what ``--vllm`` takes and reports print).
+        release: the wheel's version, ``"0.33.0"`` (``VLLM_VERSION`` of ``parity/install.sh``).
+        runners: the GPU model runners the wheel ships, as paths under ``vllm/``; the first is the one whose
+            start-up rules tqlab models (``"v1/worker/gpu_model_runner.py"`` = V1, ``"v1/worker/gpu/model_runner.py"``
+            = Model Runner V2).
+        jit_warmup_always: V2's ``warmup_kernels`` runs before capture on every deployment with
+            ``enable_jit_warmup`` (0.34: V2 is the only runner); False when it depends on which runner runs (0.33).
+        manager_methods: the public request methods of vLLM's ``WorkspaceManager`` in this release.
+        view_alignment: bytes every workspace view starts at (256 in both; named ``_VIEW_ALIGNMENT`` in 0.34).
+        added_consumers / removed_consumers: CUDA workspace call sites (``path:function`` under ``vllm/``) new
+            in this release / gone since the previous one (from the two censuses).
+        startup_rules_modelled: tqlab's start-up rules (``tqlab.core.vllm_rules``: capture sizes, decode rows at
+            the lock) are this release's. False for 0.34: ``VllmConfig._split_cudagraph_capture_sizes``
+            (``vllm/config/vllm.py``) keeps prefill graphs in tokens and decode graphs in requests
+            (``decode_cudagraph_capture_request_sizes``), and ``adjust_cudagraph_sizes_for_spec_decode`` is gone;
+            an answer that depends on them must say it is 0.33's rule (``parity/test_capture_sizes_parity.py``
+            pins where they part).
+    """
+
+    name: str
+    release: str
+    runners: tuple[str, ...]
+    jit_warmup_always: bool
+    manager_methods: tuple[str, ...]
+    view_alignment: int = 256
+    added_consumers: tuple[str, ...] = ()
+    removed_consumers: tuple[str, ...] = ()
+    startup_rules_modelled: bool = True
+
+    @property
+    def slug(self) -> str:
+        """``"0_34"``: the part of every generated file's name that names the version."""
+        return self.name.replace(".", "_")
+
+    @property
+    def has_get_retained(self) -> bool:
+        """vLLM's manager has ``get_retained`` (0.34 on)."""
+        return "get_retained" in self.manager_methods
+
+    @property
+    def flags_file(self) -> Path:
+        """``tqlab/vllm/vllm_<v>_flags.json``: ``vllm serve``'s flags (``parity/gen_vllm_flags.py``)."""
+        return _PACKAGE / "vllm" / f"vllm_{self.slug}_flags.json"
+
+    @property
+    def census_file(self) -> Path:
+        """``data/vllm_<v>_workspace_consumers.json``: every workspace call site (``parity/gen_consumer_census.py``)."""
+        return _ROOT / "data" / f"vllm_{self.slug}_workspace_consumers.json"
+
+    @property
+    def architectures_file(self) -> Path:
+        """``data/vllm_<v>_arch_consumers.json``: architecture -> model class -> reachable consumers (issue 30)."""
+        return _ROOT / "data" / f"vllm_{self.slug}_arch_consumers.json"
+
+    @property
+    def latent_crashes_file(self) -> Path:
+        """``data/vllm_<v>_latent_crashes.json``: the latent-crash checks (``parity/latent_crashes.py``)."""
+        return _ROOT / "data" / f"vllm_{self.slug}_latent_crashes.json"
+
+    @property
+    def model_runner(self) -> str:
+        """The runner tqlab's start-up rules mirror, as a path under ``vllm/``."""
+        return self.runners[0]
+
+    def __str__(self) -> str:
+        return f"vLLM {self.name}"
+
+
+_MANAGER_0_33 = ("get_simultaneous", "get_persistent", "get_persistent_resource")
+
+VERSIONS: dict[str, VllmVersion] = {
+    "0.33": VllmVersion(
+        name="0.33", release="0.33.0",
+        runners=("v1/worker/gpu_model_runner.py", "v1/worker/gpu/model_runner.py"),
+        jit_warmup_always=False,
+        manager_methods=_MANAGER_0_33,
+    ),
+    "0.34": VllmVersion(
+        name="0.34", release="0.34.0",
+        runners=("v1/worker/gpu/model_runner.py",),
+        jit_warmup_always=True,
+        manager_methods=(*_MANAGER_0_33, "get_retained"),
+        startup_rules_modelled=False,
+        added_consumers=(
+            "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:QwenGatedDeltaNetAttention._forward_flashinfer_prefill",
+            "models/kimi_k3/nvidia/kda.py:KimiK3DeltaAttention.__init__",
+            "models/kimi_k3/nvidia/kv_balanced_mla/decode.py:KvBalancedDecode._buffers",
+            "models/minimax_m3/nvidia/indexer_nvfp4.py:MiniMaxM3IndexerNvfp4Impl.reserve_workspace",
+            "models/minimax_m3/nvidia/indexer_nvfp4.py:MiniMaxM3IndexerNvfp4Impl._prefill",
+        ),
+        removed_consumers=(
+            "model_executor/layers/fused_moe/experts/fused_humming_moe.py:HummingExpertsBase.make_workspaces",
+            "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:QwenGatedDeltaNetAttention._forward_core",
+        ),
+    ),
+}
+"""Every supported version by name, oldest first."""
+
+SUPPORTED: tuple[str, ...] = tuple(VERSIONS)
+"""``("0.33", "0.34")``."""
+
+DEFAULT = SUPPORTED[-1]
+"""The newest supported version: what a run uses unless told otherwise."""
+
+_selected: VllmVersion | None = None
+
+
+def get(version: "str | VllmVersion | None" = None) -> VllmVersion:
+    """The :class:`VllmVersion` for ``version``: ``"0.34"``, ``"0.34.0"``, ``"v0.34"``, a :class:`VllmVersion`, or
+    ``None`` for :func:`current`. ``ValueError`` naming the value and the supported versions otherwise."""
+    if version is None:
+        return current()
+    if isinstance(version, VllmVersion):
+        return version
+    if not isinstance(version, str):
+        raise ValueError(f"vLLM version must be a string such as '{DEFAULT}', got {version!r}")
+    text = version.strip().lstrip("vV")
+    parts = text.split(".")
+    name = ".".join(parts[:2])
+    if name in VERSIONS and (len(parts) == 2 or VERSIONS[name].release == text):
+        return VERSIONS[name]
+    raise ValueError(f"unsupported vLLM version {version!r}: tqlab models {', '.join(SUPPORTED)}")
+
+
+def current() -> VllmVersion:
+    """The run's version: the last :func:`select`, else ``$TQLAB_VLLM_VERSION``, else :data:`DEFAULT`."""
+    if _selected is not None:
+        return _selected
+    env = os.environ.get(ENV, "").strip()
+    if env:
+        try:
+            return get(env)
+        except ValueError as e:
+            raise ValueError(f"${ENV}: {e}") from None
+    return VERSIONS[DEFAULT]
+
+
+def select(version: "str | VllmVersion | None") -> VllmVersion:
+    """Choose the run's version once (the CLI's ``--vllm``) and return it; ``None`` keeps :func:`current`'s rule.
+    Bad input raises ``ValueError`` and leaves the choice as it was."""
+    global _selected
+    chosen = get(version) if version is not None else None
+    _selected = chosen
+    return current()
+
+
+def reset() -> None:
+    """Forget :func:`select`'s choice (tests and notebooks)."""
+    global _selected
+    _selected = None
