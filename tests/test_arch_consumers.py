@@ -63,9 +63,12 @@ def test_the_table_covers_the_registry_and_names_its_provenance():
 
 def test_one_loader_per_version_refuses_an_unknown_one():
     assert AT.arch_table() == AT.arch_table("0.33")
-    with pytest.raises(ValueError, match=r"no architecture table for vLLM 9.99 .*known: 0.33"):
+    assert AT.arch_table("0.34")["vllm_version"].startswith("0.34")  # each version's own table
+    assert "MistralLarge4ForCausalLM" in AT.arch_table("0.34")["architectures"]
+    assert "MistralLarge4ForCausalLM" not in AT.arch_table("0.33")["architectures"]
+    with pytest.raises(ValueError, match=r"unsupported vLLM version '9.99': tqlab models 0.33, 0.34"):
         AT.arch_table("9.99")
-    with pytest.raises(ValueError, match="string like '0.33'"):
+    with pytest.raises(ValueError, match="vLLM version must be a string"):
         AT.arch_table(0.33)
 
 

@@ -20,6 +20,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from tqlab.core import vllm_versions
+
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
@@ -57,14 +59,12 @@ _SITE_REASONS = (
 def arch_table(vllm: str = DEFAULT_VLLM) -> dict[str, Any]:
     """The architecture -> consumers table of vLLM ``vllm`` (``"0.33"``): the JSON of
     ``data/vllm_<major>_<minor>_arch_consumers.json`` (keys ``provenance``, ``vllm_version``, ``tables``,
-    ``markers``, ``architectures``). Raises ``ValueError`` (one line) for a version with no table."""
-    if not isinstance(vllm, str) or not vllm.replace(".", "").isdigit():
-        raise ValueError(f"vLLM version must be a string like '0.33', got {vllm!r}")
-    path = DATA_DIR / f"vllm_{'_'.join(vllm.split('.')[:2])}_arch_consumers.json"
+    ``markers``, ``architectures``), at the path :mod:`tqlab.core.vllm_versions` names. Raises ``ValueError`` (one
+    line) for a version tqlab does not model or one with no table."""
+    path = vllm_versions.get(vllm).architectures_file  # ValueError (one line) for a version tqlab does not model
     if not path.is_file():
-        known = sorted(p.name.split("_arch")[0].removeprefix("vllm_").replace("_", ".")
-                       for p in DATA_DIR.glob("vllm_*_arch_consumers.json"))
-        raise ValueError(f"no architecture table for vLLM {vllm} ({path.name}); known: {', '.join(known) or 'none'}")
+        raise ValueError(f"no architecture table for vLLM {vllm} ({path.name}): run parity/gen_arch_consumers.py "
+                         "in that version's parity environment")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
