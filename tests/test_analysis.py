@@ -290,7 +290,7 @@ def test_prediction_json_is_the_documented_object():
         "prompt_tokens": None, "sources": {"max_num_seqs": "flag"},
         "safe_max_model_len_alone": 4225, "safe_max_model_len_any_schedule": 656, "fixed_safe_any_schedule": 131072,
         "locked_source": "capture", "turboquant_consumers": True, "notes": [],
-        "lock_set_by": "turboquant_attn.py:_decode_attention", "gpu": "H200", "partial": False,
+        "lock_set_by": "turboquant_attn.py:_decode_attention", "gpu": "H200", "partial": False, "refusal": None,
     }
 
 

@@ -17,7 +17,7 @@ from tqlab.core.workspace import format_mb
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.predict.analysis import Prediction
 
-__all__ = ["consumer_lines", "gpu_line", "verdict_line"]
+__all__ = ["consumer_lines", "gpu_line", "refusal_line", "verdict_line"]
 
 _TQ_PREFIX = "turboquant_attn.py:"
 
@@ -69,10 +69,19 @@ def _lock_line(pred: "Prediction") -> str:
     return line
 
 
+def refusal_line(pred: "Prediction") -> str:
+    """``REFUSED: vLLM 0.33 does not start this deployment: <vLLM's reason> (<vllm file:function>)``: the first line of
+    a report whose verdict is ``refused`` (:mod:`tqlab.vllm.validation`)."""
+    r = pred.refusal or {}
+    return f"REFUSED: vLLM 0.33 does not start this deployment: {r.get('reason')} ({r.get('source')})"
+
+
 def verdict_line(pred: "Prediction") -> str:
     """``verdict (without the fix): crash|ok|never locked ...``, with the first refused call, and ``PARTIAL`` (and why)
     when the deployment uses consumers tqlab does not size: never a bare "ok" then."""
     fix = "with" if pred.fix else "without"
+    if pred.verdict == "refused":
+        return refusal_line(pred)
     if pred.verdict == "never_locked":
         text = "never locked: no request can hit the locked-workspace assertion"
     elif pred.verdict == "crash":
