@@ -49,7 +49,7 @@ from tqlab.vllm.flags import (
 )
 from tqlab.vllm.hf_config import ModelShape, read_hf_config
 from tqlab.vllm.hybrid import SPLIT, SPLIT_FLAGS, apply_hybrid_block, apply_mamba_split, hybrid_attention_block_size
-from tqlab.vllm.validation import StartupFacts, startup_facts
+from tqlab.vllm.validation import StartupFacts, preset_model, startup_facts
 
 __all__ = [
     "FLAGS_FILE", "DeploymentDraft", "FieldRecord", "VllmArgsError", "VllmDeployment", "deployment_from_preset",
@@ -304,7 +304,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     if d.ignored:
         d.note(NoteKind.IGNORED, "vLLM flags with no effect on the workspace: " + ", ".join(d.ignored))
     notes = [Note(NoteKind.PRESET, f"preset {preset}"), *d.notes]
-    facts = startup_facts(given, load_preset(preset).get("model"), hybrid=bool(base.get(SPLIT)))
+    facts = startup_facts(given, preset_model(preset), hybrid=bool(base.get(SPLIT)))
     return VllmDeployment(config, notes, d.sources(names), None, _records(d, config), facts)
 
 

@@ -40,7 +40,8 @@ from tqlab.core.hardware import gpu_target
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["MSA_ALIASES", "Refusal", "StartupFacts", "backend_flag", "facts_from_sources", "startup_facts",
+__all__ = ["MSA_ALIASES", "Refusal", "StartupFacts", "backend_flag", "facts_from_sources", "preset_model",
+           "startup_facts",
            "startup_refusal"]
 
 MSA_ALIASES = frozenset({"CUTLASS_MSA", "TRITON_MSA"})
@@ -151,7 +152,21 @@ def facts_from_sources(config: "EngineConfig", sources: Mapping[str, str] | None
     """:class:`StartupFacts` of a bare config whose ``sources`` say which fields a flag set (``tqlab plan``): the
     block size counts as ``--block-size`` when its source is a flag."""
     given = str((sources or {}).get("block_size", "")).startswith("flag")
-    return StartupFacts(block_size=config.block_size if given else None)
+    model = preset_model(config.preset)
+    return StartupFacts(block_size=config.block_size if given else None, sliding_window=_sliding_window(model, False),
+                        attention_sinks=model.get("model_type") in _SINK_MODEL_TYPES,
+                        dense_boundary=not config.mamba_block_aligned_split)
+
+
+def preset_model(preset: str | None) -> Mapping[str, Any]:
+    """A preset's ``model`` object: the config.json keys start-up validation reads (``model_type``,
+    ``sliding_window``, ``layer_types``), ``{}`` when it has none (or for no preset)."""
+    from tqlab.core.config import load_preset
+
+    if preset is None:
+        return {}
+    model = load_preset(preset).get("model")
+    return model if isinstance(model, Mapping) else {}
 
 
 def _layer_kinds(config: "EngineConfig", facts: StartupFacts) -> list:

@@ -79,6 +79,17 @@ class SelectorConfig:
     use_pcp: bool = False
     use_dcp: bool = False
 
+    def __repr__(self) -> str:
+        """``AttentionSelectorConfig.__repr__``'s text (vLLM's refusal quotes it), fields tqlab does not model at
+        their defaults."""
+        return (f"AttentionSelectorConfig(head_size={self.head_size}, dtype=torch.{self.dtype}, "
+                f"kv_cache_dtype={self.kv_cache_dtype}, block_size={self.block_size}, use_mla={self.use_mla}, "
+                f"has_sink={self.has_sink}, use_sparse={self.use_sparse}, use_mm_prefix=False, "
+                "use_per_head_quant_scales=False, attn_type=AttentionType.DECODER, "
+                f"has_sliding_window={self.has_sliding_window}, "
+                f"use_non_causal=False, use_batch_invariant={self.use_batch_invariant}, use_kv_connector=False, "
+                f"use_adaptive_verification=False, use_pcp={self.use_pcp}, use_dcp={self.use_dcp}, use_rswa=False)")
+
 
 Capability = tuple[int, int]
 
@@ -142,7 +153,8 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
     BackendSpec("TRITON_ATTN", dtypes=("float16", "bfloat16", "float32"),
                 kv_cache_dtypes=(*_UNQUANTIZED, *_FP8, "fp8_e5m2", "int4_per_token_head", "int8_per_token_head",
                                  "fp8_per_token_head"),
-                block_sizes=(16,), sink=lambda cc: True, sliding_window=True, batch_invariant=True),
+                block_sizes=(16,), head_ok=lambda h, cc: h >= 32, sink=lambda cc: True, sliding_window=True,
+                batch_invariant=True),
     BackendSpec("FLEX_ATTENTION", dtypes=("float16", "bfloat16", "float32"), block_sizes=(16,), sliding_window=True,
                 batch_invariant=True),
     BackendSpec("TURBOQUANT", kv_cache_dtypes=("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
