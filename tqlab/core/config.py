@@ -125,6 +125,8 @@ _FIELD_HELP = {
     "attention_backend": "--attention-backend (vLLM's AttentionBackendEnum name); none: vLLM's default for the GPU",
     "mla_prefill_backend": "--attention-config.mla_prefill_backend (FLASH_ATTN, TRTLLM_RAGGED, FLASHINFER, ...); none: default",
     "gpu": "GPU target vLLM would read SM count, compute capability and defaults from (H100, H200, B200, A4000, ...)",
+    "flashinfer_workspace_buffer_size": "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE: the MLA prefill (FlashInfer / TRT-LLM "
+                                        "ragged) workspace request (bytes; vLLM's default 394 MiB)",
     "turboquant_backend_on_unquantized": "teaching variant, not a vLLM deployment: TurboQuant's backend and its workspace "
                                          "consumers on an unquantized (kv_cache_dtype auto) cache",
 }
@@ -260,13 +262,14 @@ class EngineConfig:
     mla_prefill_backend: str | None = None
     gpu: str = "H200"
     turboquant_backend_on_unquantized: bool = False
+    flashinfer_workspace_buffer_size: int = 394 * 1024 * 1024
     preset: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in (
             "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers",
             "tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-            "block_size", "tq_max_kv_splits_for_cuda_graph",
+            "block_size", "tq_max_kv_splits_for_cuda_graph", "flashinfer_workspace_buffer_size",
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):

@@ -17,7 +17,7 @@ from typing import Any
 from tqlab.core.config import CUDAGRAPH_MODES, EngineConfig
 from tqlab.core.notes import Note, NoteKind
 from tqlab.vllm.draft import DeploymentDraft
-from tqlab.vllm.flags import ENV_KEY, VllmArgsError, lax_int, parse_serve_args, vllm_flags
+from tqlab.vllm.flags import ENV_KEY, ENV_SIZES, VllmArgsError, lax_int, parse_serve_args, vllm_flags
 from tqlab.vllm.validation import backend_flag
 
 __all__ = ["CUDAGRAPH_MODES", "parse_engine_args"]
@@ -182,6 +182,7 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     if "tq_max_kv_splits_for_cuda_graph" in att:
         v = lax_int(att["tq_max_kv_splits_for_cuda_graph"], "--attention-config tq_max_kv_splits_for_cuda_graph")
         d.set("tq_max_kv_splits_for_cuda_graph", v, "flag --attention-config tq_max_kv_splits_for_cuda_graph")
+    _map_env_sizes(g.get(ENV_KEY) or {}, d)
     backend, where, refusal = backend_flag(g)  # --attention-config.backend acts as --attention-backend (vLLM)
     if backend is not None:
         d.set("attention_backend", backend, f"flag {where}")
@@ -196,6 +197,26 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
                "workspace and the sparse indexer's K-gather rows)")
     d.ignored = sorted(_flag(k) for k in g if k not in _READ)
     return d
+
+
+def _map_env_sizes(env: Mapping[str, str], d: DeploymentDraft) -> None:
+    """``vllm/envs.py``'s integer variables that size a workspace consumer (:data:`~tqlab.vllm.flags.ENV_SIZES`):
+    the line's ``NAME=value`` word, else this process's environment (as :func:`~tqlab.vllm.flags.env_flag`), read
+    with ``int()`` as ``envs.py`` does. Raises :class:`VllmArgsError` for a value ``int()`` refuses or below 1."""
+    import os
+
+    for name, (fld, _what) in ENV_SIZES.items():
+        raw = env.get(name, os.environ.get(name))
+        if raw is None:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise VllmArgsError(f"environment {name}={raw!r}: vLLM 0.33 reads it with int() (vllm/envs.py) and "
+                                "fails to start") from None
+        if value < 1:
+            raise VllmArgsError(f"environment {name}={raw!r}: a workspace request of {value} bytes; give at least 1")
+        d.set(fld, value, f"environment {name}" + ("" if name in env else " (this process)"))
 
 
 def _map_capture_sizes(g: Mapping[str, Any], d: DeploymentDraft) -> None:
