@@ -51,11 +51,11 @@ def test_kimi_k26_tp4_trtllm_ragged_on_b200_reports_the_394_mb_prefill_buffer(ki
 
 def test_trtllm_ragged_on_h200_is_refused_as_vllm_refuses_to_start(kimi):
     r = _run("inspect-vllm", "--config", kimi, "--args", RAGGED)  # --gpu H200 by default
-    assert r.exit_code == 2
-    last = r.output.strip().splitlines()[-1]
-    assert last.startswith("Error: --attention-config.mla_prefill_backend TRTLLM_RAGGED on --gpu H200: vLLM 0.33 "
-                           "refuses to start")
-    assert "compute capability 9.0 not supported" in last
+    # verdict "refused" (issue 33), no longer a usage error: vLLM's own words first
+    first = r.output.strip().splitlines()[0]
+    assert first == ("REFUSED: vLLM 0.33 does not start this deployment: Selected MLA prefill backend TRTLLM_RAGGED is "
+                     "not valid for this configuration. Reason: ['compute capability 9.0 not supported'] "
+                     "(vllm/v1/attention/backends/mla/prefill/selector.py:get_mla_prefill_backend)")
 
 
 @pytest.mark.parametrize("cmd", [["plan", "--preset", "llama-3.1-8b"], ["inspect-vllm", "--preset", "llama-3.1-8b"],

@@ -32,7 +32,7 @@ from tqlab.core.consumers.backends import (
     BACKENDS,
     NoValidBackend,
     config_selector,
-    mla_prefill_backend,
+    mla_prefill_refusal,
     select_backend,
 )
 from tqlab.core.hardware import gpu_target
@@ -204,8 +204,7 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
             select_backend(pinned, s, g.capability, config.num_heads_per_rank)
         except NoValidBackend as e:
             return Refusal(e.reason, _SELECTOR_SOURCE)
-    try:
-        mla_prefill_backend(config)
-    except ValueError as e:
-        return Refusal(str(e), "vllm/v1/attention/backends/mla/prefill/selector.py:get_mla_prefill_backend")
+    refused = mla_prefill_refusal(config)
+    if refused is not None:
+        return Refusal(refused, "vllm/v1/attention/backends/mla/prefill/selector.py:get_mla_prefill_backend")
     return None

@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ATTENTION_BACKEND_NAMES", "BACKENDS", "BackendSpec", "DS_MLA_CACHE_FORMATS", "NoValidBackend",
            "SM100_MLA_PREFILL", "SelectorConfig", "attention_backend", "backend_priorities", "config_selector",
-           "is_quantized_kv_cache", "mla_prefill_backend", "select_backend", "validate_configuration"]
+           "is_quantized_kv_cache", "mla_prefill_backend", "mla_prefill_refusal", "select_backend", "validate_configuration"]
 
 DS_MLA_CACHE_FORMATS = frozenset({"fp8_ds_mla", "nvfp4_ds_mla"})
 """vLLM's ``QUANTIZED_DS_MLA_CACHE_FORMATS`` (``mla/flashmla_sparse.py``)."""
@@ -313,6 +313,17 @@ SM100_MLA_PREFILL = frozenset({"TRTLLM_RAGGED", "FLASHINFER", "TOKENSPEED_MLA"})
 (``mla/prefill/trtllm_ragged.py``, ``flashinfer.py``, ``tokenspeed_mla.py``)."""
 
 
+def mla_prefill_refusal(config: "EngineConfig") -> str | None:
+    """vLLM 0.33's words when it refuses the pinned MLA prefill backend (``get_mla_prefill_backend``: a
+    :data:`SM100_MLA_PREFILL` backend's ``validate_configuration`` off SM100), else None."""
+    g = gpu_target(config.gpu)
+    if config.mla is None or config.mla_prefill_backend not in SM100_MLA_PREFILL or g.is_sm100:
+        return None
+    major, minor = g.capability
+    return (f"Selected MLA prefill backend {config.mla_prefill_backend} is not valid for this configuration. "
+            f"Reason: ['compute capability {major}.{minor} not supported']")
+
+
 def mla_prefill_backend(config: "EngineConfig") -> str | None:
     """The MLA prefill backend (``None`` for a model without MLA): pinned, else ``TRTLLM_RAGGED`` on SM100 for
     ``(qk_nope, qk_rope, v) = (192, 64, 256)`` and ``FLASH_ATTN`` otherwise (vLLM's first choice).
@@ -325,14 +336,12 @@ def mla_prefill_backend(config: "EngineConfig") -> str | None:
     if config.mla is None:
         return None
     if config.mla_prefill_backend:
-        g = gpu_target(config.gpu)
-        if config.mla_prefill_backend in SM100_MLA_PREFILL and not g.is_sm100:
-            major, minor = g.capability
+        refused = mla_prefill_refusal(config)
+        if refused is not None:
             raise ValueError(
-                f"--attention-config.mla_prefill_backend {config.mla_prefill_backend} on --gpu {g.name}: vLLM 0.33 "
-                f"refuses to start (\"Selected MLA prefill backend {config.mla_prefill_backend} is not valid for this "
-                f"configuration. Reason: ['compute capability {major}.{minor} not supported']\", mla/prefill/selector.py "
-                "get_mla_prefill_backend); it runs on SM100 only (--gpu B200 or B300)")
+                f"--attention-config.mla_prefill_backend {config.mla_prefill_backend} on --gpu {config.gpu}: vLLM 0.33 "
+                f"refuses to start (\"{refused}\", mla/prefill/selector.py get_mla_prefill_backend); it runs on SM100 "
+                "only (--gpu B200 or B300)")
         return config.mla_prefill_backend
     m = config.mla
     if gpu_target(config.gpu).is_sm100 and (m.qk_nope_head_dim, m.qk_rope_head_dim, m.v_head_dim) == (192, 64, 256):
