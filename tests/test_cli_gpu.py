@@ -136,7 +136,8 @@ def test_inspect_vllm_tokens_report_other_consumers_per_prompt():
     second 8192-token chunk (cached 8192, q 1808) asks _forward_with_dcp's 32 MiB and crashes."""
     from tqlab.core.config import EngineConfig
 
-    c = EngineConfig(num_attention_heads=64, num_key_value_heads=8, head_dim=128, tensor_parallel_size=8,
+    # 4 KV heads < TP 8: vLLM 0.33 refuses DCP when TP <= the KV heads (ModelConfig.verify_with_parallel_config)
+    c = EngineConfig(num_attention_heads=64, num_key_value_heads=4, head_dim=128, tensor_parallel_size=8,
                      decode_context_parallel_size=2, max_num_batched_tokens=8192, max_model_len=131072,
                      cudagraph_mode="PIECEWISE")
     short, long_ = consumer_report(c, [100, 10000], max_tokens=1).requests

@@ -44,7 +44,7 @@ def _report(line: str, cfg=LLAMA, **kw) -> dict:
 
 
 @pytest.mark.parametrize("line, turboquant_reason", [
-    (f"{TQ} -tp 2 -dcp 2", "DCP not supported"),
+    (f"{TQ} -tp 16 -dcp 2", "DCP not supported"),  # 16 ranks > 8 KV heads: ModelConfig lets DCP through
     (f"{TQ} --prefill-context-parallel-size 2", "PCP not supported"),
     (f"{TQ} --dtype float32", "dtype not supported"),
     (f"{TQ} --block-size 1", "block_size not supported"),
@@ -59,6 +59,21 @@ def test_turboquant_deployments_vllm_refuses(line, turboquant_reason):
     assert r["refusal"]["reason"].startswith(NO_BACKEND)
     assert f"TURBOQUANT: [{turboquant_reason}]" in r["refusal"]["reason"]
     assert r["text"].splitlines()[0].startswith("REFUSED: vLLM 0.33 does not start this deployment: No valid")
+
+
+@pytest.mark.parametrize("line, reason", [
+    ("-tp 2 -dcp 2", "Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` (2) to be greater "
+                     "than the model's total number of KV heads (8). Increase `--tensor-parallel-size` or set "
+                     "`--decode-context-parallel-size 1`."),
+    ("-tp 16 -dcp 4", "`--decode-context-parallel-size` (4) exceeds the maximum supported value (2) for "
+                      "`--tensor-parallel-size` (16) and 8 model KV heads."),
+])
+def test_decode_context_parallel_on_gqa_vllm_refuses(line, reason):
+    """``ModelConfig.verify_with_parallel_config`` (vllm/config/model.py), before any backend is chosen."""
+    r = _report(line)
+    assert (r["verdict"], r["refusal"]["reason"]) == ("refused", reason)
+    assert r["refusal"]["source"] == "vllm/config/model.py:ModelConfig.verify_with_parallel_config"
+    assert _report("-tp 16 -dcp 2")["verdict"] == "ok"  # FLASH_ATTN's DCP consumer, sized
 
 
 @pytest.mark.parametrize("block", [16, 32, 48, 128, 256])
@@ -190,7 +205,7 @@ def test_mla_prefill_pin_on_the_wrong_gpu_is_a_refusal():
 
 
 @pytest.mark.parametrize("args", [
-    f"vllm serve M {TQ} -dcp 2 -tp 2", "vllm serve M --attention-backend BOGUS",
+    f"vllm serve M {TQ} -dcp 2 -tp 16", "vllm serve M --attention-backend BOGUS",
     "vllm serve M --attention-backend X --attention-config.backend Y",
 ])
 def test_cli_refusal_is_the_first_line_and_no_traceback(args, tmp_path):

@@ -3,7 +3,9 @@
 The one place tqlab decides that vLLM would not start a deployment (verdict ``"refused"``,
 :func:`tqlab.predict.analysis.predict`). In vLLM's order:
 
-1. the attention-backend flags (``vllm/engine/arg_utils.py`` ``EngineArgs.create_engine_config``):
+1. the attention-backend flags (``vllm/engine/arg_utils.py`` ``EngineArgs.create_engine_config``), then
+   decode context parallelism on a model without MLA (``ModelConfig.verify_with_parallel_config``: more TP ranks
+   than KV heads):
    ``--attention-backend`` and ``--attention-config.backend`` together are "mutually exclusive" (unless the
    latter is ``auto``); a name outside ``AttentionBackendEnum`` is "Unknown attention backend: 'NAME'. Valid
    options are: ..." (``vllm/v1/attention/backends/registry.py`` ``_AttentionBackendEnumMeta.__getitem__``,
@@ -185,6 +187,23 @@ def _layer_kinds(config: "EngineConfig", facts: StartupFacts) -> list:
     return list(dict.fromkeys(kinds))
 
 
+def _parallel_refusal(config: "EngineConfig") -> Refusal | None:
+    """``vllm/config/model.py`` ``ModelConfig.verify_with_parallel_config``: decode context parallelism on a model
+    without MLA needs ``tensor_parallel_size`` > the model's KV heads, and ``dcp <= tp // kv_heads``."""
+    dcp, tp, hk = config.decode_context_parallel_size, config.tensor_parallel_size, config.num_key_value_heads
+    if dcp <= 1 or config.mla is not None:
+        return None
+    where = "vllm/config/model.py:ModelConfig.verify_with_parallel_config"
+    if tp <= hk:
+        return Refusal("Decode context parallelism for GQA/MQA requires `--tensor-parallel-size` "
+                       f"({tp}) to be greater than the model's total number of KV heads ({hk}). Increase "
+                       "`--tensor-parallel-size` or set `--decode-context-parallel-size 1`.", where)
+    if dcp > tp // hk:
+        return Refusal(f"`--decode-context-parallel-size` ({dcp}) exceeds the maximum supported value ({tp // hk}) "
+                       f"for `--tensor-parallel-size` ({tp}) and {hk} model KV heads.", where)
+    return None
+
+
 def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -> Refusal | None:
     """vLLM 0.33's reason for not starting ``config`` (with ``facts``; None: a bare config, as given), or None
     when it starts as far as tqlab models its checks (see the module docstring). A backend name vLLM knows but
@@ -193,6 +212,9 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
     facts = StartupFacts() if facts is None else facts
     if facts.flag_refusal is not None:
         return facts.flag_refusal
+    parallel = _parallel_refusal(config)
+    if parallel is not None:
+        return parallel
     pinned = config.attention_backend
     if pinned is not None and pinned not in ATTENTION_BACKEND_NAMES:
         return backend_flag({"attention_backend": pinned})[2]
