@@ -39,6 +39,13 @@ TQ = "--kv-cache-dtype turboquant_4bit_nc"
 NO_BACKEND = "No valid attention backend found for cuda with AttentionSelectorConfig("
 
 
+def _turboquant_reasons(report: dict) -> str:
+    """The ``TURBOQUANT: [...]`` part of a "No valid attention backend" refusal (of the first layer vLLM refuses:
+    layer 0 is a boundary layer at the model dtype, where TURBOQUANT also says "kv_cache_dtype not supported")."""
+    reason = report["refusal"]["reason"]
+    return reason[reason.index("TURBOQUANT: ["):].split("]")[0]
+
+
 def _report(line: str, cfg=LLAMA, **kw) -> dict:
     return inspect_vllm(f"vllm serve M {line}", cfg, quiet=True, **kw)
 
@@ -57,7 +64,7 @@ def test_turboquant_deployments_vllm_refuses(line, turboquant_reason):
     assert r["verdict"] == "refused" and r["locked_bytes"] is None and r["first_refused_call"] is None
     assert r["refusal"]["source"] == "vllm/platforms/cuda.py:CudaPlatformBase.get_attn_backend_cls"
     assert r["refusal"]["reason"].startswith(NO_BACKEND)
-    assert f"TURBOQUANT: [{turboquant_reason}]" in r["refusal"]["reason"]
+    assert turboquant_reason in _turboquant_reasons(r)
     assert r["text"].splitlines()[0].startswith("REFUSED: vLLM 0.33 does not start this deployment: No valid")
 
 
@@ -84,7 +91,7 @@ def test_turboquant_block_sizes_vllm_accepts(block):
 
 def test_sliding_window_layers_refuse_turboquant_unless_skipped():
     r = _report(TQ, GEMMA2)
-    assert r["verdict"] == "refused" and "TURBOQUANT: [sliding window not supported]" in r["refusal"]["reason"]
+    assert r["verdict"] == "refused" and "sliding window not supported" in _turboquant_reasons(r)
     assert "has_sliding_window=True" in r["refusal"]["reason"]
     # --kv-cache-dtype-skip-layers sliding_window keeps those layers unquantized (Attention.__init__): FLASH_ATTN
     assert _report(f"{TQ} --kv-cache-dtype-skip-layers sliding_window", GEMMA2)["verdict"] in ("ok", "crash")
@@ -96,7 +103,7 @@ def test_gemma_2_9b_preset_is_refused_with_its_turboquant_cache():
     dep = deployment_from_preset(None, "gemma-2-9b")
     assert dep.startup.sliding_window == "some"
     r = inspect_vllm(None, preset="gemma-2-9b", quiet=True)
-    assert r["verdict"] == "refused" and "TURBOQUANT: [sliding window not supported]" in r["refusal"]["reason"]
+    assert r["verdict"] == "refused" and "sliding window not supported" in _turboquant_reasons(r)
     plan = CliRunner().invoke(app, ["plan", "--preset", "gemma-2-9b", "--json", "-"])
     assert json.loads(plan.output)["verdict"] == "refused", plan.output
     assert analysis.predict(EngineConfig.from_preset("gemma-2-9b", kv_cache_dtype="auto")).verdict == "ok"
@@ -104,15 +111,17 @@ def test_gemma_2_9b_preset_is_refused_with_its_turboquant_cache():
 
 def test_attention_sinks_refuse_turboquant():
     r = _report(TQ, GPT_OSS)
-    assert r["verdict"] == "refused" and "TURBOQUANT: [attention sinks not supported]" in r["refusal"]["reason"]
+    assert r["verdict"] == "refused" and "attention sinks not supported" in _turboquant_reasons(r)
     assert _report("", GPT_OSS)["verdict"] == "ok"  # FLASH_ATTN (FA3 on SM90) serves sinks
 
 
 @pytest.mark.parametrize("line, reason", [
     ("--attention-backend TRITON_MLA", "Selected backend AttentionBackendEnum.TRITON_MLA is not valid for this "
                                        "configuration. Reason: ['non-MLA not supported']"),
+    # a TurboQuant cache forces FlashAttention 2, which reads no quantized cache (fa_utils.py)
     (f"--attention-backend FLASH_ATTN {TQ}", "Selected backend AttentionBackendEnum.FLASH_ATTN is not valid for this "
-                                             "configuration. Reason: ['kv_cache_dtype not supported']"),
+                                             "configuration. Reason: ['kv_cache_dtype not supported', 'FP8 KV cache "
+                                             "requires FA3 on SM90, FA4 with head_size=512 on SM90, or FA4 on SM100']"),
     # the boundary layers keep the model dtype (TurboQuantConfig.get_boundary_skip_layers): TURBOQUANT refuses "auto"
     (f"--attention-backend TURBOQUANT {TQ}", "Selected backend AttentionBackendEnum.TURBOQUANT is not valid for this "
                                              "configuration. Reason: ['kv_cache_dtype not supported']"),

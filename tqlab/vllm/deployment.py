@@ -209,7 +209,8 @@ def deployment_from_vllm(
         config = EngineConfig(**d.kwargs(names))
     except ValueError as e:  # a combination of config.json fields and flags EngineConfig rejects: name each source
         raise ValueError(_blame(str(e), shape, d)) from None
-    facts = startup_facts(_given(engine_args)[0], _raw_config(model_config), hybrid=shape.hybrid is not None)
+    facts = startup_facts(_given(engine_args)[0], _raw_config(model_config), hybrid=shape.hybrid is not None,
+                          num_layers=shape.num_attention_layers)
     return VllmDeployment(config, list(d.notes), d.sources(names), shape, _records(d, config), facts)
 
 

@@ -3,13 +3,15 @@
 The one place tqlab decides that vLLM would not start a deployment (verdict ``"refused"``,
 :func:`tqlab.predict.analysis.predict`). In vLLM's order:
 
-1. the attention-backend flags (``vllm/engine/arg_utils.py`` ``EngineArgs.create_engine_config``), then
-   decode context parallelism on a model without MLA (``ModelConfig.verify_with_parallel_config``: more TP ranks
-   than KV heads):
+1. the configs ``vllm/engine/arg_utils.py`` ``EngineArgs.create_engine_config`` builds, in its order: float16 on
+   a model type that refuses it (``vllm/config/model.py`` ``_check_valid_dtype``); PCP with DCP
+   (``vllm/config/parallel.py`` ``ParallelConfig._validate_parallel_config``); the attention-backend flags:
    ``--attention-backend`` and ``--attention-config.backend`` together are "mutually exclusive" (unless the
-   latter is ``auto``); a name outside ``AttentionBackendEnum`` is "Unknown attention backend: 'NAME'. Valid
+   latter is ``auto``), a name outside ``AttentionBackendEnum`` is "Unknown attention backend: 'NAME'. Valid
    options are: ..." (``vllm/v1/attention/backends/registry.py`` ``_AttentionBackendEnumMeta.__getitem__``,
-   reached through ``AttentionConfig.validate_backend_before``); ``auto`` means automatic selection;
+   reached through ``AttentionConfig.validate_backend_before``), ``auto`` means automatic selection; decode
+   context parallelism on a model without MLA (``ModelConfig.verify_with_parallel_config``: more TP ranks than
+   KV heads, at most ``tp // kv_heads``);
 2. the backend of every kind of attention layer (``vllm/v1/attention/selector.py`` ``get_attn_backend`` ->
    ``vllm/platforms/cuda.py`` ``CudaPlatformBase.get_attn_backend_cls``, each backend's
    ``validate_configuration``: :func:`tqlab.core.consumers.backends.select_backend`). Layer kinds differ by
@@ -42,13 +44,17 @@ from tqlab.core.hardware import gpu_target
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["MSA_ALIASES", "Refusal", "StartupFacts", "backend_flag", "facts_from_sources", "preset_model",
+__all__ = ["FLOAT16_NOT_SUPPORTED", "MSA_ALIASES", "Refusal", "StartupFacts", "backend_flag", "facts_from_sources", "preset_model",
            "startup_facts",
            "startup_refusal"]
 
 MSA_ALIASES = frozenset({"CUTLASS_MSA", "TRITON_MSA"})
 """``AttentionConfig.__post_init__``: these names select MiniMax-M3's sparse decode kernel and leave ``backend``
 None (automatic selection for every other layer)."""
+
+FLOAT16_NOT_SUPPORTED = {t: "Numerical instability. Please use bfloat16 or float32 instead."
+                         for t in ("gemma2", "gemma3", "gemma3_text", "glm4")}
+"""``vllm/config/model.py`` ``_FLOAT16_NOT_SUPPORTED_MODELS``: model types vLLM 0.33 refuses in float16."""
 
 _SELECTOR_SOURCE = "vllm/platforms/cuda.py:CudaPlatformBase.get_attn_backend_cls"
 _ARGS_SOURCE = "vllm/engine/arg_utils.py:EngineArgs.create_engine_config"
@@ -81,7 +87,9 @@ class StartupFacts:
     ``skip_sliding_window``: ``--kv-cache-dtype-skip-layers`` names ``sliding_window``; ``dense_boundary``:
     a TurboQuant cache keeps the boundary layers unquantized (not on a hybrid model); ``batch_invariant``:
     ``VLLM_BATCH_INVARIANT``; ``flag_refusal``: a refusal of the flags themselves (item 1 of the module
-    docstring)."""
+    docstring); ``num_layers``: the model's attention layers, boundary layers included (config.json; None: the
+    config's ``num_hidden_layers``, which for a deployment read from config.json counts TurboQuant's layers only);
+    ``model_type``: config.json's (None: unknown)."""
 
     block_size: int | None = None
     prefill_context_parallel_size: int = 1
@@ -91,6 +99,8 @@ class StartupFacts:
     dense_boundary: bool = True
     batch_invariant: bool = False
     flag_refusal: Refusal | None = None
+    num_layers: int | None = None
+    model_type: str | None = None
 
 
 def backend_flag(given: Mapping[str, Any]) -> tuple[str | None, str | None, Refusal | None]:
@@ -131,7 +141,7 @@ def _sliding_window(raw: Mapping[str, Any], disabled: bool) -> str:
 
 
 def startup_facts(given: Mapping[str, Any], raw_config: Mapping[str, Any] | None = None,
-                  hybrid: bool = False) -> StartupFacts:
+                  hybrid: bool = False, num_layers: int | None = None) -> StartupFacts:
     """The :class:`StartupFacts` of a parsed ``vllm serve`` line (``given``: :func:`tqlab.vllm.flags.parse_serve_args`'s
     dict) and the model's raw config.json (None for a preset: no sliding window, no sinks)."""
     from tqlab.vllm.flags import ENV_KEY, env_flag
@@ -147,6 +157,8 @@ def startup_facts(given: Mapping[str, Any], raw_config: Mapping[str, Any] | None
         dense_boundary=not hybrid,
         batch_invariant=env_flag(dict(given.get(ENV_KEY) or {}), "VLLM_BATCH_INVARIANT"),
         flag_refusal=backend_flag(given)[2],
+        num_layers=num_layers,
+        model_type=raw.get("model_type") if isinstance(raw.get("model_type"), str) else None,
     )
 
 
@@ -156,6 +168,7 @@ def facts_from_sources(config: "EngineConfig", sources: Mapping[str, str] | None
     given = str((sources or {}).get("block_size", "")).startswith("flag")
     model = preset_model(config.preset)
     return StartupFacts(block_size=config.block_size if given else None, sliding_window=_sliding_window(model, False),
+                        model_type=model.get("model_type"),
                         attention_sinks=model.get("model_type") in _SINK_MODEL_TYPES,
                         dense_boundary=not config.mamba_block_aligned_split)
 
@@ -172,22 +185,38 @@ def preset_model(preset: str | None) -> Mapping[str, Any]:
 
 
 def _layer_kinds(config: "EngineConfig", facts: StartupFacts) -> list:
-    """One :class:`~tqlab.core.consumers.backends.SelectorConfig` per kind of attention layer of ``config``."""
+    """One :class:`~tqlab.core.consumers.backends.SelectorConfig` per kind of attention layer of ``config``, in the
+    order of the first layer of each kind (vLLM builds layer 0 first: its refusal names the first failing layer).
+    Interleaved sliding windows fall on even layers (``gpt_oss.py``, Gemma-2's ``layer_types``); a TurboQuant
+    cache on a dense model keeps layers ``0, 1, L-2, L-1`` at the model dtype
+    (``TurboQuantConfig.get_boundary_skip_layers``, ``n = min(2, L // 2)``)."""
     base = config_selector(config, block_size=facts.block_size, has_sink=facts.attention_sinks,
-                           use_pcp=facts.prefill_context_parallel_size > 1, use_batch_invariant=facts.batch_invariant)
-    windows = {"none": [False], "some": [False, True], "all": [True]}[facts.sliding_window]
+                           use_pcp=facts.prefill_context_parallel_size > 1, use_batch_invariant=facts.batch_invariant,
+                           flash_attn_version=2 if config.is_turboquant else None)
+    n_layers = config.num_hidden_layers if facts.num_layers is None else facts.num_layers
+    n = min(2, n_layers // 2)
+    boundary = set(range(n)) | set(range(n_layers - n, n_layers)) if config.is_turboquant and facts.dense_boundary else set()
     kinds = []
-    for sliding in windows:
-        kv = base.kv_cache_dtype
-        if config.is_turboquant and sliding and facts.skip_sliding_window:
-            kv = "auto"
-        kinds.append(dataclasses.replace(base, has_sliding_window=sliding, kv_cache_dtype=kv))
-        if config.is_turboquant and facts.dense_boundary and config.num_hidden_layers > 0:
-            kinds.append(dataclasses.replace(base, has_sliding_window=sliding, kv_cache_dtype="auto"))
+    for i in range(n_layers):
+        sliding = facts.sliding_window == "all" or (facts.sliding_window == "some" and i % 2 == 0)
+        skipped = i in boundary or (sliding and facts.skip_sliding_window and config.is_turboquant)
+        kinds.append(dataclasses.replace(base, has_sliding_window=sliding,
+                                         kv_cache_dtype="auto" if skipped else base.kv_cache_dtype))
     return list(dict.fromkeys(kinds))
 
 
-def _parallel_refusal(config: "EngineConfig") -> Refusal | None:
+def _pcp_refusal(config: "EngineConfig", pcp: int) -> Refusal | None:
+    """``vllm/config/parallel.py`` ``ParallelConfig._validate_parallel_config``: with PCP > 1, DCP is 1, PCP or
+    TP x PCP."""
+    dcp, tp = config.decode_context_parallel_size, config.tensor_parallel_size
+    if pcp > 1 and dcp not in (1, pcp, tp * pcp):
+        return Refusal("When PCP is enabled, DCP must be disabled, span the PCP axis, or span the full TP x PCP axis. "
+                       f"Got TP={tp}, PCP={pcp}, DCP={dcp}; valid DCP sizes are {sorted({1, pcp, tp * pcp})}.",
+                       "vllm/config/parallel.py:ParallelConfig._validate_parallel_config")
+    return None
+
+
+def _dcp_refusal(config: "EngineConfig") -> Refusal | None:
     """``vllm/config/model.py`` ``ModelConfig.verify_with_parallel_config``: decode context parallelism on a model
     without MLA needs ``tensor_parallel_size`` > the model's KV heads, and ``dcp <= tp // kv_heads``."""
     dcp, tp, hk = config.decode_context_parallel_size, config.tensor_parallel_size, config.num_key_value_heads
@@ -210,11 +239,15 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
     tqlab's :data:`~tqlab.core.consumers.backends.BACKENDS` does not hold (ROCm, XPU, CPU, DeepSeek-V4's, ...) is
     not judged here."""
     facts = StartupFacts() if facts is None else facts
-    if facts.flag_refusal is not None:
-        return facts.flag_refusal
-    parallel = _parallel_refusal(config)
-    if parallel is not None:
-        return parallel
+    # EngineArgs.create_engine_config's order: ModelConfig (dtype), ParallelConfig, the attention config, then
+    # VllmConfig (ModelConfig.verify_with_parallel_config), then each layer's backend at model load
+    if facts.model_type in FLOAT16_NOT_SUPPORTED and str(config.dtype) == "torch.float16":
+        return Refusal(f"The model type {facts.model_type!r} does not support float16. Reason: "
+                       f"{FLOAT16_NOT_SUPPORTED[facts.model_type]}", "vllm/config/model.py:_check_valid_dtype")
+    for refusal in (_pcp_refusal(config, facts.prefill_context_parallel_size), facts.flag_refusal,
+                    _dcp_refusal(config)):
+        if refusal is not None:
+            return refusal
     pinned = config.attention_backend
     if pinned is not None and pinned not in ATTENTION_BACKEND_NAMES:
         return backend_flag({"attention_backend": pinned})[2]

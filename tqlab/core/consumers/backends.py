@@ -78,6 +78,9 @@ class SelectorConfig:
     use_batch_invariant: bool = False
     use_pcp: bool = False
     use_dcp: bool = False
+    flash_attn_version: int | None = None
+    """Not vLLM's selector field: ``attention_config.flash_attn_version`` (2 when a TurboQuant cache forces it,
+    ``EngineArgs.create_engine_config``), which FlashAttention's sink support reads (FA3 and up)."""
 
     def __repr__(self) -> str:
         """``AttentionSelectorConfig.__repr__``'s text (vLLM's refusal quotes it), fields tqlab does not model at
@@ -130,8 +133,15 @@ _FP8 = ("fp8", "fp8_e4m3")
 
 
 def _fa_combination(s: SelectorConfig, cc: Capability) -> str | None:
-    """``FlashAttentionBackend.supports_combination``: sinks need SM90+ (FlashAttention 3)."""
-    return "sink not supported on compute capability < 9.0" if s.has_sink and cc < (9, 0) else None
+    """``FlashAttentionBackend.supports_combination``: sinks need SM90+ (FlashAttention 3); a quantized cache needs
+    ``flash_attn_supports_kv_cache_dtype`` (``fa_utils.py``: FA3 on SM90 or FA4 on SM100, never ``fp8_e5m2``); a
+    TurboQuant cache forces FlashAttention 2 on the whole deployment (``EngineArgs.create_engine_config``)."""
+    if s.has_sink and cc < (9, 0):
+        return "sink not supported on compute capability < 9.0"
+    kv = s.kv_cache_dtype
+    if is_quantized_kv_cache(kv) and (kv == "fp8_e5m2" or kv.startswith("turboquant_") or cc[0] not in (9, 10)):
+        return "FP8 KV cache requires FA3 on SM90, FA4 with head_size=512 on SM90, or FA4 on SM100"
+    return None
 
 
 def _fa_mla_sparse_combination(s: SelectorConfig, cc: Capability) -> str | None:
@@ -212,7 +222,8 @@ def validate_configuration(backend: str, s: SelectorConfig, capability: Capabili
         (not kv, "kv_cache_dtype not supported"),
         (s.block_size is not None and all(s.block_size % m for m in b.block_sizes), "block_size not supported"),
         (s.use_mla != b.mla, "MLA not supported" if s.use_mla else "non-MLA not supported"),
-        (s.has_sink and not b.sink(capability), "attention sinks not supported"),
+        (s.has_sink and not (b.sink(capability) and not (b.name == "FLASH_ATTN" and s.flash_attn_version == 2)),
+         "attention sinks not supported"),
         (s.use_sparse != b.sparse, "sparse not supported" if s.use_sparse else "non-sparse not supported"),
         (not b.capability(capability), "compute capability not supported"),
         (s.has_sliding_window and not b.sliding_window, "sliding window not supported"),
