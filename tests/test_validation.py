@@ -268,3 +268,16 @@ def test_bad_flashinfer_workspace_buffer_size_is_one_line(value, match):
 def test_other_vllm_environment_variables_say_what_they_do(name, says):
     r = inspect_vllm(f"{name} {PIN}", KIMI, gpu="B200", quiet=True)
     assert any(name in line and says in line for line in r["text"].splitlines())
+
+
+def test_a_vllm_backend_tqlab_does_not_model_is_said_not_silently_sized():
+    """Issue 30: a backend name tqlab does not know passes silently. A name outside vLLM 0.33's enum is refused
+    (above); one inside it but outside tqlab's selector model (ROCm, CPU, DeepSeek-V4's, B12X) gets a note and
+    :func:`unmodelled_backend` (for the verdict's unmodelled list)."""
+    from tqlab.core.consumers.backends import unmodelled_backend
+
+    dep = deployment_from_vllm("vllm serve M --attention-backend rocm_attn", LLAMA)
+    assert dep.config.attention_backend == "ROCM_ATTN"
+    assert any("ROCM_ATTN: tqlab does not model this backend" in n for n in dep.notes)
+    assert unmodelled_backend(dep.config).startswith("attention backend ROCM_ATTN (pinned) is not one tqlab models")
+    assert unmodelled_backend(deployment_from_vllm("vllm serve M --attention-backend TRITON_ATTN", LLAMA).config) is None

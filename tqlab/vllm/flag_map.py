@@ -18,6 +18,7 @@ from tqlab.core.config import CUDAGRAPH_MODES, EngineConfig
 from tqlab.core.notes import Note, NoteKind
 from tqlab.vllm.draft import DeploymentDraft
 from tqlab.vllm.flags import ENV_KEY, ENV_SIZES, VllmArgsError, lax_int, parse_serve_args, vllm_flags
+from tqlab.core.consumers.backends import BACKENDS
 from tqlab.vllm.validation import backend_flag
 
 __all__ = ["CUDAGRAPH_MODES", "parse_engine_args"]
@@ -186,6 +187,10 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     backend, where, refusal = backend_flag(g)  # --attention-config.backend acts as --attention-backend (vLLM)
     if backend is not None:
         d.set("attention_backend", backend, f"flag {where}")
+        if backend not in BACKENDS:
+            d.note(NoteKind.NOT_MODELLED, f"{where} {backend}: tqlab does not model this backend (not in a CUDA "
+                   "priority list of vLLM 0.33): its start-up validation and workspace requests are not sized",
+                   "attention_backend")
     elif refusal is not None and where is not None:  # a name outside vLLM 0.33's AttentionBackendEnum
         d.note(NoteKind.NOT_MODELLED, f"{where} {refusal.reason.split(': ')[1].split('.')[0]} is not a vLLM 0.33 "
                "backend (a fork's?): stock vLLM 0.33 refuses to start, and tqlab cannot size a fork's backend")

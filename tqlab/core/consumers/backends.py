@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ATTENTION_BACKEND_NAMES", "BACKENDS", "BackendSpec", "DS_MLA_CACHE_FORMATS", "NoValidBackend",
            "SM100_MLA_PREFILL", "SelectorConfig", "attention_backend", "backend_priorities", "config_selector",
-           "is_quantized_kv_cache", "mla_prefill_backend", "mla_prefill_refusal", "select_backend", "validate_configuration"]
+           "is_quantized_kv_cache", "mla_prefill_backend", "mla_prefill_refusal", "select_backend", "unmodelled_backend", "validate_configuration"]
 
 DS_MLA_CACHE_FORMATS = frozenset({"fp8_ds_mla", "nvfp4_ds_mla"})
 """vLLM's ``QUANTIZED_DS_MLA_CACHE_FORMATS`` (``mla/flashmla_sparse.py``)."""
@@ -206,6 +206,17 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
                 capability=lambda cc: cc[0] == 12),
 )}
 """The backends of vLLM 0.33's CUDA priority lists (``_get_backend_priorities``), as their classes declare them."""
+
+
+def unmodelled_backend(config: "EngineConfig") -> str | None:
+    """Why tqlab cannot size the pinned backend's consumers, or None: a name of vLLM 0.33's enum outside
+    :data:`BACKENDS` (ROCm, XPU, CPU, DeepSeek-V4's, B12X, ...): tqlab neither replays its validation nor knows its
+    workspace requests (a name outside the enum is vLLM's refusal, :mod:`tqlab.vllm.validation`)."""
+    name = config.attention_backend
+    if name is None or name in BACKENDS or name not in ATTENTION_BACKEND_NAMES:
+        return None
+    return (f"attention backend {name} (pinned) is not one tqlab models: neither vLLM's validation of it nor its "
+            "workspace requests are replayed")
 
 
 def validate_configuration(backend: str, s: SelectorConfig, capability: Capability) -> list[str]:
