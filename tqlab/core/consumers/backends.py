@@ -29,7 +29,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["ATTENTION_BACKEND_NAMES", "BACKENDS", "BackendSpec", "DS_MLA_CACHE_FORMATS", "NoValidBackend",
            "SM100_MLA_PREFILL", "SelectorConfig", "attention_backend", "backend_priorities", "config_selector",
-           "is_quantized_kv_cache", "mla_prefill_backend", "mla_prefill_refusal", "select_backend", "unmodelled_backend", "validate_configuration"]
+           "is_quantized_kv_cache", "mla_prefill_backend", "mla_prefill_refusal", "select_backend", "unmodelled_backend",
+           "validate_configuration"]
 
 DS_MLA_CACHE_FORMATS = frozenset({"fp8_ds_mla", "nvfp4_ds_mla"})
 """vLLM's ``QUANTIZED_DS_MLA_CACHE_FORMATS`` (``mla/flashmla_sparse.py``)."""
