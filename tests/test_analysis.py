@@ -291,7 +291,7 @@ def test_prediction_json_is_the_documented_object():
         "safe_max_model_len_alone": 4225, "safe_max_model_len_any_schedule": 656, "fixed_safe_any_schedule": 131072,
         "locked_source": "capture", "turboquant_consumers": True, "notes": [],
         "lock_set_by": "turboquant_attn.py:_decode_attention", "gpu": "H200", "partial": False,
-        "unsized": [], "verdict_covers": A.ANY_SCHEDULE,
+        "unsized": [], "verdict_covers": A.ANY_SCHEDULE, "refusal": None,
     }
 
 
@@ -358,8 +358,9 @@ def test_deepseek_v32_flashmla_sparse_sets_the_lock_and_the_answer_is_partial():
 def test_uncovered_other_consumer_crashes_at_any_length():
     """FlashAttention + DCP with PIECEWISE graphs (latent crash 2): nothing sizes _forward_with_dcp before the
     lock, so the first step with DCP context (a 1-token prompt's first decode) asks a 0-byte slot."""
+    # TP 16 > the 8 KV heads: vLLM refuses DCP on GQA otherwise (ModelConfig.verify_with_parallel_config)
     c = EngineConfig.from_preset("llama-3.1-8b").replace(kv_cache_dtype="auto", decode_context_parallel_size=2,
-                                                          tensor_parallel_size=2, cudagraph_mode="PIECEWISE")
+                                                          tensor_parallel_size=16, cudagraph_mode="PIECEWISE")
     p = A.predict(c)
     need = 2 * c.max_num_batched_tokens * c.num_heads_per_rank * c.head_dim * 2
     assert (p.locked_bytes, p.verdict, p.first_failing_prompt_tokens) == (0, "crash", 1)

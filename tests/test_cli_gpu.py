@@ -51,11 +51,11 @@ def test_kimi_k26_tp4_trtllm_ragged_on_b200_reports_the_394_mb_prefill_buffer(ki
 
 def test_trtllm_ragged_on_h200_is_refused_as_vllm_refuses_to_start(kimi):
     r = _run("inspect-vllm", "--config", kimi, "--args", RAGGED)  # --gpu H200 by default
-    assert r.exit_code == 2
-    last = r.output.strip().splitlines()[-1]
-    assert last.startswith("Error: --attention-config.mla_prefill_backend TRTLLM_RAGGED on --gpu H200: vLLM 0.33 "
-                           "refuses to start")
-    assert "compute capability 9.0 not supported" in last
+    # verdict "refused" (issue 33), no longer a usage error: vLLM's own words first
+    first = r.output.strip().splitlines()[0]
+    assert first == ("REFUSED: vLLM 0.33 does not start this deployment: Selected MLA prefill backend TRTLLM_RAGGED is "
+                     "not valid for this configuration. Reason: ['compute capability 9.0 not supported'] "
+                     "(vllm/v1/attention/backends/mla/prefill/selector.py:get_mla_prefill_backend)")
 
 
 @pytest.mark.parametrize("cmd", [["plan", "--preset", "llama-3.1-8b"], ["inspect-vllm", "--preset", "llama-3.1-8b"],
@@ -139,7 +139,8 @@ def test_inspect_vllm_tokens_report_other_consumers_per_prompt():
     second 8192-token chunk (cached 8192, q 1808) asks _forward_with_dcp's 32 MiB and crashes."""
     from tqlab.core.config import EngineConfig
 
-    c = EngineConfig(num_attention_heads=64, num_key_value_heads=8, head_dim=128, tensor_parallel_size=8,
+    # 4 KV heads < TP 8: vLLM 0.33 refuses DCP when TP <= the KV heads (ModelConfig.verify_with_parallel_config)
+    c = EngineConfig(num_attention_heads=64, num_key_value_heads=4, head_dim=128, tensor_parallel_size=8,
                      decode_context_parallel_size=2, max_num_batched_tokens=8192, max_model_len=131072,
                      cudagraph_mode="PIECEWISE")
     short, long_ = consumer_report(c, [100, 10000], max_tokens=1).requests

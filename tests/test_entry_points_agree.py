@@ -72,6 +72,9 @@ def test_engine_cli_inspect_vllm_and_planner_agree(d):
         assert plan_obj[key] == report[key] == pred[key], key
 
     assert pred["turboquant_consumers"] is is_turboquant(d["kv_cache_dtype"])
+    if d["kv_cache_dtype"] in CUDA_REFUSED:  # vLLM 0.33 does not start it: no lock, no engine run to compare with
+        assert pred["verdict"] == "refused" and pred["locked_bytes"] is None
+        return
     planner = plan_summary(cfg)
     assert planner.unfixed_locked_bytes == pred["locked_bytes"]
     assert planner.first_failing_unfixed == pred["first_failing_prompt_tokens"]
@@ -98,6 +101,10 @@ DENSE_DTYPES = [d for d in VLLM_CACHE_DTYPES if d not in MLA_ONLY_KV_CACHE_DTYPE
 SMALL = {"max_model_len": 4096, "max_num_batched_tokens": 1024, "max_num_seqs": 256}
 """Given as flags: a preset's own max_num_seqs is no longer used by plan / inspect-vllm (vLLM's default for the
 GPU is), and a config.json read without --gpu gets vLLM's small tier: 256 names the one deployment for all."""
+CUDA_REFUSED = {"fp8_inc", "octave_k3v4", "octave_k3v3", "octave_k3v3_compact", "nvfp4_4over6"}
+"""Cache dtypes no CUDA backend of vLLM 0.33 accepts on an H200 (``supported_kv_cache_dtypes`` of FLASH_ATTN,
+FLASHINFER, TRITON_ATTN, FLEX_ATTENTION, TURBOQUANT; FlashInfer takes ``nvfp4`` alone below SM100): vLLM refuses them
+("No valid attention backend found"), where earlier tqlab said "ok"."""
 
 
 @pytest.mark.parametrize("kv", DENSE_DTYPES)
@@ -122,6 +129,11 @@ def test_every_kv_cache_dtype_of_a_dense_model_gets_one_answer(kv):
     for key in (*KEYS, "turboquant_consumers", "safe_max_model_len_any_schedule"):
         assert json.loads(plan.output)[key] == from_preset[key] == from_line[key] == pred[key], key
     assert pred["turboquant_consumers"] is is_turboquant(kv)
+    if kv in CUDA_REFUSED:  # vLLM 0.33's selector finds no CUDA backend for it: refused, in vLLM's words
+        assert pred["verdict"] == "refused" and pred["locked_bytes"] is None
+        assert pred["refusal"]["reason"].startswith("No valid attention backend found for cuda")
+        assert from_line["text"].startswith("REFUSED: vLLM 0.33 does not start this deployment: No valid attention")
+        return
     if not is_turboquant(kv):  # vLLM runs another backend: nothing of TurboQuant's is locked or refused
         assert (pred["verdict"], pred["locked_bytes"], pred["first_failing_prompt_tokens"]) == ("ok", 0, None)
         assert [n["kind"] for n in pred["notes"]] == ["no_consumer"]

@@ -94,6 +94,9 @@ def _add_ways_out(report: dict, max_tokens: int) -> None:
     deployment the report read (its ``prediction.config``) and a measured lock size if one was given."""
     from tqlab.core.config import EngineConfig
 
+    if report["verdict"] == "refused":  # vLLM will not start it: nothing to get out of
+        report["ways_out"] = []
+        return
     cfg = dict(report["prediction"]["config"])
     config = EngineConfig(**cfg)
     measured = report["locked_bytes"] if report.get("locked_source") == "measured" else None

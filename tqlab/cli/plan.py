@@ -46,6 +46,8 @@ def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> No
     if prompt_tokens is not None:
         max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
     pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, sources=_sources(preset, overrides))
+    if pred.verdict == "refused":  # vLLM will not start it: its reason first, nothing to size, no way out to check
+        _print_refusal(pred, config, json_path)
     try:
         lines = _plan_lines(config, pred, _first_decode_refusal(config, asked_max_tokens))
     except ValueError as e:
@@ -64,6 +66,21 @@ def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> No
         console = _console()
         for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
             console.print(line)
+    exit_by_verdict(obj)
+
+
+def _print_refusal(pred, config: EngineConfig, json_path) -> None:
+    """A deployment vLLM refuses to start: the JSON (``ways_out`` empty), then vLLM's reason as the first line,
+    printed without rich markup (vLLM's reasons hold ``[...]`` lists); exits 5."""
+    from tqlab.predict.consumer_text import refusal_line
+
+    obj = dict(pred.to_json(), ways_out=[])
+    if json_path is not None:
+        _write_json(obj, json_path)
+    if json_path != "-":
+        console = _console()
+        console.print(refusal_line(pred), markup=False, highlight=False)
+        console.print(f"config {_config_line(config)}", markup=False, highlight=False)
     exit_by_verdict(obj)
 
 

@@ -127,6 +127,8 @@ _FIELD_HELP = {
     "gpu": "GPU target vLLM would read SM count, compute capability and defaults from (H100, H200, B200, A4000, ...)",
     "architecture": "config.json architectures[0], the vLLM model class: picks the workspace consumers its layers "
                     "reach; none: from these fields only",
+    "flashinfer_workspace_buffer_size": "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE: the MLA prefill (FlashInfer / TRT-LLM "
+                                        "ragged) workspace request (bytes; vLLM's default 394 MiB)",
     "turboquant_backend_on_unquantized": "teaching variant, not a vLLM deployment: TurboQuant's backend and its workspace "
                                          "consumers on an unquantized (kv_cache_dtype auto) cache",
 }
@@ -268,13 +270,14 @@ class EngineConfig:
     gpu: str = "H200"
     turboquant_backend_on_unquantized: bool = False
     architecture: str | None = None
+    flashinfer_workspace_buffer_size: int = 394 * 1024 * 1024
     preset: str | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         for name in (
             "num_attention_heads", "num_key_value_heads", "head_dim", "num_hidden_layers",
             "tensor_parallel_size", "max_model_len", "max_num_seqs", "max_num_batched_tokens",
-            "block_size", "tq_max_kv_splits_for_cuda_graph",
+            "block_size", "tq_max_kv_splits_for_cuda_graph", "flashinfer_workspace_buffer_size",
         ):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int):

@@ -122,11 +122,11 @@ class ConsumerStandIns:
             made.append("FlashMLASparseImpl.__init__ workspace_specs")
         self.mla_prefill = None
         if has("mla_prefill_trtllm_ragged"):
-            self.mla_prefill = TrtllmRaggedPrefillBackend(workspace)
-            made.append("TrtllmRaggedPrefillBackend.__init__ 394 MiB")
+            self.mla_prefill = TrtllmRaggedPrefillBackend(workspace, config.flashinfer_workspace_buffer_size)
+            made.append(f"TrtllmRaggedPrefillBackend.__init__ {config.flashinfer_workspace_buffer_size / 2**20:g} MiB")
         elif has("mla_prefill_flashinfer"):
-            self.mla_prefill = FlashInferPrefillBackend(workspace)
-            made.append("FlashInferPrefillBackend.__init__ 394 MiB")
+            self.mla_prefill = FlashInferPrefillBackend(workspace, config.flashinfer_workspace_buffer_size)
+            made.append(f"FlashInferPrefillBackend.__init__ {config.flashinfer_workspace_buffer_size / 2**20:g} MiB")
         self.init_note = ", ".join(made)
 
     def profile_run(self) -> str:

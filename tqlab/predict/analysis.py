@@ -45,6 +45,7 @@ from tqlab.core.vllm_rules import (
     mamba_block_aligned_split,
 )
 from tqlab.core.workspace import positive_int
+from tqlab.vllm.validation import facts_from_sources, startup_refusal
 from tqlab.predict.prompts import (
     any_schedule_cached_len,
     continuation_bytes,
@@ -202,6 +203,7 @@ class Prediction:
     gpu: str = "H200"
     unsized: tuple[dict[str, str], ...] = ()
     verdict_covers: str = ""
+    refusal: Mapping[str, str] | None = None
 
     @property
     def partial(self) -> bool:
@@ -238,6 +240,7 @@ class Prediction:
             "partial": self.partial,
             "unsized": [dict(u) for u in self.unsized],
             "verdict_covers": self.verdict_covers,
+            "refusal": None if self.refusal is None else dict(self.refusal),
         }
 
     def dumps(self) -> str:
@@ -395,8 +398,20 @@ def _other_notes(config: "EngineConfig", table, locked: int | None) -> list[Note
     return notes
 
 
+def _refused(config: "EngineConfig", refusal, prompt_tokens, fix: bool, sources) -> Prediction:
+    """The :class:`Prediction` of a deployment vLLM 0.33 does not start (:mod:`tqlab.vllm.validation`): verdict
+    ``refused`` with vLLM's reason; nothing locks, no prompt runs."""
+    return Prediction(capture_sizes=(), decode_rows_at_lock=0, locked_bytes=None, verdict="refused",
+                      first_failing_prompt_tokens=None, first_refused_call=None, locked_bytes_with_fix=None,
+                      cudagraph_mode=cudagraph_mode(config), fix=fix, prompt_tokens=prompt_tokens,
+                      sources=dict(sources or {}), locked_source="never_locked",
+                      turboquant_consumers=config.has_turboquant_consumers, gpu=config.gpu,
+                      notes=(Note(NoteKind.NOT_MODELLED, f"vLLM 0.33 refuses to start: {refusal.reason} "
+                                  f"({refusal.source})"),), refusal=refusal.to_dict())
+
+
 def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tokens: int = 2, fix: bool = False,
-            sources: Mapping[str, str] | None = None, locked_bytes: int | None = None) -> Prediction:
+            sources: Mapping[str, str] | None = None, locked_bytes: int | None = None, startup=None) -> Prediction:
     """Verdict and sizes for ``config`` (without the fix unless ``fix``), for one prompt or for the deployment.
 
     With ``prompt_tokens``: that prompt alone, then ``max_tokens - 1`` decode steps (the
@@ -405,11 +420,16 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
     from any of them (:func:`_first_refused`).
     ``sources`` (where each input came from) is passed through to :meth:`Prediction.to_json`.
     ``locked_bytes``: a measured workspace size at the lock without the fix (e.g.
-    ``WorkspaceTracer.size_at_lock``), used instead of the computed one.
+    ``WorkspaceTracer.size_at_lock``), used instead of the computed one. ``startup``: the deployment's
+    :class:`~tqlab.vllm.validation.StartupFacts` (None: read from ``config`` and ``sources``); a deployment vLLM
+    does not start is verdict ``refused`` with vLLM's reason (:func:`~tqlab.vllm.validation.startup_refusal`).
     Raises ``ValueError`` for a prompt outside ``[1, max_model_len - max_tokens]``, a bad ``locked_bytes`` or a
     config a consumer cannot size.
     """
     positive_int("max_tokens", max_tokens)
+    refusal = startup_refusal(config, facts_from_sources(config, sources) if startup is None else startup)
+    if refusal is not None:
+        return _refused(config, refusal, prompt_tokens, fix, sources)
     locked, with_fix, source = _locked(config, fix, locked_bytes)
     if prompt_tokens is not None:
         positive_int("prompt_tokens", prompt_tokens)

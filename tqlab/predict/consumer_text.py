@@ -17,7 +17,7 @@ from tqlab.core.workspace import format_mb
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.predict.analysis import Prediction
 
-__all__ = ["ANY_CHUNKING", "consumer_lines", "gpu_line", "safe_len_line", "verdict_head", "verdict_line"]
+__all__ = ["ANY_CHUNKING", "consumer_lines", "gpu_line", "refusal_line", "safe_len_line", "verdict_head", "verdict_line"]
 
 ANY_CHUNKING = ("any chunking: the bound for a busy server, where a prompt's chunks are cut by other requests "
                 "sharing a step or start after a prefix-cache hit")
@@ -99,6 +99,11 @@ def _which_prompt(pred: "Prediction") -> str:
     return (" -- for every prompt: another consumer overflows the lock" if n == 1 else
             f" -- for the deployment: its shortest failing prompt ({n:,} tokens, alone), not necessarily one you asked "
             "about")
+def refusal_line(pred: "Prediction") -> str:
+    """``REFUSED: vLLM 0.33 does not start this deployment: <vLLM's reason> (<vllm file:function>)``: the first line of
+    a report whose verdict is ``refused`` (:mod:`tqlab.vllm.validation`)."""
+    r = pred.refusal or {}
+    return f"REFUSED: vLLM 0.33 does not start this deployment: {r.get('reason')} ({r.get('source')})"
 
 
 def verdict_line(pred: "Prediction") -> str:
@@ -106,6 +111,8 @@ def verdict_line(pred: "Prediction") -> str:
     server schedule that makes it), and, beside any verdict, how many reached consumers tqlab does not size:
     ``ok`` only when every consumer is sized (``partial`` otherwise)."""
     fix = "with" if pred.fix else "without"
+    if pred.verdict == "refused":
+        return refusal_line(pred)
     if pred.verdict == "never_locked":
         text = "never locked: no request can hit the locked-workspace assertion"
     elif pred.verdict == "crash":

@@ -18,6 +18,7 @@ from tqlab.core.config import EngineConfig
 from tqlab.core.notes import NoteKind
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD
 from tqlab.predict import analysis
+from tqlab.predict.consumer_text import refusal_line
 from tqlab.predict.bug_report import (
     BUG_REPORT_LOCKED_MB,
     BUG_REPORT_REQUIRED_MB,
@@ -130,6 +131,13 @@ def inspect_vllm(
     else:
         dep = deployment_from_vllm(engine_args, model_config, gpu_memory_gib=gpu_memory_gib, gpu=gpu)
     config, source = dep.config, _chunk_source(dep, preset)
+    sources = {**dep.sources, "max_num_batched_tokens": source}
+    first = analysis.predict(config, sources=sources, locked_bytes=locked_bytes, startup=dep.startup)
+    if first.verdict == "refused":  # vLLM does not start it: its reason, first, and nothing sized
+        report = {**first.to_json(), "prediction": None, "vllm_version": vllm_version(), "demo": None}
+        report["text"] = "\n".join([refusal_line(first), *(f"note: {n}" for n in dep.notes)])
+        _emit(report, json_path, sys.stdout if out is None else out, quiet)
+        return report
     pred = consumer_report(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source,
                            max_tokens=max_tokens)
     pred.notes[:0] = [n for n in dep.notes  # the defaulted chunk size is said by the source line
@@ -137,8 +145,7 @@ def inspect_vllm(
     note = bug_report_note(pred)
     if note is not None:
         pred.notes.append(note)
-    report: dict[str, Any] = analysis.predict(config, sources={**dep.sources, "max_num_batched_tokens": source},
-                                              locked_bytes=locked_bytes).to_json()
+    report: dict[str, Any] = first.to_json()
     report.update({"prediction": pred.to_dict(), "vllm_version": vllm_version()})
     text = [pred.format()]
     if demo:

@@ -49,6 +49,7 @@ from tqlab.vllm.flags import (
 )
 from tqlab.vllm.hf_config import ModelShape, read_hf_config
 from tqlab.vllm.hybrid import SPLIT, SPLIT_FLAGS, apply_hybrid_block, apply_mamba_split, hybrid_attention_block_size
+from tqlab.vllm.validation import StartupFacts, preset_model, startup_facts
 
 __all__ = [
     "FLAGS_FILE", "DeploymentDraft", "FieldRecord", "VllmArgsError", "VllmDeployment", "deployment_from_preset",
@@ -68,7 +69,8 @@ class VllmDeployment:
     field, where it came from (``"flag --max-model-len"``, ``"config.json max_position_embeddings"``,
     ``"vLLM default ..."``, ``"derived: ..."``, ``"preset NAME"``); ``model``: the validated
     :class:`ModelShape` (None for a preset); ``fields``: per field its :class:`FieldRecord`
-    (value, source, the notes about it).
+    (value, source, the notes about it); ``startup``: what vLLM's start-up validation reads beyond the config
+    (:class:`~tqlab.vllm.validation.StartupFacts`; pass it to :func:`tqlab.predict.analysis.predict`).
     """
 
     config: EngineConfig
@@ -76,6 +78,7 @@ class VllmDeployment:
     sources: dict[str, str] = field(default_factory=dict)
     model: ModelShape | None = None
     fields: dict[str, FieldRecord] = field(default_factory=dict, compare=False, repr=False)
+    startup: StartupFacts = field(default_factory=StartupFacts)
 
     def notes_of(self, kind: NoteKind) -> list[Note]:
         """The notes of one kind, in order."""
@@ -207,7 +210,19 @@ def deployment_from_vllm(
         config = EngineConfig(**d.kwargs(names))
     except ValueError as e:  # a combination of config.json fields and flags EngineConfig rejects: name each source
         raise ValueError(_blame(str(e), shape, d)) from None
-    return VllmDeployment(config, list(d.notes), d.sources(names), shape, _records(d, config))
+    facts = startup_facts(_given(engine_args)[0], _raw_config(model_config), hybrid=shape.hybrid is not None,
+                          num_layers=shape.num_attention_layers)
+    return VllmDeployment(config, list(d.notes), d.sources(names), shape, _records(d, config), facts)
+
+
+def _raw_config(model_config) -> Mapping[str, Any] | None:
+    """config.json as a dict, for the start-up facts (sliding window, sinks) the shape does not keep."""
+    from tqlab.vllm.hf_config import _load
+
+    if isinstance(model_config, ModelShape):
+        return None
+    raw = _load(model_config)[1]
+    return raw if isinstance(raw, Mapping) else None
 
 
 def engine_config_from_vllm(
@@ -308,7 +323,8 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     if d.ignored:
         d.note(NoteKind.IGNORED, "vLLM flags with no effect on the workspace: " + ", ".join(d.ignored))
     notes = [Note(NoteKind.PRESET, f"preset {preset}"), *d.notes]
-    return VllmDeployment(config, notes, d.sources(names), None, _records(d, config))
+    facts = startup_facts(given, preset_model(preset), hybrid=bool(base.get(SPLIT)))
+    return VllmDeployment(config, notes, d.sources(names), None, _records(d, config), facts)
 
 
 def _records(d: DeploymentDraft, config: EngineConfig) -> dict[str, FieldRecord]:

@@ -17,7 +17,9 @@ from typing import Any
 from tqlab.core.config import CUDAGRAPH_MODES, EngineConfig
 from tqlab.core.notes import Note, NoteKind
 from tqlab.vllm.draft import DeploymentDraft
-from tqlab.vllm.flags import ENV_KEY, VllmArgsError, lax_int, parse_serve_args, vllm_flags
+from tqlab.vllm.flags import ENV_KEY, ENV_SIZES, VllmArgsError, lax_int, parse_serve_args, vllm_flags
+from tqlab.core.consumers.backends import BACKENDS
+from tqlab.vllm.validation import backend_flag
 
 __all__ = ["CUDAGRAPH_MODES", "parse_engine_args"]
 
@@ -113,12 +115,14 @@ _DIRECT = {  # flag dest -> EngineConfig field, taken as is (EngineConfig valida
     "enable_prefix_caching": "enable_prefix_caching", "max_num_scheduled_tokens": "max_num_scheduled_tokens",
     # workspace consumers beyond TurboQuant (issue 19)
     "decode_context_parallel_size": "decode_context_parallel_size", "data_parallel_size": "data_parallel_size",
-    "enable_expert_parallel": "enable_expert_parallel", "attention_backend": "attention_backend",
+    "enable_expert_parallel": "enable_expert_parallel",
 }
 _READ = set(_DIRECT) | {"model_tag", "model", "compilation_config", "attention_config", "speculative_config",
                         "cudagraph_capture_sizes", "optimization_level", "kv_cache_dtype_skip_layers",
                         "long_prefill_token_threshold", "max_num_scheduled_tokens", "kv_transfer_config", ENV_KEY,
-                        "all2all_backend"}
+                        "all2all_backend", "attention_backend", "prefill_context_parallel_size", "disable_sliding_window"}
+"""Flags tqlab reads (the others get an IGNORED note); ``-pcp`` and ``--disable-sliding-window`` feed vLLM's start-up
+validation (:mod:`tqlab.vllm.validation`)."""
 
 
 _CC = "--compilation-config (-cc)"
@@ -150,7 +154,7 @@ _MINIMUM = {"max_num_batched_tokens": (1, "SchedulerConfig: Field(ge=1)"), "max_
 """Flags vLLM 0.33's pydantic config classes refuse below a minimum, with the field that says so."""
 
 
-_ATTENTION_CONFIG_READ = frozenset({"tq_max_kv_splits_for_cuda_graph", "mla_prefill_backend"})
+_ATTENTION_CONFIG_READ = frozenset({"tq_max_kv_splits_for_cuda_graph", "mla_prefill_backend", "backend"})
 """``--attention-config`` keys tqlab reads; any other key set gets a NOT_MODELLED note (never dropped silently)."""
 
 
@@ -179,6 +183,17 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
     if "tq_max_kv_splits_for_cuda_graph" in att:
         v = lax_int(att["tq_max_kv_splits_for_cuda_graph"], "--attention-config tq_max_kv_splits_for_cuda_graph")
         d.set("tq_max_kv_splits_for_cuda_graph", v, "flag --attention-config tq_max_kv_splits_for_cuda_graph")
+    _map_env_sizes(g.get(ENV_KEY) or {}, d)
+    backend, where, refusal = backend_flag(g)  # --attention-config.backend acts as --attention-backend (vLLM)
+    if backend is not None:
+        d.set("attention_backend", backend, f"flag {where}")
+        if backend not in BACKENDS:
+            d.note(NoteKind.NOT_MODELLED, f"{where} {backend}: tqlab does not model this backend (not in a CUDA "
+                   "priority list of vLLM 0.33): its start-up validation and workspace requests are not sized",
+                   "attention_backend")
+    elif refusal is not None and where is not None:  # a name outside vLLM 0.33's AttentionBackendEnum
+        d.note(NoteKind.NOT_MODELLED, f"{where} {refusal.reason.split(': ')[1].split('.')[0]} is not a vLLM 0.33 "
+               "backend (a fork's?): stock vLLM 0.33 refuses to start, and tqlab cannot size a fork's backend")
     if att.get("mla_prefill_backend") is not None:
         d.set("mla_prefill_backend", str(att["mla_prefill_backend"]), "flag --attention-config mla_prefill_backend")
     for key in sorted(k for k, v in att.items() if v is not None and k not in _ATTENTION_CONFIG_READ):
@@ -187,6 +202,26 @@ def _map_flags(g: Mapping[str, Any]) -> DeploymentDraft:
                "workspace and the sparse indexer's K-gather rows)")
     d.ignored = sorted(_flag(k) for k in g if k not in _READ)
     return d
+
+
+def _map_env_sizes(env: Mapping[str, str], d: DeploymentDraft) -> None:
+    """``vllm/envs.py``'s integer variables that size a workspace consumer (:data:`~tqlab.vllm.flags.ENV_SIZES`):
+    the line's ``NAME=value`` word, else this process's environment (as :func:`~tqlab.vllm.flags.env_flag`), read
+    with ``int()`` as ``envs.py`` does. Raises :class:`VllmArgsError` for a value ``int()`` refuses or below 1."""
+    import os
+
+    for name, (fld, _what) in ENV_SIZES.items():
+        raw = env.get(name, os.environ.get(name))
+        if raw is None:
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise VllmArgsError(f"environment {name}={raw!r}: vLLM 0.33 reads it with int() (vllm/envs.py) and "
+                                "fails to start") from None
+        if value < 1:
+            raise VllmArgsError(f"environment {name}={raw!r}: a workspace request of {value} bytes; give at least 1")
+        d.set(fld, value, f"environment {name}" + ("" if name in env else " (this process)"))
 
 
 def _map_capture_sizes(g: Mapping[str, Any], d: DeploymentDraft) -> None:

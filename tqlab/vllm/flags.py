@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_KEY", "FLAGS_FILE", "VllmArgsError", "env_flag", "human_readable_int", "human_readable_int_or_auto", "lax_int",
+__all__ = ["ENV_KEY", "ENV_SIZES", "FLAGS_FILE", "VllmArgsError", "env_flag", "human_readable_int", "human_readable_int_or_auto", "lax_int",
            "parse_serve_args", "split_serve_line", "vllm_flags"]
 
 FLAGS_FILE = Path(__file__).with_name("vllm_0_33_flags.json")
@@ -309,10 +309,29 @@ ENV_KEY = "env"
 """Key of :func:`parse_serve_args`'s result holding the line's leading ``NAME=value`` words (only when there are some)."""
 _ENV_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*=.*", re.S)
 ENV_APPLIED = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "lets --max-model-len exceed the derived length (vllm/envs.py; "
-                                               "vllm/config/model.py _get_and_verify_max_len)"}
-"""Environment variables that change what tqlab computes, with what they do in vLLM 0.33."""
-_ENV_NOTED = {"CUDA_VISIBLE_DEVICES": "which GPUs the process sees; the workspace per rank follows "
-                                      "--tensor-parallel-size, not this list"}
+                                               "vllm/config/model.py _get_and_verify_max_len)",
+               "VLLM_BATCH_INVARIANT": "batch-invariant mode: backends without it are refused at start-up "
+                                       "(AttentionBackend.validate_configuration: TURBOQUANT, FLASHINFER, ...)"}
+"""Boolean environment variables that change what tqlab computes, with what they do in vLLM 0.33."""
+ENV_SIZES = {"VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE": (
+    "flashinfer_workspace_buffer_size", "the MLA prefill workspace request of FlashInfer / TRT-LLM ragged "
+    "(mla/prefill/flashinfer.py, trtllm_ragged.py: ((VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,), uint8)), in bytes")}
+"""Integer environment variables of ``vllm/envs.py`` that size a workspace consumer: ``{name: (EngineConfig field,
+what it sizes)}``. Every other variable of ``envs.py`` read next to a workspace call was checked: see ``_ENV_NOTED``."""
+_ENV_NOTED = {
+    "CUDA_VISIBLE_DEVICES": "which GPUs the process sees; the workspace per rank follows --tensor-parallel-size, "
+                            "not this list",
+    "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "sizes a torch.empty of the sparse indexer's profile run, not a workspace "
+                                         "request: no effect on the workspace",
+    "VLLM_DEBUG_WORKSPACE": "[WORKSPACE DEBUG] logs only: no effect on the workspace",
+    "VLLM_DEEP_GEMM_WARMUP": "decides deep_gemm_warmup.py:_warmup's workspace requests, a consumer tqlab does not size",
+    "VLLM_MARLIN_INPUT_DTYPE": "Marlin's persistent workspace (marlin_utils.py), which tqlab does not size",
+    "VLLM_GDN_DECODE_KERNEL": "Qwen GDN's warm-up workspace (qwen_gdn_linear_attn.py), which tqlab does not size",
+    "VLLM_USE_DEEP_GEMM": "decides deep_gemm_warmup.py:_warmup and the MoE experts class, which tqlab does not size",
+    "VLLM_MOE_USE_DEEP_GEMM": "decides deep_gemm_warmup.py:_warmup and the MoE experts class, which tqlab does not size",
+}
+_ENV_UNKNOWN = ("not read by tqlab: no workspace call tqlab models reads it, but vLLM may read it elsewhere "
+                "(vllm/envs.py); tqlab cannot say it has no effect")
 
 
 def env_flag(env: dict[str, str] | None, name: str) -> bool:
@@ -355,12 +374,15 @@ def split_serve_line(line: str) -> tuple[list[str], dict[str, str], list[str]]:
     while words and _ENV_WORD.fullmatch(words[0]) and not words[0].startswith("-"):
         name, _, value = words.pop(0).partition("=")
         env[name] = value
-        if name in ENV_APPLIED and env_flag(env, name):
+        if name in ENV_SIZES:
+            notes.append(f"environment {name}={value}: applied ({ENV_SIZES[name][1]})")
+        elif name in ENV_APPLIED and env_flag(env, name):
             notes.append(f"environment {name}={value}: applied ({ENV_APPLIED[name]})")
         elif name in ENV_APPLIED:
             notes.append(f"environment {name}={value}: off (vllm/envs.py reads only 1 or true, any case, as on)")
         else:
-            why = _ENV_NOTED.get(name, "not read by tqlab; no effect on the workspace in tqlab's model")
+            why = _ENV_NOTED.get(name, _ENV_UNKNOWN if name.startswith("VLLM_") else
+                                 "not read by tqlab; no effect on the workspace in tqlab's model")
             notes.append(f"environment {name}={value}: {why}")
     return words, env, notes
 

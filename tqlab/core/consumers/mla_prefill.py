@@ -3,12 +3,14 @@
 vLLM 0.33 ``vllm/v1/attention/backends/mla/prefill/trtllm_ragged.py`` ``TrtllmRaggedPrefillBackend.__init__``
 and ``mla/prefill/flashinfer.py`` ``FlashInferPrefillBackend.__init__`` reserve
 ``((VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE,), uint8)`` (``vllm/envs.py``: 394 MiB unless the environment
-variable says otherwise; phase ``init``) and ``prepare_metadata`` asks for the same view at serve time.
+variable says otherwise: ``EngineConfig.flashinfer_workspace_buffer_size``, read from the serve line's environment;
+phase ``init``) and ``prepare_metadata`` asks for the same view at serve time.
 TRT-LLM ragged runs on SM100 only (``is_supported``: ``device_capability.major == 10``); vLLM picks it by
 default on SM100 for ``(qk_nope, qk_rope, v) = (192, 64, 256)``, FLASH_ATTN (no workspace) otherwise; the
 ``--attention-config.mla_prefill_backend`` flag pins it (the Kimi-K2.6 TP 4 report, vLLM PR #42539).
 
-Reads: ``mla``, ``mla_prefill_backend``, ``gpu``, ``attention_backend`` (sparse MLA has its own prefill).
+Reads: ``mla``, ``mla_prefill_backend``, ``gpu``, ``attention_backend`` (sparse MLA has its own prefill),
+``flashinfer_workspace_buffer_size``.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class _MLAPrefill(Consumer):
         return self.backend != "TRTLLM_RAGGED" or gpu_target(config.gpu).is_sm100
 
     def sizes(self, config: "EngineConfig", startup: StartUp) -> ConsumerSizes:
-        call = flashinfer_workspace_call()
+        call = flashinfer_workspace_call(config.flashinfer_workspace_buffer_size)
         return ConsumerSizes("init", [call], [call])
 
 
@@ -57,7 +59,7 @@ class MLAPrefillTrtllmRagged(_MLAPrefill):
     backend = "TRTLLM_RAGGED"
     consumer = "trtllm_ragged.py:prepare_metadata"
     source = "vllm/v1/attention/backends/mla/prefill/trtllm_ragged.py TrtllmRaggedPrefillBackend.__init__, prepare_metadata"
-    reads = ("mla", "mla_prefill_backend", "gpu")
+    reads = ("mla", "mla_prefill_backend", "gpu", "flashinfer_workspace_buffer_size")
 
 
 class MLAPrefillFlashInfer(_MLAPrefill):
@@ -67,4 +69,4 @@ class MLAPrefillFlashInfer(_MLAPrefill):
     backend = "FLASHINFER"
     consumer = "flashinfer.py:prepare_metadata"
     source = "vllm/v1/attention/backends/mla/prefill/flashinfer.py FlashInferPrefillBackend.__init__, prepare_metadata"
-    reads = ("mla", "mla_prefill_backend", "gpu")
+    reads = ("mla", "mla_prefill_backend", "gpu", "flashinfer_workspace_buffer_size")
