@@ -21,8 +21,9 @@
 #
 # > `AssertionError: Workspace is locked but allocation from 'turboquant_attn.py:757:_continuation_prefill' requires 2.00 MB, current size is 0.26 MB.`
 #
-# This notebook rebuilds that deployment on one tensor-parallel rank and crashes it the
-# same way — on your CPU, with the same numbers. You will learn:
+# This notebook rebuilds that deployment's attention on one tensor-parallel rank and crashes it
+# the same way — on your CPU, with the same numbers (section 3 computes what the model's MoE,
+# which the preset leaves out, would change on vLLM 0.33). You will learn:
 #
 # 1. how the deployment's flags become per-rank shapes (tensor parallelism splits the heads);
 # 2. why start-up under-counts: the profile run never takes the path that crashes;
@@ -409,10 +410,12 @@ show_md(
 # the report's chunk for hidden sizes from…
 
 # %%
+from tqlab.lab.report_gaps import moe_hidden_to_hold
+
 moe_row = cfg.max_num_batched_tokens * cfg.dtype.itemsize  # bytes per hidden unit of (M, hidden) bf16
-hides_report_chunk = -(-crash.required_bytes // moe_row)  # smallest hidden size holding the report's chunk
+hides_report_chunk = moe_hidden_to_hold(cfg, crash.required_bytes)  # smallest hidden size holding the report's chunk
 longest_need = analysis.continuation_bytes(cfg, cfg.max_model_len - 1)
-hides_everything = -(-longest_need // moe_row)  # ...and the longest continuation chunk of the server
+hides_everything = moe_hidden_to_hold(cfg, longest_need)  # ...and the longest continuation chunk of the server
 assert cfg.moe is None and analysis.locked_bytes(cfg, fix=False) == crash.current_bytes
 assert hides_report_chunk * moe_row >= crash.required_bytes > (hides_report_chunk - 1) * moe_row
 show_md(markdown_table(("a MoE output `(M, hidden)` bf16 at M = " + f"{cfg.max_num_batched_tokens:,}", "hidden size from"), [

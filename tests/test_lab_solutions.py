@@ -9,8 +9,9 @@ import torch
 
 from tqlab.lab.environment import environment, environment_rows
 from tqlab.lab.exercises import check
-from tqlab.lab.solutions import nb01
+from tqlab.lab.solutions import nb01, nb02, nb03
 
+R = "nemotron-3-super-120b-a12b"
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 
 
@@ -21,6 +22,19 @@ def test_nb01_references_exact():
     assert nb01.growth_peak(1000, 3000, "free_then_allocate") == 3072
     assert nb01.growth_peak(1000, 3000, "allocate_then_free") == 1024 + 3072
     assert nb01.dbo_slot_sizes([(0, 100), (1, 1000), (0, 50)]) == [256, 1024]
+
+
+def test_nb02_nb03_references_exact():
+    assert [nb02.kv_heads_per_rank(k, tp) for k, tp in ((2, 8), (8, 2), (8, 8))] == [1, 4, 1]
+    assert nb02.decode_scratch_bytes(4, 4, 128, 32) == 268_544  # the report's "0.26 MB"
+    assert nb02.continuation_bytes(4096, 1, 128, 16) == 2 * 2**20  # the report's "2.00 MB"
+    assert nb02.fits_after_lock("nemotron-3-super-120b-a12b", 4096, 4096, 268_544) is False
+    assert nb02.fits_after_lock("nemotron-3-super-120b-a12b", 4096, 100, 268_544) is True
+    assert nb03.reservation_bytes("nemotron-3-super-120b-a12b") == 64 * 2**20
+    assert nb03.continuation_alloc_len(131072, 16) == 131072 and nb03.continuation_alloc_len(4097, 2080) == 4160
+    assert [nb03.reserves_continuation(*a) for a in ((True, 4096), (True, 128), (True, 129), (False, 131072))] == [
+        True, False, True, False]
+    assert [nb03.first_failing_prompt_no_fix(m) for m in (4096, 2048)] == [4225, 2177]
 
 
 def _shown_solutions(stem: str) -> dict[str, str]:
@@ -41,17 +55,35 @@ def _shown_solutions(stem: str) -> dict[str, str]:
         "growth_peak": [(1000, 3000, "free_then_allocate"), (64, 4096, "allocate_then_free")],
         "dbo_slot_sizes": [([(0, 4096), (1, 1024)],), ([(1, 300), (1, 10)],)],
     }),
+    ("02_reproduce_locked_workspace", nb02, {
+        "kv_heads_per_rank": [(2, 8), (8, 2), (8, 1)],
+        "decode_scratch_bytes": [(4, 4, 128, 32), (3, 5, 64, 8)],
+        "continuation_bytes": [(4096, 1, 128, 16), (1000, 2, 64, 2080), (7, 1, 16, 16)],
+        "fits_after_lock": [(R, 4096, 4096, 268_544), (R, 4096, 128, 268_544), (R, 0, 4096, 1), (R, 64, 200, 2**17)],
+    }),
+    ("03_apply_the_fix", nb03, {
+        "reservation_bytes": [(p,) for p in ("nemotron-3-super-120b-a12b", "qwen3-32b", "gemma-2-9b")],
+        "continuation_alloc_len": [(131072, 16), (1, 16), (100, 33)],
+        "reserves_continuation": [(True, 129), (True, 128), (False, 131072)],
+        "first_failing_prompt_no_fix": [(4096,), (1024,)],
+    }),
 ])
 def test_shown_solutions_match_references(stem, module, cases):
     import math
 
-    from tqlab.core.workspace import ALIGNMENT, round_up
+    from tqlab.core.config import EngineConfig
+    from tqlab.core.reservation import (CONTINUATION_DECODE_THRESHOLD, continuation_workspace_shapes,
+                                        decode_workspace_shapes)
+    from tqlab.core.workspace import ALIGNMENT, compute_layout, round_up
 
     shown = _shown_solutions(stem)
     assert set(shown) == set(cases)
     for name, src in shown.items():
-        ns = {"math": math, "ALIGNMENT": ALIGNMENT, "round_up": round_up, "torch": torch}
-        exec(src, ns)  # noqa: S102 - the notebook's own solution text
+        ns = {"math": math, "ALIGNMENT": ALIGNMENT, "round_up": round_up, "torch": torch, "EngineConfig": EngineConfig,
+              "CONTINUATION_DECODE_THRESHOLD": CONTINUATION_DECODE_THRESHOLD, "compute_layout": compute_layout,
+              "continuation_workspace_shapes": continuation_workspace_shapes,
+              "decode_workspace_shapes": decode_workspace_shapes}
+        exec(src, ns)
         assert check(name, ns[name], getattr(module, name), cases[name], verbose=False).passed, name
 
 
