@@ -140,6 +140,7 @@ for name, v, off, pad in zip(names, views, lay.offsets, lay.padding):
     rows.append((name, tuple(v.shape), str(v.dtype).removeprefix("torch."), nbytes, pad, off, off % ALIGNMENT))
 show_md(markdown_table(("view", "shape", "dtype", "bytes used", "padding after", "offset", "offset % ALIGNMENT"), rows))
 show_md(f"The call needs **{lay.total_bytes:,} bytes**; the buffer is now **{m.size_bytes():,} bytes**.")
+assert m.size_bytes() == lay.total_bytes == sum(round_up(v.numel() * v.element_size(), ALIGNMENT) for v in views)
 
 # %%
 ax = plots.plot_layout(lay, names)
@@ -385,6 +386,7 @@ ax = plots.plot_bars(
     horizontal=True,
 )
 plt.show()
+assert scenarios["1 slot, free then allocate (vLLM)"]["peak"] == big  # the first row; the next cell checks all
 
 # %%
 one_vllm, one_resize, two_vllm, two_all, one_held = scenarios.values()
@@ -721,6 +723,7 @@ show_md(
 )
 ax = plots.plot_workspace_timeline(dbo.events, title="Two ubatch slots grow independently")
 plt.show()
+assert all(seen[s]["slot seen"] == s for s in requests)  # each thread in its own slot
 
 # %%
 assert all(seen[s]["slot seen"] == s for s in requests)
@@ -794,6 +797,7 @@ except ValueError as exc:
     show_error(exc)
 print(f"slot sizes (ubatch 0 lane 0, ubatch 0 lane 1): {lanes.sizes_bytes()} bytes; "
       f"persistent keys per lane: {lanes.persistent_keys(0, 0)}, {lanes.persistent_keys(0, 1)}")
+assert late is not None  # the new key was refused after the lock
 
 # %% [markdown]
 # <details><summary>Answer</summary>
