@@ -249,7 +249,9 @@ print(f"context_out now holds {k} overwritten and {flat.numel() - k} original el
 # </details>
 
 # %% [markdown]
-# **The fused-MoE pattern** (vLLM's fused-MoE layer). A fused MoE layer needs three intermediate
+# ### The fused-MoE pattern
+#
+# vLLM's fused-MoE layer needs three intermediate
 # buffers, but the first (`workspace13`) and the last (`fused_out`) are never alive at the
 # same time. So it asks for *two* views — a shared region big enough for either, and
 # `workspace2` — and reshapes the shared region twice. Three logical buffers, two
@@ -763,7 +765,7 @@ else:
 # %% [markdown]
 # ## 5b · Lanes and persistent resources (vLLM 0.33)
 #
-# **Question.** vLLM 0.33's manager has grown two things since the seed notes were written
+# **Question.** vLLM 0.33's manager has two things older write-ups of it do not show
 # (`vllm/v1/worker/workspace.py`): **lanes** — `WorkspaceManager(device, num_ubatches,
 # num_lanes)` and `use_workspace_lane(lane)`, an independent owner inside each ubatch (lane 1
 # is Model Runner V2's DSpark drafter) — and **persistent resources** — `get_persistent(key,

@@ -147,6 +147,8 @@ fields = (
 show_md(markdown_table(("engine argument", "value"), [(f"`{f}`", getattr(cfg, f)) for f in fields]))
 
 # %% [markdown]
+# ### What one rank sees
+#
 # **Question.** With tensor parallelism each GPU holds a slice of the attention heads.
 # How many query heads and KV heads does one rank's attention layer see?
 #
@@ -228,6 +230,8 @@ print(f"on meta, {run_cfg.num_hidden_layers} and {cfg.num_hidden_layers} layers:
       f"refused request; the engine below runs {run_cfg.num_hidden_layers} attention layers on {device}")
 
 # %% [markdown]
+# ### The start-up, phase by phase
+#
 # **Predict, then run.** The next cell starts the unfixed engine and prints the workspace after each
 # phase. Does the profile run ask the workspace for anything? Which phase sets the size that gets
 # locked, and what layout is it?
@@ -303,7 +307,9 @@ show_md(
 )
 
 # %% [markdown]
-# **Run it.** The first chunk computes real attention over the fresh tokens (this is the
+# ### Run it
+#
+# The first chunk computes real attention over the fresh tokens (this is the
 # slow part on a CPU); the second chunk asks the locked workspace for its dequant buffers.
 # The cell catches the assertion and shows it — the crash is the expected result here.
 #

@@ -135,6 +135,8 @@ ax = plots.plot_byte_maps(
 plt.show()
 
 # %% [markdown]
+# ### The PR's own unit test
+#
 # **Predict, then run.** The PR's own unit test (in vLLM PR #44053) builds the metadata builder for a fake
 # configuration — the preset `pr-44053-unit-test`: 16 sequences, 8 query heads, 4 KV heads, `head_dim` 128,
 # 4 KV splits, fp16, `max_model_len` 8,192, block size 32. Write down the shapes of the two calls it
@@ -347,6 +349,8 @@ print(f"start-up took {time.perf_counter() - t:.1f} s on {device}")
 show_md(plots.phases_markdown(engine.phases))
 
 # %% [markdown]
+# #### Serving the prompt
+#
 # **Predict, then run.** Does the request finish? After the lock, does the workspace resize or
 # refuse anything? Is the buffer still the one that was locked?
 
@@ -593,6 +597,8 @@ show_md(markdown_table(
 print("\n".join(f"predict: {n}" for n in pred.notes))
 
 # %% [markdown]
+# #### A prefix-cache hit after the lock
+#
 # **Predict, then run.** With chunked prefill off the plan is the decode call alone, so
 # the fixed workspace is the decode scratch. A prefix-cache hit covers whole blocks: a
 # request at the predicted bound whose cached part is whole blocks is served; one more

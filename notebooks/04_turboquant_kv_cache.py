@@ -274,6 +274,8 @@ print(f"dequant buffers {tuple(k_buf.shape)} {k_buf.dtype}, split-KV scratch {tu
       f"workspace = max({fmt_bytes(lay_cont)}, {fmt_bytes(lay_dec)}) = {fmt_bytes(ws.size_bytes())}")
 
 # %% [markdown]
+# ### The dequant buffers against the packed bytes
+#
 # The decode buffers depend on the batch (`max_num_seqs` after capture) and the split count — fixed
 # numbers. The dequant buffers grow with the **cached length** of whichever request arrives: they are
 # larger than the packed bytes they are read from by the compression ratio, and at the report's

@@ -215,6 +215,8 @@ else:
     show_md("*Triton not installed: the torch reference ran everything above.*")
 
 # %% [markdown]
+# ### Which backend runs here
+#
 # **Predict, then run.** On this machine, which implementation does `backend="auto"` pick — the
 # Triton kernels or the torch reference? And whatever it picks, does it write the same cache bytes
 # as the torch reference?
