@@ -159,6 +159,16 @@ print(f"{len(j['packed'])} packed bytes; indices in [{int(j['idx'].min())}, {int
       f"{2**spec.key_bits} levels; corrected norm {float(j['corrected'].norm()):.4f}")
 print("packed size, index range and unit norm as predicted")
 
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# 128 indices × 3 bits = 384 bits = 48 bytes, plus 2 bytes of fp16 norm: 50 bytes. A 3-bit index takes one of
+# 2³ = 8 levels. The norm-corrected vector has length 1 (that is what the correction does) before it is
+# rotated back and multiplied by the stored norm.
+#
+# </details>
+
 # %% [markdown]
 # The rotation is what makes one fixed codebook work for every key: without it the outliers would
 # need the whole range and every other coordinate would round to zero. Measured over 2,048 random
@@ -213,6 +223,15 @@ show_md(
     f"the values' {floor['turboquant_k3v4_nc']:.3f} — **at 3 bits the keys dominate**. Making the values 3-bit too "
     f"(`3bit_nc`) raises the error ×{raise_3bit_values:.2f}, to {b3['rel_err']:.3f}: not double."
 )
+
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# At 3 bits the keys: with 3-bit keys and 4-bit values the error is well above what the values alone cause.
+# Making the values 3-bit too raises the error, but by less than a factor of two.
+#
+# </details>
 
 # %% [markdown]
 # ## 4 · The three operations, and where the workspace enters
@@ -273,6 +292,15 @@ assert ws.size_bytes() == max(lay_cont, lay_dec)
 print(f"dequant buffers {tuple(k_buf.shape)} {k_buf.dtype}, split-KV scratch {tuple(mid.shape)} {mid.dtype}; "
       f"workspace = max({fmt_bytes(lay_cont)}, {fmt_bytes(lay_dec)}) = {fmt_bytes(ws.size_bytes())}")
 
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Two fp16 buffers `(1, 1, 304, 128)` (300 rounded up to 19 blocks of 16) and a float32 split-KV scratch
+# `(1, 4, S, 129)`. Both calls start at offset 0 of the same buffer, so it needs the larger layout, not the sum.
+#
+# </details>
+
 # %% [markdown]
 # ### The dequant buffers against the packed bytes
 #
@@ -305,6 +333,16 @@ for r in wv:
 assert wv[-1]["workspace_bytes"] == 2 * hk * (-(-131071 // bs) * bs) * D * 2 == 64 * 2**20
 print(f"ratio {2 * 2 * D / spec.slot_bytes(D):.2f} at every block-aligned length (2·2·D / slot bytes); "
       f"{wv[-1]['workspace_bytes'] / 2**20:.0f} MiB at 131,071 cached tokens — the size PR #44053 reserves")
+
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# No: both grow linearly with the cached length, so the ratio is the fixed 2·2·D / slot bytes (about 5 for
+# `3bit_nc`) at every block-aligned length. At 131,071 cached tokens: 2 × 1 × 131,072 × 128 × 2 bytes = 64 MiB
+# per rank, the size PR #44053 reserves (notebook 03).
+#
+# </details>
 
 # %% [markdown]
 # ## Summary
