@@ -248,7 +248,7 @@ show_md(
 # tqlab's engine runs the same calls as six coarser phases (`build_backend` stands for both builder steps,
 # `capture` for both capture steps); every later step asks at most what the first of its kind asked, so
 # the sizes agree. `tqlab.lab.plots_startup.plot_startup_consumers` draws vLLM's finer order, every active
-# consumer of the deployment as a row (notebook 05 uses the same figure).
+# consumer of the deployment as a row: the start-up figure of these notebooks (elsewhere they link here).
 #
 # **Predict, then run.** For the report's deployment, which step grows the slot without the fix, and which
 # with it? Does the profile run ask anything? And on a MoE model (`qwen3-30b-a3b`), which consumer sets
