@@ -192,27 +192,27 @@ except ImportError:
 #
 # Each operation has a Triton kernel (`tqlab/turboquant/_triton_kernels.py`, and the block-SoA kernels
 # named in section 4), chosen automatically on CUDA. Without a GPU, Triton's interpreter runs the very
-# same kernels on the CPU when `TRITON_INTERPRET=1` is set before Triton is imported (start Jupyter with
-# it); here is a tiny agreement check against the torch reference:
+# same kernels on the CPU when `TRITON_INTERPRET=1` is set before Triton is imported. This kernel imported
+# Triton already, so `tqlab.lab.kernel_checks.interpreter_store_check` runs the check in a fresh Python with
+# the variable set: the Triton store kernel and the torch reference write the same random keys and values
+# into a small cache, and the bytes are compared.
+#
+# **Predict, then run.** Does the Triton store kernel, run by the interpreter on the CPU, write exactly the
+# torch reference's bytes — in vLLM's order, and in block-SoA?
 
 # %%
-if _TRITON != "not installed" and device == "cpu":
-    import os
+from tqlab.lab.kernel_checks import interpreter_store_check
 
-    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        show_md("*Triton is installed but `TRITON_INTERPRET=1` was not set before it was imported; "
-                "the interpreter check is skipped (the tests run it: `tests/test_turboquant_triton.py`).*")
-    else:
-        small = torch.zeros(kv_cache_shape(2, 1, 16, 64, spec), dtype=torch.uint8)
-        kk, vv = torch.randn(32, 1, 64), torch.randn(32, 1, 64)
-        ref, tri = small.clone(), small.clone()
-        store_kv(ref, kk, vv, torch.arange(32), spec, backend="torch")
-        store_kv(tri, kk, vv, torch.arange(32), spec, backend="triton")
-        print("store: bytes identical:", torch.equal(ref, tri))
+if _TRITON == "not installed":
+    show_md("*Triton is not installed: the torch reference runs everything, and the next cell checks it.*")
 elif device == "cuda":
-    print("CUDA: the ops above already ran the Triton kernels (backend='auto').")
+    print("CUDA: the Triton kernels run natively (backend='auto'); the next cell compares them with the reference.")
 else:
-    show_md("*Triton not installed: the torch reference ran everything above.*")
+    interp = {lay: interpreter_store_check("turboquant_3bit_nc", layout=lay) for lay in ("vllm", "block_soa")}
+    show_md(markdown_table(("order", "cache bytes", "bytes that differ", "identical", "seconds (interpreter)"),
+                           [(lay, r["bytes"], r["differing"], r["identical"], f"{r['seconds']:.1f}")
+                            for lay, r in interp.items()]))
+    assert all(r["identical"] for r in interp.values())  # the Triton kernel writes the reference's bytes
 
 # %% [markdown]
 # ### Which backend runs here

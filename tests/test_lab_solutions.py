@@ -139,3 +139,13 @@ def test_notebook_cases_pass_with_the_shown_solutions(stem, module):
         exec(shown[name], ns)
         r = check(name, ns[name], getattr(module, name), eval(cases, ns), float(tol or 0), verbose=False)
         assert r.passed, (name, r.failures)
+
+
+def test_interpreter_store_check_runs_the_triton_kernel_on_cpu():
+    pytest.importorskip("triton")
+    from tqlab.lab.kernel_checks import interpreter_store_check
+
+    r = interpreter_store_check("turboquant_k3v4_nc", tokens=16, head_dim=32)
+    assert (r["identical"], r["differing"]) == (True, 0) and r["bytes"] > 0
+    with pytest.raises(RuntimeError, match="failed"):
+        interpreter_store_check("not_a_preset")
