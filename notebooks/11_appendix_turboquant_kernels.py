@@ -264,6 +264,7 @@ if vs6 is not None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     orders.plot_order_decode(vs6, "llama3.1-8b", "turboquant_3bit_nc", ax=axes[0])
     orders.plot_order_decode(vs6, "seed_tp8_rank", "turboquant_3bit_nc", ax=axes[1])
+    axes[1].set_title(axes[1].get_title().replace("seed_tp8_rank", "the bug report's rank"))  # the recording's key
     plt.show()
     gain = {p: [r for r in orders.order_rows(vs6, p) if r["shape"] == "llama3.1-8b" and r["ctx"] >= 32768]
             for p in TQ_PRESETS}
@@ -323,6 +324,7 @@ if vs is not None:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     figures.plot_decode_vs_vllm(vs, "llama3.1-8b", ax=axes[0])
     figures.plot_decode_vs_vllm(vs, "seed_tp8_rank", ax=axes[1])
+    axes[1].set_title(axes[1].get_title().replace("seed_tp8_rank", "the bug report's rank"))  # the recording's key
     plt.show()
     speedup = [r["vllm_over_tqlab"] for r in rows]
     frac = [r["tqlab_frac_of_byte_limit"] for r in rows]
@@ -418,6 +420,7 @@ if bench is not None:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     figures.plot_decode_bench(bench, "llama3.1-8b", 16, ax=axes[0])
     figures.plot_decode_bench(bench, "seed_per_rank", 1, ax=axes[1])
+    axes[1].set_title(axes[1].get_title().replace("seed_per_rank", "the bug report's rank"))  # the recording's key
     plt.show()
     rotated = [r for r in bench["dequant"] if r["cached_len"] >= 32768 and r["kind"] != "turboquant_k8v4"]
     met = [r for r in rotated if r["share_of_copy"] >= 0.60]
