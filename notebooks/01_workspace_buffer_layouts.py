@@ -876,8 +876,11 @@ print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize w
 # 3. **lock** — `lock_workspace()`: sizes and addresses are frozen (CUDA graphs recorded them).
 # 4. **serve** — every call fits, nothing is allocated, addresses never change... until a
 #    request asks for more than warm-up ever did: a violation (the bug of notebook 02).
-# 5. **re-warm** — elastic EP scaling unlocks, warms up again and re-locks (vLLM's elastic expert parallelism).
-#    `rewarm_workspace()` re-locks even when the warm-up raises.
+# 5. **re-warm** — elastic EP scaling unlocks, warms up again and re-locks (vLLM 0.33:
+#    `vllm/distributed/elastic_ep/elastic_execute.py`, `warm_and_capture`). It first drops the captured
+#    CUDA graphs (a growth would leave them pointing at the freed buffer), and runs the warm-up inside
+#    `GPUModelRunner.preserve_serving_state`, which saves the live requests' block tables, clears them for
+#    the dummy runs and copies them back afterwards. `rewarm_workspace()` re-locks even when the warm-up raises.
 #
 # We drive the module-level helpers with vLLM's names, using the per-rank shapes of the
 # bug report's deployment.
