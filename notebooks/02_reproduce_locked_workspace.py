@@ -624,7 +624,7 @@ show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_fa
 # ## 6 · What else the bug report says, checked
 #
 # The report (vLLM issue #41565) makes four more claims. Its words and
-# numbers are loaded from `data/seed_sources.json` (transcribed from the report, with provenance);
+# numbers are loaded from a transcription of the report in `data/` (with its provenance, printed below);
 # each claim gets a run you can repeat:
 #
 # * **the prompt**: `'In computational science, ' * 2000` plus `" Reply OK."`, `max_tokens` 50, "~8K

@@ -866,7 +866,7 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 #
 # vLLM PR #44053 ("[Bugfix][V1][TurboQuant] Reserve workspace before CUDA graph capture") superseded
 # PR #40798 and fixes issue #41565 (notebook 02's bug report). Its date, its review comments, its
-# benchmark and the risks a review listed are loaded from `data/seed_sources.json` (transcribed from
+# benchmark and the risks a review listed are loaded from a transcription in `data/` (from
 # a report on the PR, with provenance). Two of them are claims about the code that tqlab can test:
 #
 # * the benchmark: serving throughput and time to first token move by a few per cent, **TPOT
