@@ -40,9 +40,11 @@
 #
 # **Run time.** Seconds on a small CPU box; the last cell prints the measured time.
 #
-# Each section asks a question, draws a picture, answers it with a live cell, and ends
-# with a **predict, then run** check: the question first, then a cell whose `assert`s answer it
-# (re-run them after changing the numbers).
+# Each section asks a question and a **predict, then run** prompt *before* the cell that
+# answers it: write your prediction down, run the cell, compare. The answer is folded under
+# **Answer** after the output, and a cell of `assert`s checks it (re-run them after changing the
+# numbers). The words *ubatch*, *lane*, *slot*, *bucket*, *continuation chunk* and *split-KV* are
+# defined in the [glossary](00_glossary.md). The notebook ends with exercises checked by code.
 #
 # **Units, once for every notebook.** A MiB is 2**20 = 1,048,576 bytes and a KiB 2**10 bytes;
 # tqlab writes sizes in MiB in every table, figure and command-line line. vLLM's own
@@ -51,19 +53,15 @@
 # vLLM message and "2.00 MiB" in tqlab's text are the same 2,097,152 bytes.
 
 # %%
-import platform
 import time
 
 _T0, _CPU0 = time.perf_counter(), time.process_time()
 
 import torch
 
-import tqlab
+from tqlab.lab.environment import show_environment
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"CUDA available: {torch.cuda.is_available()}"
-)
+ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -121,7 +119,12 @@ print(f"running on {device!r}; every view starts at a multiple of ALIGNMENT = {A
 #
 # The rule (`WorkspaceManager.get_simultaneous`, `vllm/v1/worker/workspace.py`): view *i* starts at the sum of the sizes of the views before
 # it, each size rounded up to `ALIGNMENT` bytes; the call needs the sum of all rounded
-# sizes. We use tiny shapes first so that the padding is visible.
+# sizes. We use tiny shapes first so that the padding is visible: 2 sequences, 3 query heads,
+# `head_dim` 5, 4 KV splits, bf16 output.
+#
+# **Predict, then run.** Before running the next cell, write down each view's offset from the
+# rule above, using only the shapes and the dtypes' item sizes (`mid_out` is float32 of shape
+# `(2, 3, 4, 6)`, `output` bf16 `(2, 3, 5)`, `lse` float32 `(2, 3)`), and the bytes the call needs.
 
 # %%
 names = ["mid_out", "output", "lse"]
@@ -137,16 +140,16 @@ for name, v, off, pad in zip(names, views, lay.offsets, lay.padding):
     rows.append((name, tuple(v.shape), str(v.dtype).removeprefix("torch."), nbytes, pad, off, off % ALIGNMENT))
 show_md(markdown_table(("view", "shape", "dtype", "bytes used", "padding after", "offset", "offset % ALIGNMENT"), rows))
 show_md(f"The call needs **{lay.total_bytes:,} bytes**; the buffer is now **{m.size_bytes():,} bytes**.")
+assert m.size_bytes() == lay.total_bytes == sum(round_up(v.numel() * v.element_size(), ALIGNMENT) for v in views)
 
 # %%
 ax = plots.plot_layout(lay, names)
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** Before running the next cell, write down each offset from the
-# rule above, using only the shapes and the dtypes' item sizes. The cell recomputes them
-# from the returned tensors and checks them against the manager — and, on a device with
-# real memory, against the actual addresses of the views inside the buffer.
+# The next cell recomputes the offsets from the returned tensors and checks them against the
+# manager — and, on a device with real memory, against the actual addresses of the views
+# inside the buffer.
 
 # %%
 used = [v.numel() * v.element_size() for v in views]
@@ -158,6 +161,15 @@ if HAS_POINTERS:
     base = m.buffer().data_ptr()
     assert [v.data_ptr() - base for v in views] == predicted
 print("offsets predicted:", predicted, "— all checks passed")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# `mid_out` is 2·3·4·6 float32 = 576 bytes, padded to 768; `output` is 2·3·5 bf16 = 60 bytes,
+# padded to 256; `lse` is 2·3 float32 = 24 bytes, padded to 256. The offsets are 0, 768 and
+# 768 + 256 = 1,024, and the call needs 1,024 + 256 = 1,280 bytes.
+#
+# </details>
 
 # %% [markdown]
 # ### The same arithmetic at full size
@@ -191,8 +203,11 @@ show_md(
 # backend asks for a buffer for the context attention output, consumes it (the DCP
 # combine), and only then asks for a second buffer for the query attention output. The
 # second call reuses the first one's bytes: two large outputs never occupy memory at once.
-# The same holds for views a layer keeps as attributes after `__init__` (§6.4): they are
-# only valid inside that layer's compute window. Our own shapes:
+# The same holds for views a layer keeps as attributes after `__init__`: they are
+# only valid inside that layer's compute window. Our own shapes: 6 context rows, then 3 query rows.
+#
+# **Predict, then run.** After `query_out.fill_(2.0)`, what does `context_out` hold — all ones,
+# all twos, or some of each? Was anything lost?
 
 # %%
 heads, dcp_world, head_dim = 2, 2, 4
@@ -214,10 +229,6 @@ ax = plots.plot_byte_maps(
 )
 plt.show()
 
-# %% [markdown]
-# **Predict, then run.** After `query_out.fill_(2.0)`, what does `context_out` hold — all ones,
-# all twos, or some of each? Was anything lost?
-
 # %%
 flat = context_out.flatten()
 k = query_out.numel()
@@ -229,16 +240,25 @@ if HAS_POINTERS:
 print(f"context_out now holds {k} overwritten and {flat.numel() - k} original elements")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). After `query_out.fill_(2.0)`, what does `context_out` hold?
+# <details><summary>Answer</summary>
+#
+# After `query_out.fill_(2.0)`, what does `context_out` hold?
 # Its first `query_out.numel()` elements now read 2 (they *are* `query_out`'s bytes);
 # the rest still read 1. The combine already ran, so nothing was lost.
+#
+# </details>
 
 # %% [markdown]
-# **The fused-MoE pattern** (vLLM's fused-MoE layer). A fused MoE layer needs three intermediate
+# ### The fused-MoE pattern
+#
+# vLLM's fused-MoE layer needs three intermediate
 # buffers, but the first (`workspace13`) and the last (`fused_out`) are never alive at the
 # same time. So it asks for *two* views — a shared region big enough for either, and
 # `workspace2` — and reshapes the shared region twice. Three logical buffers, two
 # physical regions. Our own shapes: a few tokens, top-k experts, made-up widths.
+#
+# **Predict, then run.** Where do `workspace13` and `fused_out` start, relative to `common`? And
+# `workspace2`? How many bytes does sharing save?
 
 # %%
 tokens, top_k, inter, hidden = 5, 2, 16, 8
@@ -268,10 +288,6 @@ show_md(
     f"{100 * (naive.total_bytes - shared.total_bytes) / naive.total_bytes:.0f} %)."
 )
 
-# %% [markdown]
-# **Predict, then run.** Where do `workspace13` and `fused_out` start, relative to `common`? And
-# `workspace2`?
-
 # %%
 assert shared.offsets[1] == round_up(shared_numel * dt.itemsize, ALIGNMENT)
 if HAS_POINTERS:
@@ -280,8 +296,12 @@ if HAS_POINTERS:
 print("shared region checks passed; workspace2 starts at byte", shared.offsets[1])
 
 # %% [markdown]
-# **Answer** (checked by the cell above). `workspace13` and `fused_out` start at the same address as
+# <details><summary>Answer</summary>
+#
+# `workspace13` and `fused_out` start at the same address as
 # `common`; `workspace2` starts right after the shared region, rounded up to `ALIGNMENT`.
+#
+# </details>
 
 # %% [markdown]
 # ## 3 · Growth: free first, then allocate
@@ -295,6 +315,15 @@ print("shared region checks passed; workspace2 starts at byte", shared.offsets[1
 # event records `peak_bytes`. The accounting below uses the `meta` device, which allocates
 # nothing, so the sizes can be realistic. With two DBO slots, vLLM today grows only the
 # slot that asked; earlier vLLM revisions grew every slot (`grow_all_slots=True`).
+#
+# *Where the accounting counts held views:* `WorkspaceManager.live_bytes()` and the resize
+# events' `peak_bytes` see only the manager's own buffers. `live_storage_bytes()` below adds
+# every storage a held view keeps alive; the table and the next subsections use it.
+#
+# **Predict, then run.** Every slot starts at 64 MiB, then slot 0 grows to 128 MiB. In terms of
+# the old and new sizes, what is the peak for each row of the next table: one slot
+# free-then-allocate, allocate-then-free, two slots vLLM's way, two slots earlier vLLM's way, and
+# free-then-allocate while a view is still held?
 
 # %%
 small, big = 64 * MiB, 128 * MiB
@@ -359,15 +388,7 @@ ax = plots.plot_bars(
     horizontal=True,
 )
 plt.show()
-
-# %% [markdown]
-# **Predict, then run.** In terms of the old and new sizes, what is the peak for each row of the
-# table: one slot free-then-allocate, allocate-then-free, two slots vLLM's way, two slots earlier
-# vLLM's way, and free-then-allocate while a view is still held?
-#
-# *Where the accounting counts held views:* `WorkspaceManager.live_bytes()` and the resize
-# events' `peak_bytes` see only the manager's own buffers. `live_storage_bytes()` above adds
-# every storage a held view keeps alive; the table and the next subsection use it.
+assert scenarios["1 slot, free then allocate (vLLM)"]["peak"] == big  # the first row; the next cell checks all
 
 # %%
 one_vllm, one_resize, two_vllm, two_all, one_held = scenarios.values()
@@ -379,10 +400,14 @@ assert one_held["peak"] == one_held["live"] == small + big and one_held["sizes"]
 print("growth accounting checks passed")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). One slot, free-then-allocate: the peak equals the new size.
+# <details><summary>Answer</summary>
+#
+# One slot, free-then-allocate: the peak equals the new size.
 # Allocate-then-free: old + new. Two slots, vLLM's way: slot 1 keeps its old size and the
 # peak is slot 1 + the new slot 0. Earlier vLLM's way: both slots end at the new size. And
 # free-then-allocate with a view still held costs as much as `resize_`: old + new.
+#
+# </details>
 
 # %% [markdown]
 # ### Growth moves the buffer — views taken before it go stale
@@ -417,6 +442,10 @@ else:
 # the manager's buffer (`size_bytes()`) plus the storage the held view points into
 # (`view.untyped_storage().nbytes()`). A weak reference to the old storage tells us when
 # it is really freed (PyTorch keeps one Python object per live storage).
+#
+# **Predict, then run.** Growing 64 KiB → 256 KiB while the view is held: how many bytes are live,
+# and how many does the manager's own accounting (the resize event's `peak_bytes`) report? And
+# after `del view`?
 
 # %%
 hv_device = "cpu" if device == "meta" else device  # real storages, so "alive" means memory
@@ -459,10 +488,6 @@ show_md(
     )
 )
 
-# %% [markdown]
-# **Predict, then run.** While the view is held, how many bytes are live, and how many does the
-# manager's own accounting (the resize event's `peak_bytes`) report? And after `del view`?
-
 # %%
 assert held_live == old_bytes + new_bytes == old_bytes + hv.size_bytes()
 assert held_manager_says == growth_event.peak_bytes == new_bytes  # the bookkeeping misses the held view
@@ -472,9 +497,13 @@ assert not old_alive_after
 print(f"view held: {held_live:,} live bytes (old {old_bytes:,} + new {new_bytes:,}); after del: {after_live:,}")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). While the view is held: live bytes = old + new, although the
+# <details><summary>Answer</summary>
+#
+# While the view is held: live bytes = old + new, although the
 # manager's own accounting (and the resize event's `peak_bytes`) says only new. After
 # `del view`: live bytes = new, and the old storage is gone.
+#
+# </details>
 
 # %% [markdown]
 # ### On a GPU: the allocator's own peak
@@ -538,7 +567,12 @@ else:
 #
 # The manager walks the call stack to the first frame outside itself and puts
 # `file:line:function` into the error, along with both sizes in MB (2**20 bytes, two
-# decimals). Nothing changes: same buffer, same contents, still locked.
+# decimals).
+#
+# **Predict, then run.** The next cell warms the buffer up to section 1's full-size decode layout,
+# locks it, and asks for a `(4096, head_dim)` fp16 tensor. What required size does the error report?
+# Which caller does it name — the manager, or our function? What happens to the workspace and to
+# the event log?
 
 # %%
 lk = WorkspaceManager(device)
@@ -580,10 +614,7 @@ show_md(
 # The caller reads `file:line:function`, as vLLM formats `turboquant_attn.py:757:_continuation_prefill`;
 # in Jupyter the file part is IPython's name for the cell's code (a number such as `312956335.py`,
 # the file the kernel compiled this cell into), and the line counts from the top of the cell.
-#
-# **Predict, then run.** What required size does the error report for this request? Which caller
-# does it name — the manager, or our function? What happens to the workspace and to the event log?
-
+# The next cell checks the answer.
 # %%
 assert isinstance(err, AssertionError)
 _code = my_long_context_kernel.__code__
@@ -601,9 +632,13 @@ if contents_before is not None:
 print("lock checks passed")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The required size is the request's bytes rounded up to
+# <details><summary>Answer</summary>
+#
+# The required size is the request's bytes rounded up to
 # `ALIGNMENT`; the caller is our function (its file, the line of its `return`), not the
 # manager; the workspace is untouched and the violation is in the event log.
+#
+# </details>
 
 # %% [markdown]
 # **A workspace locked before anyone asked.** If a start-up path locks before any
@@ -656,6 +691,10 @@ print(f"after the lock: {len(ix.events) - n_locked_events} workspace events; buf
 #
 # No: the manager keeps one buffer per ubatch slot, and each thread works in its own slot
 # (vLLM maps thread ids to slots; `tqlab` uses a context variable, `ubatch_context(i)`).
+#
+# **Predict, then run.** Thread 0 asks for 4,096 bytes in slot 0 while thread 1 asks for 1,024 in
+# slot 1. Which slot did each thread see, and how big did each slot grow? Which slot is the main
+# thread in afterwards? Do the two buffers share memory?
 
 # %%
 dbo = WorkspaceManager(device, num_ubatches=2)
@@ -686,10 +725,7 @@ show_md(
 )
 ax = plots.plot_workspace_timeline(dbo.events, title="Two ubatch slots grow independently")
 plt.show()
-
-# %% [markdown]
-# **Predict, then run.** Which slot did each thread see, and how big did each slot grow? Which slot
-# is the main thread in afterwards? Do the two buffers share memory?
+assert all(seen[s]["slot seen"] == s for s in requests)  # each thread in its own slot
 
 # %%
 assert all(seen[s]["slot seen"] == s for s in requests)
@@ -700,8 +736,12 @@ if HAS_POINTERS:
 print("DBO slot checks passed")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). Each thread saw its own slot; each slot grew to its own request
+# <details><summary>Answer</summary>
+#
+# Each thread saw its own slot; each slot grew to its own request
 # (rounded up); the main thread is still in slot 0; on real memory the two buffers differ.
+#
+# </details>
 
 # %% [markdown]
 # **The sibling-slot trap.** Warm up only slot 0, lock, and slot 1's first request fails —
@@ -725,7 +765,7 @@ else:
 # %% [markdown]
 # ## 5b · Lanes and persistent resources (vLLM 0.33)
 #
-# **Question.** vLLM 0.33's manager has grown two things since the seed notes were written
+# **Question.** vLLM 0.33's manager has two things older write-ups of it do not show
 # (`vllm/v1/worker/workspace.py`): **lanes** — `WorkspaceManager(device, num_ubatches,
 # num_lanes)` and `use_workspace_lane(lane)`, an independent owner inside each ubatch (lane 1
 # is Model Runner V2's DSpark drafter) — and **persistent resources** — `get_persistent(key,
@@ -733,6 +773,11 @@ else:
 # across calls (Marlin's locks keyed by CUDA stream, MoE permute scratch). Slots are keyed by
 # (ubatch, lane) only. What does a drafter's lane see, and what happens to a key first asked
 # for after the lock?
+#
+# **Predict, then run.** The target asks for 4,096 bytes in lane 0, the drafter for 1,024 in
+# lane 1, and both ask for a persistent `locks` tensor. How big is each slot? Do the two lanes get
+# the same `locks` tensor? After the lock, what happens to the existing key `locks`, and to a new
+# key?
 
 # %%
 lanes = WorkspaceManager(device, num_ubatches=1, num_lanes=2)
@@ -754,11 +799,16 @@ except ValueError as exc:
     show_error(exc)
 print(f"slot sizes (ubatch 0 lane 0, ubatch 0 lane 1): {lanes.sizes_bytes()} bytes; "
       f"persistent keys per lane: {lanes.persistent_keys(0, 0)}, {lanes.persistent_keys(0, 1)}")
+assert late is not None  # the new key was refused after the lock
 
 # %% [markdown]
-# **Predict, then run.** Two slots, each sized by its own lane's request; the two lanes hold
-# different `locks` tensors; after the lock an existing key is still served (same object) and
-# a new key is refused with vLLM's "was not allocated during warmup" message.
+# <details><summary>Answer</summary>
+#
+# Two slots, each sized by its own lane's request (4,096 and 1,024 bytes); the two lanes hold
+# different `locks` tensors; after the lock an existing key is still served (the same object) and
+# a new key is refused with vLLM's "was not allocated during warmup" message. The next cell checks it.
+#
+# </details>
 
 # %%
 assert lanes.sizes_bytes() == [4096, 1024]
@@ -774,6 +824,11 @@ print("lane and persistent-resource checks passed")
 # vLLM prints every resize, lock and unlock when `VLLM_DEBUG_WORKSPACE=1`. `tqlab` does
 # the same with `TQLAB_DEBUG_WORKSPACE=1` (and logs violations too). `debug_workspace_log()`
 # turns it on for a block and collects the lines.
+#
+# **Predict, then run.** Inside the block: slot 0 and slot 1 each grow to the decode layout, the
+# manager locks, a 1 MiB request is refused, the manager unlocks; after the block, the 1 MiB request
+# is repeated. How many log lines does the block collect, and for which events? Is a line collected
+# for the resize after the block? What is `TQLAB_DEBUG_WORKSPACE` afterwards?
 
 # %%
 dbg = WorkspaceManager(device, num_ubatches=2)
@@ -789,10 +844,7 @@ with debug_workspace_log() as log_lines:
         pass
     dbg.unlock()
 _ = dbg.get_simultaneous(((MiB,), torch.uint8))  # outside the block: not collected
-
-# %% [markdown]
-# **Predict, then run.** How many log lines does the block collect, and for which events? Is a line
-# collected for the resize after the block? What is `TQLAB_DEBUG_WORKSPACE` afterwards?
+print("\n".join(log_lines))
 
 # %%
 kinds_inside = [e.kind for e in dbg.events[:-1]]
@@ -805,9 +857,13 @@ print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize w
       f"TQLAB_DEBUG_WORKSPACE is back to {env_before!r}")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). One line per event inside the block (resize, resize, lock,
+# <details><summary>Answer</summary>
+#
+# One line per event inside the block (resize, resize, lock,
 # violation, unlock), none collected for the resize after it, and the variable is back to
 # what it was before the block (unset, unless you ran Jupyter with `TQLAB_DEBUG_WORKSPACE=1`).
+#
+# </details>
 
 # %% [markdown]
 # ## 7 · The lifecycle: init → warm-up → lock → serve → re-warm
@@ -820,11 +876,18 @@ print(f"{len(log_lines)} log lines for events {kinds_inside}; the later resize w
 # 3. **lock** — `lock_workspace()`: sizes and addresses are frozen (CUDA graphs recorded them).
 # 4. **serve** — every call fits, nothing is allocated, addresses never change... until a
 #    request asks for more than warm-up ever did: a violation (the bug of notebook 02).
-# 5. **re-warm** — elastic EP scaling unlocks, warms up again and re-locks (vLLM's elastic expert parallelism).
-#    `rewarm_workspace()` re-locks even when the warm-up raises.
+# 5. **re-warm** — elastic EP scaling unlocks, warms up again and re-locks (vLLM 0.33:
+#    `vllm/distributed/elastic_ep/elastic_execute.py`, `warm_and_capture`). It first drops the captured
+#    CUDA graphs (a growth would leave them pointing at the freed buffer), and runs the warm-up inside
+#    `GPUModelRunner.preserve_serving_state`, which saves the live requests' block tables, clears them for
+#    the dummy runs and copies them back afterwards. `rewarm_workspace()` re-locks even when the warm-up raises.
 #
 # We drive the module-level helpers with vLLM's names, using the per-rank shapes of the
 # bug report's deployment.
+#
+# **Predict, then run.** How many times does warm-up grow the buffer, and to which layout? Does
+# serving move the addresses? After the re-warm, is the buffer locked, and big enough for the long
+# chunk? And if the warm-up raises, is the workspace left unlocked?
 
 # %%
 reset_workspace_manager()
@@ -863,11 +926,6 @@ ax = plots.plot_workspace_timeline(ws.events, phase_marks, title="One workspace'
 plt.show()
 show_error(serve_error, "The violation while serving (caught)")
 
-# %% [markdown]
-# **Predict, then run.** How many times did warm-up grow the buffer, and to which layout? Did serving
-# move the addresses? After the re-warm, is the buffer locked, and big enough for the long chunk? And
-# if the warm-up raises, is the workspace left unlocked?
-
 # %%
 resizes_in_warmup = [e for e in ws.events[: phase_marks[1][1]] if e.kind == "resize"]
 assert len(resizes_in_warmup) == 1 and resizes_in_warmup[0].new_bytes == real_lay.total_bytes
@@ -886,9 +944,13 @@ assert not is_workspace_manager_initialized()
 print("lifecycle checks passed; the manager is reset")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). Warm-up grew the buffer once (largest bucket first) to the decode
+# <details><summary>Answer</summary>
+#
+# Warm-up grew the buffer once (largest bucket first) to the decode
 # layout of section 1; serving kept the addresses; the re-warm left it locked and big
 # enough for the long chunk. And `rewarm_workspace()` re-locks even if the warm-up raises.
+#
+# </details>
 
 # %% [markdown]
 # ## What to take to notebook 02
@@ -896,6 +958,130 @@ print("lifecycle checks passed; the manager is reset")
 # * One buffer per slot, views at `ALIGNMENT`-byte offsets from 0, overwritten by the next call.
 # * Growth happens only while unlocked; the lock turns growth into an error that names the caller.
 # * Warm-up decides the locked size. Anything warm-up never asked for fails after the lock.
+
+# %% [markdown]
+# ## Exercises
+#
+# Four small functions that restate this notebook's rules; the answer to each is the package's own code.
+# Each exercise is a function to fill in: replace `raise NotImplementedError` with your code and run
+# the cell. `check` runs your function beside a reference on several cases and says which differ
+# (until then it says "not attempted yet"). Everything runs on a CPU. The solutions are folded under
+# **Solution**; the references live in `tqlab/lab/solutions/nb01.py`.
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb01 as solutions
+
+# %% [markdown]
+# ### Exercise 1 · Offsets of one call
+#
+# Given the `(shape, dtype)` pairs of one `get_simultaneous` call, return the byte offset where each view
+# starts (section 1's rule: each size rounded up to `ALIGNMENT` = 256, summed over the views before it).
+# Use only `math.prod`, `dtype.itemsize` and `round_up`.
+
+# %%
+def view_offsets(shapes_and_dtypes):
+    """[offset of view 0, offset of view 1, ...] in bytes."""
+    raise NotImplementedError
+
+
+check("view_offsets", view_offsets, solutions.view_offsets, [
+    ([((2, 3, 4, 6), torch.float32), ((2, 3, 5), torch.bfloat16), ((2, 3), torch.float32)],),
+    ([((1,), torch.uint8), ((256,), torch.uint8), ((257,), torch.uint8)],),
+    ([((4, 32, 32, 129), torch.float32), ((4, 32, 128), torch.bfloat16), ((4, 32), torch.float32)],),
+])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def view_offsets(shapes_and_dtypes):
+#     offsets, at = [], 0
+#     for shape, dtype in shapes_and_dtypes:
+#         offsets.append(at)
+#         at += round_up(math.prod(shape) * dtype.itemsize, ALIGNMENT)
+#     return offsets
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 2 · Bytes a call needs
+#
+# Return the bytes the whole call needs: the sum of the rounded sizes. Check yourself on section 1's
+# full-size decode layout (`real`), which notebook 02 meets again as vLLM's "0.26 MB".
+
+# %%
+def call_bytes(shapes_and_dtypes):
+    """Total bytes of one get_simultaneous call, each view rounded up to ALIGNMENT."""
+    raise NotImplementedError
+
+
+check("call_bytes", call_bytes, solutions.call_bytes, [(real,), ([((5,), torch.float16)],), ([((1, 1, 8192, 128), torch.float16)] * 2,)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def call_bytes(shapes_and_dtypes):
+#     return sum(round_up(math.prod(s) * d.itemsize, ALIGNMENT) for s, d in shapes_and_dtypes)
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 3 · The peak of a growth
+#
+# A slot holds `old_bytes`, then a request for `new_bytes` (> `old_bytes`) makes it grow. Return the peak
+# workspace bytes during the growth under `policy`: `"free_then_allocate"` (vLLM) or
+# `"allocate_then_free"` (what `resize_` does). Both sizes are rounded up to `ALIGNMENT` first (section 3).
+
+# %%
+def growth_peak(old_bytes, new_bytes, policy):
+    """Peak bytes while one slot grows from old_bytes to new_bytes."""
+    raise NotImplementedError
+
+
+check("growth_peak", growth_peak, solutions.growth_peak, [(64 * MiB, 128 * MiB, "free_then_allocate"), (64 * MiB, 128 * MiB, "allocate_then_free"),
+    (1000, 3000, "free_then_allocate"), (1000, 3000, "allocate_then_free")])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def growth_peak(old_bytes, new_bytes, policy):
+#     old, new = round_up(old_bytes, ALIGNMENT), round_up(new_bytes, ALIGNMENT)
+#     return new if policy == "free_then_allocate" else old + new
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 4 · Two ubatch slots
+#
+# With two ubatch slots, a list of `(slot, nbytes)` requests runs in order, one `uint8` view each. Return
+# the two slot sizes afterwards (vLLM 0.33 grows only the slot that asks; section 5).
+
+# %%
+def dbo_slot_sizes(requests, num_ubatches=2):
+    """[size of slot 0, size of slot 1] in bytes after the requests."""
+    raise NotImplementedError
+
+
+check("dbo_slot_sizes", dbo_slot_sizes, solutions.dbo_slot_sizes, [([(0, 4096), (1, 1024)],), ([(0, 100), (1, 1000), (0, 50)],), ([(1, 300)],)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def dbo_slot_sizes(requests, num_ubatches=2):
+#     sizes = [0] * num_ubatches
+#     for slot, nbytes in requests:
+#         sizes[slot] = max(sizes[slot], round_up(nbytes, ALIGNMENT))
+#     return sizes
+# ```
+#
+# </details>
 
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU on `{device}`.*")

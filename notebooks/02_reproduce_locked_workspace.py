@@ -21,8 +21,9 @@
 #
 # > `AssertionError: Workspace is locked but allocation from 'turboquant_attn.py:757:_continuation_prefill' requires 2.00 MB, current size is 0.26 MB.`
 #
-# This notebook rebuilds that deployment on one tensor-parallel rank and crashes it the
-# same way — on your CPU, with the same numbers. You will learn:
+# This notebook rebuilds that deployment's attention on one tensor-parallel rank and crashes it
+# the same way — on your CPU, with the same numbers (section 3 computes what the model's MoE,
+# which the preset leaves out, would change on vLLM 0.33). You will learn:
 #
 # 1. how the deployment's flags become per-rank shapes (tensor parallelism splits the heads);
 # 2. why start-up under-counts: the profile run never takes the path that crashes;
@@ -39,21 +40,49 @@
 # **Run time.** Under a minute on a small CPU box; most of it is real attention (the profile
 # run and the long prompt's first chunk, on CPU with fewer layers: section 2 explains why
 # that changes no workspace number). The last cell prints the measured time.
+#
+# Each **predict, then run** prompt stands before the cell that answers it; the answers are
+# folded under **Answer**. Words such as *ubatch*, *slot* and *continuation chunk* are in the
+# [glossary](00_glossary.md). Exercises checked by code close the notebook.
+
+# %% [markdown]
+# ## 0 · Napkin math before any code
+#
+# The report's message holds two numbers: the workspace was locked at **0.26 MB**, and the long
+# prompt asked for **2.00 MB** (vLLM's "MB" is 2**20 bytes). Both follow from the command line, the
+# model's `config.json` and notebook 01's layout rule (each view rounded up to 256 bytes). Work them
+# out on paper first; the cell after the imports checks your card.
+#
+# | quantity | from | value |
+# |---|---|---|
+# | query heads per rank | 32 heads / `--tensor-parallel-size 8` | 4 |
+# | KV heads per rank | 2 KV heads < 8 ranks: one replicated per rank | 1 |
+# | decode scratch `mid_out` | `max_num_seqs` 4 × 4 heads × 32 KV splits × (128 + 1) × 4 bytes (float32) | ? |
+# | decode scratch `output` | 4 × 4 × 128 × 2 bytes (bf16) | ? |
+# | decode scratch `lse` | 4 × 4 × 4 bytes (float32), rounded up to 256 | ? |
+# | **locked size** | the sum: capture runs only the decode scratch | **? ≈ 0.26 MiB** |
+# | a continuation chunk's buffers | K and V: 2 × (1 × 1 KV head × `cached_len` × 128) × 2 bytes (fp16) | ? |
+# | **the report's 2.00 MB** | solve for `cached_len` | **? tokens** |
+#
+# <details><summary>Answer</summary>
+#
+# `mid_out` = 4·4·32·129·4 = 264,192 bytes (already a multiple of 256); `output` = 4·4·128·2 = 4,096;
+# `lse` = 64 → 256. Locked: 264,192 + 4,096 + 256 = 268,544 bytes = 0.256 MiB, printed "0.26 MB".
+# The chunk: 2·1·`cached_len`·128·2 = 512·`cached_len` bytes = 2 MiB for `cached_len` = 4,096 — one
+# `max_num_batched_tokens` chunk already cached (section 3).
+#
+# </details>
 
 # %%
-import platform
 import time
 
 _T0, _CPU0 = time.perf_counter(), time.process_time()
 
 import torch
 
-import tqlab
+from tqlab.lab.environment import show_environment
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"CUDA available: {torch.cuda.is_available()}"
-)
+ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -69,7 +98,7 @@ import matplotlib.pyplot as plt
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.core.config import EngineConfig, load_preset
+from tqlab.core.config import EngineConfig, list_presets, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
 from tqlab.predict import analysis
@@ -81,6 +110,23 @@ PRESET = "nemotron-3-super-120b-a12b"
 # The bug report's own words, quoted so that the run below can be checked against them.
 BUG_REPORT_NUMBERS = "requires 2.00 MB, current size is 0.26 MB"
 print(f"engine device: {device!r}")
+
+# %% [markdown]
+# The napkin card of section 0, checked with the package's own functions (the decode layout of
+# notebook 01, the continuation buffers of section 3):
+
+# %%
+card = EngineConfig.from_preset(PRESET)
+card_lock = compute_layout(decode_workspace_shapes(card.max_num_seqs, card.num_heads_per_rank, card.head_dim,
+                                                   card.tq_max_kv_splits_for_cuda_graph, card.dtype)).total_bytes
+card_chunk = chunk_workspace_request(card, card.max_num_batched_tokens, card.max_num_batched_tokens).nbytes
+assert (card.num_heads_per_rank, card.num_kv_heads_per_rank) == (4, 1)
+assert card_lock == 4 * 4 * 32 * 129 * 4 + 4 * 4 * 128 * 2 + 256  # mid_out + output + lse (padded)
+assert card_chunk == 2 * 1 * card.max_num_batched_tokens * 128 * 2 == 2 * MiB
+assert f"requires {format_mb(card_chunk)} MB, current size is {format_mb(card_lock)} MB" == BUG_REPORT_NUMBERS
+show_md(f"Locked: **{card_lock:,} bytes = {format_mb(card_lock)} MiB**; the chunk with "
+        f"{card.max_num_batched_tokens:,} tokens cached: **{card_chunk:,} bytes = {format_mb(card_chunk)} MiB** — "
+        f"the report's `{BUG_REPORT_NUMBERS}`.")
 
 # %% [markdown]
 # ## 1 · The deployment, and what one rank sees
@@ -101,11 +147,17 @@ fields = (
 show_md(markdown_table(("engine argument", "value"), [(f"`{f}`", getattr(cfg, f)) for f in fields]))
 
 # %% [markdown]
+# ### What one rank sees
+#
 # **Question.** With tensor parallelism each GPU holds a slice of the attention heads.
 # How many query heads and KV heads does one rank's attention layer see?
 #
 # vLLM's rule: query heads are split evenly; KV heads are split too, but when there are
-# fewer KV heads than ranks, each rank keeps one replicated KV head.
+# fewer KV heads than ranks, each rank keeps one replicated KV head. So query heads and KV heads
+# per rank do **not** scale together: here the query heads shrink eightfold, the KV heads only
+# twofold.
+#
+# **Predict, then run.** How many query heads and how many KV heads does one rank see?
 
 # %%
 show_md(
@@ -126,9 +178,6 @@ show_md(
     f"= {kv_per_token_model // 1024} KiB**, the figure the model card publishes (quoted in the preset's source)."
 )
 
-# %% [markdown]
-# **Predict, then run.** How many query heads and how many KV heads does one rank see?
-
 # %%
 assert cfg.num_heads_per_rank == cfg.num_attention_heads // cfg.tensor_parallel_size
 assert cfg.num_key_value_heads < cfg.tensor_parallel_size and cfg.num_kv_heads_per_rank == 1
@@ -136,8 +185,12 @@ assert kv_per_token_model == 8 * 1024  # the published KV-cache cost per token (
 print("per-rank shapes check out")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). Query heads per rank = query heads / TP. KV heads: fewer than
+# <details><summary>Answer</summary>
+#
+# Query heads per rank = query heads / TP. KV heads: fewer than
 # ranks here, so one per rank.
+#
+# </details>
 
 # %% [markdown]
 # ## 2 · Start-up, phase by phase — and the under-count
@@ -176,6 +229,13 @@ assert locked_and_refused(run_cfg) == locked_and_refused(cfg)
 print(f"on meta, {run_cfg.num_hidden_layers} and {cfg.num_hidden_layers} layers: the same locked size and the same "
       f"refused request; the engine below runs {run_cfg.num_hidden_layers} attention layers on {device}")
 
+# %% [markdown]
+# ### The start-up, phase by phase
+#
+# **Predict, then run.** The next cell starts the unfixed engine and prints the workspace after each
+# phase. Does the profile run ask the workspace for anything? Which phase sets the size that gets
+# locked, and what layout is it?
+
 # %%
 marker = plots.PhaseMarker(echo=True)
 t = time.perf_counter()
@@ -183,20 +243,24 @@ engine = LLMEngine(run_cfg, fix=False, device=device, on_phase=marker)
 startup_s = time.perf_counter() - t
 show_md(plots.phases_markdown(engine.phases))
 print(f"start-up took {startup_s:.1f} s on {device}")
-# predict, then run: the one predictor (tqlab.predict.analysis) says what the lock froze
-assert engine.locked_bytes == analysis.locked_bytes(run_cfg, fix=False) == 268_544
+# the one predictor (tqlab.predict.analysis) says what the lock froze; the napkin card said so too
+assert engine.locked_bytes == analysis.locked_bytes(run_cfg, fix=False) == card_lock
 
 # %% [markdown]
+# <details><summary>Answer</summary>
+#
 # The **profile run** is a dummy prefill of fresh tokens: nothing is cached yet, so it takes
 # the plain prefill path, which needs no workspace at all. **Capture** runs the decode
 # batch-size buckets, whose split-KV scratch is the only thing that grows the buffer — to the
 # decode layout at `max_num_seqs` rows, the very layout notebook 01 drew. That is all the
 # lock ever sees. The continuation-prefill path, whose buffers grow with the cached length,
-# never runs before the lock.
+# never runs before the lock. (vLLM 0.33 also captures a few decode graphs inside
+# `determine_available_memory` to measure their memory; notebook 03 §3 draws where: the same decode
+# scratch, so the same lock.)
 #
-# **Predict, then run.** Does the profile run's chunk ask the workspace for anything? Which phase
-# sets the size that gets locked, and what layout is it?
-
+# </details>
+#
+# The next cell checks it.
 # %%
 profile_chunk = chunk_workspace_request(cfg, 0, min(cfg.max_num_batched_tokens, cfg.max_model_len))
 decode_at_max = compute_layout(
@@ -209,10 +273,6 @@ assert by_phase["profile_run"] == 0
 assert engine.locked_bytes == by_phase["capture"] == decode_at_max
 assert engine.workspace.is_locked()
 show_md(f"Locked at **{engine.locked_bytes:,} bytes = {format_mb(engine.locked_bytes)} MiB**: decode scratch only.")
-
-# %% [markdown]
-# **Answer** (checked by the cell above). The profile run's chunk is a "prefill" (no workspace request); the
-# locked size equals the decode layout at `max_num_seqs` rows.
 
 # %% [markdown]
 # ## 3 · The long prompt
@@ -247,9 +307,14 @@ show_md(
 )
 
 # %% [markdown]
-# **Run it.** The first chunk computes real attention over the fresh tokens (this is the
+# ### Run it
+#
+# The first chunk computes real attention over the fresh tokens (this is the
 # slow part on a CPU); the second chunk asks the locked workspace for its dequant buffers.
 # The cell catches the assertion and shows it — the crash is the expected result here.
+#
+# **Predict, then run.** Which bytes and which locked size will the error carry, which function will
+# it name as the caller, and will it print the bug report's numbers?
 
 # %%
 t = time.perf_counter()
@@ -264,10 +329,6 @@ marker.mark("serve", engine.workspace)
 crash_s = time.perf_counter() - t
 print(f"the prompt ran {crash_s:.1f} s before the assertion")
 
-# %% [markdown]
-# **Predict, then run.** Which bytes and which locked size does the error carry, which function does
-# it name as the caller, and does it print the bug report's numbers?
-
 # %%
 assert isinstance(crash, AssertionError)  # what vLLM raises
 assert crash.required_bytes == bad_req.nbytes
@@ -280,8 +341,12 @@ show_md(
 )
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The error carries the predicted bytes and the locked size, names
+# <details><summary>Answer</summary>
+#
+# The error carries the predicted bytes and the locked size, names
 # the continuation-prefill function as the caller, and prints the bug report's numbers.
+#
+# </details>
 
 # %% [markdown]
 # ### What the report does not say: `max_num_batched_tokens`
@@ -336,6 +401,43 @@ show_md(
 )
 
 # %% [markdown]
+# ### What the preset leaves out: the report's MoE
+#
+# The report serves `Nemotron-3-Super-120B-AWQ-4bit`: a hybrid whose layers are Mamba, attention **and
+# AWQ-quantized MoE** layers. The preset models the attention only (`moe` is `None`). On the report's
+# vLLM 0.20 that is exact — its lock, 0.26 MB, is TurboQuant's decode scratch to the byte, so its MoE asked
+# the workspace nothing before the lock. On vLLM 0.33 it would not be: AWQ MoE layers run Marlin experts
+# through the modular kernel's `_allocate_buffers`, which asks the workspace in the **profile run**, at
+# `M = max_num_batched_tokens` rows, before the lock (notebook 10 §4 shows this on a MoE model). A scratch
+# at least as large as the report's chunk would then be locked, and the crash would move to longer prompts
+# or vanish. So "the same crash on vLLM 0.33" holds for the attention this preset models; for the
+# report's full model on 0.33 it depends on the MoE's scratch, which tqlab does not size for quantized
+# experts. The cell computes the threshold: a MoE output `(M, hidden_size)` in bf16 alone is as large as
+# the report's chunk for hidden sizes from…
+
+# %%
+from tqlab.lab.report_gaps import moe_hidden_to_hold
+
+moe_row = cfg.max_num_batched_tokens * cfg.dtype.itemsize  # bytes per hidden unit of (M, hidden) bf16
+hides_report_chunk = moe_hidden_to_hold(cfg, crash.required_bytes)  # smallest hidden size holding the report's chunk
+longest_need = analysis.continuation_bytes(cfg, cfg.max_model_len - 1)
+hides_everything = moe_hidden_to_hold(cfg, longest_need)  # ...and the longest continuation chunk of the server
+assert cfg.moe is None and analysis.locked_bytes(cfg, fix=False) == crash.current_bytes
+assert hides_report_chunk * moe_row >= crash.required_bytes > (hides_report_chunk - 1) * moe_row
+show_md(markdown_table(("a MoE output `(M, hidden)` bf16 at M = " + f"{cfg.max_num_batched_tokens:,}", "hidden size from"), [
+    (f"holds the report's chunk ({format_mb(crash.required_bytes)} MiB): the {PROMPT_TOKENS:,}-token prompt served",
+     f"{hides_report_chunk:,}"),
+    (f"holds the longest chunk ({format_mb(longest_need)} MiB, `max_model_len` − 1 cached): no prompt crashes",
+     f"{hides_everything:,}"),
+]))
+
+# %% [markdown]
+# Any real model's hidden size is far above the first threshold: on vLLM 0.33 the report's own model
+# would most likely serve its 8K-token prompt if its MoE asks the workspace during the profile run, and
+# still crash on longer prompts unless its scratch also reaches the second. This notebook therefore
+# reproduces vLLM 0.20's run, and the attention-only case of vLLM 0.33.
+
+# %% [markdown]
 # The whole story in one picture: the workspace size along the engine's event log, phase
 # by phase. Profile run: nothing. Capture: the decode scratch. Lock. Then the prompt's
 # second chunk asks far above the locked line.
@@ -356,6 +458,9 @@ plt.show()
 # No. In vLLM the assertion kills the EngineCore process; every later request gets an
 # HTTP 500 ("EngineCore encountered an issue"). `tqlab`'s engine does the same: it records
 # the cause and refuses everything afterwards, immediately (nothing hangs).
+#
+# **Predict, then run.** After the crash, what does the next call to the engine raise, what does
+# that error keep as its cause, and does adding a new request work?
 
 # %%
 try:
@@ -365,10 +470,6 @@ except EngineDeadError as exc:
     show_error(dead, "EngineDeadError (caught)")
 else:
     raise AssertionError("a dead engine served a request")
-
-# %% [markdown]
-# **Predict, then run.** After the crash, what does the next call to the engine raise, what does
-# that error keep as its cause, and does adding a new request work?
 
 # %%
 assert dead.cause is crash and engine.dead is crash
@@ -381,14 +482,20 @@ else:
 print("the engine stays dead, and says why")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The dead-engine error keeps the original assertion as its cause;
+# <details><summary>Answer</summary>
+#
+# The dead-engine error keeps the original assertion as its cause;
 # adding a request fails the same way.
+#
+# </details>
 
 # %% [markdown]
 # ### The same crash on a GPU
 #
 # On CUDA the cells above already ran on the GPU (and `RECORD_GPU = True` saves the run to
-# `data/repro_nemotron_cuda.json`). Without CUDA, this shows that recording when one exists.
+# `data/repro_nemotron_cuda.json`). Without CUDA, this shows that recording when one exists, and
+# compares it with the live run above: the recording is older than the engine you just ran, and
+# the cell says where the two differ.
 
 # %%
 REC = "repro_nemotron_cuda"
@@ -420,6 +527,31 @@ elif USE_RECORDED and recorded.has_recorded(REC):
     )
     show_md(f"{rec['preset']}, {rec['prompt_tokens']:,}-token prompt, {rec['seconds_to_crash']:.2f} s to the "
             f"assertion:\n\n`{rec['error']}`")
+    rec_order = [p["name"] for p in rec["phases"]]
+    live_order = [p.name for p in engine.phases]
+    rec_caller = re.search(r"from '([^']+)'", rec["error"]).group(1)
+    old_order = rec_order.index("build_backend") < rec_order.index("profile_run")
+    assert live_order.index("profile_run") < live_order.index("build_backend")  # vLLM 0.33's order (notebook 03 §3)
+    # Without the fix the builder reserves nothing, so the order moves no byte: every phase's size agrees.
+    assert all(p["workspace_bytes"][0] == by_phase[p["name"]] for p in rec["phases"])
+    assert BUG_REPORT_NUMBERS in rec["error"] and rec_caller.split(":")[2] == crash.caller.split(":")[2]
+    show_md(markdown_table(("", "this recording", "the live run above"), [
+        ("start-up order", " → ".join(rec_order), " → ".join(live_order)),
+        ("caller in the message", f"`{rec_caller}`", f"`{crash.caller}`"),
+        ("workspace per phase", "the same bytes", "the same bytes"),
+    ]))
+    show_md(
+        f"**What the recording shows, and why it differs.** It was made by this notebook on "
+        f"{rec.provenance['device']} ({rec.provenance['date'][:10]}, the commit in the banner), when tqlab's engine "
+        + ("still built the metadata builder *before* the profile run and had no `load_model` phase. The engine "
+           "now follows vLLM 0.33 (`determine_available_memory` runs the profile run; the builders come later, "
+           "in `initialize_kv_cache`), so the phase order above differs. "
+           if old_order else "already followed vLLM 0.33's order. ")
+        + f"The caller's line ({rec_caller.split(':')[1]}) is the line of tqlab's own `turboquant_attn.py` at that "
+        f"commit, not vLLM's line 757 of the report; the live run names today's line. Without the fix the builder "
+        f"reserves nothing, so neither difference moves a byte: the GPU crashed with the report's "
+        f"`{BUG_REPORT_NUMBERS}`, as the CPU does. No GPU was available to re-record it with today's engine."
+    )
 else:
     show_md(
         f"*No CUDA here and no recording `data/{REC}.json` yet "
@@ -491,8 +623,8 @@ show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_fa
 # %% [markdown]
 # ## 6 · What else the bug report says, checked
 #
-# The report (vLLM issue #41565, the session's seed 003) makes four more claims. Its words and
-# numbers are loaded from `data/seed_sources.json` (transcribed from the report, with provenance);
+# The report (vLLM issue #41565) makes four more claims. Its words and
+# numbers are loaded from a transcription of the report in `data/` (with its provenance, printed below);
 # each claim gets a run you can repeat:
 #
 # * **the prompt**: `'In computational science, ' * 2000` plus `" Reply OK."`, `max_tokens` 50, "~8K
@@ -559,7 +691,9 @@ print(f"the report's stack: vLLM {br['vllm']}, {br['hardware']}, CUDA {br['cuda'
       + ", ".join(f"#{f['pr']}" for f in br["family"]))
 
 # %% [markdown]
-# **What this shows.** The prompt is about 8K tokens however it is tokenized, and any length from the
+# <details><summary>Answer</summary>
+#
+# The prompt is about 8K tokens however it is tokenized, and any length from the
 # first failing one up crashes, so the count needs no tokenizer. tqlab's engine has no sparse-V code and
 # crashes with the report's numbers: the bug needs only stock TurboQuant and the locked workspace
 # (#41422 is independent). More KV-cache memory changes nothing, so a memory overlay like #39931's —
@@ -568,6 +702,123 @@ print(f"the report's stack: vLLM {br['vllm']}, {br['hardware']}, CUDA {br['cuda'
 # pre-workspace-manager fork (#38479) did — the regression is PR #40941's lock meeting a lazily sized
 # consumer. The report's versions (printed above from the recording) matter only in that its vLLM was
 # the first release with that lock; tqlab models vLLM 0.33, which still has it.
+#
+# </details>
+
+# %% [markdown]
+# ### Four more details of the report, checked
+#
+# The report's command line and its quoted code carry four more items:
+#
+# * `--gpu-memory-utilization 0.92`: vLLM may use 92 % of each GPU's memory;
+# * `--mamba-ssm-cache-dtype float16`: the Mamba layers' SSM state in fp16 instead of the model's default
+#   float32 for Nemotron-H (`NemotronHForCausalLMConfig`);
+# * two comments in the quoted `_continuation_prefill`: "Reuse cached buffers to avoid per-call allocation
+#   (~16MB at 8K)" and "Shared across all layers — saves 60× memory at long context";
+# * "Models that reproduce: Nemotron-3-Super-120B-AWQ-4bit, **Nemotron-Cascade-2-30B-A3B (BF16)**".
+#
+# **Predict, then run.** (1) How much GPU memory does 0.92 leave outside vLLM's budget on an RTX A4000, next
+# to the refused 2 MiB? (2) The SSM dtype sizes the Mamba state, not attention: can it still change when the
+# crash comes? (3) For which of the presets' per-rank shapes are the two dequant buffers at 8K cached tokens
+# 16 MiB, and how many layers does one shared buffer stand for? (4) Does the crash need the AWQ weights?
+
+# %%
+from tqlab.core.hardware import GPUS
+from tqlab.vllm.deployment import deployment_from_vllm
+from tqlab.vllm.hf_config import read_hf_config
+from tqlab.vllm.hybrid import hybrid_attention_block_size
+
+REPORT_FLAGS = {"gpu_memory_utilization": 0.92, "mamba_ssm_cache_dtype": "float16"}  # quoted from the command line
+REPORT_COMMENTS = {"cached buffers": ("~16MB at 8K", 8 * 1024, 16), "shared buffer": ("saves 60× memory", None, 60)}
+SECOND_MODEL = "Nemotron-Cascade-2-30B-A3B (BF16)"
+
+# (1) 0.92 of an RTX A4000 (the report's GPU; tqlab.core.hardware's memory size)
+gpu = GPUS["A4000"]
+left_out = (1 - REPORT_FLAGS["gpu_memory_utilization"]) * gpu.memory_gib * 2**30
+print(f"(1) {gpu.name}: 0.92 of {gpu.memory_gib} GiB leaves {left_out / 2**30:.2f} GiB outside vLLM's budget, "
+      f"{left_out / crash.required_bytes:,.0f}× the refused {format_mb(crash.required_bytes)} MiB")
+assert left_out > 100 * crash.required_bytes  # memory was there: the lock, not the budget, refused the growth
+
+# (2) The SSM dtype -> the Mamba state page -> vLLM's attention block size (_align_hybrid_block_size), on a
+# Nemotron-H-like config.json: the preset's attention dims in a Mamba2 stack (the report's own config.json is
+# not stored here; `tqlab inspect-vllm --config config.json --mamba-ssm-cache-dtype float16` reads a real one).
+NEMOTRON_H_LIKE = {"architectures": ["NemotronHForCausalLM"], "num_attention_heads": 32, "num_key_value_heads": 2,
+                   "head_dim": 128, "num_hidden_layers": 24, "hybrid_override_pattern": "M*E" * 8,
+                   "mamba_num_heads": 128, "mamba_head_dim": 64, "n_groups": 8, "ssm_state_size": 128,
+                   "conv_kernel": 4, "max_position_embeddings": 262144, "torch_dtype": "bfloat16"}
+shape_h = read_hf_config(NEMOTRON_H_LIKE)
+ssm_rows = []
+for ssm in ("auto", REPORT_FLAGS["mamba_ssm_cache_dtype"]):
+    bs_h, _ = hybrid_attention_block_size(shape_h, kv_cache_dtype=cfg.kv_cache_dtype, dtype=cfg.dtype,
+                                          tp=cfg.tensor_parallel_size, mamba_ssm_cache_dtype=ssm)
+    try:
+        c_h = cfg.replace(block_size=bs_h)
+    except ValueError as exc:  # tqlab says what it does not model instead of guessing
+        ssm_rows.append((ssm, f"{bs_h:,}", "—", "—", f"not modelled: {str(exc).split(':')[0]}"))
+        continue
+    lock_h = analysis.locked_bytes(c_h, fix=False)
+    ssm_rows.append((ssm, f"{bs_h:,}", format_mb(lock_h) + " MiB", f"{first_failing_prompt(c_h, lock_h):,}",
+                     format_mb(analysis.locked_bytes(c_h, fix=True)) + " MiB reserved by the fix"))
+show_md(markdown_table(("`--mamba-ssm-cache-dtype`", "attention block size", "locked, no fix",
+                        "first failing prompt", "with the fix"), ssm_rows))
+assert ssm_rows[1][2] == format_mb(crash.current_bytes) + " MiB"  # the lock does not move: decode scratch only
+
+# (3) the two comments: the dequant buffers at 8K cached tokens, per preset rank, and the layers sharing them
+cmt_rows = []
+for name in list_presets():
+    c = EngineConfig.from_preset(name)
+    if not c.is_turboquant:
+        continue
+    at_8k = analysis.continuation_bytes(c, REPORT_COMMENTS["cached buffers"][1])
+    cmt_rows.append((name, c.num_kv_heads_per_rank, c.head_dim, format_mb(at_8k) + " MiB"))
+show_md(markdown_table(("preset (one rank)", "KV heads", "head_dim", "K + V dequant buffers at 8K cached"), cmt_rows))
+sixteen = [r[0] for r in cmt_rows if r[3] == f"{REPORT_COMMENTS['cached buffers'][2]:.2f} MiB"]
+# Qwen3-32B's config.json as vLLM reads it: 64 layers, vLLM 0.33 keeps the first and last two off TurboQuant
+QWEN3_32B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "num_attention_heads": 64,
+             "num_key_value_heads": 8, "head_dim": 128, "num_hidden_layers": 64, "max_position_embeddings": 40960,
+             "torch_dtype": "bfloat16"}
+dep = deployment_from_vllm("vllm serve Qwen/Qwen3-32B -tp 2 --kv-cache-dtype turboquant_k3v4_nc", QWEN3_32B)
+print(f"(3) 16 MiB at 8K: {', '.join(sixteen)}; Qwen3-32B runs TurboQuant on {dep.config.num_hidden_layers} of "
+      f"{QWEN3_32B['num_hidden_layers']} layers, so one shared buffer replaces {dep.config.num_hidden_layers} per-layer "
+      f"ones; the report's model has {cfg.num_hidden_layers} attention layers: {cfg.num_hidden_layers}×")
+assert "qwen3-32b" in sixteen and dep.config.num_hidden_layers == REPORT_COMMENTS["shared buffer"][2]
+
+# (4) the second model: BF16 weights, no AWQ. Whether a deployment crashes depends on its attention shapes
+# and batch limits only: the locked decode scratch (max_num_seqs rows) against the continuation buffers.
+crash_rows = []
+for name in list_presets():
+    c = EngineConfig.from_preset(name)
+    if c.is_turboquant and c.moe is None:
+        lock_c = analysis.locked_bytes(c, fix=False)
+        first_c = first_failing_prompt(c, lock_c)
+        crash_rows.append((name, c.max_num_seqs, format_mb(lock_c) + " MiB",
+                           format_mb(analysis.continuation_bytes(c, c.max_model_len - 1)) + " MiB",
+                           "never: the decode scratch holds the longest chunk" if first_c is None else f"{first_c:,}"))
+show_md(markdown_table(("TurboQuant preset, no MoE, no AWQ", "max_num_seqs", "locked, no fix",
+                        "longest continuation chunk", "first failing prompt, no fix"), crash_rows))
+crashing = [r[0] for r in crash_rows if not r[4].startswith("never")]
+assert PRESET in crashing and len(crashing) >= len(crash_rows) - 1
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# (1) 0.92 leaves over a GiB of each A4000 outside vLLM's budget, hundreds of times the refused 2 MiB:
+# memory was there; the lock refused the growth. (2) The SSM dtype changes the attention **block size**
+# (vLLM raises it until one attention page holds a Mamba state page), and with it the fix's reservation and
+# the first failing prompt — but never the locked decode scratch. On this Nemotron-H-like config the
+# default float32 state gives blocks longer than a 4,096-token chunk, a case tqlab says it does not model;
+# the report's float16 halves the state and the block. (3) The "~16MB at 8K" comment is the size for 4 KV
+# heads of 128 on a rank — Qwen3-32B at TP 2, for one — and "60×" is the number of layers one shared buffer
+# replaces: Qwen3-32B's 64 layers minus the 4 boundary layers vLLM 0.33 keeps off TurboQuant. For the
+# report's model the saving is its 8 attention layers, 8×. (4) No: the crash needs TurboQuant, chunked
+# prefill, a workspace locked without the reservation, and a locked decode scratch smaller than some
+# continuation chunk — BF16 or AWQ weights play no part. Most TurboQuant presets without a MoE crash; the
+# one that does not locks so much decode scratch (256 sequences) that it already holds the longest chunk.
+# A model with few sequences per server, like the report's, crashes: consistent with the report's
+# Nemotron-Cascade-2-30B-A3B. (That model is a MoE too; on vLLM 0.33 its fused-MoE scratch could hide
+# the bug, as in the section on the report's MoE above. tqlab stores no config.json for it.)
+#
+# </details>
 
 # %% [markdown]
 # ## Next
@@ -575,6 +826,122 @@ print(f"the report's stack: vLLM {br['vllm']}, {br['hardware']}, CUDA {br['cuda'
 # * Notebook 03 applies the fix of vLLM PR #44053: reserve the worst case before the lock.
 # * Notebook 09 asks which prompts survive without it, for every preset, alone and on a busy
 #   server.
+
+# %% [markdown]
+# ## Exercises
+#
+# Four functions that redo this notebook's arithmetic; the references call the package's own code.
+# Each exercise is a function to fill in: replace `raise NotImplementedError` with your code and run
+# the cell. `check` runs your function beside a reference on several cases and says which differ
+# (until then it says "not attempted yet"). Everything runs on a CPU. The solutions are folded under
+# **Solution**; the references live in `tqlab/lab/solutions/nb02.py`.
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb02 as solutions
+
+# %% [markdown]
+# ### Exercise 1 · KV heads per rank
+#
+# Return the KV heads one rank holds under tensor parallelism (section 1's rule).
+
+# %%
+def kv_heads_per_rank(num_key_value_heads, tensor_parallel_size):
+    raise NotImplementedError
+
+
+check("kv_heads_per_rank", kv_heads_per_rank, solutions.kv_heads_per_rank, [(2, 8), (8, 2), (8, 8), (8, 1), (4, 8)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def kv_heads_per_rank(num_key_value_heads, tensor_parallel_size):
+#     return max(1, num_key_value_heads // tensor_parallel_size)
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 2 · The locked size
+#
+# Return the bytes of one split-KV decode call at `max_num_seqs` rows (bf16 output): the napkin card's
+# 0.26 MiB for `(4, 4, 128, 32)`. The three views are `mid_out` float32 `(B, H, S, D + 1)`, `output` bf16
+# `(B, H, D)` and `lse` float32 `(B, H)`, each rounded up to 256 bytes.
+
+# %%
+def decode_scratch_bytes(max_num_seqs, heads_per_rank, head_dim, num_kv_splits):
+    raise NotImplementedError
+
+
+check("decode_scratch_bytes", decode_scratch_bytes, solutions.decode_scratch_bytes, [(4, 4, 128, 32), (1, 24, 256, 32), (256, 32, 128, 16)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def decode_scratch_bytes(max_num_seqs, heads_per_rank, head_dim, num_kv_splits):
+#     b, h, d, s = max_num_seqs, heads_per_rank, head_dim, num_kv_splits
+#     up = lambda n: -(-n // 256) * 256
+#     return up(b * h * s * (d + 1) * 4) + up(b * h * d * 2) + up(b * h * 4)
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 3 · A continuation chunk's request
+#
+# Return the bytes of a continuation chunk's two fp16 buffers of shape
+# `(1, Hk, round_up(cached_len, block_size), D)` (section 3): the report's 2.00 MiB for `(4096, 1, 128, 16)`.
+
+# %%
+def continuation_bytes(cached_len, kv_heads_per_rank, head_dim, block_size):
+    raise NotImplementedError
+
+
+check("continuation_bytes", continuation_bytes, solutions.continuation_bytes, [(4096, 1, 128, 16), (100, 1, 128, 16), (4096, 1, 128, 2080), (131071, 4, 128, 16)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def continuation_bytes(cached_len, kv_heads_per_rank, head_dim, block_size):
+#     alloc_len = -(-cached_len // block_size) * block_size
+#     one = kv_heads_per_rank * alloc_len * head_dim * 2
+#     return 2 * (-(-one // 256) * 256)
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 4 · Does the chunk fit the lock?
+#
+# For a preset, a chunk with `cached_len` tokens cached and `new_tokens` new ones, and a locked size, return
+# whether the chunk's workspace request fits. Mind section 3's rule: a chunk with nothing cached, or with at
+# most `CONTINUATION_DECODE_THRESHOLD` new tokens, asks the workspace for nothing.
+
+# %%
+def fits_after_lock(preset, cached_len, new_tokens, locked_bytes):
+    raise NotImplementedError
+
+
+check("fits_after_lock", fits_after_lock, solutions.fits_after_lock, [(PRESET, 4096, 4096, 268_544), (PRESET, 4096, CONTINUATION_DECODE_THRESHOLD, 268_544),
+    (PRESET, 0, 4096, 268_544), (PRESET, 4096, 4096, 2 * MiB), (PRESET, 128, 4096, 268_544)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def fits_after_lock(preset, cached_len, new_tokens, locked_bytes):
+#     c = EngineConfig.from_preset(preset)
+#     if cached_len == 0 or new_tokens <= CONTINUATION_DECODE_THRESHOLD:
+#         return True  # a first chunk, or the decode kernel with its own scratch
+#     alloc_len = -(-cached_len // c.block_size) * c.block_size
+#     one = c.num_kv_heads_per_rank * alloc_len * c.head_dim * 2
+#     return 2 * (-(-one // 256) * 256) <= locked_bytes
+# ```
+#
+# </details>
 
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (engine on `{device}`).*")

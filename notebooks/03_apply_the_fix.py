@@ -19,19 +19,26 @@
 # vLLM PR #44053 ("Reserve workspace before CUDA graph capture") fixes notebook 02's crash
 # in a few lines: when the TurboQuant attention backend builds its metadata builder, its new
 # `_reserve_workspace()` asks the workspace for the **largest** buffers its two consumers can
-# ever need — after the profile run (vLLM 0.33 builds the metadata builders in
-# `initialize_kv_cache`, after `determine_available_memory`), before capture, before the lock.
-# You will learn:
+# ever need — after the profile run, before capture, before the lock. In vLLM 0.33 the builder
+# is first built inside `determine_available_memory`, when the CUDA-graph memory profiling sets up a
+# minimal KV cache; section 3 draws the whole start-up. You will learn, section by section:
 #
 # 1. what the reservation asks for, call by call, and how it lays out in the buffer;
 # 2. why it is sized from `max_model_len` — and why that is enough;
-# 3. that the report's prompt now completes after the lock (live, on `DEVICE`), and so does a
-#    `max_model_len` prompt (on `meta`, shapes only);
-# 4. what it costs per preset, in MiB and as a share of the KV cache of `max_num_seqs` sequences
-#    of `max_model_len` tokens on one GPU;
-# 5. what it does not need to cover (short continuation chunks make no workspace call in
+# 3. vLLM 0.33's start-up step by step, every consumer in it, and the report's prompt completing
+#    after the lock (live, on `DEVICE`);
+# 4. a `max_model_len` prompt served too (on `meta`, shapes only);
+# 5. what it costs per preset, in MiB per rank (its share of a real KV pool is notebook 06 §2's topic);
+# 6. what it does not need to cover (short continuation chunks make no workspace call in
 #    vLLM 0.33), and the two deployments PR #44053 leaves exposed: chunked prefill off with
-#    prefix caching, and DBO's second ubatch slot.
+#    prefix caching, and DBO's second ubatch slot;
+# 7. three start-ups side by side: eager, CUDA graphs without and with the fix;
+# 8. speculative decoding: what the reservation covers;
+# 9. the PR's own record, checked.
+#
+# Each **predict, then run** prompt stands before the cell that answers it; answers are folded
+# under **Answer**. The [glossary](00_glossary.md) defines *slot*, *ubatch* and *continuation chunk*.
+# Exercises checked by code close the notebook.
 #
 # **Hardware.** CPU (default). `DEVICE = "cuda"` runs the live prompt on a GPU; the
 # `max_model_len` runs and the per-preset sweeps always use `meta`.
@@ -41,19 +48,15 @@
 # The last cell prints the measured time.
 
 # %%
-import platform
 import time
 
 _T0, _CPU0 = time.perf_counter(), time.process_time()
 
 import torch
 
-import tqlab
+from tqlab.lab.environment import show_environment
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"CUDA available: {torch.cuda.is_available()}"
-)
+ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -63,13 +66,11 @@ check_device(DEVICE, ("cpu", "cuda", "meta"), "03")  # one clear line for any ot
 USE_RECORDED = True  # show vLLM's own results from the recorded parity run (data/parity_results.json, under a banner)
 
 # %%
-import math
-
 import matplotlib.pyplot as plt
 
 from tqlab import vllm as vt
 from tqlab.predict import report as rp
-from tqlab.attention import kv_cache_bytes_per_token
+from tqlab.lab import plots_startup
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
@@ -84,6 +85,7 @@ from tqlab.core.reservation import (
     reservation_plan,
     reserve_workspace,
 )
+from tqlab.predict import analysis
 from tqlab.predict.analysis import first_failing_prompt, prefill_chunks
 from tqlab.core.workspace import MiB, WorkspaceLockedError, WorkspaceManager, compute_layout, format_mb, ubatch_context
 
@@ -133,19 +135,35 @@ ax = plots.plot_byte_maps(
 plt.show()
 
 # %% [markdown]
-# **Predict, then run.** The PR's own unit test (in vLLM PR #44053) expects these exact calls for its
-# fake configuration, which is the preset `pr-44053-unit-test`. The cell checks our plan
-# against the expected list copied from the test.
+# ### The PR's own unit test
+#
+# **Predict, then run.** The PR's own unit test (in vLLM PR #44053) builds the metadata builder for a fake
+# configuration — the preset `pr-44053-unit-test`: 16 sequences, 8 query heads, 4 KV heads, `head_dim` 128,
+# 4 KV splits, fp16, `max_model_len` 8,192, block size 32. Write down the shapes of the two calls it
+# expects before running the cell, which prints our plan for that preset and checks it against the list
+# copied from the test.
 
 # %%
 f32, f16 = torch.float32, torch.float16
+unit_plan = reservation_plan(EngineConfig.from_preset("pr-44053-unit-test"))
+show_md(markdown_table(("call", "views (shape dtype)"), [
+    (i + 1, ", ".join(f"{tuple(s)} {str(d).removeprefix('torch.')}" for s, d in call)) for i, call in enumerate(unit_plan)]))
 PR_TEST_EXPECTS = [  # vLLM PR #44053, TestTurboQuantWorkspaceReservation
     (((16, 8, 4, 129), f32), ((16, 8, 128), f16), ((16, 8), f32)),
     (((1, 4, 8192, 128), f16), ((1, 4, 8192, 128), f16)),
 ]
-assert reservation_plan(EngineConfig.from_preset("pr-44053-unit-test")) == PR_TEST_EXPECTS
+assert unit_plan == PR_TEST_EXPECTS
 assert reserved == max(compute_layout(call).total_bytes for call in plan)
 print("the plan matches PR #44053's unit test")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Decode: `(16, 8, 4, 129)` float32, `(16, 8, 128)` fp16, `(16, 8)` float32 — `max_num_seqs` rows, the query
+# heads, the KV splits and `head_dim + 1`. Continuation: two fp16 `(1, 4, 8192, 128)` — one batch row, the KV
+# heads, `max_model_len - 1` = 8,191 rounded up to the 32-token block, `head_dim`.
+#
+# </details>
 
 # %% [markdown]
 # ## 2 · Why `max_model_len`?
@@ -159,6 +177,11 @@ print("the plan matches PR #44053's unit test")
 # scheduling — provided the reservation makes this call at all (section 6). Anything
 # smaller is a guess about traffic, which is how vLLM 0.20 failed: it sized from what the
 # profile run happened to do.
+#
+# **Predict, then run.** The next figure draws the dequant buffers' size against the cached length. Is
+# there a cached length the server can meet — any block-aligned value below `max_model_len`, or the last
+# one — whose dequant call needs more than the reservation? At which cached length is the need exactly the
+# reservation?
 
 # %%
 step = cfg.block_size * 64
@@ -178,11 +201,6 @@ ax = plots.plot_need_curve(
 )
 plt.show()
 
-# %% [markdown]
-# **Predict, then run.** Is there a cached length the server can meet — any block-aligned value
-# below `max_model_len`, or the last one — whose dequant call needs more than the reservation? At
-# which cached length is the need exactly the reservation?
-
 # %%
 every_len = range(0, cfg.max_model_len, cfg.block_size)
 worst = max(
@@ -198,20 +216,91 @@ show_md(
 )
 
 # %% [markdown]
-# **Answer** (checked by the cell above). Every cached length the server can meet — each block-aligned value
+# <details><summary>Answer</summary>
+#
+# Every cached length the server can meet — each block-aligned value
 # below `max_model_len`, and the last one — needs at most the reservation; and the
 # reservation is exactly the need at `max_model_len - 1`.
+#
+# </details>
 
 # %% [markdown]
-# ## 3 · The report's prompt, after the lock
+# ## 3 · vLLM 0.33's start-up, and the report's prompt after the lock
+#
+# **Question.** Where in start-up does each workspace consumer ask, and where does the slot reach the
+# size the lock freezes?
+#
+# vLLM 0.33's `EngineCore._initialize_kv_caches` (`vllm/v1/engine/core.py`) calls three worker methods
+# (`vllm/v1/worker/gpu_worker.py`):
+#
+# 1. **`determine_available_memory`** runs the **profile run** (a dummy prefill: TurboQuant asks nothing,
+#    a fused MoE asks its scratch), then — when CUDA graphs will be captured —
+#    **`profile_cudagraph_memory`** (`gpu_model_runner.py`). That step first builds a *minimal KV cache*
+#    (`_init_minimal_kv_cache_for_profiling` → `initialize_kv_cache` → `initialize_metadata_builders`):
+#    this is where `TurboQuantMetadataBuilder._reserve_workspace` **first** runs. It then warms up and
+#    captures the two largest graphs of each CUDA-graph mode, to measure their memory; the largest FULL
+#    decode graph asks the decode scratch.
+# 2. **`initialize_from_config`** builds the real KV cache and the metadata builders again
+#    (`_reserve_workspace` again: same sizes, no growth).
+# 3. **`compile_or_warm_up_model`** runs the kernel warm-ups, then `capture_model`, every size largest first,
+#    which ends with `lock_workspace()`.
+#
+# tqlab's engine runs the same calls as six coarser phases (`build_backend` stands for both builder steps,
+# `capture` for both capture steps); every later step asks at most what the first of its kind asked, so
+# the sizes agree. `tqlab.lab.plots_startup.plot_startup_consumers` draws vLLM's finer order, every active
+# consumer of the deployment as a row: the start-up figure of these notebooks (elsewhere they link here).
+#
+# **Predict, then run.** For the report's deployment, which step grows the slot without the fix, and which
+# with it? Does the profile run ask anything? And on a MoE model (`qwen3-30b-a3b`), which consumer sets
+# the slot before TurboQuant's reservation runs?
+
+# %%
+fig, axes = plt.subplots(3, 1, figsize=(13, 8.6), layout="constrained")
+for ax, (c, fix) in zip(axes, ((cfg, False), (cfg, True), (EngineConfig.from_preset("qwen3-30b-a3b"), True))):
+    plots_startup.plot_startup_consumers(c, fix, ax=ax)
+plt.show()
+steps = plots_startup.startup_steps(cfg)
+show_md(markdown_table(("step", "vLLM 0.33 call", "tqlab engine phase"),
+                       [(s.name.replace("\n", " "), f"`{s.vllm}`", s.engine_phase) for s in steps]))
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Without the fix nothing asks before the CUDA-graph profiling: the largest FULL decode graph, captured
+# inside `determine_available_memory`, grows the slot to the decode scratch, and `capture_model` asks the
+# same again. With the fix the slot grows one step earlier, when the minimal KV cache builds the metadata
+# builder and `_reserve_workspace` asks for the continuation buffers at `max_model_len`; nothing after it
+# grows. The profile run asks nothing of the report's deployment; on the MoE model the fused MoE's
+# scratch, asked in the profile run, sets the slot first, and TurboQuant's reservation grows it a little
+# further. The next cell checks these claims against the engine and the predictor.
+#
+# </details>
+
+# %%
+def grows_at(c: EngineConfig, fix: bool) -> list[str]:
+    """The steps where slot 0 grows, in vLLM 0.33's order."""
+    st = plots_startup.startup_steps(c)
+    sizes = plots_startup.slot_after_steps(plots_startup.startup_requests(c, fix), st)
+    return [s.name for s, before, after in zip(st, [0] + sizes, sizes) if after > before]
+
+
+qwen = EngineConfig.from_preset("qwen3-30b-a3b")
+assert grows_at(cfg, False) == ["cudagraph profiling:\n2 largest graphs/mode"]
+assert grows_at(cfg, True) == ["cudagraph profiling:\nminimal KV cache"]
+assert grows_at(qwen, True)[0] == "profile_run"
+for c, fix in ((cfg, False), (cfg, True), (qwen, True), (qwen, False)):
+    final = plots_startup.slot_after_steps(plots_startup.startup_requests(c, fix), plots_startup.startup_steps(c))[-1]
+    assert final == analysis.locked_bytes(c, fix=fix) == LLMEngine(c, fix=fix, device="meta").locked_bytes
+print("the step-by-step start-up locks what the engine and the predictor lock, with and without the fix")
+
+# %% [markdown]
+# ### The report's prompt, after the lock
 #
 # **Question.** Notebook 02 crashed on this prompt. With the reservation, what happens?
 #
-# Same preset, same start-up, `fix=True`. The profile run still touches no workspace; the
-# workspace grows when the metadata builder is built right after it (vLLM 0.33:
-# `Worker.determine_available_memory` runs `profile_run`, then `initialize_kv_cache` →
-# `initialize_metadata_builders` → `TurboQuantMetadataBuilder.__init__` → `_reserve_workspace`),
-# and capture finds it already big enough.
+# The preset models the report's attention, not its AWQ MoE (notebook 02 §3 computes what that MoE would
+# change on vLLM 0.33: a MoE asking its scratch in the profile run could hide the crash). The comparison
+# below is therefore the attention's, with and without PR #44053.
 #
 # **Fewer layers on CPU.** Every attention layer makes the same workspace calls, one after
 # the other, into the one shared buffer: the workspace numbers are *per layer call*, and the
@@ -221,6 +310,14 @@ show_md(
 # it the report's prompt is refused with the same bytes requested and the same size locked.
 
 # %%
+from tqlab.lab.report_gaps import moe_hidden_to_hold
+
+assert cfg.moe is None  # the preset models no MoE: what follows is the attention's behaviour
+show_md(f"`{PRESET}` has no MoE fields. On vLLM 0.33 the report's AWQ MoE, asking its output `(M, hidden)` in "
+        f"the profile run, would hold the report's chunk from a hidden size of "
+        f"{moe_hidden_to_hold(cfg, compute_layout(continuation_workspace_shapes(cached_8k, cfg.num_kv_heads_per_rank, cfg.head_dim, cfg.block_size)).total_bytes):,} "
+        f"and every chunk from {moe_hidden_to_hold(cfg, reserved):,}: the crash shown here is the attention's.")
+
 CPU_LAYERS = 2
 run_cfg = EngineConfig.from_preset(PRESET, num_hidden_layers=CPU_LAYERS) if device == "cpu" else cfg
 
@@ -251,6 +348,12 @@ engine = LLMEngine(run_cfg, fix=True, device=device, on_phase=marker)
 print(f"start-up took {time.perf_counter() - t:.1f} s on {device}")
 show_md(plots.phases_markdown(engine.phases))
 
+# %% [markdown]
+# #### Serving the prompt
+#
+# **Predict, then run.** Does the request finish? After the lock, does the workspace resize or
+# refuse anything? Is the buffer still the one that was locked?
+
 # %%
 events_at_lock = len(engine.workspace.events)
 t = time.perf_counter()
@@ -264,10 +367,6 @@ ax = plots.plot_workspace_timeline(engine.workspace.events, marker.marks,
                                  title=f"{PRESET}, one rank, with the fix: the workspace's life")
 plt.show()
 
-# %% [markdown]
-# **Predict, then run.** Does the request finish? After the lock, does the workspace resize or
-# refuse anything? Is the buffer still the one that was locked?
-
 # %%
 assert out.finished and engine.dead is None
 assert len(engine.workspace.events) == events_at_lock  # nothing happened to the workspace while serving
@@ -277,12 +376,17 @@ phase_order = [p.name for p in engine.phases]
 assert phase_order.index("profile_run") < phase_order.index("build_backend") < phase_order.index("capture")
 assert by_phase["profile_run"] == 0  # the profile run asks nothing of the workspace (vLLM 0.33 too)
 assert by_phase["build_backend"] == reserved  # grown by _reserve_workspace(), after the profile run
+assert plots_startup.slot_after_steps(plots_startup.startup_requests(cfg, True), steps)[-1] == reserved
 assert by_phase["capture"] == reserved  # capture found it big enough
 print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_bytes)} MiB")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The request finishes; after the lock there is no resize and no
+# <details><summary>Answer</summary>
+#
+# The request finishes; after the lock there is no resize and no
 # violation; the buffer is the one that was locked (same size, same address).
+#
+# </details>
 
 # %% [markdown]
 # ## 4 · A `max_model_len` prompt (on `meta`)
@@ -293,6 +397,9 @@ print(f"served after the lock; the workspace stayed at {format_mb(engine.locked_
 # A prompt of `max_model_len - 1` tokens (plus one generated token) is too much arithmetic
 # for a CPU, but the `meta` device runs the very same engine code on shapes only: every
 # chunk, every workspace request, no numbers.
+#
+# **Predict, then run.** With the fix, is the `max_model_len` prompt served, and does anything
+# happen to the workspace after the lock? Without it, where is it refused?
 
 # %%
 longest = cfg.max_model_len - 1
@@ -312,34 +419,32 @@ except WorkspaceLockedError as exc:
 else:
     raise AssertionError("the unfixed engine served a max_model_len prompt")
 
-# %% [markdown]
-# **Predict, then run.** With the fix, is the `max_model_len` prompt served, and does anything
-# happen to the workspace after the lock? Without it, where is it refused?
-
 # %%
 assert meta_out.finished and len(meta_engine.workspace.events) == meta_events
 assert unfixed.dead is not None
 print("max_model_len prompt: served with the fix, refused without it")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). With the fix: served, no workspace event after the lock. Without
+# <details><summary>Answer</summary>
+#
+# With the fix: served, no workspace event after the lock. Without
 # it: refused at the first chunk that needs more than the decode scratch.
+#
+# </details>
 
 # %% [markdown]
 # ## 5 · What it costs, per preset
 #
-# **Question.** The reservation holds worst-case memory for the server's whole life. How
-# much is that, next to the KV cache it serves?
+# **Question.** The reservation holds worst-case memory for the server's whole life. How much is that,
+# per rank, and how much of it does the fix add on top of the decode scratch capture would lock anyway?
 #
-# Per rank (one GPU) and per ubatch slot: the reservation is the larger of the two calls.
-# **"Share of the KV cache" has one meaning in this project:** reserved workspace (all
-# ubatch slots) divided by **the KV cache of `max_num_seqs` sequences of `max_model_len`
-# tokens** on one rank, in the configured cache format:
-# `kv_cache_bytes_per_token(config) × max_model_len × max_num_seqs`, where
-# `kv_cache_bytes_per_token` counts every attention layer on the rank (TurboQuant formats
-# are packed, `auto` is the model dtype). This is the same denominator `tqlab plan` prints;
-# notebook 06 uses it too, and shows the share of *one* `max_model_len` sequence
-# (`max_num_seqs` times larger) as an upper bound.
+# Per rank (one GPU) and per ubatch slot: the reservation is the larger of the two calls. Whether that is
+# a lot depends on the KV pool a real GPU holds next to it (its memory × `--gpu-memory-utilization`, minus
+# weights and activations) and on the layers vLLM keeps off TurboQuant: notebook 06 §2 is the home of
+# that comparison.
+#
+# **Predict, then run.** Which preset reserves the most per rank, and for which is the fix's addition
+# (reserved minus the decode scratch) zero?
 
 # %%
 cost = []
@@ -348,59 +453,40 @@ for name in TQ_PRESETS:
     c = EngineConfig.from_preset(name)
     res = plan_bytes(reservation_plan(c)) * c.num_ubatches
     decode_only = compute_layout(reservation_plan(c)[0]).total_bytes * c.num_ubatches
-    kv = kv_cache_bytes_per_token(c) * c.max_model_len * c.max_num_seqs
-    kv_model_dtype = c.kv_bytes_per_token_per_rank() * c.max_model_len * c.max_num_seqs
-    cost.append(dict(name=name, cfg=c, res=res, decode_only=decode_only, kv=kv, kv_model_dtype=kv_model_dtype))
+    cost.append(dict(name=name, cfg=c, res=res, decode_only=decode_only))
 show_md(
     markdown_table(
-        ("preset", "cache", "TP", "reserved / rank (MiB)", "added by the fix (MiB)", "KV cache / rank (MiB)",
-         "share of KV cache", "share of a model-dtype KV cache"),
+        ("preset", "cache", "TP", "max_num_seqs", "max_model_len", "reserved / rank (MiB)", "added by the fix (MiB)"),
         [
-            (x["name"], x["cfg"].kv_cache_dtype, x["cfg"].tensor_parallel_size, f"{x['res'] / MiB:,.2f}",
-             f"{(x['res'] - x['decode_only']) / MiB:,.2f}", f"{x['kv'] / MiB:,.0f}",
-             f"{100 * x['res'] / x['kv']:.3f} %", f"{100 * x['res'] / x['kv_model_dtype']:.3f} %")
+            (x["name"], x["cfg"].kv_cache_dtype, x["cfg"].tensor_parallel_size, x["cfg"].max_num_seqs,
+             f"{x['cfg'].max_model_len:,}", f"{x['res'] / MiB:,.2f}", f"{(x['res'] - x['decode_only']) / MiB:,.2f}")
             for x in cost
         ],
     )
 )
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 3.6))
-plots.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], ax=ax1, horizontal=True, log=False,
-              ylabel="reserved workspace per rank (MiB)", fmt="{:,.1f} MiB",
-              title="Workspace reserved by the fix")
-plots.plot_bars([x["name"] for x in cost], [100 * x["res"] / x["kv"] for x in cost], ax=ax2, horizontal=True,
-              ylabel="% of the rank's KV cache (max_num_seqs × max_model_len)", fmt="{:.2f} %",
-              title="…as a share of the KV cache")
-ax2.set_yticklabels([])
-fig.tight_layout()
+ax = plots.plot_bars([x["name"] for x in cost], [x["res"] / MiB for x in cost], horizontal=True, log=False,
+                     ylabel="reserved workspace per rank (MiB)", fmt="{:,.1f} MiB",
+                     title="Workspace reserved by the fix, per rank and slot")
 plt.show()
 
-# %% [markdown]
-# **Predict, then run.** For the bug report's deployment, what share of the KV cache is the
-# reservation — and how does the share of *one* `max_model_len` sequence (notebook 06's upper bound)
-# relate to it?
-
 # %%
-seed_cost = next(x for x in cost if x["name"] == PRESET)
-sc = seed_cost["cfg"]
-seed_share = seed_cost["res"] / (kv_cache_bytes_per_token(sc) * sc.max_model_len * sc.max_num_seqs)
-seed_share_one = seed_cost["res"] / (kv_cache_bytes_per_token(sc) * sc.max_model_len)
-assert seed_share == seed_cost["res"] / seed_cost["kv"]
-assert math.isclose(seed_share_one, sc.max_num_seqs * seed_share)
-show_md(
-    f"{PRESET}: share of the KV cache of {sc.max_num_seqs} sequences of {sc.max_model_len:,} tokens = "
-    f"**{100 * seed_share:.3f} %**; of one {sc.max_model_len:,}-token sequence (upper bound) = "
-    f"{100 * seed_share_one:.3f} %."
-)
+biggest = max(cost, key=lambda x: x["res"])
+no_addition = [x["name"] for x in cost if x["res"] == x["decode_only"]]
+for x in cost:
+    assert x["res"] == max(x["decode_only"], plan_bytes(reservation_plan(x["cfg"])[1:]) * x["cfg"].num_ubatches)
+print(f"largest reservation: {biggest['name']} ({format_mb(biggest['res'])} MiB per rank); "
+      f"the fix adds nothing for: {', '.join(no_addition) or 'none'}")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). For the bug report's deployment the share is the reservation over
-# the KV cache of `max_num_seqs` sequences of `max_model_len` tokens; the share of one
-# sequence (notebook 06's upper bound) is `max_num_seqs` times that.
-
-# %% [markdown]
-# The whole deployment pays this on every rank (× `tensor_parallel_size`). With DBO,
-# tqlab's reservation pays it once per ubatch slot; vLLM 0.33's pays it once, for one slot
-# only — the second limit in section 6.
+# <details><summary>Answer</summary>
+#
+# The reservation is the larger of the decode scratch at `max_num_seqs` rows and the continuation buffers
+# at `max_model_len`. Presets with many sequences and few KV heads per rank (large decode scratch, small
+# continuation buffers) get nothing added by the fix: capture already locked more. The whole deployment pays
+# the reservation on every rank (× `tensor_parallel_size`). With DBO, tqlab's reservation and vLLM 0.33's
+# pay it once, for slot 0 only — the second limit in section 6.
+#
+# </details>
 
 # %% [markdown]
 # ## 6 · What the reservation covers, and what it leaves exposed
@@ -464,10 +550,14 @@ show_md(markdown_table(
 ))
 
 # %% [markdown]
-# **Answer** (checked by the cell above). `first_failing_prompt` puts the first failure of the unfixed
+# <details><summary>Answer</summary>
+#
+# `first_failing_prompt` puts the first failure of the unfixed
 # engine one token past one chunk plus the threshold. The prompt one token shorter is
 # served without a single workspace event after the lock, its last chunk on the
 # decode-kernel path (once per layer); the failing one is refused by the dequant call.
+#
+# </details>
 
 # %% [markdown]
 # ### 6b · First limit: chunked prefill off, prefix caching on
@@ -507,6 +597,8 @@ show_md(markdown_table(
 print("\n".join(f"predict: {n}" for n in pred.notes))
 
 # %% [markdown]
+# #### A prefix-cache hit after the lock
+#
 # **Predict, then run.** With chunked prefill off the plan is the decode call alone, so
 # the fixed workspace is the decode scratch. A prefix-cache hit covers whole blocks: a
 # request at the predicted bound whose cached part is whole blocks is served; one more
@@ -648,10 +740,14 @@ show_md(markdown_table(
 ))
 
 # %% [markdown]
-# **Answer** (checked by the cell above). tqlab's reservation and vLLM's builder agree: slot 0 at the
+# <details><summary>Answer</summary>
+#
+# tqlab's reservation and vLLM's builder agree: slot 0 at the
 # reserved size, slot 1 empty — the sizes the parity suite recorded from vLLM's builder. After the lock,
 # the report's chunk in slot 1 is refused by both; only a reservation made inside every micro-batch
 # (not what vLLM 0.33 does) serves it.
+#
+# </details>
 
 # %% [markdown]
 # ## 7 · Three start-ups of the report's deployment, side by side
@@ -671,8 +767,6 @@ show_md(markdown_table(
 # engine runs the report's prompt (on `meta`: same code, shapes only) and must agree.
 
 # %%
-from tqlab.predict import analysis
-
 regimes = {
     "eager (vLLM 0.33: never locked)": (cfg.replace(enforce_eager=True), False),
     "CUDA graphs, without the fix": (cfg, False),
@@ -768,27 +862,27 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 #   not a continuation. tqlab does not reproduce that report; it models what 0.33's source does.
 
 # %% [markdown]
-# ## 8 · What the PR's record says, checked
+# ## 9 · What the PR's record says, checked
 #
 # vLLM PR #44053 ("[Bugfix][V1][TurboQuant] Reserve workspace before CUDA graph capture") superseded
 # PR #40798 and fixes issue #41565 (notebook 02's bug report). Its date, its review comments, its
-# benchmark and the risks a review listed are loaded from `data/seed_sources.json` (transcribed from
-# the session's seed 000, with provenance). Two of them are claims about the code that tqlab can test:
+# benchmark and the risks a review listed are loaded from a transcription in `data/` (from
+# a report on the PR, with provenance). Two of them are claims about the code that tqlab can test:
 #
 # * the benchmark: serving throughput and time to first token move by a few per cent, **TPOT
 #   (time per output token) essentially unchanged**;
-# * a risk: **other backends may share the bug** (the review names FlashAttention).
+# * a risk: **other backends may share the bug** (the review names FlashAttention). Which of vLLM 0.33's
+#   other workspace consumers reserve ahead, and which rely on what start-up happens to run, is notebook
+#   10's topic: its census of every consumer answers that risk.
 #
 # **Predict, then run.** Does the fix change anything a decode step does — the calls it makes to the
-# workspace, the kernels it picks? And of vLLM 0.33's other workspace consumers, how many reserve
-# ahead the way TurboQuant now does?
+# workspace, the kernels it picks?
 
 # %%
 from tqlab.core.provenance import load_recorded
-from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
 
-seed = load_recorded("seed_sources")
-pr = seed["fix_pr"]
+sources = load_recorded("seed_sources")
+pr = sources["fix_pr"]
 show_md(markdown_table(("", "from the PR's record (data/seed_sources.json)"), [
     ("PR", f"#{pr['pr']}: {pr['title']}"),
     ("merged", pr["merged"]),
@@ -809,18 +903,11 @@ for fix in (False, True):
     out_e = e.generate(unit.max_num_batched_tokens // 2, max_tokens=n_dec)
     decode_calls[fix] = (dict(e.backend.path_counts), len(e.workspace.events) - at_lock, out_e.finished)
 assert decode_calls[False] == decode_calls[True]  # same kernels, same calls, no workspace event after the lock
-census, census_from = load_census(find_vllm_source())  # live from vLLM's source when installed, else recorded
-consumers = workspace_consumers(census)
-others = [f for f in consumers["files"] if "turboquant" not in f]
-other_reservers = [f for f in consumers["reservers"] if "turboquant" not in f]
-assert len(other_reservers) < len(others)  # most consumers rely on what start-up happens to run
 show_md(
     f"Serving {n_dec} tokens after a {unit.max_num_batched_tokens // 2:,}-token prompt: paths "
     f"{decode_calls[True][0]} and {decode_calls[True][1]} workspace events after the lock, **with and without the "
     f"fix alike** — the fix adds no work to a decode step, which is what an unchanged TPOT needs (tqlab measures "
-    f"no GPU time here). Of the {len(others)} other files of vLLM {consumers['vllm_version']} that call the "
-    f"workspace, {len(other_reservers)} reserve ahead ({', '.join(f'`{f}`' for f in other_reservers)}); the rest "
-    f"are safe only if start-up reaches their largest size ({census_from}). Notebook 07 §2b shows seed 002's rows."
+    f"no GPU time here)."
 )
 
 # %% [markdown]
@@ -836,17 +923,132 @@ show_md(
 #   slot 0 only; so does tqlab's `reserve_workspace`).
 # * An eager vLLM 0.33 server never locks; with speculative decoding a graph start-up locks an
 #   empty workspace and the drafter's decode is refused without the fix, served with it.
-# * Its cost is fixed per rank and per slot, whatever the traffic:
+# * Its cost is fixed per rank and per slot, whatever the traffic (the next cell), and notebook 06 §2
+#   sets it against a real KV pool.
 
 # %%
-lo, hi = min(cost, key=lambda x: x["res"] / x["kv"]), max(cost, key=lambda x: x["res"] / x["kv"])
+lo, hi = min(cost, key=lambda x: x["res"]), max(cost, key=lambda x: x["res"])
 show_md(
-    f"Across the presets the reservation is {100 * lo['res'] / lo['kv']:.3f} % ({lo['name']}) to "
-    f"{100 * hi['res'] / hi['kv']:.1f} % ({hi['name']}) of the KV cache of `max_num_seqs` sequences of "
-    f"`max_model_len` tokens on a rank. Where the dequant buffers dominate, both scale with the KV heads per rank and `max_model_len`, "
-    f"which cancel: what is left is fp16 buffers for *one* layer against a cache that holds *every* layer, packed, "
-    f"for `max_num_seqs` requests. So the share is largest with few sequences and few attention layers — {PRESET} "
-    f"({cfg.max_num_seqs} sequences, {cfg.num_hidden_layers} attention layers) reserves {format_mb(reserved)} MiB "
-    f"per rank next to a {next(x for x in cost if x['name'] == PRESET)['kv'] / MiB:,.0f} MiB KV cache."
+    f"Across the presets the reservation is {format_mb(lo['res'])} MiB ({lo['name']}) to {format_mb(hi['res'])} MiB "
+    f"({hi['name']}) per rank; {PRESET} reserves {format_mb(reserved)} MiB. Notebook 06 §2 sets these against "
+    f"the KV pool a real GPU holds."
 )
+
+# %% [markdown]
+# ## Exercises
+#
+# Four functions about the fix; the references call the package's own code.
+# Each exercise is a function to fill in: replace `raise NotImplementedError` with your code and run
+# the cell. `check` runs your function beside a reference on several cases and says which differ
+# (until then it says "not attempted yet"). Everything runs on a CPU. The solutions are folded under
+# **Solution**; the references live in `tqlab/lab/solutions/nb03.py`.
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb03 as solutions
+
+# %% [markdown]
+# ### Exercise 1 · The reservation of a preset
+#
+# Return the bytes PR #44053's `_reserve_workspace` makes slot 0 hold for a preset (section 1): the larger of
+# its two calls. Build the calls with `decode_workspace_shapes` and `continuation_workspace_shapes` (or by
+# hand), and mind the PR's condition for the second one.
+
+# %%
+def reservation_bytes(preset):
+    raise NotImplementedError
+
+
+check("reservation_bytes", reservation_bytes, solutions.reservation_bytes, [(PRESET,), ("qwen3-32b",), ("llama-3.1-8b",), ("pr-44053-unit-test",)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def reservation_bytes(preset):
+#     c = EngineConfig.from_preset(preset)
+#     calls = [decode_workspace_shapes(c.max_num_seqs, c.num_heads_per_rank, c.head_dim,
+#                                      c.tq_max_kv_splits_for_cuda_graph, c.dtype)]
+#     if c.enable_chunked_prefill and c.max_num_batched_tokens > CONTINUATION_DECODE_THRESHOLD:
+#         calls.append(continuation_workspace_shapes(c.max_model_len - 1, c.num_kv_heads_per_rank, c.head_dim,
+#                                                    c.block_size))
+#     return max(compute_layout(call).total_bytes for call in calls)
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 2 · Sized for which cached length?
+#
+# Return the cached-length dimension of the reserved continuation buffers for a `max_model_len` and a block
+# size (section 2).
+
+# %%
+def continuation_alloc_len(max_model_len, block_size):
+    raise NotImplementedError
+
+
+check("continuation_alloc_len", continuation_alloc_len, solutions.continuation_alloc_len, [(131072, 16), (8192, 32), (4097, 2080), (1, 16)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def continuation_alloc_len(max_model_len, block_size):
+#     cached = max(0, max_model_len - 1)
+#     return -(-cached // block_size) * block_size
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 3 · The PR's condition
+#
+# Return whether PR #44053 reserves the continuation buffers for the report's deployment when chunked prefill
+# is on or off and `max_num_batched_tokens` is given (section 6b shows what the condition leaves exposed).
+
+# %%
+def reserves_continuation(enable_chunked_prefill, max_num_batched_tokens):
+    raise NotImplementedError
+
+
+check("reserves_continuation", reserves_continuation, solutions.reserves_continuation, [(True, 4096), (True, CONTINUATION_DECODE_THRESHOLD), (True, CONTINUATION_DECODE_THRESHOLD + 1), (False, 131072)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def reserves_continuation(enable_chunked_prefill, max_num_batched_tokens):
+#     return enable_chunked_prefill and max_num_batched_tokens > CONTINUATION_DECODE_THRESHOLD
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 4 · The shortest crashing prompt without the fix
+#
+# Without the fix the report's deployment locks the decode scratch only. For a chunk size
+# `max_num_batched_tokens`, return the shortest prompt it refuses (section 6a's rule: the first chunk caches
+# `max_num_batched_tokens` tokens; a second chunk of at most `CONTINUATION_DECODE_THRESHOLD` tokens takes the
+# decode kernel).
+
+# %%
+def first_failing_prompt_no_fix(max_num_batched_tokens):
+    raise NotImplementedError
+
+
+check("first_failing_prompt_no_fix", first_failing_prompt_no_fix, solutions.first_failing_prompt_no_fix, [(4096,), (2048,), (8192,), (1024,)])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def first_failing_prompt_no_fix(max_num_batched_tokens):
+#     # every chunk size here caches more than the 0.26 MiB decode scratch holds after one chunk
+#     return max_num_batched_tokens + CONTINUATION_DECODE_THRESHOLD + 1
+# ```
+#
+# </details>
+
+# %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (live prompt on `{device}`).*")

@@ -9,8 +9,15 @@ CUDA graphs, NCCL and the CUDA context took from it.
 * lazy (vLLM 0.20): the workspace holds its start-up size; a long request's continuation prefill asks for
   its dequant buffers at serve time, from the headroom: it fails there if they do not fit;
 * reserved (PR #44053): ``TurboQuantMetadataBuilder.__init__`` reserves the worst case when the builders are
-  created (``initialize_kv_cache`` → ``initialize_metadata_builders``, before ``initialize_kv_cache_tensors``),
-  so if it does not fit, start-up fails, not a request.
+  first created, so if it does not fit, start-up fails, not a request. With CUDA graphs that is inside
+  ``determine_available_memory`` itself: after the profile run's measurement (``memory_profiling`` has ended),
+  ``GPUModelRunner.profile_cudagraph_memory`` builds a minimal KV cache (``_init_minimal_kv_cache_for_profiling``
+  → ``initialize_kv_cache`` → ``initialize_metadata_builders``) before it samples free memory around its
+  captures; eager start-ups create the builders in ``initialize_from_config`` → ``initialize_kv_cache``. Either
+  way the reservation is in neither the profiled non-KV memory nor the CUDA-graph estimate: it comes out of the
+  headroom. (Without the fix the decode scratch first grows inside the first profiled capture, so it is part of
+  that estimate, which vLLM subtracts only with ``VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS``.)
+  :mod:`tqlab.lab.plots_startup` draws these steps.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Data helpers and pictures for notebook 04's cache-order section (issue 20): vLLM's slot order
+"""Data helpers and pictures for notebook 11's cache-order sections: vLLM's slot order
 beside tqlab's opt-in block-SoA order, inside one (block, KV head) region of the cache.
 
 * :func:`block_byte_ranges` / :func:`plot_block_orders` -- which byte ranges of one block hold key
