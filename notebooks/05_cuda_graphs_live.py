@@ -457,7 +457,9 @@ show_md(markdown_table(["requested", "runs as (TurboQuant, UNIFORM_BATCH)", "dec
                         "why"], rows))
 
 # %% [markdown]
-# **Live.** The toy decoder of `tqlab.lab.piecewise.PiecewiseForward` (2 layers, the demo's per-rank attention
+# ### Live: one FULL and one PIECEWISE replay after the lock
+#
+# The toy decoder of `tqlab.lab.piecewise.PiecewiseForward` (2 layers, the demo's per-rank attention
 # shape) asks the workspace for its decode scratch in every attention call. Capture one FULL and one PIECEWISE
 # graph for batch 4, lock the workspace as `capture_model` does, then step each mode once.
 #

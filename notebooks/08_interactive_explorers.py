@@ -57,16 +57,9 @@ from tqlab.core.config import EngineConfig, load_preset
 # %% [markdown]
 # ## 1 · Layout explorer
 #
-# The default call is the split-KV decode scratch of the PR's unit-test configuration. Type a shape
-# (e.g. `5, 7`), pick a dtype and **add view**: a view whose bytes are not a multiple of 256 is followed
-# by padding up to the next 256-byte boundary, and the next view starts there. **schematic** widths make small views and padding readable; **bytes** is to scale.
-
-# %%
-display(tw.snapshot(tw.layout_figure(tw.default_layout_requests())))
-layout_ui = tw.layout_explorer()
-layout_ui
-
-# %% [markdown]
+# The default call is the split-KV decode scratch of the PR's unit-test configuration: a view whose bytes are
+# not a multiple of 256 is followed by padding up to the next 256-byte boundary, and the next view starts there.
+#
 # **Predict, then run.** For the default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head
 # size 128), how many bytes is each of the three views, which of them needs padding to the 256-byte
 # alignment, and what is the total?
@@ -81,10 +74,17 @@ assert lay.total_bytes == sum(lay.nbytes)
 print(f"offsets {lay.offsets}, total {lay.total_bytes:,} bytes, as predicted")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head size 128):
-# the first view is 16·8·4·129 float32 = 264,192 bytes, a multiple of 256, so no padding; the second,
-# 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 = 512 bytes. Every offset is a
-# multiple of 256 and the total is the sum.
+# **Answer** (checked by the cell above). The first view is 16·8·4·129 float32 = 264,192 bytes, a multiple
+# of 256, so no padding; the second, 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 =
+# 512 bytes. Every offset is a multiple of 256 and the total is the sum.
+#
+# Now the explorer, at that call: type a shape (e.g. `5, 7`), pick a dtype and **add view** to see padding
+# appear. **schematic** widths make small views and padding readable; **bytes** is to scale.
+
+# %%
+display(tw.snapshot(tw.layout_figure(tw.default_layout_requests())))
+layout_ui = tw.layout_explorer()
+layout_ui
 
 # %% [markdown]
 # ## 2 · Reservation planner

@@ -133,6 +133,13 @@ show_md(markdown_table(("preset", "capture sizes", "decode rows at the lock", "p
 # Those buffers grow with `cached_len`, so `first_failing_prompt` bisects on the chunk index
 # instead of trying every length, using the same per-chunk formula the backend uses
 # (`tqlab.core.reservation.chunk_workspace_request`).
+#
+# **Predict, then run.** The largest dequant call a preset can ever make is a continuation
+# chunk that ends at `max_model_len - 1`: 129 new tokens on `max_model_len - 130` cached ones.
+# A preset whose locked workspace holds that call survives every prompt. From §1's locks,
+# which presets survive every prompt without the fix? The survey below finds each preset's
+# first failing prompt; the last cell of this section computes that largest call for every
+# preset and checks that the survivors are exactly the presets it fits.
 
 # %%
 survey = []
@@ -196,11 +203,7 @@ for s in survey:
 show_md("\n".join(reasons))
 
 # %% [markdown]
-# **Predict, then run.** The largest dequant call a preset can ever make is a continuation
-# chunk that ends at `max_model_len - 1`: 129 new tokens on `max_model_len - 130` cached ones.
-# A preset whose locked workspace holds that call survives every prompt. Predict from the
-# table which presets survive; the cell computes that largest call for every preset and
-# checks that the survivors here are exactly the presets it fits.
+# The check of the prediction: the largest call against each preset's lock.
 
 # %%
 largest_call = {s["name"]: analysis.continuation_bytes(s["cfg"], s["cfg"].max_model_len - 1 - (T + 1))
@@ -306,6 +309,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### The busy-server bound, served on the engine
+#
 # **Predict, then run.** Take the bug report's preset and the shortest prompt that the
 # busy-server bound says can fail. Put a request of `max_num_batched_tokens - (n - 129)`
 # tokens in front of it, so that its first step gets `n - 129` tokens. Predict: that prompt

@@ -107,7 +107,10 @@ print(f"workspace cells on {device!r}; presets: {', '.join(cfgs)}")
 # later call overwrites an earlier call's views — consumers never hold views across each other's calls (seed 002
 # §6.1 shows it with two DCP calls; vLLM 0.33's `flash_attn.py` `_forward_with_dcp` keeps only the first and
 # writes the query attention into the layer's `output`). The two real calls, from the registry's modules, on
-# tqlab's `WorkspaceManager`:
+# tqlab's `WorkspaceManager`.
+#
+# **Predict, then run.** After the second (smaller) call: is the slot the sum of the two calls or the larger one?
+# Does the second call's first view start at the same address as the first call's?
 
 # %%
 qwen = cfgs["qwen3-30b-a3b"]
@@ -126,10 +129,6 @@ show_md(markdown_table(
       f"{compute_layout(call).total_bytes:,}", format_mb(compute_layout(call).total_bytes))
      for name, call in calls.items()],
 ))
-
-# %% [markdown]
-# **Predict, then run.** After the second (smaller) call: is the slot the sum of the two calls or the larger one?
-# Does the second call's first view start at the same address as the first call's?
 
 # %%
 sizes = {name: compute_layout(call).total_bytes for name, call in calls.items()}
@@ -241,6 +240,10 @@ assert seed_rows["§6.4 FlashMLA sparse"].phase == "init"  # reserved in FlashML
 # `max_num_batched_tokens` halved step by step. Without the fix the slot is the maximum of TurboQuant's decode
 # capture scratch and the MoE's scratch (`tqlab.lab.consumer_cases.lock_without_fix`); "attention alone" is the
 # same model's TurboQuant without its MoE — what a dense model with this attention would lock.
+#
+# **Predict, then run.** At the preset's `max_num_batched_tokens` does any prompt crash without the fix? From
+# which `max_num_batched_tokens` down does the MoE stop hiding the bug? What does the fix add on top of the
+# MoE's scratch at the preset's value?
 
 # %%
 report = cfgs["nemotron-3-super-120b-a12b"]
@@ -277,11 +280,6 @@ ax.set(xscale="log", yscale="log", xlabel="max_num_batched_tokens", ylabel="MiB"
        title=f"{qwen.preset}, max_num_seqs {moe_small.max_num_seqs}: the MoE hides the bug from M = {m_hides:,}")
 ax.legend(fontsize=8)
 plt.show()
-
-# %% [markdown]
-# **Predict, then run.** At the preset's `max_num_batched_tokens` does any prompt crash without the fix? From
-# which `max_num_batched_tokens` down does the MoE stop hiding the bug? What does the fix add on top of the
-# MoE's scratch at the preset's value?
 
 # %%
 top = sweep[0]
