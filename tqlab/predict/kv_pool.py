@@ -25,8 +25,8 @@ from tqlab.core.config import EngineConfig, load_preset
 from tqlab.core.hardware import gpu_target
 from tqlab.core.reservation import plan_bytes, reservation_plan
 
-__all__ = ["ASSUMED_ACTIVATION_BYTES", "DEFAULT_GPU_MEMORY_UTILIZATION", "KvPool", "boundary_layers", "kv_pool",
-           "preset_weight_bytes"]
+__all__ = ["ASSUMED_ACTIVATION_BYTES", "DEFAULT_GPU_MEMORY_UTILIZATION", "KvPool", "boundary_layers", "kv_bytes_per_token",
+           "kv_pool", "preset_weight_bytes"]
 
 GiB = 2**30
 #: vLLM 0.33's ``CacheConfig.gpu_memory_utilization`` default.
@@ -47,6 +47,21 @@ def boundary_layers(num_layers: int, *, hybrid: bool) -> int:
         return 0
     n = min(2, num_layers // 2)
     return len(set(range(n)) | set(range(num_layers - n, num_layers)))
+
+
+def kv_bytes_per_token(config: EngineConfig, *, hybrid: bool | None = None) -> tuple[int, int]:
+    """``(bytes one token costs on one rank over all its layers, boundary layers)``, as vLLM 0.33 lays them out.
+
+    TurboQuant layers in the cache format (:func:`tqlab.attention.kv_cache_bytes_per_token` of one layer),
+    :func:`boundary_layers` in the model dtype (K and V, ``num_kv_heads_per_rank x head_dim`` each); a config
+    that is not TurboQuant has no boundary layers. ``hybrid`` defaults to ``config.mamba_block_aligned_split``.
+    """
+    layers = config.num_hidden_layers
+    hybrid = config.mamba_block_aligned_split if hybrid is None else hybrid
+    edge = boundary_layers(layers, hybrid=hybrid) if config.is_turboquant else 0
+    per_layer = kv_cache_bytes_per_token(config.replace(num_hidden_layers=1))
+    native = 2 * config.num_kv_heads_per_rank * config.head_dim * config.dtype.itemsize
+    return per_layer * (layers - edge) + native * edge, edge
 
 
 def preset_weight_bytes(config: EngineConfig) -> int:
@@ -70,7 +85,8 @@ class KvPool:
     ``turboquant_layers`` / ``boundary_layers``: layers in the TurboQuant format / in the model dtype;
     ``bytes_per_token``: one token over all layers of the rank; ``tokens``: tokens the pool holds;
     ``workspace_bytes``: the fix's reservation × ubatch slots; ``share`` = ``workspace_bytes / pool_bytes``;
-    ``assumed``: the inputs that were assumptions, in words.
+    ``assumed``: the inputs that were assumptions, in words. A hybrid model's Mamba state also comes out
+    of vLLM's pool; it is not modelled here (``tokens`` counts the attention layers only).
     """
 
     gpu: str
@@ -114,11 +130,7 @@ def kv_pool(config: EngineConfig, *, hybrid: bool | None = None, gpu: str | None
         raise ValueError(f"no KV pool: {utilization} x {target.name}'s {target.memory_gib} GiB minus weights "
                          f"{weight_bytes / GiB:.1f} GiB and activations {activation_bytes / GiB:.1f} GiB is {pool / GiB:.1f} GiB")
     layers = config.num_hidden_layers
-    hybrid = config.mamba_block_aligned_split if hybrid is None else hybrid
-    edge = boundary_layers(layers, hybrid=hybrid) if config.is_turboquant else 0
-    per_layer = kv_cache_bytes_per_token(config.replace(num_hidden_layers=1))
-    native = 2 * config.num_kv_heads_per_rank * config.head_dim * config.dtype.itemsize  # K and V, model dtype
-    per_token = per_layer * (layers - edge) + native * edge
+    per_token, edge = kv_bytes_per_token(config, hybrid=hybrid)
     workspace = plan_bytes(reservation_plan(config)) * config.num_ubatches
     return KvPool(gpu=target.name, gpu_bytes=gpu_bytes, utilization=utilization, weight_bytes=weight_bytes,
                   activation_bytes=activation_bytes, pool_bytes=pool, turboquant_layers=layers - edge,
