@@ -599,3 +599,75 @@ if fb:
 lines.append("- With DBO, vLLM 0.33's reservation sizes slot 0 only (notebook 03 §6c).")
 show_md("\n".join(lines))
 print(f"notebook ran in {time.perf_counter() - T0:.1f} s on {DEVICE}")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **Boundary layers.** `boundary_layers(num_layers, hybrid)`: how many layers vLLM 0.33 keeps in the model
+#    dtype on a TurboQuant cache — the first and last `min(2, num_layers // 2)` of a dense model, none of a
+#    hybrid. (§2)
+# 2. **The share of the KV cache.** `kv_share(preset, gpu)`: the fix's reservation (× ubatch slots) over the KV
+#    pool one `gpu` holds: `0.92 × memory − weights per rank − 1 GiB of activations`. The weights are in the
+#    preset (`load_preset(preset)["weights"]`), the memory in `tqlab.core.hardware.gpu_target(gpu).memory_gib`,
+#    the reservation in `tqlab.core.reservation.reservation_plan`. (§2)
+# 3. **Where the crash starts.** `longest_surviving_prompt(preset, max_num_batched_tokens)`: the longest prompt
+#    that survives alone without the fix when the chunk size changes (use
+#    `tqlab.predict.analysis.first_failing_prompt` and `unfixed_locked_bytes`). (§3)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb06
+
+
+def boundary_layers(num_layers, hybrid):
+    raise NotImplementedError
+
+
+def kv_share(preset, gpu):
+    raise NotImplementedError
+
+
+def longest_surviving_prompt(preset, max_num_batched_tokens):
+    raise NotImplementedError
+
+
+check("boundary_layers", boundary_layers, nb06.boundary_layers, nb06.CASES["boundary_layers"])
+check("kv_share", kv_share, nb06.kv_share, nb06.CASES["kv_share"], rel_tol=1e-9)
+check("longest_surviving_prompt", longest_surviving_prompt, nb06.longest_surviving_prompt, nb06.CASES["longest_surviving_prompt"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig, load_preset
+# from tqlab.core.hardware import gpu_target
+# from tqlab.core.reservation import plan_bytes, reservation_plan
+# from tqlab.predict.analysis import first_failing_prompt, unfixed_locked_bytes
+#
+#
+# def boundary_layers(num_layers, hybrid):
+#     if hybrid:
+#         return 0
+#     n = min(2, num_layers // 2)
+#     return len(set(range(n)) | set(range(num_layers - n, num_layers)))
+#
+#
+# def kv_share(preset, gpu):
+#     cfg = EngineConfig.from_preset(preset)
+#     w = load_preset(preset)["weights"]
+#     weights = int(w["parameters"] * w["bytes_per_parameter"]) // cfg.tensor_parallel_size
+#     pool = int(0.92 * int(gpu_target(gpu).memory_gib * 2**30)) - weights - 2**30
+#     return plan_bytes(reservation_plan(cfg)) * cfg.num_ubatches / pool
+#
+#
+# def longest_surviving_prompt(preset, max_num_batched_tokens):
+#     cfg = EngineConfig.from_preset(preset, max_num_batched_tokens=max_num_batched_tokens)
+#     bad = first_failing_prompt(cfg, unfixed_locked_bytes(cfg))
+#     return cfg.max_model_len - 1 if bad is None else min(bad - 1, cfg.max_model_len - 1)
+# ```
+#
+# </details>

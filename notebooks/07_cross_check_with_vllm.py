@@ -646,3 +646,72 @@ assert len(cut["warnings"]) == 1 and len(cut["rows"]) == 1 and cut["verdict"] ==
 
 # %%
 print(f"notebook ran in {time.perf_counter() - _T0:.1f} s ({'live vLLM' if LIVE else 'recorded parity results'})")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **vLLM's words.** `refusal_tail(required_bytes, current_bytes)`: the end of vLLM's refusal, from
+#    `requires` on: sizes in MiB with two decimals (vLLM calls them MB), then
+#    `Workspace growth is not allowed after locking.` (§1)
+# 2. **The continuation call.** `continuation_call_bytes(cached_len, kv_heads, head_dim, block_size)`: the two
+#    float16 dequant buffers `(1, kv_heads, cached_len rounded up to block_size, head_dim)`, each rounded up to
+#    256 bytes. (§3)
+# 3. **The first refused chunk.** `first_refused_cached_len(preset)`: the cached length of the first chunk of the
+#    preset's default prompt (`load_preset(preset)["default_prompt_tokens"]`) that the locked workspace refuses
+#    without the fix, or `None` (use `tqlab.predict.analysis.prefill_chunks`, `continuation_bytes` and
+#    `unfixed_locked_bytes`; a chunk of at most 128 new tokens asks nothing). (§5)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb07
+
+
+def refusal_tail(required_bytes, current_bytes):
+    raise NotImplementedError
+
+
+def continuation_call_bytes(cached_len, kv_heads, head_dim, block_size):
+    raise NotImplementedError
+
+
+def first_refused_cached_len(preset):
+    raise NotImplementedError
+
+
+check("refusal_tail", refusal_tail, nb07.refusal_tail, nb07.CASES["refusal_tail"])
+check("continuation_call_bytes", continuation_call_bytes, nb07.continuation_call_bytes, nb07.CASES["continuation_call_bytes"])
+check("first_refused_cached_len", first_refused_cached_len, nb07.first_refused_cached_len, nb07.CASES["first_refused_cached_len"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig, load_preset
+# from tqlab.predict import analysis
+#
+#
+# def refusal_tail(required_bytes, current_bytes):
+#     return (f"requires {required_bytes / 2**20:.2f} MB, current size is {current_bytes / 2**20:.2f} MB. "
+#             "Workspace growth is not allowed after locking.")
+#
+#
+# def continuation_call_bytes(cached_len, kv_heads, head_dim, block_size):
+#     padded = -(-cached_len // block_size) * block_size
+#     one = kv_heads * padded * head_dim * 2  # float16
+#     return 2 * (-(-one // 256) * 256)
+#
+#
+# def first_refused_cached_len(preset):
+#     cfg = EngineConfig.from_preset(preset)
+#     lock = analysis.unfixed_locked_bytes(cfg)
+#     for cached, new in analysis.prefill_chunks(cfg, load_preset(preset)["default_prompt_tokens"]):
+#         if cached and new > 128 and analysis.continuation_bytes(cfg, cached) > lock:
+#             return cached
+#     return None
+# ```
+#
+# </details>

@@ -168,3 +168,68 @@ display(Markdown("\n".join(
 # **Answer** (checked by the cell above). One token either side of the planner's prediction, without the fix: the shorter
 # prompt ends in a short continuation chunk (decode kernel, no workspace call) and is served; the predicted
 # one ends in a continuation prefill and crashes.
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **One call's bytes.** `layout_total(views)`: the bytes of one `get_simultaneous` call whose views are
+#    `(shape, dtype name)` pairs (`"float32"`, `"float16"`, `"bfloat16"`, `"uint8"`), each rounded up to 256
+#    bytes. (§1)
+# 2. **Padding.** `padding_after(nbytes)`: the padding after a view of `nbytes` bytes. (§1)
+# 3. **The planner's bound.** `shortest_crashing_prompt(preset, max_num_seqs)`: the shortest prompt that crashes
+#    without the fix when `max_num_seqs` changes, or `None` (use `tqlab.predict.analysis.predict`). (§2)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb08
+
+
+def layout_total(views):
+    raise NotImplementedError
+
+
+def padding_after(nbytes):
+    raise NotImplementedError
+
+
+def shortest_crashing_prompt(preset, max_num_seqs):
+    raise NotImplementedError
+
+
+check("layout_total", layout_total, nb08.layout_total, nb08.CASES["layout_total"])
+check("padding_after", padding_after, nb08.padding_after, nb08.CASES["padding_after"])
+check("shortest_crashing_prompt", shortest_crashing_prompt, nb08.shortest_crashing_prompt, nb08.CASES["shortest_crashing_prompt"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig
+# from tqlab.predict.analysis import predict
+#
+# ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+#
+#
+# def padding_after(nbytes):
+#     return -(-nbytes // 256) * 256 - nbytes
+#
+#
+# def layout_total(views):
+#     total = 0
+#     for shape, dtype in views:
+#         n = ITEMSIZE[dtype]
+#         for d in shape:
+#             n *= d
+#         total += n + padding_after(n)
+#     return total
+#
+#
+# def shortest_crashing_prompt(preset, max_num_seqs):
+#     return predict(EngineConfig.from_preset(preset, max_num_seqs=max_num_seqs)).first_failing_prompt_tokens
+# ```
+#
+# </details>

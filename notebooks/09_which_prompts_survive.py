@@ -406,3 +406,68 @@ show_md(f"With the fix, {PRESET} serves the {row['bad']:,}-token prompt alone an
 
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (engines on `{device}`).*")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **Chunks.** `chunks(preset, prompt_tokens)`: `(cached, new)` for each prefill chunk of a prompt served
+#    alone, in chunks of `max_num_batched_tokens`. (§2)
+# 2. **Alone.** `survives_alone(preset, prompt_tokens)`: whether that prompt survives without the fix (use
+#    `tqlab.predict.analysis.first_failing_prompt` and `unfixed_locked_bytes`). (§2)
+# 3. **The largest call.** `largest_call_bytes(preset)`: the largest dequant call a prompt can make, 129 new tokens
+#    on `max_model_len − 130` cached ones: two float16 `(1, Hk per rank, cached rounded up to the block size,
+#    head_dim)` buffers, each rounded up to 256 bytes. (§2)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb09
+
+
+def chunks(preset, prompt_tokens):
+    raise NotImplementedError
+
+
+def survives_alone(preset, prompt_tokens):
+    raise NotImplementedError
+
+
+def largest_call_bytes(preset):
+    raise NotImplementedError
+
+
+check("chunks", chunks, nb09.chunks, nb09.CASES["chunks"])
+check("survives_alone", survives_alone, nb09.survives_alone, nb09.CASES["survives_alone"])
+check("largest_call_bytes", largest_call_bytes, nb09.largest_call_bytes, nb09.CASES["largest_call_bytes"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig
+# from tqlab.predict.analysis import first_failing_prompt, unfixed_locked_bytes
+#
+#
+# def chunks(preset, prompt_tokens):
+#     m = EngineConfig.from_preset(preset).max_num_batched_tokens
+#     return [(c, min(m, prompt_tokens - c)) for c in range(0, prompt_tokens, m)]
+#
+#
+# def survives_alone(preset, prompt_tokens):
+#     cfg = EngineConfig.from_preset(preset)
+#     bad = first_failing_prompt(cfg, unfixed_locked_bytes(cfg))
+#     return bad is None or prompt_tokens < bad
+#
+#
+# def largest_call_bytes(preset):
+#     cfg = EngineConfig.from_preset(preset)
+#     cached = cfg.max_model_len - 130
+#     padded = -(-cached // cfg.block_size) * cfg.block_size
+#     one = cfg.num_kv_heads_per_rank * padded * cfg.head_dim * 2
+#     return 2 * (-(-one // 256) * 256)
+# ```
+#
+# </details>

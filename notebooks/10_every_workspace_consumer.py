@@ -468,3 +468,62 @@ print("tqlab's registry sees each candidate:", ours)
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU "
         f"(workspace cells on `{device}`; latent crashes {'live' if live else 'recorded'}).*")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **A maximum, not a sum.** `slot_after(call_bytes)`: the size of one ubatch slot after one-view calls of
+#    `call_bytes` bytes, one after the other (each view rounded up to 256 bytes). (§1)
+# 2. **The lock over every consumer.** `lock_without_fix(preset)`: the workspace at the lock without the fix,
+#    the largest request of any consumer before it (use `tqlab.predict.analysis.predict`). (§2)
+# 3. **The MoE's cover.** `crashes_without_fix(preset, max_num_batched_tokens, max_num_seqs)`: whether any
+#    prompt crashes without the fix, when the MoE's profile-run scratch may already hold TurboQuant's largest
+#    call. (§4)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb10
+
+
+def slot_after(call_bytes):
+    raise NotImplementedError
+
+
+def lock_without_fix(preset):
+    raise NotImplementedError
+
+
+def crashes_without_fix(preset, max_num_batched_tokens, max_num_seqs):
+    raise NotImplementedError
+
+
+check("slot_after", slot_after, nb10.slot_after, nb10.CASES["slot_after"])
+check("lock_without_fix", lock_without_fix, nb10.lock_without_fix, nb10.CASES["lock_without_fix"])
+check("crashes_without_fix", crashes_without_fix, nb10.crashes_without_fix, nb10.CASES["crashes_without_fix"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig
+# from tqlab.predict.analysis import predict
+#
+#
+# def slot_after(call_bytes):
+#     return max(-(-n // 256) * 256 for n in call_bytes)
+#
+#
+# def lock_without_fix(preset):
+#     return predict(EngineConfig.from_preset(preset)).locked_bytes
+#
+#
+# def crashes_without_fix(preset, max_num_batched_tokens, max_num_seqs):
+#     cfg = EngineConfig.from_preset(preset, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+#     return predict(cfg).first_failing_prompt_tokens is not None
+# ```
+#
+# </details>
