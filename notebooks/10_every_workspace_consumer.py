@@ -16,17 +16,20 @@
 # %% [markdown]
 # # 10 · Every workspace consumer: the lock is a maximum, and the crash can come from any
 #
-# TurboQuant is one of many users of vLLM's `WorkspaceManager`: notebook 07 §2b counts vLLM 0.33's workspace
-# call sites (the census `data/vllm_0_33_workspace_consumers.json`). Seed 002 §5–§6 teaches five of them —
-# FlashAttention with decode context parallelism (DCP), fused MoE, the sparse attention indexer, FlashMLA
-# sparse, Elastic EP — as patterns. This notebook gives them vLLM 0.33's real sizes for four models.
+# TurboQuant is one of many users of vLLM's `WorkspaceManager`; this notebook is their home. Five of them are
+# the classic examples of how the workspace is used — FlashAttention with decode context parallelism (DCP),
+# fused MoE, the sparse attention indexer, FlashMLA sparse, Elastic EP — and the census of vLLM 0.33's call
+# sites (`data/vllm_0_33_workspace_consumers.json`, read from vLLM's source) finds many more. This notebook
+# gives them vLLM 0.33's real sizes for four models.
 # You will learn:
 #
 # 1. why a slot is as large as the **largest** request made before the lock, not the sum (live, on the
 #    manager's buffer pointer);
 # 2. what every active consumer asks for on a dense Llama, a MoE (Qwen3-30B-A3B), DeepSeek-V3.2 (MLA + sparse
 #    indexer) and the bug report's hybrid, and which one sets the lock;
-# 3. seed 002's five cases with vLLM's real shapes, and which start-up phase sizes each;
+# 3. the five classic cases with vLLM's real shapes, and which start-up phase sizes each; then the whole
+#    census, the rows no model shows (test fixtures, benchmark scripts) and how Elastic EP saves and restores
+#    the block tables around its re-warm-up;
 # 4. what TurboQuant's fix (vLLM PR #44053) does on a MoE model: the MoE's profile-run scratch hides the bug,
 #    and where it stops hiding it; and why the bug report's own "current size is 0.26 MB" says its MoE asked
 #    nothing before the lock;
@@ -104,9 +107,9 @@ print(f"workspace cells on {device!r}; presets: {', '.join(cfgs)}")
 #
 # vLLM's rule (`vllm/v1/worker/workspace.py`, `WorkspaceManager.get_simultaneous`): every call carves its views
 # from **offset 0** of the same buffer and grows the buffer only when the call needs more than it holds. So a
-# later call overwrites an earlier call's views — consumers never hold views across each other's calls (seed 002
-# §6.1 shows it with two DCP calls; vLLM 0.33's `flash_attn.py` `_forward_with_dcp` keeps only the first and
-# writes the query attention into the layer's `output`). The two real calls, from the registry's modules, on
+# later call overwrites an earlier call's views — consumers never hold views across each other's calls (two DCP
+# calls show it; vLLM 0.33's `flash_attn.py` `_forward_with_dcp` keeps only the first and writes the query
+# attention into the layer's `output`). The two real calls, from the registry's modules, on
 # tqlab's `WorkspaceManager`.
 #
 # **Predict, then run.** After the second (smaller) call: is the slot the sum of the two calls or the larger one?
@@ -188,9 +191,9 @@ fig = pc.plot_consumer_bytes(tables, title="vLLM 0.33 workspace consumers per mo
 plt.show()
 
 # %% [markdown]
-# ## 3 · Seed 002's five cases, with vLLM's real sizes
+# ## 3 · The five classic cases, with vLLM's real sizes
 #
-# Seed 002 §6 shows five consumers as code. Each is a registry module here, so each gets a real size. DCP needs
+# Each of the five classic consumers is a registry module here, so each gets a real size. DCP needs
 # FlashAttention (an unquantized cache) and a DCP group: the Llama with `--kv-cache-dtype auto -tp 2 -dcp 2`.
 # Elastic EP makes no request of its own: it unlocks, re-runs the profile run, warm-up and capture, and locks
 # again (section 5, candidate 3).
@@ -204,13 +207,13 @@ dcp = llama.replace(kv_cache_dtype="auto", tensor_parallel_size=llama.tensor_par
                     decode_context_parallel_size=2)
 dcp_piecewise = dcp.replace(cudagraph_mode="PIECEWISE")
 ds = "deepseek-v3.2"
-cases = [  # (seed 002 section, deployment, its table, registry name)
-    ("§6.1 FlashAttention DCP", "llama-3.1-8b, auto cache, TP 2, DCP 2", analysis.consumer_table(dcp), "flash_attn_dcp"),
-    ("§6.1 … with PIECEWISE-only graphs", "the same, cudagraph_mode PIECEWISE", analysis.consumer_table(dcp_piecewise),
+cases = [  # (the case, deployment, its table, registry name)
+    ("FlashAttention DCP", "llama-3.1-8b, auto cache, TP 2, DCP 2", analysis.consumer_table(dcp), "flash_attn_dcp"),
+    ("… with PIECEWISE-only graphs", "the same, cudagraph_mode PIECEWISE", analysis.consumer_table(dcp_piecewise),
      "flash_attn_dcp"),
-    ("§6.2 fused MoE", "qwen3-30b-a3b", tables["qwen3-30b-a3b"], "fused_moe"),
-    ("§6.3 sparse attention indexer", ds, tables[ds], "sparse_indexer"),
-    ("§6.4 FlashMLA sparse", ds, tables[ds], "flashmla_sparse"),
+    ("fused MoE", "qwen3-30b-a3b", tables["qwen3-30b-a3b"], "fused_moe"),
+    ("sparse attention indexer", ds, tables[ds], "sparse_indexer"),
+    ("FlashMLA sparse", ds, tables[ds], "flashmla_sparse"),
 ]
 seed_rows = {}
 for section, where, table, name in cases:
@@ -218,16 +221,106 @@ for section, where, table, name in cases:
     seed_rows[section] = r
     show_md(f"- **{section}** ({where}): `{r.consumer}` — phase `{r.phase}`, reserved {format_mb(r.reserved_bytes)} MiB, "
             f"serving at most {format_mb(r.max_runtime_bytes)} MiB, covered: **{r.covered}**")
-assert seed_rows["§6.1 FlashAttention DCP"].phase == "capture"  # only FULL capture builds DCP's decode metadata
-assert seed_rows["§6.1 … with PIECEWISE-only graphs"].phase == "none"
-assert not seed_rows["§6.1 … with PIECEWISE-only graphs"].covered  # latent crash 2 (section 5)
-assert seed_rows["§6.2 fused MoE"].phase == seed_rows["§6.3 sparse attention indexer"].phase == "profile_run"
-assert seed_rows["§6.4 FlashMLA sparse"].phase == "init"  # reserved in FlashMLASparseImpl.__init__, as seed 002 says
+assert seed_rows["FlashAttention DCP"].phase == "capture"  # only FULL capture builds DCP's decode metadata
+assert seed_rows["… with PIECEWISE-only graphs"].phase == "none"
+assert not seed_rows["… with PIECEWISE-only graphs"].covered  # latent crash 2 (section 5)
+assert seed_rows["fused MoE"].phase == seed_rows["sparse attention indexer"].phase == "profile_run"
+assert seed_rows["FlashMLA sparse"].phase == "init"  # reserved in FlashMLASparseImpl.__init__
 
 # %% [markdown]
 # **Answer** (checked by the cell above). FlashMLA sparse reserves in its constructor; fused MoE and the indexer
 # are sized by the profile run at `max_num_batched_tokens` tokens; DCP only by FULL capture — with PIECEWISE-only
 # graphs nothing reaches it before the lock, and its first decode asks an empty slot.
+
+# %% [markdown]
+# ### The whole census, and the rows no model shows
+#
+# The five cases are a sample. The census reads every `get_simultaneous` / `get_persistent` call and every
+# `unlock_workspace` in vLLM 0.33's source with `ast` (`parity/gen_consumer_census.py`, nothing imported), live
+# when vLLM's source is installed (`.venv-parity`), else its recording with provenance. Two more rows belong
+# in the table of workspace users: **test fixtures** (`tests/conftest.py` creates and resets the manager
+# around a test) and **benchmark scripts** (`benchmarks/benchmark_*.py` create one before they time a
+# kernel). Both live in vLLM's git repository, outside the installed `vllm` package, and run no serving
+# engine: they can make a test or a benchmark allocate, never set the lock a server runs with.
+#
+# **Predict, then run.** How many files of vLLM 0.33 call the workspace — about five, a dozen, or more? How
+# many reserve ahead, as TurboQuant now does? Does any call site of the installed package sit in a test or a
+# benchmark?
+
+# %%
+from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
+
+census, census_from = load_census(find_vllm_source())  # live from vLLM's source when installed, else recorded
+users = workspace_consumers(census)
+show_md(markdown_table(
+    ["the classic case", "consumer", "file in vLLM 0.33", "still there", "get_simultaneous calls"],
+    [[r["scenario"], f"`{r['consumer']}`", f"`{r['file']}`", "yes" if r["present"] else "no", r["get_simultaneous_calls"]]
+     for r in users["seed_table"]]
+    + [["test fixture", "`conftest.py`", "`tests/conftest.py` (repository only)", "not in the package", "—"],
+       ["benchmark scripts", "`benchmark_*.py`", "`benchmarks/` (repository only)", "not in the package", "—"]]))
+by_top = sorted({site["path"].split("/")[0] for site in census["call_sites"]})
+show_md(f"{census_from}: **{len(users['files'])} files** call the workspace "
+        f"({sum(users['get_simultaneous_calls'].values())} `get_simultaneous` calls), under {by_top}; "
+        f"**{len(users['reservers'])}** reserve ahead:\n\n" + "\n".join(f"* `{r}`" for r in users["reservers"]))
+assert all(r["present"] for r in users["seed_table"]) and len(users["files"]) > len(users["seed_table"])
+assert "v1/attention/backends/turboquant_attn.py" in users["reservers"]
+assert not any(p.startswith(("tests/", "benchmarks/")) or "/tests/" in p or "benchmark" in p
+               for p in (site["path"] for site in census["call_sites"]))  # no test or benchmark in the package
+
+# %% [markdown]
+# ### Elastic EP: unlock, re-warm, lock — with the block tables set aside
+#
+# Elastic expert parallelism changes the number of experts while the server runs, so the MoE layers may need a
+# larger scratch. vLLM 0.33's `EPScaleExecutor.warm_and_capture` (`vllm/distributed/elastic_ep/elastic_execute.py`)
+# drops the CUDA graphs, calls `unlock_workspace()`, re-runs the profile run and the warm-up and capture, and
+# calls `lock_workspace()` again. The dummy runs would write the running requests' block tables, so it wraps
+# them in `GPUModelRunner.preserve_serving_state()` (`vllm/v1/worker/gpu_model_runner.py`): clone every block
+# table (GPU and CPU copy), clear them, run, then copy the clones back. The cell checks that in vLLM's source
+# (when installed; the census records the unlock site either way) and re-enacts the sequence on tqlab's
+# manager, with a block table of the running requests.
+#
+# **Predict, then run.** After the re-warm-up: is the workspace larger than before, is it locked again, and are
+# the running requests' block tables what they were — though the dummy run wrote into them?
+
+# %%
+from tqlab.core.workspace import WorkspaceLockedError
+
+(unlock_site,) = census["unlock_sites"]
+assert (unlock_site["path"], unlock_site["function"]) == ("distributed/elastic_ep/elastic_execute.py", "warm_and_capture")
+src = find_vllm_source()
+if src is not None:  # vLLM's own code, read live
+    ep = (src / unlock_site["path"]).read_text()
+    runner = (src / "v1/worker/gpu_model_runner.py").read_text()
+    body = runner[runner.index("def preserve_serving_state"):][:900]
+    w = ep[ep.index("def warm_and_capture"):]  # the function the census names
+    assert w.index("unlock_workspace()") < w.index("preserve_serving_state") < w.index("\n        lock_workspace()")
+    assert "bt.block_table.gpu.clone(), bt.block_table.cpu.clone()" in body and "multi_block_table.clear()" in body
+    assert "bt.block_table.gpu.copy_(saved_gpu)" in body and "bt.block_table.cpu.copy_(saved_cpu)" in body
+    print(f"vLLM's source ({src}): warm_and_capture unlocks at line {unlock_site['line']}, re-warms inside "
+          "preserve_serving_state (clone, clear, restore every block table), then locks")
+moe = FusedMoE().sizes(qwen, startup).reserved[0]  # the MoE's scratch at the old expert count
+grown = [((2 * s[0], *s[1:]), d) for s, d in moe]  # more experts per rank: a larger scratch (for the re-enactment)
+ws = WorkspaceManager("meta")
+ws.get_simultaneous(*moe)
+ws.lock()
+block_table = torch.arange(4 * 8, dtype=torch.int32).reshape(4, 8)  # 4 running requests, 8 blocks each
+try:
+    ws.get_simultaneous(*grown)
+    refused_while_locked = False
+except WorkspaceLockedError:
+    refused_while_locked = True
+before = ws.size_bytes()
+saved = block_table.clone()  # preserve_serving_state: clone ...
+block_table.zero_()  # ... clear (multi_block_table.clear()) ...
+ws.unlock()  # unlock_workspace()
+ws.get_simultaneous(*grown)  # the re-run profile run / warm-up asks for the larger scratch
+block_table[:, 0] = -1  # the dummy run writes its own block ids
+ws.lock()  # lock_workspace()
+block_table.copy_(saved)  # ... and copy back
+assert refused_while_locked and ws.size_bytes() > before and ws.is_locked()
+assert torch.equal(block_table, torch.arange(32, dtype=torch.int32).reshape(4, 8))
+print(f"workspace {format_mb(before)} -> {format_mb(ws.size_bytes())} MiB, locked again: {ws.is_locked()}; "
+      "block tables restored bit for bit")
 
 # %% [markdown]
 # ## 4 · TurboQuant's fix on a MoE model
@@ -427,7 +520,7 @@ tq_rows = {r.name: r for r in analysis.consumer_table(no_chunk).rows}
 eager_moe = qwen.replace(enforce_eager=True)
 ours = {  # tqlab's registry on each candidate
     1: not tq_rows["turboquant_continuation"].covered and tq_rows["turboquant_continuation"].phase == "none",
-    2: not seed_rows["§6.1 … with PIECEWISE-only graphs"].covered,
+    2: not seed_rows["… with PIECEWISE-only graphs"].covered,
     3: analysis.consumer_table(eager_moe).locked_bytes is None,  # eager start-up: never locked
     4: any(u.consumer.startswith("dots3_note") and "never called" in u.reason for u in UNMODELLED),
 }
