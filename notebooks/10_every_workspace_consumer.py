@@ -473,7 +473,7 @@ show_md(f"TurboQuant's decode scratch: {tq_lock:,} bytes = {format_mb(tq_lock)} 
 # %% [markdown]
 # ## 5 · Four latent crashes in vLLM 0.33, checked with vLLM's own classes
 #
-# Reading vLLM 0.33's code suggests four more ways to the assertion (issue 19).
+# Reading vLLM 0.33's code suggests four more ways to the assertion.
 # `parity/latent_crashes.py` checks each with vLLM's own classes on a CPU. With `.venv-parity` present the cell
 # re-runs the checks now (a subprocess in that environment; 10–20 s); otherwise it shows the recorded run
 # `data/vllm_0_33_latent_crashes.json` under a banner, with the parity suite's outcome from

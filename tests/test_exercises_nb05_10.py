@@ -34,7 +34,7 @@ def test_exercises_end_the_notebook_and_the_shown_solution_passes(nb):
     ref = importlib.import_module(f"tqlab.lab.solutions.nb{nb}")
     assert sorted(ref.CASES) == sorted(stubs)
     env: dict = {}
-    exec(compile(solution, f"notebook {nb} solution", "exec"), env)  # noqa: S102 - the notebook's own text
+    exec(compile(solution, f"notebook {nb} solution", "exec"), env)  # the notebook's own solution text
     for name in stubs:
         result = check(name, env[name], getattr(ref, name), ref.CASES[name], rel_tol=1e-9, verbose=False)
         assert result.passed, (name, result.failures)

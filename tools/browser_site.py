@@ -54,7 +54,7 @@ def serve(directory: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     """A quiet HTTP server of ``directory`` on a free port of 127.0.0.1, in a daemon thread."""
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args):  # noqa: D401 - silence the per-request log
+        def log_message(self, *args):  # silence the per-request log
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(directory)))

@@ -170,7 +170,8 @@ def predict_problems(path: Path) -> list[str]:
     problems = []
     for i in questions:
         start = next((k for k in range(i, -1, -1) if cells[k].cell_type == "markdown" and HEADING.search(cells[k].source)), 0)
-        heading = HEADING.split(cells[start].source, 1)[-1].splitlines()[0].strip() if start or HEADING.search(cells[0].source) else "(no heading)"
+        has_heading = start or HEADING.search(cells[0].source)
+        heading = HEADING.split(cells[start].source, 1)[-1].splitlines()[0].strip() if has_heading else "(no heading)"
         where = f"{path.name}: cell {i} (Predict question in section {heading!r})"
         if i + 1 >= len(cells) or cells[i + 1].cell_type != "code":
             what = "the end of the notebook" if i + 1 >= len(cells) else f"a {cells[i + 1].cell_type} cell"

@@ -63,7 +63,10 @@ def plot_parity_side_by_side(points: Sequence[tuple[str, str, int, int]], title:
     positive = [b for p in points for b in p[2:4] if b > 0]
     lo = min(positive) / MiB if positive else 1.0  # a zero (nothing reserved) sits at the left edge, labelled
     hi = max(positive) / MiB if positive else 1.0
-    at = (lambda b: b / MiB if b > 0 else lo / 3)
+
+    def at(b: int) -> float:
+        return b / MiB if b > 0 else lo / 3
+
     heights = [sum(p[0] == name for p in points) for name in panels]
     fig = plt.figure(figsize=(8.5, 1.4 + 0.42 * len(points)), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0]
