@@ -74,9 +74,13 @@ assert lay.total_bytes == sum(lay.nbytes)
 print(f"offsets {lay.offsets}, total {lay.total_bytes:,} bytes, as predicted")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The first view is 16·8·4·129 float32 = 264,192 bytes, a multiple
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The first view is 16·8·4·129 float32 = 264,192 bytes, a multiple
 # of 256, so no padding; the second, 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 =
 # 512 bytes. Every offset is a multiple of 256 and the total is the sum.
+#
+# </details>
 #
 # Now the explorer, at that call: type a shape (e.g. `5, 7`), pick a dtype and **add view** to see padding
 # appear. **schematic** widths make small views and padding readable; **bytes** is to scale.
@@ -165,9 +169,13 @@ display(Markdown("\n".join(
 )))
 
 # %% [markdown]
-# **Answer** (checked by the cell above). One token either side of the planner's prediction, without the fix: the shorter
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# One token either side of the planner's prediction, without the fix: the shorter
 # prompt ends in a short continuation chunk (decode kernel, no workspace call) and is served; the predicted
 # one ends in a continuation prefill and crashes.
+#
+# </details>
 
 # %% [markdown]
 # ## Exercises

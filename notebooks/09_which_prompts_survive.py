@@ -256,9 +256,13 @@ else:
     raise AssertionError("the first failing prompt was served")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). On the bug report's preset, the longest surviving prompt completes
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# On the bug report's preset, the longest surviving prompt completes
 # without a single workspace event after the lock, its last chunk on the decode-kernel
 # path; one token more kills the engine.
+#
+# </details>
 
 # %% [markdown]
 # ## 4 · A busy server fails far earlier
@@ -391,10 +395,14 @@ show_md(f"With the fix, {PRESET} serves the {row['bad']:,}-token prompt alone an
         f"behind another request; it locked {format_mb(fixed.locked_bytes)} MiB instead of {format_mb(locked[PRESET])} MiB.")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). With PR #44053, the metadata builder reserves the largest call each
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# With PR #44053, the metadata builder reserves the largest call each
 # consumer can make for `max_model_len` before the lock (notebook 03 shows what and what it
 # costs). Predict: for every preset, no prompt fails alone, the busy-server bound reaches
 # `max_model_len`, and both crashes above are served.
+#
+# </details>
 
 # %% [markdown]
 # ## Next

@@ -144,10 +144,14 @@ print(f"slot = max = {format_mb(m.size_bytes())} MiB, not the sum {format_mb(sum
 del moe_views, cont_views, m
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The larger one: the slot is the maximum of the two calls, and both
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The larger one: the slot is the maximum of the two calls, and both
 # calls' first views start at offset 0 of the one buffer. So a deployment's lock size is the **maximum** over
 # its active consumers' requests before the lock, and a refused call can come from any consumer whose request
 # while serving is larger.
+#
+# </details>
 
 # %% [markdown]
 # ## 2 · Four models, every consumer
@@ -178,13 +182,17 @@ assert [u["consumer"].split(" ")[0] for u in tables["deepseek-v3.2"].unmodelled]
     "modular_kernel.py:_allocate_buffers", "deep_gemm_warmup.py:_warmup"]  # FP8 MoE: said, never a silent zero
 
 # %% [markdown]
-# **Answer** (checked by the cell above). DeepSeek-V3.2: FlashMLA sparse's `__init__` reservation (its
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# DeepSeek-V3.2: FlashMLA sparse's `__init__` reservation (its
 # `workspace_specs`: the Q concatenation buffer at `max_num_batched_tokens` rows and, for the `fp8_ds_mla` cache,
 # a bf16 prefill workspace of `factor × max_model_len` rows plus three bf16 prefill query/output buffers at
 # `max_num_batched_tokens` rows), larger than the indexer's profile-run buffers; its FP8 MoE's
 # experts (DeepGEMM / CUTLASS) and DeepGEMM warm-up are **unmodelled** and listed, so tqlab's lock for it is a
 # lower bound. Qwen3-30B-A3B: TurboQuant's decode reservation at `max_num_seqs` rows, just above the fused MoE's
 # profile-run scratch. The picture:
+#
+# </details>
 
 # %%
 fig = pc.plot_consumer_bytes(tables, title="vLLM 0.33 workspace consumers per model: each slot holds the maximum")
@@ -228,9 +236,13 @@ assert seed_rows["fused MoE"].phase == seed_rows["sparse attention indexer"].pha
 assert seed_rows["FlashMLA sparse"].phase == "init"  # reserved in FlashMLASparseImpl.__init__
 
 # %% [markdown]
-# **Answer** (checked by the cell above). FlashMLA sparse reserves in its constructor; fused MoE and the indexer
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# FlashMLA sparse reserves in its constructor; fused MoE and the indexer
 # are sized by the profile run at `max_num_batched_tokens` tokens; DCP only by FULL capture — with PIECEWISE-only
 # graphs nothing reaches it before the lock, and its first decode asks an empty slot.
+#
+# </details>
 
 # %% [markdown]
 # ### The whole census, and the rows no model shows
@@ -391,13 +403,17 @@ print(f"hidden down to M = {m_hides:,}; at M = {first_exposed['m']:,} prompts fr
       f"crash without the fix; with it the slot is {format_mb(first_exposed['fixed'])} MiB")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). At the preset's `max_num_batched_tokens` the MoE's profile-run
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# At the preset's `max_num_batched_tokens` the MoE's profile-run
 # scratch is larger than every continuation chunk, so the prompt that crashes the attention alone is served:
 # the MoE **hides** the bug, and PR #44053's reservation adds nothing to the slot. Below the printed `M` the
 # MoE's scratch is smaller than the longest continuation, and long prompts crash again without the fix. A
 # predictor that looks only at TurboQuant would call the first deployment a crash — a **false crash**; tqlab's
 # `predict()` (behind `tqlab plan` and `inspect-vllm`) takes the maximum over consumers, names the MoE's call
 # site as the one that sets the lock, and agrees with the table row by row (checked above).
+#
+# </details>
 
 # %% [markdown]
 # ### The engine agrees: the MoE's request sets the lock
@@ -436,8 +452,12 @@ assert alone_engine.slot_sizer.consumer == "turboquant_decode" and alone_engine.
 assert "_continuation_prefill" in alone_outcome and alone_engine.dead is not None
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The fused MoE's `_allocate_buffers`, in the profile run, sets slot 0;
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The fused MoE's `_allocate_buffers`, in the profile run, sets slot 0;
 # with it the prompt is served, without it (the attention alone) TurboQuant's continuation prefill is refused.
+#
+# </details>
 #
 # ### The bug report's own evidence: its MoE asked nothing before the lock
 #
@@ -462,13 +482,17 @@ show_md(f"TurboQuant's decode scratch: {tq_lock:,} bytes = {format_mb(tq_lock)} 
         f"workspace before the lock, and the preset models no MoE.")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The report's 0.26 MB equals TurboQuant's decode scratch to the byte,
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The report's 0.26 MB equals TurboQuant's decode scratch to the byte,
 # and any MoE request at `M` rows would have been larger: its MoE asked nothing before the lock. That is vLLM
 # 0.20's behaviour for that deployment. Reading vLLM 0.33 instead: AWQ MoE layers
 # (`quantization/auto_awq.py` `AutoAWQMoEMethod`) build their kernel with `make_wna16_moe_kernel`, whose Marlin
 # experts run through the modular kernel's `_allocate_buffers` (`fused_moe/experts/marlin_moe.py`
 # `MarlinExperts.workspace_shapes`) — on 0.33 the same deployment's MoE would ask during the profile run, as in
 # the table above. tqlab does not size quantized experts: it lists them as unmodelled instead.
+#
+# </details>
 
 # %% [markdown]
 # ## 5 · Four latent crashes in vLLM 0.33, checked with vLLM's own classes
@@ -532,7 +556,11 @@ assert all(ours.values()), ours
 print("tqlab's registry sees each candidate:", ours)
 
 # %% [markdown]
-# **Answer** (checked by the cell above). All four are **confirmed** by vLLM 0.33's own code:
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# All four are **confirmed** by vLLM 0.33's own code:
+#
+# </details>
 #
 # 1. **TurboQuant, `--no-enable-chunked-prefill` + prefix caching.** PR #44053 reserves the continuation buffers
 #    only with chunked prefill on (and `max_num_batched_tokens` above `_CONTINUATION_DECODE_THRESHOLD`); a prefix-cache hit followed by more than 128 new tokens still runs
