@@ -448,3 +448,23 @@ def test_site_uses_an_executed_copy_only_when_it_is_present_current_and_ok(tmp_p
     nb.cells[1].source = "x = 2"
     nbformat.write(nb, str(executed))
     assert build_site.notebook_problem(stored, executed) == "stale (the stored notebook changed after it was executed)"
+
+
+def test_site_refuses_a_widget_bundle_whose_hash_is_not_the_pinned_one(tmp_path):
+    """The html-manager tarball is checked against the registry's sha512 before any file of it is served."""
+    import io
+    import tarfile
+
+    from tools import build_site
+
+    tgz = tmp_path / "html-manager-1.0.15.tgz"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"not the real embed.js"
+        info = tarfile.TarInfo("package/dist/embed.js")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    tgz.write_bytes(buf.getvalue())
+    with pytest.raises(RuntimeError, match="sha512 .* is not the pinned"):
+        build_site.fetch_html_manager(tmp_path)
+    assert not tgz.exists() and not (tmp_path / "embed.js").exists()
