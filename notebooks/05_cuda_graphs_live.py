@@ -394,8 +394,8 @@ def latency_table(rows, cols=LAT_COLS):
 
 if ON_CUDA:
     LAT = {
-        "seed (live)": latency.measure_decode_latency(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), "cuda",
-                                                      batch_sizes=[1, 2, 3, 4], iters=20, profile_reps=0, label="seed"),
+        "bug report's deployment (live)": latency.measure_decode_latency(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), "cuda",
+                                                      batch_sizes=[1, 2, 3, 4], iters=20, profile_reps=0, label="bug report"),
         "llama-3.1-8b (live)": latency.measure_decode_latency(
             EngineConfig.from_preset("llama-3.1-8b", cudagraph_capture_sizes=(1, 32, 256)), "cuda",
             batch_sizes=[1, 32, 256], iters=15, profile_reps=0, label="llama"),
