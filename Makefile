@@ -3,7 +3,9 @@
 #               into build/ (.ipynb + .html), print a status/seconds table
 #   make test   set up .venv (first time only), run pytest (unit tests and
 #               every notebook through nbmake)
-# Other targets: make setup | sync | check | lab | clean | distclean | help
+#   make site   render the notebooks executed by `make run` into a static site,
+#               build/site/html/index.html (Sphinx + MyST-NB, the `site` extra)
+# Other targets: make setup | sync | check | lab | site-test | clean | distclean | help
 #
 # Knobs (make VAR=value ...):
 #   NB=01           only notebooks whose name starts with / contains 01
@@ -29,6 +31,7 @@ TORCH_PIP_ARGS ?=
 KERNEL_NAME := tqlab
 KERNEL_DISPLAY := Python (tqlab)
 STAMP := $(VENV)/.tqlab-setup-done
+SITE_STAMP := $(VENV)/.tqlab-site-done
 BUILD := build
 NB ?=
 PYTEST_ARGS ?=
@@ -40,7 +43,7 @@ export PYDEVD_DISABLE_FILE_VALIDATION := 1
 # kernel registered with --user by another checkout must not shadow ours).
 export JUPYTER_PATH := $(abspath $(VENV))/share/jupyter$(if $(JUPYTER_PATH),:$(JUPYTER_PATH))
 
-.PHONY: help setup run test sync check lab browser-test parity parity-record clean distclean
+.PHONY: help setup run test sync check lab browser-test site site-test parity parity-record clean distclean
 
 help:
 	@echo "make run     execute every notebook headless into $(BUILD)/ (NB=01 to pick)"
@@ -51,6 +54,8 @@ help:
 	@echo "make lab     open JupyterLab on notebooks/ with the $(KERNEL_NAME) kernel"
 	@echo "make parity  cross-check against each supported vLLM's own classes ($(PARITY_VERSIONS); VLLM_VERSION=0.34.0 for one), each in its own venv (first run installs it)"
 	@echo "make browser-test  run every notebook in JupyterLab + headless chromium; screenshots in $(BUILD)/screenshots"
+	@echo "make site    static site of the executed notebooks: $(BUILD)/site/html/index.html (runs missing/stale ones)"
+	@echo "make site-test  build the site, then check a page, its figures and widgets in headless chromium"
 	@echo "make clean   remove $(BUILD)/ and caches; make distclean also removes $(VENV)"
 
 # --- set-up (idempotent: the stamp is redone only when pyproject.toml changes)
@@ -101,6 +106,24 @@ lab: $(STAMP)
 browser-test: $(STAMP)
 	@$(PY) -c 'import playwright' 2>/dev/null || $(PIP) install --progress-bar off 'playwright>=1.40'
 	$(PY) tools/browser_test.py --out $(BUILD)/screenshots $(if $(NB),--only '$(NB)')
+
+# --- the static site (tools/build_site.py): Sphinx + MyST-NB render the notebooks
+# executed into $(BUILD)/ by `make run` without executing them again; a notebook
+# missing there, stale (edited since) or failed is executed first. The `site` extra
+# is installed here only, so `make test` does not grow.
+$(SITE_STAMP): pyproject.toml | $(STAMP)
+	@echo ">> installing the site extra (Sphinx, MyST-NB, sphinx-book-theme)"
+	$(PIP) install --progress-bar off -e '.[site]'
+	@touch $@
+
+site: $(STAMP) $(SITE_STAMP)
+	$(PY) tools/build_site.py --executed $(BUILD) --out $(BUILD)/site --execute-missing --kernel $(KERNEL_NAME) $(if $(NB),--only '$(NB)')
+
+# The built site in headless chromium, offline: the index links every page, figures load,
+# widgets render from their saved state (tools/browser_site.py).
+site-test: site
+	@$(PY) -c 'import playwright' 2>/dev/null || $(PIP) install --progress-bar off 'playwright>=1.40'
+	$(PY) tools/browser_test.py --site $(BUILD)/site/html --out $(BUILD)/screenshots/site $(if $(NB),--only '$(NB)')
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .hypothesis *.egg-info .import_linter_cache

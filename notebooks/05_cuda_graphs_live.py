@@ -394,8 +394,8 @@ def latency_table(rows, cols=LAT_COLS):
 
 if ON_CUDA:
     LAT = {
-        "seed (live)": latency.measure_decode_latency(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), "cuda",
-                                                      batch_sizes=[1, 2, 3, 4], iters=20, profile_reps=0, label="seed"),
+        "bug report's deployment (live)": latency.measure_decode_latency(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), "cuda",
+                                                      batch_sizes=[1, 2, 3, 4], iters=20, profile_reps=0, label="bug report"),
         "llama-3.1-8b (live)": latency.measure_decode_latency(
             EngineConfig.from_preset("llama-3.1-8b", cudagraph_capture_sizes=(1, 32, 256)), "cuda",
             batch_sizes=[1, 32, 256], iters=15, profile_reps=0, label="llama"),
@@ -457,7 +457,9 @@ show_md(markdown_table(["requested", "runs as (TurboQuant, UNIFORM_BATCH)", "dec
                         "why"], rows))
 
 # %% [markdown]
-# **Live.** The toy decoder of `tqlab.lab.piecewise.PiecewiseForward` (2 layers, the demo's per-rank attention
+# ### Live: one FULL and one PIECEWISE replay after the lock
+#
+# The toy decoder of `tqlab.lab.piecewise.PiecewiseForward` (2 layers, the demo's per-rank attention
 # shape) asks the workspace for its decode scratch in every attention call. Capture one FULL and one PIECEWISE
 # graph for batch 4, lock the workspace as `capture_model` does, then step each mode once.
 #
@@ -654,3 +656,67 @@ if out_path:
         json.dump(jsonable(payload), f, indent=1)
     print("results written to", out_path)
 print(f"notebook time: {time.perf_counter() - T0:.1f} s")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **Which graph?** `bucket_for(batch, sizes)`: the captured batch size (bucket) a decode batch of `batch`
+#    rows replays in, given the capture sizes `sizes`; `None` when it is larger than every bucket (it then runs
+#    eagerly). (§1)
+# 2. **The frozen scratch.** `decode_scratch_bytes(rows, heads, head_dim, splits)`: the bytes of the split-KV
+#    decode workspace call a graph captures at `rows` rows, for a bfloat16 model — three views
+#    `(rows, heads, splits, head_dim + 1)` float32, `(rows, heads, head_dim)` bfloat16, `(rows, heads)` float32,
+#    each rounded up to 256 bytes. (§3)
+# 3. **The budget.** `kv_cache_bytes(total, util, weights, activations)`: what the KV cache gets at start-up,
+#    `gpu_memory_utilization × total` minus what the profile run measured. (§8)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb05
+
+
+def bucket_for(batch, sizes):
+    raise NotImplementedError
+
+
+def decode_scratch_bytes(rows, heads, head_dim, splits):
+    raise NotImplementedError
+
+
+def kv_cache_bytes(total, util, weights, activations):
+    raise NotImplementedError
+
+
+check("bucket_for", bucket_for, nb05.bucket_for, nb05.CASES["bucket_for"])
+check("decode_scratch_bytes", decode_scratch_bytes, nb05.decode_scratch_bytes, nb05.CASES["decode_scratch_bytes"])
+check("kv_cache_bytes", kv_cache_bytes, nb05.kv_cache_bytes, nb05.CASES["kv_cache_bytes"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# def bucket_for(batch, sizes):
+#     fits = [s for s in sizes if s >= batch]
+#     return min(fits) if fits else None
+#
+#
+# def aligned(nbytes):
+#     return -(-nbytes // 256) * 256
+#
+#
+# def decode_scratch_bytes(rows, heads, head_dim, splits):
+#     partial = rows * heads * splits * (head_dim + 1) * 4  # float32, the log-sum-exp in the last column
+#     output = rows * heads * head_dim * 2  # bfloat16
+#     lse = rows * heads * 4  # float32
+#     return aligned(partial) + aligned(output) + aligned(lse)
+#
+#
+# def kv_cache_bytes(total, util, weights, activations):
+#     return int(util * total) - (weights + activations)
+# ```
+#
+# </details>

@@ -35,13 +35,13 @@
 #
 # | you will learn | section |
 # |---|---|
-# | which fixes survive, and what each costs at start-up, at the first token and per decode step | 1 |
+# | which fixes survive, and what each costs in workspace bytes | 1 |
 # | how big the worst case is, against `max_model_len`, and what "share of the KV cache" means | 2 |
 # | where the crash starts as each deployment parameter moves | 3 |
 # | the workspace's size along each engine's life | 4 |
 # | `torch.empty` per call vs workspace views over one long request | 5 |
 # | growing by `resize_` vs free-then-allocate | 6 |
-# | DBO: which slots grow, and which slot PR #44053 reserves | 7 |
+# | DBO: which slots grow (the reserved slot: notebook 03 §6c) | 7 |
 # | the manager's own cost per call | 8 |
 # | the bug report's and PR #44053's claims, next to what tqlab measured | 9 |
 #
@@ -136,12 +136,9 @@ print(f"comparison config: {TABLE_CFG.num_hidden_layers} layer(s), Hq/rank {TABL
       f"{TABLE_CFG.kv_cache_dtype}; prompts {TABLE_PROMPTS} tokens, then {DECODE_STEPS} decode steps")
 
 # %%
-# New in this lecture: the KV-cache bytes per token (section 2), binary-unit byte formatting, the parity recording (section 7).
-from tqlab.attention import kv_cache_bytes_per_token
-from tqlab.core.reservation import plan_bytes, reservation_plan, reserve_workspace
-from tqlab.core.workspace import WorkspaceManager, ubatch_context
+from tqlab.predict.analysis import continuation_bytes
+from tqlab.predict.kv_pool import kv_bytes_per_token, kv_pool
 from tqlab.lab.display import fmt_bytes
-from tqlab.vllm.cpu_harness import PARITY_RESULTS, load_parity_results
 
 # %% [markdown]
 # ## 1 · Which fixes survive, and what does each cost?
@@ -152,8 +149,10 @@ from tqlab.vllm.cpu_harness import PARITY_RESULTS, load_parity_results
 # next prompt gets a new engine (the notes say so). *Start-up* is the whole lifecycle up to the lock;
 # *reserved* is the workspace at the lock; *peak* is `torch.cuda.max_memory_allocated` on CUDA, computed
 # workspace bytes (plus the largest fallback call) elsewhere; *graph-safe* means no captured decode graph
-# still points at a freed workspace buffer. One untimed warm-up engine runs first, to take the process's
-# one-time costs out of the timings (section 1's recording shows how well that worked).
+# still points at a freed workspace buffer. No timings here: one start-up per strategy on a CPU shared with
+# other work measures the machine's load more than the strategy (in the one GPU recording, too, the first
+# engine measured started several times slower than the others for the same work), so this section compares
+# bytes and survival, which do not depend on the load.
 #
 # **Predict, then run.** Which strategies survive the `max_model_len` prompt? Which lock more workspace than
 # `none` does? Which one is not graph-safe?
@@ -162,7 +161,7 @@ from tqlab.vllm.cpu_harness import PARITY_RESULTS, load_parity_results
 def save_table(results):
     """After each strategy: one text progress line (it survives in a saved notebook), and the partial save."""
     last = results[-1]
-    print(f"[{len(results)}/{len(S.ALL_STRATEGIES)}] {last.strategy}: start-up {last.startup_s:.2f} s, "
+    print(f"[{len(results)}/{len(S.ALL_STRATEGIES)}] {last.strategy}: reserved {fmt_bytes(last.reserved_bytes)}, "
           f"survives max_model_len: {'yes' if last.survives_max_model_len else 'no'}", flush=True)
     save_live(f"strategies_{GPU_TAG}", results_payload(TABLE_CFG, results, prompts=TABLE_PROMPTS,
                                                          decode_steps=DECODE_STEPS))
@@ -173,9 +172,9 @@ with warnings.catch_warnings():
     LIVE_RESULTS = S.compare_strategies(TABLE_CFG, S.ALL_STRATEGIES, device=DEVICE, prompts=TABLE_PROMPTS,
                                         decode_steps=DECODE_STEPS, on_result=save_table, progress=False)
 plots.plot_strategy_comparison(LIVE_RESULTS, title=f"live on {DEVICE}: {TABLE_CFG.num_hidden_layers} layer(s), "
-                               f"max_model_len {TABLE_CFG.max_model_len}")
+                               f"max_model_len {TABLE_CFG.max_model_len}", timings=False)
 plt.show()
-show_md(markdown_table(None, strategy_table(LIVE_RESULTS)))
+show_md(markdown_table(None, strategy_table(LIVE_RESULTS, timings=False)))
 
 BY_LIVE = {r.strategy: r for r in LIVE_RESULTS}
 assert not BY_LIVE["none"].prompts[0].survived and not BY_LIVE["none"].survives_max_model_len
@@ -193,17 +192,16 @@ print("survive max_model_len:", [s for s, r in BY_LIVE.items() if r.survives_max
 # high-water mark (a long prompt crosses one per chunk, because every chunk has more cached tokens than the
 # last). `fallback` never grows the workspace but allocates on every long chunk. `grow_no_recapture` survives
 # only as long as no graph replays on the freed buffer (on CUDA the replay guard of `tqlab.engine.replay_guard`
-# stops it at the first decode). On the CPU box the seconds are noisy (two cores shared with whatever else
-# runs): compare them within one run only.
+# stops it at the first decode).
 #
-# **The same comparison on the GPU, at full size** (8 layers, `max_model_len` 131072, TurboQuant cache), from
-# the only H200 recording. Read its start-up bars with its provenance: it was made at commit `7c24981`, before
-# `dummy_run` changed from two dummy steps to one, and in it the first strategy measured, `none`, started
-# *slowest* although it does the least work — so the untimed warm-up did not remove every first-engine cost.
+# ### The same comparison on the GPU, at full size
 #
-# **Predict, then run.** In the recording, which strategy started slowest, and by how much against the spread
-# of the others? Do its bytes and survival agree with the live run and with the full-size run on the `meta`
-# device (shapes only)?
+# 8 layers, `max_model_len` 131072, TurboQuant cache, from the H200 recording (its banner names the commit; it
+# predates `dummy_run`'s change from two dummy steps to one). Its timings are one start-up per strategy, so
+# they are not shown either: bytes and survival only.
+#
+# **Predict, then run.** Do the recording's bytes and survival agree with the live run above, and with the
+# full-size run on the `meta` device (shapes only)?
 
 # %%
 REC_TABLE = recorded(f"strategies_{GPU_TAG}")
@@ -212,14 +210,9 @@ if REC_TABLE is not None:
     if SHOW_RECORDED:
         show_banner(REC_TABLE.provenance)
         plots.plot_strategy_comparison(S.results_from_payload(REC_TABLE.data),
-                                       title=f"recorded on {REC_TABLE.provenance['device']}")
+                                       title=f"recorded on {REC_TABLE.provenance['device']}", timings=False)
         plt.show()
     rec = {r.strategy: r for r in S.results_from_payload(REC_TABLE.data)}
-    starts = {s: r.startup_s for s, r in rec.items()}
-    others = [v for s, v in starts.items() if s != "none"]
-    print(f"recorded {REC_TABLE.provenance['date'][:10]} at commit {REC_TABLE.provenance['commit'][:7]}: start-up "
-          f"none {1e3 * starts['none']:.0f} ms, the other five {1e3 * min(others):.0f}–{1e3 * max(others):.0f} ms")
-    assert max(starts, key=starts.get) == "none"  # what the recording shows (see above)
     assert [r.survives_max_model_len for s, r in rec.items() if s != "grow_no_recapture"] == \
         [BY_LIVE[s].survives_max_model_len for s in rec if s != "grow_no_recapture"]
     if REC_META is not None:  # full size on `meta`: the same bytes as on the H200, strategy by strategy
@@ -235,22 +228,27 @@ if REC_TABLE is not None:
 # and two float16 `(1, Hk, round_up(max_model_len − 1, block_size), D)` buffers for the continuation prefill.
 # How does it grow with `max_model_len`, and how big is it next to the KV cache?
 #
-# **"Share of the KV cache", defined.** The KV cache vLLM allocates is whatever memory the profile run leaves
-# (notebook 05 §8), so it depends on the GPU. The project's definition (notebook 03, the planner of notebook
-# 08, the table below) uses a fixed denominator instead:
+# **"Share of the KV cache", defined — this is its one home.** vLLM sizes the KV cache from what the profile
+# run leaves (notebook 05 §8): the **KV pool** of one GPU = `gpu_memory_utilization` (vLLM 0.33's default 0.92)
+# × its memory − the weights on that rank − the activation peak. Not every layer in it is TurboQuant: for a
+# dense model vLLM 0.33 keeps the first and last two layers in the model dtype
+# (`TurboQuantConfig.get_boundary_skip_layers`, added to `kv_cache_dtype_skip_layers` by
+# `EngineArgs.create_engine_config`); a hybrid model keeps none. `tqlab.predict.kv_pool.kv_pool` computes both,
+# from each preset's recorded weights and an assumed 1 GiB activation peak (vLLM's start-up log prints yours),
+# and the planner of notebook 08 and `tqlab plan` call the same function:
 #
-# * **share of the KV cache** = reserved workspace / the KV cache of **`max_num_seqs` sequences of
-#   `max_model_len` tokens** on the rank (all attention layers, in the cache dtype).
+# * **share of the KV cache** = reserved workspace × ubatch slots / the KV pool of one GPU of the rank.
 #
-# The right panel uses a second, named denominator: **one `max_model_len` sequence**, the smallest KV cache
-# vLLM accepts at start-up; that share is the *largest* the workspace can be next to any KV cache. A quantized
-# cache makes either share larger: the workspace holds the dequantized float16 copy of one layer, the cache
-# holds every layer at 3–4 bits. (No preset enables DBO, so every number here is one ubatch slot; section 7.)
-# Several presets coincide at some lengths (same KV heads and head_dim per rank): each preset's points are
-# shifted sideways by a few percent, every other one drawn hollow, and the cell prints where they coincide.
+# The right panel below is a bound, not that share: the workspace against the KV cache of **one**
+# `max_model_len` sequence, the smallest KV cache vLLM accepts at start-up. A quantized cache makes the share
+# larger: the workspace holds the dequantized float16 copy of one layer, the cache holds every layer at 3–4
+# bits. (No preset enables DBO, so every number here is one ubatch slot.) Several presets coincide at some
+# lengths (same KV heads and head_dim per rank): each preset's points are shifted sideways by a few percent,
+# every other one drawn hollow, and the cell prints where they coincide.
 #
-# **Predict, then run.** For the bug report's deployment (`max_num_seqs` 4), how does the share of
-# `max_num_seqs` full-length sequences compare with the share of one? Which call dominates the reservation?
+# **Predict, then run.** For the bug report's deployment on one of its RTX A4000s, what share of the KV pool
+# does the reservation take, next to llama-3.1-8b's on one H200? Which call dominates the bug report's
+# reservation? Would `max_num_seqs` sequences of `max_model_len` tokens of llama-3.1-8b fit one H200?
 
 # %%
 LENGTHS = [2 ** k for k in range(12, 18)]
@@ -258,32 +256,33 @@ TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_pre
 WS_ROWS = {name: S.workspace_vs_max_model_len(EngineConfig.from_preset(name), LENGTHS) for name in TQ_PRESETS}
 plots.plot_workspace_vs_len(WS_ROWS)
 plt.show()
-rows = []
-for name in TQ_PRESETS:
-    c = EngineConfig.from_preset(name)
-    (r,) = S.workspace_vs_max_model_len(c, [c.max_model_len])
-    kv_full = kv_cache_bytes_per_token(c) * c.max_model_len * c.max_num_seqs  # max_num_seqs full-length sequences
-    rows.append((name, c.max_model_len, c.max_num_seqs, c.kv_cache_dtype, fmt_bytes(r["unfixed_bytes"]),
-                 fmt_bytes(r["reserved_bytes"]), fmt_bytes(kv_full), f"{100 * r['reserved_bytes'] / kv_full:.3f} %",
-                 f"{100 * r['share']:.1f} %"))
-show_md(markdown_table(("preset", "max_model_len", "max_num_seqs", "cache", "unfixed lock", "reserved (fix)",
-                        "KV cache (max_num_seqs × max_model_len)", "share of the KV cache",
-                        "share of one max_model_len seq (upper bound)"), rows))
+GPU_OF = {SEED.preset: "A4000"}  # the bug report ran on 8 × RTX A4000; the other presets on their config's GPU
+POOLS = {name: kv_pool(EngineConfig.from_preset(name), gpu=GPU_OF.get(name)) for name in TQ_PRESETS}
+show_md(markdown_table(
+    ("preset", "GPU", "weights / rank", "KV pool", "TurboQuant + bf16 layers", "tokens it holds", "reserved (fix)",
+     "share of the KV cache"),
+    [(name, k.gpu, fmt_bytes(k.weight_bytes), fmt_bytes(k.pool_bytes), f"{k.turboquant_layers} + {k.boundary_layers}",
+      f"{k.tokens:,}", fmt_bytes(k.workspace_bytes), f"{100 * k.share:.3f} %") for name, k in POOLS.items()]))
 
-(SEED_ROW,) = S.workspace_vs_max_model_len(SEED, [SEED.max_model_len])
-share_one = SEED_ROW["share"]
-share_full_batch = SEED_ROW["reserved_bytes"] / (kv_cache_bytes_per_token(SEED) * SEED.max_model_len * SEED.max_num_seqs)
-cont = 2 * SEED.num_kv_heads_per_rank * SEED.max_model_len * SEED.head_dim * 2  # two fp16 buffers
-assert all(EngineConfig.from_preset(n).num_ubatches == 1 for n in TQ_PRESETS)  # one slot everywhere
-assert SEED_ROW["kv_bytes"] == kv_cache_bytes_per_token(SEED) * SEED.max_model_len  # same bytes per token
-assert abs(share_one - SEED.max_num_seqs * share_full_batch) < 1e-12
-assert cont <= SEED_ROW["reserved_bytes"] < cont + 2**20
+LLAMA = EngineConfig.from_preset("llama-3.1-8b")
+full_batch = kv_bytes_per_token(LLAMA)[0] * LLAMA.max_model_len * LLAMA.max_num_seqs  # max_num_seqs full sequences
+cont = 2 * SEED.num_kv_heads_per_rank * SEED.max_model_len * SEED.head_dim * 2  # two fp16 continuation buffers
+seed_pool = POOLS[SEED.preset]
+for name, k in POOLS.items():
+    c = EngineConfig.from_preset(name)
+    assert k.share == k.workspace_bytes / k.pool_bytes and k.tokens * k.bytes_per_token <= k.pool_bytes
+    edge = 0 if c.mamba_block_aligned_split else 2 * min(2, c.num_hidden_layers // 2)  # hybrids: every layer TurboQuant
+    assert k.boundary_layers == edge and k.turboquant_layers + edge == c.num_hidden_layers
+assert cont <= seed_pool.workspace_bytes < cont + 2**20  # the continuation buffers dominate
+assert full_batch > POOLS["llama-3.1-8b"].gpu_bytes  # no GPU holds max_num_seqs x max_model_len tokens
 same = {(a, b): [r["max_model_len"] for r, q in zip(WS_ROWS[a], WS_ROWS[b]) if r["reserved_bytes"] == q["reserved_bytes"]]
         for a in WS_ROWS for b in WS_ROWS if a < b}
 same = {f"{a} = {b}": v for (a, b), v in same.items() if v}  # at these max_model_len values
-print(f"{SEED.preset}: reserved {fmt_bytes(SEED_ROW['reserved_bytes'])}, the two continuation buffers "
-      f"{fmt_bytes(cont)} of it; share of the KV cache {100 * share_full_batch:.3f} %, of one sequence "
-      f"{100 * share_one:.3f} % (= {SEED.max_num_seqs}×).\nPresets whose reservations coincide (left panel): {same}")
+print(f"{SEED.preset} on an {seed_pool.gpu}: reserved {fmt_bytes(seed_pool.workspace_bytes)} (the two continuation "
+      f"buffers {fmt_bytes(cont)} of it) = {100 * seed_pool.share:.3f} % of a {fmt_bytes(seed_pool.pool_bytes)} KV pool; "
+      f"llama-3.1-8b: {100 * POOLS['llama-3.1-8b'].share:.3f} % of {fmt_bytes(POOLS['llama-3.1-8b'].pool_bytes)}.\n"
+      f"max_num_seqs x max_model_len tokens of llama-3.1-8b would take {fmt_bytes(full_batch)}: more than the "
+      f"{fmt_bytes(POOLS['llama-3.1-8b'].gpu_bytes)} of an H200.\nPresets whose reservations coincide (left panel): {same}")
 
 # %% [markdown]
 # ## 3 · Where does the crash start, as each deployment parameter moves?
@@ -294,7 +293,10 @@ print(f"{SEED.preset}: reserved {fmt_bytes(SEED_ROW['reserved_bytes'])}, the two
 # and the first continuation chunk of more than 128 new tokens whose dequant buffers (cached length × KV heads
 # × head_dim, twice, float16) need more is refused. (Shorter continuation chunks run the decode kernel with its
 # own scratch and ask the workspace for nothing, as in vLLM 0.33.) `tqlab.core.reservation.first_failing_prompt`
-# finds it exactly, without simulating every length. The star is the bug report's deployment.
+# finds it exactly, without simulating every length. The star is the bug report's deployment. Tensor parallelism
+# divides the query heads among the ranks, and the KV heads too, but only down to one per rank: the report's
+# model has 2 KV heads, so from TP 2 on each rank holds one, replicated where TP exceeds the KV heads (notebook
+# 02 §1 shows the one KV head per rank at TP 8).
 #
 # **Predict, then run.** Does a bigger chunk (`max_num_batched_tokens`) move the crash later or earlier? More
 # decode rows? More tensor-parallel ranks?
@@ -308,15 +310,25 @@ SWEEPS = {
 }
 plots.plot_threshold_sweep(SWEEPS, SEED, titles={"max_num_batched_tokens": "chunk size: bigger chunks, later crash",
                                                  "max_num_seqs": "decode rows: a bigger lock holds more",
-                                                 "tensor_parallel_size": "TP: heads per rank scale together"})
+                                                 "tensor_parallel_size": "TP: the first dequantizing chunk fails"})
 plt.show()
 longest = {p: [r["longest_prompt"] for r in rows] for p, rows in SWEEPS.items()}
 assert longest["max_num_batched_tokens"] == sorted(longest["max_num_batched_tokens"])  # later with bigger chunks
 assert longest["max_num_seqs"] == sorted(longest["max_num_seqs"])  # later with more decode rows
-assert len(set(longest["tensor_parallel_size"])) == 1  # query and KV heads per rank shrink together
-assert S.longest_surviving_prompt(SEED) in longest["tensor_parallel_size"]
+tp_rows = []
+for r in SWEEPS["tensor_parallel_size"]:
+    c = SEED.replace(tensor_parallel_size=r["tensor_parallel_size"])
+    first_cont = continuation_bytes(c, c.max_num_batched_tokens)  # the first chunk that dequantizes
+    tp_rows.append((c.tensor_parallel_size, c.num_heads_per_rank, c.num_kv_heads_per_rank, fmt_bytes(r["locked_bytes"]),
+                    fmt_bytes(first_cont), f"{r['longest_prompt']:,}"))
+    assert first_cont > r["locked_bytes"]  # so every TP fails at one chunk + 129 tokens
+show_md(markdown_table(("TP", "query heads / rank", "KV heads / rank", "lock (decode scratch)",
+                        "first dequantizing chunk asks", "longest surviving prompt"), tp_rows))
+hk = [row[2] for row in tp_rows]
+assert hk[0] == SEED.num_key_value_heads and set(hk[1:]) == {1}  # 2 KV heads: from TP 2 on one per rank, replicated
+assert len(set(longest["tensor_parallel_size"])) == 1 == len({row[5] for row in tp_rows})
 print(f"the deployment: unfixed lock {fmt_bytes(unfixed_locked_bytes(SEED))}, longest surviving prompt "
-      f"{S.longest_surviving_prompt(SEED):,} tokens of max_model_len {SEED.max_model_len:,}; TP changes nothing")
+      f"{S.longest_surviving_prompt(SEED):,} tokens of max_model_len {SEED.max_model_len:,}")
 
 # %% [markdown]
 # ## 4 · The workspace along each engine's life
@@ -428,68 +440,28 @@ print(f"{len(MEM['growth_sizes'])} growths, {fmt_bytes(MEM['growth_sizes'][0])} 
       f"{fmt_bytes(old + new)} (old + new), free-then-allocate {fmt_bytes(new)}")
 
 # %% [markdown]
-# ## 7 · DBO: which slots grow, and which slot does PR #44053 reserve?
+# ## 7 · DBO: which slots grow?
 #
 # **Question.** With dual-batch overlap the workspace has two ubatch slots. Here ubatch 0 carries a long
 # prompt's prefill chunks while ubatch 1 carries three decode rows. One could resize every slot to each new
 # high-water mark; vLLM 0.33 resizes only the slot that asked (`WorkspaceManager._ensure_workspace_size`,
-# `vllm/v1/worker/workspace.py`: "Only resize the requesting ubatch/lane workspace"). And the fix:
-# `TurboQuantMetadataBuilder._reserve_workspace` (`vllm/v1/attention/backends/turboquant_attn.py`) calls
-# `get_simultaneous` from the builder's constructor, outside any micro-batch — so its calls land in the
-# current slot, slot 0, alone. tqlab's `reserve_workspace` does the same (it makes plain `get_simultaneous`
-# calls in the caller's slot); the parity suite checks the slot sizes against vLLM's own builder.
+# `vllm/v1/worker/workspace.py`: "Only resize the requesting ubatch/lane workspace"). Which slot PR #44053's
+# reservation lands in, and why a long chunk in the other slot can still be refused, is notebook 03 §6c's
+# lesson; this section measures only what the two growth policies hold.
 #
-# **Predict, then run.** How many bytes does each policy hold at the end? After the builder's calls and after
-# tqlab's `reserve_workspace` on a two-slot manager, what are the slot sizes — and is the report's
-# continuation chunk served in slot 1 after the lock?
+# **Predict, then run.** How many bytes does each policy hold at the end, and which holds less?
 
 # %%
 DBO_ALL = S.dbo_memory_held(SEED, LONG, grow_all_slots=True)
 DBO_ONE = S.dbo_memory_held(SEED, LONG, grow_all_slots=False)
 plots.plot_dbo(DBO_ALL, DBO_ONE)
 plt.show()
-
-dbo_cfg = SEED.replace(enable_dbo=True)
-vllm_way = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
-for call in reservation_plan(dbo_cfg):  # vLLM 0.33: the builder's calls run in the current slot (0)
-    vllm_way.get_simultaneous(*call)
-tqlab_way = WorkspaceManager("meta", num_ubatches=dbo_cfg.num_ubatches)
-reserve_workspace(dbo_cfg, tqlab_way)  # tqlab: the caller's slot (0), as vLLM
-report_chunk = reservation_plan(dbo_cfg)[-1]  # the continuation call at its largest
-slot1 = {}
-for label, mgr in (("vLLM 0.33 builder's calls", vllm_way), ("tqlab reserve_workspace", tqlab_way)):
-    mgr.lock()
-    with ubatch_context(1):
-        try:
-            mgr.get_simultaneous(*report_chunk)
-            slot1[label] = "served"
-        except WorkspaceLockedError as exc:
-            slot1[label] = f"refused: asks {fmt_bytes(exc.required_bytes)}, slot 1 holds {fmt_bytes(exc.current_bytes)}"
-show_md(markdown_table(("reservation", "slot sizes after it", "the largest continuation call in slot 1, after the lock"),
-                       [(k, " / ".join(fmt_bytes(b) for b in m.sizes_bytes()), slot1[k])
-                        for k, m in (("vLLM 0.33 builder's calls", vllm_way),
-                                     ("tqlab reserve_workspace", tqlab_way))]))
-
-need = plan_bytes(reservation_plan(dbo_cfg))
 assert DBO_ONE["final_bytes"] < DBO_ALL["final_bytes"]
-assert vllm_way.sizes_bytes() == tqlab_way.sizes_bytes() == [need, 0]  # they agree: slot 0 only
-assert all(v.startswith("refused") for v in slot1.values())  # slot 1 can still overflow
-if USE_RECORDED != "never" and has_recorded(PARITY_RESULTS):  # vLLM's own builder, recorded by the parity suite
-    parity_prov, parity = load_parity_results()
-    print(f"vLLM {parity_prov.get('vllm', '0.33')} recorded {parity_prov['date'][:10]} at {parity_prov['commit'][:7]} "
-          f"(`{parity_prov['command']}`): slot sizes "
-          f"{parity['test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes']}")
-    assert vllm_way.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
-    assert tqlab_way.sizes_bytes() == parity["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]
-print(f"held at the end: every slot {fmt_bytes(DBO_ALL['final_bytes'])}, requesting slot {fmt_bytes(DBO_ONE['final_bytes'])}; "
-      f"vLLM's and tqlab's reservation: {[fmt_bytes(b) for b in vllm_way.sizes_bytes()]}")
+print(f"held at the end: every slot grown {fmt_bytes(DBO_ALL['final_bytes'])}, only the requesting slot "
+      f"{fmt_bytes(DBO_ONE['final_bytes'])}")
 
 # %% [markdown]
-# So with DBO, PR #44053 covers ubatch 0 only: whatever else runs in ubatch 1 before the lock decides slot 1's
-# size, and a long continuation chunk scheduled in ubatch 1 after the lock can still be refused. tqlab's
-# reservation does exactly what vLLM 0.33's does (the parity suite's `test_divergence_dbo_reservation_sizes_one_slot`,
-# named when tqlab still sized both slots, now checks that they agree), so `tqlab plan` and `repro` predict
-# the same refusal. None of the presets enable DBO, so the figures of sections 1–4 are the same either way.
+# None of the presets enable DBO, so the figures of sections 1–4 are the same either way.
 #
 # ## 8 · The manager's own cost per call
 #
@@ -557,7 +529,7 @@ if REC_CLAIMS is not None:
          f"decode step at {n_long:,} tokens: fallback {1e3 * dec['fallback']:.2f} ms, reserve {1e3 * dec['reserve']:.2f} ms; "
          f"TTFT {1e3 * ttft['fallback'][long_i]:.0f} vs {1e3 * ttft['reserve'][long_i]:.0f} ms "
          f"({fb.fallback_calls} torch.empty calls)"),
-        ("PR #44053 (seed 000)", "serving benchmark: 0.3186 → 0.3343 req/s (+4.9 %), TTFT 16,809 → 15,629 ms (−7 %), "
+        ("PR #44053", "serving benchmark: 0.3186 → 0.3343 req/s (+4.9 %), TTFT 16,809 → 15,629 ms (−7 %), "
                                  "TPOT about unchanged; no run count or spread given",
          f"two strategies with the same serving path: TTFT apart by {100 * gaps[0]:.1f} % ({n_short:,} tokens) and "
          f"{100 * gaps[long_i]:.2f} % ({n_long:,} tokens), one reading each"),
@@ -596,23 +568,10 @@ if REC_CLAIMS is not None:
 # * *Speculative decoding left open* — from the code: `TurboQuantMetadataBuilder.__init__` calls
 #   `_init_reorder_batch_threshold(1, supports_spec_as_decode=False)`, so verification batches (1 + k tokens per
 #   request) are not decodes for TurboQuant, and the FULL decode graphs of notebook 05 §7 do not cover them.
-# * *"Other backends may share the bug"* — answered per consumer: the cell below counts the files of vLLM 0.33
-#   that call the workspace, from the census of its call sites (`parity/gen_consumer_census.py`) (MoE, Marlin, sparse indexers, several MLA and attention backends);
-#   most ask for sizes fixed by the batch (seen at profile or capture); some reserve on purpose (MLA through
-#   `reserve_workspace()`, "called in the memory profiling run", `vllm/v1/attention/backend.py`; the sparse MQA
-#   indexer through `_reserve_workspaces`). A consumer is at risk exactly when its size depends on something
-#   neither the profile run nor the capture reaches, like TurboQuant's cached length.
-#
-# **Predict, then run.** Is TurboQuant's backend among the callers, and how many files call the manager?
-
-# %%
-from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
-
-census, census_from = load_census(find_vllm_source())  # live from vLLM's source when installed, else recorded
-users = workspace_consumers(census)
-show_md(f"{len(users['files'])} files of vLLM {users['vllm_version']} call the workspace ({census_from}); "
-        f"{len(users['reservers'])} of them reserve ahead:\n\n" + "\n".join(f"* `{r}`" for r in users["reservers"]))
-assert "v1/attention/backends/turboquant_attn.py" in users["reservers"] and len(users["files"]) > 10
+# * *"Other backends may share the bug"* — answered consumer by consumer in notebook 10, from the census of
+#   vLLM 0.33's call sites: which consumers size their request before the lock, which reserve on purpose, and
+#   which are at risk the way TurboQuant was (a size that depends on something neither the profile run nor
+#   the capture reaches, like the cached length).
 
 # %% [markdown]
 # ## Closing note
@@ -637,6 +596,78 @@ if ra:
 if fb:
     lines.append(f"- `fallback` served {fb.fallback_calls} calls with `torch.empty`; its workspace stays at "
                  f"{fmt_bytes(fb.reserved_bytes)}, its peak is {fmt_bytes(fb.peak_bytes)} ({fb.peak_source}).")
-lines.append("- With DBO, vLLM 0.33's reservation sizes slot 0 only (section 7).")
+lines.append("- With DBO, vLLM 0.33's reservation sizes slot 0 only (notebook 03 §6c).")
 show_md("\n".join(lines))
 print(f"notebook ran in {time.perf_counter() - T0:.1f} s on {DEVICE}")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **Boundary layers.** `boundary_layers(num_layers, hybrid)`: how many layers vLLM 0.33 keeps in the model
+#    dtype on a TurboQuant cache — the first and last `min(2, num_layers // 2)` of a dense model, none of a
+#    hybrid. (§2)
+# 2. **The share of the KV cache.** `kv_share(preset, gpu)`: the fix's reservation (× ubatch slots) over the KV
+#    pool one `gpu` holds: `0.92 × memory − weights per rank − 1 GiB of activations`. The weights are in the
+#    preset (`load_preset(preset)["weights"]`), the memory in `tqlab.core.hardware.gpu_target(gpu).memory_gib`,
+#    the reservation in `tqlab.core.reservation.reservation_plan`. (§2)
+# 3. **Where the crash starts.** `longest_surviving_prompt(preset, max_num_batched_tokens)`: the longest prompt
+#    that survives alone without the fix when the chunk size changes (use
+#    `tqlab.predict.analysis.first_failing_prompt` and `unfixed_locked_bytes`). (§3)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb06
+
+
+def boundary_layers(num_layers, hybrid):
+    raise NotImplementedError
+
+
+def kv_share(preset, gpu):
+    raise NotImplementedError
+
+
+def longest_surviving_prompt(preset, max_num_batched_tokens):
+    raise NotImplementedError
+
+
+check("boundary_layers", boundary_layers, nb06.boundary_layers, nb06.CASES["boundary_layers"])
+check("kv_share", kv_share, nb06.kv_share, nb06.CASES["kv_share"], rel_tol=1e-9)
+check("longest_surviving_prompt", longest_surviving_prompt, nb06.longest_surviving_prompt, nb06.CASES["longest_surviving_prompt"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig, load_preset
+# from tqlab.core.hardware import gpu_target
+# from tqlab.core.reservation import plan_bytes, reservation_plan
+# from tqlab.predict.analysis import first_failing_prompt, unfixed_locked_bytes
+#
+#
+# def boundary_layers(num_layers, hybrid):
+#     if hybrid:
+#         return 0
+#     n = min(2, num_layers // 2)
+#     return len(set(range(n)) | set(range(num_layers - n, num_layers)))
+#
+#
+# def kv_share(preset, gpu):
+#     cfg = EngineConfig.from_preset(preset)
+#     w = load_preset(preset)["weights"]
+#     weights = int(w["parameters"] * w["bytes_per_parameter"]) // cfg.tensor_parallel_size
+#     pool = int(0.92 * int(gpu_target(gpu).memory_gib * 2**30)) - weights - 2**30
+#     return plan_bytes(reservation_plan(cfg)) * cfg.num_ubatches / pool
+#
+#
+# def longest_surviving_prompt(preset, max_num_batched_tokens):
+#     cfg = EngineConfig.from_preset(preset, max_num_batched_tokens=max_num_batched_tokens)
+#     bad = first_failing_prompt(cfg, unfixed_locked_bytes(cfg))
+#     return cfg.max_model_len - 1 if bad is None else min(bad - 1, cfg.max_model_len - 1)
+# ```
+#
+# </details>

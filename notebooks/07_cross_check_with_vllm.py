@@ -14,28 +14,21 @@
 # ---
 
 # %% [markdown]
-# # 07 · Cross-check with vLLM, and watch a real workspace
+# # 07 · How do we know tqlab is right? Cross-checks against vLLM's own code
 #
-# The other notebooks use tqlab's own `WorkspaceManager` and reservation. This one puts
-# them next to **vLLM's own classes** (vLLM 0.33, which contains the fix, PR #44053) and
-# shows the same numbers from both. You will learn, point by point, where tqlab matches vLLM:
+# Every other notebook runs tqlab's `WorkspaceManager`, reservation and predictor. Why trust them? This
+# lesson puts them next to **vLLM's own classes** (vLLM 0.33, which contains the fix, PR #44053) and asks,
+# for each piece, the question a reviewer would ask: *run the same input through both — do they give the
+# same output, byte for byte?* You will learn three ways to check a model of a system against the system:
 #
-# 1. the same call sequence through `vllm.v1.worker.workspace.WorkspaceManager` and
-#    `tqlab.core.workspace.WorkspaceManager`: view offsets, slot sizes, refusals, word for word;
-# 2. the reservation that vLLM's `TurboQuantMetadataBuilder` makes, next to
-#    `tqlab.core.reservation.reservation_plan`, for every preset, and its early return when no
-#    workspace manager exists; 2b. every other workspace consumer of vLLM 0.33 (seed 002's
-#    table, counted in vLLM's source, FlashMLA sparse's reservation among them);
-# 3. the bug report's assertion, raised by vLLM's own `_continuation_prefill`, and one picture
-#    of every byte count of sections 2–3, vLLM's next to tqlab's;
-# 4. `tqlab.vllm.WorkspaceTracer` attached to vLLM's manager in the bug report's scenario:
-#    the high-water mark per caller, the size at lock, and the violation with its caller;
-# 5. the predictor behind `tqlab inspect-vllm`: a `vllm serve` command line plus the
-#    model's `config.json` give, per consumer, the workspace a prompt needs and the
-#    largest safe `max_model_len`;
-# 6. where tqlab and vLLM differ on purpose, and what the parity suite counted.
-# 7. tqlab's vLLM plugin: one record per rank of a real deployment, merged by
-#    `tqlab trace-report` and held against the prediction (a recorded two-rank run).
+# 1. **the same calls, side by side**: one call sequence through vLLM's `WorkspaceManager` and tqlab's
+#    (view offsets, slot sizes, refusals, word for word), and the reservation vLLM's
+#    `TurboQuantMetadataBuilder` makes next to `tqlab.core.reservation.reservation_plan`, for every preset;
+# 2. **the failure itself, reproduced by the real code**: the bug report's assertion raised by vLLM's own
+#    `_continuation_prefill`, a tracer that watches vLLM's manager, and one picture of every byte count;
+# 3. **prediction before observation**: `tqlab inspect-vllm` predicts from a `vllm serve` line and a
+#    `config.json`; a recorded two-rank deployment, traced by tqlab's vLLM plugin, is held against it;
+#    and where tqlab and vLLM still differ, and what the parity suite counted.
 #
 # **What you need.** CPU only. vLLM's pure-Python modules run on a CPU-only torch; its
 # kernels never run (see `parity/README.md`).
@@ -47,8 +40,8 @@
 # manager) and 5 always run live.
 #
 # **Run time.** Under 10 s without vLLM. With vLLM, about 30 s, most of it the import
-# of vLLM. Ten **predict, then run** cells ask a question first; the cell after it answers
-# it and checks tqlab's predictions against vLLM's own classes with `assert`s.
+# of vLLM. Each **predict, then run** question comes before the cell that answers it and
+# checks tqlab's predictions against vLLM's own classes with `assert`s.
 #
 # **Units.** MiB = 2**20 bytes, as everywhere in tqlab (notebook 01); vLLM's own message says
 # "MB" for the same unit, and is quoted as it is.
@@ -82,7 +75,7 @@ CACHED_LEN = None  # cached tokens before the long continuation chunk; None: the
 # %%
 from tqlab import vllm as vt
 from tqlab.predict import report as rp
-from tqlab.predict.analysis import unfixed_locked_bytes
+from tqlab.predict.analysis import safe_max_model_len, unfixed_locked_bytes
 from tqlab.core.config import EngineConfig, load_preset
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.lab.recorded import show_parity_banner
@@ -151,8 +144,13 @@ print(f"bug report (vLLM 0.20): requires {rp.BUG_REPORT_REQUIRED_MB} MB, current
 # Each step is either a `get_simultaneous` on a ubatch slot (2 slots, as with DBO) or a
 # lock/unlock. The steps are the bug report's decode views, a small request in slot 1, empty
 # views, the lock, a request that fits, the continuation request for `CACHED_LEN` cached
-# tokens that does not, the decode views at `max_num_seqs` rows on slot 1, then an unlock. Both managers are called from the same line of
-# `tqlab/vllm/`, so their refusal messages must match to the letter, caller included.
+# tokens, the decode views at `max_num_seqs` rows on slot 1, then an unlock. Both managers are
+# called from the same line of `tqlab/vllm/`, so their refusal messages must match to the
+# letter, caller included. vLLM 0.33 grows only the slot that asks.
+#
+# **Predict, then run.** How many of the steps differ between the two managers? How many are
+# refused after the lock, on which slot, and asking how many bytes against how many? (Hint:
+# `CONT`, `LOCKED` and one decode row's `ONE_ROW` are in section 0's table.)
 
 # %%
 if LIVE:
@@ -163,35 +161,31 @@ show_md(markdown_table(
     ["step", "call", "vLLM", "tqlab", "same"],
     [[r["step"], r["op"], r["vllm"], r["tqlab"], "✔" if r["same"] else "✘"] for r in rows],
 ))
-print(f"{sum(r['same'] for r in rows)}/{len(rows)} steps identical")
-
-# %% [markdown]
-# The two refusals are the bug in miniature. After the lock, slot 0 holds the decode
-# views and the continuation buffers do not fit. Slot 1 grew only for a single decode
-# row, so it refuses `max_num_seqs` rows. vLLM 0.33 grows only the slot that asks, and
-# so does tqlab.
-#
-# **Predict, then run.** How many of the steps differ between the two managers? How many are
-# refused after the lock, on which slot, and asking how many bytes against how many? (Hint:
-# `CONT`, `LOCKED` and one decode row's `ONE_ROW` are in section 0's table.)
-
-# %%
 refused = [r for r in rows if "Workspace is locked" in r["vllm"]]
 assert all(r["same"] for r in rows), [r["step"] for r in rows if not r["same"]]
 assert len(refused) == 2, [r["step"] for r in refused]
 assert refused[0]["vllm"].endswith(TAIL)
 assert refused[1]["vllm"].endswith(f"requires {format_mb(LOCKED)} MB, current size is {format_mb(ONE_ROW)} MB. "
                                    "Workspace growth is not allowed after locking.")
-show_md(f"Slot 0 refused **{format_mb(CONT)} MiB** at **{format_mb(LOCKED)} MiB**; slot 1 refused "
-        f"**{format_mb(LOCKED)} MiB** at **{format_mb(ONE_ROW)} MiB**: as predicted, in both managers.")
+show_md(f"{sum(r['same'] for r in rows)}/{len(rows)} steps identical. Slot 0 refused **{format_mb(CONT)} MiB** at "
+        f"**{format_mb(LOCKED)} MiB**; slot 1 refused **{format_mb(LOCKED)} MiB** at **{format_mb(ONE_ROW)} MiB**: "
+        "as predicted, in both managers.")
 
 # %% [markdown]
-#
+# The two refusals are the bug in miniature. After the lock, slot 0 holds the decode
+# views and the continuation buffers do not fit. Slot 1 grew only for a single decode
+# row, so it refuses `max_num_seqs` rows.
+
+# %% [markdown]
 # ## 2 · The reservation (PR #44053), vLLM's builder vs `reservation_plan`
 #
 # vLLM's `TurboQuantMetadataBuilder` is built with stand-in configs, as vLLM's own unit
 # test builds it (`tqlab.vllm.fake_vllm_configs`). A recorder stands in for the
 # workspace manager and keeps the calls.
+#
+# **Predict, then run.** For how many presets do vLLM's builder and `reservation_plan` make
+# different calls? Which preset reserves the most, and is it the longest `max_model_len` or
+# the most KV heads per rank that decides?
 
 # %%
 rows = vt.compare_reservations() if LIVE else recorded["test_reservation_table:rows"]
@@ -200,20 +194,15 @@ show_md(markdown_table(
     [[r["preset"], r["vllm_calls"], r["tqlab_calls"], f"{format_mb(r['reserved_bytes'])} MiB", "✔" if r["same"] else "✘"]
      for r in rows],
 ))
-
-# %% [markdown]
-# **Predict, then run.** For how many presets do vLLM's builder and `reservation_plan` make
-# different calls? Which preset reserves the most, and is it the longest `max_model_len` or
-# the most KV heads per rank that decides?
-
-# %%
 assert all(r["same"] for r in rows), [r["preset"] for r in rows if not r["same"]]
 biggest = max(rows, key=lambda r: r["reserved_bytes"])
 print(f"{sum(not r['same'] for r in rows)} of {len(rows)} presets differ; the largest reservation is "
       f"{biggest['preset']}'s, {format_mb(biggest['reserved_bytes'])} MiB")
 
 # %% [markdown]
-# **The early return.** PR #44053's `_reserve_workspace` starts with
+# ### The early return
+#
+# PR #44053's `_reserve_workspace` starts with
 # `if not is_workspace_manager_initialized(): return` (`vllm/v1/attention/backends/turboquant_attn.py`):
 # a metadata builder made outside a worker, with no workspace manager yet (a unit test, a
 # tool), reserves nothing and raises nothing. `tqlab.core.reservation.reserve_workspace` does
@@ -253,57 +242,9 @@ else:
 print(f"no manager: reserve_workspace returned {early}; with one: {len(made)} calls, {format_mb(FIXED)} MiB")
 
 # %% [markdown]
-# ## 2b · Who else asks the workspace: seed 002's table, counted in vLLM 0.33
-#
-# Seed 002 (a deep dive into the `WorkspaceManager`) lists its users: FlashAttention's DCP
-# path (`FlashAttnImpl`), FlashMLA sparse (`FlashMLASparseImpl`), fused MoE
-# (`FusedMoEModularKernel`), the sparse attention indexer, and Elastic EP, which only unlocks
-# and re-locks around a new warm-up. The census of vLLM's workspace call sites
-# (`parity/gen_consumer_census.py`, vLLM's source read with `ast`, nothing imported) lists every
-# `get_simultaneous` / `get_persistent` call with the phase that first sizes it;
-# `tqlab.vllm.source_scan.workspace_consumers` reads off it the files that call the workspace, their
-# `get_simultaneous` calls, and which files reserve ahead (a call site read as a reservation that a
-# phase before the lock runs). Live when vLLM's source is installed (`.venv-parity`); otherwise the
-# census's recording `data/vllm_0_33_workspace_consumers.json`, with its provenance.
-#
-# **Predict, then run.** Seed 002 names five users. How many files of vLLM 0.33 call
-# the workspace — about five, a dozen, or more? How many of them reserve ahead,
-# as TurboQuant now does?
-
-# %%
-from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
-
-src = find_vllm_source()  # $PARITY_VENV or the repository's .venv-parity (bash parity/run.sh makes it)
-census, where = load_census(src)  # live from vLLM's source when installed, else the recording
-consumers = workspace_consumers(census)
-show_md(markdown_table(
-    ["seed 002's row", "consumer", "file in vLLM", "holds the seed's call", "get_simultaneous calls"],
-    [[r["scenario"], r["consumer"], f"`{r['file']}`", "✔" if r["present"] else "✘", r["get_simultaneous_calls"]]
-     for r in consumers["seed_table"]],
-))
-mla = consumers["flashmla_sparse_init"]
-print(f"{where}\n{len(consumers['files'])} files call the workspace "
-      f"({sum(consumers['get_simultaneous_calls'].values())} get_simultaneous calls); "
-      f"{len(consumers['reservers'])} reserve ahead: {consumers['reservers']}")
-assert all(r["present"] for r in consumers["seed_table"]), consumers["seed_table"]
-assert "v1/attention/backends/turboquant_attn.py" in consumers["reservers"]
-assert len(consumers["files"]) > len(consumers["seed_table"])  # the seed's table is a sample, not the list
-assert mla["found"] and mla["get_simultaneous_calls"] >= 1
-
-# %% [markdown]
-# **FlashMLA sparse reserves in `__init__`.** Seed 002 §6.4 shows `FlashMLASparseImpl.__init__`
-# calling `get_simultaneous` and *keeping* the views (`self.q_concat_buffer`, ...). vLLM 0.33's
-# `__init__` (in `vllm/v1/attention/backends/mla/flashmla_sparse.py`) still calls it at build
-# time — so the workspace grows before capture, like PR #44053's reservation — but keeps no
-# view ("Reserve capacity without retaining views that prevent old storage from being released
-# when another layer grows the shared workspace"); the counts above say how many views it keeps.
-# Each consumer is at risk of the bug exactly when its size depends on something neither the
-# profile run, the builders nor capture reach, as TurboQuant's cached length did.
-
-# %%
-print(f"FlashMLASparseImpl.__init__: {mla['get_simultaneous_calls']} get_simultaneous call(s), "
-      f"{mla['views_kept_as_attributes']} view(s) kept as attributes")
-assert mla["views_kept_as_attributes"] == 0  # vLLM 0.33 reserves capacity only (seed 002 kept the views)
+# **Who else asks the workspace?** TurboQuant is one consumer of many. Notebook 10 is their home: every
+# consumer vLLM 0.33's source calls the workspace from (a census read from its code), which phase sizes each,
+# and which could crash the way TurboQuant did.
 
 # %% [markdown]
 # ## 3 · The bug report's assertion, raised by vLLM's own code
@@ -313,6 +254,10 @@ assert mla["views_kept_as_attributes"] == 0  # vLLM 0.33 reserves capacity only 
 # new tokens after `CACHED_LEN` cached ones goes through vLLM's `_prefill_attention`, which hands it to
 # `_continuation_prefill`. The same steps run once more with the fix (the builder reserves
 # first), and once through tqlab's manager.
+#
+# **Predict, then run.** Without the fix, what size does vLLM's own `_continuation_prefill`
+# ask for, against what size at lock — and does tqlab's manager word it the same way after the
+# caller? With the fix, at what size do both lock?
 
 # %%
 if LIVE:
@@ -336,13 +281,6 @@ show_md(markdown_table(
     [["with" if r["fixed"] else "without", f"{format_mb(r['vllm']['size_at_lock'][0])} MiB",
       _outcome(r["vllm"]), _outcome(r["tqlab"])] for r in seed_rows],
 ))
-
-# %% [markdown]
-# **Predict, then run.** Without the fix, what size does vLLM's own `_continuation_prefill`
-# ask for, against what size at lock — and does tqlab's manager word it the same way after the
-# caller? With the fix, at what size do both lock?
-
-# %%
 unfixed, fixed = (next(r for r in seed_rows if r["fixed"] is f) for f in (False, True))
 for side in ("vllm", "tqlab"):
     assert unfixed[side]["cached_len"] == CACHED_LEN
@@ -370,7 +308,8 @@ print(f"vLLM's refusal {'matches' if same_as_report else 'differs from'} the bug
 # builder makes per preset (its calls laid out by the workspace rule) next to tqlab's
 # `reservation_plan`, and the bug report's scenario — the size at lock without the fix, what
 # `_continuation_prefill` asks, the size at lock with the fix — from vLLM's manager and from
-# tqlab's. A dot (vLLM) and a diamond (tqlab) at the same height in each row agree.
+# tqlab's. A dot (vLLM) and a diamond (tqlab) at the same height in each row agree; a preset
+# that reserves nothing (no TurboQuant layer) sits at the left edge, labelled.
 #
 # **Predict, then run.** Will any row show the two markers apart? And how many times larger
 # than the size at lock (without the fix) is the continuation request?
@@ -400,8 +339,6 @@ points = parity_points(reservations, seed_rows)
 fig = plot_parity_side_by_side(points, title=f"tqlab vs vLLM {vllm_version() if LIVE else recorded_prov['vllm'] + ' (recorded)'}"
                                f": {PRESET} scenario at cached_len {CACHED_LEN:,}, reservations per preset")
 plt.show()
-
-# %%
 apart = [(panel, label) for panel, label, v, t in points if v != t]
 ratio = next(v for _, label, v, _ in points if label == "_continuation_prefill asks") / LOCKED
 assert apart == [], apart
@@ -419,43 +356,60 @@ print(f"{len(points)} rows, {len(apart)} apart; the continuation request is {rat
 # name the real caller. In a real deployment, `tqlab.vllm.install_vllm_hook(path)`
 # does the same for every manager the worker process creates, and writes the report
 # to JSON when the process exits.
-
-# %%
-for r in seed_rows:
-    label = "with the fix" if r["fixed"] else "without the fix"
-    print(f"--- vLLM's manager, {label}{'' if LIVE else ' (recorded)'}")
-    print(vt.format_trace_report(r["vllm"]["trace"]))
-    print()
-
-m_trace = vt.run_seed_scenario(config, cached_len=CACHED_LEN, fixed=False)  # always live: tqlab's manager
-print("--- tqlab's manager, without the fix (live)")
-print(vt.format_trace_report(m_trace.trace))
-
-# %% [markdown]
+#
 # **Predict, then run.** How many violations does each tracer record, by which caller? Which
 # caller's high-water mark set the size at lock?
 
 # %%
+m_trace = vt.run_seed_scenario(config, cached_len=CACHED_LEN, fixed=False)  # always live: tqlab's manager
+traces = [(f"vLLM, {'with' if r['fixed'] else 'without'} the fix{'' if LIVE else ' (recorded)'}", r["vllm"]["trace"])
+          for r in seed_rows] + [("tqlab, without the fix (live)", m_trace.trace)]
+
+
+def _high(trace, name):
+    return next((c["high_water_bytes"] for c in trace["callers"] if c["caller"].endswith(":" + name)), 0)
+
+
+show_md(markdown_table(
+    ["manager", "_decode_attention high-water", "_continuation_prefill high-water", "size at lock", "violations"],
+    [[label, f"{format_mb(_high(t, '_decode_attention'))} MiB", f"{format_mb(_high(t, '_continuation_prefill'))} MiB",
+      f"{format_mb(t['size_at_lock_bytes'][0])} MiB",
+      "; ".join(f"{v['caller'].rsplit(':', 1)[1]} asked {format_mb(v['required_bytes'])} MiB at "
+                f"{format_mb(v['current_bytes'])} MiB (slot {v['slot']})" for v in t["violations"]) or "none"]
+     for label, t in traces]))
 for label, trace in (("vLLM", unfixed["vllm"]["trace"]), ("tqlab", m_trace.trace)):
     (v,) = trace["violations"]
     assert v["caller"].endswith(":_continuation_prefill") and v["slot"] == 0, (label, v)
     assert (v["required_bytes"], v["current_bytes"]) == (CONT, LOCKED), (label, v)
     assert trace["size_at_lock_bytes"][0] == LOCKED
-    high = {c["caller"].rsplit(":", 1)[1]: c["high_water_bytes"] for c in trace["callers"]}
-    assert high["_continuation_prefill"] == CONT and high["_decode_attention"] == LOCKED, (label, high)
-print(f"both tracers: one violation, {format_mb(CONT)} MiB asked at {format_mb(LOCKED)} MiB, as predicted")
+    assert _high(trace, "_continuation_prefill") == CONT and _high(trace, "_decode_attention") == LOCKED, label
+assert fixed["vllm"]["trace"]["violations"] == []
+print(f"both tracers: one violation, {format_mb(CONT)} MiB asked at {format_mb(LOCKED)} MiB, as predicted; "
+      "none with the fix")
 
 # %% [markdown]
 # ## 5 · Predict it from the deployment: `tqlab inspect-vllm`
 #
-# The input is the bug report's `vllm serve` line and a `config.json`. This notebook
-# downloads nothing, so the `config.json` here is built from the preset's attention
-# fields: query heads, KV heads, head dim and dtype. `inspect_vllm` turns both into
-# per-rank shapes. For each prompt length and each consumer it gives the workspace
-# needed and whether that fits the size at lock, with and without the fix. It also gives
-# the largest safe `max_model_len`, in two versions: for a request alone, and for any
-# chunking that a busy scheduler or a prefix-cache hit can produce. With vLLM importable
-# (`demo`), the first crashing chunk also runs through vLLM's own classes.
+# The input is the bug report's `vllm serve` line and the model's `config.json`. This notebook
+# downloads nothing, so the `config.json` here is built from the preset: its attention fields
+# (query heads, KV heads, head dim, dtype) and, because the report's model is a **hybrid**
+# (Mamba and MoE layers around 8 attention layers), a Nemotron-H layer pattern
+# (`hybrid_override_pattern`: `*` attention, `M` Mamba, `E` MoE) with those 8 attention layers. The
+# hybrid layout matters: for a dense model vLLM 0.33 keeps the first and last two attention layers
+# off TurboQuant, for a hybrid none (`TurboQuantConfig.get_boundary_skip_layers`), and a hybrid with
+# prefix caching on ends its prefill chunks on block boundaries. The Mamba state sizes are not in the
+# preset, so the block size stays the preset's (vLLM would raise it to fit a Mamba page; notebook 02 §5).
+# `inspect_vllm` turns both into per-rank shapes; for each prompt length and each consumer it gives the
+# workspace needed and whether that fits the size at lock, with and without the fix, and the largest
+# safe `max_model_len` for a request alone and for any chunking a busy scheduler or a prefix-cache hit
+# can produce. With vLLM importable (`demo`), the first crashing chunk also runs through vLLM's own
+# classes.
+#
+# **Predict, then run.** Of the four prompt lengths in the cell, which crash without the fix? For
+# the first that does: at what cached length is the refused chunk, and how many bytes do its
+# two fp16 dequant buffers take? (The chunk rule: the first chunk is `max_num_batched_tokens`
+# fresh tokens; a second chunk of at most 128 new tokens runs the decode kernel.) How many of the
+# 8 attention layers are TurboQuant, and does the busy-server bound agree with notebook 09's?
 
 # %%
 serve_cmd = (
@@ -465,43 +419,46 @@ serve_cmd = (
     f"--kv-cache-dtype {config.kv_cache_dtype}"
 )
 model_json = {  # the fields of the model's config.json that size the workspace
+    "architectures": ["NemotronHForCausalLM"],
     "num_attention_heads": config.num_attention_heads,
     "num_key_value_heads": config.num_key_value_heads,
     "head_dim": config.head_dim,
-    "num_hidden_layers": config.num_hidden_layers,
+    "num_hidden_layers": 3 * config.num_hidden_layers,  # one Mamba, one attention, one MoE layer per group
+    "hybrid_override_pattern": "M*E" * config.num_hidden_layers,
     "torch_dtype": str(config.dtype).removeprefix("torch."),
 }
 first_two_chunks = config.max_num_batched_tokens + 1 + rp.CONTINUATION_DECODE_THRESHOLD  # 128 new tokens: last safe
 prompts = [config.max_num_batched_tokens, first_two_chunks - 1, first_two_chunks, 2 * config.max_num_batched_tokens]
 print(serve_cmd)
-report = rp.inspect_vllm(serve_cmd, model_json, prompt_tokens=prompts, demo=LIVE)
+report = rp.inspect_vllm(serve_cmd, model_json, prompt_tokens=prompts, demo=LIVE, quiet=True)
+pred = report["prediction"]
+show_md("\n".join(f"- {n}" for n in pred["notes"] if "hybrid" in n or "layers" in n))
 
-# %% [markdown]
-# **Predict, then run.** Of the four prompt lengths above, which crash without the fix? For
-# the first that does: at what cached length is the refused chunk, and how many bytes do its
-# two fp16 dequant buffers take? (The chunk rule: the first chunk is `max_num_batched_tokens`
-# fresh tokens; a second chunk of at most 128 new tokens runs the decode kernel.)
-
-# %%
 m = config.max_num_batched_tokens
-by_len = {r["prompt_tokens"]: r for r in report["prediction"]["requests"]}
+by_len = {r["prompt_tokens"]: r for r in pred["requests"]}
 want = 2 * HK * m * D * 2  # two fp16 buffers of (1, Hk, m, D), m a multiple of block_size
 assert m % config.block_size == 0
 assert [by_len[n]["crashes_unfixed"] for n in prompts] == [False, False, True, True]
 assert not any(r["crashes_fixed"] for r in by_len.values())
-assert report["prediction"]["first_failing_prompt"] == first_two_chunks
+assert pred["first_failing_prompt"] == first_two_chunks
 for n in prompts[2:]:
     f = by_len[n]["first_refused_unfixed"]
     assert (f["consumer"], f["cached_len"], f["nbytes"]) == (rp.DEQUANT_CHUNK, m, want), f
-assert report["prediction"]["max_num_batched_tokens_source"] == "flag --max-num-batched-tokens"
+assert pred["max_num_batched_tokens_source"] == "flag --max-num-batched-tokens"
+assert not any("TurboQuant layers:" in n for n in pred["notes"])  # a hybrid: every attention layer is TurboQuant
+busy = safe_max_model_len(config, LOCKED, schedule="any")  # notebook 09 §4's bound, from the preset
+assert pred["safe_max_model_len_any_schedule"] == busy
 if LIVE:
     (v_unfixed, *v_fixed) = report["demo"]
     assert v_unfixed["error"].endswith(f"requires {format_mb(want)} MB, current size is {format_mb(LOCKED)} MB. "
                                        "Workspace growth is not allowed after locking.")
     assert all(r["error"] is None for r in v_fixed)
-print("crash without the fix: " + ", ".join(f"{n:,} tokens: {by_len[n]['crashes_unfixed']}" for n in prompts))
-show_md(f"First refused call: cached {m:,}, 2 × {HK} × {m:,} × {D} × 2 bytes = **{want:,} bytes = "
-        f"{format_mb(want)} MiB**, as predicted{' and as vLLM raised it' if LIVE else ''}.")
+show_md("Crash without the fix: " + ", ".join(f"{n:,} tokens: **{'yes' if by_len[n]['crashes_unfixed'] else 'no'}**"
+                                              for n in prompts)
+        + f". First refused call: cached {m:,}, 2 × {HK} × {m:,} × {D} × 2 bytes = **{want:,} bytes = "
+        f"{format_mb(want)} MiB**{', as vLLM raised it' if LIVE else ''}. Safe `max_model_len` without the fix: "
+        f"{pred['safe_max_model_len_alone']:,} for a request alone, **{pred['safe_max_model_len_any_schedule']:,}** "
+        f"under any chunking — notebook 09's bound for the preset is {busy:,}.")
 
 # %% [markdown]
 # **The same line without `--max-num-batched-tokens`.** The bug report does not give it.
@@ -512,7 +469,7 @@ show_md(f"First refused call: cached {m:,}, 2 × {HK} × {m:,} × {D} × 2 bytes
 
 # %%
 bare_cmd = serve_cmd.replace(f" --max-num-batched-tokens {m}", "")
-bare = rp.inspect_vllm(bare_cmd, model_json, prompt_tokens=[PROMPT])["prediction"]
+bare = rp.inspect_vllm(bare_cmd, model_json, prompt_tokens=[PROMPT], quiet=True)["prediction"]
 m0 = bare["max_num_batched_tokens"]
 f0 = bare["requests"][0]["first_refused_unfixed"]
 assert bare["max_num_batched_tokens_source"].startswith("vLLM default (`vllm serve`")
@@ -529,6 +486,17 @@ show_md(f"Default chunk {m0:,}: first refused call at cached {m0:,}, **{format_m
 # always crash. With the fix, every length up to `max_model_len` fits.
 #
 # ## 6 · Where tqlab and vLLM differ, and what the parity suite counted
+#
+# A cross-check is only as good as what it compared. The parity suite (`make parity`) runs vLLM's own
+# classes against tqlab's on random call sequences, random configurations and the predictor's verdicts,
+# and records what it found. Two behaviours differ on purpose (a first request whose views are all empty,
+# a negative dimension); one difference it found was a tqlab bug, since fixed: a continuation chunk of at
+# most 128 new tokens runs vLLM's decode kernel, which allocates its own buffers and asks the workspace
+# for nothing. (Which slot the reservation sizes under DBO is notebook 03 §6c's lesson.)
+#
+# **Predict, then run.** Did the recorded parity run fail anything? Did every comparison it
+# counts actually happen (call sequences with refusals among them, random configs, predictor
+# verdicts)?
 
 # %%
 prov, rec = vt.load_parity_results()  # the divergences as the last parity run observed them
@@ -536,8 +504,6 @@ if LIVE:
     print(f"from the last recorded parity run: vLLM {prov['vllm']}, {prov['date']}, commit {prov['commit'][:12]}")
 else:
     show_parity_banner(prov)
-dbo_v = [f"{format_mb(b)} MiB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:vllm_slot_sizes"]]
-dbo_t = [f"{format_mb(b)} MiB" for b in rec["test_divergence_dbo_reservation_sizes_one_slot:tqlab_slot_sizes"]]
 show_md(markdown_table(
     ["case", f"vLLM {prov['vllm']}", "tqlab"],
     [
@@ -545,56 +511,39 @@ show_md(markdown_table(
          rec["test_divergence_1_all_empty_first_request:tqlab"]],
         ["negative dimension", rec["test_divergence_2_negative_dimension:vllm"],
          rec["test_divergence_2_negative_dimension:tqlab"]],
-        ["dtype that is not a torch.dtype", "AttributeError", "TypeError"],
-        ["ubatch slot out of range", "IndexError", "ValueError"],
-        ["current_workspace_manager() before init", "AssertionError", "RuntimeError"],
-        ["DBO: slot sizes after the builder's reservation", f"{dbo_v} (only the slot it runs in)",
-         f"{dbo_t} " + ("(reserve_workspace: the slot it runs in, as vLLM)" if dbo_t == dbo_v
-                        else "(reserve_workspace sized every slot when this was recorded)")],
         [f"continuation chunk of ≤ {rp.CONTINUATION_DECODE_THRESHOLD} new tokens (found by this suite, now agreeing)",
          rec["test_short_continuation_chunks_make_no_workspace_call:vllm_q128"]
          + " (the decode kernel allocates its own buffers)",
-         f"{rec['test_short_continuation_chunks_make_no_workspace_call:tqlab_reservation_q128_bytes']} bytes asked of the workspace "
-         "(tqlab first modelled decode views with q_len rows; the parity suite caught it)"],
+         f"{rec['test_short_continuation_chunks_make_no_workspace_call:tqlab_reservation_q128_bytes']} bytes asked of the workspace"],
     ],
 ))
 diff = rec["test_zz_record_differential_stats:differential"]
 cfgs = rec["test_zz_record_reservation_coverage:random_configs"]
-pred = rec["test_zz_record_predictor_coverage:predictor_cases"]
-show_md(markdown_table(
-    ["what", "count"],
-    [
-        ["parity tests passed", rec["summary"].get("passed", 0)],
-        ["parity tests failed", rec["summary"].get("failed", 0)],
-        ["random call sequences / steps compared", f"{diff['sequences']} / {diff['steps']}"],
-        ["… of which refusals (identical text)", diff["refusals"]],
-        ["… all-empty first requests (divergence 1, asserted)", diff["all_empty_first"]],
-        ["random configs: builder calls == reservation_plan", cfgs["compared"]],
-        ["random configs: predictor verdict == vLLM's own code path", pred["compared"]],
-    ],
-))
-
-# %% [markdown]
-# **Predict, then run.** Did the recorded parity run fail anything? Did every comparison it
-# counts actually happen (call sequences with refusals among them, random configs, predictor
-# verdicts)?
-
-# %%
+pred_cov = rec["test_zz_record_predictor_coverage:predictor_cases"]
+counts = {"parity tests passed": rec["summary"].get("passed", 0), "parity tests failed": rec["summary"].get("failed", 0),
+          "random call sequences": diff["sequences"], "… their steps": diff["steps"], "… refusals (same text)": diff["refusals"],
+          "random configs: builder == reservation_plan": cfgs["compared"],
+          "random configs: predictor verdict == vLLM's code path": pred_cov["compared"]}
+fig, ax = plt.subplots(figsize=(8, 3.2), layout="constrained")
+ax.barh(list(counts)[::-1], list(counts.values())[::-1], color=["#c53030" if "failed" in k else "#2b6cb0" for k in counts][::-1])
+ax.set_xscale("symlog")
+ax.set_xlabel("count (symmetric log scale)")
+for y, v in enumerate(list(counts.values())[::-1]):
+    ax.annotate(f"{v:,}", (v, y), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+ax.set_title(f"what the parity suite compared (vLLM {prov['vllm']}, recorded {prov['date'][:10]})", fontsize=10, loc="left")
+plt.show()
 assert rec["summary"].get("failed", 0) == 0 and rec["summary"].get("error", 0) == 0
 assert rec["summary"]["passed"] > 0
 assert diff["sequences"] > 0 and diff["steps"] >= diff["sequences"] and diff["refusals"] > 0
 assert cfgs["compared"] > 0
-assert pred["compared"] == pred["crashes"] + pred["fits"] > 0
+assert pred_cov["compared"] == pred_cov["crashes"] + pred_cov["fits"] > 0
 print(f"parity summary: {rec['summary']}")
 
 # %% [markdown]
-# The last two rows of the divergence table are about more than tqlab. In vLLM 0.33 the
-# reservation covers only the slot it runs in, so with DBO, slot 1 can still refuse a
-# long chunk after the lock. And PR #44053 reserves continuation buffers only when chunked
-# prefill is on. A prefix-cache hit produces a continuation chunk all the same, and the
-# parity suite shows vLLM's own code refusing that chunk with the fix in place
-# (`test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill`). That was shown with
-# vLLM's classes on CPU; it has not been run end to end on a GPU.
+# What the suite also showed about vLLM itself: PR #44053 reserves continuation buffers only when chunked
+# prefill is on, yet a prefix-cache hit produces a continuation chunk all the same, and vLLM's own code
+# refuses that chunk with the fix in place (`test_fix_leaves_prefix_hits_uncovered_without_chunked_prefill`;
+# notebook 03 §6b). That was shown with vLLM's classes on CPU; it has not been run end to end on a GPU.
 
 # %% [markdown]
 # ## 7 · Every rank of a real deployment: the vLLM plugin
@@ -630,12 +579,10 @@ print(f"parity summary: {rec['summary']}")
 # the prediction before it reads the records.
 
 # %%
-from rich.console import Console
-
 from tqlab.core.provenance import DATA_DIR, load_recorded
 from tqlab.lab.recorded import show_banner
 from tqlab.predict import analysis
-from tqlab.predict.trace_report import load_trace_dir, render, trace_report
+from tqlab.predict.trace_report import load_trace_dir, trace_report
 from tqlab.vllm.deployment import deployment_from_preset
 
 TRACE = load_recorded("trace_two_ranks")
@@ -650,10 +597,14 @@ print(f"prediction for `{TRACE.data['engine_args']}`: per rank Hq {tp2.num_heads
 
 # %%
 TRACE_DIR = DATA_DIR / "trace_two_ranks"
-trace = trace_report(TRACE_DIR, TRACE.data["engine_args"], preset=TRACE.data["preset"])
-console = Console(width=130, highlight=False)
-for line in render(trace):
-    console.print(line)
+trace = trace_report(TRACE_DIR, TRACE.data["engine_args"], preset=TRACE.data["preset"])  # `tqlab trace-report`'s data
+show_md(markdown_table(
+    ["rank", "record", "locked at", "refused", "predicted"],
+    [[row["rank"], f"`{row['file']}` ({row['event']})", ", ".join(f"{format_mb(b)} MiB" for b in row["lock_bytes"]),
+      "; ".join(f"{r['consumer']}: {format_mb(r['required_bytes'])} MiB at {format_mb(r['current_bytes'])} MiB"
+                for r in row["refused"]) or "none",
+      f"lock {format_mb(TP2_LOCKED)} MiB, refuse {format_mb(TP2_CONT)} MiB"] for row in trace["rows"]]))
+print(f"trace-report's verdict: {trace['verdict']}; ranks agree: {trace['ranks_agree']}")
 
 # %% [markdown]
 # **Check it yourself.** Both ranks locked at the predicted size and refused the
@@ -695,3 +646,72 @@ assert len(cut["warnings"]) == 1 and len(cut["rows"]) == 1 and cut["verdict"] ==
 
 # %%
 print(f"notebook ran in {time.perf_counter() - _T0:.1f} s ({'live vLLM' if LIVE else 'recorded parity results'})")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **vLLM's words.** `refusal_tail(required_bytes, current_bytes)`: the end of vLLM's refusal, from
+#    `requires` on: sizes in MiB with two decimals (vLLM calls them MB), then
+#    `Workspace growth is not allowed after locking.` (§1)
+# 2. **The continuation call.** `continuation_call_bytes(cached_len, kv_heads, head_dim, block_size)`: the two
+#    float16 dequant buffers `(1, kv_heads, cached_len rounded up to block_size, head_dim)`, each rounded up to
+#    256 bytes. (§3)
+# 3. **The first refused chunk.** `first_refused_cached_len(preset)`: the cached length of the first chunk of the
+#    preset's default prompt (`load_preset(preset)["default_prompt_tokens"]`) that the locked workspace refuses
+#    without the fix, or `None` (use `tqlab.predict.analysis.prefill_chunks`, `continuation_bytes` and
+#    `unfixed_locked_bytes`; a chunk of at most 128 new tokens asks nothing). (§5)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb07
+
+
+def refusal_tail(required_bytes, current_bytes):
+    raise NotImplementedError
+
+
+def continuation_call_bytes(cached_len, kv_heads, head_dim, block_size):
+    raise NotImplementedError
+
+
+def first_refused_cached_len(preset):
+    raise NotImplementedError
+
+
+check("refusal_tail", refusal_tail, nb07.refusal_tail, nb07.CASES["refusal_tail"])
+check("continuation_call_bytes", continuation_call_bytes, nb07.continuation_call_bytes, nb07.CASES["continuation_call_bytes"])
+check("first_refused_cached_len", first_refused_cached_len, nb07.first_refused_cached_len, nb07.CASES["first_refused_cached_len"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig, load_preset
+# from tqlab.predict import analysis
+#
+#
+# def refusal_tail(required_bytes, current_bytes):
+#     return (f"requires {required_bytes / 2**20:.2f} MB, current size is {current_bytes / 2**20:.2f} MB. "
+#             "Workspace growth is not allowed after locking.")
+#
+#
+# def continuation_call_bytes(cached_len, kv_heads, head_dim, block_size):
+#     padded = -(-cached_len // block_size) * block_size
+#     one = kv_heads * padded * head_dim * 2  # float16
+#     return 2 * (-(-one // 256) * 256)
+#
+#
+# def first_refused_cached_len(preset):
+#     cfg = EngineConfig.from_preset(preset)
+#     lock = analysis.unfixed_locked_bytes(cfg)
+#     for cached, new in analysis.prefill_chunks(cfg, load_preset(preset)["default_prompt_tokens"]):
+#         if cached and new > 128 and analysis.continuation_bytes(cfg, cached) > lock:
+#             return cached
+#     return None
+# ```
+#
+# </details>

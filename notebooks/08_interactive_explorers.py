@@ -57,16 +57,9 @@ from tqlab.core.config import EngineConfig, load_preset
 # %% [markdown]
 # ## 1 · Layout explorer
 #
-# The default call is the split-KV decode scratch of the PR's unit-test configuration. Type a shape
-# (e.g. `5, 7`), pick a dtype and **add view**: a view whose bytes are not a multiple of 256 is followed
-# by padding up to the next 256-byte boundary, and the next view starts there. **schematic** widths make small views and padding readable; **bytes** is to scale.
-
-# %%
-display(tw.snapshot(tw.layout_figure(tw.default_layout_requests())))
-layout_ui = tw.layout_explorer()
-layout_ui
-
-# %% [markdown]
+# The default call is the split-KV decode scratch of the PR's unit-test configuration: a view whose bytes are
+# not a multiple of 256 is followed by padding up to the next 256-byte boundary, and the next view starts there.
+#
 # **Predict, then run.** For the default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head
 # size 128), how many bytes is each of the three views, which of them needs padding to the 256-byte
 # alignment, and what is the total?
@@ -81,10 +74,21 @@ assert lay.total_bytes == sum(lay.nbytes)
 print(f"offsets {lay.offsets}, total {lay.total_bytes:,} bytes, as predicted")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The default call (PR #44053's unit test: 16 rows, 8 heads, 4 splits, head size 128):
-# the first view is 16·8·4·129 float32 = 264,192 bytes, a multiple of 256, so no padding; the second,
-# 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 = 512 bytes. Every offset is a
-# multiple of 256 and the total is the sum.
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The first view is 16·8·4·129 float32 = 264,192 bytes, a multiple
+# of 256, so no padding; the second, 16·8·128 float16 = 32,768 bytes, also none; the last, 16·8 float32 =
+# 512 bytes. Every offset is a multiple of 256 and the total is the sum.
+#
+# </details>
+#
+# Now the explorer, at that call: type a shape (e.g. `5, 7`), pick a dtype and **add view** to see padding
+# appear. **schematic** widths make small views and padding readable; **bytes** is to scale.
+
+# %%
+display(tw.snapshot(tw.layout_figure(tw.default_layout_requests())))
+layout_ui = tw.layout_explorer()
+layout_ui
 
 # %% [markdown]
 # ## 2 · Reservation planner
@@ -165,6 +169,75 @@ display(Markdown("\n".join(
 )))
 
 # %% [markdown]
-# **Answer** (checked by the cell above). One token either side of the planner's prediction, without the fix: the shorter
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# One token either side of the planner's prediction, without the fix: the shorter
 # prompt ends in a short continuation chunk (decode kernel, no workspace call) and is served; the predicted
 # one ends in a continuation prefill and crashes.
+#
+# </details>
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **One call's bytes.** `layout_total(views)`: the bytes of one `get_simultaneous` call whose views are
+#    `(shape, dtype name)` pairs (`"float32"`, `"float16"`, `"bfloat16"`, `"uint8"`), each rounded up to 256
+#    bytes. (§1)
+# 2. **Padding.** `padding_after(nbytes)`: the padding after a view of `nbytes` bytes. (§1)
+# 3. **The planner's bound.** `shortest_crashing_prompt(preset, max_num_seqs)`: the shortest prompt that crashes
+#    without the fix when `max_num_seqs` changes, or `None` (use `tqlab.predict.analysis.predict`). (§2)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb08
+
+
+def layout_total(views):
+    raise NotImplementedError
+
+
+def padding_after(nbytes):
+    raise NotImplementedError
+
+
+def shortest_crashing_prompt(preset, max_num_seqs):
+    raise NotImplementedError
+
+
+check("layout_total", layout_total, nb08.layout_total, nb08.CASES["layout_total"])
+check("padding_after", padding_after, nb08.padding_after, nb08.CASES["padding_after"])
+check("shortest_crashing_prompt", shortest_crashing_prompt, nb08.shortest_crashing_prompt, nb08.CASES["shortest_crashing_prompt"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig
+# from tqlab.predict.analysis import predict
+#
+# ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "uint8": 1}
+#
+#
+# def padding_after(nbytes):
+#     return -(-nbytes // 256) * 256 - nbytes
+#
+#
+# def layout_total(views):
+#     total = 0
+#     for shape, dtype in views:
+#         n = ITEMSIZE[dtype]
+#         for d in shape:
+#             n *= d
+#         total += n + padding_after(n)
+#     return total
+#
+#
+# def shortest_crashing_prompt(preset, max_num_seqs):
+#     return predict(EngineConfig.from_preset(preset, max_num_seqs=max_num_seqs)).first_failing_prompt_tokens
+# ```
+#
+# </details>

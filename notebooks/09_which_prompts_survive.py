@@ -133,6 +133,13 @@ show_md(markdown_table(("preset", "capture sizes", "decode rows at the lock", "p
 # Those buffers grow with `cached_len`, so `first_failing_prompt` bisects on the chunk index
 # instead of trying every length, using the same per-chunk formula the backend uses
 # (`tqlab.core.reservation.chunk_workspace_request`).
+#
+# **Predict, then run.** The largest dequant call a preset can ever make is a continuation
+# chunk that ends at `max_model_len - 1`: 129 new tokens on `max_model_len - 130` cached ones.
+# A preset whose locked workspace holds that call survives every prompt. From §1's locks,
+# which presets survive every prompt without the fix? The survey below finds each preset's
+# first failing prompt; the last cell of this section computes that largest call for every
+# preset and checks that the survivors are exactly the presets it fits.
 
 # %%
 survey = []
@@ -196,11 +203,7 @@ for s in survey:
 show_md("\n".join(reasons))
 
 # %% [markdown]
-# **Predict, then run.** The largest dequant call a preset can ever make is a continuation
-# chunk that ends at `max_model_len - 1`: 129 new tokens on `max_model_len - 130` cached ones.
-# A preset whose locked workspace holds that call survives every prompt. Predict from the
-# table which presets survive; the cell computes that largest call for every preset and
-# checks that the survivors here are exactly the presets it fits.
+# The check of the prediction: the largest call against each preset's lock.
 
 # %%
 largest_call = {s["name"]: analysis.continuation_bytes(s["cfg"], s["cfg"].max_model_len - 1 - (T + 1))
@@ -253,9 +256,13 @@ else:
     raise AssertionError("the first failing prompt was served")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). On the bug report's preset, the longest surviving prompt completes
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# On the bug report's preset, the longest surviving prompt completes
 # without a single workspace event after the lock, its last chunk on the decode-kernel
 # path; one token more kills the engine.
+#
+# </details>
 
 # %% [markdown]
 # ## 4 · A busy server fails far earlier
@@ -306,6 +313,8 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# ### The busy-server bound, served on the engine
+#
 # **Predict, then run.** Take the bug report's preset and the shortest prompt that the
 # busy-server bound says can fail. Put a request of `max_num_batched_tokens - (n - 129)`
 # tokens in front of it, so that its first step gets `n - 129` tokens. Predict: that prompt
@@ -386,10 +395,14 @@ show_md(f"With the fix, {PRESET} serves the {row['bad']:,}-token prompt alone an
         f"behind another request; it locked {format_mb(fixed.locked_bytes)} MiB instead of {format_mb(locked[PRESET])} MiB.")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). With PR #44053, the metadata builder reserves the largest call each
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# With PR #44053, the metadata builder reserves the largest call each
 # consumer can make for `max_model_len` before the lock (notebook 03 shows what and what it
 # costs). Predict: for every preset, no prompt fails alone, the busy-server bound reaches
 # `max_model_len`, and both crashes above are served.
+#
+# </details>
 
 # %% [markdown]
 # ## Next
@@ -401,3 +414,68 @@ show_md(f"With the fix, {PRESET} serves the {row['bad']:,}-token prompt alone an
 
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU (engines on `{device}`).*")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **Chunks.** `chunks(preset, prompt_tokens)`: `(cached, new)` for each prefill chunk of a prompt served
+#    alone, in chunks of `max_num_batched_tokens`. (§2)
+# 2. **Alone.** `survives_alone(preset, prompt_tokens)`: whether that prompt survives without the fix (use
+#    `tqlab.predict.analysis.first_failing_prompt` and `unfixed_locked_bytes`). (§2)
+# 3. **The largest call.** `largest_call_bytes(preset)`: the largest dequant call a prompt can make, 129 new tokens
+#    on `max_model_len − 130` cached ones: two float16 `(1, Hk per rank, cached rounded up to the block size,
+#    head_dim)` buffers, each rounded up to 256 bytes. (§2)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb09
+
+
+def chunks(preset, prompt_tokens):
+    raise NotImplementedError
+
+
+def survives_alone(preset, prompt_tokens):
+    raise NotImplementedError
+
+
+def largest_call_bytes(preset):
+    raise NotImplementedError
+
+
+check("chunks", chunks, nb09.chunks, nb09.CASES["chunks"])
+check("survives_alone", survives_alone, nb09.survives_alone, nb09.CASES["survives_alone"])
+check("largest_call_bytes", largest_call_bytes, nb09.largest_call_bytes, nb09.CASES["largest_call_bytes"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig
+# from tqlab.predict.analysis import first_failing_prompt, unfixed_locked_bytes
+#
+#
+# def chunks(preset, prompt_tokens):
+#     m = EngineConfig.from_preset(preset).max_num_batched_tokens
+#     return [(c, min(m, prompt_tokens - c)) for c in range(0, prompt_tokens, m)]
+#
+#
+# def survives_alone(preset, prompt_tokens):
+#     cfg = EngineConfig.from_preset(preset)
+#     bad = first_failing_prompt(cfg, unfixed_locked_bytes(cfg))
+#     return bad is None or prompt_tokens < bad
+#
+#
+# def largest_call_bytes(preset):
+#     cfg = EngineConfig.from_preset(preset)
+#     cached = cfg.max_model_len - 130
+#     padded = -(-cached // cfg.block_size) * cfg.block_size
+#     one = cfg.num_kv_heads_per_rank * padded * cfg.head_dim * 2
+#     return 2 * (-(-one // 256) * 256)
+# ```
+#
+# </details>

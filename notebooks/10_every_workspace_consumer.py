@@ -16,17 +16,20 @@
 # %% [markdown]
 # # 10 · Every workspace consumer: the lock is a maximum, and the crash can come from any
 #
-# TurboQuant is one of many users of vLLM's `WorkspaceManager`: notebook 07 §2b counts vLLM 0.33's workspace
-# call sites (the census `data/vllm_0_33_workspace_consumers.json`). Seed 002 §5–§6 teaches five of them —
-# FlashAttention with decode context parallelism (DCP), fused MoE, the sparse attention indexer, FlashMLA
-# sparse, Elastic EP — as patterns. This notebook gives them vLLM 0.33's real sizes for four models.
+# TurboQuant is one of many users of vLLM's `WorkspaceManager`; this notebook is their home. Five of them are
+# the classic examples of how the workspace is used — FlashAttention with decode context parallelism (DCP),
+# fused MoE, the sparse attention indexer, FlashMLA sparse, Elastic EP — and the census of vLLM 0.33's call
+# sites (`data/vllm_0_33_workspace_consumers.json`, read from vLLM's source) finds many more. This notebook
+# gives them vLLM 0.33's real sizes for four models.
 # You will learn:
 #
 # 1. why a slot is as large as the **largest** request made before the lock, not the sum (live, on the
 #    manager's buffer pointer);
 # 2. what every active consumer asks for on a dense Llama, a MoE (Qwen3-30B-A3B), DeepSeek-V3.2 (MLA + sparse
 #    indexer) and the bug report's hybrid, and which one sets the lock;
-# 3. seed 002's five cases with vLLM's real shapes, and which start-up phase sizes each;
+# 3. the five classic cases with vLLM's real shapes, and which start-up phase sizes each; then the whole
+#    census, the rows no model shows (test fixtures, benchmark scripts) and how Elastic EP saves and restores
+#    the block tables around its re-warm-up;
 # 4. what TurboQuant's fix (vLLM PR #44053) does on a MoE model: the MoE's profile-run scratch hides the bug,
 #    and where it stops hiding it; and why the bug report's own "current size is 0.26 MB" says its MoE asked
 #    nothing before the lock;
@@ -104,10 +107,13 @@ print(f"workspace cells on {device!r}; presets: {', '.join(cfgs)}")
 #
 # vLLM's rule (`vllm/v1/worker/workspace.py`, `WorkspaceManager.get_simultaneous`): every call carves its views
 # from **offset 0** of the same buffer and grows the buffer only when the call needs more than it holds. So a
-# later call overwrites an earlier call's views — consumers never hold views across each other's calls (seed 002
-# §6.1 shows it with two DCP calls; vLLM 0.33's `flash_attn.py` `_forward_with_dcp` keeps only the first and
-# writes the query attention into the layer's `output`). The two real calls, from the registry's modules, on
-# tqlab's `WorkspaceManager`:
+# later call overwrites an earlier call's views — consumers never hold views across each other's calls (two DCP
+# calls show it; vLLM 0.33's `flash_attn.py` `_forward_with_dcp` keeps only the first and writes the query
+# attention into the layer's `output`). The two real calls, from the registry's modules, on
+# tqlab's `WorkspaceManager`.
+#
+# **Predict, then run.** After the second (smaller) call: is the slot the sum of the two calls or the larger one?
+# Does the second call's first view start at the same address as the first call's?
 
 # %%
 qwen = cfgs["qwen3-30b-a3b"]
@@ -127,10 +133,6 @@ show_md(markdown_table(
      for name, call in calls.items()],
 ))
 
-# %% [markdown]
-# **Predict, then run.** After the second (smaller) call: is the slot the sum of the two calls or the larger one?
-# Does the second call's first view start at the same address as the first call's?
-
 # %%
 sizes = {name: compute_layout(call).total_bytes for name, call in calls.items()}
 assert m.size_bytes() == max(sizes.values()) < sum(sizes.values())
@@ -142,10 +144,14 @@ print(f"slot = max = {format_mb(m.size_bytes())} MiB, not the sum {format_mb(sum
 del moe_views, cont_views, m
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The larger one: the slot is the maximum of the two calls, and both
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The larger one: the slot is the maximum of the two calls, and both
 # calls' first views start at offset 0 of the one buffer. So a deployment's lock size is the **maximum** over
 # its active consumers' requests before the lock, and a refused call can come from any consumer whose request
 # while serving is larger.
+#
+# </details>
 
 # %% [markdown]
 # ## 2 · Four models, every consumer
@@ -176,22 +182,26 @@ assert [u["consumer"].split(" ")[0] for u in tables["deepseek-v3.2"].unmodelled]
     "modular_kernel.py:_allocate_buffers", "deep_gemm_warmup.py:_warmup"]  # FP8 MoE: said, never a silent zero
 
 # %% [markdown]
-# **Answer** (checked by the cell above). DeepSeek-V3.2: FlashMLA sparse's `__init__` reservation (its
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# DeepSeek-V3.2: FlashMLA sparse's `__init__` reservation (its
 # `workspace_specs`: the Q concatenation buffer at `max_num_batched_tokens` rows and, for the `fp8_ds_mla` cache,
 # a bf16 prefill workspace of `factor × max_model_len` rows plus three bf16 prefill query/output buffers at
 # `max_num_batched_tokens` rows), larger than the indexer's profile-run buffers; its FP8 MoE's
 # experts (DeepGEMM / CUTLASS) and DeepGEMM warm-up are **unmodelled** and listed, so tqlab's lock for it is a
 # lower bound. Qwen3-30B-A3B: TurboQuant's decode reservation at `max_num_seqs` rows, just above the fused MoE's
 # profile-run scratch. The picture:
+#
+# </details>
 
 # %%
 fig = pc.plot_consumer_bytes(tables, title="vLLM 0.33 workspace consumers per model: each slot holds the maximum")
 plt.show()
 
 # %% [markdown]
-# ## 3 · Seed 002's five cases, with vLLM's real sizes
+# ## 3 · The five classic cases, with vLLM's real sizes
 #
-# Seed 002 §6 shows five consumers as code. Each is a registry module here, so each gets a real size. DCP needs
+# Each of the five classic consumers is a registry module here, so each gets a real size. DCP needs
 # FlashAttention (an unquantized cache) and a DCP group: the Llama with `--kv-cache-dtype auto -tp 2 -dcp 2`.
 # Elastic EP makes no request of its own: it unlocks, re-runs the profile run, warm-up and capture, and locks
 # again (section 5, candidate 3).
@@ -205,13 +215,13 @@ dcp = llama.replace(kv_cache_dtype="auto", tensor_parallel_size=llama.tensor_par
                     decode_context_parallel_size=2)
 dcp_piecewise = dcp.replace(cudagraph_mode="PIECEWISE")
 ds = "deepseek-v3.2"
-cases = [  # (seed 002 section, deployment, its table, registry name)
-    ("§6.1 FlashAttention DCP", "llama-3.1-8b, auto cache, TP 2, DCP 2", analysis.consumer_table(dcp), "flash_attn_dcp"),
-    ("§6.1 … with PIECEWISE-only graphs", "the same, cudagraph_mode PIECEWISE", analysis.consumer_table(dcp_piecewise),
+cases = [  # (the case, deployment, its table, registry name)
+    ("FlashAttention DCP", "llama-3.1-8b, auto cache, TP 2, DCP 2", analysis.consumer_table(dcp), "flash_attn_dcp"),
+    ("… with PIECEWISE-only graphs", "the same, cudagraph_mode PIECEWISE", analysis.consumer_table(dcp_piecewise),
      "flash_attn_dcp"),
-    ("§6.2 fused MoE", "qwen3-30b-a3b", tables["qwen3-30b-a3b"], "fused_moe"),
-    ("§6.3 sparse attention indexer", ds, tables[ds], "sparse_indexer"),
-    ("§6.4 FlashMLA sparse", ds, tables[ds], "flashmla_sparse"),
+    ("fused MoE", "qwen3-30b-a3b", tables["qwen3-30b-a3b"], "fused_moe"),
+    ("sparse attention indexer", ds, tables[ds], "sparse_indexer"),
+    ("FlashMLA sparse", ds, tables[ds], "flashmla_sparse"),
 ]
 seed_rows = {}
 for section, where, table, name in cases:
@@ -219,16 +229,110 @@ for section, where, table, name in cases:
     seed_rows[section] = r
     show_md(f"- **{section}** ({where}): `{r.consumer}` — phase `{r.phase}`, reserved {format_mb(r.reserved_bytes)} MiB, "
             f"serving at most {format_mb(r.max_runtime_bytes)} MiB, covered: **{r.covered}**")
-assert seed_rows["§6.1 FlashAttention DCP"].phase == "capture"  # only FULL capture builds DCP's decode metadata
-assert seed_rows["§6.1 … with PIECEWISE-only graphs"].phase == "none"
-assert not seed_rows["§6.1 … with PIECEWISE-only graphs"].covered  # latent crash 2 (section 5)
-assert seed_rows["§6.2 fused MoE"].phase == seed_rows["§6.3 sparse attention indexer"].phase == "profile_run"
-assert seed_rows["§6.4 FlashMLA sparse"].phase == "init"  # reserved in FlashMLASparseImpl.__init__, as seed 002 says
+assert seed_rows["FlashAttention DCP"].phase == "capture"  # only FULL capture builds DCP's decode metadata
+assert seed_rows["… with PIECEWISE-only graphs"].phase == "none"
+assert not seed_rows["… with PIECEWISE-only graphs"].covered  # latent crash 2 (section 5)
+assert seed_rows["fused MoE"].phase == seed_rows["sparse attention indexer"].phase == "profile_run"
+assert seed_rows["FlashMLA sparse"].phase == "init"  # reserved in FlashMLASparseImpl.__init__
 
 # %% [markdown]
-# **Answer** (checked by the cell above). FlashMLA sparse reserves in its constructor; fused MoE and the indexer
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# FlashMLA sparse reserves in its constructor; fused MoE and the indexer
 # are sized by the profile run at `max_num_batched_tokens` tokens; DCP only by FULL capture — with PIECEWISE-only
 # graphs nothing reaches it before the lock, and its first decode asks an empty slot.
+#
+# </details>
+
+# %% [markdown]
+# ### The whole census, and the rows no model shows
+#
+# The five cases are a sample. The census reads every `get_simultaneous` / `get_persistent` call and every
+# `unlock_workspace` in vLLM 0.33's source with `ast` (`parity/gen_consumer_census.py`, nothing imported), live
+# when vLLM's source is installed (`.venv-parity`), else its recording with provenance. Two more rows belong
+# in the table of workspace users: **test fixtures** (`tests/conftest.py` creates and resets the manager
+# around a test) and **benchmark scripts** (`benchmarks/benchmark_*.py` create one before they time a
+# kernel). Both live in vLLM's git repository, outside the installed `vllm` package, and run no serving
+# engine: they can make a test or a benchmark allocate, never set the lock a server runs with.
+#
+# **Predict, then run.** How many files of vLLM 0.33 call the workspace — about five, a dozen, or more? How
+# many reserve ahead, as TurboQuant now does? Does any call site of the installed package sit in a test or a
+# benchmark?
+
+# %%
+from tqlab.vllm.source_scan import find_vllm_source, load_census, workspace_consumers
+
+census, census_from = load_census(find_vllm_source())  # live from vLLM's source when installed, else recorded
+users = workspace_consumers(census)
+show_md(markdown_table(
+    ["the classic case", "consumer", "file in vLLM 0.33", "still there", "get_simultaneous calls"],
+    [[r["scenario"], f"`{r['consumer']}`", f"`{r['file']}`", "yes" if r["present"] else "no", r["get_simultaneous_calls"]]
+     for r in users["seed_table"]]
+    + [["test fixture", "`conftest.py`", "`tests/conftest.py` (repository only)", "not in the package", "—"],
+       ["benchmark scripts", "`benchmark_*.py`", "`benchmarks/` (repository only)", "not in the package", "—"]]))
+by_top = sorted({site["path"].split("/")[0] for site in census["call_sites"]})
+show_md(f"{census_from}: **{len(users['files'])} files** call the workspace "
+        f"({sum(users['get_simultaneous_calls'].values())} `get_simultaneous` calls), under {by_top}; "
+        f"**{len(users['reservers'])}** reserve ahead:\n\n" + "\n".join(f"* `{r}`" for r in users["reservers"]))
+assert all(r["present"] for r in users["seed_table"]) and len(users["files"]) > len(users["seed_table"])
+assert "v1/attention/backends/turboquant_attn.py" in users["reservers"]
+assert not any(p.startswith(("tests/", "benchmarks/")) or "/tests/" in p or "benchmark" in p
+               for p in (site["path"] for site in census["call_sites"]))  # no test or benchmark in the package
+
+# %% [markdown]
+# ### Elastic EP: unlock, re-warm, lock — with the block tables set aside
+#
+# Elastic expert parallelism changes the number of experts while the server runs, so the MoE layers may need a
+# larger scratch. vLLM 0.33's `EPScaleExecutor.warm_and_capture` (`vllm/distributed/elastic_ep/elastic_execute.py`)
+# drops the CUDA graphs, calls `unlock_workspace()`, re-runs the profile run and the warm-up and capture, and
+# calls `lock_workspace()` again. The dummy runs would write the running requests' block tables, so it wraps
+# them in `GPUModelRunner.preserve_serving_state()` (`vllm/v1/worker/gpu_model_runner.py`): clone every block
+# table (GPU and CPU copy), clear them, run, then copy the clones back. The cell checks that in vLLM's source
+# (when installed; the census records the unlock site either way) and re-enacts the sequence on tqlab's
+# manager, with a block table of the running requests.
+#
+# **Predict, then run.** After the re-warm-up: is the workspace larger than before, is it locked again, and are
+# the running requests' block tables what they were — though the dummy run wrote into them?
+
+# %%
+from tqlab.core.workspace import WorkspaceLockedError
+
+(unlock_site,) = census["unlock_sites"]
+assert (unlock_site["path"], unlock_site["function"]) == ("distributed/elastic_ep/elastic_execute.py", "warm_and_capture")
+src = find_vllm_source()
+if src is not None:  # vLLM's own code, read live
+    ep = (src / unlock_site["path"]).read_text()
+    runner = (src / "v1/worker/gpu_model_runner.py").read_text()
+    body = runner[runner.index("def preserve_serving_state"):][:900]
+    w = ep[ep.index("def warm_and_capture"):]  # the function the census names
+    assert w.index("unlock_workspace()") < w.index("preserve_serving_state") < w.index("\n        lock_workspace()")
+    assert "bt.block_table.gpu.clone(), bt.block_table.cpu.clone()" in body and "multi_block_table.clear()" in body
+    assert "bt.block_table.gpu.copy_(saved_gpu)" in body and "bt.block_table.cpu.copy_(saved_cpu)" in body
+    print(f"vLLM's source ({src}): warm_and_capture unlocks at line {unlock_site['line']}, re-warms inside "
+          "preserve_serving_state (clone, clear, restore every block table), then locks")
+moe = FusedMoE().sizes(qwen, startup).reserved[0]  # the MoE's scratch at the old expert count
+grown = [((2 * s[0], *s[1:]), d) for s, d in moe]  # more experts per rank: a larger scratch (for the re-enactment)
+ws = WorkspaceManager("meta")
+ws.get_simultaneous(*moe)
+ws.lock()
+block_table = torch.arange(4 * 8, dtype=torch.int32).reshape(4, 8)  # 4 running requests, 8 blocks each
+try:
+    ws.get_simultaneous(*grown)
+    refused_while_locked = False
+except WorkspaceLockedError:
+    refused_while_locked = True
+before = ws.size_bytes()
+saved = block_table.clone()  # preserve_serving_state: clone ...
+block_table.zero_()  # ... clear (multi_block_table.clear()) ...
+ws.unlock()  # unlock_workspace()
+ws.get_simultaneous(*grown)  # the re-run profile run / warm-up asks for the larger scratch
+block_table[:, 0] = -1  # the dummy run writes its own block ids
+ws.lock()  # lock_workspace()
+block_table.copy_(saved)  # ... and copy back
+assert refused_while_locked and ws.size_bytes() > before and ws.is_locked()
+assert torch.equal(block_table, torch.arange(32, dtype=torch.int32).reshape(4, 8))
+print(f"workspace {format_mb(before)} -> {format_mb(ws.size_bytes())} MiB, locked again: {ws.is_locked()}; "
+      "block tables restored bit for bit")
 
 # %% [markdown]
 # ## 4 · TurboQuant's fix on a MoE model
@@ -241,6 +345,10 @@ assert seed_rows["§6.4 FlashMLA sparse"].phase == "init"  # reserved in FlashML
 # `max_num_batched_tokens` halved step by step. Without the fix the slot is the maximum of TurboQuant's decode
 # capture scratch and the MoE's scratch (`tqlab.lab.consumer_cases.lock_without_fix`); "attention alone" is the
 # same model's TurboQuant without its MoE — what a dense model with this attention would lock.
+#
+# **Predict, then run.** At the preset's `max_num_batched_tokens` does any prompt crash without the fix? From
+# which `max_num_batched_tokens` down does the MoE stop hiding the bug? What does the fix add on top of the
+# MoE's scratch at the preset's value?
 
 # %%
 report = cfgs["nemotron-3-super-120b-a12b"]
@@ -278,11 +386,6 @@ ax.set(xscale="log", yscale="log", xlabel="max_num_batched_tokens", ylabel="MiB"
 ax.legend(fontsize=8)
 plt.show()
 
-# %% [markdown]
-# **Predict, then run.** At the preset's `max_num_batched_tokens` does any prompt crash without the fix? From
-# which `max_num_batched_tokens` down does the MoE stop hiding the bug? What does the fix add on top of the
-# MoE's scratch at the preset's value?
-
 # %%
 top = sweep[0]
 assert top["moe"] > top["tq"] and top["alone"] is not None and top["with_moe"] is None  # hidden
@@ -300,13 +403,17 @@ print(f"hidden down to M = {m_hides:,}; at M = {first_exposed['m']:,} prompts fr
       f"crash without the fix; with it the slot is {format_mb(first_exposed['fixed'])} MiB")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). At the preset's `max_num_batched_tokens` the MoE's profile-run
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# At the preset's `max_num_batched_tokens` the MoE's profile-run
 # scratch is larger than every continuation chunk, so the prompt that crashes the attention alone is served:
 # the MoE **hides** the bug, and PR #44053's reservation adds nothing to the slot. Below the printed `M` the
 # MoE's scratch is smaller than the longest continuation, and long prompts crash again without the fix. A
 # predictor that looks only at TurboQuant would call the first deployment a crash — a **false crash**; tqlab's
 # `predict()` (behind `tqlab plan` and `inspect-vllm`) takes the maximum over consumers, names the MoE's call
 # site as the one that sets the lock, and agrees with the table row by row (checked above).
+#
+# </details>
 
 # %% [markdown]
 # ### The engine agrees: the MoE's request sets the lock
@@ -345,8 +452,12 @@ assert alone_engine.slot_sizer.consumer == "turboquant_decode" and alone_engine.
 assert "_continuation_prefill" in alone_outcome and alone_engine.dead is not None
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The fused MoE's `_allocate_buffers`, in the profile run, sets slot 0;
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The fused MoE's `_allocate_buffers`, in the profile run, sets slot 0;
 # with it the prompt is served, without it (the attention alone) TurboQuant's continuation prefill is refused.
+#
+# </details>
 #
 # ### The bug report's own evidence: its MoE asked nothing before the lock
 #
@@ -371,18 +482,22 @@ show_md(f"TurboQuant's decode scratch: {tq_lock:,} bytes = {format_mb(tq_lock)} 
         f"workspace before the lock, and the preset models no MoE.")
 
 # %% [markdown]
-# **Answer** (checked by the cell above). The report's 0.26 MB equals TurboQuant's decode scratch to the byte,
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# The report's 0.26 MB equals TurboQuant's decode scratch to the byte,
 # and any MoE request at `M` rows would have been larger: its MoE asked nothing before the lock. That is vLLM
 # 0.20's behaviour for that deployment. Reading vLLM 0.33 instead: AWQ MoE layers
 # (`quantization/auto_awq.py` `AutoAWQMoEMethod`) build their kernel with `make_wna16_moe_kernel`, whose Marlin
 # experts run through the modular kernel's `_allocate_buffers` (`fused_moe/experts/marlin_moe.py`
 # `MarlinExperts.workspace_shapes`) — on 0.33 the same deployment's MoE would ask during the profile run, as in
 # the table above. tqlab does not size quantized experts: it lists them as unmodelled instead.
+#
+# </details>
 
 # %% [markdown]
 # ## 5 · Four latent crashes in vLLM 0.33, checked with vLLM's own classes
 #
-# Reading vLLM 0.33's code suggests four more ways to the assertion (issue 19).
+# Reading vLLM 0.33's code suggests four more ways to the assertion.
 # `parity/latent_crashes.py` checks each with vLLM's own classes on a CPU. With `.venv-parity` present the cell
 # re-runs the checks now (a subprocess in that environment; 10–20 s); otherwise it shows the recorded run
 # `data/vllm_0_33_latent_crashes.json` under a banner, with the parity suite's outcome from
@@ -429,7 +544,7 @@ tq_rows = {r.name: r for r in analysis.consumer_table(no_chunk).rows}
 eager_moe = qwen.replace(enforce_eager=True)
 ours = {  # tqlab's registry on each candidate
     1: not tq_rows["turboquant_continuation"].covered and tq_rows["turboquant_continuation"].phase == "none",
-    2: not seed_rows["§6.1 … with PIECEWISE-only graphs"].covered,
+    2: not seed_rows["… with PIECEWISE-only graphs"].covered,
     3: analysis.consumer_table(eager_moe).locked_bytes is None,  # eager start-up: never locked
     4: any(u.consumer.startswith("dots3_note") and "never called" in u.reason for u in UNMODELLED),
 }
@@ -441,7 +556,11 @@ assert all(ours.values()), ours
 print("tqlab's registry sees each candidate:", ours)
 
 # %% [markdown]
-# **Answer** (checked by the cell above). All four are **confirmed** by vLLM 0.33's own code:
+# <details><summary><b>Answer</b> (checked by the cell above)</summary>
+#
+# All four are **confirmed** by vLLM 0.33's own code:
+#
+# </details>
 #
 # 1. **TurboQuant, `--no-enable-chunked-prefill` + prefix caching.** PR #44053 reserves the continuation buffers
 #    only with chunked prefill on (and `max_num_batched_tokens` above `_CONTINUATION_DECODE_THRESHOLD`); a prefix-cache hit followed by more than 128 new tokens still runs
@@ -470,3 +589,62 @@ print("tqlab's registry sees each candidate:", ours)
 # %%
 show_md(f"*Notebook ran in {time.perf_counter() - _T0:.1f} s wall, {time.process_time() - _CPU0:.1f} s CPU "
         f"(workspace cells on `{device}`; latent crashes {'live' if live else 'recorded'}).*")
+
+# %% [markdown]
+# ## Exercises
+#
+# Write each function below (replace `raise NotImplementedError`), then run the cell: it checks your answer
+# against tqlab's own on a few cases and says, per exercise, "correct", what differs, or "not attempted yet".
+# Everything runs on a CPU. The solutions are in the collapsed cell after it.
+#
+# 1. **A maximum, not a sum.** `slot_after(call_bytes)`: the size of one ubatch slot after one-view calls of
+#    `call_bytes` bytes, one after the other (each view rounded up to 256 bytes). (§1)
+# 2. **The lock over every consumer.** `lock_without_fix(preset)`: the workspace at the lock without the fix,
+#    the largest request of any consumer before it (use `tqlab.predict.analysis.predict`). (§2)
+# 3. **The MoE's cover.** `crashes_without_fix(preset, max_num_batched_tokens, max_num_seqs)`: whether any
+#    prompt crashes without the fix, when the MoE's profile-run scratch may already hold TurboQuant's largest
+#    call. (§4)
+
+# %%
+from tqlab.lab.exercises import check
+from tqlab.lab.solutions import nb10
+
+
+def slot_after(call_bytes):
+    raise NotImplementedError
+
+
+def lock_without_fix(preset):
+    raise NotImplementedError
+
+
+def crashes_without_fix(preset, max_num_batched_tokens, max_num_seqs):
+    raise NotImplementedError
+
+
+check("slot_after", slot_after, nb10.slot_after, nb10.CASES["slot_after"])
+check("lock_without_fix", lock_without_fix, nb10.lock_without_fix, nb10.CASES["lock_without_fix"])
+check("crashes_without_fix", crashes_without_fix, nb10.crashes_without_fix, nb10.CASES["crashes_without_fix"])
+
+# %% [markdown]
+# <details><summary><b>Solutions</b> (click to open)</summary>
+#
+# ```python
+# from tqlab.core.config import EngineConfig
+# from tqlab.predict.analysis import predict
+#
+#
+# def slot_after(call_bytes):
+#     return max(-(-n // 256) * 256 for n in call_bytes)
+#
+#
+# def lock_without_fix(preset):
+#     return predict(EngineConfig.from_preset(preset)).locked_bytes
+#
+#
+# def crashes_without_fix(preset, max_num_batched_tokens, max_num_seqs):
+#     cfg = EngineConfig.from_preset(preset, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs)
+#     return predict(cfg).first_failing_prompt_tokens is not None
+# ```
+#
+# </details>

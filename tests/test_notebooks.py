@@ -89,6 +89,65 @@ def test_notebook_reads_like_a_lecture(path):
     assert checked >= 3, f"{path.name}: {checked} predict-then-run cells followed by an assert (want >= 3)"
 
 
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_every_predict_question_stands_before_its_answer(path):
+    assert rn.predict_problems(path) == []
+
+
+def test_predict_rule_finds_a_question_after_its_answer_and_one_without_an_answer_cell(tmp_path):
+    path = _write_pair(tmp_path, "01_predict", """
+    # %% [markdown]
+    # # Title
+    #
+    # the **predict, then run** check: a mention, not a question
+
+    # %%
+    setup = 1
+
+    # %% [markdown]
+    # ## 1 · Good
+    #
+    # **Predict, then run.** How much?
+
+    # %%
+    assert setup == 1
+
+    # %% [markdown]
+    # **Predict, then run.** A second question of the section, after the first one's answer.
+
+    # %%
+    assert True
+
+    # %% [markdown]
+    # ## 2 · Confirm, then read
+
+    # %%
+    print("the answer")
+
+    # %% [markdown]
+    # **Predict, then run.** What did it print?
+
+    # %%
+    assert True
+
+    # %% [markdown]
+    # ## 3 · No answer cell
+    #
+    # **Predict, then run.** Then what?
+
+    # %% [markdown]
+    # Some prose.
+    """)
+    assert rn.predict_problems(path) == [
+        "01_predict.ipynb: cell 8 (Predict question in section '2 · Confirm, then read'): code cell(s) [7] of its "
+        "section run before the question, so their output may already show the answer; ask the question before them "
+        "(or start a new section)",
+        "01_predict.ipynb: cell 10 (Predict question in section '3 · No answer cell'): is followed by a markdown cell, "
+        "not by the code cell that answers it",
+    ]
+    assert rn.main(["--dir", str(tmp_path), "check"]) == 1
+
+
 def test_no_orphan_scripts_in_notebooks_folder():
     assert rn.orphan_scripts(ROOT / "notebooks") == []
 
@@ -367,3 +426,45 @@ def test_timeout_and_dead_kernel_are_failures_not_hangs(tmp_path, kernel):
     assert [(r["notebook"], r["status"]) for r in results] == [
         ("01_sleepy.ipynb", "timeout"), ("02_dies.ipynb", "crash")]
     assert results[1]["detail"].startswith("kernel died")
+
+
+def test_site_uses_an_executed_copy_only_when_it_is_present_current_and_ok(tmp_path):
+    """tools/build_site.py renders build/'s executed notebooks: a missing, stale or failed copy is refused by name."""
+    from tools import build_site
+
+    stored = _write_pair(tmp_path, "01_site", "# %% [markdown]\n# # T\n\n# %%\nx = 1\n")
+    executed = tmp_path / "build" / stored.name
+    assert build_site.notebook_problem(stored, executed) == "missing"
+    executed.parent.mkdir()
+    nb = nbformat.read(str(stored), as_version=4)
+    nbformat.write(nb, str(executed))
+    assert build_site.notebook_problem(stored, executed) == "not fully executed"
+    nb.cells[1].execution_count = 1
+    nbformat.write(nb, str(executed))
+    assert build_site.notebook_problem(stored, executed) is None
+    nb.cells[1].outputs = [nbformat.v4.new_output("error", ename="ValueError", evalue="bad", traceback=[])]
+    nbformat.write(nb, str(executed))
+    assert build_site.notebook_problem(stored, executed) == "failed at cell 1: ValueError: bad"
+    nb.cells[1].source = "x = 2"
+    nbformat.write(nb, str(executed))
+    assert build_site.notebook_problem(stored, executed) == "stale (the stored notebook changed after it was executed)"
+
+
+def test_site_refuses_a_widget_bundle_whose_hash_is_not_the_pinned_one(tmp_path):
+    """The html-manager tarball is checked against the registry's sha512 before any file of it is served."""
+    import io
+    import tarfile
+
+    from tools import build_site
+
+    tgz = tmp_path / "html-manager-1.0.15.tgz"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        data = b"not the real embed.js"
+        info = tarfile.TarInfo("package/dist/embed.js")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    tgz.write_bytes(buf.getvalue())
+    with pytest.raises(RuntimeError, match="sha512 .* is not the pinned"):
+        build_site.fetch_html_manager(tmp_path)
+    assert not tgz.exists() and not (tmp_path / "embed.js").exists()

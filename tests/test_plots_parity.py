@@ -43,6 +43,21 @@ def test_plot_has_one_panel_per_group_and_names_a_mismatch():
     plt.close(fig)
 
 
+def test_a_preset_that_reserves_nothing_is_drawn_and_labelled_without_a_warning():
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a non-positive limit on the log axis used to warn and leave the row empty
+        fig = plot_parity_side_by_side(parity_points({"a": (MiB, MiB), "mla": (0, 0)}, SEED))
+    top = fig.axes[0]
+    assert [t.get_text() for t in top.texts] == ["both 1.00 MiB", "both 0 B (nothing reserved)"]
+    lo, _ = top.get_xlim()
+    assert 0 < lo < min(x for line in top.lines for x in line.get_xdata())  # every marker inside the axis
+    plt.close(fig)
+
+
 def test_notebook_04_figures_label_every_axis_and_keep_legends_off_the_data():
     """Issue 21: 04's key journey had panels 1 and 4 without a y label; legends covered data there and in the
     tqlab-vs-vLLM decode chart."""

@@ -225,7 +225,11 @@ def test_table_rows(results):
     assert rows[2]["reserved"] == "64.00 KiB" and rows[2]["graph-safe"] == "yes"
     assert rows[3]["notes"] == "3 re-captures" and rows[4]["notes"] == "4 fallback calls"
     md = markdown_table(None, rows)
-    assert md.splitlines()[0].startswith("| strategy | seed fix | start-up | reserved | peak (computed) |")
+    assert md.splitlines()[0].startswith("| strategy | bug report's fix | start-up | reserved | peak (computed) |")
+    quiet = strategy_table([results[s] for s in S.STRATEGIES], timings=False)  # bytes and survival only
+    assert list(quiet[0])[:4] == ["strategy", "bug report's fix", "reserved", "peak (computed)"]
+    assert not any("TTFT" in k or "start-up" in k or "decode step" in k for k in quiet[0])
+    assert quiet[0]["512-token prompt"] == "dies" and quiet[2]["512-token prompt"] == "served"
     assert S.StrategyResult.from_dict(results["reserve"].to_dict()) == results["reserve"]
 
 

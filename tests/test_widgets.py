@@ -80,10 +80,11 @@ def test_plan_summary_of_the_pr_unit_test():
     cfg = r.config
     assert workspace_bytes_for_prompt(cfg, 4224) == 0
     assert workspace_bytes_for_prompt(cfg, 4225) == 2 * 4 * 4096 * 128 * 2 == 8388608
-    from tqlab.attention import kv_cache_bytes_per_token
-
-    assert r.kv_cache_bytes == kv_cache_bytes_per_token(cfg) * 8192 * 16
-    assert r.kv_share == pytest.approx(16777216 / r.kv_cache_bytes)
+    # The share of the KV pool one H200 holds (tqlab.predict.kv_pool: 0.92 x memory - weights - activations),
+    # not of max_num_seqs x max_model_len tokens (which no GPU holds for llama-3.1-8b: 1,072 GiB).
+    pool = int(0.92 * int(139.8 * 2**30)) - 0 - 2**30  # no model weights in the PR's unit test; 1 GiB activations
+    assert r.kv_cache_bytes == r.kv.pool_bytes == pool
+    assert r.kv_share == pytest.approx(16777216 / pool)
 
 
 def test_plan_summary_rejects_non_config():

@@ -25,8 +25,12 @@ What it does, bounded by timeouts at every step:
    widget view, the slider's widget after the move) and a ``summary.json``,
    prints a table and the closing line ``N passed, M failed``.
 
+With ``--site DIR`` it checks the static site built by ``make site`` instead (a page, its
+figures, its widgets' saved state rendered offline: tools/browser_site.py).
+
 Usage::
 
+    python tools/browser_test.py --site build/site/html [--out build/screenshots/site]
     python tools/browser_test.py [--only 08] [--out build/screenshots]
         [--chromium /usr/bin/chromium] [--notebook-timeout 300] [--keep-root]
 
@@ -385,6 +389,18 @@ def find_notebooks(only: str | None) -> list[Path]:
     return found
 
 
+def _check_site(args) -> int:
+    """``--site DIR``: the built static site's page, figures and widgets (tools/browser_site.py)."""
+    if not Path(args.chromium).exists():
+        print(f"browser-test: {args.chromium} not found; install Debian's chromium "
+              "(apt-get update && apt-get install -y chromium)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from browser_site import run_site
+
+    return run_site(Path(args.site), Path(args.out), args.chromium, CHROMIUM_ARGS, args.only, 60.0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=None, help="comma-separated notebook name prefixes/substrings")
@@ -393,7 +409,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--notebook-timeout", type=float, default=300.0, help="seconds for one notebook's run-all")
     ap.add_argument("--server-timeout", type=float, default=120.0)
     ap.add_argument("--keep-root", action="store_true", help="keep the throw-away Jupyter root (debugging)")
+    ap.add_argument("--site", default=None, help="check the static site in this folder (make site's build/site/html) "
+                    "instead of running the notebooks in JupyterLab (tools/browser_site.py)")
     args = ap.parse_args(argv)
+    if args.site:
+        return _check_site(args)
 
     t_start = time.monotonic()
     notebooks = find_notebooks(args.only)

@@ -14,7 +14,9 @@ Sub-commands::
     check Notebooks stored clean (no outputs, no execution counts, no saved
           widget state or execution timestamps), each paired with a jupytext
           py:percent file whose cells (type, source, tags) are identical, and
-          both opening with the "Python (tqlab)" kernel (KERNELSPEC).
+          both opening with the "Python (tqlab)" kernel (KERNELSPEC); and every
+          Predict question asked before the cell that answers it (the Predict
+          rule, below). Every violation is listed, one line each.
     strip Remove outputs / execution counts / widget state in place.
     sync  ``jupytext --sync`` every pair (the newer file wins), then strip.
 
@@ -25,6 +27,21 @@ Failure statuses of ``run``:
     timeout         a cell ran longer than --timeout seconds
     crash           the kernel died or could not start
 
+The Predict rule (``predict_problems``), decided on the stored cells alone:
+    A *question* is a markdown cell with a paragraph that opens with
+    ``**Predict, then run.**`` (exactly that bold text at the start of a line;
+    a passing mention such as "the **predict, then run** check" is not one).
+    Its *section* starts at the nearest markdown cell at or above it that holds
+    a heading line (``#`` ... ``######``). Then:
+    1. the cell right after the question is a code cell: the one whose output
+       answers it (nothing else runs between the question and its answer);
+    2. no code cell of the question's section runs before the question, except
+       the answer cell of an earlier question of the same section: any other
+       code cell there prints its output before the student is asked, and the
+       output may already show the asked-for value ("confirm, then read").
+    What the rule cannot decide: whether an earlier section's output already
+    shows the value, and whether the answer cell's output answers the question.
+
 Tests import the helper functions (``find_notebooks``, ``clean_problems``,
 ``pairing_problems``, ``execute_notebook``, ``main``) directly.
 """
@@ -34,6 +51,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -132,6 +150,36 @@ def pairing_problems(path: Path) -> list[str]:
             what = "type" if x[0] != y[0] else "source" if x[1] != y[1] else "tags"
             problems.append(f"{path.name}: cell {i} {what} differs from {twin.name} (run `make sync`)")
             break
+    return problems
+
+
+PREDICT_PROMPT = re.compile(r"^\*\*Predict, then run\.\*\*", re.MULTILINE)
+HEADING = re.compile(r"^#{1,6} ", re.MULTILINE)
+
+
+def predict_problems(path: Path) -> list[str]:
+    """Where ``path`` (.ipynb) asks a Predict question after, or apart from, its answer ([] when none).
+
+    The rule is the module docstring's "Predict rule"; one line per violation, naming the
+    question's cell, its section's heading and the offending cell (indices count every cell from 0).
+    """
+    import nbformat
+
+    cells = nbformat.read(str(path), as_version=4).cells
+    questions = [i for i, c in enumerate(cells) if c.cell_type == "markdown" and PREDICT_PROMPT.search(c.source)]
+    problems = []
+    for i in questions:
+        start = next((k for k in range(i, -1, -1) if cells[k].cell_type == "markdown" and HEADING.search(cells[k].source)), 0)
+        has_heading = start or HEADING.search(cells[0].source)
+        heading = HEADING.split(cells[start].source, 1)[-1].splitlines()[0].strip() if has_heading else "(no heading)"
+        where = f"{path.name}: cell {i} (Predict question in section {heading!r})"
+        if i + 1 >= len(cells) or cells[i + 1].cell_type != "code":
+            what = "the end of the notebook" if i + 1 >= len(cells) else f"a {cells[i + 1].cell_type} cell"
+            problems.append(f"{where}: is followed by {what}, not by the code cell that answers it")
+        early = [k for k in range(start, i) if cells[k].cell_type == "code" and (k - 1) not in questions]
+        if early:
+            problems.append(f"{where}: code cell(s) {early} of its section run before the question, so their output "
+                            "may already show the answer; ask the question before them (or start a new section)")
     return problems
 
 
@@ -461,7 +509,7 @@ def cmd_check(args) -> int:
     paths = find_notebooks(directory)
     problems = orphan_scripts(directory)
     for p in paths:
-        problems += clean_problems(p) + pairing_problems(p) + kernelspec_problems(p)
+        problems += clean_problems(p) + pairing_problems(p) + kernelspec_problems(p) + predict_problems(p)
     for line in problems:
         print(line)
     print(f"checked {len(paths)} notebook(s): {'OK' if not problems else f'{len(problems)} problem(s)'}")

@@ -84,6 +84,21 @@ def _print_refusal(pred, config: EngineConfig, json_path) -> None:
     exit_by_verdict(obj)
 
 
+def _share_line(config: EngineConfig) -> str:
+    """The workspace's share of the KV pool one GPU holds (tqlab.predict.kv_pool), or why it is unknown."""
+    from tqlab.predict.kv_pool import kv_pool
+
+    try:
+        k = kv_pool(config)
+    except ValueError as exc:
+        return f"workspace share of the KV cache: unknown ({exc})"
+    return (f"KV pool of one {k.gpu} ({k.utilization} x {k.gpu_bytes / 2**30:.1f} GiB - weights {k.weight_bytes / 2**30:.1f} GiB "
+            f"- activations {k.activation_bytes / 2**30:.1f} GiB; {'; '.join(k.assumed) or 'nothing assumed'}): "
+            f"{k.pool_bytes / 2**30:,.1f} GiB, {k.tokens:,} tokens over {k.turboquant_layers} TurboQuant + "
+            f"{k.boundary_layers} boundary layer(s) in {str(config.dtype).removeprefix('torch.')}; "
+            f"workspace share: {100 * k.share:.3f}%")
+
+
 def _first_decode_refusal(config: EngineConfig, max_tokens: int) -> dict | None:
     """The call a 1-token prompt's decode steps make that the lock refuses, or None: the predictor for that prompt
     (a 1-token prompt has no continuation chunk, so a refused call is its first decode step's, which every
@@ -98,7 +113,6 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
     ``decode_refusal``: :func:`_first_decode_refusal` (then every prompt crashes at its first decode step)."""
     from rich.table import Table
 
-    from tqlab.attention import kv_cache_bytes_per_token
     from tqlab.core.reservation import plan_bytes, reservation_plan
     from tqlab.core.workspace import compute_layout, format_mb
 
@@ -110,14 +124,10 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
         b = compute_layout(call).total_bytes
         t.add_row(name, views, f"{b:,}", f"{b / MiB:.2f}")
     reserved, slots = plan_bytes(calls), config.num_ubatches
-    # Denominator: a KV cache that holds max_num_seqs requests of max_model_len tokens on this rank.
-    kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
     out = [f"[bold]config[/] {_config_line(config)}", t,
            f"workspace per rank after the reservation: {reserved:,} bytes = {reserved / MiB:.2f} MiB per ubatch slot "
            f"x {slots} slot(s) (one buffer serves the largest call)",
-           f"KV cache that would hold max_num_seqs x max_model_len tokens on this rank ({config.kv_cache_dtype}, "
-           f"{kv_cache_bytes_per_token(config)} B/token over {config.num_hidden_layers} layers): {kv / MiB:,.1f} MiB; "
-           f"workspace share: {100 * reserved * slots / kv:.3f}%",
+           _share_line(config),
            f"capture sizes ({pred.cudagraph_mode}): {list(pred.capture_sizes)}; decode rows at the lock: "
            f"{pred.decode_rows_at_lock}"]
     if config.has_turboquant_consumers:

@@ -52,10 +52,21 @@ def parity_points(
 
 
 def plot_parity_side_by_side(points: Sequence[tuple[str, str, int, int]], title: str | None = None):
-    """Paired markers per row (vLLM ●, tqlab ◆), one panel per ``panel`` name; returns the pyplot Figure."""
+    """Paired markers per row (vLLM ●, tqlab ◆), one panel per ``panel`` name; returns the pyplot Figure.
+
+    A row of zero bytes (a preset that reserves nothing) is drawn at the axis' left edge and labelled, not
+    left empty: the axis is logarithmic.
+    """
     import matplotlib.pyplot as plt
 
     panels = list(dict.fromkeys(p[0] for p in points))
+    positive = [b for p in points for b in p[2:4] if b > 0]
+    lo = min(positive) / MiB if positive else 1.0  # a zero (nothing reserved) sits at the left edge, labelled
+    hi = max(positive) / MiB if positive else 1.0
+
+    def at(b: int) -> float:
+        return b / MiB if b > 0 else lo / 3
+
     heights = [sum(p[0] == name for p in points) for name in panels]
     fig = plt.figure(figsize=(8.5, 1.4 + 0.42 * len(points)), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=heights)[:, 0]
@@ -63,19 +74,18 @@ def plot_parity_side_by_side(points: Sequence[tuple[str, str, int, int]], title:
         rows = [p for p in points if p[0] == name]
         ys = list(range(len(rows)))[::-1]
         for y, (_, label, v, t) in zip(ys, rows):
-            ax.plot([v / MiB], [y + 0.17], "o", color=VLLM_COLOR, ms=8, label="vLLM 0.33 (its own classes)")
-            ax.plot([t / MiB], [y - 0.17], "D", color=TQLAB_COLOR, ms=7, label="tqlab")
-            text = f"both {t / MiB:.2f} MiB" if v == t else f"vLLM {v / MiB:.2f} ≠ tqlab {t / MiB:.2f} MiB"
-            ax.annotate(text, (max(v, t) / MiB, y), xytext=(10, 0), textcoords="offset points",
+            ax.plot([at(v)], [y + 0.17], "o", color=VLLM_COLOR, ms=8, label="vLLM 0.33 (its own classes)")
+            ax.plot([at(t)], [y - 0.17], "D", color=TQLAB_COLOR, ms=7, label="tqlab")
+            text = (("both 0 B (nothing reserved)" if t == 0 else f"both {t / MiB:.2f} MiB") if v == t
+                    else f"vLLM {v / MiB:.2f} ≠ tqlab {t / MiB:.2f} MiB")
+            ax.annotate(text, (at(max(v, t)), y), xytext=(10, 0), textcoords="offset points",
                         va="center", fontsize=8)
         ax.set_yticks(ys, [p[1] for p in rows], fontsize=8)
         ax.set_ylim(-0.6, len(rows) - 0.4)
         ax.set_xscale("log")
         ax.set_title(name, fontsize=9, loc="left")
         ax.grid(axis="x", alpha=0.3)
-    lo = min(min(p[2], p[3]) for p in points) / MiB
-    hi = max(max(p[2], p[3]) for p in points) / MiB
-    axes[-1].set_xlim(lo / 2, hi * 8)  # room on the right for the labels
+    axes[-1].set_xlim(lo / 5, hi * 8)  # room on the left for a zero, on the right for the labels
     axes[-1].set_xlabel("workspace bytes, MiB (2**20 B; vLLM's message calls it MB), log scale")
     handles, labels = axes[0].get_legend_handles_labels()
     uniq = dict(zip(labels, handles))

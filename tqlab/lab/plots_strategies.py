@@ -25,24 +25,28 @@ def _style(ax) -> None:
         ax.spines[side].set_visible(False)
 
 
-def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | None = None):
+def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | None = None, timings: bool = True):
     """The comparison as one figure: start-up, memory, time to first token, decode step. Returns the Figure.
 
     Each x tick names the strategy and whether it survives a ``max_model_len``
     request and stays graph-safe; a request the engine died on is a red cross.
+    ``timings=False`` draws the memory panel alone (bytes and survival): single CPU timings are noise.
     """
     import matplotlib.pyplot as plt
 
     names = [r.strategy for r in results]
     x = list(range(len(results)))
-    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2))
+    fig, axes = plt.subplots(1, 4, figsize=(17, 4.2)) if timings else plt.subplots(1, 2, figsize=(11, 4.2))
     ticks = [f"{r.strategy}\n{'survives' if r.survives_max_model_len else 'DIES'} · "
              f"{'graph-safe' if r.graph_safe else 'NOT graph-safe'}" for r in results]
     cols = [_COLORS.get(n, "#4a5568") for n in names]
-    ax = axes[0]
-    ax.bar(x, [r.startup_s for r in results], color=cols)
-    ax.set_ylabel("start-up (s)")
-    ax.set_title("start-up time", loc="left", fontsize=10)
+    if timings:
+        ax = axes[0]
+        ax.bar(x, [r.startup_s for r in results], color=cols)
+        ax.set_ylabel("start-up (s)")
+        ax.set_title("start-up time", loc="left", fontsize=10)
+    else:  # survival, one row per prompt: the request the engine served (green) or died on (red)
+        _survival_grid(axes[0], results)
     ax = axes[1]
     w = 0.38
     floor = 1e-3  # MiB; keeps a zero-byte bar drawable on the log axis
@@ -59,9 +63,10 @@ def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | 
         ax.set_ylim(min(vals) / 2, max(vals) * 300)
     ax.set_title("workspace memory", loc="left", fontsize=10)
     ax.legend(fontsize=7, loc="upper left", frameon=False)
-    for ax, attr, label in ((axes[2], "ttft_s", "time to first token (s)"),
-                            (axes[3], "decode_step_s", "decode step (ms)")):
-        _per_prompt_bars(ax, results, attr, label, cols)
+    if timings:
+        for ax, attr, label in ((axes[2], "ttft_s", "time to first token (s)"),
+                                (axes[3], "decode_step_s", "decode step (ms)")):
+            _per_prompt_bars(ax, results, attr, label, cols)
     for ax in axes:
         ax.set_xticks(x)
         ax.set_xticklabels(ticks, fontsize=7, rotation=30, ha="right")
@@ -70,6 +75,18 @@ def plot_strategy_comparison(results: Sequence[StrategyResult], *, title: str | 
         fig.suptitle(title, fontsize=11, x=0.01, ha="left")
     fig.tight_layout()
     return fig
+
+
+def _survival_grid(ax, results: Sequence[StrategyResult]) -> None:
+    """Strategies × prompts: a green tick where the engine served the prompt, a red cross where it died."""
+    prompts = [p.prompt_tokens for p in results[0].prompts] if results else []
+    for i, r in enumerate(results):
+        for j, p in enumerate(r.prompts):
+            ax.scatter(i, j, marker="o" if p.survived else "X", s=110,
+                       color="#2f855a" if p.survived else "#c53030")
+    ax.set_yticks(range(len(prompts)), [f"{n:,}-token prompt" for n in prompts], fontsize=8)
+    ax.set_ylim(-0.6, len(prompts) - 0.4)
+    ax.set_title("served (o) or died (x)", loc="left", fontsize=10)
 
 
 def _per_prompt_bars(ax, results: Sequence[StrategyResult], attr: str, label: str, cols: list[str]) -> None:

@@ -26,24 +26,30 @@ def _fmt_s(x: float | None) -> str:
     return f"{x * 1e3:.1f} ms" if x < 1 else f"{x:.2f} s"
 
 
-def strategy_table(results: Sequence[StrategyResult]) -> list[dict[str, str]]:
+def strategy_table(results: Sequence[StrategyResult], *, timings: bool = True) -> list[dict[str, str]]:
     """One row per strategy with the columns of the comparison table, as display strings.
 
-    Prompt columns are named after the first two prompts' token counts.
+    Prompt columns are named after the first two prompts' token counts. ``timings=False`` leaves out the
+    start-up, time-to-first-token and decode-step columns (bytes and survival only).
     """
     rows = []
     for r in results:
         row = {
             "strategy": r.strategy,
-            "seed fix": STRATEGY_INFO[r.strategy]["seed_fix"],
-            "start-up": _fmt_s(r.startup_s),
+            "bug report's fix": STRATEGY_INFO[r.strategy]["seed_fix"],
             "reserved": fmt_bytes(r.reserved_bytes),
             ("peak (cuda max allocated)" if r.peak_source != "computed" else "peak (computed)"): fmt_bytes(r.peak_bytes),
         }
+        if timings:
+            row = {**{k: row[k] for k in ("strategy", "bug report's fix")}, "start-up": _fmt_s(r.startup_s),
+                   **{k: v for k, v in row.items() if k not in ("strategy", "bug report's fix")}}
         for p in r.prompts[:2]:
             tag = f"{p.prompt_tokens}-token"
-            row[f"TTFT {tag}"] = _fmt_s(p.ttft_s) if p.ttft_s is not None else "dies"
-            row[f"decode step {tag}"] = _fmt_s(p.decode_step_s) if p.survived else "dies"
+            if timings:
+                row[f"TTFT {tag}"] = _fmt_s(p.ttft_s) if p.ttft_s is not None else "dies"
+                row[f"decode step {tag}"] = _fmt_s(p.decode_step_s) if p.survived else "dies"
+            else:
+                row[f"{tag} prompt"] = "served" if p.survived else "dies"
         row["survives max_model_len"] = "yes" if r.survives_max_model_len else "no"
         row["graph-safe"] = "yes" if r.graph_safe else "no"
         extra = []

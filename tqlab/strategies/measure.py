@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 
 from tqlab.predict.analysis import first_failing_prompt, unfixed_locked_bytes
-from tqlab.attention import kv_cache_bytes_per_token
+from tqlab.predict.kv_pool import kv_bytes_per_token
 from tqlab.core.config import EngineConfig
 from tqlab.engine import LLMEngine
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
@@ -395,7 +395,8 @@ def workspace_vs_max_model_len(config: EngineConfig, lengths: Iterable[int]) -> 
     Rows: ``max_model_len``, ``reserved_bytes`` (PR #44053's plan, in slot 0: with DBO vLLM's
     builder reserves only the slot it runs in, as :func:`~tqlab.core.reservation.reserve_workspace`),
     ``unfixed_bytes`` (every ubatch slot), ``kv_bytes`` (one ``max_model_len`` sequence's KV cache on
-    one rank, all layers: the smallest KV cache vLLM starts with), ``share`` =
+    one rank, all layers, vLLM 0.33's boundary layers in the model dtype:
+    :func:`tqlab.predict.kv_pool.kv_bytes_per_token`; the smallest KV cache vLLM starts with), ``share`` =
     reserved / kv. Pure arithmetic.
     """
     rows = []
@@ -405,7 +406,7 @@ def workspace_vs_max_model_len(config: EngineConfig, lengths: Iterable[int]) -> 
         if not config.enable_chunked_prefill:  # then the step budget must hold a whole prompt
             c = c.replace(max_num_batched_tokens=max(n, config.max_num_batched_tokens))
         reserved = plan_bytes(reservation_plan(c))
-        kv = kv_cache_bytes_per_token(c) * c.max_model_len
+        kv = kv_bytes_per_token(c)[0] * c.max_model_len
         rows.append(dict(max_model_len=int(n), reserved_bytes=reserved,
                          unfixed_bytes=unfixed_locked_bytes(c) * c.num_ubatches, kv_bytes=kv, share=reserved / kv))
     return rows

@@ -20,6 +20,7 @@ from tqlab.predict.analysis import (
     prefill_chunks,
     workspace_bytes_for_prompt,
 )
+from tqlab.predict.kv_pool import KvPool, kv_pool
 from tqlab.core.consumers.registry import TURBOQUANT
 from tqlab.core.config import KV_CACHE_DTYPES, EngineConfig, list_presets, load_preset
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, plan_bytes, reservation_plan
@@ -49,9 +50,11 @@ class PlannerResult:
 
     ``consumers``: ``(name, shapes, bytes)`` per reservation call;
     ``reserved_bytes``: one ubatch slot after the fix (the largest call);
-    ``slots``: ubatch slots (2 with DBO); ``kv_cache_bytes``: KV cache of
-    ``max_num_seqs x max_model_len`` tokens in ``kv_cache_dtype``, all layers;
-    ``kv_share``: ``reserved_bytes * slots / kv_cache_bytes``;
+    ``slots``: ubatch slots (2 with DBO); ``kv``: the KV pool one GPU of the rank holds
+    (:func:`tqlab.predict.kv_pool.kv_pool`: ``gpu_memory_utilization × memory − weights − activations``,
+    vLLM's boundary layers in the model dtype), None when the preset records no weights;
+    ``kv_cache_bytes``: its ``pool_bytes`` (0 when unknown); ``kv_share``: ``reserved_bytes * slots`` over it
+    (None when unknown);
     ``prediction``: the one :class:`~tqlab.predict.analysis.Prediction` (without the fix) these come from;
     ``unfixed_locked_bytes``: its ``locked_bytes`` (None: never locked);
     ``first_failing_unfixed`` / ``first_failing_fixed``: shortest prompt (tokens)
@@ -63,11 +66,12 @@ class PlannerResult:
     reserved_bytes: int
     slots: int
     kv_cache_bytes: int
-    kv_share: float
+    kv_share: float | None
     unfixed_locked_bytes: int | None
     first_failing_unfixed: int | None
     first_failing_fixed: int | None
     prediction: Prediction | None = None
+    kv: KvPool | None = None
 
     @property
     def longest_surviving_unfixed(self) -> int:
@@ -82,8 +86,6 @@ def plan_summary(config: EngineConfig) -> PlannerResult:
 
     Raises ``TypeError`` for anything but an ``EngineConfig``.
     """
-    from tqlab.attention import kv_cache_bytes_per_token  # the KV-cache size per token: the attention layer owns it
-
     if not isinstance(config, EngineConfig):
         raise TypeError(f"config must be an EngineConfig, got {type(config).__name__}")
     plan = reservation_plan(config)
@@ -91,20 +93,35 @@ def plan_summary(config: EngineConfig) -> PlannerResult:
         (name, call, compute_layout(call).total_bytes) for name, call in zip(_CONSUMER_NAMES, plan)
     )
     reserved = plan_bytes(plan)
-    kv = kv_cache_bytes_per_token(config) * config.max_model_len * config.max_num_seqs
+    try:
+        kv = kv_pool(config)  # the one "share of the KV cache" (notebook 06 §2)
+    except ValueError:  # a preset without weights, or weights over the GPU's budget: the share is unknown
+        kv = None
     pred, with_fix = predict(config), predict(config, fix=True)  # the one Prediction, without and with the fix
     return PlannerResult(
         config=config,
         consumers=consumers,
         reserved_bytes=reserved,
         slots=config.num_ubatches,
-        kv_cache_bytes=kv,
-        kv_share=reserved * config.num_ubatches / kv,
+        kv_cache_bytes=kv.pool_bytes if kv else 0,
+        kv_share=kv.share if kv else None,
         unfixed_locked_bytes=pred.locked_bytes,  # None: start-up never locks (eager, cudagraph_mode NONE)
         first_failing_unfixed=pred.first_failing_prompt_tokens,
         first_failing_fixed=with_fix.first_failing_prompt_tokens,
         prediction=pred,
+        kv=kv,
     )
+
+
+def _share_html(r: PlannerResult) -> str:
+    """The workspace's share of the KV pool, with what the pool is made of (or why it is unknown)."""
+    k = r.kv
+    if k is None:
+        return "an unknown share of the KV cache (the preset records no weights, or they fill the GPU)"
+    return (f"<b>{100 * k.share:.3f}%</b> of the KV pool one {k.gpu} holds ({k.pool_bytes / 2**30:,.1f} GiB = "
+            f"{k.utilization} x {k.gpu_bytes / 2**30:.1f} GiB - weights {k.weight_bytes / 2**30:.1f} GiB - "
+            f"activations {k.activation_bytes / 2**30:.1f} GiB (assumed); {k.turboquant_layers} TurboQuant + "
+            f"{k.boundary_layers} bf16 boundary layer(s): {k.tokens:,} tokens)")
 
 
 def need_curve(config: EngineConfig, points: int = 240) -> tuple[list[int], list[int]]:
@@ -227,8 +244,7 @@ def _planner_html(r: PlannerResult) -> str:
     return (
         f"{table}{_registry_html(r)}"
         + (f"<p>with the fix: <b>{mib(r.reserved_bytes):.2f} MiB</b> per ubatch slot x {r.slots} slot(s) = "
-           f"<b>{100 * r.kv_share:.3f}%</b> of the KV cache ({mib(r.kv_cache_bytes):,.1f} MiB for "
-           f"max_num_seqs x max_model_len tokens, {cfg.kv_cache_dtype}, {cfg.num_hidden_layers} layer(s)); {fixed}.</p>"
+           f"{_share_html(r)}; {fixed}.</p>"
            if cfg.has_turboquant_consumers else
            f"<p>PR #44053 reserves nothing here: kv_cache_dtype {esc(cfg.kv_cache_dtype)} runs no TurboQuant "
            "backend.</p>")
