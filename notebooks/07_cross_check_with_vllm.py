@@ -628,7 +628,9 @@ print(f"both ranks: locked at {format_mb(TP2_LOCKED)} MB, refused {format_mb(TP2
 # `TQLAB_VLLM_TRACE=./tq-trace`, then run
 # `tqlab trace-report ./tq-trace --config config.json --args "vllm serve ..."`.
 # A record cut short by a killed process, or a stray JSON file in the folder, is skipped
-# with a one-line warning. The next cell shows it on a copy of the recording.
+# with a one-line warning, and the rank it would have described is named as missing: a
+# report over half the ranks is not "as predicted". The next cell shows it on a copy of
+# the recording.
 
 # %%
 import shutil
@@ -642,7 +644,10 @@ with tempfile.TemporaryDirectory() as tmp:
     first.write_text(first.read_text()[:200])  # as if the process died mid-write without the atomic rename
     cut = trace_report(copy, TRACE.data["engine_args"], preset=TRACE.data["preset"])
 print("\n".join(cut["warnings"]))
-assert len(cut["warnings"]) == 1 and len(cut["rows"]) == 1 and cut["verdict"] == "as predicted"
+print("\n".join(cut["record_problems"]))
+assert len(cut["warnings"]) == 1 and len(cut["rows"]) == 1
+assert cut["record_problems"] == ["1 of 2 ranks have no record: DP 0/1 PP 0/1 TP 0/2"]
+assert cut["verdict"] == "1 disagreement(s) with the prediction"
 
 # %%
 print(f"notebook ran in {time.perf_counter() - _T0:.1f} s ({'live vLLM' if LIVE else 'recorded parity results'})")
