@@ -326,3 +326,22 @@ def test_layer_kinds_match_a_layer_by_layer_walk():
                 walk.append(dataclasses.replace(base, has_sliding_window=slides,
                                                 kv_cache_dtype="auto" if skipped else base.kv_cache_dtype))
             assert _layer_kinds(cfg, facts) == list(dict.fromkeys(walk)), (n, sliding)
+
+
+@pytest.mark.parametrize("cmd", [
+    ["inspect-vllm", "--preset", "llama-3.1-8b", "--args", "vllm serve M --max-model-len 200000"],
+    ["plan", "--preset", "llama-3.1-8b", "--max-model-len", "200000"],
+])
+def test_a_preset_refuses_max_model_len_beyond_the_model_as_its_config_json_does(cmd):
+    """vLLM ``_get_and_verify_max_len``: Llama-3.1-8B's max_position_embeddings is 131072 (rope ``llama3``: no
+    factor). The config.json path refused --max-model-len 200000; the preset took it (hostile pass, wave 2)."""
+    r = CliRunner().invoke(app, cmd)
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines()[-1] == (
+        "Error: --max-model-len 200000 is greater than the derived maximum length (max_position_embeddings=131072 "
+        "of preset llama-3.1-8b); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    with pytest.raises(ValueError, match="derived max_model_len"):  # the config.json path, for comparison
+        inspect_vllm("vllm serve M --max-model-len 200000", LLAMA, quiet=True)
+    ok = inspect_vllm("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve M --max-model-len 200000", preset="llama-3.1-8b",
+                      quiet=True)
+    assert ok["prediction"]["config"]["max_model_len"] == 200000
