@@ -345,3 +345,12 @@ def test_a_preset_refuses_max_model_len_beyond_the_model_as_its_config_json_does
     ok = inspect_vllm("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve M --max-model-len 200000", preset="llama-3.1-8b",
                       quiet=True)
     assert ok["prediction"]["config"]["max_model_len"] == 200000
+
+
+def test_a_consumer_size_from_the_environment_says_where_it_applies():
+    """VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE on a Llama (no MLA prefill consumer) was noted as just "applied"
+    (hostile pass, wave 2): the note says it sizes a request only where that consumer runs; the lock is 0."""
+    r = inspect_vllm("VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE=1000000000 vllm serve M", LLAMA, quiet=True)
+    assert r["consumers"] == [] and r["locked_bytes"] == 0
+    (note,) = [t for t in r["text"].splitlines() if "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE" in t]
+    assert note.endswith("in bytes; it changes the lock only where that consumer runs: see the consumer table)")
