@@ -60,7 +60,9 @@ def test_worked_example_3bit_nc_d128():
     spec = get_spec("turboquant_3bit_nc")
     assert spec.key_packed_bytes(128) + spec.value_packed_bytes(128) == 50 + 52 == spec.slot_bytes(128) == 102
     assert spec.compression_ratio(128) == 512 / 102
-    assert kv_cache_shape(10, 2, 16, 128, spec) == (10, 2, 16, 102)
+    # vLLM's own tensor (num_blocks, block_size, Hk, slot_size_aligned); block-SoA keeps a region per head
+    assert kv_cache_shape(10, 2, 16, 128, spec) == (10, 16, 2, 102)
+    assert kv_cache_shape(10, 2, 16, 128, get_spec(spec, "block_soa")) == (10, 2, 16, 102)
     assert spec.offsets(128) == {"key_idx": 0, "key_norm": 48, "val_idx": 50, "val_scale": 98, "val_zero": 100, "slot": 102}
 
 
@@ -212,7 +214,8 @@ def test_store_writes_exact_slots_and_skips_padding(name):
     k, v = torch.randn(3, 2, 64), torch.randn(3, 2, 64)
     store_kv(cache, k, v, torch.tensor([9, -1, 30]), spec, backend="torch")
     slots = encode_slots(k, v, spec)
-    assert torch.equal(cache[1, :, 1], slots[0]) and torch.equal(cache[3, :, 6], slots[2])
+    # vLLM's tensor: (block, position, head) -> slot 9 = block 1 position 1, slot 30 = block 3 position 6
+    assert torch.equal(cache[1, 1], slots[0]) and torch.equal(cache[3, 6], slots[2])
     assert int(cache.count_nonzero()) == int(slots[0].count_nonzero() + slots[2].count_nonzero())
 
 

@@ -178,7 +178,7 @@ def _store_kernel(
     key_ptr, val_ptr, slot_ptr, cache_ptr, cache16_ptr, signs_ptr, bnd_ptr, cent_ptr,
     N, num_slots, block_size,
     stride_kn, stride_kh, stride_vn, stride_vh,
-    stride_cb, stride_ch,
+    stride_cb, stride_ch, stride_ct,
     inv_sqrt_d,
     D: tl.constexpr, BLOCK_N: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_FOLD: tl.constexpr,
@@ -186,7 +186,9 @@ def _store_kernel(
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
 ):
     """Quantize BLOCK_N tokens of KV head ``h``; each field goes to word ``region + XO + o * XS`` of
-    its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order).
+    its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order); in vLLM's order
+    (one stride for every field, ``KS == SS``) the token step is the cache's own ``stride_ct`` bytes (``Hk *
+    slot`` on vLLM's token-major tensor, ``ops.heads_view``).
     ``NORM_FOLD`` (``TurboQuantSpec.norm_folded``): the norm field gets ``||k|| / ||c_hat||``,
     ``c_hat`` gathered from the fp32 centroid table ``cent_ptr``, IEEE sqrt and divide (vLLM 0.33's
     SoA ``_tq_fused_store_mse`` step 3, "Opt#1").  ``KP`` / ``VP`` (:func:`_planes_flags`): 0, or the plane
@@ -200,6 +202,9 @@ def _store_kernel(
     slot = tl.where(ok, slot, 0)
     region16 = ((slot // block_size) * stride_cb + h * stride_ch) // 2  # 16-bit words, int64
     o = slot % block_size
+    if KS == SS:  # vLLM's slot order: fold the token step into the region, o * XS -> 0
+        region16 += (o * stride_ct) // 2
+        o = o * 0
     rows64 = rows.to(tl.int64)
 
     # ---- keys
@@ -258,7 +263,7 @@ def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int
         key, value, slot_mapping, cache, cache.view(torch.float16), signs16, bnd, cent,
         n, nb * bs, bs,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        cache.stride(0), cache.stride(1),
+        cache.stride(0), cache.stride(1), cache.stride(2),
         1.0 / math.sqrt(d),
         D=d, BLOCK_N=block_n,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_FOLD=spec.norm_folded,
