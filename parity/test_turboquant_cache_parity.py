@@ -6,12 +6,9 @@ subprocess puts the real ``triton`` / ``triton.language`` into ``vllm.triton_uti
 are imported): ``triton_turboquant_store`` (``vllm/v1/attention/ops/triton_turboquant_store.py``) fills a zeroed
 ``(num_blocks, block_size, Hk, slot_size_aligned)`` tensor and :func:`tqlab.turboquant.store_kv` (torch reference)
 fills a zeroed ``tqlab.turboquant.kv_cache_shape`` tensor from the same K/V and slot mapping: the two **whole
-caches** must be the same shape, slot for slot in the same place, and are compared field by field: NOT byte for
-byte equal today -- scales, zero points and key norms are, but a few code bytes differ (recorded per field): rotated
-key codes where a coordinate falls between tqlab's and vLLM's Lloyd-Max boundaries (vLLM 0.33's ``get_centroids``
-solves with a 200-point trapezoid rule, tqlab exactly: up to 7.4e-4 relative apart,
-``tqlab.turboquant.vllm_decode.CENTROID_RTOL``), value codes and fp8 keys at rounding ties (the interpreter's
-rounding; the GPU comparison is ``tests/test_turboquant_vllm_decode.py``'s gpu test).  Then
+caches** must be the same shape and byte for byte equal, counted field by field and recorded (tqlab's quantizer
+uses vLLM's own centroid table, ``tqlab.turboquant.codebook.lloyd_max``, its ``x_hat = k / (||k|| + 1e-8)`` and its
+value-code rounding); the one exception is the interpreter's fp8 rounding of k8v4's keys (below).  Then
 vLLM's ``triton_turboquant_decode_attention`` and :func:`tqlab.turboquant.vllm_decode.triton_turboquant_decode_attention`
 read vLLM's cache with the same arguments (``Pi``, ``centroids`` and ``midpoints`` as
 ``TurboQuantAttentionImpl._ensure_on_device`` builds them) and must agree to fp16 rounding.
@@ -70,6 +67,10 @@ if vc.shape == tc.shape:  # where the differing bytes are: per slot field kind
     res["differ_by_field"] = {f.kind: int((vc[..., f.offset:f.offset + f.nbytes] != tc[..., f.offset:f.offset + f.nbytes]).sum())
                               for f in get_spec(preset).layout(d)}
     res["field_bytes"] = {f.kind: int(vc[..., f.offset:f.offset + f.nbytes].numel()) for f in get_spec(preset).layout(d)}
+    f8 = [f for f in get_spec(preset).layout(d) if f.kind == "key_fp8"]
+    if f8:  # how far apart the differing fp8 codes are (1 = neighbouring fp8 values: a rounding difference)
+        a, b = (x[..., f8[0].offset:f8[0].offset + f8[0].nbytes].to(torch.int32) for x in (vc, tc))
+        res["fp8_max_code_step"] = int((a - b).abs().max())
 # decode: every slot written, then both functions on vLLM's tensor with vLLM's arguments
 kk = torch.randn(nb * bs, hk, d, generator=g).half()
 vv = torch.randn(nb * bs, hk, d, generator=g).half()
@@ -101,12 +102,14 @@ def test_whole_cache_bytes_and_decode_match_vllm(preset, d, record):
     res = json.loads(lines[-1][len("RESULT "):])
     assert res["vllm_shape"] == res["tqlab_shape"], res
     assert res["nonzero"] > 0, res
-    # whole caches, field by field: the scales, zero points and key norms byte for byte; code bytes differ in at most
-    # 2.5 % (measured on the interpreter: 3bit_nc D64 6 of 4608 key and 6 of 4608 value code bytes; k8v4 D64 228 of
-    # 12288 fp8 key bytes and 17 of 6144 value code bytes -- rounding at cell boundaries, see the module docstring)
+    # whole caches, byte for byte -- except, on this interpreter only, k8v4's fp8 keys: the interpreter's float ->
+    # fp8e4nv conversion (vLLM's _tq_fused_store_fp8) rounds some values to the neighbouring code (step 1), where
+    # torch's float8_e4m3fn rounds to nearest even; on the H200 vLLM's compiled kernel writes tqlab's bytes
+    # (data/turboquant_vllm_tensor_h200.json, vllm_checks: key_fp8 0 differing bytes)
     by_field, sizes = res["differ_by_field"], res["field_bytes"]
-    assert all(by_field[k] == 0 for k in ("val_scale", "val_zero", "key_norm", "pad") if k in by_field), res
-    assert all(by_field[k] <= 0.025 * sizes[k] for k in by_field), res
+    assert all(n == 0 for k, n in by_field.items() if k != "key_fp8"), res
+    if "key_fp8" in by_field:
+        assert by_field["key_fp8"] <= 0.025 * sizes["key_fp8"] and res["fp8_max_code_step"] <= 1, res
     assert res["out_shape"] == [3, 8, d] and res["out_dtype"] == "torch.float16", res
     assert res["max_abs_diff"] <= 2e-3 * max(1.0, res["max_abs_out"]), res
     record(f"{preset}_d{d}", res)

@@ -83,7 +83,8 @@ def test_refuses_other_rotation_centroids_and_sizes():
 @pytest.mark.parametrize("name", PRESETS)
 def test_gpu_beside_vllms_own_kernels(name):
     """vLLM's store and decode (the anchor's vendored 0.33.0 kernels) beside tqlab's on the GPU, Llama shard
-    shape (Hq 32, Hk 8, D 128), block 16, S 32: the caches' shape and per-field differing bytes, and the outputs."""
+    shape (Hq 32, Hk 8, D 128), block 16, S 32: the same cache tensor byte for byte (counted per field), and
+    tqlab's decode through vLLM's signature on vLLM's cache agrees with vLLM's decode."""
     anchors = os.environ.get("TQLAB_VLLM_ANCHORS")
     if not anchors:
         pytest.skip("TQLAB_VLLM_ANCHORS (a copy of anchors/vllm_tq) not set")
@@ -122,5 +123,5 @@ def test_gpu_beside_vllms_own_kernels(name):
     if os.environ.get("TQLAB_GPU_RECORD"):
         with open(os.environ["TQLAB_GPU_RECORD"], "a") as fh:
             fh.write(json.dumps(rec) + "\n")
-    assert differ.get("val_scale", 0) == 0 and differ.get("val_zero", 0) == 0, rec
-    assert rel < 1e-2, rec  # bf16 output; measured values recorded
+    assert all(n == 0 for n in differ.values()), rec  # whole caches byte for byte (vLLM's centroids and arithmetic)
+    assert rel < 2e-3, rec  # bf16 outputs of two kernels summing in other orders; measured values recorded

@@ -12,7 +12,8 @@ when missing or too small) and returns ``(B, Hq, D)`` in the query dtype.  The w
 
 ``Pi`` / ``PiT`` / ``centroids`` are not read by the kernels: tqlab's decode rotates with its own Sylvester Hadamard
 matrix and Lloyd-Max centroids, which are vLLM 0.33's (``_build_hadamard`` and ``get_centroids`` in
-``turboquant_attn.py``'s ``_ensure_on_device``).  The first call per (device, D, bits, tensors) checks that the
+``turboquant_attn.py``'s ``_ensure_on_device``; :func:`tqlab.turboquant.codebook.lloyd_max` recomputes vLLM's float32
+table exactly).  The first call per (device, D, bits, tensors) checks that the
 given ones are those (one host sync; skipped while a CUDA graph is being captured, when vLLM's warm-up has already
 made that call) and raises ``ValueError`` otherwise: a decode that silently used other matrices would be wrong.
 """
@@ -30,12 +31,6 @@ from tqlab.turboquant.spec import TQ_PRESETS, TurboQuantSpec
 __all__ = ["triton_turboquant_decode_attention", "spec_from_vllm_args"]
 
 _CHECKED: set = set()
-# vLLM 0.33's table (``get_centroids``: ``solve_lloyd_max`` in
-# ``vllm/model_executor/layers/quantization/turboquant/centroids.py``, a 200-point trapezoid rule over +-10.5 sigma)
-# is not tqlab's exact Lloyd-Max solution (:func:`tqlab.turboquant.codebook.lloyd_max`): they differ by up to 7.4e-4
-# relative (3 bits, D 64: 0.26879 vs 0.26899; parity/test_turboquant_cache_parity.py).  Within this the decode
-# accepts vLLM's table; its outputs then differ from vLLM's by that much (the parity test bounds it).
-CENTROID_RTOL = 1e-3
 
 
 def spec_from_vllm_args(mse_bits: int, value_quant_bits: int, key_fp8: bool, norm_correction: bool) -> TurboQuantSpec:
@@ -69,9 +64,9 @@ def _check_codebook(Pi, PiT, centroids, spec: TurboQuantSpec, d: int) -> None:
     if not spec.key_fp8:
         want = torch.tensor(lloyd_max(spec.key_bits, d).centroids, dtype=torch.float32)
         got = centroids.detach().float().cpu().flatten()
-        if got.shape != want.shape or not torch.allclose(got, want, rtol=CENTROID_RTOL, atol=0.0):
-            raise ValueError(f"centroids {got.tolist()} are not the {spec.key_bits}-bit Lloyd-Max centroids of D={d} "
-                             f"tqlab's decode uses ({want.tolist()})")
+        if got.shape != want.shape or not torch.equal(got, want):
+            raise ValueError(f"centroids {got.tolist()} are not vLLM 0.33's {spec.key_bits}-bit Lloyd-Max centroids of "
+                             f"D={d} that tqlab's decode uses ({want.tolist()})")
     _CHECKED.add(key)
 
 
