@@ -22,7 +22,10 @@ log "anchor bench: tqlab on block-SoA"
 timeout 150 python3 "$ANCHORS/bench_vllm_tq.py" --all --tqlab . --tqlab-layout block_soa --no-dequant --no-breakdown \
   --commit "$TQLAB_COMMIT" --out "$OUT/block_soa.jsonl" > "$OUT/block_soa.log" 2>&1; echo "exit $?"
 tail -n 14 "$OUT/block_soa.log"
-log "GPU tests"
-timeout ${TEST_S:-170} python3 -m pytest -o addopts="" -q -p no:cacheprovider -x tests/test_turboquant_vllm_decode.py \
-  tests/test_turboquant_triton.py ${EXTRA_TESTS:-} > "$OUT/gpu_tests.log" 2>&1; echo "exit $?"; tail -n 12 "$OUT/gpu_tests.log"
+log "GPU tests: beside vLLM's kernels"
+timeout 120 python3 -m pytest -o addopts="" -q -p no:cacheprovider tests/test_turboquant_vllm_decode.py \
+  > "$OUT/gpu_tests.log" 2>&1; echo "exit $?"; tail -n 4 "$OUT/gpu_tests.log"
+log "GPU tests: the kernels' own (-m gpu)"
+timeout ${TEST_S:-170} python3 -m pytest -o addopts="" -q -p no:cacheprovider -m gpu tests/test_turboquant_triton.py \
+  tests/test_turboquant.py ${EXTRA_TESTS:-} >> "$OUT/gpu_tests.log" 2>&1; echo "exit $?"; tail -n 12 "$OUT/gpu_tests.log"
 log "done"
