@@ -8,7 +8,7 @@ are imported): ``triton_turboquant_store`` (``vllm/v1/attention/ops/triton_turbo
 fills a zeroed ``tqlab.turboquant.kv_cache_shape`` tensor from the same K/V and slot mapping: the two **whole
 caches** must be the same shape and byte for byte equal, counted field by field and recorded (tqlab's quantizer
 uses vLLM's own centroid table, ``tqlab.turboquant.codebook.lloyd_max``, its ``x_hat = k / (||k|| + 1e-8)`` and its
-value-code rounding); the one exception is the interpreter's fp8 rounding of k8v4's keys (below).  Then
+value-code rounding); the one exception is the interpreter's fp8 conversion of k8v4's keys (below).  Then
 vLLM's ``triton_turboquant_decode_attention`` and :func:`tqlab.turboquant.vllm_decode.triton_turboquant_decode_attention`
 read vLLM's cache with the same arguments (``Pi``, ``centroids`` and ``midpoints`` as
 ``TurboQuantAttentionImpl._ensure_on_device`` builds them) and must agree to fp16 rounding.
@@ -68,9 +68,16 @@ if vc.shape == tc.shape:  # where the differing bytes are: per slot field kind
                               for f in get_spec(preset).layout(d)}
     res["field_bytes"] = {f.kind: int(vc[..., f.offset:f.offset + f.nbytes].numel()) for f in get_spec(preset).layout(d)}
     f8 = [f for f in get_spec(preset).layout(d) if f.kind == "key_fp8"]
-    if f8:  # how far apart the differing fp8 codes are (1 = neighbouring fp8 values: a rounding difference)
-        a, b = (x[..., f8[0].offset:f8[0].offset + f8[0].nbytes].to(torch.int32) for x in (vc, tc))
-        res["fp8_max_code_step"] = int((a - b).abs().max())
+    if f8:  # where the fp8 key bytes differ: is tqlab's byte always at least as close to the key as vLLM's?
+        fa, fb = (x[..., f8[0].offset:f8[0].offset + f8[0].nbytes].contiguous() for x in (vc, tc))
+        kx = torch.zeros(nb * bs, hk, d)
+        keep = slots >= 0
+        kx[slots[keep].long()] = k[keep].float()
+        kx = kx.view(nb, bs, hk, d)
+        ea, eb = ((f.view(torch.float8_e4m3fn).float() - kx).abs() for f in (fa, fb))
+        diff = fa != fb
+        res["fp8_tqlab_never_farther"] = bool((eb[diff] <= ea[diff]).all())
+        res["fp8_tqlab_closer"] = int((eb[diff] < ea[diff]).sum())
 # decode: every slot written, then both functions on vLLM's tensor with vLLM's arguments
 kk = torch.randn(nb * bs, hk, d, generator=g).half()
 vv = torch.randn(nb * bs, hk, d, generator=g).half()
@@ -102,14 +109,15 @@ def test_whole_cache_bytes_and_decode_match_vllm(preset, d, record):
     res = json.loads(lines[-1][len("RESULT "):])
     assert res["vllm_shape"] == res["tqlab_shape"], res
     assert res["nonzero"] > 0, res
-    # whole caches, byte for byte -- except, on this interpreter only, k8v4's fp8 keys: the interpreter's float ->
-    # fp8e4nv conversion (vLLM's _tq_fused_store_fp8) rounds some values to the neighbouring code (step 1), where
-    # torch's float8_e4m3fn rounds to nearest even; on the H200 vLLM's compiled kernel writes tqlab's bytes
-    # (data/turboquant_vllm_tensor_h200.json, vllm_checks: key_fp8 0 differing bytes)
+    # whole caches, byte for byte -- except, on this interpreter only, some of k8v4's fp8 keys: the interpreter's
+    # float -> fp8e4nv conversion (vLLM's _tq_fused_store_fp8) is not round-to-nearest-even (seen: 1.99 -> 1.0, a
+    # mantissa carry lost; ties rounded away; subnormals), so where the bytes differ tqlab's (torch's float8_e4m3fn)
+    # must be at least as close to the key (measured: 228 of 12288 bytes at D 64, 488 of 24576 at D 128); on the
+    # H200 vLLM's compiled kernel writes tqlab's bytes (data/turboquant_vllm_tensor_h200.json, vllm_checks: 0)
     by_field, sizes = res["differ_by_field"], res["field_bytes"]
     assert all(n == 0 for k, n in by_field.items() if k != "key_fp8"), res
     if "key_fp8" in by_field:
-        assert by_field["key_fp8"] <= 0.025 * sizes["key_fp8"] and res["fp8_max_code_step"] <= 1, res
+        assert by_field["key_fp8"] <= 0.025 * sizes["key_fp8"] and res["fp8_tqlab_never_farther"], res
     assert res["out_shape"] == [3, 8, d] and res["out_dtype"] == "torch.float16", res
     assert res["max_abs_diff"] <= 2e-3 * max(1.0, res["max_abs_out"]), res
     record(f"{preset}_d{d}", res)

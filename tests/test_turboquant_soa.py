@@ -510,7 +510,7 @@ def test_gpu_block_soa_equals_vllm_order(name):
     k_cpu, v_cpu, slots = torch.randn(n, hk, d, generator=g), torch.randn(n, hk, d, generator=g) * 2, torch.randperm(n, generator=g)
     kv = (k_cpu.to(DEV), v_cpu.to(DEV), slots.to(DEV))
     cache = torch.zeros(kv_cache_shape(nb, hk, bs, d, spec), dtype=torch.uint8, device=DEV)
-    blocks = torch.zeros_like(cache)
+    blocks = torch.zeros(kv_cache_shape(nb, hk, bs, d, soa), dtype=torch.uint8, device=DEV)
     store_kv(cache, *kv, spec)
     store_kv(blocks, *kv, soa)
     flat, flat_spec = _in_vllm_order(blocks, soa, d)

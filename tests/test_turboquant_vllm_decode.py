@@ -125,3 +125,27 @@ def test_gpu_beside_vllms_own_kernels(name):
             fh.write(json.dumps(rec) + "\n")
     assert all(n == 0 for n in differ.values()), rec  # whole caches byte for byte (vLLM's centroids and arithmetic)
     assert rel < 2e-3, rec  # bf16 outputs of two kernels summing in other orders; measured values recorded
+
+
+def test_recorded_side_by_side_on_vllms_tensor():
+    """``data/turboquant_vllm_tensor_h200.json`` (``benchmarks/record_vllm_tensor.sh`` folded by
+    ``benchmarks/_vllm_tensor_record.py``): one H200 call, every decode row on vLLM's own tensor with the kernel that
+    served it, the speed-ups consistent with the times, and vLLM's own store beside tqlab's writing the same bytes."""
+    from tqlab.core.provenance import load_recorded
+
+    rec = load_recorded("turboquant_vllm_tensor_h200")
+    assert rec.provenance["device"] == "NVIDIA H200" and "record_vllm_tensor.sh" in rec.provenance["command"]
+    rows = rec.data["decode"]
+    assert {(r["shape"], r["ctx"], r["preset"]) for r in rows} == {
+        (s, c, p) for s in ("llama3.1-8b", "seed_tp8_rank") for c in (8192, 32768, 131072)
+        for p in ("turboquant_3bit_nc", "turboquant_k8v4")}
+    for r in rows:
+        assert r["splits"] == 32 and r["tqlab_kernel"] == ("portable" if r["preset"] == "turboquant_k8v4" else "fast")
+        assert r["block_soa_kernel"] == ("block_soa" if r["preset"] == "turboquant_k8v4" else "gluon")
+        assert r["tqlab_x_sdpa"] == r["sdpa_ms"] / r["tqlab_ms"] and r["block_soa_x_sdpa"] == r["sdpa_ms"] / r["block_soa_ms"]
+        assert 0 < r["tqlab_frac_of_byte_limit"] < 1 and 0 < r["block_soa_frac_of_byte_limit"] < 1
+    checks = {c["preset"]: c for c in rec.data["vllm_checks"]}
+    assert sorted(checks) == PRESETS
+    for c in checks.values():
+        assert c["cache_shape"][1:3] == [16, 8] and all(n == 0 for n in c["differ_by_field"].values())
+        assert c["decode_rel_err_vs_vllm"] < 2e-3

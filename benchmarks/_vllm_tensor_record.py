@@ -1,6 +1,6 @@
 """Fold one H200 call of ``benchmarks/record_vllm_tensor.sh`` into ``data/turboquant_vllm_tensor_h200.json``.
 
-    python benchmarks/vllm_tensor_record.py RUN_DIR --command "..." [--out data/turboquant_vllm_tensor_h200.json]
+    python benchmarks/_vllm_tensor_record.py RUN_DIR --command "..." [--out data/turboquant_vllm_tensor_h200.json]
 
 ``RUN_DIR`` holds ``vllm_tensor.jsonl`` (anchor bench, tqlab on vLLM's own cache tensor), ``block_soa.jsonl`` (the
 same with ``--tqlab-layout block_soa``) and ``vllm_checks.jsonl`` (the gpu test's comparison with vLLM's own store
