@@ -14,7 +14,8 @@ Two fixed ingredients turn a key vector into a handful of small integers:
   scipy), for the theory.
 
 Mirrors the key path of vLLM's TurboQuant KV cache (``vllm/v1/attention/backends/turboquant_attn.py``
-and its quantization helpers); the code here is written from the description, not copied.
+and its quantization helpers); written from the description, except that :func:`lloyd_max` repeats the steps of
+vLLM 0.33's numerical solve (``solve_lloyd_max``, cited there) so that its floats, and so the cache bytes, are vLLM's.
 """
 
 from __future__ import annotations

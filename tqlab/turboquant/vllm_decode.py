@@ -30,7 +30,9 @@ from tqlab.turboquant.spec import TQ_PRESETS, TurboQuantSpec
 
 __all__ = ["triton_turboquant_decode_attention", "spec_from_vllm_args"]
 
-_CHECKED: set = set()
+# checked (device, D, bits, tensor addresses) -> the tensors themselves, held so that no other tensor can take
+# those addresses while the entry says "checked" (vLLM's are long-lived layer buffers: a handful of entries)
+_CHECKED: dict = {}
 
 
 def spec_from_vllm_args(mse_bits: int, value_quant_bits: int, key_fp8: bool, norm_correction: bool) -> TurboQuantSpec:
@@ -67,7 +69,7 @@ def _check_codebook(Pi, PiT, centroids, spec: TurboQuantSpec, d: int) -> None:
         if got.shape != want.shape or not torch.equal(got, want):
             raise ValueError(f"centroids {got.tolist()} are not vLLM 0.33's {spec.key_bits}-bit Lloyd-Max centroids of "
                              f"D={d} that tqlab's decode uses ({want.tolist()})")
-    _CHECKED.add(key)
+    _CHECKED[key] = (Pi, PiT, centroids)
 
 
 def _buffers(query, s: int, mid_o_buf, output_buf, lse_buf, buf_holder):
