@@ -82,7 +82,7 @@ import torch
 
 from tqlab.lab.environment import show_environment
 
-ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -98,7 +98,7 @@ import matplotlib.pyplot as plt
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.core.config import EngineConfig, list_presets, load_preset
+from tqlab.core.config import EngineConfig, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
 from tqlab.predict import analysis
@@ -651,9 +651,9 @@ import warnings
 from tqlab.core.provenance import load_recorded
 from tqlab.strategies.fixes import make_strategy_engine
 
-src = load_recorded("seed_sources")
+src = load_recorded("report_sources")
 br = src["bug_report"]
-show_md(f"*From `data/seed_sources.json`: {src.provenance['command'][:120]}…*")
+show_md(f"*From `data/report_sources.json`: {src.provenance['command'][:120]}…*")
 prompt_text = br["prompt"]["unit"] * br["prompt"]["repeat"] + br["prompt"]["suffix"]
 # Tokenizer-free count: every word and every punctuation mark is at least one token for a BPE
 # vocabulary in which these common English words are whole tokens; the chat template adds a few more.
@@ -727,6 +727,7 @@ from tqlab.core.hardware import GPUS
 from tqlab.vllm.deployment import deployment_from_vllm
 from tqlab.vllm.hf_config import read_hf_config
 from tqlab.vllm.hybrid import hybrid_attention_block_size
+from tqlab.lab.presets import turboquant_presets
 
 REPORT_FLAGS = {"gpu_memory_utilization": 0.92, "mamba_ssm_cache_dtype": "float16"}  # quoted from the command line
 REPORT_COMMENTS = {"cached buffers": ("~16MB at 8K", 8 * 1024, 16), "shared buffer": ("saves 60× memory", None, 60)}
@@ -765,10 +766,9 @@ assert ssm_rows[1][2] == format_mb(crash.current_bytes) + " MiB"  # the lock doe
 
 # (3) the two comments: the dequant buffers at 8K cached tokens, per preset rank, and the layers sharing them
 cmt_rows = []
-for name in list_presets():
+TQ_STARTED, TQ_REFUSED = turboquant_presets()  # TurboQuant-only presets vLLM starts, and those it refuses
+for name in TQ_STARTED:
     c = EngineConfig.from_preset(name)
-    if not c.is_turboquant:
-        continue
     at_8k = analysis.continuation_bytes(c, REPORT_COMMENTS["cached buffers"][1])
     cmt_rows.append((name, c.num_kv_heads_per_rank, c.head_dim, format_mb(at_8k) + " MiB"))
 show_md(markdown_table(("preset (one rank)", "KV heads", "head_dim", "K + V dequant buffers at 8K cached"), cmt_rows))
@@ -786,9 +786,9 @@ assert "qwen3-32b" in sixteen and dep.config.num_hidden_layers == REPORT_COMMENT
 # (4) the second model: BF16 weights, no AWQ. Whether a deployment crashes depends on its attention shapes
 # and batch limits only: the locked decode scratch (max_num_seqs rows) against the continuation buffers.
 crash_rows = []
-for name in list_presets():
+for name in TQ_STARTED:
     c = EngineConfig.from_preset(name)
-    if c.is_turboquant and c.moe is None:
+    if c.moe is None:
         lock_c = analysis.locked_bytes(c, fix=False)
         first_c = first_failing_prompt(c, lock_c)
         crash_rows.append((name, c.max_num_seqs, format_mb(lock_c) + " MiB",

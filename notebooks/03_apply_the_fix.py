@@ -56,7 +56,7 @@ import torch
 
 from tqlab.lab.environment import show_environment
 
-ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -74,8 +74,8 @@ from tqlab.lab import plots_startup
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.core.config import EngineConfig, list_presets, load_preset
-from tqlab.core.consumers.registry import turboquant_only
+from tqlab.core.config import EngineConfig, load_preset
+from tqlab.lab.presets import turboquant_presets
 from tqlab.engine import LLMEngine
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
@@ -448,7 +448,9 @@ print("max_model_len prompt: served with the fix, refused without it")
 
 # %%
 cost = []
-TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_preset(n))]  # notebook 10: the others
+TQ_PRESETS, TQ_REFUSED = turboquant_presets()  # TurboQuant-only presets vLLM starts (notebook 10: the others)
+for name, why in TQ_REFUSED.items():  # a preset vLLM's start-up validation refuses reserves nothing: it never starts
+    print(f"{name}: not started by vLLM 0.33, so no reservation: {why.split('Reasons:')[-1].strip()[:160]}")
 for name in TQ_PRESETS:
     c = EngineConfig.from_preset(name)
     res = plan_bytes(reservation_plan(c)) * c.num_ubatches
@@ -881,9 +883,9 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 # %%
 from tqlab.core.provenance import load_recorded
 
-sources = load_recorded("seed_sources")
+sources = load_recorded("report_sources")
 pr = sources["fix_pr"]
-show_md(markdown_table(("", "from the PR's record (data/seed_sources.json)"), [
+show_md(markdown_table(("", "from the PR's record (data/report_sources.json)"), [
     ("PR", f"#{pr['pr']}: {pr['title']}"),
     ("merged", pr["merged"]),
     ("supersedes / fixes", f"PR #{pr['supersedes']} / issue #{pr['fixes']}"),

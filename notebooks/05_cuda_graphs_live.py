@@ -50,6 +50,11 @@
 # `USE_RECORDED` (`auto`: recorded GPU figures when not on CUDA; `always`; `never`); both can also come from
 # environment variables.
 
+# %%
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
+
 # %% tags=["parameters"]
 import os
 

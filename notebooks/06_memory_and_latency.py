@@ -60,6 +60,11 @@
 # GPU figures when not on CUDA; `always`; `never`), `RECORD_DIR` (non-empty: save this run's CUDA measurements
 # there as JSON with provenance). Each can also come from the environment variable of the same name.
 
+# %%
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
+
 # %% tags=["parameters"]
 import os
 
@@ -80,8 +85,8 @@ import torch
 
 from tqlab import strategies as S
 from tqlab.predict.analysis import unfixed_locked_bytes
-from tqlab.core.config import EngineConfig, list_presets
-from tqlab.core.consumers.registry import turboquant_only
+from tqlab.core.config import EngineConfig
+from tqlab.lab.presets import turboquant_presets
 from tqlab.lab import plots_strategies as plots
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.lab.plots_workspace import PhaseMarker
@@ -252,7 +257,9 @@ if REC_TABLE is not None:
 
 # %%
 LENGTHS = [2 ** k for k in range(12, 18)]
-TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_preset(n))]  # notebook 10: the others
+TQ_PRESETS, TQ_REFUSED = turboquant_presets()  # TurboQuant-only presets vLLM starts (notebook 10: the others)
+print("not started by vLLM 0.33, so left out: " + ("; ".join(f"{n} ({w.split('Reasons:')[-1].strip()[:120]})"
+                                                        for n, w in TQ_REFUSED.items()) or "none"))
 WS_ROWS = {name: S.workspace_vs_max_model_len(EngineConfig.from_preset(name), LENGTHS) for name in TQ_PRESETS}
 plots.plot_workspace_vs_len(WS_ROWS)
 plt.show()

@@ -47,20 +47,18 @@
 # "MB" for the same unit, and is quoted as it is.
 
 # %%
-import platform
 import time
 
 _T0 = time.perf_counter()
 
 import torch
 
-import tqlab
 from tqlab.vllm import vllm_available, vllm_version
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"vLLM importable: {vllm_available()} ({vllm_version() or 'not installed'})"
-)
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
+print(f"vLLM importable in this kernel: {vllm_available()} ({vllm_version() or 'not installed'})")
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device

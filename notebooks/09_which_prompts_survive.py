@@ -40,19 +40,15 @@
 # Five **predict, then run** cells state a prediction, then check it with an `assert`.
 
 # %%
-import platform
 import time
 
 _T0, _CPU0 = time.perf_counter(), time.process_time()
 
-import torch
 
-import tqlab
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"CUDA available: {torch.cuda.is_available()}"
-)
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -66,8 +62,8 @@ import matplotlib.pyplot as plt
 
 from tqlab.predict import analysis
 from tqlab.predict.analysis import first_failing_prompt, prefill_chunks, safe_max_model_len
-from tqlab.core.config import EngineConfig, list_presets
-from tqlab.core.consumers.registry import turboquant_only
+from tqlab.core.config import EngineConfig
+from tqlab.lab.presets import turboquant_presets
 from tqlab.engine import LLMEngine
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
@@ -78,9 +74,12 @@ from tqlab.core.workspace import WorkspaceLockedError, format_mb
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment, one tensor-parallel rank
 T = CONTINUATION_DECODE_THRESHOLD  # vLLM 0.33: a continuation chunk of at most T new tokens runs the decode kernel
-# The presets whose only workspace consumer is TurboQuant (MoE/MLA presets: notebook 10).
-configs = {n: c for n in list_presets() if turboquant_only(c := EngineConfig.from_preset(n))}
+# The presets whose only workspace consumer is TurboQuant and that vLLM starts (MoE/MLA presets: notebook 10).
+started, refused_presets = turboquant_presets()
+configs = {n: EngineConfig.from_preset(n) for n in started}
 print(f"engine device: {device!r}; presets: {', '.join(configs)}")
+for n, why in refused_presets.items():  # vLLM's start-up validation refuses it: no lock, no prompt to survive
+    print(f"left out, vLLM 0.33 does not start it: {n} ({why.split('Reasons:')[-1].strip()[:160]})")
 
 # %% [markdown]
 # ## 1 · What each preset locks

@@ -149,3 +149,22 @@ def test_interpreter_store_check_runs_the_triton_kernel_on_cpu():
     assert (r["identical"], r["differing"]) == (True, 0) and r["bytes"] > 0
     with pytest.raises(RuntimeError, match="failed"):
         interpreter_store_check("not_a_preset")
+
+
+def test_show_environment_selects_and_states_the_version(capsys):
+    from tqlab.core import vllm_versions
+    from tqlab.lab.environment import parity_venv_names, show_environment
+
+    try:
+        for name in vllm_versions.SUPPORTED:
+            env = show_environment(vllm=name)
+            assert env["vllm"] == name and vllm_versions.current().name == name
+            assert f"This notebook shows vLLM {name}" in capsys.readouterr().out
+        assert parity_venv_names("0.33") == (".venv-parity",) and parity_venv_names("0.34") == (".venv-parity-0.34",)
+        with pytest.raises(ValueError, match="0.99"):
+            show_environment(vllm="0.99")
+        assert vllm_versions.current().name == vllm_versions.SUPPORTED[-1]  # a bad version leaves the choice
+        rows = environment_rows(dict(environment("0.34"), vllm_parity=None))
+        assert rows[3][0] == "vLLM 0.34 (parity env)" and rows[3][1] == "not found"
+    finally:
+        vllm_versions.reset()
