@@ -23,6 +23,18 @@ def test_nb01_references_exact():
     assert nb01.growth_peak(1000, 3000, "free_then_allocate") == 3072
     assert nb01.growth_peak(1000, 3000, "allocate_then_free") == 1024 + 3072
     assert nb01.dbo_slot_sizes([(0, 100), (1, 1000), (0, 50)]) == [256, 1024]
+    # vLLM 0.34's get_retained: the tail survives scratch below its start, not scratch into it, not another key,
+    # not a reallocation; same key and start but another size counts as intact (vLLM compares (key, start))
+    assert nb01.retained_flags([("retained", "kv", 4096), ("scratch", 8192), ("retained", "kv", 4096)], 65536) == [
+        False, True]
+    assert nb01.retained_flags([("retained", "kv", 4096), ("scratch", 61441), ("retained", "kv", 4096)], 65536) == [
+        False, False]
+    assert nb01.retained_flags([("retained", "a", 100), ("retained", "b", 100), ("retained", "a", 100)], 1000) == [
+        False, False, False]
+    assert nb01.retained_flags([("retained", "kv", 1000), ("retained", "kv", 900), ("retained", "kv", 600)], 4096) == [
+        False, True, False]
+    assert nb01.retained_flags([("retained", "kv", 512), ("scratch", 5000), ("retained", "kv", 512)], 4096) == [
+        False, False]
 
 
 def test_nb02_nb03_references_exact():
@@ -62,6 +74,8 @@ def _shown_solutions(stem: str) -> dict[str, str]:
         "call_bytes": [([((5,), torch.float16), ((300,), torch.uint8)],)],
         "growth_peak": [(1000, 3000, "free_then_allocate"), (64, 4096, "allocate_then_free")],
         "dbo_slot_sizes": [([(0, 4096), (1, 1024)],), ([(1, 300), (1, 10)],)],
+        "retained_flags": [([("retained", "k", 300), ("scratch", 700), ("retained", "k", 300)], 2048),
+                           ([("scratch", 9000), ("retained", "k", 4000), ("retained", "k", 4100)], 1024)],
     }),
     ("02_reproduce_locked_workspace", nb02, {
         "kv_heads_per_rank": [(2, 8), (8, 2), (8, 1)],
