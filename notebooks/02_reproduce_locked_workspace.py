@@ -578,7 +578,8 @@ else:
 # plain default of 16 as a teaching value: vLLM 0.33 would raise it for this model, and
 # `tqlab inspect-vllm --config config.json` derives the size it would pick. Another public
 # report on a hybrid model (vLLM issue #43357) ran with **2,080-token** blocks.
-# **Predict, then run:** with 2,080-token blocks, does the report's deployment crash at a
+#
+# **Predict, then run.** With 2,080-token blocks, does the report's deployment crash at a
 # different prompt length without the fix, and does the fix reserve more or less than 64 MiB?
 
 # %%
@@ -612,13 +613,21 @@ except WorkspaceLockedError as exc:
     assert exc.required_bytes == big["crash_need"]
 else:
     raise AssertionError("the first failing prompt with 2,080-token blocks was served")
-show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_failing']:,} tokens instead of "
-        f"{small['first_failing']:,}: a prompt longer than one step's {m:,} tokens gets a first chunk cut back to "
-        f"{big['chunks'][0][1]:,} tokens (one block), so its second chunk dequantizes {big['chunks'][1][0]:,} cached "
-        f"tokens: {format_mb(big['crash_need'])} MiB instead of {format_mb(small['crash_need'])} MiB, still more than "
-        f"the {format_mb(big['locked'])} MiB locked (the decode scratch, which the block size does not touch). "
-        f"The fix reserves {format_mb(big['with_fix'])} MiB instead of {format_mb(small['with_fix'])} MiB, because "
-        f"every continuation buffer is rounded up to a whole block.")
+print(f"2,080-token blocks: first failing prompt {big['first_failing']:,} (16-token blocks: {small['first_failing']:,}); "
+      f"the fix reserves {format_mb(big['with_fix'])} MiB (16-token blocks: {format_mb(small['with_fix'])} MiB)")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The crash comes **earlier** with 2,080-token blocks, and the fix reserves **more**. A prompt longer than one
+# step's `max_num_batched_tokens` gets a first chunk cut back to a whole number of blocks (one 2,080-token
+# block: the scheduler ends every chunk but the last on a block boundary), so its second chunk already
+# dequantizes the cached first chunk and needs more than the locked decode scratch, which the block size does
+# not touch. With 16-token blocks the first chunk is a full step, and the crash needs more than
+# `CONTINUATION_DECODE_THRESHOLD` new tokens after it. The fix reserves more because every continuation
+# buffer is rounded up to a whole block. The table and the line above give the sizes.
+#
+# </details>
 
 # %% [markdown]
 # ## 6 · What else the bug report says, checked

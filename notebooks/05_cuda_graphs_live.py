@@ -81,7 +81,7 @@ from tqlab.lab import graph_latency as latency
 from tqlab.lab import memory_budget as mb
 from tqlab.lab import piecewise as pw
 from tqlab.lab import plots_graphs as gplots
-from tqlab.lab.display import fmt_bytes, markdown_table, show_md
+from tqlab.lab.display import fmt_bytes, markdown_table, recording_label, show_md
 from tqlab.lab.recorded import banner_text, has_recorded, jsonable, load_recorded, make_provenance, show_banner
 from tqlab.predict.analysis import decode_capture_rows, decode_rows_at_lock
 
@@ -412,6 +412,9 @@ if ON_CUDA:
 else:
     LIVE.recorded("latency")
     LAT = None
+if REC_LAT:  # the recording's keys ("seed": the bug report's rank) as a reader names them
+    REC_LAT = dict(REC_LAT, results={recording_label(k): v for k, v in REC_LAT["results"].items()},
+                   summary={recording_label(k): v for k, v in (REC_LAT.get("summary") or {}).items()})
 if REC_LAT and (SHOW_RECORDED or not ON_CUDA):
     show_banner(REC_LAT["provenance"])
     gplots.plot_latency(REC_LAT["results"], title=banner_text(REC_LAT["provenance"]).split("\n")[0])

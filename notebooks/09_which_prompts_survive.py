@@ -63,7 +63,7 @@ import matplotlib.pyplot as plt
 from tqlab.predict import analysis
 from tqlab.predict.analysis import first_failing_prompt, prefill_chunks, safe_max_model_len
 from tqlab.core.config import EngineConfig
-from tqlab.lab.presets import turboquant_presets
+from tqlab.lab.presets import refusal_summary, turboquant_presets
 from tqlab.engine import LLMEngine
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
@@ -79,7 +79,7 @@ started, refused_presets = turboquant_presets()
 configs = {n: EngineConfig.from_preset(n) for n in started}
 print(f"engine device: {device!r}; presets: {', '.join(configs)}")
 for n, why in refused_presets.items():  # vLLM's start-up validation refuses it: no lock, no prompt to survive
-    print(f"left out, vLLM 0.33 does not start it: {n} ({why.split('Reasons:')[-1].strip()[:160]})")
+    print(f"left out, vLLM 0.33 does not start it: {n} ({refusal_summary(why)})")
 
 # %% [markdown]
 # ## 1 · What each preset locks

@@ -10,7 +10,9 @@ never draws a number for a deployment vLLM would not run.
 
 from __future__ import annotations
 
-__all__ = ["turboquant_presets"]
+import re
+
+__all__ = ["refusal_summary", "turboquant_presets"]
 
 
 def turboquant_presets() -> tuple[list[str], dict[str, str]]:
@@ -32,3 +34,14 @@ def turboquant_presets() -> tuple[list[str], dict[str, str]]:
         else:
             started.append(name)
     return started, refused
+
+
+def refusal_summary(reason: str) -> str:
+    """One short line of a refusal from :func:`turboquant_presets`: the TurboQuant backend's own entry of vLLM's
+    backend-selector message (``TURBOQUANT: [sliding window not supported]`` -> ``"the TurboQuant backend:
+    sliding window not supported"``) plus the source, else the reason's first sentence."""
+    source = reason[reason.rfind(" ("):] if reason.endswith(")") else ""
+    hit = re.search(r"TURBOQUANT: \[([^\]]*)\]", reason)
+    if hit:
+        return f"the TurboQuant backend: {hit.group(1)}{source}"
+    return reason.split(". ")[0]
