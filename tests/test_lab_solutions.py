@@ -9,7 +9,7 @@ import torch
 
 from tqlab.lab.environment import environment, environment_rows
 from tqlab.lab.exercises import check
-from tqlab.lab.solutions import nb01, nb02, nb03, nb04
+from tqlab.lab.solutions import nb01, nb02, nb03, nb04, nb12
 
 R = "nemotron-3-super-120b-a12b"
 TQ = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
@@ -35,6 +35,14 @@ def test_nb01_references_exact():
         False, True, False]
     assert nb01.retained_flags([("retained", "kv", 512), ("scratch", 5000), ("retained", "kv", 512)], 4096) == [
         False, False]
+
+
+def test_nb12_references_exact():
+    assert nb12.new_call_sites(["a.py:f", "b.py:g"], ["b.py:g", "c.py:h", "a.py:f2"]) == ["a.py:f2", "c.py:h"]
+    assert nb12.retained_start(65536, 4096) == 61440 and nb12.retained_start(1000, 100) == 768
+    assert nb12.retained_start(1024, 5000) == 0  # the span grows the slot to exactly its bytes
+    assert [nb12.jit_warmup_before_capture(v, r) for v, r in (("0.33", False), ("0.33", True), ("0.34", False))] == [
+        False, True, True]
 
 
 def test_nb02_nb03_references_exact():
@@ -89,6 +97,11 @@ def _shown_solutions(stem: str) -> dict[str, str]:
         "reserves_continuation": [(True, 129), (True, 128), (False, 131072)],
         "first_failing_prompt_no_fix": [(4096,), (1024,)],
     }),
+    ("12_vllm_0_34_what_changed", nb12, {
+        "new_call_sites": [(["a:f"], ["a:f", "b:g"]), (["a:f", "c:h"], [])],
+        "retained_start": [(4096, 1000), (300, 600), (65536, 1)],
+        "jit_warmup_before_capture": [("0.33", False), ("0.34", False), ("0.33", True)],
+    }),
     ("04_turboquant_kv_cache", nb04, {
         "slot_bytes": [(p, d) for p in TQ for d in (16, 96, 128)],
         "compression_vs_fp16": [(p, 256) for p in TQ],
@@ -125,7 +138,8 @@ def test_environment_facts():
 
 
 @pytest.mark.parametrize("stem, module", [("01_workspace_buffer_layouts", nb01), ("02_reproduce_locked_workspace", nb02),
-                                          ("03_apply_the_fix", nb03), ("04_turboquant_kv_cache", nb04)])
+                                          ("03_apply_the_fix", nb03), ("04_turboquant_kv_cache", nb04),
+                                          ("12_vllm_0_34_what_changed", nb12)])
 def test_notebook_cases_pass_with_the_shown_solutions(stem, module):
     """Every exercise's own cases (the ``check(...)`` line of the notebook) run through the reference without an
     error, and the solution the notebook shows passes them: an attempted exercise never crashes the lecture."""
