@@ -153,9 +153,7 @@ show_md(markdown_table(("engine argument", "value"), [(f"`{f}`", getattr(cfg, f)
 # How many query heads and KV heads does one rank's attention layer see?
 #
 # vLLM's rule: query heads are split evenly; KV heads are split too, but when there are
-# fewer KV heads than ranks, each rank keeps one replicated KV head. So query heads and KV heads
-# per rank do **not** scale together: here the query heads shrink eightfold, the KV heads only
-# twofold.
+# fewer KV heads than ranks, each rank keeps one replicated KV head.
 #
 # **Predict, then run.** How many query heads and how many KV heads does one rank see?
 
@@ -188,7 +186,8 @@ print("per-rank shapes check out")
 # <details><summary>Answer</summary>
 #
 # Query heads per rank = query heads / TP. KV heads: fewer than
-# ranks here, so one per rank.
+# ranks here, so one per rank. So query heads and KV heads per rank do **not** scale together: the query
+# heads shrink by the full TP factor, the KV heads only down to one.
 #
 # </details>
 
@@ -313,8 +312,9 @@ show_md(
 # slow part on a CPU); the second chunk asks the locked workspace for its dequant buffers.
 # The cell catches the assertion and shows it — the crash is the expected result here.
 #
-# **Predict, then run.** Which bytes and which locked size will the error carry, which function will
-# it name as the caller, and will it print the bug report's numbers?
+# **Predict, then run.** The table above is tqlab's closed-form prediction; the engine below runs the real
+# calls. Will its error carry exactly the predicted bytes and locked size, which function (of which file)
+# will it name as the caller, and will it print the bug report's numbers word for word?
 
 # %%
 t = time.perf_counter()
@@ -816,7 +816,7 @@ assert PRESET in crashing and len(crashing) >= len(crash_rows) - 1
 # (vLLM raises it until one attention page holds a Mamba state page), and with it the fix's reservation and
 # the first failing prompt — but never the locked decode scratch. On this Nemotron-H-like config the
 # default float32 state gives blocks longer than a 4,096-token chunk, a case tqlab says it does not model;
-# the report's float16 halves the state and the block. (3) The "~16MB at 8K" comment is the size for 4 KV
+# the report's float16 halves the state and about halves the block. (3) The "~16MB at 8K" comment is the size for 4 KV
 # heads of 128 on a rank — Qwen3-32B at TP 2, for one — and "60×" is the number of layers one shared buffer
 # replaces: Qwen3-32B's 64 layers minus the 4 boundary layers vLLM 0.33 keeps off TurboQuant. For the
 # report's model the saving is its 8 attention layers, 8×. (4) No: the crash needs TurboQuant, chunked

@@ -508,9 +508,8 @@ print(f"largest reservation: {biggest['name']} ({format_mb(biggest['res'])} MiB 
 # dequantize the cache. vLLM 0.33 sends it through the decode kernel, one query row per new
 # token, and that kernel allocates its own scratch: the chunk asks the workspace for
 # nothing, so the reservation does not need to cover it. tqlab's backend does the same
-# with private `torch.empty` buffers. One visible consequence *without* the fix: a prompt
-# one chunk plus `CONTINUATION_DECODE_THRESHOLD` tokens long survives, because its second
-# chunk is short; one token more and the second chunk dequantizes and crashes.
+# with private `torch.empty` buffers. That has a visible consequence *without* the fix, for the
+# length of the shortest prompt that crashes.
 #
 # **Predict, then run.** Where does `first_failing_prompt` put the first failure of the unfixed
 # engine, in chunks and threshold? What happens to the prompt one token shorter — and which call

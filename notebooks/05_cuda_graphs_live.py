@@ -519,9 +519,11 @@ assert bigger_error is not None and "Workspace is locked" in bigger_error
 # **`lock_workspace()`**. Before all of it, engine start-up runs `determine_available_memory()` — the
 # **profile run**, a dummy forward that builds no TurboQuant metadata, so no attention workspace — and sizes
 # the KV cache as `gpu_memory_utilization × total − (weights + activation peak + non-torch)`
-# (`Worker.determine_available_memory`, `vllm/v1/worker/gpu_worker.py`); then `initialize_kv_cache` creates
-# the metadata builders (**PR #44053's `_reserve_workspace` runs here, after the profile run**) before it
-# allocates the KV cache tensors; then `capture_model`.
+# (`Worker.determine_available_memory`, `vllm/v1/worker/gpu_worker.py`). With CUDA graphs that method also
+# measures the graphs' memory (`GPUModelRunner.profile_cudagraph_memory`), on a minimal KV cache whose
+# metadata builders are built first: **PR #44053's `_reserve_workspace` first runs there, after the profile
+# run** (notebook 03 §3 draws the whole start-up). Then `initialize_kv_cache` builds the real KV cache and the
+# builders again (the same reservation, no growth); then `capture_model`.
 #
 # **Predict, then run.** Replayed on tqlab's manager with the demo's decode buckets, largest first: in which
 # bucket's warm-up does the workspace grow, and does it ever grow inside a capture?
