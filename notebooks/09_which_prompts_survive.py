@@ -94,8 +94,8 @@ for n, why in refused_presets.items():  # vLLM's start-up validation refuses it:
 # `tqlab.predict.analysis.locked_bytes(config, fix=False)` predicts the locked size in closed form
 # from the capture sizes vLLM 0.33 picks (`VllmConfig._set_cudagraph_sizes`).
 #
-# **Predict, then run.** Starting each preset's engine without the fix locks the workspace at
-# exactly the predicted size. The workspace is one buffer shared by every layer and capture
+# **Predict, then run.** Does starting each preset's engine without the fix lock the workspace at
+# exactly the predicted size? The workspace is one buffer shared by every layer and capture
 # runs the largest batch first, so a one-layer engine that captures only a batch of
 # `max_num_seqs` requests locks at the same size, much faster, whenever the largest decode
 # capture holds exactly `max_num_seqs` rows (true of every preset here: the table's third
@@ -220,8 +220,7 @@ show_md(f"Survive every prompt without the fix: **{', '.join(sorted(survivors))}
 # the decode kernel, one query row per new token, with the kernel's own scratch, and asks the
 # workspace for nothing (`TurboQuantAttentionImpl.forward` in
 # `vllm/v1/attention/backends/turboquant_attn.py`; `make parity` checks it against vLLM's own
-# code, and tqlab's backend does the same). So a prompt one chunk plus the threshold long is
-# served; one token more and its second chunk dequantizes.
+# code, and tqlab's backend does the same).
 #
 # **Predict, then run.** On the bug report's preset, does the longest surviving prompt touch the
 # workspace after the lock? Which path does its last chunk take? What does one token more do?

@@ -35,6 +35,9 @@
 #    nothing before the lock;
 # 5. the four latent crashes reading vLLM 0.33's code suggests, each with vLLM's own evidence and verdict.
 #
+# Which consumers vLLM 0.34 adds, moves or drops, and what else changed there for the workspace, is
+# [notebook 12](12_vllm_0_34_what_changed.ipynb).
+#
 # **Hardware.** CPU (default); `DEVICE = "cuda"` or `"meta"` moves the live workspace cells. Every size is
 # computed by the consumer registry (`tqlab.core.consumers`, each module citing vLLM's file and function);
 # section 5 re-runs vLLM's own classes when the parity environment (`.venv-parity`, `bash parity/run.sh`)

@@ -59,13 +59,14 @@ USE_RECORDED = True  # without a parity environment, show tqlab's recorded facts
 USE_VLLM = True  # read vLLM's files live where its parity environment is installed
 
 # %%
+import matplotlib.pyplot as plt
 import torch
 
 from tqlab.core import vllm_versions
 from tqlab.core.provenance import load_recorded
 from tqlab.core.workspace import WorkspaceManager
 from tqlab.lab.display import markdown_table, show_md
-from tqlab.lab.version_diff import arch_diff, site_diff, source_facts
+from tqlab.lab.version_diff import arch_diff, plot_sites_by_phase, site_diff, source_facts
 
 OLD, NEW = vllm_versions.get("0.33"), vllm_versions.get("0.34")
 ROOTS = {OLD.name: ENV["vllm_parity"] if USE_VLLM else None, NEW.name: ENV_NEW["vllm_parity"] if USE_VLLM else None}
@@ -194,6 +195,13 @@ assert diff["added"] == sorted(NEW.added_consumers) and diff["removed"] == sorte
 assert counts[NEW.name]["cuda"] > counts[OLD.name]["cuda"] and counts[NEW.name]["get_retained"] == 1
 assert any("kimi_k3" in s for s in diff["added"]) and any("minimax_m3" in s for s in diff["added"])
 assert any("fused_humming_moe" in s for s in diff["removed"])
+by_phase = {f"vLLM {v.name}": counts[v.name]["cuda_by_first_sized_by"] for v in (OLD, NEW)}
+plot_sites_by_phase(by_phase, title="CUDA workspace call sites by the start-up phase that first sizes them")
+plt.show()
+assert sum(by_phase[f"vLLM {NEW.name}"].values()) == counts[NEW.name]["cuda"]
+grew = {ph for ph in set(by_phase[f"vLLM {OLD.name}"]) | set(by_phase[f"vLLM {NEW.name}"])
+        if by_phase[f"vLLM {NEW.name}"].get(ph, 0) != by_phase[f"vLLM {OLD.name}"].get(ph, 0)}
+assert grew == {"init", "profile_run"}  # the new sites are sized before the lock, at init or in the profile run
 
 # %% [markdown]
 # <details><summary>Answer</summary>
@@ -202,7 +210,8 @@ assert any("fused_humming_moe" in s for s in diff["removed"])
 # (`KvBalancedDecode._buffers`: split-KV scratch sized at start-up) and its delta attention, and MiniMax-M3's
 # NVFP4 indexer (`reserve_workspace`: FP8 gather pages, reserved in the profile run's forward, then used by its
 # prefill). The Qwen gated-delta-net site moved from `_forward_core` to `_forward_flashinfer_prefill` (gone in
-# one function, new in another), and the Humming quantized-MoE experts no longer ask the workspace at all. Each
+# one function, new in another), and the Humming quantized-MoE experts no longer ask the workspace at all. The
+# figure shows where the new sites are first sized: at init and in the profile run, before the lock. Each
 # new site is one more consumer whose size before the lock has to cover what it asks afterwards — the question
 # notebook 10 asks of every consumer.
 #

@@ -50,3 +50,16 @@ def test_manager_methods_and_source_facts(tmp_path):
     assert source_facts(tmp_path) == {"runners": ["v1/worker/gpu/model_runner.py"], "v2_runner_flag": False,
                                       "manager_methods": ["lock", "get_retained"], "workspace_lines": 5,
                                       "view_alignment_named": True}
+
+
+def test_plot_sites_by_phase_orders_phases_by_start_up():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from tqlab.lab.version_diff import plot_sites_by_phase
+
+    ax = plot_sites_by_phase({"a": {"capture": 3, "init": 2, "odd": 1}, "b": {"init": 5}})
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["init", "capture", "odd"]
+    assert sorted(int(b.get_width()) for b in ax.patches) == [0, 0, 1, 2, 3, 5]
+    with pytest.raises(ValueError, match="at least one census"):
+        plot_sites_by_phase({})

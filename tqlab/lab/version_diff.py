@@ -9,8 +9,9 @@ Two sources, the same questions:
   :func:`tqlab.lab.environment.environment`), read as text and with ``ast``, never imported.
 
 :func:`cuda_sites` and :func:`site_diff` compare censuses, :func:`arch_diff` the architecture tables,
-:func:`source_facts` reads one vLLM package folder. Pure functions over dicts and folders; nothing here
-knows a version number (the notebook names the versions it compares).
+:func:`source_facts` reads one vLLM package folder, :func:`plot_sites_by_phase` draws the censuses' CUDA call
+sites by the start-up phase that first sizes them (matplotlib imported there only). Pure functions over dicts
+and folders; nothing here knows a version number (the notebook names the versions it compares).
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import ast
 from pathlib import Path
 from typing import Any, Mapping
 
-__all__ = ["arch_diff", "cuda_sites", "manager_methods", "site_diff", "source_facts"]
+__all__ = ["PHASE_ORDER", "arch_diff", "cuda_sites", "manager_methods", "plot_sites_by_phase", "site_diff",
+           "source_facts"]
 
 _RUNNERS = ("v1/worker/gpu_model_runner.py", "v1/worker/gpu/model_runner.py")
 
@@ -83,3 +85,33 @@ def source_facts(vllm_root: Path | str) -> dict[str, Any]:
         "workspace_lines": len(text.splitlines()),
         "view_alignment_named": "_VIEW_ALIGNMENT" in text,
     }
+
+
+PHASE_ORDER = ("init", "profile_run", "kernel_warmup", "jit_warmup_v2", "capture", "never_called")
+"""The census's ``first_sized_by`` values in start-up order (``parity/gen_consumer_census.py``); others follow."""
+
+
+def plot_sites_by_phase(counts: Mapping[str, Mapping[str, int]], ax=None, title: str | None = None):
+    """Grouped horizontal bars: for each start-up phase (:data:`PHASE_ORDER`, then any other), the number of
+    CUDA call sites each census first sizes there. ``counts``: ``{label: census["counts"]["cuda_by_first_sized_by"]}``
+    in the order to draw. Returns the Axes. ``ValueError`` when ``counts`` is empty."""
+    import matplotlib.pyplot as plt
+
+    if not counts:
+        raise ValueError("plot_sites_by_phase needs at least one census")
+    phases = [p for p in PHASE_ORDER if any(p in c for c in counts.values())]
+    phases += sorted({p for c in counts.values() for p in c} - set(phases))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 0.55 * len(phases) * len(counts) + 1.2))
+    height = 0.8 / len(counts)
+    for i, (label, c) in enumerate(counts.items()):
+        ys = [k + i * height for k in range(len(phases))]
+        vals = [c.get(p, 0) for p in phases]
+        bars = ax.barh(ys, vals, height=height, label=label)
+        ax.bar_label(bars, padding=2, fontsize=8)
+    ax.set_yticks([k + height * (len(counts) - 1) / 2 for k in range(len(phases))], phases)
+    ax.invert_yaxis()
+    ax.set_xlabel("CUDA call sites first sized in this phase")
+    ax.set_title(title or "Workspace call sites by the start-up phase that first sizes them")
+    ax.legend(loc="lower right")
+    return ax
