@@ -56,9 +56,10 @@ def environment(vllm: str | None = None) -> dict[str, Any]:
     available (bool), the first GPU's name (str, ``None`` without CUDA) and the folder of the vLLM package of that
     version's parity environment (str, ``None`` when there is none; see ``parity/README.md``).
     ``ValueError`` (from :func:`tqlab.core.vllm_versions.get`) for an unsupported version."""
+    from importlib.metadata import version as dist_version
+
     import torch
 
-    import tqlab
     from tqlab.core import vllm_versions
 
     version = vllm_versions.get(vllm)
@@ -66,7 +67,7 @@ def environment(vllm: str | None = None) -> dict[str, Any]:
     vllm_root = _parity_vllm(version.name)
     return {
         "vllm": version.name,
-        "tqlab": tqlab.__version__,
+        "tqlab": dist_version("tqlab"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": cuda,
