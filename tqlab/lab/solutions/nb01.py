@@ -41,7 +41,7 @@ def growth_peak(old_bytes: int, new_bytes: int, policy: str) -> int:
 def dbo_slot_sizes(requests: Sequence[tuple[int, int]], num_ubatches: int = 2) -> list[int]:
     """Slot sizes after ``(slot, nbytes)`` requests of one uint8 view each, in order (vLLM 0.33: only the
     slot that asks grows)."""
-    m = WorkspaceManager("meta", num_ubatches, vllm_version="0.33")
+    m = WorkspaceManager("meta", num_ubatches)
     for slot, nbytes in requests:
         with ubatch_context(slot):
             m.get_simultaneous(((nbytes,), torch.uint8))
