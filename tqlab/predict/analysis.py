@@ -287,8 +287,9 @@ def _eager_decode_note(config: "EngineConfig", locked: int | None) -> list[Note]
 
 def _eager_decode_rows(config: "EngineConfig", locked: int | None) -> int | None:
     """The smallest decode batch (rows, up to ``max_num_seqs``) whose ``_decode_attention`` call overflows
-    ``locked``, or None (none does, nothing locks, speculative decoding, or decode asks no workspace)."""
-    if locked is None or config.num_speculative_tokens or not decode_uses_workspace(config):
+    ``locked``, or None (none does, nothing locks, speculative decoding, decode asks no workspace, or
+    ``max_model_len`` 1, where vLLM accepts no prompt: see :func:`_busy_server_refusal`)."""
+    if locked is None or config.num_speculative_tokens or not decode_uses_workspace(config) or config.max_model_len < 2:
         return None
     top = config.max_num_seqs
     if decode_bytes(config, top) <= locked:
@@ -477,6 +478,13 @@ def _busy_server_refusal(config: "EngineConfig", locked: int | None, safe_any: i
     one (``turboquant_attn.py`` ``_decode_attention`` at ``B`` rows, :func:`_eager_decode_note`). The call gets a
     ``schedule`` key saying which. Only TurboQuant's requests depend on the schedule; another consumer's
     serve-time maximum already covers a full batch (:func:`_other_refusal`).
+
+    vLLM 0.33 accepts a prompt of 1 to ``max_model_len - 1`` tokens (``v1/engine/input_processor.py``
+    ``_validate_prompt_len``: a generate prompt as long as ``max_model_len`` is rejected) and stops a request at
+    ``max_model_len`` tokens (``v1/core/sched/utils.py`` ``check_stop``): ``max_model_len`` 1 serves no request
+    (:func:`_eager_decode_rows` is None); at 2 every prompt is 1 token and its prefill is the batch (``turboquant_attn.py``
+    ``TurboQuantMetadataBuilder.build``: ``is_prefill = max_query_len > 1``, so a batch of one-token prompts takes
+    ``_decode_attention``), with no decode step after it.
     """
     if locked is None or not config.has_turboquant_consumers:
         return None
@@ -492,7 +500,9 @@ def _busy_server_refusal(config: "EngineConfig", locked: int | None, safe_any: i
         return None
     return {"caller": "_decode_attention", "required_bytes": decode_bytes(config, rows), "current_bytes": locked,
             "cached_len": None, "q_len": 1,
-            "schedule": f"busy server: a decode batch of {rows} requests (larger than any captured one, run eagerly)"}
+            "schedule": (f"busy server: {rows} one-token prompts in one step (their prefill takes _decode_attention; "
+                         "max_model_len 2 leaves no decode step)" if config.max_model_len == 2 else
+                         f"busy server: a decode batch of {rows} requests") + " (larger than any captured one, run eagerly)"}
 
 
 def lock_set_by(config: "EngineConfig", locked: int | None, *, fix: bool, table=None) -> str | None:
