@@ -36,3 +36,20 @@ def test_max_model_len_2_crashes_on_513_one_token_prompts_not_on_a_decode_step()
     assert (code, j["verdict"], call["caller"], call["required_bytes"]) == (3, "crash", "_decode_attention",
                                                                           275_329_280)
     assert call["schedule"].startswith("busy server: 513 one-token prompts in one step")
+
+
+# --------------------------------------------------------------------------- attention-free class, TurboQuant cache
+
+
+def test_turboquant_cache_on_an_attention_free_class_has_no_turboquant_consumer():
+    # MambaForCausalLM (IsAttentionFree) builds no Attention layer, so the selector never picks TurboQuant's backend;
+    # create_engine_config accepts the dtype (get_boundary_skip_layers refuses only a hybrid without attention)
+    from tqlab.core.config import EngineConfig
+    from tqlab.core.consumers.registry import turboquant_active
+
+    base = EngineConfig.from_preset(LLAMA, kv_cache_dtype="turboquant_4bit_nc")
+    assert turboquant_active(base) and turboquant_active(base.replace(architecture="LlamaForCausalLM"))
+    assert not turboquant_active(base.replace(architecture="MambaForCausalLM"))
+    code, j = _plan("--preset", LLAMA, *TQ, "--architecture", "MambaForCausalLM")
+    assert (code, j["verdict"], j["locked_bytes"], j["turboquant_consumers"], j["first_refused_call"]) == (
+        0, "ok", 0, False, None)

@@ -116,7 +116,7 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
     from tqlab.core.reservation import plan_bytes, reservation_plan
     from tqlab.core.workspace import compute_layout, format_mb
 
-    calls = reservation_plan(config)
+    calls = reservation_plan(config) if pred.turboquant_consumers else []  # none on an attention-free class
     names = ["split-KV decode scratch (max_num_seqs rows)", "continuation-prefill dequant buffers (max_model_len - 1 cached)"]
     t = Table("consumer", "views (shape dtype)", "bytes", "MiB")
     for name, call in zip(names, calls):
@@ -130,7 +130,7 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
            _share_line(config),
            f"capture sizes ({pred.cudagraph_mode}): {list(pred.capture_sizes)}; decode rows at the lock: "
            f"{pred.decode_rows_at_lock}"]
-    if config.has_turboquant_consumers:
+    if pred.turboquant_consumers:
         from tqlab.core.reservation import kv_splits_advice
 
         adv = kv_splits_advice(config)

@@ -19,7 +19,7 @@ vLLM 0.33 facts mirrored here (the rules themselves are in :mod:`tqlab.core.vllm
 * only TurboQuant's backend (``vllm/v1/attention/backends/turboquant_attn.py``) has these workspace
   consumers and PR #44053's reservation: for any other ``kv_cache_dtype`` vLLM selects another
   backend, so the lock (if any) finds 0 bytes of theirs and no prompt can overflow it
-  (:attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers`).
+  (:func:`~tqlab.core.consumers.registry.turboquant_active`).
 
 Prompt-level closed forms live in :mod:`tqlab.predict.prompts`; every name is re-exported here.
 """
@@ -118,7 +118,7 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     if not locks_workspace(config):
         return None
     others = max((r.reserved_bytes for r in _other_rows(config)), default=0)
-    if not config.has_turboquant_consumers:  # vLLM runs another backend: no TurboQuant call, no reservation
+    if not consumer_registry.turboquant_active(config):  # vLLM runs another backend: no TurboQuant call, no reservation
         return others
     rows = decode_rows_at_lock(config)
     unfixed = decode_bytes(config, rows) if rows and config.num_speculative_tokens == 0 else 0
@@ -172,7 +172,7 @@ class Prediction:
     None when no length is safe -- in particular when another consumer overflows the lock at every
     length (a note says so); ``fixed_safe_any_schedule``: the same against ``locked_bytes_with_fix``.
     ``locked_source``: one of :data:`LOCKED_SOURCES`. ``turboquant_consumers``:
-    :attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers`. ``notes``:
+    :func:`~tqlab.core.consumers.registry.turboquant_active`. ``notes``:
     :class:`~tqlab.core.notes.Note` s (each with a kind) about the prediction, a ``not_modelled`` one
     ("partial answer") when the deployment uses consumers tqlab does not size. ``consumers``:
     :func:`consumer_table`'s JSON (``consumers``, ``consumers_locked_bytes`` = the largest reservation
@@ -249,7 +249,7 @@ class Prediction:
 
 def _prediction_notes(config: "EngineConfig") -> tuple[Note, ...]:
     """What the numbers do not show: no consumer at all, or where PR #44053's reservation leaves a gap."""
-    if not config.has_turboquant_consumers:
+    if not consumer_registry.turboquant_active(config):
         return (Note(NoteKind.NO_CONSUMER, f"kv_cache_dtype={config.kv_cache_dtype!r}: no TurboQuant workspace "
                      "consumer (vLLM 0.33 runs TurboQuant's backend only for a turboquant_* cache)", "kv_cache_dtype"),)
     notes = []
@@ -406,7 +406,7 @@ def _refused(config: "EngineConfig", refusal, prompt_tokens, fix: bool, sources)
                       first_failing_prompt_tokens=None, first_refused_call=None, locked_bytes_with_fix=None,
                       cudagraph_mode=cudagraph_mode(config), fix=fix, prompt_tokens=prompt_tokens,
                       sources=dict(sources or {}), locked_source="never_locked",
-                      turboquant_consumers=config.has_turboquant_consumers, gpu=config.gpu,
+                      turboquant_consumers=consumer_registry.turboquant_active(config), gpu=config.gpu,
                       notes=(Note(NoteKind.NOT_MODELLED, f"vLLM 0.33 refuses to start: {refusal.reason} "
                                   f"({refusal.source})"),), refusal=refusal.to_dict())
 
@@ -454,7 +454,7 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         safe_max_model_len_alone=_safe(config, locked, "alone", rows),
         safe_max_model_len_any_schedule=_safe(config, locked, "any", rows),
         fixed_safe_any_schedule=_safe(config, with_fix, "any", rows), locked_source=source,
-        turboquant_consumers=config.has_turboquant_consumers,
+        turboquant_consumers=consumer_registry.turboquant_active(config),
         notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked) + _eager_decode_note(config, locked)),
         consumers=table.to_dict(), gpu=config.gpu,
         lock_set_by=None if source == "measured" else lock_set_by(config, locked, fix=fix, table=table),
@@ -486,7 +486,7 @@ def _busy_server_refusal(config: "EngineConfig", locked: int | None, safe_any: i
     ``TurboQuantMetadataBuilder.build``: ``is_prefill = max_query_len > 1``, so a batch of one-token prompts takes
     ``_decode_attention``), with no decode step after it.
     """
-    if locked is None or not config.has_turboquant_consumers:
+    if locked is None or not consumer_registry.turboquant_active(config):
         return None
     if safe_any is not None and safe_any < config.max_model_len:
         cached = any_schedule_cached_len(config, safe_any + 1)
@@ -514,7 +514,7 @@ def lock_set_by(config: "EngineConfig", locked: int | None, *, fix: bool, table=
         return None
     table = consumer_table(config) if table is None else table
     candidates = []
-    if config.has_turboquant_consumers:
+    if consumer_registry.turboquant_active(config):
         rows = decode_rows_at_lock(config)
         if rows and config.num_speculative_tokens == 0:
             candidates.append((decode_bytes(config, rows), "turboquant_attn.py:_decode_attention"))

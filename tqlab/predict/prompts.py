@@ -4,7 +4,7 @@ Part of the one predictor (:mod:`tqlab.predict.analysis` re-exports every name h
 alone is chunked as the engine's scheduler chunks it (:func:`prefill_chunks`); every size question
 is answered in closed form or by bisection (O(log n) in ``max_model_len``), because the dequant
 buffers of a continuation chunk grow with ``cached_len``. A config without TurboQuant's consumers
-(:attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers` False) makes no such call: every
+(:func:`~tqlab.core.consumers.registry.turboquant_active` False) makes no such call: every
 prompt fits.
 """
 
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tqlab.core.consumers.registry import turboquant_active
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     chunk_workspace_request,
@@ -65,7 +66,7 @@ def decode_uses_workspace(config: "EngineConfig") -> bool:
     ``1 + k``-token rows too). ``k >= 2``: the drafter's passes 2..k are one-token decodes
     (``SpecDecodeBaseProposer.propose``) through ``_decode_attention``.
     """
-    return config.has_turboquant_consumers and config.num_speculative_tokens != 1
+    return turboquant_active(config) and config.num_speculative_tokens != 1
 
 
 # --------------------------------------------------------------------------- #
@@ -133,7 +134,7 @@ def _first_refused_chunk(config: "EngineConfig", n: int, locked: int) -> tuple[i
     monotone in ``cached_len``), so bisect on the chunk index.
     """
     t = CONTINUATION_DECODE_THRESHOLD
-    if not config.has_turboquant_consumers or not config.enable_chunked_prefill or n <= config.chunk_budget:
+    if not turboquant_active(config) or not config.enable_chunked_prefill or n <= config.chunk_budget:
         return None
     step, last = _chunk_step(config), _last_chunk_index(config, n)
     last_q = n - last * step
@@ -151,7 +152,7 @@ def _first_failing_alone(config: "EngineConfig", locked: int, limit: int) -> int
     tokens (the second term: chunk ``j - 1`` must not be the last).
     """
     t, m = CONTINUATION_DECODE_THRESHOLD, config.chunk_budget
-    if not config.has_turboquant_consumers or not config.enable_chunked_prefill or m <= t:
+    if not turboquant_active(config) or not config.enable_chunked_prefill or m <= t:
         return None
     step = _chunk_step(config)
     j = _first_overflowing_start(config, 1, (limit - t - 1) // step, step, locked)  # room for 129 new tokens
@@ -170,7 +171,7 @@ def prompt_workspace_chunks(config: "EngineConfig", prompt_tokens: int) -> dict[
     """
     positive_int("prompt_tokens", prompt_tokens)
     t, n, out = CONTINUATION_DECODE_THRESHOLD, prompt_tokens, {}
-    if not config.has_turboquant_consumers or not config.enable_chunked_prefill or n <= config.chunk_budget:
+    if not turboquant_active(config) or not config.enable_chunked_prefill or n <= config.chunk_budget:
         return out
     step, last = _chunk_step(config), _last_chunk_index(config, n)
     last_q = n - last * step
@@ -219,7 +220,7 @@ def any_schedule_cached_len(config: "EngineConfig", length: int) -> int:
     any number of tokens cached in vLLM 0.33, whatever the chunking and prefix-caching settings).
     """
     c_max = length - (CONTINUATION_DECODE_THRESHOLD + 1)
-    if not config.has_turboquant_consumers:
+    if not turboquant_active(config):
         return 0
     if not config.enable_chunked_prefill:  # one step per prompt: only a prefix-cache hit leaves tokens cached
         if not config.enable_prefix_caching:

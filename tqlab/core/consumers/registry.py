@@ -46,8 +46,8 @@ from tqlab.core.consumers.turboquant import TurboQuantContinuation, TurboQuantDe
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["CONSUMERS", "TURBOQUANT", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers", "turboquant_only",
-           "consumer_named", "consumer_table", "unmodelled"]
+__all__ = ["CONSUMERS", "TURBOQUANT", "UNMODELLED", "ConsumerRow", "ConsumerTable", "Unmodelled", "active_consumers", "turboquant_active",
+           "turboquant_only", "consumer_named", "consumer_table", "unmodelled"]
 
 CONSUMERS: tuple[Consumer, ...] = (
     TurboQuantDecode(), TurboQuantContinuation(), FlashAttentionDCP(), FusedMoE(), FlashMLASparse(),
@@ -147,6 +147,22 @@ def active_consumers(config: "EngineConfig") -> list[Consumer]:
     (:func:`tqlab.core.consumers.arch_table.reachable_families`; every family when the table cannot tell)."""
     families = reachable_families(config)
     return [c for c in CONSUMERS if (families is None or FAMILY[c.name] in families) and c.active(config)]
+
+
+def turboquant_active(config: "EngineConfig") -> bool:
+    """Whether TurboQuant's workspace consumers run: :attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers`
+    (a TurboQuant cache, or the teaching variant) and ``config.architecture``'s model class builds vLLM's
+    ``Attention`` layer (:func:`tqlab.core.consumers.arch_table.reachable_families`; unknown: assumed).
+
+    vLLM 0.33 picks TurboQuant's backend only for an ``Attention`` layer (``attention/attention.py``
+    ``Attention.__init__`` -> the selector); an attention-free class (``MambaForCausalLM``: ``IsAttentionFree``)
+    builds none, and ``engine/arg_utils.py`` ``create_engine_config`` accepts the cache dtype anyway
+    (``TurboQuantConfig.get_boundary_skip_layers`` refuses only a hybrid without full-attention layers): the
+    dtype has no effect, so no ``_decode_attention`` / ``_continuation_prefill`` call and no reservation."""
+    if not config.has_turboquant_consumers:
+        return False
+    families = reachable_families(config)
+    return families is None or FAMILY[TurboQuantDecode.name] in families
 
 
 def turboquant_only(config: "EngineConfig") -> bool:
