@@ -24,6 +24,7 @@ What it reads (vLLM 0.33):
   oracle, the language model of ``init_vllm_registered_model`` by the config) and records them; inside
   every other reached class or function it records each ``get_simultaneous`` / ``get_persistent`` /
   ``get_persistent_resource`` call as vLLM's lock assertion names it (``file.py:function``), with its path.
+* ``_PREVIOUSLY_SUPPORTED_MODELS`` (arch -> the last vLLM version that ran it), which vLLM refuses by name.
 * Per marker, the ``config`` attributes the reached model code reads (``config.X``, ``getattr(config, "X")`` on
   any name containing ``config``) that match the marker's field pattern (fused MoE: expert counts, top-k,
   intermediate sizes).
@@ -52,6 +53,7 @@ WALK = ("model_executor/models/", "models/", "model_executor/layers/")
 MARKERS = {
     "model_executor/layers/fused_moe/layer.py:FusedMoEFactory": "fused_moe",
     "model_executor/layers/attention/attention.py:Attention": "attention",
+    "model_executor/layers/attention/encoder_only_attention.py:EncoderOnlyAttention": "encoder_only_attention",
     "model_executor/layers/attention/mla_attention.py:MLAAttention": "mla_attention",
     "model_executor/layers/mla.py:MultiHeadLatentAttentionWrapper": "mla_attention",
     "model_executor/layers/sparse_attn_indexer.py:SparseAttnIndexer": "sparse_indexer",
@@ -261,8 +263,20 @@ def registry_tables(root: Path) -> dict[str, dict[str, tuple[str, str]]]:
     return out
 
 
+def previously_supported(root: Path) -> dict[str, str]:
+    """``{arch: last version}``: ``model_executor/models/registry.py`` ``_PREVIOUSLY_SUPPORTED_MODELS``, which
+    ``_ModelRegistry._raise_for_unsupported`` quotes when it refuses one of them."""
+    tree = ast.parse((root / "model_executor/models/registry.py").read_text(encoding="utf-8"))
+    for s in tree.body:
+        if (isinstance(s, ast.Assign) and len(s.targets) == 1 and isinstance(s.targets[0], ast.Name)
+                and s.targets[0].id == "_PREVIOUSLY_SUPPORTED_MODELS"):
+            return dict(sorted(ast.literal_eval(s.value).items()))
+    return {}
+
+
 def generate(root: Path) -> dict:
-    """The table (without provenance): ``vllm_version``, ``tables``, ``markers``, ``architectures``."""
+    """The table (without provenance): ``vllm_version``, ``tables``, ``markers``, ``architectures``,
+    ``previously_supported`` (:func:`previously_supported`)."""
     index = Index(root)
     archs: dict[str, dict] = {}
     tables = registry_tables(root)
@@ -281,7 +295,8 @@ def generate(root: Path) -> dict:
         else:
             rec.update(defined_in=f"{hit[0]}:{hit[1]}", **walk(index, *hit))
         archs[arch] = rec
-    return {"vllm_version": vllm_version(root), "tables": list(TABLES), "markers": MARKERS, "architectures": archs}
+    return {"vllm_version": vllm_version(root), "tables": list(TABLES), "markers": MARKERS, "architectures": archs,
+            "previously_supported": previously_supported(root)}
 
 
 def _provenance(version: str, argv: list[str]) -> dict:

@@ -31,6 +31,7 @@ CONFIG_REASONS = frozenset({
     "head_size not supported", "dtype not supported", "kv_cache_dtype not supported", "block_size not supported",
     "MLA not supported", "non-MLA not supported", "attention sinks not supported", "sparse not supported",
     "non-sparse not supported", "compute capability not supported", "sliding window not supported",
+    "attention type AttentionType.ENCODER_ONLY not supported",
     "batch invariance not supported", "PCP not supported", "DCP not supported",
 })
 """The reasons of ``AttentionBackend.validate_configuration`` (``vllm/v1/attention/backend.py``) tqlab models."""
@@ -64,17 +65,19 @@ def _draw(rng: random.Random) -> SelectorConfig:
         use_mla=rng.random() < 0.4, has_sink=rng.random() < 0.2, use_sparse=rng.random() < 0.3,
         has_sliding_window=rng.random() < 0.3, use_batch_invariant=rng.random() < 0.15,
         use_pcp=rng.random() < 0.2, use_dcp=rng.random() < 0.2,
+        attn_type="encoder_only" if rng.random() < 0.2 else "decoder",
     )
 
 
 def _vllm_reasons(cls, s: SelectorConfig, cc) -> list[str]:
     import torch
     from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backend import AttentionType
 
     return cls.validate_configuration(
         head_size=s.head_size, dtype=getattr(torch, s.dtype), kv_cache_dtype=s.kv_cache_dtype, block_size=s.block_size,
         use_mla=s.use_mla, has_sink=s.has_sink, use_sparse=s.use_sparse, use_mm_prefix=False,
-        use_per_head_quant_scales=False, device_capability=DeviceCapability(*cc), attn_type="decoder",
+        use_per_head_quant_scales=False, device_capability=DeviceCapability(*cc), attn_type=AttentionType(s.attn_type),
         has_sliding_window=s.has_sliding_window, use_batch_invariant=s.use_batch_invariant, use_pcp=s.use_pcp,
         use_dcp=s.use_dcp)
 

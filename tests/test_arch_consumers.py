@@ -58,7 +58,9 @@ def test_the_table_covers_the_registry_and_names_its_provenance():
     assert "num_local_experts" in mixtral["config_fields"]["fused_moe"]
     v4 = {s["consumer"] for s in TABLE["architectures"]["DeepseekV4ForCausalLM"]["call_sites"]}
     assert {"flashmla.py:_forward_prefill", "flashmla.py:forward_mqa"} <= v4
-    assert TABLE["architectures"]["LlamaForCausalLM"]["markers"] == ["attention"]
+    # llama.py builds EncoderOnlyAttention for its bidirectional (pooling) variant, Attention otherwise; bert.py only the former
+    assert TABLE["architectures"]["LlamaForCausalLM"]["markers"] == ["attention", "encoder_only_attention"]
+    assert TABLE["architectures"]["BertModel"]["markers"] == ["encoder_only_attention"]
 
 
 def test_one_loader_per_version_refuses_an_unknown_one():

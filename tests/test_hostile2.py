@@ -53,3 +53,57 @@ def test_turboquant_cache_on_an_attention_free_class_has_no_turboquant_consumer(
     code, j = _plan("--preset", LLAMA, *TQ, "--architecture", "MambaForCausalLM")
     assert (code, j["verdict"], j["locked_bytes"], j["turboquant_consumers"], j["first_refused_call"]) == (
         0, "ok", 0, False, None)
+
+
+# --------------------------------------------------------------------------- encoder-only class, TurboQuant cache
+
+
+def test_turboquant_cache_on_an_encoder_only_class_is_refused_by_the_selector():
+    # bert.py builds EncoderOnlyAttention: get_attn_backend(attn_type=ENCODER_ONLY); TurboQuantAttentionBackend's
+    # supports_attn_type is DECODER only and every other backend refuses the TurboQuant cache dtype
+    code, j = _plan("--preset", LLAMA, *TQ, "--architecture", "BertModel")
+    assert (code, j["verdict"], j["refusal"]["source"]) == (5, "refused",
+                                                           "vllm/platforms/cuda.py:CudaPlatformBase.get_attn_backend_cls")
+    assert j["refusal"]["reason"].endswith(
+        "FLEX_ATTENTION: [kv_cache_dtype not supported], "
+        "TURBOQUANT: [attention type AttentionType.ENCODER_ONLY not supported]}.")
+    assert "attn_type=AttentionType.ENCODER_ONLY" in j["refusal"]["reason"]
+    code, j = _plan("--preset", LLAMA, "--kv-cache-dtype", "auto", "--architecture", "BertModel")
+    assert (code, j["verdict"], j["refusal"]) == (0, "ok", None)  # FLASH_ATTN supports ENCODER_ONLY
+
+
+def test_flashinfer_pinned_on_an_encoder_only_class_is_refused():
+    from tqlab.core.consumers.backends import SelectorConfig, validate_configuration
+
+    s = SelectorConfig(128, "bfloat16", "auto", attn_type="encoder_only")
+    assert validate_configuration("FLASHINFER", s, (9, 0)) == ["attention type AttentionType.ENCODER_ONLY not supported"]
+    assert validate_configuration("FLASH_ATTN", s, (9, 0)) == []
+    assert validate_configuration("FLEX_ATTENTION", s, (9, 0)) == []
+
+
+# --------------------------------------------------------------------------- architectures vLLM dropped
+
+
+def test_previously_supported_architecture_is_refused_with_vllms_message():
+    from tqlab.core.consumers.arch_table import previously_supported
+
+    assert previously_supported("MPTForCausalLM") == "0.28.0" and previously_supported("LlamaForCausalLM") is None
+    code, j = _plan("--preset", LLAMA, *TQ, "--architecture", "MPTForCausalLM")
+    assert (code, j["verdict"], j["refusal"]) == (5, "refused", {
+        "reason": "Model architecture MPTForCausalLM was supported in vLLM until v0.28.0, and is not supported anymore. "
+                  "Please use an older version of vLLM if you want to use this model architecture.",
+        "source": "vllm/model_executor/models/registry.py:_ModelRegistry._raise_for_unsupported"})
+
+
+def test_previously_supported_architecture_with_custom_code_is_not_refused_by_name():
+    # _try_resolve_transformers loads an auto_map AutoModel class before _raise_for_unsupported is reached
+    from tqlab.vllm.validation import startup_facts
+
+    assert startup_facts({}, {"auto_map": {"AutoModelForCausalLM": "modeling_mpt.MPTForCausalLM"}}).auto_model
+    assert not startup_facts({}, {"model_type": "mpt"}).auto_model
+    from tqlab.core.config import EngineConfig
+    from tqlab.vllm.validation import StartupFacts, startup_refusal
+
+    mpt = EngineConfig.from_preset(LLAMA, architecture="MPTForCausalLM")
+    assert startup_refusal(mpt, StartupFacts(auto_model=True)) is None
+    assert startup_refusal(mpt, StartupFacts()).reason.startswith("Model architecture MPTForCausalLM was supported")

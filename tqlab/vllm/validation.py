@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
-from tqlab.core.consumers.arch_table import reachable_families
+from tqlab.core.consumers.arch_table import previously_supported, reachable_families
 from tqlab.core.consumers.backends import (
     ATTENTION_BACKEND_NAMES,
     BACKENDS,
@@ -102,6 +102,9 @@ class StartupFacts:
     flag_refusal: Refusal | None = None
     num_layers: int | None = None
     model_type: str | None = None
+    auto_model: bool = False
+    """config.json's ``auto_map`` names an ``AutoModel*`` class (custom code vLLM may load through the Transformers
+    backend, ``_ModelRegistry._try_resolve_transformers``)."""
 
 
 def backend_flag(given: Mapping[str, Any]) -> tuple[str | None, str | None, Refusal | None]:
@@ -162,6 +165,7 @@ def startup_facts(given: Mapping[str, Any], raw_config: Mapping[str, Any] | None
         flag_refusal=backend_flag(given)[2],
         num_layers=num_layers,
         model_type=raw.get("model_type") if isinstance(raw.get("model_type"), str) else None,
+        auto_model=any(str(k).startswith("AutoModel") for k in dict((raw_config or {}).get("auto_map") or {})),
     )
 
 
@@ -244,6 +248,11 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
     tqlab's :data:`~tqlab.core.consumers.backends.BACKENDS` does not hold (ROCm, XPU, CPU, DeepSeek-V4's, ...) is
     not judged here."""
     facts = StartupFacts() if facts is None else facts
+    old_arch = previously_supported(config.architecture) if config.architecture and not facts.auto_model else None
+    if old_arch is not None:  # ModelConfig.__post_init__ resolves the architecture before the dtype
+        return Refusal(f"Model architecture {config.architecture} was supported in vLLM until v{old_arch}, and is not "
+                       "supported anymore. Please use an older version of vLLM if you want to use this model "
+                       "architecture.", "vllm/model_executor/models/registry.py:_ModelRegistry._raise_for_unsupported")
     # EngineArgs.create_engine_config's order: ModelConfig (dtype), ParallelConfig, the attention config, then
     # VllmConfig (ModelConfig.verify_with_parallel_config), then each layer's backend at model load
     if facts.model_type in FLOAT16_NOT_SUPPORTED and str(config.dtype) == "torch.float16":
@@ -262,8 +271,12 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
     families = reachable_families(config)
     # A model class that builds no Attention / MLAAttention layer never asks vLLM's selector (DeepSeek-V4's layers
     # carry their own DeepseekV4SparseMLABackend, models/deepseek_v4/attention.py; a Mamba-only stack has none)
-    selects = families is None or bool(families & {"attention", "mla_attention"})
+    selects = families is None or bool(families & {"attention", "mla_attention", "encoder_only_attention"})
+    # a class whose only attention layer is EncoderOnlyAttention (BERT-style) asks the selector with
+    # attn_type ENCODER_ONLY (model_executor/layers/attention/encoder_only_attention.py), which TurboQuant refuses
+    encoder_only = families is not None and "encoder_only_attention" in families and "attention" not in families
     for s in _layer_kinds(config, facts) if selects else ():
+        s = dataclasses.replace(s, attn_type="encoder_only") if encoder_only else s
         try:
             select_backend(pinned, s, g.capability, config.num_heads_per_rank)
         except NoValidBackend as e:

@@ -25,8 +25,8 @@ from tqlab.core import vllm_versions
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
 
-__all__ = ["DATA_DIR", "EXPERT_COUNT_KEYS", "FAMILY", "arch_row", "arch_table", "expert_count_keys", "reachable_families",
-           "unsized"]
+__all__ = ["DATA_DIR", "EXPERT_COUNT_KEYS", "FAMILY", "arch_row", "arch_table", "expert_count_keys", "previously_supported",
+           "reachable_families", "unsized"]
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data"
 DEFAULT_VLLM = "0.33"
@@ -102,6 +102,13 @@ FAMILY = {
 """Registry name -> the layer family (table marker) whose layers make its requests: the attention backend's
 consumers run where vLLM's ``Attention`` layer runs (the selector picks the backend), the MLA backends' where
 ``MLAAttention`` runs, the indexer where ``SparseAttnIndexer`` runs, the experts' where ``FusedMoEFactory`` runs."""
+
+
+def previously_supported(architecture: str, vllm: str = DEFAULT_VLLM) -> str | None:
+    """The last vLLM version that ran ``architecture`` when vLLM ``vllm`` refuses it by name
+    (``model_executor/models/registry.py`` ``_PREVIOUSLY_SUPPORTED_MODELS``, e.g. ``MPTForCausalLM`` -> ``"0.28.0"``),
+    else None."""
+    return arch_table(vllm).get("previously_supported", {}).get(architecture)
 
 
 def reachable_families(config: "EngineConfig", vllm: str = DEFAULT_VLLM) -> frozenset[str] | None:

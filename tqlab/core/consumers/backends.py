@@ -79,6 +79,8 @@ class SelectorConfig:
     use_batch_invariant: bool = False
     use_pcp: bool = False
     use_dcp: bool = False
+    attn_type: str = "decoder"
+    """``AttentionType``'s value: ``decoder``, or ``encoder_only`` for ``EncoderOnlyAttention`` (BERT-style poolers)."""
     flash_attn_version: int | None = None
     """Not vLLM's selector field: ``attention_config.flash_attn_version`` (2 when a TurboQuant cache forces it,
     ``EngineArgs.create_engine_config``), which FlashAttention's sink support reads (FA3 and up)."""
@@ -89,7 +91,7 @@ class SelectorConfig:
         return (f"AttentionSelectorConfig(head_size={self.head_size}, dtype=torch.{self.dtype}, "
                 f"kv_cache_dtype={self.kv_cache_dtype}, block_size={self.block_size}, use_mla={self.use_mla}, "
                 f"has_sink={self.has_sink}, use_sparse={self.use_sparse}, use_mm_prefix=False, "
-                "use_per_head_quant_scales=False, attn_type=AttentionType.DECODER, "
+                f"use_per_head_quant_scales=False, attn_type=AttentionType.{self.attn_type.upper()}, "
                 f"has_sliding_window={self.has_sliding_window}, "
                 f"use_non_causal=False, use_batch_invariant={self.use_batch_invariant}, use_kv_connector=False, "
                 f"use_adaptive_verification=False, use_pcp={self.use_pcp}, use_dcp={self.use_dcp}, use_rswa=False)")
@@ -123,12 +125,15 @@ class BackendSpec:
     """FlashInfer's ``supports_kv_cache_dtype``: ``nvfp4`` on SM80/SM90/SM120 (its FA2 path), both NVFP4 layouts on
     SM100 (TRT-LLM)."""
     combination: Callable[[SelectorConfig, Capability], str | None] = lambda s, cc: None
+    attn_types: tuple[str, ...] = ("decoder",)
+    """``supports_attn_type``: the base class's is ``DECODER`` alone (TurboQuant, FlashInfer, every MLA backend)."""
 
 
 def _heads(*sizes: int) -> Callable[[int, Capability], bool]:
     return lambda h, cc: h in sizes
 
 
+_ALL_ATTN_TYPES = ("decoder", "encoder", "encoder_only", "encoder_decoder")  # FlashAttention's and Triton's supports_attn_type
 _MLA_HEADS = _heads(320, 512, 576)  # MLACommonBackend.get_supported_head_sizes
 _FP8 = ("fp8", "fp8_e4m3")
 
@@ -156,7 +161,7 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
     BackendSpec("FLASH_ATTN", kv_cache_dtypes=(*_UNQUANTIZED, *_FP8), block_sizes=(16,),
                 head_ok=lambda h, cc: h % 8 == 0 and (h <= 256 or (cc[0] == 10 and h <= 512)),
                 sink=lambda cc: cc >= (9, 0), sliding_window=True, dcp=True, batch_invariant=True,
-                capability=lambda cc: cc >= (8, 0), combination=_fa_combination),
+                capability=lambda cc: cc >= (8, 0), combination=_fa_combination, attn_types=_ALL_ATTN_TYPES),
     BackendSpec("FLASHINFER", kv_cache_dtypes=(*_UNQUANTIZED, *_FP8, "fp8_e5m2"), block_sizes=(16, 32, 64),
                 nvfp4=True,
                 head_ok=_heads(64, 128, 256, 512), sliding_window=True, dcp=True,
@@ -165,9 +170,9 @@ BACKENDS: dict[str, BackendSpec] = {b.name: b for b in (
                 kv_cache_dtypes=(*_UNQUANTIZED, *_FP8, "fp8_e5m2", "int4_per_token_head", "int8_per_token_head",
                                  "fp8_per_token_head"),
                 block_sizes=(16,), head_ok=lambda h, cc: h >= 32, sink=lambda cc: True, sliding_window=True,
-                batch_invariant=True),
+                batch_invariant=True, attn_types=_ALL_ATTN_TYPES),
     BackendSpec("FLEX_ATTENTION", dtypes=("float16", "bfloat16", "float32"), block_sizes=(16,), sliding_window=True,
-                batch_invariant=True),
+                batch_invariant=True, attn_types=("decoder", "encoder_only")),
     BackendSpec("TURBOQUANT", kv_cache_dtypes=("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
                                                "turboquant_3bit_nc"),
                 block_sizes=(16, 32, 64, 128), head_ok=lambda h, cc: h > 0,
@@ -238,6 +243,7 @@ def validate_configuration(backend: str, s: SelectorConfig, capability: Capabili
          "attention sinks not supported"),
         (s.use_sparse != b.sparse, "sparse not supported" if s.use_sparse else "non-sparse not supported"),
         (not b.capability(capability), "compute capability not supported"),
+        (s.attn_type not in b.attn_types, f"attention type AttentionType.{s.attn_type.upper()} not supported"),
         (s.has_sliding_window and not b.sliding_window, "sliding window not supported"),
         (s.use_batch_invariant and not b.batch_invariant, "batch invariance not supported"),
         (s.use_pcp and not b.pcp, "PCP not supported"),
