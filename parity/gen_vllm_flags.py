@@ -127,7 +127,28 @@ def generate() -> dict:
                   "vllm/engine/arg_utils.py EngineArgs.add_cli_args",
         "allow_abbrev": serve.allow_abbrev,
         "flags": flags,
+        **_config_keys(),
     }
+
+
+def _config_keys() -> dict:
+    """``config_keys``: per JSON flag, the keyword arguments its config class accepts (``EngineArgs`` builds
+    ``CompilationConfig(**d)``, ``AttentionConfig(**d)``, ``SpeculativeConfig(**d)``: pydantic refuses any other
+    key, "Unexpected keyword argument"); ``speculative_methods``: ``SpeculativeConfig.method``'s ``Literal``."""
+    import dataclasses
+    import typing
+
+    from vllm.config import AttentionConfig, CompilationConfig, SpeculativeConfig
+
+    def keys(cls) -> list[str]:  # init fields and InitVars (a pydantic dataclass's __init__ takes **kwargs)
+        return sorted(n for n, f in cls.__dataclass_fields__.items()
+                      if f.init and f._field_type is not dataclasses._FIELD_CLASSVAR)
+
+    method = typing.get_type_hints(SpeculativeConfig)["method"]
+    literal = next(a for a in typing.get_args(method) if typing.get_origin(a) is typing.Literal)
+    return {"config_keys": {"attention_config": keys(AttentionConfig), "compilation_config": keys(CompilationConfig),
+                            "speculative_config": keys(SpeculativeConfig)},
+            "speculative_methods": list(typing.get_args(literal))}
 
 
 def render(table: dict) -> str:

@@ -259,3 +259,22 @@ def test_boundary_skip_layers_equal_vllms(layers):
     except ValueError:
         ours = 0  # every layer kept off TurboQuant: tqlab's one-line "no TurboQuant workspace consumer"
     assert ours == theirs
+
+
+@pytest.mark.parametrize("line, cls, kwargs, pydantic_type", [
+    ("-cc '{\"bogus_key\": 1}'", "CompilationConfig", {"bogus_key": 1}, "unexpected_keyword_argument"),
+    ("--attention-config.bogus 1", "AttentionConfig", {"bogus": 1}, "unexpected_keyword_argument"),
+    ("--speculative-config '{\"bogus\": 1}'", "SpeculativeConfig", {"bogus": 1}, "unexpected_keyword_argument"),
+    ("--speculative-config '{\"method\": \"bogus\", \"num_speculative_tokens\": 2}'", "SpeculativeConfig",
+     {"method": "bogus", "num_speculative_tokens": 2}, "literal_error"),
+])
+def test_config_keys_vllm_refuses_are_refused(line, cls, kwargs, pydantic_type):
+    """The keys and methods tqlab refuses (``flags._check_config_keys``) are those vLLM's config classes refuse."""
+    import pydantic
+    import vllm.config
+
+    with pytest.raises(pydantic.ValidationError) as e:
+        getattr(vllm.config, cls)(**kwargs)
+    assert e.value.errors()[0]["type"] == pydantic_type
+    with pytest.raises(VllmArgsError):
+        parse_serve_args(f"vllm serve M {line}")

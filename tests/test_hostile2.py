@@ -107,3 +107,32 @@ def test_previously_supported_architecture_with_custom_code_is_not_refused_by_na
     mpt = EngineConfig.from_preset(LLAMA, architecture="MPTForCausalLM")
     assert startup_refusal(mpt, StartupFacts(auto_model=True)) is None
     assert startup_refusal(mpt, StartupFacts()).reason.startswith("Model architecture MPTForCausalLM was supported")
+
+
+# --------------------------------------------------------------------------- keys the config classes do not take
+
+
+def test_unknown_config_keys_and_speculative_method_are_a_one_line_usage_error():
+    # EngineArgs builds CompilationConfig(**d) / AttentionConfig(**d) / SpeculativeConfig(**d): pydantic raises
+    # "Unexpected keyword argument", and a method outside SpeculativeConfig.method's Literal a literal_error
+    import pytest
+
+    from tqlab.vllm.flags import VllmArgsError, parse_serve_args
+
+    with pytest.raises(VllmArgsError) as e:
+        parse_serve_args("vllm serve M -cc '{\"bogus_key\": 1}'")
+    assert str(e.value) == ("vllm serve: --compilation-config: 'bogus_key' is not a field of CompilationConfig "
+                            "(vLLM 0.33.0: Unexpected keyword argument)")
+    with pytest.raises(VllmArgsError) as e:
+        parse_serve_args("vllm serve M --attention-config.backnd FLASH_ATTN")
+    assert str(e.value) == ("vllm serve: --attention-config: 'backnd' is not a field of AttentionConfig "
+                            "(vLLM 0.33.0: Unexpected keyword argument); did you mean 'backend'?")
+    with pytest.raises(VllmArgsError) as e:
+        parse_serve_args("vllm serve M --speculative-config '{\"method\": \"bogus\", \"num_speculative_tokens\": 2}'")
+    assert str(e.value).startswith("vllm serve: --speculative-config: method 'bogus' is not one of vLLM 0.33.0's: "
+                                   "ngram, draft_model, suffix, custom_class, eagle, eagle3, ")
+    given, _ = parse_serve_args("vllm serve M -cc '{\"cudagraph_mode\": \"FULL\"}' --attention-config.backend "
+                                "FLASH_ATTN --speculative-config '{\"method\": \"eagle\", \"model\": \"d\", "
+                                "\"num_speculative_tokens\": 2}'")
+    assert (given["compilation_config"], given["attention_config"], given["speculative_config"]["method"]) == (
+        {"cudagraph_mode": "FULL"}, {"backend": "FLASH_ATTN"}, "eagle")

@@ -22,7 +22,7 @@ import json
 import math
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -439,6 +439,35 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
             if len(full) == 1:
                 notes.append(f"{name} read as {full[0]}: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)")
     given = vars(ns)
+    _check_config_keys(given)
     if env:
         given[ENV_KEY] = env
     return given, notes
+
+
+_CONFIG_CLASSES = {"attention_config": "AttentionConfig", "compilation_config": "CompilationConfig",
+                   "speculative_config": "SpeculativeConfig"}
+
+
+def _check_config_keys(given: Mapping[str, Any]) -> None:
+    """Raise :class:`VllmArgsError` naming the first key of a JSON config flag (``-cc``, ``--attention-config`` and its
+    dotted keys, ``--speculative-config``) that its config class does not take, or a ``method`` outside
+    ``SpeculativeConfig.method``'s ``Literal``: ``EngineArgs`` builds ``CompilationConfig(**d)`` (and the others),
+    which pydantic refuses ("Unexpected keyword argument", ``literal_error``). The field lists are the generated
+    table's ``config_keys`` / ``speculative_methods`` (``parity/gen_vllm_flags.py``); a table without them checks
+    nothing."""
+    table = vllm_flags()
+    for dest, cls in _CONFIG_CLASSES.items():
+        value, known = given.get(dest), table.get("config_keys", {}).get(dest)
+        if not isinstance(value, dict) or known is None:
+            continue
+        flag = "--" + dest.replace("_", "-")
+        for key in value:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                raise VllmArgsError(f"vllm serve: {flag}: {key!r} is not a field of {cls} (vLLM {table['vllm_version']}: "
+                                    f"Unexpected keyword argument){f'; did you mean {close[0]!r}?' if close else ''}")
+    methods, spec = table.get("speculative_methods"), given.get("speculative_config")
+    if methods and isinstance(spec, dict) and spec.get("method") is not None and spec["method"] not in methods:
+        raise VllmArgsError(f"vllm serve: --speculative-config: method {_short(spec['method'])} is not one of vLLM "
+                            f"{table['vllm_version']}'s: {', '.join(methods)}")
