@@ -124,7 +124,7 @@ class WorkspaceManager(WorkspaceSlots):
             peak = old + new). The second exists to measure the difference.
         vllm_version: the vLLM release whose manager API this one has (``"0.33"``, ``"0.34"``; see
             :mod:`tqlab.core.vllm_versions`); ``None`` (default) takes the run's version
-            (:func:`tqlab.core.vllm_versions.current`, the newest unless chosen). Only 0.34 on has
+            (:func:`tqlab.core.vllm_versions.current`, :data:`~tqlab.core.vllm_versions.DEFAULT` unless chosen). Only 0.34 on has
             :meth:`get_retained`.
 
     Raises:
