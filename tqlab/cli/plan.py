@@ -22,6 +22,8 @@ from tqlab.cli.options import (
     exit_by_verdict,
     request_max_tokens,
     request_options,
+    version_line,
+    vllm_option,
     ways_out_report,
 )
 
@@ -31,6 +33,7 @@ from tqlab.cli.options import (
 @click.option("--json", "json_path", type=str, default=None,
               help="write the prediction as JSON to FILE ('-': stdout, which then holds only the JSON)")
 @force_option
+@vllm_option
 @_override_options
 def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> None:
     """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit.
@@ -64,7 +67,7 @@ def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> No
         _write_json(obj, json_path)
     if json_path != "-":
         console = _console()
-        for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
+        for line in [version_line(), *lines] + ([f"[yellow]note[/] {capped}"] if capped else []):
             console.print(line)
     exit_by_verdict(obj)
 
@@ -80,6 +83,7 @@ def _print_refusal(pred, config: EngineConfig, json_path) -> None:
     if json_path != "-":
         console = _console()
         console.print(refusal_line(pred), markup=False, highlight=False)
+        console.print(version_line(), markup=False, highlight=False)
         console.print(f"config {_config_line(config)}", markup=False, highlight=False)
     exit_by_verdict(obj)
 

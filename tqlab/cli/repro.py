@@ -17,6 +17,8 @@ from tqlab.cli.options import (
     _predict,
     request_max_tokens,
     request_options,
+    version_line,
+    vllm_option,
 )
 
 _CPU_BYTES_LIMIT = 4 << 30  # a CPU run that would build more than this goes to meta
@@ -95,6 +97,7 @@ def _describe(pred) -> str:
               help="reserve the worst case before capture (vLLM PR #44053)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "meta"]), default="auto", show_default=True,
               help="auto: cpu, or meta (shapes only) when a CPU run would exceed ~4 GiB or ~30 s")
+@vllm_option
 @_override_options
 def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     """Walk the engine lifecycle and send one prompt; check the run against tqlab.predict.analysis.predict.
@@ -117,6 +120,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
     max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
+    console.print(f"[bold]vLLM[/] {version_line()}")
     console.print(f"[bold]config[/] {_config_line(config)}")
     if capped:
         console.print(f"[yellow]note[/] {capped}")

@@ -17,6 +17,7 @@ where releases differ, a function takes ``vllm`` (a release; ``None``: the run's
   and ``GPUModelRunner._dummy_run(uniform_decode=True)``; V2: ``CudaGraphManager._init_candidates`` and
   ``_dummy_run``);
 * :func:`jit_warmup_decode_rows` -- Model Runner V2's ``warmup_kernels`` before capture;
+  :func:`one_token_rows_before_lock` -- the widest one-token batch of capture and warm-up together;
 * :func:`locks_workspace` -- ``lock_workspace()`` at the end of ``GPUModelRunner.capture_model``,
   skipped under ``enforce_eager`` by ``Worker.compile_or_warm_up_model`` (``vllm/v1/worker/gpu_worker.py``);
 * :func:`step_token_budget` -- ``Scheduler.schedule``'s ``token_budget`` (``vllm/v1/core/sched/scheduler.py``);
@@ -50,6 +51,7 @@ __all__ = [
     "decode_rows_at_lock",
     "jit_warmup_decode_rows",
     "locks_workspace",
+    "one_token_rows_before_lock",
     "mamba_block_aligned_split",
     "step_token_budget",
 ]
@@ -281,6 +283,20 @@ def jit_warmup_decode_rows(config: "EngineConfig", vllm: "str | VllmVersion | No
     if not _version(vllm).jit_warmup_always:
         return 0
     return min(config.max_num_seqs, config.max_num_batched_tokens // (config.uniform_decode_query_len + 1))
+
+
+def one_token_rows_before_lock(config: "EngineConfig", vllm: "str | VllmVersion | None" = None) -> int:
+    """Rows of the widest batch of one-token requests with context that start-up runs before the lock (an attention
+    backend's decode path, e.g. TurboQuant's ``_decode_attention``); 0 when none.
+
+    The FULL decode captures when ``k = 0`` (:func:`decode_rows_at_lock`; with ``k > 0`` their rows hold ``1 + k``
+    tokens); and V2's JIT warm-up (:func:`jit_warmup_decode_rows`): its decode steps over all its requests when
+    ``k = 0``, and with ``k > 0`` its steps without draft tokens over at most 2 of them (``_warmup_kernels``'
+    ``decode_steps``, ``vllm/v1/worker/gpu/warmup.py``).
+    """
+    k = config.num_speculative_tokens
+    warm = jit_warmup_decode_rows(config, vllm)
+    return max(decode_rows_at_lock(config, vllm) if k == 0 else 0, warm if k == 0 else min(2, warm))
 
 
 def locks_workspace(config: "EngineConfig", vllm: "str | VllmVersion | None" = None) -> bool:

@@ -35,11 +35,14 @@ Pure Python; imports nothing from tqlab (the lowest layer of ``tqlab.core``).
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 __all__ = [
-    "DEFAULT", "ENV", "NEWEST", "SUPPORTED", "VERSIONS", "VllmVersion", "current", "get", "reset", "select",
+    "DEFAULT", "ENV", "NEWEST", "SUPPORTED", "VERSIONS", "VllmVersion", "current", "describe", "get", "reset", "select",
+    "using",
 ]
 
 ENV = "TQLAB_VLLM_VERSION"
@@ -215,3 +218,28 @@ def reset() -> None:
     """Forget :func:`select`'s choice (tests and notebooks)."""
     global _selected
     _selected = None
+
+
+def describe(version: "str | VllmVersion | None" = None) -> str:
+    """One line naming the release an answer models and what that means for its verdict (every report's first
+    lines: ``plan``, ``inspect-vllm``, ``repro``, ``trace-report``). ``version`` None: :func:`current`."""
+    v = get(version)
+    if v.startup_rules_modelled:
+        newer = "" if v.name == NEWEST else (
+            f"; --vllm {NEWEST} models vLLM {NEWEST}, whose start-up is partly modelled")
+        return f"vLLM {v.name} ({v.release}) rules{newer}"
+    return (f"vLLM {v.name} ({v.release}) rules: start-up partly modelled (Model Runner V2's JIT warm-up and PIECEWISE "
+            "captures, consumer by consumer), so a verdict is at best partial")
+
+
+@contextmanager
+def using(version: "str | VllmVersion | None") -> Iterator[VllmVersion]:
+    """Run a block under ``version`` (None: the current choice) and restore the previous choice after it, also on
+    error (``trace-report`` checks records against the release they recorded). ``ValueError`` as :func:`get`."""
+    global _selected
+    chosen, before = get(version), _selected
+    _selected = chosen
+    try:
+        yield chosen
+    finally:
+        _selected = before

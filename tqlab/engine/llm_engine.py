@@ -48,7 +48,13 @@ import torch
 from tqlab.core.workspace_layout import cdiv
 from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from tqlab.core.config import EngineConfig
-from tqlab.core.vllm_rules import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace
+from tqlab.core.vllm_rules import (
+    capture_sizes,
+    cudagraph_mode,
+    decode_capture_sizes,
+    jit_warmup_decode_rows,
+    locks_workspace,
+)
 from tqlab.engine.consumer_standins import ConsumerStandIns, SlotSizer, StepShape, slot_sizer
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
 from tqlab.engine.model_runner import ModelRunner
@@ -214,6 +220,7 @@ class LLMEngine:
         if after_profile is not None:
             with self._phase("after_profile", getattr(after_profile, "__name__", "hook")):
                 after_profile(self)
+        self._jit_warmup_phase()
         self._capture_phase()
         if before_lock is not None:
             with self._phase("before_lock", getattr(before_lock, "__name__", "hook")):
@@ -243,6 +250,18 @@ class LLMEngine:
         with self._phase("capture", note) as ctx:
             self.captures = self.runner.capture_model(sizes)
             ctx.add(self.standins.capture(all_sizes if mode != "FULL_DECODE_ONLY" else (), sizes))
+
+    def _jit_warmup_phase(self) -> None:
+        """Model Runner V2's JIT warm-up before capture (``warmup_kernels``, ``vllm/v1/worker/gpu/warmup.py``; only
+        where the release always runs V2): its decode steps of one-token rows (:func:`jit_warmup_decode_rows`; with
+        ``k > 0`` the steps without draft tokens, at most 2 rows). The other consumers' requests in it are not
+        replayed (the version home says so: ``VllmVersion.startup_rules_modelled``)."""
+        rows = jit_warmup_decode_rows(self.config)
+        if not rows:
+            return
+        rows = rows if self.config.num_speculative_tokens == 0 else min(2, rows)
+        with self._phase("jit_warmup", f"V2 warmup_kernels: decode steps of {rows} one-token row(s)"):
+            self.runner.dummy_decode(rows)
 
     def _install_cuda_graphs(self) -> None:
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)

@@ -30,6 +30,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tqlab.core import vllm_versions
 from tqlab.core.consumers import registry as consumer_registry
 from tqlab.core.consumers.base import StartUp
 from tqlab.core.notes import Note, NoteKind
@@ -43,6 +44,7 @@ from tqlab.core.vllm_rules import (
     decode_rows_at_lock,
     locks_workspace,
     mamba_block_aligned_split,
+    one_token_rows_before_lock,
 )
 from tqlab.core.workspace import positive_int
 from tqlab.vllm.validation import facts_from_sources, startup_refusal
@@ -104,7 +106,8 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     TurboQuant's, and every other consumer's ``reserved_bytes`` (:func:`consumer_table`).
     TurboQuant without the fix: decode views at :func:`decode_rows_at_lock` rows when ``k = 0``
     (the FULL decode capture runs ``_decode_attention``), else 0 (no capture asks the workspace
-    for anything). With the fix (PR #44053): at least the largest call of
+    for anything); where V2's JIT warm-up runs first (vLLM 0.34), at least its decode rows
+    (:func:`~tqlab.core.vllm_rules.one_token_rows_before_lock`). With the fix (PR #44053): at least the largest call of
     :func:`tqlab.core.reservation.reservation_plan`. ``None`` for an eager or ``cudagraph_mode``
     NONE start-up in vLLM 0.33 (unless ``lock_workspace_when_eager``).
 
@@ -120,8 +123,8 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     others = max((r.reserved_bytes for r in _other_rows(config)), default=0)
     if not config.has_turboquant_consumers:  # vLLM runs another backend: no TurboQuant call, no reservation
         return others
-    rows = decode_rows_at_lock(config)
-    unfixed = decode_bytes(config, rows) if rows and config.num_speculative_tokens == 0 else 0
+    rows = one_token_rows_before_lock(config)  # FULL decode captures (k = 0) and V2's JIT warm-up
+    unfixed = decode_bytes(config, rows) if rows else 0
     return max(others, max(unfixed, plan_bytes(reservation_plan(config))) if fix else unfixed)
 
 
@@ -178,7 +181,8 @@ class Prediction:
     :func:`consumer_table`'s JSON (``consumers``, ``consumers_locked_bytes`` = the largest reservation
     before the lock with the fix as shipped, ``unmodelled``). ``gpu``: the GPU target
     (:func:`tqlab.core.hardware.gpu_target`). ``partial`` (property, and a JSON key): ``unmodelled`` is not
-    empty, so ``"ok"`` means "ok as far as the modelled consumers go".
+    empty, so ``"ok"`` means "ok as far as the modelled consumers go". ``vllm_version``: the release whose rules
+    made it (``"0.33"``; :func:`tqlab.core.vllm_versions.current` when built).
     """
 
     capture_sizes: tuple[int, ...]
@@ -204,6 +208,7 @@ class Prediction:
     unsized: tuple[dict[str, str], ...] = ()
     verdict_covers: str = ""
     refusal: Mapping[str, str] | None = None
+    vllm_version: str = field(default_factory=lambda: vllm_versions.current().name)
 
     @property
     def partial(self) -> bool:
@@ -241,6 +246,7 @@ class Prediction:
             "unsized": [dict(u) for u in self.unsized],
             "verdict_covers": self.verdict_covers,
             "refusal": None if self.refusal is None else dict(self.refusal),
+            "vllm_version": self.vllm_version,
         }
 
     def dumps(self) -> str:
@@ -505,8 +511,8 @@ def lock_set_by(config: "EngineConfig", locked: int | None, *, fix: bool, table=
     table = consumer_table(config) if table is None else table
     candidates = []
     if config.has_turboquant_consumers:
-        rows = decode_rows_at_lock(config)
-        if rows and config.num_speculative_tokens == 0:
+        rows = one_token_rows_before_lock(config)
+        if rows:
             candidates.append((decode_bytes(config, rows), "turboquant_attn.py:_decode_attention"))
         if fix:
             candidates += [(r.reserved_bytes, r.consumer) for r in table.rows if r.name in consumer_registry.TURBOQUANT]

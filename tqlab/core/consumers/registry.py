@@ -159,7 +159,8 @@ def turboquant_only(config: "EngineConfig") -> bool:
 
 def unmodelled(config: "EngineConfig") -> list[dict[str, str]]:
     """``[{"consumer", "reason"}]`` of the consumers ``config`` would use that tqlab does not size: the start-up of a
-    release whose start-up rules are only partly modelled (:attr:`~tqlab.core.vllm_versions.VllmVersion.startup_rules_modelled`), those vLLM's model
+    release whose start-up rules are only partly modelled
+    (:attr:`~tqlab.core.vllm_versions.VllmVersion.startup_rules_modelled`), those vLLM's model
     code reaches for ``config.architecture`` and no registry entry sizes (:func:`tqlab.core.consumers.arch_table.unsized`:
     an architecture outside vLLM's registry, an unread field, a model-specific call site), then those
     :data:`UNMODELLED` applies to as far as the fields tell (the experts class, a backend tqlab does not size)."""
