@@ -74,6 +74,11 @@ class VllmVersion:
             capture (PIECEWISE too) builds attention metadata (``CudaGraphManager.capture``,
             ``vllm/v1/worker/gpu/cudagraph_utils.py``). False: 0.33's V1 rules (sizes rounded to ``1 + k``;
             ``vllm/v1/worker/gpu_model_runner.py`` ``_dummy_run``).
+        gpu_memory_utilization: what ``--gpu-memory-utilization`` resolves to when not given. 0.33: 0.92
+            (``CacheConfig``, ``vllm/config/cache.py``). 0.34: the flag defaults to None and
+            ``CacheConfig.resolved_gpu_memory_utilization`` gives 1.0 with the extensible KV cache, which
+            ``VllmConfig`` turns on by default on CUDA when nothing it lists rules it out (a KV connector's legacy IPC
+            or custom pool, elastic EP, ...), else 0.92: tqlab takes the plain deployment's 1.0.
         startup_rules_modelled: everything tqlab answers about start-up (capture sizes, the workspace each capture
             and warm-up step asks of every consumer, the lock) is this release's. False for 0.34: its capture sizes
             and decode rows are modelled (:mod:`tqlab.core.vllm_rules`), but the consumers' requests in V2's JIT
@@ -90,6 +95,7 @@ class VllmVersion:
     added_consumers: tuple[str, ...] = ()
     removed_consumers: tuple[str, ...] = ()
     decode_graphs_in_requests: bool = False
+    gpu_memory_utilization: float = 0.92
     startup_rules_modelled: bool = True
 
     @property
@@ -146,6 +152,7 @@ VERSIONS: dict[str, VllmVersion] = {
         jit_warmup_always=True,
         manager_methods=(*_MANAGER_0_33, "get_retained"),
         decode_graphs_in_requests=True,
+        gpu_memory_utilization=1.0,
         startup_rules_modelled=False,
         added_consumers=(
             "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:QwenGatedDeltaNetAttention._forward_flashinfer_prefill",

@@ -149,7 +149,8 @@ def inspect_vllm(
         pred.notes.append(note)
     report: dict[str, Any] = first.to_json()
     report.update({"prediction": pred.to_dict(), "vllm_installed": vllm_version()})
-    text = [vllm_versions.describe(), pred.format()]
+    text = pred.format().split("\n", 1)  # the verdict first, then the release it holds for
+    text.insert(1, vllm_versions.describe())
     if demo:
         _demo(config, pred, report, text)
     report["text"] = "\n".join(text)
