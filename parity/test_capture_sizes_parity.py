@@ -171,6 +171,6 @@ def test_one_seq_capture_sizes_on_0_34(mode, vllm_tokens, vllm_requests, tqlab):
 ])
 def test_the_issue_cases_equal_vllms(kw, expected):
     if SPLIT_DECODE and kw.get("num_speculative_tokens"):
-        pytest.skip("vLLM 0.34 splits decode capture sizes (test_spec_decode_capture_sizes_differ_on_0_34)")
+        expected = [1, 2, 4, 8, 16, 24, 32]  # vLLM 0.34 keeps the token grid (decode graphs counted in requests)
     cfg = EngineConfig(num_attention_heads=8, num_key_value_heads=8, head_dim=128, **kw)
     assert vllm_capture_sizes(cfg) == expected == list(capture_sizes(cfg, VERSION))

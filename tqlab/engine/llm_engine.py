@@ -45,6 +45,7 @@ from typing import Callable
 
 import torch
 
+from tqlab.core import vllm_versions
 from tqlab.core.workspace_layout import cdiv
 from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from tqlab.core.config import EngineConfig
@@ -76,7 +77,8 @@ class EngineDeadError(RuntimeError):
         )
 
 
-#: The start-up phases in vLLM 0.33's order, each with the vLLM call it mirrors
+#: The start-up phases every modelled release runs, in vLLM's order, each with the vLLM call it mirrors (the V1 runner's
+#: names; :func:`startup_phases` adds the release's own)
 #: (``vllm/v1/engine/core.py`` ``EngineCore._initialize_kv_caches`` calls the worker's
 #: ``determine_available_memory``, then ``initialize_from_config``, then ``compile_or_warm_up_model``).
 #: ``parity/test_startup_order_parity.py`` checks this order against vLLM's source.
@@ -89,6 +91,20 @@ STARTUP_PHASES: tuple[tuple[str, str], ...] = (
     ("capture", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model"),
     ("lock", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model -> lock_workspace"),
 )
+
+#: Model Runner V2's JIT warm-up, between the builders and capture where the release always runs V2
+#: (:attr:`tqlab.core.vllm_versions.VllmVersion.jit_warmup_always`).
+JIT_WARMUP_PHASE = ("jit_warmup", "vllm/v1/worker/gpu_worker.py Worker._compile_or_warm_up_model -> warmup_kernels "
+                                  "(vllm/v1/worker/gpu/warmup.py), before capture_model")
+
+
+def startup_phases(vllm=None) -> tuple[tuple[str, str], ...]:
+    """:data:`STARTUP_PHASES` of release ``vllm`` (None: the run's), with :data:`JIT_WARMUP_PHASE` before ``capture``
+    where it runs; ``parity/test_startup_order_parity.py`` checks it against the installed vLLM's source."""
+    if not vllm_versions.get(vllm).jit_warmup_always:
+        return STARTUP_PHASES
+    at = [name for name, _ in STARTUP_PHASES].index("capture")
+    return (*STARTUP_PHASES[:at], JIT_WARMUP_PHASE, *STARTUP_PHASES[at:])
 
 
 @dataclass
