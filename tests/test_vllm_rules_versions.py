@@ -94,3 +94,18 @@ def test_rules_follow_the_runs_version():
     assert capture_sizes(cfg) == (4, 8, 16, 24, 32)  # the default, 0.33
     vllm_versions.select("0.34")
     assert capture_sizes(cfg) == (1, 2, 4, 8, 16, 24, 32)
+
+
+def test_v2_piecewise_captures_carry_one_token_rows():
+    """V2 builds attention metadata for PIECEWISE dummies: T tokens over min(T, max_num_seqs) requests."""
+    from tqlab.core.vllm_rules import one_token_rows_before_lock, piecewise_capture_one_token_rows
+
+    cfg = _cfg(max_num_seqs=256, max_num_batched_tokens=256, cudagraph_mode="PIECEWISE")
+    assert piecewise_capture_one_token_rows(cfg, "0.33") == 0  # V1: no attention metadata in PIECEWISE captures
+    assert piecewise_capture_one_token_rows(cfg, "0.34") == 256  # T = 256: 256 one-token requests
+    assert jit_warmup_decode_rows(cfg, "0.34") == 128 and one_token_rows_before_lock(cfg, "0.34") == 256
+    assert one_token_rows_before_lock(cfg, "0.33") == 0  # PIECEWISE only: no FULL decode capture either
+    wide = _cfg(max_num_seqs=4, max_num_batched_tokens=4096, num_speculative_tokens=3)
+    assert piecewise_capture_one_token_rows(wide, "0.34") == 4  # T = 4 (4 x 1) beats T = 8 (4 x 2: none)
+    fdo = _cfg(max_num_seqs=256, max_num_batched_tokens=256, cudagraph_mode="FULL_DECODE_ONLY")
+    assert piecewise_capture_one_token_rows(fdo, "0.34") == 0  # no prefill graph is captured

@@ -52,6 +52,7 @@ __all__ = [
     "jit_warmup_decode_rows",
     "locks_workspace",
     "one_token_rows_before_lock",
+    "piecewise_capture_one_token_rows",
     "mamba_block_aligned_split",
     "step_token_budget",
 ]
@@ -285,18 +286,39 @@ def jit_warmup_decode_rows(config: "EngineConfig", vllm: "str | VllmVersion | No
     return min(config.max_num_seqs, config.max_num_batched_tokens // (config.uniform_decode_query_len + 1))
 
 
+def piecewise_capture_one_token_rows(config: "EngineConfig", vllm: "str | VllmVersion | None" = None) -> int:
+    """One-token requests in the widest PIECEWISE capture dummy that carries attention metadata; 0 where none does.
+
+    V2 (releases with :attr:`~tqlab.core.vllm_versions.VllmVersion.decode_graphs_in_requests`) builds attention
+    metadata for every capture (``CudaGraphManager.capture`` -> ``prepare_inputs_to_capture``,
+    ``vllm/v1/worker/gpu/cudagraph_utils.py``) and runs each PIECEWISE graph once eagerly first; its dummy of ``T``
+    tokens has ``min(T, max_num_seqs)`` requests, ``T // n`` tokens each and one more for the last ``T % n``
+    (``InputBatch.make_dummy``, ``seq_lens`` = query lengths), so with ``T // n == 1`` the first ``n - T % n``
+    are one-token requests. 0.33's V1 PIECEWISE captures pass no attention metadata: 0.
+    """
+    if not _version(vllm).decode_graphs_in_requests or _mixed_mode(config) == "NONE":
+        return 0
+    best, seqs = 0, config.max_num_seqs
+    for t in _split_capture_sizes(config)[2]:
+        n = min(t, seqs)
+        if t // n == 1:
+            best = max(best, n - t % n)
+    return best
+
+
 def one_token_rows_before_lock(config: "EngineConfig", vllm: "str | VllmVersion | None" = None) -> int:
     """Rows of the widest batch of one-token requests with context that start-up runs before the lock (an attention
     backend's decode path, e.g. TurboQuant's ``_decode_attention``); 0 when none.
 
     The FULL decode captures when ``k = 0`` (:func:`decode_rows_at_lock`; with ``k > 0`` their rows hold ``1 + k``
-    tokens); and V2's JIT warm-up (:func:`jit_warmup_decode_rows`): its decode steps over all its requests when
-    ``k = 0``, and with ``k > 0`` its steps without draft tokens over at most 2 of them (``_warmup_kernels``'
+    tokens); V2's PIECEWISE captures (:func:`piecewise_capture_one_token_rows`); and V2's JIT warm-up
+    (:func:`jit_warmup_decode_rows`): its decode steps over all its requests when ``k = 0``, and with ``k > 0`` its steps without draft tokens over at most 2 of them (``_warmup_kernels``'
     ``decode_steps``, ``vllm/v1/worker/gpu/warmup.py``).
     """
     k = config.num_speculative_tokens
     warm = jit_warmup_decode_rows(config, vllm)
-    return max(decode_rows_at_lock(config, vllm) if k == 0 else 0, warm if k == 0 else min(2, warm))
+    return max(decode_rows_at_lock(config, vllm) if k == 0 else 0, warm if k == 0 else min(2, warm),
+               piecewise_capture_one_token_rows(config, vllm))
 
 
 def locks_workspace(config: "EngineConfig", vllm: "str | VllmVersion | None" = None) -> bool:

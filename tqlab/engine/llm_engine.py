@@ -55,6 +55,7 @@ from tqlab.core.vllm_rules import (
     decode_capture_sizes,
     jit_warmup_decode_rows,
     locks_workspace,
+    piecewise_capture_one_token_rows,
 )
 from tqlab.engine.consumer_standins import ConsumerStandIns, SlotSizer, StepShape, slot_sizer
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
@@ -264,6 +265,9 @@ class LLMEngine:
         note = (f"{mode}: {len(all_sizes)} size(s) up to {all_sizes[-1] if all_sizes else 0} tokens; "
                 f"decode graphs at {len(sizes)} size(s), {1 + config.num_speculative_tokens} token(s) per row, largest first")
         with self._phase("capture", note) as ctx:
+            pw_rows = piecewise_capture_one_token_rows(config)  # V2: PIECEWISE dummies carry attention metadata
+            if pw_rows:
+                self.runner.dummy_decode(pw_rows)
             self.captures = self.runner.capture_model(sizes)
             ctx.add(self.standins.capture(all_sizes if mode != "FULL_DECODE_ONLY" else (), sizes))
 
