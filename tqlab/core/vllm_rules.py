@@ -312,8 +312,9 @@ def one_token_rows_before_lock(config: "EngineConfig", vllm: "str | VllmVersion 
 
     The FULL decode captures when ``k = 0`` (:func:`decode_rows_at_lock`; with ``k > 0`` their rows hold ``1 + k``
     tokens); V2's PIECEWISE captures (:func:`piecewise_capture_one_token_rows`); and V2's JIT warm-up
-    (:func:`jit_warmup_decode_rows`): its decode steps over all its requests when ``k = 0``, and with ``k > 0`` its steps without draft tokens over at most 2 of them (``_warmup_kernels``'
-    ``decode_steps``, ``vllm/v1/worker/gpu/warmup.py``).
+    (:func:`jit_warmup_decode_rows`): its decode steps over all its requests when ``k = 0``, and with ``k > 0``
+    its steps without draft tokens over at most 2 of them (``_warmup_kernels``' ``decode_steps``,
+    ``vllm/v1/worker/gpu/warmup.py``).
     """
     k = config.num_speculative_tokens
     warm = jit_warmup_decode_rows(config, vllm)
