@@ -149,7 +149,7 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
 
     out += consumer_lines(pred)
     if pred.locked_bytes is None:
-        out.append("without the fix: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph "
+        out.append("without the fix: the workspace is never locked (vLLM locks only at the end of CUDA graph "
                    "capture), so no prompt hits the locked-workspace assertion")
         return out + [verdict_line(pred)]
     bad = pred.first_failing_prompt_tokens

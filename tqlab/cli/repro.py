@@ -80,7 +80,7 @@ def _describe(pred) -> str:
     from tqlab.core.workspace import format_mb
 
     if pred.verdict == "never_locked":
-        return "completes: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph capture)"
+        return "completes: the workspace is never locked (vLLM locks only at the end of CUDA graph capture)"
     # vLLM's own message, quoted: its "MB" is 2**20 bytes (MiB, the unit of tqlab's other lines)
     what = (f"locked-workspace assertion: {pred.first_refused_call['caller']} requires "
             f"{format_mb(pred.first_refused_call['required_bytes'])} MB, current size is "

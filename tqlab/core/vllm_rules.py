@@ -69,7 +69,7 @@ FULL_DECODE_MODES = ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
 
 def cudagraph_mode(config: "EngineConfig") -> str:
-    """The CUDA graph mode vLLM 0.33 runs with: ``NONE`` under ``enforce_eager``, else the configured one.
+    """The CUDA graph mode vLLM runs with: ``NONE`` under ``enforce_eager``, else the configured one.
 
     Default ``FULL_AND_PIECEWISE`` (``vllm/config/vllm.py`` optimization-level defaults).
     ``FULL`` is resolved as ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` does for
@@ -104,7 +104,7 @@ def _uniform_decode_sizes(config: "EngineConfig", ceiling: int) -> list[int]:
 
 
 def _set_cudagraph_sizes(config: "EngineConfig") -> list[int]:
-    """``VllmConfig._set_cudagraph_sizes`` of vLLM 0.33, before the spec-decode rounding."""
+    """``VllmConfig._set_cudagraph_sizes`` (the grid every modelled release shares), before the release's own step."""
     if cudagraph_mode(config) == "NONE":
         return []
     mnt = config.max_num_batched_tokens
@@ -130,7 +130,7 @@ def _set_cudagraph_sizes(config: "EngineConfig") -> list[int]:
             and config.max_cudagraph_capture_size != valid_max):
         raise ValueError(
             f"customized max_cudagraph_capture_size(={config.max_cudagraph_capture_size}) should be consistent "
-            f"with the max value of cudagraph_capture_sizes(={valid_max}) (vLLM 0.33 raises the same)"
+            f"with the max value of cudagraph_capture_sizes(={valid_max}) (vLLM raises the same)"
         )
     return sizes
 
@@ -349,7 +349,7 @@ def locks_workspace(config: "EngineConfig", vllm: "str | VllmVersion | None" = N
 
 def mamba_block_aligned_split(config: "EngineConfig", num_computed_tokens: int, num_new_tokens: int,
                               prompt_len: int) -> int:
-    """New tokens the scheduler gives a prefilling request after vLLM 0.33's Mamba block alignment.
+    """New tokens the scheduler gives a prefilling request after vLLM's Mamba block alignment.
 
     Mirrors ``Scheduler._mamba_block_aligned_split`` (``vllm/v1/core/sched/scheduler.py``), run
     when ``config.mamba_block_aligned_split`` (a hybrid model with prefix caching on): a chunk

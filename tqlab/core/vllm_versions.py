@@ -81,8 +81,9 @@ class VllmVersion:
             or custom pool, elastic EP, ...), else 0.92: tqlab takes the plain deployment's 1.0.
         startup_rules_modelled: everything tqlab answers about start-up (capture sizes, the workspace each capture
             and warm-up step asks of every consumer, the lock) is this release's. False for 0.34: its capture sizes
-            and decode rows are modelled (:mod:`tqlab.core.vllm_rules`), but the consumers' requests in V2's JIT
-            warm-up steps and PIECEWISE captures are not replayed per consumer, so a 0.34 answer is ``partial``
+            and decode rows are modelled (:mod:`tqlab.core.vllm_rules`), and so are TurboQuant's one-token rows in V2's
+            JIT warm-up and PIECEWISE captures (``one_token_rows_before_lock``), but the other consumers' requests
+            there are not replayed, so a 0.34 answer is ``partial``
             (:func:`tqlab.core.consumers.registry.unmodelled` names it).
     """
 

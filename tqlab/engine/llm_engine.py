@@ -11,7 +11,7 @@ workspace size after it, in ``engine.phases``):
    nothing here (the *undercount* of the bug report); the fused-MoE scratch at ``M = max_num_batched_tokens``
    and the sparse indexer's and Triton MLA's reservations do
 4. ``build_backend``   — ``TurboQuantMetadataBuilder``; with the fix its ``_reserve_workspace()``
-   grows the workspace here (vLLM PR #44053). vLLM 0.33 creates the builders in
+   grows the workspace here (vLLM PR #44053). vLLM creates the builders in
    ``GPUModelRunner.initialize_kv_cache`` → ``initialize_metadata_builders``, i.e. *after* the profile run
    (first inside ``determine_available_memory``'s ``profile_cudagraph_memory``, again in
    ``GPUWorker.initialize_from_config``)
@@ -20,14 +20,14 @@ workspace size after it, in ``engine.phases``):
    ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
    metadata, so only the MoE layers ask the workspace there
 6. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
-   vLLM 0.33's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
+   vLLM's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
    (``GPUWorker.compile_or_warm_up_model`` skips capture), unless the named variant
    ``lock_workspace_when_eager`` is on; :attr:`LLMEngine.slot_sizer` says which call set the size
 7. serving             — ``add_request`` / ``step`` / ``generate``; every step the other consumers ask at
    that step's shapes (MoE at ``M`` = the step's tokens)
 
 Consumers other than TurboQuant are stand-ins (:mod:`tqlab.engine.consumer_standins`) that ask vLLM's
-shapes with vLLM's caller names. The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and
+shapes with vLLM's caller names. The engine follows the run's release's rules (:mod:`tqlab.core.vllm_rules`) and
 stores no prediction: the predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and
 ``tqlab repro`` and the tests compare the two from outside.
 
@@ -173,7 +173,7 @@ class LLMEngine:
     ):
         self.config = config
         self.fix = fix
-        capture_sizes(config)  # ValueError where vLLM 0.33 refuses the capture sizes, before anything is built
+        capture_sizes(config)  # ValueError where vLLM refuses the capture sizes, before anything is built
         ConsumerStandIns.check(config)  # ValueError where a consumer cannot size this config, likewise
         try:
             self.device = torch.device(device)
@@ -224,7 +224,7 @@ class LLMEngine:
         with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens") as ctx:
             self.runner.profile_run(profile_tokens)
             ctx.add(self.standins.profile_run())
-        # vLLM 0.33: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
+        # vLLM: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
         note = ("with _reserve_workspace() (PR #44053)" if fix
                 else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)")
         with self._phase("build_backend", note) as ctx:
@@ -243,7 +243,7 @@ class LLMEngine:
             with self._phase("before_lock", getattr(before_lock, "__name__", "hook")):
                 before_lock(self)
         if not locks_workspace(config):
-            with self._phase("lock", "skipped: vLLM 0.33 locks only at the end of capture_model; the workspace can grow"):
+            with self._phase("lock", "skipped: vLLM locks only at the end of capture_model; the workspace can grow"):
                 pass
             return
         with self._phase("lock", "lock_workspace(): growth is now an error") as ctx:
@@ -292,7 +292,7 @@ class LLMEngine:
 
     @property
     def locked_bytes(self) -> int | None:
-        """Size of ubatch slot 0 at the lock (bytes); None when start-up did not lock (vLLM 0.33 eager)."""
+        """Size of ubatch slot 0 at the lock (bytes); None when start-up did not lock (an eager vLLM)."""
         return self.workspace.size_bytes(0) if self.workspace.is_locked() else None
 
     # -- serving ------------------------------------------------------------ #

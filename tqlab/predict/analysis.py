@@ -1,13 +1,13 @@
-"""The one predictor of a deployment, as vLLM 0.33 runs it: the lock, the verdict, the first failing prompt.
+"""The one predictor of a deployment, as vLLM runs it (the run's release, :mod:`tqlab.core.vllm_versions`): the lock, the verdict, the first failing prompt.
 
-Every answer is computed from an :class:`~tqlab.core.config.EngineConfig`, vLLM 0.33's rules in
+Every answer is computed from an :class:`~tqlab.core.config.EngineConfig`, the release's rules in
 :mod:`tqlab.core.vllm_rules` (capture sizes, the lock, the Mamba split: the same functions the
 engine calls, side by side with it) and the consumers' shape functions in
 :mod:`tqlab.core.reservation`. ``tqlab repro``, ``tqlab plan``, ``tqlab inspect-vllm``, the planner
 widget and the notebooks all read one :class:`Prediction` from :func:`predict`; its
 :meth:`Prediction.to_json` is the one JSON builder. Bytes everywhere.
 
-vLLM 0.33 facts mirrored here (the rules themselves are in :mod:`tqlab.core.vllm_rules`):
+vLLM facts mirrored here (the rules themselves are in :mod:`tqlab.core.vllm_rules`):
 
 * what capture asks of the workspace: only FULL uniform-decode captures build attention
   metadata (``GPUModelRunner._dummy_run``, ``vllm/v1/worker/gpu_model_runner.py``); a dummy batch has
@@ -109,7 +109,7 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     for anything); where V2's JIT warm-up runs first (vLLM 0.34), at least its decode rows
     (:func:`~tqlab.core.vllm_rules.one_token_rows_before_lock`). With the fix (PR #44053): at least the largest call of
     :func:`tqlab.core.reservation.reservation_plan`. ``None`` for an eager or ``cudagraph_mode``
-    NONE start-up in vLLM 0.33 (unless ``lock_workspace_when_eager``).
+    NONE start-up (unless ``lock_workspace_when_eager``).
 
     Slot (ubatch 0, lane 0): vLLM 0.33 keys a slot by ``dbo_current_ubatch_id() * num_lanes + lane``
     (``vllm/v1/worker/workspace.py`` ``WorkspaceManager._get_workspace_id``); a builder's or impl's
@@ -257,7 +257,7 @@ def _prediction_notes(config: "EngineConfig") -> tuple[Note, ...]:
     """What the numbers do not show: no consumer at all, or where PR #44053's reservation leaves a gap."""
     if not config.has_turboquant_consumers:
         return (Note(NoteKind.NO_CONSUMER, f"kv_cache_dtype={config.kv_cache_dtype!r}: no TurboQuant workspace "
-                     "consumer (vLLM 0.33 runs TurboQuant's backend only for a turboquant_* cache)", "kv_cache_dtype"),)
+                     "consumer (vLLM runs TurboQuant's backend only for a turboquant_* cache)", "kv_cache_dtype"),)
     notes = []
     if not config.enable_chunked_prefill or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
         notes.append(Note(NoteKind.RESERVATION_GAP,
@@ -275,7 +275,7 @@ def _prediction_notes(config: "EngineConfig") -> tuple[Note, ...]:
 def _eager_decode_note(config: "EngineConfig", locked: int | None) -> list[Note]:
     """A note when a decode batch larger than any captured one overflows ``locked`` (the verdict is per request).
 
-    vLLM 0.33 captures decode batches up to :func:`decode_rows_at_lock` requests; a batch of more (up to
+    vLLM captures decode batches up to :func:`decode_rows_at_lock` requests; a batch of more (up to
     ``max_num_seqs``) runs eagerly after the lock, and ``turboquant_attn.py`` ``_decode_attention`` asks
     ``(B, Hq, S, D + 1)`` at ``B`` rows. Without PR #44053 nothing reserved ``max_num_seqs`` rows. Only for
     ``num_speculative_tokens == 0`` (with ``k`` tokens the rows and the drafter's passes differ)."""
@@ -312,7 +312,7 @@ def _locked(config: "EngineConfig", fix: bool, measured: int | None) -> tuple[in
         locked = locked_bytes(config, fix=fix)
         return locked, locked_bytes(config, fix=True), "capture" if locked is not None else "never_locked"
     positive_int("locked_bytes", measured, 0)
-    if not locks_workspace(config):  # eager / cudagraph_mode NONE: vLLM 0.33 never locks, whatever was measured
+    if not locks_workspace(config):  # eager / cudagraph_mode NONE: vLLM never locks, whatever was measured
         return None, None, "never_locked"
     fixed = max(measured, locked_bytes(config.replace(lock_workspace_when_eager=True), fix=True))
     return (fixed if fix else measured), fixed, "measured"
@@ -524,6 +524,6 @@ def consumer_table(config: "EngineConfig") -> consumer_registry.ConsumerTable:
     """Every active workspace consumer of ``config`` (:mod:`tqlab.core.consumers`), with start-up as resolved here
     (:func:`cudagraph_mode`, :func:`locks_workspace`): ``consumers`` rows (``consumer``, ``phase``,
     ``reserved_bytes``, ``max_runtime_bytes``, ``covered``), ``locked_bytes`` = the largest reservation before the
-    lock (vLLM 0.33 as shipped, PR #44053 included), ``unmodelled``."""
+    lock (vLLM as shipped, PR #44053 included), ``unmodelled``."""
     startup = StartUp(cudagraph_mode(config), locks_workspace(config))
     return consumer_registry.consumer_table(config, startup)

@@ -1,6 +1,6 @@
 """The KV-cache pool one GPU really holds, and the workspace's share of it (the one "share of the KV cache").
 
-vLLM 0.33 sizes the KV cache from what the profile run leaves (``Worker.determine_available_memory``,
+vLLM sizes the KV cache from what the profile run leaves (``Worker.determine_available_memory``,
 ``vllm/v1/worker/gpu_worker.py``): ``gpu_memory_utilization × total memory − (weights + activation peak +
 non-torch memory)``; ``gpu_memory_utilization`` defaults to the release's
 (:attr:`tqlab.core.vllm_versions.VllmVersion.gpu_memory_utilization`: 0.92 in 0.33; 1.0 in 0.34, whose extensible

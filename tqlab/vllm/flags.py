@@ -1,4 +1,4 @@
-"""The ``vllm serve`` command line, parsed as vLLM 0.33 parses it, from flags generated out of vLLM itself.
+"""The ``vllm serve`` command line, parsed as the run's vLLM release parses it, from flags generated out of vLLM itself.
 
 The flags are data: ``vllm_0_33_flags.json``, written by ``parity/gen_vllm_flags.py``
 from vLLM's own ``vllm serve`` parser and checked by ``parity/test_vllm_flags_parity.py``.
@@ -35,7 +35,7 @@ FLAGS_FILE = vllm_versions.get(vllm_versions.DEFAULT).flags_file  # the default 
 
 
 class VllmArgsError(ValueError):
-    """A ``vllm serve`` line that vLLM 0.33 would refuse (or tqlab cannot read); one line, naming the flag."""
+    """A ``vllm serve`` line that vLLM would refuse (or tqlab cannot read); one line, naming the flag."""
 
 
 # --------------------------------------------------------------------------- #
@@ -420,7 +420,7 @@ def _unknown_flag_error(extra: list[str]) -> VllmArgsError:
 
 
 def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str, Any], list[str]]:
-    """Parse a ``vllm serve`` line like vLLM 0.33 -> ``({dest: value} of the flags given, notes)``.
+    """Parse a ``vllm serve`` line like vLLM -> ``({dest: value} of the flags given, notes)``.
 
     ``engine_args``: a shell-quoted string (multi-line with ``\\`` continuations, leading
     ``NAME=value`` environment words: :func:`split_serve_line`; they come back under
@@ -454,7 +454,7 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
         if name.startswith("--") and name not in opts and "." not in name:
             full = [o for o in opts if o.startswith(name)]
             if len(full) == 1:
-                notes.append(f"{name} read as {full[0]}: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)")
+                notes.append(f"{name} read as {full[0]}: vLLM's parser accepts unique prefixes (argparse allow_abbrev)")
     given = vars(ns)
     if env:
         given[ENV_KEY] = env
