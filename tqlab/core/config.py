@@ -107,12 +107,12 @@ _FIELD_HELP = {
     "kv_cache_dtype": "KV-cache format as vLLM names it: auto, float16, fp8, ... or a TurboQuant preset",
     "tq_max_kv_splits_for_cuda_graph": "split-KV decode splits S, vLLM's attention_config field (count)",
     "enable_dbo": "dual-batch overlap: 2 workspace ubatch slots instead of 1",
-    "enforce_eager": "no CUDA graph capture; in vLLM 0.33 the workspace is then never locked",
+    "enforce_eager": "no CUDA graph capture; vLLM then never locks the workspace",
     "cudagraph_capture_sizes": "explicit capture sizes (tokens per captured batch); replace vLLM's default list",
     "num_speculative_tokens": "draft tokens k per step (--speculative-config); uniform decode query length is 1 + k",
-    "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM 0.33's, FULL_AND_PIECEWISE)",
+    "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM's, FULL_AND_PIECEWISE)",
     "max_cudagraph_capture_size": "largest capture size (tokens); default min(2 * max_num_seqs * (1 + k), 512)",
-    "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, not vLLM 0.33): lock after an eager start-up too",
+    "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, unreleased): lock after an eager start-up too",
     "max_num_scheduled_tokens": "tokens the scheduler issues per step, the prefill chunk size (default: max_num_batched_tokens)",
     "enable_prefix_caching": "prefix caching (vLLM's default on): a cache hit starts a prompt with whole blocks cached",
     "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
@@ -193,13 +193,13 @@ class EngineConfig:
         block_size (16 tokens per KV-cache block), kv_cache_dtype (``auto`` or a
         TurboQuant preset), tq_max_kv_splits_for_cuda_graph (32: the fixed
         number of split-KV decode splits, vLLM's ``attention_config`` field).
-    Capture (vLLM 0.33 semantics, see :mod:`tqlab.core.vllm_rules`):
-        enforce_eager (False). True: no capture; vLLM 0.33 then never locks the
+    Capture (vLLM's semantics per release, see :mod:`tqlab.core.vllm_rules`):
+        enforce_eager (False). True: no capture; vLLM then never locks the
         workspace (``gpu_worker.py`` ``compile_or_warm_up_model`` skips
         ``capture_model``, the only ``lock_workspace()`` of the serving path).
         cudagraph_capture_sizes (None: vLLM's default list,
         :func:`tqlab.core.vllm_rules.capture_sizes`), in tokens per captured batch.
-        cudagraph_mode (None: vLLM 0.33's default ``FULL_AND_PIECEWISE``; or
+        cudagraph_mode (None: vLLM's default ``FULL_AND_PIECEWISE``; or
         one of :data:`CUDAGRAPH_MODES`; ``NONE`` captures nothing and never locks).
         max_cudagraph_capture_size (None: vLLM's default ceiling).
         lock_workspace_when_eager (False): the named variant "lock-on-eager", a

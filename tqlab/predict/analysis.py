@@ -1,4 +1,6 @@
-"""The one predictor of a deployment, as vLLM runs it (the run's release, :mod:`tqlab.core.vllm_versions`): the lock, the verdict, the first failing prompt.
+"""The one predictor of a deployment, as vLLM runs it: the lock, the verdict, the first failing prompt.
+
+The release is the run's (:func:`tqlab.core.vllm_versions.current`); where releases differ the rules say so.
 
 Every answer is computed from an :class:`~tqlab.core.config.EngineConfig`, the release's rules in
 :mod:`tqlab.core.vllm_rules` (capture sizes, the lock, the Mamba split: the same functions the
