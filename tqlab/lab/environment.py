@@ -17,15 +17,16 @@ def environment() -> dict[str, Any]:
     """``{"tqlab", "python", "torch", "cuda", "gpu", "vllm_parity"}``: versions (str), whether CUDA is available
     (bool), the first GPU's name (str, ``None`` without CUDA) and the folder of the vLLM package of the parity
     environment ``.venv-parity`` (str, ``None`` when there is none; see ``parity/README.md``)."""
+    from importlib.metadata import version
+
     import torch
 
-    import tqlab
     from tqlab.vllm.source_scan import find_vllm_source
 
     cuda = bool(torch.cuda.is_available())
     vllm_root = find_vllm_source()
     return {
-        "tqlab": tqlab.__version__,
+        "tqlab": version("tqlab"),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "cuda": cuda,
