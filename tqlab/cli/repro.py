@@ -120,7 +120,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
     max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
-    console.print(f"[bold]vLLM[/] {version_line()}")
+    console.print(f"[bold]release[/] {version_line()}")
     console.print(f"[bold]config[/] {_config_line(config)}")
     if capped:
         console.print(f"[yellow]note[/] {capped}")

@@ -41,7 +41,7 @@ from typing import Iterator
 from pathlib import Path
 
 __all__ = [
-    "DEFAULT", "ENV", "NEWEST", "SUPPORTED", "VERSIONS", "VllmVersion", "current", "describe", "get", "reset", "select",
+    "BUG_REPORT", "DEFAULT", "ENV", "NEWEST", "SUPPORTED", "VERSIONS", "VllmVersion", "current", "describe", "get", "reset", "select",
     "using",
 ]
 
@@ -179,6 +179,10 @@ NEWEST = SUPPORTED[-1]
 DEFAULT = [name for name, v in VERSIONS.items() if v.startup_rules_modelled][-1]
 """What a run uses unless told otherwise: the newest version whose start-up rules tqlab models (0.34's are not yet:
 :attr:`VllmVersion.startup_rules_modelled`), so an unchosen run never gets an answer built on missing rules."""
+
+BUG_REPORT = "0.33"
+"""The release the bug-report path is modelled on: ``repro`` / ``LLMEngine(fix=False)`` under it is "vLLM 0.33 without
+PR #44053", the behaviour of the v0.20 report (under another release, that release with the reservation removed)."""
 
 _selected: VllmVersion | None = None
 

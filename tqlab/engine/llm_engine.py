@@ -226,7 +226,8 @@ class LLMEngine:
             ctx.add(self.standins.profile_run())
         # vLLM: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
         note = ("with _reserve_workspace() (PR #44053)" if fix
-                else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)")
+                else f"no reservation: {vllm_versions.current()} without PR #44053"
+                + (" (the v0.20 report's path)" if vllm_versions.current().name == vllm_versions.BUG_REPORT else ""))
         with self._phase("build_backend", note) as ctx:
             self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
                                                      decode_batch=decode_batch_reservation)
