@@ -67,7 +67,7 @@ def consumer_lines(pred: "Prediction") -> list[str]:
 
 def _lock_line(pred: "Prediction") -> str:
     if pred.locked_bytes is None:
-        return "lock: never (vLLM 0.33 locks only at the end of CUDA graph capture)"
+        return "lock: never (vLLM locks only at the end of CUDA graph capture)"
     fix = "with" if pred.fix else "without"
     who = pred.lock_set_by or ("measured" if pred.locked_source == "measured" else "no request before the lock")
     line = f"lock {fix} the fix: {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB), set by {who}"

@@ -177,10 +177,10 @@ class ConsumerReport:
         if src == "measured":
             return "measured"
         if src == "never_locked" and self.measured_locked_bytes is not None:
-            return (f"vLLM 0.33 locks only at the end of CUDA graph capture, which this deployment (enforce_eager / "
+            return (f"vLLM locks only at the end of CUDA graph capture, which this deployment (enforce_eager / "
                     f"cudagraph_mode NONE) never runs: the measured {self.measured_locked_bytes:,} bytes are never locked")
         if src == "never_locked":
-            return "vLLM 0.33 locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE"
+            return "vLLM locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE"
         who = self.prediction.lock_set_by
         if who is not None and who != "turboquant_attn.py:_decode_attention":
             return f"the largest request before the lock: {who}"

@@ -191,7 +191,7 @@ def _default_sources(d: DeploymentDraft) -> None:
     """Fields nobody set: vLLM's default (tqlab's variants: off, they are not vLLM)."""
     for name in sorted(_field_names() - set(d.sources(_field_names()))):
         d.set_source(name, "vLLM default")
-    d.set_source("lock_workspace_when_eager", "tqlab variant, off: vLLM 0.33 never locks the workspace in eager mode")
+    d.set_source("lock_workspace_when_eager", "tqlab variant, off: vLLM never locks the workspace in eager mode")
     d.set_source("turboquant_backend_on_unquantized",
                  "tqlab teaching variant, off: a vLLM deployment runs TurboQuant's backend only for a TurboQuant cache")
 
