@@ -78,7 +78,9 @@ def test_a_034_only_flag_is_accepted_only_with_vllm_034():
     assert "unknown flag --enable-extensible-kv-cache (not a vLLM 0.33.0 flag)" in r.output
     r = _run("inspect-vllm", "--preset", "qwen3-32b", "--args", ARGS + " --enable-extensible-kv-cache", "--vllm", "0.34")
     assert r.exit_code != 2, r.output
-    assert "vLLM 0.34 (0.34.0) rules" in r.output.splitlines()[1]  # the verdict first, then the release
+    lines = r.output.splitlines()
+    assert lines[0].startswith("verdict without the fix:")  # the verdict (and its indented lines) first, then the release
+    assert next(line for line in lines[1:] if not line.startswith("  ")).startswith("vLLM 0.34 (0.34.0) rules")
 
 
 def test_gpu_memory_utilization_default_follows_the_release():

@@ -149,8 +149,9 @@ def inspect_vllm(
         pred.notes.append(note)
     report: dict[str, Any] = first.to_json()
     report.update({"prediction": pred.to_dict(), "vllm_installed": vllm_version()})
-    text = pred.format().split("\n", 1)  # the verdict first, then the release it holds for
-    text.insert(1, vllm_versions.describe())
+    text = pred.format().split("\n")  # the verdict (and its indented lines) first, then the release it holds for
+    at = next((i for i, line in enumerate(text) if i and not line.startswith("  ")), len(text))
+    text.insert(at, vllm_versions.describe())
     if demo:
         _demo(config, pred, report, text)
     report["text"] = "\n".join(text)
