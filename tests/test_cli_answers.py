@@ -409,3 +409,12 @@ def test_every_way_out_replays_safe_on_random_deployments():
             assert p.verdict == "never_locked" or p.safe_max_model_len_any_schedule == changed.max_model_len
 
     check()
+
+
+@pytest.mark.parametrize("cmd", [["plan", "--preset", LLAMA], ["inspect-vllm", "--preset", LLAMA, "--args", "vllm serve M"]])
+def test_an_empty_json_path_is_named_as_no_file_name(cmd):
+    """``--json ""`` resolved to the working folder and was refused as ``" is a folder"`` (hostile pass, wave 2)."""
+    r = _cli(*cmd, "--json", "")
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == (
+        "Error: Invalid value for --json: '' is no file name; give a file, or '-' for standard output")

@@ -161,3 +161,32 @@ def test_an_explicit_null_rope_dim_is_refused_not_read_as_zero(tmp_path):
                                  qk_rope_head_dim=None, qk_nope_head_dim=128, v_head_dim=128)))
     with pytest.raises(HFConfigError, match="qk_rope_head_dim must be an integer >= 0, got null"):
         read_hf_config(p)
+
+
+def test_num_hidden_layers_beyond_any_model_is_one_line_not_a_memory_error(tmp_path):
+    """Hostile pass (wave 2): 10**12 layers listed one by one raised ``MemoryError``; now one line naming the file."""
+    p = _write(tmp_path, json.dumps({**BASE, "num_hidden_layers": 10**12}))
+    with pytest.raises(HFConfigError) as e:
+        read_hf_config(p)
+    assert str(e.value) == (f"{p}: num_hidden_layers is 1,000,000,000,000: more layers than tqlab reads "
+                            "(at most 1,000,000; the largest public models have a few hundred)")
+
+
+@pytest.mark.parametrize("archs, arch", [
+    (["FooBarForCausalLM", "LlamaForCausalLM"], "LlamaForCausalLM"),  # vLLM loops: the first the registry holds
+    ("LlamaForCausalLM", "LlamaForCausalLM"),  # a lone string is a list of one (inspect_model_cls)
+    (["FooBarForCausalLM"], "FooBarForCausalLM"),  # none registered: the first (the Transformers fallback's)
+    ([3], None),
+])
+def test_the_architecture_is_the_one_vllms_registry_serves(archs, arch):
+    assert read_hf_config({**BASE, "architectures": archs}).architecture == arch
+
+
+def test_expert_fields_on_a_class_without_fused_moe_are_not_read():
+    """``LlamaForCausalLM`` builds no fused MoE: its config.json's ``num_local_experts`` neither makes MoE nor
+    makes ``intermediate_size`` required (hostile pass, wave 2: "intermediate_size is missing or null")."""
+    llama = {**BASE, "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_local_experts": 8,
+             "num_experts_per_tok": 2}
+    assert read_hf_config(llama).moe is None
+    mixtral = {**llama, "architectures": ["MixtralForCausalLM"], "intermediate_size": 14336}
+    assert read_hf_config(mixtral).moe.num_experts == 8

@@ -326,3 +326,26 @@ def test_oversized_tables_are_refused_or_cut(trace_dir):
 
     lines = [str(x) for x in render(rep) if isinstance(x, str)]
     assert "26 more consumer(s) with smaller requests: see --json" in lines
+
+
+def test_terminal_control_characters_in_a_record_print_as_escapes(trace_dir):
+    """A caller holding ``ESC [2J`` (clear screen) or a bidirectional override printed raw would drive the
+    user's terminal; they print as Python escapes (hostile pass, wave 2)."""
+    for p, rec in _recs(trace_dir):
+        rec["consumers"].append({"caller": "\x1b[2Jx.py:1:f\u202e", "requests": 1, "high_water_bytes": 256,
+                                 "high_water_phase": "before lock\x07"})
+        p.write_text(json.dumps(rec))
+    res = _run_cli("trace-report", str(trace_dir))
+    assert res.returncode == 0, res.stderr
+    assert "\x1b" not in res.stdout and "\u202e" not in res.stdout and "\x07" not in res.stdout
+    assert "\\x1b[2Jx.py:f\\u202e" in res.stdout and "(before lock\\x07)" in res.stdout
+
+
+def test_a_negative_byte_count_is_a_malformed_record(trace_dir):
+    """A lock of -5 bytes is no lock vLLM makes: the record is skipped with one line, not shown as a lock size."""
+    path, rec = _recs(trace_dir)[0]
+    rec["locks"][0]["sizes_bytes"] = [-5]
+    path.write_text(json.dumps(rec))
+    report = trace_report(trace_dir)
+    assert report["warnings"] == [f"skipped {path.name}: malformed record (-5 where a whole number >= 0 is expected)"]
+    assert len(report["rows"]) == 1

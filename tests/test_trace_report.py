@@ -96,7 +96,7 @@ def test_deep_or_mistyped_records_are_skipped_with_one_line(trace_dir):
     warns = [ln for ln in res.output.splitlines() if ln.startswith("warning: skipped")]
     assert [w.split()[2] for w in warns] == ["deep.json:", "locks.json:", "rank.json:", "refused.json:"]
     assert warns[0].startswith("warning: skipped deep.json: not readable JSON")
-    assert warns[1] == "warning: skipped locks.json: malformed record ('1 MB' where a whole number is expected)"
+    assert warns[1] == "warning: skipped locks.json: malformed record ('1 MB' where a whole number >= 0 is expected)"
     assert "as predicted" in res.output and res.output.count("refused continuation prefill (dequant)") == 2
 
 

@@ -286,3 +286,74 @@ def test_a_vllm_backend_tqlab_does_not_model_is_said_not_silently_sized():
     assert any("ROCM_ATTN: tqlab does not model this backend" in n for n in dep.notes)
     assert unmodelled_backend(dep.config).startswith("attention backend ROCM_ATTN (pinned) is not one tqlab models")
     assert unmodelled_backend(deployment_from_vllm("vllm serve M --attention-backend TRITON_ATTN", LLAMA).config) is None
+
+
+def test_sliding_window_zero_is_no_sliding_window():
+    """``ModelConfig.__post_init__`` (vllm/config/model.py): "Some checkpoints set sliding_window to 0 to indicate
+    that sliding window is disabled" -> None. A TurboQuant cache is then not refused for a sliding window (hostile
+    pass, wave 2: it was)."""
+    r = _report(TQ, {**LLAMA, "sliding_window": 0})
+    assert r["verdict"] == "crash"
+    assert _report(TQ, {**LLAMA, "sliding_window": 4096})["verdict"] == "refused"
+
+
+def test_layer_kinds_of_a_huge_layer_count_answer_as_a_small_one():
+    """The kinds of attention layer are read from the first and last layers, not by a loop over all of them:
+    ``plan --num-hidden-layers 1000000000000`` hung (hostile pass, wave 2). Same kinds, same order as 64 layers."""
+    from tqlab.vllm.validation import _layer_kinds
+
+    for facts in (StartupFacts(), StartupFacts(sliding_window="some"), StartupFacts(sliding_window="some",
+                                                                                     skip_sliding_window=True)):
+        kinds = [_layer_kinds(EngineConfig.from_preset("llama-3.1-8b", num_hidden_layers=n), facts)
+                 for n in (64, 10**12)]
+        assert kinds[0] == kinds[1] and len(kinds[0]) >= 2
+
+
+def test_layer_kinds_match_a_layer_by_layer_walk():
+    """Every layer count 1..20: the same kinds in the same order (first layer of each) as walking every layer."""
+    import dataclasses
+
+    from tqlab.vllm.validation import _layer_kinds, config_selector
+
+    for n in range(1, 21):
+        for sliding in ("none", "some", "all"):
+            cfg = EngineConfig.from_preset("llama-3.1-8b", num_hidden_layers=n)
+            facts = StartupFacts(sliding_window=sliding, skip_sliding_window=sliding == "some")
+            base = config_selector(cfg, block_size=None, has_sink=False, use_pcp=False, use_batch_invariant=False,
+                                   flash_attn_version=2)
+            b = min(2, n // 2)
+            walk = []
+            for i in range(n):
+                slides = sliding == "all" or (sliding == "some" and i % 2 == 0)
+                skipped = i < b or i >= n - b or (slides and facts.skip_sliding_window)
+                walk.append(dataclasses.replace(base, has_sliding_window=slides,
+                                                kv_cache_dtype="auto" if skipped else base.kv_cache_dtype))
+            assert _layer_kinds(cfg, facts) == list(dict.fromkeys(walk)), (n, sliding)
+
+
+@pytest.mark.parametrize("cmd", [
+    ["inspect-vllm", "--preset", "llama-3.1-8b", "--args", "vllm serve M --max-model-len 200000"],
+    ["plan", "--preset", "llama-3.1-8b", "--max-model-len", "200000"],
+])
+def test_a_preset_refuses_max_model_len_beyond_the_model_as_its_config_json_does(cmd):
+    """vLLM ``_get_and_verify_max_len``: Llama-3.1-8B's max_position_embeddings is 131072 (rope ``llama3``: no
+    factor). The config.json path refused --max-model-len 200000; the preset took it (hostile pass, wave 2)."""
+    r = CliRunner().invoke(app, cmd)
+    assert r.exit_code == 2, r.output
+    assert r.output.strip().splitlines()[-1] == (
+        "Error: --max-model-len 200000 is greater than the derived maximum length (max_position_embeddings=131072 "
+        "of preset llama-3.1-8b); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+    with pytest.raises(ValueError, match="derived max_model_len"):  # the config.json path, for comparison
+        inspect_vllm("vllm serve M --max-model-len 200000", LLAMA, quiet=True)
+    ok = inspect_vllm("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve M --max-model-len 200000", preset="llama-3.1-8b",
+                      quiet=True)
+    assert ok["prediction"]["config"]["max_model_len"] == 200000
+
+
+def test_a_consumer_size_from_the_environment_says_where_it_applies():
+    """VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE on a Llama (no MLA prefill consumer) was noted as just "applied"
+    (hostile pass, wave 2): the note says it sizes a request only where that consumer runs; the lock is 0."""
+    r = inspect_vllm("VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE=1000000000 vllm serve M", LLAMA, quiet=True)
+    assert r["consumers"] == [] and r["locked_bytes"] == 0
+    (note,) = [t for t in r["text"].splitlines() if "VLLM_FLASHINFER_WORKSPACE_BUFFER_SIZE" in t]
+    assert note.endswith("in bytes; it changes the lock only where that consumer runs: see the consumer table)")

@@ -244,7 +244,10 @@ def _build_config(preset: str | None, overrides: dict[str, Any], *, server_defau
         ov.setdefault("mamba_block_aligned_split", False)
     try:
         if preset:
+            from tqlab.vllm.deployment import preset_max_len_check
+
             _check_preset(preset)
+            preset_max_len_check(preset, ov.get("max_model_len"))  # as inspect-vllm: vLLM's derived maximum
             extra = _server_defaults(preset, ov)[0] if server_defaults else {}
             return EngineConfig.from_preset(preset, **ov, **extra)
         missing = [n for n in ("num_attention_heads", "num_key_value_heads", "head_dim") if n not in ov]

@@ -63,6 +63,9 @@ def check_json_path(json_path: str | None, *, force: bool, trace_dir: str | None
 
     if json_path is None or json_path == "-":
         return
+    if not json_path.strip():  # Path("") is the working folder: "is a folder" would name no path at all
+        raise click.BadParameter(f"{json_path!r} is no file name; give a file, or '-' for standard output",
+                                 param_hint="--json")
     p = Path(json_path)
     target = p.resolve()
     if p.is_dir():

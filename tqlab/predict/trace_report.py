@@ -14,11 +14,12 @@ Sizes in bytes; "MiB" in text is 2**20 bytes (vLLM's messages call it "MB").
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from rich.markup import escape
+from rich.markup import escape as _markup_escape
 
 from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
@@ -109,12 +110,24 @@ def _malformed(rec: Mapping[str, Any]) -> str | None:
             return f"refusal kind {next(r['kind'] for r in row.refused if r['kind'] not in REFUSAL_KINDS)!r}"
     except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
         return f"{type(e).__name__}: {e}"
-    bad = [n for n in nums if isinstance(n, bool) or not isinstance(n, int)]
+    bad = [n for n in nums if isinstance(n, bool) or not isinstance(n, int) or n < 0]
     if bad:
-        return f"{bad[0]!r} where a whole number is expected"
+        return f"{bad[0]!r} where a whole number >= 0 is expected"
     if not isinstance(rec["host"], str):
         return f"host {rec['host']!r} is not a string"
     return trace_checks.field_problem(rec)
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Characters a terminal acts on instead of printing (C0/C1 controls: ``ESC [2J`` clears the screen; bidirectional
+overrides reorder a line): a record's text shows them as ``\\x1b``-style escapes."""
+
+
+def escape(text: str) -> str:
+    """``text`` as it is printed: control and bidirectional characters written as Python escapes (``\\x1b``), then
+    rich markup escaped (``rich.markup.escape``), so a record can neither drive the terminal nor raise
+    ``MarkupError``."""
+    return _markup_escape(_CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text))
 
 
 def _rank_key(rec: Mapping[str, Any]) -> tuple:

@@ -55,7 +55,7 @@ __all__ = [
     "FLAGS_FILE", "DeploymentDraft", "FieldRecord", "VllmArgsError", "VllmDeployment", "deployment_from_preset",
     "deployment_from_vllm", "engine_config_from_vllm", "engine_config_kwargs_from_vllm", "human_readable_int",
     "human_readable_int_or_auto", "hybrid_attention_block_size", "parse_engine_args", "parse_serve_args",
-    "vllm_default_limits", "vllm_flags",
+    "preset_max_len_check", "vllm_default_limits", "vllm_flags",
 ]
 
 
@@ -293,6 +293,23 @@ def _preset_server(preset: str, given: Mapping[str, Any], d: DeploymentDraft) ->
     d.notes += notes
 
 
+def preset_max_len_check(preset: str, max_model_len: int | None, env: Mapping[str, str] | None = None) -> None:
+    """vLLM ``_get_and_verify_max_len`` for a preset, as :func:`tqlab.vllm.defaults._max_model_len` does for a
+    config.json: a ``--max-model-len`` above the preset model's ``max_position_embeddings`` (its ``model`` object;
+    the presets that record it take no RoPE factor: Llama-3 ``llama3``, DeepSeek ``yarn``, none) raises
+    :class:`VllmArgsError` unless ``VLLM_ALLOW_LONG_MAX_MODEL_LEN`` is set (``env``, else this process's
+    environment). None or -1 (auto): nothing to check."""
+    from tqlab.vllm.flags import env_flag
+
+    limit = preset_model(preset).get("max_position_embeddings")
+    if max_model_len in (None, -1) or not isinstance(limit, int) or max_model_len <= limit:
+        return
+    if not env_flag(dict(env or {}), "VLLM_ALLOW_LONG_MAX_MODEL_LEN"):
+        raise VllmArgsError(f"--max-model-len {max_model_len} is greater than the derived maximum length "
+                            f"(max_position_embeddings={limit} of preset {preset}); vLLM refuses it unless "
+                            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
+
+
 def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] | None, preset: str,
                            gpu: str | None = None) -> VllmDeployment:
     """A tqlab preset (``data/presets/NAME.json``) with a ``vllm serve`` line's flags applied, with ``sources``.
@@ -305,6 +322,7 @@ def deployment_from_preset(engine_args: str | Sequence[str] | Mapping[str, Any] 
     flags (one line), and ``TypeError`` never: only EngineConfig fields are passed.
     """
     d, given = _flag_draft(engine_args)
+    preset_max_len_check(preset, d.get("max_model_len", -1), given.get(ENV_KEY))
     if gpu is not None:  # the preset's batch limits stay (they are the preset's own)
         d.set("gpu", gpu_target(gpu).name, f"tqlab --gpu {gpu_target(gpu).name}")
     _check_kv_cache_dtype(d, load_preset(preset)["config"].get("mla") is not None)

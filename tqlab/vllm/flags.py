@@ -393,7 +393,8 @@ def split_serve_line(line: str) -> tuple[list[str], dict[str, str], list[str]]:
         name, _, value = words.pop(0).partition("=")
         env[name] = value
         if name in ENV_SIZES:
-            notes.append(f"environment {name}={value}: applied ({ENV_SIZES[name][1]})")
+            notes.append(f"environment {name}={value}: applied ({ENV_SIZES[name][1]}; it changes the lock only "
+                         "where that consumer runs: see the consumer table)")
         elif name in ENV_APPLIED and env_flag(env, name):
             notes.append(f"environment {name}={value}: applied ({ENV_APPLIED[name]})")
         elif name in ENV_APPLIED:

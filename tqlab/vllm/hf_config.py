@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqlab.core.consumers.arch_table import expert_count_keys
+from tqlab.core.consumers.arch_table import arch_row, expert_count_keys
 from tqlab.core.model_arch import IndexerFields, MLAFields, MoEFields
 from tqlab.vllm.hf_families import ATTRIBUTE_MAPS, FALCON_TYPES, apply_hf_overrides, family_view
 
@@ -76,6 +76,8 @@ _ALLOWED_LAYER_TYPES = frozenset({
 _ROPE_NO_FACTOR = {"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"}
 DEFAULT_MAX_LEN = 2048
 """vLLM's fallback when config.json has none of :data:`MAX_LEN_KEYS`."""
+MAX_LAYERS = 1_000_000
+"""The most ``num_hidden_layers`` :func:`read_hf_config` reads: it lists the attention layers one by one."""
 
 
 class HFConfigError(ValueError):
@@ -231,6 +233,21 @@ class _Reader:
         return v
 
 
+def _architecture(raw: Mapping[str, Any]) -> str | None:
+    """The architecture vLLM 0.33 serves from config.json's ``architectures``
+    (``vllm/model_executor/models/registry.py`` ``_ModelRegistry.inspect_model_cls``): a lone string is a list of
+    one; the first entry the model registry holds, else the first (the Transformers fallback tries that one);
+    None when there is no string entry."""
+    archs = raw.get("architectures")
+    archs = [archs] if isinstance(archs, str) else archs
+    if not isinstance(archs, list):
+        return None
+    names = [a for a in archs if isinstance(a, str)]
+    if not names:
+        return None
+    return next((a for a in names if arch_row(a) is not None), names[0])
+
+
 def _short(v: Any) -> str:
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
@@ -299,6 +316,9 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any], hf_overrides: 
         sources["head_dim"] = (f"derived: MLA head size kv_lora_rank + qk_rope_head_dim = {mla.kv_lora_rank} + "
                                f"{mla.qk_rope_head_dim} = {d} (vLLM get_head_size)")
     n_layers = r.int("num_hidden_layers") or 1
+    if n_layers > MAX_LAYERS:  # the layer list is built per layer (a MemoryError traceback at 10**12)
+        raise r.fail("num_hidden_layers", f"is {n_layers:,}: more layers than tqlab reads (at most {MAX_LAYERS:,}; "
+                                          "the largest public models have a few hundred)")
     attn, hybrid = _attention_layers(r, n_layers)
     if not attn:
         raise HFConfigError(f"{where}: {hybrid} marks no attention layer: no TurboQuant workspace consumer")
@@ -308,8 +328,7 @@ def read_hf_config(source: str | os.PathLike | Mapping[str, Any], hf_overrides: 
     if key is not None and key.split(" ")[0] in family_src:
         sources["max_len"] = family_src[key.split(" ")[0]]
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype") or raw.get("dtype")
-    archs = raw.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    arch = _architecture(raw)
     return ModelShape(
         path=where, num_attention_heads=hq, num_key_value_heads=hk, head_dim=d, num_hidden_layers=n_layers,
         attention_layers=attn, hybrid=hybrid, max_len=max_len, max_len_key=key,
@@ -547,8 +566,7 @@ def _consumer_fields(r: _Reader, raw: Mapping[str, Any]) -> tuple[MLAFields | No
         indexer = IndexerFields(r.int("index_topk", required=True), r.int("index_head_dim", required=True),
                                 r.int("index_n_heads", required=True))
     moe = None
-    archs = raw.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    arch = _architecture(raw)
     # the expert count under the key the model class reads (arch_table: n_routed_experts, num_experts, num_local_experts)
     experts = next((v for v in (r.int(k) for k in expert_count_keys(arch)) if v is not None), None)
     if experts is not None and experts > 1 and c.get("num_experts_per_tok") is not None:

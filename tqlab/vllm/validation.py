@@ -132,7 +132,9 @@ def _sliding_window(raw: Mapping[str, Any], disabled: bool) -> str:
     """Which layers get a sliding window in vLLM 0.33 (``EngineArgs.create_engine_config``: the model-level
     window only when every layer slides; interleaved models set it per layer)."""
     window = raw.get("sliding_window")
-    if disabled or window is None or raw.get("use_sliding_window") is False:
+    # ModelConfig.__post_init__: "Some checkpoints set sliding_window to 0 to indicate that sliding window is
+    # disabled" -> None (vllm/config/model.py)
+    if disabled or window is None or window == 0 or raw.get("use_sliding_window") is False:
         return "none"
     types = raw.get("layer_types")
     if isinstance(types, list) and types:
@@ -198,7 +200,9 @@ def _layer_kinds(config: "EngineConfig", facts: StartupFacts) -> list:
     n = min(2, n_layers // 2)
     boundary = set(range(n)) | set(range(n_layers - n, n_layers)) if config.is_turboquant and facts.dense_boundary else set()
     kinds = []
-    for i in range(n_layers):
+    # the kinds depend on a layer's boundary membership and parity only: the first and last 6 layers hold every
+    # kind at its first layer (a loop over all layers hangs on --num-hidden-layers 10**12)
+    for i in sorted(set(range(min(6, n_layers))) | set(range(max(0, n_layers - 6), n_layers))):
         sliding = facts.sliding_window == "all" or (facts.sliding_window == "some" and i % 2 == 0)
         skipped = i in boundary or (sliding and facts.skip_sliding_window and config.is_turboquant)
         kinds.append(dataclasses.replace(base, has_sliding_window=sliding,

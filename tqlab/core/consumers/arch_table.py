@@ -80,11 +80,23 @@ def arch_row(architecture: str, vllm: "str | None" = DEFAULT_VLLM) -> dict[str, 
 
 
 def expert_count_keys(architecture: str | None, vllm: "str | None" = DEFAULT_VLLM) -> tuple[str, ...]:
-    """The :data:`EXPERT_COUNT_KEYS` the architecture's model code reads (all of them for an unknown one)."""
+    """The :data:`EXPERT_COUNT_KEYS` the architecture's model code reads (all of them for an unknown one); none
+    for an architecture whose class builds no fused MoE (a ``num_local_experts`` in a Llama config.json is not
+    read by ``LlamaForCausalLM``, so it neither adds experts nor makes their other fields required)."""
     row = arch_row(architecture, vllm) if architecture else None
+    if row is not None and row.get("markers") is not None and not _builds_moe(row):
+        return ()
     read = set((row or {}).get("config_fields", {}).get("fused_moe", []))
     keys = tuple(k for k in EXPERT_COUNT_KEYS if k in read)
     return keys or EXPERT_COUNT_KEYS
+
+
+def _builds_moe(row: dict[str, Any]) -> bool:
+    """Whether a table row's class can build fused MoE: the marker, the experts' call site, or layers chosen at
+    run time (``dynamic_submodel``: its language model may)."""
+    markers = set(row.get("markers") or ())
+    return (bool(markers & {"fused_moe", "dynamic_submodel"})
+            or any(s["consumer"] == "modular_kernel.py:_allocate_buffers" for s in row.get("call_sites", ())))
 
 
 FAMILY = {
