@@ -114,7 +114,7 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
     from rich.table import Table
 
     from tqlab.core.reservation import plan_bytes, reservation_plan
-    from tqlab.core.workspace import compute_layout, format_mb
+    from tqlab.core.workspace_layout import compute_layout, format_mb
 
     calls = reservation_plan(config)
     names = ["split-KV decode scratch (max_num_seqs rows)", "continuation-prefill dequant buffers (max_model_len - 1 cached)"]

@@ -75,7 +75,7 @@ def _pick_device(device: str, config: EngineConfig, prompt_tokens: int, max_toke
 
 
 def _describe(pred) -> str:
-    from tqlab.core.workspace import format_mb
+    from tqlab.core.workspace_layout import format_mb
 
     if pred.verdict == "never_locked":
         return "completes: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph capture)"
@@ -104,7 +104,7 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     vLLM's defaults for --gpu instead); give them as flags to replay a server.
     """
     from tqlab.engine import LLMEngine
-    from tqlab.core.workspace import format_mb
+    from tqlab.core.workspace_layout import format_mb
 
     console = _console()
     if device == "cuda":
@@ -180,7 +180,7 @@ def _failure_text(e: BaseException) -> str:
 def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
     """Send the one request and step until done; print the outcome. Returns whether it crashed."""
     from tqlab.engine import EngineDeadError
-    from tqlab.core.workspace import format_mb
+    from tqlab.core.workspace_layout import format_mb
 
     console.print(f"[bold]request[/] {prompt_tokens}-token prompt, max_tokens={max_tokens}")
     try:

@@ -44,7 +44,7 @@ from tqlab.core.vllm_rules import (
     locks_workspace,
     mamba_block_aligned_split,
 )
-from tqlab.core.workspace import positive_int
+from tqlab.core.workspace_layout import positive_int
 from tqlab.vllm.validation import facts_from_sources, startup_refusal
 from tqlab.predict.prompts import (
     any_schedule_cached_len,

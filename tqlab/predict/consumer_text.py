@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tqlab.core.hardware import gpu_target
-from tqlab.core.workspace import format_mb
+from tqlab.core.workspace_layout import format_mb
 
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.predict.analysis import Prediction

@@ -20,7 +20,7 @@ from tqlab.core.consumers import registry as consumer_registry
 from tqlab.core.consumers.base import StartUp
 from tqlab.core.notes import Note
 from tqlab.core.reservation import chunk_workspace_request, decode_workspace_shapes
-from tqlab.core.workspace import compute_layout, format_mb
+from tqlab.core.workspace_layout import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
 from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_head, verdict_line

@@ -18,7 +18,7 @@ from tqlab.core.reservation import (
     continuation_workspace_shapes,
     decode_workspace_shapes,
 )
-from tqlab.core.workspace import compute_layout, positive_int
+from tqlab.core.workspace_layout import compute_layout, positive_int
 from tqlab.core.workspace_layout import cdiv
 
 if TYPE_CHECKING:  # pragma: no cover
