@@ -31,6 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tqlab.core.consumers.arch_table import reachable_families
 from tqlab.core.consumers.backends import (
     ATTENTION_BACKEND_NAMES,
     BACKENDS,
@@ -254,7 +255,11 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
     if pinned is not None and pinned not in BACKENDS:
         return None
     g = gpu_target(config.gpu)
-    for s in _layer_kinds(config, facts):
+    families = reachable_families(config)
+    # A model class that builds no Attention / MLAAttention layer never asks vLLM's selector (DeepSeek-V4's layers
+    # carry their own DeepseekV4SparseMLABackend, models/deepseek_v4/attention.py; a Mamba-only stack has none)
+    selects = families is None or bool(families & {"attention", "mla_attention"})
+    for s in _layer_kinds(config, facts) if selects else ():
         try:
             select_backend(pinned, s, g.capability, config.num_heads_per_rank)
         except NoValidBackend as e:
