@@ -53,6 +53,10 @@ def _demo(config: EngineConfig, pred: ConsumerReport, report: dict[str, Any], te
     elif pred.first_failing_prompt is None:
         report["demo"] = None
         text.append("demo skipped: no prompt up to max_model_len overflows without the fix")
+    elif "continuation" not in analysis.prompt_workspace_chunks(config, pred.first_failing_prompt):
+        report["demo"] = None
+        text.append("demo skipped: the first failing prompt crashes in a decode step, not in a continuation chunk "
+                    "(the demo replays a continuation prefill)")
     else:
         from tqlab.vllm.cpu_harness import run_vllm_seed_scenario  # torch: only --demo runs vLLM's classes
 
