@@ -25,6 +25,7 @@ pytest.importorskip("triton")
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # test_turboquant_triton's PTX emulator
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, get_spec, kv_cache_shape, store_kv
+from tqlab.turboquant.ops import heads_view  # the (num_blocks, Hk, block_size, slot) view kernels and conversions read
 from tqlab.turboquant.codebook import lloyd_max
 from tqlab.turboquant.quant import (
     bytes_to_fp16,
@@ -63,9 +64,10 @@ def _stored(spec, d=64, hk=2, bs=16, nb=12, n=None, seed=5, backend="torch", pad
 
 
 def _in_vllm_order(blocks, soa, d):
-    """The same bytes in vLLM's slot order and the spec that reads them as ``soa`` reads ``blocks``:
+    """The same bytes in vLLM's slot order (vLLM's own token-major tensor) and the spec that reads them as ``soa`` reads ``blocks``:
     vLLM's order, norm correction only where ``soa`` corrects on read (a folded norm: none)."""
-    return to_slot_order(blocks, soa, d), replace(get_spec(soa, "vllm"), norm_correction=soa.norm_correction_on_read)
+    flat = to_slot_order(blocks, soa, d).transpose(1, 2).contiguous()  # vLLM's tensor (num_blocks, block_size, Hk, slot)
+    return flat, replace(get_spec(soa, "vllm"), norm_correction=soa.norm_correction_on_read)
 
 
 def _folded_norm(spec, k, key_codes, d):
@@ -82,7 +84,8 @@ def test_layout_is_opt_in_and_validated():
     soa = _soa("turboquant_3bit_nc")
     assert soa.cache_layout == "block_soa" and soa.name == spec.name and soa != spec
     assert get_spec(soa) is soa and get_spec(soa, "vllm") == spec
-    assert kv_cache_shape(4, 2, 16, 128, soa) == kv_cache_shape(4, 2, 16, 128, spec)
+    # the same bytes; vLLM's tensor is token-major (num_blocks, block_size, Hk, slot), block-SoA a region per head
+    assert kv_cache_shape(4, 2, 16, 128, soa) == (4, 2, 16, 102) and kv_cache_shape(4, 2, 16, 128, spec) == (4, 16, 2, 102)
     with pytest.raises(ValueError, match="cache_layout must be one of"):
         get_spec("turboquant_3bit_nc", cache_layout="soa")
 
@@ -183,7 +186,7 @@ def test_planes_asm_is_exact(table):
 def test_layout_conversion_round_trips_and_places_fields(name):
     spec, soa = TQ_PRESETS[name], _soa(name)
     d, bs = 64, 16
-    cache = _stored(spec, d=d)
+    cache = heads_view(_stored(spec, d=d), spec)  # the conversions work on (num_blocks, Hk, block_size, slot)
     blocks = to_cache_layout(cache, soa, d)
     assert blocks.shape == cache.shape and torch.equal(to_slot_order(blocks, soa, d), cache)
     assert to_cache_layout(cache, spec, d) is cache
@@ -217,7 +220,7 @@ def test_store_writes_vllm_bytes_in_block_soa_order(name):
     fp16(||k|| / ||c_hat||) computed independently here (equal bit for bit: the same fp32 operations,
     IEEE sqrt and divide in the kernel); k8v4 (fp8 keys, no norm): every byte equal."""
     spec, soa, d, bs = TQ_PRESETS[name], _soa(name), 64, 16
-    ref = _stored(spec, n=150, pad_every=7)
+    ref = heads_view(_stored(spec, n=150, pad_every=7), spec)
     slots, k, _ = _inputs(n=150, pad_every=7)
     keep = slots >= 0
     blk, o = slots[keep] // bs, slots[keep] % bs
@@ -299,7 +302,7 @@ def test_fast_dequant_on_block_soa_equals_vllm_order(name):
         for sp, c in ((flat_spec, flat), (soa, blocks)):
             k = torch.full((1, 2, 176, 64), 9.0, dtype=torch.float16, device=DEV)
             v = k.clone()
-            td.dequant_kv(c, row, 171, k, v, sp, block_t=16, tiles_per_program=2, lut=0, **kw)
+            td.dequant_kv(heads_view(c, sp), row, 171, k, v, sp, block_t=16, tiles_per_program=2, lut=0, **kw)
             res.append((k, v))
         (k0, v0), (k1, v1) = res
         assert not torch.equal(k1[:, :, :171], torch.full_like(k1[:, :, :171], 9.0)), kw
@@ -507,7 +510,7 @@ def test_gpu_block_soa_equals_vllm_order(name):
     k_cpu, v_cpu, slots = torch.randn(n, hk, d, generator=g), torch.randn(n, hk, d, generator=g) * 2, torch.randperm(n, generator=g)
     kv = (k_cpu.to(DEV), v_cpu.to(DEV), slots.to(DEV))
     cache = torch.zeros(kv_cache_shape(nb, hk, bs, d, spec), dtype=torch.uint8, device=DEV)
-    blocks = torch.zeros_like(cache)
+    blocks = torch.zeros(kv_cache_shape(nb, hk, bs, d, soa), dtype=torch.uint8, device=DEV)
     store_kv(cache, *kv, spec)
     store_kv(blocks, *kv, soa)
     flat, flat_spec = _in_vllm_order(blocks, soa, d)
@@ -515,7 +518,7 @@ def test_gpu_block_soa_equals_vllm_order(name):
     if spec.norm_correction:
         nrm = spec.offsets(d)["key_norm"]
         rest[nrm: nrm + 2] = False
-        tok = flat.permute(0, 2, 1, 3).reshape(n, hk, -1)[slots.to(DEV)]  # token i's slots, (n, Hk, slot_bytes)
+        tok = flat.reshape(n, hk, -1)[slots.to(DEV)]  # token i's slots, (n, Hk, slot_bytes)
         got = bytes_to_fp16(tok[..., nrm: nrm + 2]).float().cpu()
         want = _folded_norm(spec, k_cpu, tok[..., : spec.key_index_bytes(d)], d).float()
         assert ((got - want).abs() <= 2**-10 * want).all() and (got == want).float().mean() >= 0.999

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (as the other kernel tests)
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, get_spec, kv_cache_shape, store_kv
+from tqlab.turboquant.ops import heads_view
 from tqlab.turboquant.quant import to_cache_layout, to_slot_order
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -95,8 +96,9 @@ def test_block_soa_odd_shapes_agree_with_the_torch_reference(name, d, bs):
         assert torch.equal(c1, c0), be
         assert torch.allclose(o1, o0, atol=2e-3, rtol=1e-3) and torch.allclose(l1[1:], l0[1:], atol=1e-3), be
         assert torch.allclose(k1.float(), k0.float(), atol=2e-3, rtol=1e-3) and torch.equal(v1, v0), be
-    vllm = torch.zeros_like(c0)
+    vllm = torch.zeros(kv_cache_shape(nb, hk, bs, d, get_spec(name)), dtype=torch.uint8, device=DEV)
     store_kv(vllm, k.to(DEV), v.to(DEV), slots.to(DEV), get_spec(name), backend="torch")
+    vllm = heads_view(vllm, get_spec(name))  # vLLM's tensor as (num_blocks, Hk, block_size, slot)
     back, off = to_slot_order(c0, soa, d), get_spec(name).offsets(d)
     keep = torch.ones(back.shape[-1], dtype=torch.bool)
     if soa.norm_folded:
@@ -117,7 +119,7 @@ def test_bad_block_ids_and_strides_are_named():
     bt, seq = torch.tensor([[0, 1], [2, -3]]), torch.tensor([20, 17])
     with pytest.raises(ValueError, match=r"block_tables\[1\] holds block ids outside \[0, 4\) .*\(seq_lens\[1\] = 17\): -3"):
         decode_attention(q, cache, bt, seq, spec, 0.125, mid, out, lse, backend="torch")
-    with pytest.raises(ValueError, match=r"cache must be contiguous, got strides"):
+    with pytest.raises(ValueError, match=r"cache must be contiguous \(num_blocks, num_kv_heads, block_size, slot_bytes\), got strides"):
         two_heads = torch.zeros(kv_cache_shape(4, 2, 16, 64, spec), dtype=torch.uint8).transpose(0, 1)
         decode_attention(q, two_heads, torch.tensor([[0, 1], [1, 0]]), torch.tensor([1, 1]), spec, 0.125, mid, out, lse)
 

@@ -17,6 +17,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from tqlab.turboquant import TQ_PRESETS, decode_attention, dequant_kv, kv_cache_shape, store_kv
+from tqlab.turboquant.ops import heads_view  # the kernels' (num_blocks, Hk, block_size, slot) view
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PRESETS = sorted(TQ_PRESETS)
@@ -204,7 +205,7 @@ def test_decode_launch_variants_match_reference(name, prefetch):
     (m0, o0, l0), _ = _decode_both(spec, q, cache, bt, seq_lens, s=2)
     mid = torch.full_like(m0, 7.0)
     out, lse = torch.empty_like(o0), torch.empty_like(l0)
-    tk.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=16, num_warps=4,
+    tk.decode_attention(q, heads_view(cache, spec), bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=16, num_warps=4,
                         prefetch=prefetch)
     _assert_decode_close([(m0, o0, l0), (mid, out, lse)])
 
@@ -362,7 +363,7 @@ def test_fast_decode_matches_reference(name, prefetch, norm_mma, staged):
     (m0, o0, l0), _ = _decode_both(spec, q, cache, bt, seq_lens, s=4)
     mid = torch.full_like(m0, float("nan"))
     out, lse = torch.full_like(o0, float("nan")), torch.full_like(l0, float("nan"))
-    tf.decode_attention(q, cache, bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=32 if staged else 16,
+    tf.decode_attention(q, heads_view(cache, spec), bt, seq_lens, spec, 64**-0.5, mid, out, lse, block_t=32 if staged else 16,
                         prefetch=prefetch, norm_mma=norm_mma, staged=staged)
     _assert_decode_close([(m0, o0, l0), (mid, out, lse)])
 
@@ -379,7 +380,7 @@ def test_fast_dequant_matches_reference(name):
     dequant_kv(cache, row, 83, k0, v0, spec, backend="torch")
     for tiles in (1, 3):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
-        td.dequant_kv(cache, row, 83, k1, v1, spec, block_t=16, tiles_per_program=tiles)
+        td.dequant_kv(heads_view(cache, spec), row, 83, k1, v1, spec, block_t=16, tiles_per_program=tiles)
         assert torch.all(k1[:, :, 83:] == 9) and torch.all(v1[:, :, 83:] == 9)
         assert torch.allclose(k0.float(), k1.float(), atol=2e-3, rtol=1e-3)
         assert torch.equal(v0, v1)
@@ -415,7 +416,7 @@ def test_gpu_fast_equals_portable(name):
         mid = torch.full((b, hq, 32, d + 1), float("nan"), device=DEV)
         out = torch.full((b, hq, d), float("nan"), device=DEV, dtype=torch.float16)
         lse = torch.full((b, hq), float("nan"), device=DEV)
-        fn(q, cache, bt, seq_lens, spec, d**-0.5, mid, out, lse, **kw)
+        fn(q, heads_view(cache, spec), bt, seq_lens, spec, d**-0.5, mid, out, lse, **kw)
         return mid, out, lse
 
     ref = run(tk.decode_attention)
@@ -426,10 +427,10 @@ def test_gpu_fast_equals_portable(name):
             _assert_decode_close([ref, got], atol=1e-2, rtol=2e-3)
     k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
     v0 = k0.clone()
-    tk.dequant_kv(cache, bt[0], ctx - 5, k0, v0, spec)
+    tk.dequant_kv(heads_view(cache, spec), bt[0], ctx - 5, k0, v0, spec)
     for lut in ((0,) if spec.key_fp8 else (0, 2)):
         k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
-        td.dequant_kv(cache, bt[0], ctx - 5, k1, v1, spec, lut=lut)
+        td.dequant_kv(heads_view(cache, spec), bt[0], ctx - 5, k1, v1, spec, lut=lut)
         assert torch.isnan(k1[:, :, ctx - 5:]).all() and torch.isnan(v1[:, :, ctx - 5:]).all()
         assert torch.allclose(k0[:, :, :ctx - 5].float(), k1[:, :, :ctx - 5].float(), atol=4e-3, rtol=2e-3)
         assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5])
@@ -451,14 +452,14 @@ def test_fast_dequant_variants_equal_default(name, layout):
     row = torch.tensor([5, 0, 11, 3, 7, 2], dtype=torch.int32, device=DEV)
     k0 = torch.full((1, 2, 96, 64), 9.0, dtype=torch.float16, device=DEV)
     v0 = k0.clone()
-    td.dequant_kv(cache, row, 83, k0, v0, spec, block_t=16, tiles_per_program=1)
+    td.dequant_kv(heads_view(cache, spec), row, 83, k0, v0, spec, block_t=16, tiles_per_program=1)
     assert not torch.equal(k0[:, :, :83], torch.full_like(k0[:, :, :83], 9.0))
     for kw in (dict(split="grid"), dict(split="launch"), dict(v8=True), dict(split="grid", v8=True),
                dict(split="launch", v8=True, tiles_per_program=3), dict(block_t=32, tiles_per_program=2, v8=True),
                dict(w32=True), dict(w32=False), dict(split="grid", v8=True, w32=True), dict(p32=False),
                dict(tiles_per_program=None, block_t=64, tiling="fill"), dict(num_warps=8, tiles_per_program=2)):
         k1, v1 = torch.full_like(k0, 9.0), torch.full_like(v0, 9.0)
-        td.dequant_kv(cache, row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
+        td.dequant_kv(heads_view(cache, spec), row, 83, k1, v1, spec, **{"block_t": 16, "tiles_per_program": 1, **kw})
         assert torch.equal(v0, v1), kw
         if DEV.type == "cuda" and spec.norm_correction_on_read:
             # on the GPU the key norm correction's fp32 sum over D runs in the register layout of the
@@ -502,7 +503,7 @@ def test_fast_dequant_stats_report_the_launch():
     row = torch.tensor([5, 0, 11, 3, 7, 2], dtype=torch.int32, device=DEV)
     k = torch.full((1, 2, 96, 64), 9.0, dtype=torch.float16, device=DEV)
     st: dict = {}
-    td.dequant_kv(_filled(spec), row, 83, k, k.clone(), spec, tiling="fill", stats=st)
+    td.dequant_kv(heads_view(_filled(spec), spec), row, 83, k, k.clone(), spec, tiling="fill", stats=st)
     assert {x: st[x] for x in ("block_t", "tiles", "programs", "p32")} == {"block_t": 32, "tiles": 1, "programs": 6,
                                                                           "p32": False}
 
@@ -513,10 +514,10 @@ def test_fast_dequant_rejects_unknown_split():
     spec = TQ_PRESETS["turboquant_3bit_nc"]
     buf = torch.zeros((1, 2, 16, 64), dtype=torch.float16, device=DEV)
     with pytest.raises(ValueError, match="split must be one of"):
-        td.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
+        td.dequant_kv(heads_view(_filled(spec), spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
                       split="halves")
     with pytest.raises(ValueError, match="tiling must be one of"):
-        td.dequant_kv(_filled(spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
+        td.dequant_kv(heads_view(_filled(spec), spec), torch.tensor([0], dtype=torch.int32, device=DEV), 16, buf, buf.clone(), spec,
                       tiling="waves")
 
 
@@ -542,13 +543,13 @@ def test_gpu_fast_dequant_variants_bit_equal_or_one_ulp(name, layout):
     row = torch.randperm(nb, generator=g).to(torch.int32).to(DEV)
     k0 = torch.full((1, hk, ctx, d), float("nan"), dtype=torch.float16, device=DEV)
     v0 = k0.clone()
-    td.dequant_kv(cache, row, ctx - 5, k0, v0, spec)
+    td.dequant_kv(heads_view(cache, spec), row, ctx - 5, k0, v0, spec)
     for kw in (dict(v8=True), dict(w32=True), dict(v8=True, w32=True), dict(split="grid", v8=True, w32=True),
                dict(split="launch", v8=True, w32=True), dict(split="grid", v8=True, w32=True, tiles_per_program=1),
                dict(p32=False), dict(tiling="fill"), dict(block_t=32, tiles_per_program=1),
                dict(tiles_per_program=4), dict(num_warps=8), dict(num_warps=8, maxnreg=64)):
         k1, v1 = torch.full_like(k0, float("nan")), torch.full_like(v0, float("nan"))
-        td.dequant_kv(cache, row, ctx - 5, k1, v1, spec, **kw)
+        td.dequant_kv(heads_view(cache, spec), row, ctx - 5, k1, v1, spec, **kw)
         k_a, k_b = k0[:, :, :ctx - 5], k1[:, :, :ctx - 5]
         assert torch.equal(v0[:, :, :ctx - 5], v1[:, :, :ctx - 5]), kw
         reshaped = "tiling" in kw or kw.get("block_t") == 32 or kw.get("num_warps") == 8

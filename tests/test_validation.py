@@ -26,13 +26,16 @@ from tqlab.vllm.validation import StartupFacts, backend_flag, startup_refusal
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_attention_heads": 32,
          "num_key_value_heads": 8, "num_hidden_layers": 32, "max_position_embeddings": 131072, "torch_dtype": "bfloat16"}
-GEMMA2 = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "hidden_size": 3584, "num_attention_heads": 16, "num_key_value_heads": 8,
+GEMMA2 = {"architectures": ["Gemma2ForCausalLM"],
+          "model_type": "gemma2", "hidden_size": 3584, "num_attention_heads": 16, "num_key_value_heads": 8,
           "head_dim": 256, "num_hidden_layers": 42, "max_position_embeddings": 8192, "sliding_window": 4096,
           "torch_dtype": "float32"}
-GPT_OSS = {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,
+GPT_OSS = {"architectures": ["GptOssForCausalLM"],
+           "model_type": "gpt_oss", "hidden_size": 2880, "num_attention_heads": 64, "num_key_value_heads": 8,
            "head_dim": 64, "num_hidden_layers": 24, "max_position_embeddings": 131072, "sliding_window": 128,
            "layer_types": ["sliding_attention", "full_attention"] * 12, "torch_dtype": "bfloat16"}
-DSV3 = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128, "num_key_value_heads": 128,
+DSV3 = {"architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3", "hidden_size": 7168, "num_attention_heads": 128, "num_key_value_heads": 128,
         "num_hidden_layers": 61, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "qk_nope_head_dim": 128,
         "v_head_dim": 128, "q_lora_rank": 1536, "max_position_embeddings": 163840, "torch_dtype": "bfloat16"}
 TQ = "--kv-cache-dtype turboquant_4bit_nc"

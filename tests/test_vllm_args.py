@@ -157,7 +157,8 @@ def test_kwargs_and_sources_from_flags_config_and_defaults():
                                    "lock_workspace_when_eager", "mamba_block_aligned_split", "enable_prefix_caching",
                                    "max_num_scheduled_tokens", "mla", "indexer", "moe", "decode_context_parallel_size",
                                    "data_parallel_size", "enable_expert_parallel", "attention_backend",
-                                   "mla_prefill_backend", "gpu", "turboquant_backend_on_unquantized"}
+                                   "mla_prefill_backend", "gpu", "turboquant_backend_on_unquantized",
+                                   "flashinfer_workspace_buffer_size"}
                                   - set(kw))
     assert src["cudagraph_mode"] == "vLLM default (-O2: FULL_AND_PIECEWISE)" and "cudagraph_mode" not in kw
     assert "vLLM flags with no effect on the workspace: --enable-lora" in notes

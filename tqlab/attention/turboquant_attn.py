@@ -220,7 +220,8 @@ class Fp16KVCache:
 
 
 class TurboQuantKVCache:
-    """Packed TurboQuant cache ``(num_blocks, Hk, block_size, slot_bytes)`` uint8 (see ``tqlab.turboquant``)."""
+    """Packed TurboQuant cache uint8, vLLM 0.33's own tensor ``(num_blocks, block_size, Hk, slot_bytes)``
+    (``tqlab.turboquant.kv_cache_shape``)."""
 
     def __init__(self, config: EngineConfig):
         from tqlab import turboquant as tq

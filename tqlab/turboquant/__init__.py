@@ -12,7 +12,8 @@ Worked example -- ``turboquant_3bit_nc``, head_dim ``D = 128``, one (position, k
     slot         = 50 + 52 = 102 bytes (already even)
     fp16 K + V   = 2 * 128 * 2                            = 512 bytes   -> 512 / 102 = 5.02x smaller
 
-Layout of a layer's cache: uint8 ``(num_blocks, num_kv_heads, block_size, slot_bytes)``.
+Layout of a layer's cache: vLLM 0.33's own uint8 tensor ``(num_blocks, block_size, num_kv_heads, slot_bytes)``
+(:func:`kv_cache_shape`; the opt-in block-SoA order keeps ``(num_blocks, num_kv_heads, block_size, slot_bytes)``).
 
 Public API (what the engine calls)::
 

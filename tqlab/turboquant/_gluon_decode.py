@@ -368,7 +368,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
                      stats: dict | None = None, maxnreg: int | None = None, num_warps: int | None = None):
     """Split-KV decode of a block-SoA cache of a rotated preset by :func:`_decode_planes_kernel`, then the portable
     reduction (``_triton_kernels.reduce``); the same inputs and outputs as ``_triton_soa.decode_attention``: query
-    ``(B, Hq, D)`` fp16/bf16, cache uint8 ``(num_blocks, Hk, block_size, slot_bytes)``, block_tables int32
+    ``(B, Hq, D)`` fp16/bf16, cache uint8 ``(num_blocks, Hk, block_size, slot_bytes)`` (``ops.heads_view``), block_tables int32
     ``(B, max_blocks)``, seq_lens ``(B,)``, mid_out fp32 ``(B, Hq, S, D + 1)`` (split partials, bounds of
     ``ops.split_bounds``), output ``(B, Hq, D)`` and lse fp32 ``(B, Hq)`` written in place.  ``ops.decode_attention``
     validates the inputs and routes here (``routing``).

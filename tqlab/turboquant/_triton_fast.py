@@ -278,9 +278,10 @@ def _decode_staged_kernel(
 
 
 def staged_ok(cache) -> bool:
-    """The staged kernel reads whole blocks as int32 x 4: a block's slots must be 16-byte sized."""
+    """The staged kernel reads a (block, head) region as int32 x 4: its slots must be contiguous (a head-major
+    view, not vLLM's token-major tensor, ``ops.heads_view``) and 16-byte sized."""
     nb, hk, bs, sb = cache.shape
-    return (bs * sb) % 16 == 0
+    return (bs * sb) % 16 == 0 and cache.stride(2) == sb and cache.stride(1) == bs * sb
 
 
 def _split_args(query, cache, cache_view, cache_strides, block_tables, seq_lens, mid_out, spec, scale) -> tuple:

@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tqlab.turboquant.codebook import hadamard_sign_matrix, lloyd_max
+from tqlab.turboquant.codebook import hadamard, hadamard_sign_matrix, lloyd_max
 from tqlab.turboquant.launch import DEFAULTS as _LAUNCH_DEFAULTS
 from tqlab.turboquant.spec import TurboQuantSpec
 
@@ -175,18 +175,19 @@ def _fp8_e4m3_bits(x):
 # ----------------------------------------------------------------------------- store
 @triton.jit
 def _store_kernel(
-    key_ptr, val_ptr, slot_ptr, cache_ptr, cache16_ptr, signs_ptr, bnd_ptr, cent_ptr,
+    key_ptr, val_ptr, slot_ptr, cache_ptr, cache16_ptr, y_ptr, nrm_ptr, bnd_ptr, cent_ptr,
     N, num_slots, block_size,
     stride_kn, stride_kh, stride_vn, stride_vh,
-    stride_cb, stride_ch,
-    inv_sqrt_d,
-    D: tl.constexpr, BLOCK_N: tl.constexpr,
+    stride_cb, stride_ch, stride_ct,
+    D: tl.constexpr, NUM_HEADS: tl.constexpr, BLOCK_N: tl.constexpr,
     KEY_FP8: tl.constexpr, KBITS: tl.constexpr, VBITS: tl.constexpr, NORM_FOLD: tl.constexpr,
     KO: tl.constexpr, KS: tl.constexpr, NO: tl.constexpr, NS: tl.constexpr, VO: tl.constexpr, VS: tl.constexpr,
     SO: tl.constexpr, SS: tl.constexpr, ZO: tl.constexpr, ZS: tl.constexpr, KP: tl.constexpr, VP: tl.constexpr,
 ):
     """Quantize BLOCK_N tokens of KV head ``h``; each field goes to word ``region + XO + o * XS`` of
-    its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order).
+    its (block, head) region (:func:`_field_addr`: vLLM's slot order or the block-SoA order); in vLLM's order
+    (one stride for every field, ``KS == SS``) the token step is the cache's own ``stride_ct`` bytes (``Hk *
+    slot`` on vLLM's token-major tensor, ``ops.heads_view``).
     ``NORM_FOLD`` (``TurboQuantSpec.norm_folded``): the norm field gets ``||k|| / ||c_hat||``,
     ``c_hat`` gathered from the fp32 centroid table ``cent_ptr``, IEEE sqrt and divide (vLLM 0.33's
     SoA ``_tq_fused_store_mse`` step 3, "Opt#1").  ``KP`` / ``VP`` (:func:`_planes_flags`): 0, or the plane
@@ -200,28 +201,25 @@ def _store_kernel(
     slot = tl.where(ok, slot, 0)
     region16 = ((slot // block_size) * stride_cb + h * stride_ch) // 2  # 16-bit words, int64
     o = slot % block_size
+    if KS == SS:  # vLLM's slot order: fold the token step into the region, o * XS -> 0
+        region16 += (o * stride_ct) // 2
+        o = o * 0
     rows64 = rows.to(tl.int64)
 
     # ---- keys
-    x = tl.load(key_ptr + rows64[:, None] * stride_kn + h * stride_kh + cols[None, :], mask=ok[:, None], other=0.0)
-    x = x.to(tl.float32)
     if KEY_FP8:
+        x = tl.load(key_ptr + rows64[:, None] * stride_kn + h * stride_kh + cols[None, :], mask=ok[:, None], other=0.0)
+        x = x.to(tl.float32)
         tl.store(cache_ptr + 2 * (region16 + o * KS + KO)[:, None] + cols[None, :], _fp8_e4m3_bits(x), mask=ok[:, None])
     else:
-        nrm = tl.sqrt(tl.sum(x * x, axis=1))
-        u = x / tl.where(nrm > 0, nrm, 1.0)[:, None]
-        # y = (u @ signs) / sqrt(D) in fp32 accuracy on fp16 tensor cores: the +-1 signs are exact in
-        # fp16 and u is split into three fp16 pieces of 11 bits each (scaled by 2**11 to stay normal)
-        signs = tl.load(signs_ptr + cols[:, None] * D + cols[None, :])
-        u1 = u.to(tl.float16)
-        r1 = (u - u1.to(tl.float32)) * 2048.0
-        u2 = r1.to(tl.float16)
-        u3 = ((r1 - u2.to(tl.float32)) * 2048.0).to(tl.float16)
-        y = tl.dot(u3, signs) * (1.0 / 2048.0) + tl.dot(u2, signs)
-        y = (tl.dot(u1, signs) + y * (1.0 / 2048.0)) * inv_sqrt_d
+        # ||k|| and y = (k / (||k|| + 1e-8)) @ H come from torch (store_kv), the very operations vLLM 0.33's
+        # triton_turboquant_store runs before its kernel: the same floats, so the same cells and norm bytes
+        yrow = (rows64 * NUM_HEADS + h) * D
+        nrm = tl.load(nrm_ptr + rows64 * NUM_HEADS + h, mask=ok, other=0.0)
+        y = tl.load(y_ptr + yrow[:, None] + cols[None, :], mask=ok[:, None], other=0.0)
         idx = tl.zeros([BLOCK_N, D], dtype=tl.int32)
         for i in tl.static_range((1 << KBITS) - 1):
-            idx += (y > tl.load(bnd_ptr + i)).to(tl.int32)
+            idx += (y >= tl.load(bnd_ptr + i)).to(tl.int32)  # vLLM: count of midpoints <= y (torch.bucketize right=True)
         _store_codes(cache_ptr, 2 * (region16 + o * KS + KO), idx, ok, 0, KBITS, D, BLOCK_N, KP)
         if NORM_FOLD:  # ||c_hat|| > 0: an even Lloyd-Max codebook has no zero centroid
             cv = tl.load(cent_ptr + idx)
@@ -234,13 +232,12 @@ def _store_kernel(
     levels = (1 << VBITS) - 1
     vmin = tl.min(v, axis=1)
     vmax = tl.max(v, axis=1)
-    scale = tl.minimum((vmax - vmin) / levels, 65504.0).to(tl.float16)
+    # vLLM 0.33's _store_quantized_value: codes from the fp32 min and the fp32 scale clamped to >= 1e-8
+    raw = (vmax - vmin) / levels
+    raw = tl.where(raw > 1e-8, raw, 1e-8)
+    scale = tl.minimum(raw, 65504.0).to(tl.float16)
     zero = tl.minimum(tl.maximum(vmin, -65504.0), 65504.0).to(tl.float16)
-    sf = scale.to(tl.float32)
-    zf = zero.to(tl.float32)
-    safe = tl.where(sf > 0, sf, 1.0)
-    q = tl.floor((v - zf[:, None]) / safe[:, None] + 0.5)
-    q = tl.where(sf[:, None] > 0, q, 0.0)
+    q = tl.floor((v - vmin[:, None]) / raw[:, None] + 0.5)
     q = tl.minimum(tl.maximum(q, 0.0), levels).to(tl.int32)
     _store_codes(cache_ptr, 2 * (region16 + o * VS + VO), q, ok, 0, VBITS, D, BLOCK_N, VP)
     tl.store(cache16_ptr + region16 + o * SS + SO, scale, mask=ok)
@@ -248,22 +245,39 @@ def _store_kernel(
 
 
 def store_kv(cache, key, value, slot_mapping, spec: TurboQuantSpec, block_n: int = 16, num_warps: int = 4):
+    """Quantize and store ``(N, Hk, D)`` keys/values into ``cache`` (the ``ops.heads_view``).  Rotated keys: the norm
+    and the rotation run in torch first, as vLLM 0.33's ``triton_turboquant_store`` runs them (``k_flat.norm``, ``x_hat
+    = k_flat / (norms + 1e-8)``, ``y = x_hat @ PiT`` in fp32; ``PiT`` the Hadamard of ``codebook.hadamard``, equal to
+    vLLM's ``_build_hadamard``), so the kernel buckets the same floats vLLM's kernel does."""
     n, hk, d = key.shape
     nb, _, bs, sb = cache.shape
     key = key if key.stride(-1) == 1 else key.contiguous()
     value = value if value.stride(-1) == 1 else value.contiguous()
-    signs16, signs32, cent, bnd = _consts(spec, d, cache.device)
+    _, _, cent, bnd = _consts(spec, d, cache.device)
+    if spec.key_fp8:
+        y = nrm = torch.zeros(1, dtype=torch.float32, device=cache.device)
+    else:
+        k_flat = key.float().reshape(n * hk, d)
+        nrm = k_flat.norm(dim=1, keepdim=True)
+        y = (k_flat / (nrm + 1e-8)) @ _rotation32(d, cache.device)
+        nrm = nrm.reshape(-1)
     grid = (triton.cdiv(n, block_n), hk)
     _store_kernel[grid](
-        key, value, slot_mapping, cache, cache.view(torch.float16), signs16, bnd, cent,
+        key, value, slot_mapping, cache, cache.view(torch.float16), y, nrm, bnd, cent,
         n, nb * bs, bs,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
-        cache.stride(0), cache.stride(1),
-        1.0 / math.sqrt(d),
-        D=d, BLOCK_N=block_n,
+        cache.stride(0), cache.stride(1), cache.stride(2),
+        D=d, NUM_HEADS=hk, BLOCK_N=block_n,
         KEY_FP8=spec.key_fp8, KBITS=spec.key_bits, VBITS=spec.value_bits, NORM_FOLD=spec.norm_folded,
         **_field_addr(spec, d, bs), **_planes_flags(spec, d, bs), num_warps=num_warps,
     )
+
+
+def _rotation32(d: int, device) -> torch.Tensor:
+    key = ("H32", d, str(device))
+    if key not in _CONSTS:
+        _CONSTS[key] = hadamard(d, torch.float32, device)
+    return _CONSTS[key]
 
 
 # ----------------------------------------------------------------------------- token tile load

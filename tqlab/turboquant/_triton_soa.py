@@ -276,7 +276,7 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     aligned fields); called directly, other head dims fail inside Triton.
 
     Args:
-        query: ``(B, Hq, D)`` fp16/bf16.  cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)`` in the
+        query: ``(B, Hq, D)`` fp16/bf16.  cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)`` (``ops.heads_view``) in the
             block-SoA order of ``spec`` (norms folded, 3-bit fields as nibble planes).  block_tables: int32
             ``(B, max_blocks)``.  seq_lens: ``(B,)`` tokens per request.  scale: softmax scale.
         mid_out: fp32 ``(B, Hq, S, D + 1)`` split partials (``S`` = the split count).  output: ``(B, Hq, D)``,

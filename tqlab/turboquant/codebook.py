@@ -8,12 +8,14 @@ Two fixed ingredients turn a key vector into a handful of small integers:
   like a draw from ``N(0, 1/D)`` whatever the original vector was.
 * ``lloyd_max(bits, D)`` -- the Lloyd-Max (minimum mean squared error) scalar quantizer for
   ``N(0, 1/D)`` with ``2**bits`` levels: sorted centroids and the ``2**bits - 1`` decision
-  boundaries (midpoints between neighbouring centroids).  It is solved numerically once for
-  ``N(0, 1)`` (pure Python/numpy, no scipy) and cached; the ``N(0, 1/D)`` version is that
-  solution times ``1/sqrt(D)``.
+  boundaries (midpoints between neighbouring centroids), as vLLM 0.33 computes them (a numerical
+  solve whose centroids sit up to 7.4e-4 relative off the exact ones; the bytes of a cache depend
+  on it).  ``lloyd_max_standard(bits)`` is the exact ``N(0, 1)`` solution (pure Python/numpy, no
+  scipy), for the theory.
 
 Mirrors the key path of vLLM's TurboQuant KV cache (``vllm/v1/attention/backends/turboquant_attn.py``
-and its quantization helpers); the code here is written from the description, not copied.
+and its quantization helpers); written from the description, except that :func:`lloyd_max` repeats the steps of
+vLLM 0.33's numerical solve (``solve_lloyd_max``, cited there) so that its floats, and so the cache bytes, are vLLM's.
 """
 
 from __future__ import annotations
@@ -138,27 +140,70 @@ def lloyd_max_standard(bits: int, tol: float = 1e-12, max_iter: int = 10_000) ->
 
 @functools.lru_cache(maxsize=None)
 def lloyd_max(bits: int, head_dim: int) -> LloydMaxCodebook:
-    """Lloyd-Max codebook for ``N(0, 1/head_dim)`` (rotated unit-vector coordinates).
+    """Lloyd-Max codebook for ``N(0, 1/head_dim)`` (rotated unit-vector coordinates), **the table vLLM 0.33 uses**.
 
-    The ``N(0,1)`` solution scaled by ``sigma = 1/sqrt(head_dim)``; ``distortion`` is per
-    coordinate, so the expected squared error of a whole unit vector is about
-    ``head_dim * distortion == lloyd_max_standard(bits).distortion``.
+    vLLM's keys are quantized against ``get_centroids(D, bits)`` (``solve_lloyd_max`` in
+    ``vllm/model_executor/layers/quantization/turboquant/centroids.py``), which solves the Lloyd conditions for
+    ``N(0, 1/D)`` numerically: centroids started evenly over ``+-3.5 sigma``, cells cut at ``+-10.5 sigma``, each
+    conditional mean by a 200-point trapezoid rule in Python floats, at most 200 rounds, stopping (and keeping the
+    previous round's centroids) once no centroid moves by 1e-10; then float32.  Its centroids are up to 7.4e-4
+    (relative) off the exact solution (:func:`lloyd_max_standard` scaled by ``1/sqrt(D)``), so a store that used the
+    exact one would put some coordinates in other cells than vLLM's store: this reproduces vLLM's computation step
+    by step (same operations in the same order, so the same floats).  ``centroids``: those float32 values (as
+    float64); ``boundaries``: vLLM's midpoints ``(c[i] + c[i+1]) / 2`` computed in float32
+    (``TurboQuantAttentionImpl._ensure_on_device``, ``_tq_midpoints``); ``distortion``: this table's exact
+    per-coordinate error for ``N(0, 1/D)``; ``iterations``: vLLM's rounds.
 
     Raises:
         ValueError: bad ``bits`` (see :func:`lloyd_max_standard`) or ``head_dim < 1``.
     """
     if not isinstance(head_dim, int) or head_dim < 1:
         raise ValueError(f"head_dim must be a positive int, got {head_dim!r}")
-    std = lloyd_max_standard(bits)
+    lloyd_max_standard(bits)  # validates bits
+    table, it = _vllm_solve(head_dim, bits)
+    c = np.asarray(table, dtype=np.float32)
+    b = ((c[:-1] + c[1:]) / np.float32(2.0)).astype(np.float32)
     s = 1.0 / math.sqrt(head_dim)
-    c = std.centroids * s
-    b = std.boundaries * s
-    c.setflags(write=False)
-    b.setflags(write=False)
-    return LloydMaxCodebook(bits, s, c, b, std.distortion * s * s, std.iterations)
+    c64, b64 = c.astype(np.float64), b.astype(np.float64)
+    c64.setflags(write=False)
+    b64.setflags(write=False)
+    return LloydMaxCodebook(bits, s, c64, b64, _distortion_standard(c64 / s, b64 / s) * s * s, it)
 
 
-@functools.lru_cache(maxsize=None)
+def _vllm_solve(d: int, bits: int) -> tuple[list[float], int]:
+    """vLLM 0.33's ``solve_lloyd_max(d, bits)`` recomputed (see :func:`lloyd_max`): Python floats, ``math.exp``, the
+    trapezoid sums accumulated left to right, so every float matches.  Returns (centroids, rounds)."""
+    n, sigma2 = 1 << bits, 1.0 / d
+    sigma = math.sqrt(sigma2)
+
+    def pdf(x: float) -> float:
+        return (1.0 / math.sqrt(2 * math.pi * sigma2)) * math.exp(-x * x / (2 * sigma2))
+
+    def trapz(f, a: float, b: float, m: int = 200) -> float:
+        h = (b - a) / m
+        acc = 0.5 * (f(a) + f(b))
+        for i in range(1, m):
+            acc += f(a + i * h)
+        return acc * h
+
+    lo, hi = -3.5 * sigma, 3.5 * sigma
+    cent = [lo + (hi - lo) * (i + 0.5) / n for i in range(n)]
+    rounds = 0
+    for rounds in range(1, 201):
+        bnd = [(cent[i] + cent[i + 1]) / 2.0 for i in range(n - 1)]
+        edges = [lo * 3] + bnd + [hi * 3]
+        new = []
+        for i in range(n):
+            a, b = edges[i], edges[i + 1]
+            num = trapz(lambda x: x * pdf(x), a, b)
+            den = trapz(pdf, a, b)
+            new.append(num / den if den > 1e-15 else cent[i])
+        if max(abs(new[i] - cent[i]) for i in range(n)) < 1e-10:
+            break
+        cent = new
+    return cent, rounds
+
+
 def _sylvester(d: int) -> np.ndarray:
     h = np.ones((1, 1), dtype=np.int8)
     while h.shape[0] < d:

@@ -37,6 +37,7 @@ __all__ = [
     "store_kv",
     "dequant_kv",
     "decode_attention",
+    "heads_view",
     "triton_available",
     "resolve_backend",
     "FLOAT_DTYPES",
@@ -99,19 +100,32 @@ def _check_head_dim(d: int, spec: TurboQuantSpec) -> None:
         raise ValueError(f"head_dim must be a power of two in [16, 512] (Hadamard rotation, Triton tiles), got {d}")
 
 
+def heads_view(cache: torch.Tensor, spec: TurboQuantSpec | str) -> torch.Tensor:
+    """The ``(num_blocks, Hk, block_size, slot_bytes)`` view of a cache of :func:`tqlab.turboquant.kv_cache_shape`
+    (no copy): vLLM's tensor ``(num_blocks, block_size, Hk, slot_bytes)`` (``"vllm"`` layout) comes back as
+    ``cache.transpose(1, 2)`` -- strides ``(block_size*Hk*slot, slot, Hk*slot, 1)`` bytes, the strides vLLM's
+    kernels get as ``stride_cache_block/head/pos`` --, a block-SoA cache unchanged.  Every op and kernel of this
+    package indexes the cache through it, so ``[block, head, position]`` means the same slot in both layouts."""
+    return cache.transpose(1, 2) if get_spec(spec).cache_layout == "vllm" else cache
+
+
 def _check_cache(cache, spec: TurboQuantSpec, head_dim: int) -> tuple[int, int, int, int]:
+    """Checks a cache of :func:`tqlab.turboquant.kv_cache_shape`; returns the shape of :func:`heads_view`
+    ``(num_blocks, Hk, block_size, slot_bytes)``."""
     _need_tensor("cache", cache)
     if cache.dtype != torch.uint8:
         raise TypeError(f"cache must be uint8 (packed TurboQuant slots), got {cache.dtype}")
+    order = "(num_blocks, block_size, num_kv_heads, slot_bytes)" if spec.cache_layout == "vllm" else \
+        "(num_blocks, num_kv_heads, block_size, slot_bytes)"
     if cache.dim() != 4:
-        raise ValueError(f"cache must be (num_blocks, num_kv_heads, block_size, slot_bytes), got shape {tuple(cache.shape)}")
+        raise ValueError(f"cache must be {order} ({spec.cache_layout} layout), got shape {tuple(cache.shape)}")
     if cache.shape[3] != spec.slot_bytes(head_dim):
         raise ValueError(
             f"cache slot size {cache.shape[3]} bytes != {spec.name}.slot_bytes({head_dim}) = {spec.slot_bytes(head_dim)}"
         )
     if not cache.is_contiguous():
-        raise ValueError(f"cache must be contiguous, got strides {cache.stride()} for shape {tuple(cache.shape)}")
-    return tuple(cache.shape)  # type: ignore[return-value]
+        raise ValueError(f"cache must be contiguous {order}, got strides {cache.stride()} for shape {tuple(cache.shape)}")
+    return tuple(heads_view(cache, spec).shape)  # type: ignore[return-value]
 
 
 def _same_device(**tensors: torch.Tensor) -> torch.device:
@@ -197,7 +211,9 @@ def store_kv(
     and :func:`dequant_kv` then skip the norm correction (``spec.norm_correction_on_read``).
 
     Args:
-        cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``, contiguous.
+        cache: uint8, contiguous, :func:`tqlab.turboquant.kv_cache_shape`: ``(num_blocks, block_size, Hk,
+            slot_bytes)`` (vLLM's tensor, the ``"vllm"`` layout) or ``(num_blocks, Hk, block_size, slot_bytes)``
+            (block-SoA).
         key, value: ``(N, Hk, D)`` float16/bfloat16/float32 (D a power of two, 16..512).
         slot_mapping: ``(N,)`` int32/int64 flat slot ``block * block_size + offset``; negative
             entries are padding and are skipped (vLLM's ``PAD_SLOT_ID = -1``).
@@ -231,6 +247,7 @@ def store_kv(
             raise ValueError(f"slot_mapping holds slot {hi} but the cache has {nb * bs} slots ({nb} blocks x {bs})")
     if n == 0:
         return
+    cache = heads_view(cache, spec)
     if resolve_backend(backend, dev) == "triton":
         from tqlab.turboquant import _triton_kernels as tk
 
@@ -308,7 +325,7 @@ def dequant_kv(
     rounding, values bit for bit.
 
     Args:
-        cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``.
+        cache: uint8, as in :func:`store_kv`.
         block_table_row: ``(max_blocks,)`` int32/int64 block ids of this request.
         cached_len: tokens already in the cache (python int, ``0 <= cached_len <= L``).
         k_out, v_out: float16 ``(1, Hk, L, D)`` with ``L >= cached_len`` -- the continuation-prefill
@@ -322,6 +339,7 @@ def dequant_kv(
     """
     spec = get_spec(spec)
     dev, need = _check_dequant(cache, block_table_row, cached_len, k_out, v_out, spec)
+    cache = heads_view(cache, spec)
     nb = cache.shape[0]
     d = k_out.shape[-1]
     if _is_meta(cache, block_table_row, k_out, v_out) or cached_len == 0:
@@ -370,7 +388,7 @@ def decode_attention(
 
     Args:
         query: ``(B, Hq, D)`` float16/bfloat16/float32; ``Hq % Hk == 0`` (GQA).
-        cache: uint8 ``(num_blocks, Hk, block_size, slot_bytes)``.
+        cache: uint8, as in :func:`store_kv`.
         block_tables: ``(B, max_blocks)`` int32/int64.
         seq_lens: ``(B,)`` int32/int64 context length per request (0 allowed: output 0, lse -inf).
         spec: a :class:`TurboQuantSpec` or preset name.
@@ -393,6 +411,7 @@ def decode_attention(
     dev = _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse)
     if _is_meta(query, cache, block_tables, seq_lens, mid_out, output, lse):
         return output
+    cache = heads_view(cache, spec)
     if dev.type == "cpu":
         _check_decode_ranges(cache, block_tables, seq_lens)
     if query.shape[0] == 0:
@@ -418,7 +437,7 @@ def decode_kernel_name(query, cache, spec, backend: str = "auto") -> str:
         return "torch"
     from tqlab.turboquant.routing import decode_kernel_name as name
 
-    return name(query, cache, spec)
+    return name(query, heads_view(cache, spec), spec)
 
 
 def _check_decode(query, cache, block_tables, seq_lens, spec, scale, mid_out, output, lse) -> torch.device:

@@ -152,7 +152,7 @@ def encode_keys(k: torch.Tensor, spec: TurboQuantSpec) -> torch.Tensor:
     rot = _rotation(d, k.device)
     _, bnd = _codebook(spec.key_bits, d, k.device)
     norm = torch.linalg.vector_norm(kf, dim=-1, keepdim=True)
-    unit = torch.where(norm > 0, kf / norm.clamp_min(1e-30), torch.zeros_like(kf))
+    unit = kf / (norm + 1e-8)  # vLLM 0.33's x_hat (triton_turboquant_store, MSE path): the same floats
     y = unit @ rot
     idx = torch.bucketize(y.contiguous(), bnd, right=True).to(torch.uint8)
     if spec.norm_folded:
@@ -189,10 +189,13 @@ def encode_values(v: torch.Tensor, spec: TurboQuantSpec) -> torch.Tensor:
     levels = (1 << spec.value_bits) - 1
     vmin = vf.amin(-1, keepdim=True)
     vmax = vf.amax(-1, keepdim=True)
-    scale = ((vmax - vmin) / levels).clamp_max(FP16_MAX).to(torch.float16).float()
+    # vLLM 0.33's ``_store_quantized_value`` (triton_turboquant_store.py): codes from the fp32 minimum and the fp32
+    # scale clamped to >= 1e-8, ``int((v - min) / scale + 0.5)``; the fp16 roundings of scale and min are stored
+    raw = (vmax - vmin) / levels
+    raw = torch.where(raw > 1e-8, raw, torch.full_like(raw, 1e-8))
+    q = torch.floor((vf - vmin) / raw + 0.5).clamp(0, levels).to(torch.uint8)
+    scale = raw.clamp_max(FP16_MAX).to(torch.float16).float()
     zero = vmin.clamp(-FP16_MAX, FP16_MAX).to(torch.float16).float()
-    q = torch.where(scale > 0, torch.floor((vf - zero) / torch.where(scale > 0, scale, 1.0) + 0.5), 0.0)
-    q = q.clamp(0, levels).to(torch.uint8)
     return torch.cat(
         [pack_indices(q, spec.value_bits), fp16_to_bytes(scale.squeeze(-1)), fp16_to_bytes(zero.squeeze(-1))],
         dim=-1,

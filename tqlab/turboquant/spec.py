@@ -9,14 +9,21 @@ A *slot* holds one (position, kv-head) pair: ``[key_packed | value_packed | pad]
   per-vector fp16 scale and fp16 zero point (4 bytes).
 * The slot is rounded up to an even number of bytes.
 
-The cache of one layer is a uint8 tensor ``(num_blocks, num_kv_heads, block_size, slot_bytes)``.
+The cache of one layer is a contiguous uint8 tensor (:func:`kv_cache_shape`,
+``TurboQuantSpec.cache_layout``, same bytes per token, same quantizer):
 
-Byte order inside one (block, KV head) region of ``block_size * slot_bytes`` bytes
-(``TurboQuantSpec.cache_layout``, same bytes per token, same quantizer):
-
-* ``"vllm"`` (default): vLLM's slot order, token after token, each slot as above.  Parity with
-  vLLM 0.33 and ``inspect-vllm`` pin these bytes.
-* ``"block_soa"`` (opt-in, issue 20): every field of the block's tokens stored contiguously --
+* ``"vllm"`` (default): vLLM 0.33's own cache tensor, ``(num_blocks, block_size, num_kv_heads,
+  slot_bytes)`` -- token-major inside a block, each slot as above, ``slot_bytes`` =
+  ``TurboQuantConfig.slot_size_aligned``.  vLLM allocates the layer as ``KVCacheLayout.LBNHC``
+  (``TurboQuantAttentionBackend.supported_kv_cache_layouts``; ``vllm/v1/kv_cache_layout.py``: physical
+  order ``[L, B, N, H, C]``, N the position in the block) and its backend hands the kernels
+  ``kv_cache.transpose(1, 2)`` (``TurboQuantAttentionImpl.do_kv_cache_update`` / ``forward`` in
+  ``vllm/v1/attention/backends/turboquant_attn.py``), a contiguous ``(num_blocks, block_size, Hk, slot)``
+  tensor read with the strides ``stride_cache_block/pos/head``.  Parity with vLLM 0.33 pins these bytes
+  (whole caches, ``parity/test_turboquant_cache_parity.py``).
+* ``"block_soa"`` (opt-in, issue 20): ``(num_blocks, num_kv_heads, block_size, slot_bytes)``, one
+  (block, KV head) region of ``block_size * slot_bytes`` bytes per head, in the order below.
+  Inside a region every field of the block's tokens is stored contiguously --
   all key codes, then all value codes, then the key norms, value scales and value zeros as fp16
   arrays (then the pad bytes); 4-bit code fields keep vLLM's LSB-first bit stream.  With
   ``block_size % 16 == 0`` every field starts 16-byte aligned, so the fast decode reads a chunk of
@@ -346,8 +353,12 @@ def get_spec(kv_cache_dtype: str | TurboQuantSpec, cache_layout: str | None = No
 def kv_cache_shape(
     num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int, spec: TurboQuantSpec | str
 ) -> tuple[int, int, int, int]:
-    """Shape of one layer's packed cache, ``(num_blocks, num_kv_heads, block_size, slot_bytes)``,
-    dtype uint8.  Bytes = product of the shape.
+    """Shape of one layer's packed cache, dtype uint8, contiguous; bytes = product of the shape.
+
+    ``"vllm"`` layout (the presets' default): ``(num_blocks, block_size, num_kv_heads, slot_bytes)``, vLLM 0.33's
+    tensor as its TurboQuant kernels receive it (module docstring).  ``"block_soa"``: ``(num_blocks,
+    num_kv_heads, block_size, slot_bytes)``, a (block, KV head) region per head.  Either way
+    :func:`tqlab.turboquant.ops.heads_view` gives the ``(num_blocks, num_kv_heads, block_size, slot_bytes)`` view.
 
     Raises:
         ValueError: non-positive sizes, bad ``head_dim`` or unknown spec name.
@@ -356,6 +367,8 @@ def kv_cache_shape(
     for name, v in (("num_blocks", num_blocks), ("num_kv_heads", num_kv_heads), ("block_size", block_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
+    if spec.cache_layout == "vllm":
+        return (num_blocks, block_size, num_kv_heads, spec.slot_bytes(head_dim))
     return (num_blocks, num_kv_heads, block_size, spec.slot_bytes(head_dim))
 
 
