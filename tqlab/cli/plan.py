@@ -118,7 +118,7 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
     from rich.table import Table
 
     from tqlab.core.reservation import plan_bytes, reservation_plan
-    from tqlab.core.workspace import compute_layout, format_mb
+    from tqlab.core.workspace_layout import compute_layout, format_mb
 
     calls = reservation_plan(config)
     names = ["split-KV decode scratch (max_num_seqs rows)", "continuation-prefill dequant buffers (max_model_len - 1 cached)"]
@@ -153,12 +153,16 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
                    "capture), so no prompt hits the locked-workspace assertion")
         return out + [verdict_line(pred)]
     bad = pred.first_failing_prompt_tokens
-    survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
-                f"every prompt crashes at its first decode step ({decode_refusal['caller']} asks "
-                f"{decode_refusal['required_bytes']:,} bytes); without decode steps (--max-tokens 1) the longest prompt "
-                f"that survives is {bad - 1 if bad else config.max_model_len - 1} tokens" if decode_refusal else
-                f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
-                else "every prompt up to max_model_len survives its prefill")
+    if decode_refusal:  # the bounds count the decode steps: ask the prefill alone (--max-tokens 1) for the rest
+        alone = _predict(config, max_tokens=1).first_failing_prompt_tokens
+        survives = (f"every prompt crashes at its first decode step ({decode_refusal['caller']} asks "
+                    f"{decode_refusal['required_bytes']:,} bytes); without decode steps (--max-tokens 1) "
+                    + ("every prompt crashes too: another consumer overflows the lock" if alone == 1 else
+                       f"the longest prompt that survives is {alone - 1 if alone else config.max_model_len - 1} tokens"))
+    else:
+        survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
+                    f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
+                    else "every prompt up to max_model_len survives its prefill")
     out.append(
         f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
         + survives + f"; verdict: {pred.verdict}" + (" (PARTIAL: unmodelled consumers)" if pred.partial else "")

@@ -15,10 +15,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover - torch is imported lazily so `tqlab --help` stays fast
-    import torch
+from tqlab.core import dtypes
 
 __all__ = [
     "CUDAGRAPH_MODES",
@@ -156,20 +155,20 @@ _DTYPE_NAMES = {
 }
 
 
-def parse_dtype(value: Any) -> "torch.dtype":
-    """A model dtype from a ``torch.dtype`` or a name (``'bfloat16'``, ``'fp16'``, ...).
+def parse_dtype(value: Any) -> dtypes.DType:
+    """A model dtype from a ``torch.dtype``, its stand-in or a name (``'bfloat16'``, ``'fp16'``, ...), as the
+    torch-free stand-in :class:`tqlab.core.dtypes.DType` (equal to the torch dtype of the same name; convert
+    with :func:`tqlab.core.dtypes.as_torch` where a tensor is made). Never imports torch.
 
     Raises ``ValueError`` naming the value if it is not bf16, fp16 or fp32.
     """
-    import torch
-
-    if isinstance(value, torch.dtype):
-        dt = value
+    if dtypes.is_dtype(value):
+        dt = dtypes.standin(value)
     elif isinstance(value, str) and value.lower().removeprefix("torch.") in _DTYPE_NAMES:
-        dt = getattr(torch, _DTYPE_NAMES[value.lower().removeprefix("torch.")])
+        dt = dtypes.by_name(_DTYPE_NAMES[value.lower().removeprefix("torch.")])
     else:
         raise ValueError(f"dtype must be bfloat16, float16 or float32 (a torch.dtype or its name), got {value!r}")
-    if dt not in (torch.bfloat16, torch.float16, torch.float32):
+    if dt not in (dtypes.bfloat16, dtypes.float16, dtypes.float32):
         raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dt}")
     return dt
 
@@ -181,7 +180,8 @@ class EngineConfig:
     Model shape (whole model, before tensor parallelism):
         num_attention_heads, num_key_value_heads, head_dim: required.
         num_hidden_layers: layers that use this attention backend (1).
-        dtype: model dtype, ``torch.dtype`` or name (``bfloat16``).
+        dtype: model dtype, ``torch.dtype`` or name (``bfloat16``); stored as its torch-free stand-in
+        (:class:`tqlab.core.dtypes.DType`, ``== torch.bfloat16``; :attr:`torch_dtype` is torch's own).
     Parallelism:
         tensor_parallel_size (1); enable_dbo (False: 1 ubatch slot, True: 2).
     Scheduler (vLLM defaults):
@@ -455,6 +455,11 @@ class EngineConfig:
         ``turboquant_backend_on_unquantized`` (never a vLLM deployment). False: no workspace call of theirs,
         no reservation (PR #44053's fix lives in TurboQuant's metadata builder), nothing to overflow."""
         return self.is_turboquant or self.turboquant_backend_on_unquantized
+
+    @property
+    def torch_dtype(self):
+        """The model dtype as a ``torch.dtype`` (imports torch): for code that makes a tensor in it."""
+        return dtypes.as_torch(self.dtype)
 
     def kv_bytes_per_token_per_rank(self) -> int:
         """Unquantized (model dtype) K+V bytes per token on one rank, all layers."""

@@ -48,12 +48,13 @@ from tqlab.core.vllm_rules import (
     mamba_block_aligned_split,
     one_token_rows_before_lock,
 )
-from tqlab.core.workspace import positive_int
+from tqlab.core.workspace_layout import positive_int
 from tqlab.vllm.validation import facts_from_sources, startup_refusal
 from tqlab.predict.prompts import (
     any_schedule_cached_len,
     continuation_bytes,
     decode_bytes,
+    decode_step_refused,
     decode_uses_workspace,
     first_failing_prompt,
     first_refused_call,
@@ -78,6 +79,7 @@ __all__ = [
     "decode_capture_rows",
     "decode_capture_sizes",
     "decode_rows_at_lock",
+    "decode_step_refused",
     "decode_uses_workspace",
     "first_failing_prompt",
     "first_refused_call",
@@ -171,11 +173,13 @@ class Prediction:
     ``_continuation_prefill`` / ``_decode_attention`` for TurboQuant (the method, as before) and the
     call site as vLLM's assertion names it (``file.py:function``) for any other consumer.
     ``first_failing_prompt_tokens``: TurboQuant's shortest prompt whose prefill overflows, or 1 when
-    another consumer overflows (every request reaches it). ``safe_max_model_len_alone`` /
-    ``_any_schedule``: the largest ``max_model_len`` (capped at the configured one) whose requests
-    all fit ``locked_bytes``, prefilled alone / under any chunking (:func:`safe_max_model_len`);
-    None when no length is safe -- in particular when another consumer overflows the lock at every
-    length (a note says so); ``fixed_safe_any_schedule``: the same against ``locked_bytes_with_fix``.
+    another consumer overflows (every request reaches it) or when every request's first decode step does
+    (:func:`decode_step_refused`: the requests make ``max_tokens - 1`` decode steps; ``max_tokens`` 1 asks the
+    prefill alone). ``safe_max_model_len_alone`` / ``_any_schedule``: the largest ``max_model_len`` (capped at the
+    configured one) whose requests all fit ``locked_bytes``, prefilled alone / under any chunking
+    (:func:`safe_max_model_len`), then decoded; None when no length is safe -- in particular when another consumer
+    overflows the lock at every length (a note says so) or every request's first decode step does;
+    ``fixed_safe_any_schedule``: the same against ``locked_bytes_with_fix``.
     ``locked_source``: one of :data:`LOCKED_SOURCES`. ``turboquant_consumers``:
     :attr:`~tqlab.core.config.EngineConfig.has_turboquant_consumers`. ``notes``:
     :class:`~tqlab.core.notes.Note` s (each with a kind) about the prediction, a ``not_modelled`` one
@@ -293,6 +297,18 @@ def _eager_decode_note(config: "EngineConfig", locked: int | None) -> list[Note]
                  "max_num_seqs")]
 
 
+def _decode_step_note(config: "EngineConfig", locked: int | None, max_tokens: int) -> list[Note]:
+    """A note when every request's first decode step overflows ``locked`` (:func:`decode_step_refused`): then no
+    prompt is short enough and no ``max_model_len`` is safe; ``--max-tokens 1`` asks the prefill alone."""
+    if not decode_step_refused(config, locked, max_tokens):
+        return []
+    who = "_decode_attention" + (" (drafter)" if config.num_speculative_tokens else "")
+    return [Note(NoteKind.RESERVATION_GAP,
+                 f"every request's first decode step asks turboquant_attn.py:{who} for {decode_bytes(config, 1):,} "
+                 f"bytes (one row) > {locked:,} locked: every prompt crashes there, whatever its length, so no "
+                 "max_model_len is safe (--max-tokens 1 asks about the prefill alone)")]
+
+
 def _eager_decode_rows(config: "EngineConfig", locked: int | None) -> int | None:
     """The smallest decode batch (rows, up to ``max_num_seqs``) whose ``_decode_attention`` call overflows
     ``locked``, or None (none does, nothing locks, speculative decoding, or decode asks no workspace)."""
@@ -325,11 +341,13 @@ def _uncovered(rows, locked: int | None) -> list[consumer_registry.ConsumerRow]:
     return [] if locked is None else [r for r in rows if r.max_runtime_bytes > locked]
 
 
-def _safe(config: "EngineConfig", locked: int | None, schedule: str, rows) -> int | None:
-    """:func:`safe_max_model_len` against ``locked``; None when another consumer overflows it at any length."""
+def _safe(config: "EngineConfig", locked: int | None, schedule: str, rows, max_tokens: int) -> int | None:
+    """:func:`safe_max_model_len` against ``locked``; None when another consumer overflows it at any length, or when
+    every request's first decode step does (:func:`decode_step_refused`; ``max_tokens`` 1, no decode step, asks the
+    prefill-only bound)."""
     if locked is None:
         return config.max_model_len
-    if _uncovered(rows, locked):
+    if _uncovered(rows, locked) or decode_step_refused(config, locked, max_tokens):
         return None
     return safe_max_model_len(config, locked, schedule=schedule)
 
@@ -377,12 +395,13 @@ def _first_refused(config: "EngineConfig", n: int, locked: int | None, max_token
     return min(events, key=lambda e: e[:2])[2] if events else None
 
 
-def _first_failing(config: "EngineConfig", locked: int | None, rows) -> int | None:
+def _first_failing(config: "EngineConfig", locked: int | None, rows, max_tokens: int) -> int | None:
     """Shortest failing prompt: TurboQuant's (:func:`first_failing_prompt`, its prefill alone), or 1 when another
-    consumer overflows ``locked`` (every request reaches it: in its first step, or its first decode)."""
+    consumer overflows ``locked`` (every request reaches it: in its first step, or its first decode) or when every
+    request's first decode step does (:func:`decode_step_refused`, ``max_tokens >= 2``)."""
     if locked is None:
         return None
-    if _uncovered(rows, locked):
+    if _uncovered(rows, locked) or decode_step_refused(config, locked, max_tokens):
         return 1
     return first_failing_prompt(config, locked)
 
@@ -446,11 +465,11 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
                              f"max_model_len {config.max_model_len} (vLLM rejects the request)")
     table = consumer_table(config)
     rows = tuple(r for r in table.rows if r.name not in consumer_registry.TURBOQUANT)
-    first_bad = _first_failing(config, locked, rows)
+    first_bad = _first_failing(config, locked, rows, max_tokens)
     n = prompt_tokens if prompt_tokens is not None else (first_bad or 1)
     refused = _first_refused(config, n, locked, max_tokens, rows)
     if refused is None and prompt_tokens is None:  # the deployment's verdict covers any schedule vLLM can produce
-        refused = _busy_server_refusal(config, locked, _safe(config, locked, "any", rows))
+        refused = _busy_server_refusal(config, locked, _safe(config, locked, "any", rows, max_tokens))
     unsized = tuple(table.unmodelled)
     verdict = "never_locked" if locked is None else ("crash" if refused else ("partial" if unsized else "ok"))
     return Prediction(
@@ -458,11 +477,12 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         verdict=verdict, first_failing_prompt_tokens=first_bad, first_refused_call=refused,
         locked_bytes_with_fix=with_fix, cudagraph_mode=cudagraph_mode(config), fix=fix,
         prompt_tokens=prompt_tokens, sources=dict(sources or {}),
-        safe_max_model_len_alone=_safe(config, locked, "alone", rows),
-        safe_max_model_len_any_schedule=_safe(config, locked, "any", rows),
-        fixed_safe_any_schedule=_safe(config, with_fix, "any", rows), locked_source=source,
+        safe_max_model_len_alone=_safe(config, locked, "alone", rows, max_tokens),
+        safe_max_model_len_any_schedule=_safe(config, locked, "any", rows, max_tokens),
+        fixed_safe_any_schedule=_safe(config, with_fix, "any", rows, max_tokens), locked_source=source,
         turboquant_consumers=config.has_turboquant_consumers,
-        notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked) + _eager_decode_note(config, locked)),
+        notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked) + _eager_decode_note(config, locked)
+                                                + _decode_step_note(config, locked, max_tokens)),
         consumers=table.to_dict(), gpu=config.gpu,
         lock_set_by=None if source == "measured" else lock_set_by(config, locked, fix=fix, table=table),
         unsized=unsized,

@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tqlab.attention import kv_cache_bytes_per_token
 from tqlab.core.config import EngineConfig, load_preset
 from tqlab.core import vllm_versions
 from tqlab.core.hardware import gpu_target
 from tqlab.core.reservation import plan_bytes, reservation_plan
+from tqlab.turboquant.spec import kv_cache_bytes_per_token
 
 __all__ = ["ASSUMED_ACTIVATION_BYTES", "DEFAULT_GPU_MEMORY_UTILIZATION", "KvPool", "boundary_layers", "kv_bytes_per_token",
            "kv_pool", "preset_weight_bytes"]
@@ -56,7 +56,7 @@ def boundary_layers(num_layers: int, *, hybrid: bool) -> int:
 def kv_bytes_per_token(config: EngineConfig, *, hybrid: bool | None = None) -> tuple[int, int]:
     """``(bytes one token costs on one rank over all its layers, boundary layers)``, as vLLM 0.33 lays them out.
 
-    TurboQuant layers in the cache format (:func:`tqlab.attention.kv_cache_bytes_per_token` of one layer),
+    TurboQuant layers in the cache format (:func:`tqlab.turboquant.spec.kv_cache_bytes_per_token` of one layer),
     :func:`boundary_layers` in the model dtype (K and V, ``num_kv_heads_per_rank x head_dim`` each); a config
     that is not TurboQuant has no boundary layers. ``hybrid`` defaults to ``config.mamba_block_aligned_split``.
     """

@@ -36,7 +36,6 @@ from tqlab.predict.consumers import (
     chunk_shapes,
     consumer_report,
 )
-from tqlab.vllm.cpu_harness import run_vllm_seed_scenario
 from tqlab.vllm.deployment import deployment_from_preset, deployment_from_vllm
 from tqlab.vllm.tracer import vllm_available, vllm_version
 
@@ -55,7 +54,13 @@ def _demo(config: EngineConfig, pred: ConsumerReport, report: dict[str, Any], te
     elif pred.first_failing_prompt is None:
         report["demo"] = None
         text.append("demo skipped: no prompt up to max_model_len overflows without the fix")
+    elif "continuation" not in analysis.prompt_workspace_chunks(config, pred.first_failing_prompt):
+        report["demo"] = None
+        text.append("demo skipped: the first failing prompt crashes in a decode step, not in a continuation chunk "
+                    "(the demo replays a continuation prefill)")
     else:
+        from tqlab.vllm.cpu_harness import run_vllm_seed_scenario  # torch: only --demo runs vLLM's classes
+
         cached, q = analysis.prompt_workspace_chunks(config, pred.first_failing_prompt)["continuation"]
         runs = [False] + ([True] if pred.locked_fixed <= 1 << 30 else [])
         res = [run_vllm_seed_scenario(config, cached_len=cached, q_len=q, fixed=f) for f in runs]

@@ -25,7 +25,7 @@ from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
 from tqlab.core.consumers.registry import TURBOQUANT
 from tqlab.core.reservation import plan_bytes, reservation_plan
-from tqlab.core.workspace import format_mb
+from tqlab.core.workspace_layout import format_mb
 from tqlab.predict import analysis
 from tqlab.predict import trace_checks
 from tqlab.predict.report import DECODE, DEQUANT_CHUNK

@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
+from tqlab.core import dtypes
 from tqlab.core.config import check_kv_cache_dtype, is_turboquant, parse_dtype
 from tqlab.core.hardware import batch_defaults, gpu_target
 from tqlab.core.notes import NoteKind
@@ -65,7 +64,7 @@ def _model_dtype(shape: ModelShape, d: DeploymentDraft) -> None:
         return
     cfg = shape.dtype or "bfloat16"
     if cfg.removeprefix("torch.") in ("float32", "float"):
-        d.set("dtype", torch.bfloat16, "derived: config.json torch_dtype float32 -> bfloat16 (vLLM --dtype auto)")
+        d.set("dtype", dtypes.bfloat16, "derived: config.json torch_dtype float32 -> bfloat16 (vLLM --dtype auto)")
         d.note(NoteKind.DERIVED, "--dtype auto: the fp32 checkpoint is served in bfloat16", "dtype")
         return
     try:
