@@ -23,7 +23,7 @@ from tqlab.turboquant.spec import TurboQuantSpec
 __all__ = ["decode_kernels", "decode_kernel_name", "gluon_available"]
 
 KERNEL_NAMES = {"_triton_kernels": "portable", "_triton_fast": "fast", "_triton_soa": "block_soa",
-                "_gluon_decode": "gluon"}
+                "_gluon_decode": "gluon", "_gluon_vllm_decode": "gluon_vllm"}
 
 
 MIN_GLUON_TRITON = (3, 6)  # the H200's Triton, the only one the Gluon decode was measured and tested with
@@ -50,6 +50,11 @@ def decode_kernels(spec: TurboQuantSpec, dev: torch.device, query: torch.Tensor,
     from tqlab.turboquant import _triton_kernels as tk
 
     kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
+    if spec.cache_layout == "vllm" and kernels is tf and gluon_available():
+        from tqlab.turboquant import _gluon_vllm_decode as gv
+
+        if gv.use_gluon_vllm(spec, cache, query.shape[-1], query.shape[1] // cache.shape[1]):
+            kernels = gv  # 4-bit keys and values on vLLM's tensor (issue 34)
     if spec.cache_layout == "block_soa":
         from tqlab.turboquant import _triton_soa as ts
 
