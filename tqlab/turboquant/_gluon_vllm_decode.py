@@ -104,7 +104,7 @@ def _spread(g):
     at bits ``4j .. 4j + 2``, bit ``4j + 3`` zero), the word format of ``ptx_tables.key4_pair_ptx`` /
     ``value4_pair_ptx``; bits 24..31 of ``g`` are ignored."""
     t = (g & 0xFFF) | ((g << 4) & 0x0FFF0000)  # codes 0..3 at bits 0..11, 4..7 at 16..27
-    y = (t & 0x003F003F) | ((t << 2) & 0x0FC00FC0)  # codes 2, 3 (6, 7) up by 2
+    y = (t & 0x003F003F) | ((t << 2) & 0x3F003F00)  # codes 2, 3 (6, 7) up by 2
     return (y & 0x07070707) | ((y << 1) & 0x70707070)  # codes 1, 3 (5, 7) up by 1
 
 
