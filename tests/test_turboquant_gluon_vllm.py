@@ -3,7 +3,8 @@ values, 3-bit keys and / or values (``turboquant_4bit_nc``, ``turboquant_3bit_nc
 without norm correction) read from ``(num_blocks, block_size, Hk,
 slot_size_aligned)`` with its 2-byte-aligned slots.
 
-CPU: the 3-bit key table (``ptx_tables.key3_nibble_pair_ptx``) by the PTX emulator; the entry point refuses calls it does not serve (a CPU tensor, 3-bit presets, block-SoA) with a one-line
+CPU: the 3-bit key table (``ptx_tables.key3_nibble_pair_ptx``) by the PTX emulator; the entry point refuses calls
+it does not serve (a CPU tensor, fp8 keys, block-SoA) with a one-line
 ValueError before any launch.  GPU: the kernel against the torch reference on the same vLLM tensor (an empty
 request, one token, splits whose starts are not 16-aligned, Hk 1 (odd token stride in 16-bit words), 2, 3 and 8,
 GQA 1 to 8, blocks of 16, 32 and 64 tokens), every ``mid_out`` partial and the reduced output.
@@ -21,8 +22,8 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 pytest.importorskip("triton.experimental.gluon")
 
-from tqlab.turboquant import TurboQuantSpec, decode_attention, get_spec, kv_cache_shape, store_kv  # noqa: E402
-from tqlab.turboquant.ops import heads_view  # noqa: E402
+from tqlab.turboquant import TurboQuantSpec, decode_attention, get_spec, kv_cache_shape, store_kv
+from tqlab.turboquant.ops import heads_view
 
 DEV = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
@@ -128,3 +129,58 @@ def test_gpu_gluon_vllm_decode_matches_reference(hq, hk, bs, splits, name):
     assert torch.isinf(l1[0]).all() and torch.allclose(l0[1:], l1[1:], atol=1e-2, rtol=2e-3)
     if name != "k4v4":
         assert decode_kernel_name(q, cache, spec) == "gluon_vllm"
+
+
+_SASS_SNIPPET = """
+import sys, json
+sys.path.insert(0, "benchmarks")
+import torch  # noqa
+import _sass_sm90 as ss
+from tqlab.turboquant import _gluon_vllm_decode as gv, _gluon_decode as gd, get_spec, ptx_tables as pt
+spec, d, bs = get_spec(sys.argv[1]), 128, 16
+fa = spec.field_addresses(d, bs)
+sig = {"q_ptr": "*fp16", "c16": "*u16", "c32": "*i32", "bt_ptr": "*i32", "sl_ptr": "*i32", "mid_ptr": "*fp32",
+       "qk_scale": "fp32", "inv_sqrt_d": "fp32", "num_blocks": "i32", "num_splits": "i32"}
+sig.update({n: "i32" for n in ("stride_qb", "stride_qh", "sb16", "sh16", "st16", "stride_btb", "stride_mb",
+                               "stride_mh", "stride_ms")})
+meta = dict(GROUP=4, BLOCK_SIZE=bs, D=d, TW=32, NC=spec.norm_correction_on_read, KBITS=spec.key_bits,
+            VBITS=spec.value_bits, KO=fa["key_idx"][0] // 2, NO=fa["key_norm"][0] // 2, VO=fa["val_idx"][0] // 2,
+            SO=fa["val_scale"][0] // 2, ZO=fa["val_zero"][0] // 2,
+            KASM=pt.key4_pair_ptx(spec, d) if spec.key_bits == 4 else pt.key3_nibble_pair_ptx(spec, d),
+            VASM=pt.VALUE4_PAIR_ASM.value, VSHIFT=pt.VALUE4_PAIR_SHIFT,
+            **{k: v for k, v in gd.layouts(2).items() if k != "TW"})
+k = ss.compile_sm90(gv._decode_vllm_kernel, sig, meta, num_warps=2, gluon=True,
+                    divisible=["q_ptr", "c16", "c32", "bt_ptr", "sl_ptr", "mid_ptr", "stride_qb", "stride_qh",
+                               "stride_btb", "stride_mb", "stride_mh"])
+r = ss.report(k, sys.argv[2], sys.argv[1])
+print("RESULT " + json.dumps({"usage": r["usage"], "loop": dict(r["loop_opcodes"])}))
+"""
+
+
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"])
+def test_gluon_vllm_kernel_compiles_for_sm90_without_spills(name, tmp_path):
+    """No GPU needed: the kernel compiles for sm_90 (2 warps, the launch's constexprs, ``benchmarks/_sass_sm90.py``)
+    with the local Triton and ptxas: no stack, no local memory, no shared-memory traffic in the loop, and exactly
+    48 HMMA per warp and step (16 scores, 16 ``P V``, 16 for the norm correction's ``||c_hat||^2``)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import _sass_sm90 as ss
+    finally:
+        sys.path.pop(0)
+    if not (ss._BIN / "nvdisasm").exists():
+        pytest.skip(f"no nvdisasm in this Triton ({ss._BIN})")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    res = subprocess.run([sys.executable, "-c", _SASS_SNIPPET, name, str(tmp_path)], capture_output=True, text=True,
+                         env=env, timeout=300, cwd=root)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rep = json.loads(next(ln for ln in res.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    assert rep["usage"].get("STACK", 0) == 0 and rep["usage"].get("LOCAL", 0) == 0, rep["usage"]
+    loop = rep["loop"]
+    assert loop.get("HMMA", 0) == 48 and not any(loop.get(op, 0) for op in ("STS", "LDS", "LDSM", "LDL", "STL")), loop

@@ -1,26 +1,30 @@
-"""Gluon decode that reads vLLM 0.33's own cache tensor for the 4-bit rotated presets (``turboquant_4bit_nc``,
-and ``k4v4`` without norm correction): issue 34, "a decode for that tensor".
+"""Gluon decode that reads vLLM 0.33's own cache tensor for the 3- and 4-bit rotated presets (``turboquant_3bit_nc``,
+``turboquant_k3v4_nc``, ``turboquant_4bit_nc``; also ``k4v4`` without norm correction): issue 34, "a decode for
+that tensor".
 
 vLLM's tensor is ``(num_blocks, block_size, Hk, slot_size_aligned)`` uint8 (``TurboQuantAttentionImpl.forward`` in
 ``vllm/v1/attention/backends/turboquant_attn.py``; the kernels get it as ``stride_cache_block/pos/head``,
-``triton_turboquant_decode.py``).  Inside a slot the fields follow vLLM's store (``_tq_fused_store_mse``): key
-codes (LSB-first 4-bit stream), fp16 key norm, value codes (4-bit stream), fp16 value scale and zero.  A 4-bit code
-field is exactly what ``ptx_tables.key4_pair_ptx`` / ``value4_pair_ptx`` read (code ``j`` of a 32-bit word at
-bits ``4j``), so this kernel is :mod:`._gluon_decode`'s ``_decode_planes_kernel`` (same layouts, MMAs, online
-softmax, ``_finish``) with two differences:
+``triton_turboquant_decode.py``).  Inside a slot the fields follow vLLM's store (``_tq_fused_store_mse`` in
+``triton_turboquant_store.py``): key codes (LSB-first 3- or 4-bit stream, code ``j`` at bit ``bits * j``), fp16
+key norm, value codes (same stream), fp16 value scale and zero.  This kernel is :mod:`._gluon_decode`'s
+``_decode_planes_kernel`` (same layouts, MMAs, online softmax, ``_finish``) with three differences:
 
 * **Addresses**: token ``o`` of block ``blk``, head ``hk`` starts at 16-bit word ``blk * sb + o * st + hk * sh``
-  (the strides of ``ops.heads_view``).  ``slot_size_aligned`` is only even (134 bytes for 4bit_nc at D 128), so a
+  (the strides of ``ops.heads_view``).  ``slot_size_aligned`` is only even (102 / 118 / 134 bytes at D 128), so a
   field's 32-bit words are 2 bytes off alignment on every other head: each run of ``n`` words is loaded as
   ``n + 1`` aligned words and put together by a funnel shift (``shf.r.clamp.b32``); the extra word stays inside
   the slot (a code field is followed by the norm / scale fields).
+* **Codes**: 4-bit words are what ``ptx_tables.key4_pair_ptx`` / ``value4_pair_ptx`` read; a 3-bit chunk of 32
+  codes (12 bytes) is cut into 24-bit groups and spread to 4-bit pitch (:func:`_spread`), then read by
+  ``ptx_tables.key3_nibble_pair_ptx`` (keys: a 3-bit code is a ``prmt`` selector of the 8-entry table) and
+  ``value4_pair_ptx`` (values).
 * **Norm correction on read** (``TurboQuantSpec.norm_correction_on_read``, as vLLM's ``_tq_decode_stage1``
   ``NORM_CORRECTION`` branch): ``||c_hat||^2`` of every token by one more MMA of the fp16 squared centroids
   against ones, in the score tile's own layout (as ``_triton_fast``'s ``NORM_MMA``).
 
 GPU only (Gluon does not run under the interpreter); ``tests/test_turboquant_gluon_vllm.py`` compares it with the
-torch reference on vLLM's tensor.  Routing (``routing.decode_kernels``) serves it only where it was measured faster
-than ``_triton_fast`` (``benchmarks/NOTES_turboquant.md``, issue 34).
+torch reference on vLLM's tensor.  ``routing.decode_kernels`` serves it (measured 2.4-3.4x faster than
+``_triton_fast`` on the H200: ``benchmarks/NOTES_turboquant.md``, issue 34 round 2).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ NQ = gd.NQ
 
 
 def use_gluon_vllm(spec: TurboQuantSpec, cache: torch.Tensor, head_dim: int, group: int) -> bool:
-    """This kernel serves 4-bit MSE keys and 4-bit values (``turboquant_4bit_nc``) on vLLM's tensor (``cache`` is
+    """This kernel serves 3- or 4-bit MSE keys and 3- or 4-bit values (3bit_nc, k3v4_nc, 4bit_nc) on vLLM's tensor (``cache`` is
     ``ops.heads_view`` of it: ``(num_blocks, Hk, block_size, slot)``, strides ``(bs*Hk*slot, slot, Hk*slot, 1)``)
     of an sm_80+ CUDA GPU with ``head_dim`` 128, a GQA group of at most 8, ``block_size % 16 == 0`` and a 4-byte
     aligned cache."""
@@ -139,7 +143,7 @@ def _value_words(c32, idx16, ok, VBITS: gl.constexpr):
 
 
 @gluon.jit
-def _decode_vllm4_kernel(
+def _decode_vllm_kernel(
     q_ptr, c16, c32, bt_ptr, sl_ptr, mid_ptr,
     qk_scale, inv_sqrt_d, num_blocks, num_splits,
     stride_qb, stride_qh, sb16, sh16, st16, stride_btb, stride_mb, stride_mh, stride_ms,
@@ -214,7 +218,7 @@ def _decode_vllm4_kernel(
 def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec, scale, mid_out, output, lse,
                      stats: dict | None = None, num_warps: int | None = None):
     """Split-KV decode of vLLM's tensor (``cache`` = ``ops.heads_view`` of it, uint8 ``(num_blocks, Hk,
-    block_size, slot)``) by :func:`_decode_vllm4_kernel`, then the portable reduction (``_triton_kernels.reduce``);
+    block_size, slot)``) by :func:`_decode_vllm_kernel`, then the portable reduction (``_triton_kernels.reduce``);
     the inputs and outputs of ``_gluon_decode.decode_attention``: query ``(B, Hq, D)`` fp16/bf16, block_tables
     int32 ``(B, max_blocks)``, seq_lens ``(B,)``, mid_out fp32 ``(B, Hq, S, D + 1)`` (bounds of
     ``ops.split_bounds``), output ``(B, Hq, D)`` and lse fp32 ``(B, Hq)`` written in place.
@@ -231,16 +235,19 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     nw = num_warps or gd.launch_warps(bsz * hk * mid_out.shape[2],
                                       torch.cuda.get_device_properties(cache.device).multi_processor_count)
     fa = spec.field_addresses(d, bs)
-    base = cache.as_strided((cache.numel() if cache.is_contiguous() else nb * cache.stride(0),), (1,), 0)
-    kern = _decode_vllm4_kernel[(bsz, hk, mid_out.shape[2])](
+    # the tensor's bytes as one flat run from its first byte (vLLM's tensor is contiguous: nb * block bytes)
+    base = cache.as_strided((nb * cache.stride(0),), (1,), cache.storage_offset())
+    kern = _decode_vllm_kernel[(bsz, hk, mid_out.shape[2])](
         query, base.view(torch.uint16), base.view(torch.int32), block_tables, seq_lens, mid_out,
         scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
         query.stride(0), query.stride(1), cache.stride(0) // 2, cache.stride(1) // 2, cache.stride(2) // 2,
         block_tables.stride(0), mid_out.stride(0), mid_out.stride(1), mid_out.stride(2),
-        GROUP=hq // hk, BLOCK_SIZE=bs, D=d, NC=spec.norm_correction_on_read, KBITS=spec.key_bits, VBITS=spec.value_bits,
+        GROUP=hq // hk, BLOCK_SIZE=bs, D=d, NC=spec.norm_correction_on_read, KBITS=spec.key_bits,
+        VBITS=spec.value_bits,
         KO=fa["key_idx"][0] // 2, NO=fa["key_norm"][0] // 2, VO=fa["val_idx"][0] // 2,
         SO=fa["val_scale"][0] // 2, ZO=fa["val_zero"][0] // 2,
-        KASM=pt.key4_pair_ptx(spec, d) if spec.key_bits == 4 else pt.key3_nibble_pair_ptx(spec, d), VASM=pt.VALUE4_PAIR_ASM.value, VSHIFT=pt.VALUE4_PAIR_SHIFT,
+        KASM=pt.key4_pair_ptx(spec, d) if spec.key_bits == 4 else pt.key3_nibble_pair_ptx(spec, d),
+        VASM=pt.VALUE4_PAIR_ASM.value, VSHIFT=pt.VALUE4_PAIR_SHIFT,
         **gd.layouts(nw), num_warps=nw)
     tk._record(stats, kern)
     if stats is not None:
