@@ -428,7 +428,8 @@ def decode_attention(
 def decode_kernel_name(query, cache, spec, backend: str = "auto") -> str:
     """Which kernel :func:`decode_attention` runs for this query ``(B, Hq, D)``, cache and spec (no launch; the rule
     reads nothing else): ``"torch"`` (the reference), ``"portable"``
-    (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"block_soa"`` (``_triton_soa``) or ``"gluon"``
+    (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"gluon_vllm"`` (``_gluon_vllm_decode``), ``"block_soa"``
+    (``_triton_soa``) or ``"gluon"``
     (``_gluon_decode``); the rule: :mod:`tqlab.turboquant.routing`.  Benchmarks record it next to their timings.
 
     Raises:
