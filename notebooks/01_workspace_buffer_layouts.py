@@ -31,6 +31,7 @@
 # | the lock, and an error that names the line that asked for too much | 4 |
 # | DBO: one buffer per ubatch slot, one slot per thread | 5 |
 # | lanes and persistent resources (vLLM 0.33): a slot per (ubatch, lane), kept tensors refused after the lock | 5b |
+# | the retained tail (vLLM 0.34's `get_retained`): scratch that outlives a request, and when it is lost | 5c |
 # | the debug log (`TQLAB_DEBUG_WORKSPACE=1`, vLLM's `VLLM_DEBUG_WORKSPACE`) | 6 |
 # | the whole lifecycle: init → warm-up → lock → serve → re-warm | 7 |
 #
@@ -61,7 +62,7 @@ import torch
 
 from tqlab.lab.environment import show_environment
 
-ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -819,6 +820,113 @@ assert late == ("Workspace is locked but (<class 'torch.Tensor'>, 'late_scratch'
 print("lane and persistent-resource checks passed")
 
 # %% [markdown]
+# ## 5c · The retained tail (vLLM 0.34)
+#
+# **Question.** Every `get_simultaneous` call carves its views from offset 0, so the next call
+# overwrites them (section 2). That is what scratch is for — but some scratch is expensive to fill and
+# would be the same for the next layer. vLLM 0.34's DeepSeek-V4.1 mega-attention
+# (`DeepseekV4MegaAttnAttention._forward_prefill_mega`, `vllm/models/deepseek_v41/nvidia/flash_mla_mega_attn.py`)
+# dequantizes and gathers one prefill chunk's compressed KV columns, and every attention layer of the same
+# forward pass that reads the same compressed cache needs exactly those columns. Gathering them once per
+# forward instead of once per layer needs a place in the workspace that the layers' own scratch leaves
+# alone, and a way to know whether it still holds the columns.
+#
+# vLLM 0.34 adds it to the manager (`WorkspaceManager.get_retained`, `vllm/v1/worker/workspace.py`; vLLM 0.33
+# has no such method): `get_retained(key, shape, dtype) -> (view, intact)`.
+#
+# * The view sits at the **tail** of the slot's buffer: it spans `nbytes = prod(shape) × itemsize` bytes from
+#   `start = round_down(size − nbytes, 256)`, after growing the buffer to at least `nbytes` (unlocked only,
+#   as any growth). Requests carved from offset 0 that stay below `start` never touch it.
+# * `intact` is True when the previous `get_retained` of this (ubatch, lane) slot had the same `key` and the
+#   same `start`, and the span has not been lost since; only the latest key is remembered.
+# * The span is **lost** when another key's `get_retained` takes it over, when a `get_simultaneous` call's
+#   256-rounded total reaches past `start`, and when the buffer is reallocated (growth).
+#
+# What the bytes mean is the caller's to track: DeepSeek's layer re-gathers when `intact` is False (or when
+# it is the layer that just wrote new rows), and reuses the columns otherwise. The manager below is built for
+# vLLM 0.34 (`WorkspaceManager(device, vllm_version="0.34")`; this notebook shows 0.33 everywhere else).
+#
+# **Predict, then run.** The slot holds 64 KiB from an earlier scratch request. A layer asks
+# `get_retained("kv", (1024,), float32)` (4 KiB) and fills it. Then, in order: a layer's 8 KiB scratch, the
+# same `get_retained` again; a 62 KiB scratch, `get_retained` again; another key `"idx"` of the same size,
+# then `"kv"` again; `"kv"` for 4,000 bytes (`(1000,)` float32) right after a 4 KiB `"kv"`; a 128 KiB
+# scratch, then `"kv"`. At which byte does the span start, and which of the `get_retained` calls return
+# `intact = True`? Do the filled values survive exactly when `intact` says so? And what does a vLLM 0.33
+# manager say to `get_retained`?
+
+# %%
+KIB = 1024
+tail = WorkspaceManager(device, vllm_version="0.34")
+tail.get_simultaneous(((64 * KIB,), torch.uint8))  # earlier scratch: the slot holds 64 KiB
+FILL = 7.0
+steps = [  # (what runs, ("scratch", nbytes) or ("retained", key, number of float32 elements))
+    ("a layer's 8 KiB scratch", ("scratch", 8 * KIB)),
+    ("get_retained('kv', 4 KiB) again", ("retained", "kv", 1024)),
+    ("a 62 KiB scratch reaches into the tail", ("scratch", 62 * KIB)),
+    ("get_retained('kv', 4 KiB) again", ("retained", "kv", 1024)),
+    ("another key takes the span", ("retained", "idx", 1024)),
+    ("get_retained('kv', 4 KiB) again", ("retained", "kv", 1024)),
+    ("get_retained('kv', 4 KiB) again", ("retained", "kv", 1024)),
+    ("get_retained('kv', 4,000 bytes)", ("retained", "kv", 1000)),
+    ("a 128 KiB scratch: the buffer is reallocated", ("scratch", 128 * KIB)),
+    ("get_retained('kv', 4 KiB) again", ("retained", "kv", 1024)),
+]
+view, intact = tail.get_retained("kv", (1024,), torch.float32)
+view.fill_(FILL)  # the layer gathers its columns into the span
+tail_rows = [("get_retained('kv', 4 KiB), then filled", tail.size_bytes(), tail.retained_span()[1], intact, "—")]
+for what, call in steps:
+    if call[0] == "scratch":
+        for v in tail.get_simultaneous(((call[1],), torch.uint8)):
+            v.zero_()  # the layer writes its scratch
+        tail_rows.append((what, tail.size_bytes(), "—", "—", "span kept" if tail.retained_span() else "span lost"))
+        continue
+    view, intact = tail.get_retained(call[1], (call[2],), torch.float32)
+    survived = device == "meta" or bool((view == FILL).all())  # meta tensors hold no values
+    tail_rows.append((what, tail.size_bytes(), tail.retained_span()[1], intact,
+                      "still filled" if survived else "overwritten"))
+    if intact and not survived:
+        raise AssertionError(f"{what}: intact but the values are gone")
+    view.fill_(FILL)  # a layer that finds it not intact gathers again
+show_md(markdown_table(("call", "buffer (bytes)", "span starts at byte", "intact", "the tail's values"),
+                       [(r[0], f"{r[1]:,}", r[2] if r[2] == "—" else f"{r[2]:,}", *r[3:]) for r in tail_rows]))
+old = WorkspaceManager(device, vllm_version="0.33")
+print(f"vLLM 0.33's manager has get_retained: {hasattr(old, 'get_retained')}")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The span starts at 64 KiB − 4 KiB = 61,440: the last 4 KiB of the buffer. The first call is never intact
+# (nothing was retained). The 8 KiB scratch ends far below 61,440, so the next `"kv"` call is intact and the
+# values are still there. The 62 KiB scratch reaches past 61,440: the span is lost and the next call says
+# `intact = False`. `"idx"` takes the span over, so `"kv"` afterwards is not intact either, although nobody
+# wrote to it; the `"kv"` call after that is. The 4,000-byte `"kv"` call starts at
+# round_down(65,536 − 4,000, 256) = 61,440, the same start as the 4 KiB span, and vLLM's code compares
+# `(key, start)`, not the size: it counts as **intact** (its docstring says "the same key and size"; tqlab
+# follows the code). The 128 KiB scratch reallocates the buffer: the span is lost, and the next `"kv"` starts
+# at the end of the new buffer, not intact. Each time `intact` is True the values survived. vLLM 0.33's manager
+# has no `get_retained` at all.
+#
+# </details>
+
+# %%
+intacts = [r[3] for r in tail_rows if r[3] != "—"]
+assert intacts == [False, True, False, False, False, True, True, False]
+assert tail_rows[0][2] == 64 * KIB - 4 * KIB and tail_rows[-1][2] == 128 * KIB - 4 * KIB
+assert [r[4] for r in tail_rows if r[2] == "—"] == ["span kept", "span lost", "span lost"]
+assert not hasattr(old, "get_retained")
+try:
+    old.get_retained("kv", (4,), torch.float32)
+except AttributeError as exc:
+    print(f"vLLM 0.33 mode: {exc}")
+tail.lock()
+try:  # locked: a retained view larger than the buffer is refused like any growth, naming the caller
+    tail.get_retained("big", (256 * KIB,), torch.uint8)
+except WorkspaceLockedError as exc:
+    show_error(exc)
+assert tail.retained_span() == ("kv", 128 * KIB - 4 * KIB)  # the refusal left the span as it was
+print("retained-tail checks passed")
+
+# %% [markdown]
 # ## 6 · The debug log
 #
 # vLLM prints every resize, lock and unlock when `VLLM_DEBUG_WORKSPACE=1`. `tqlab` does
@@ -962,7 +1070,7 @@ print("lifecycle checks passed; the manager is reset")
 # %% [markdown]
 # ## Exercises
 #
-# Four small functions that restate this notebook's rules; the answer to each is the package's own code.
+# Five small functions that restate this notebook's rules; the answer to each is the package's own code.
 # Each exercise is a function to fill in: replace `raise NotImplementedError` with your code and run
 # the cell. `check` runs your function beside a reference on several cases and says which differ
 # (until then it says "not attempted yet"). Everything runs on a CPU. The solutions are folded under
@@ -1079,6 +1187,54 @@ check("dbo_slot_sizes", dbo_slot_sizes, solutions.dbo_slot_sizes, [([(0, 4096), 
 #     for slot, nbytes in requests:
 #         sizes[slot] = max(sizes[slot], round_up(nbytes, ALIGNMENT))
 #     return sizes
+# ```
+#
+# </details>
+
+# %% [markdown]
+# ### Exercise 5 · Is the retained tail intact?
+#
+# One slot of vLLM 0.34's manager first grows to `initial_bytes`. Then `calls` run in order: `("scratch",
+# nbytes)` is a `get_simultaneous` of one uint8 view, `("retained", key, nbytes)` a `get_retained(key,
+# (nbytes,), torch.uint8)`. Return the list of `intact` flags of the `get_retained` calls (section 5c's
+# rules: the span's start, what reaches into it, what reallocates the buffer, which key it remembers).
+
+# %%
+def retained_flags(calls, initial_bytes):
+    """[intact of the first get_retained, intact of the second, ...]."""
+    raise NotImplementedError
+
+
+check("retained_flags", retained_flags, solutions.retained_flags, [
+    ([("retained", "kv", 4096), ("scratch", 8192), ("retained", "kv", 4096)], 65536),
+    ([("retained", "kv", 4096), ("scratch", 63 * 1024), ("retained", "kv", 4096)], 65536),
+    ([("retained", "a", 100), ("retained", "b", 100), ("retained", "a", 100), ("retained", "a", 100)], 1000),
+    ([("retained", "kv", 1000), ("retained", "kv", 900), ("retained", "kv", 600)], 4096),
+    ([("retained", "kv", 512), ("scratch", 5000), ("retained", "kv", 512)], 4096),
+    ([("retained", "kv", 8192), ("retained", "kv", 8192)], 4096),
+])
+
+# %% [markdown]
+# <details><summary>Solution</summary>
+#
+# ```python
+# def retained_flags(calls, initial_bytes):
+#     size, kept, flags = round_up(initial_bytes, ALIGNMENT), None, []
+#     for call in calls:
+#         if call[0] == "scratch":
+#             need = round_up(call[1], ALIGNMENT)
+#             if need > size:  # growth reallocates: the span is lost
+#                 size, kept = need, None
+#             elif kept is not None and need > kept[1]:  # reaches into the span
+#                 kept = None
+#         else:
+#             _, key, nbytes = call
+#             if nbytes > size:  # get_retained grows to exactly nbytes
+#                 size, kept = nbytes, None
+#             start = (size - nbytes) // ALIGNMENT * ALIGNMENT
+#             flags.append(kept == (key, start))
+#             kept = (key, start)
+#     return flags
 # ```
 #
 # </details>

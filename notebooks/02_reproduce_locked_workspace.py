@@ -82,7 +82,7 @@ import torch
 
 from tqlab.lab.environment import show_environment
 
-ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -98,7 +98,7 @@ import matplotlib.pyplot as plt
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.core.config import EngineConfig, list_presets, load_preset
+from tqlab.core.config import EngineConfig, load_preset
 from tqlab.engine import EngineDeadError, LLMEngine
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request, decode_workspace_shapes
 from tqlab.predict import analysis
@@ -153,9 +153,7 @@ show_md(markdown_table(("engine argument", "value"), [(f"`{f}`", getattr(cfg, f)
 # How many query heads and KV heads does one rank's attention layer see?
 #
 # vLLM's rule: query heads are split evenly; KV heads are split too, but when there are
-# fewer KV heads than ranks, each rank keeps one replicated KV head. So query heads and KV heads
-# per rank do **not** scale together: here the query heads shrink eightfold, the KV heads only
-# twofold.
+# fewer KV heads than ranks, each rank keeps one replicated KV head.
 #
 # **Predict, then run.** How many query heads and how many KV heads does one rank see?
 
@@ -188,7 +186,8 @@ print("per-rank shapes check out")
 # <details><summary>Answer</summary>
 #
 # Query heads per rank = query heads / TP. KV heads: fewer than
-# ranks here, so one per rank.
+# ranks here, so one per rank. So query heads and KV heads per rank do **not** scale together: the query
+# heads shrink by the full TP factor, the KV heads only down to one.
 #
 # </details>
 
@@ -313,8 +312,9 @@ show_md(
 # slow part on a CPU); the second chunk asks the locked workspace for its dequant buffers.
 # The cell catches the assertion and shows it — the crash is the expected result here.
 #
-# **Predict, then run.** Which bytes and which locked size will the error carry, which function will
-# it name as the caller, and will it print the bug report's numbers?
+# **Predict, then run.** The table above is tqlab's closed-form prediction; the engine below runs the real
+# calls. Will its error carry exactly the predicted bytes and locked size, which function (of which file)
+# will it name as the caller, and will it print the bug report's numbers word for word?
 
 # %%
 t = time.perf_counter()
@@ -578,7 +578,8 @@ else:
 # plain default of 16 as a teaching value: vLLM 0.33 would raise it for this model, and
 # `tqlab inspect-vllm --config config.json` derives the size it would pick. Another public
 # report on a hybrid model (vLLM issue #43357) ran with **2,080-token** blocks.
-# **Predict, then run:** with 2,080-token blocks, does the report's deployment crash at a
+#
+# **Predict, then run.** With 2,080-token blocks, does the report's deployment crash at a
 # different prompt length without the fix, and does the fix reserve more or less than 64 MiB?
 
 # %%
@@ -612,13 +613,21 @@ except WorkspaceLockedError as exc:
     assert exc.required_bytes == big["crash_need"]
 else:
     raise AssertionError("the first failing prompt with 2,080-token blocks was served")
-show_md(f"With 2,080-token blocks the crash comes **earlier**, at {big['first_failing']:,} tokens instead of "
-        f"{small['first_failing']:,}: a prompt longer than one step's {m:,} tokens gets a first chunk cut back to "
-        f"{big['chunks'][0][1]:,} tokens (one block), so its second chunk dequantizes {big['chunks'][1][0]:,} cached "
-        f"tokens: {format_mb(big['crash_need'])} MiB instead of {format_mb(small['crash_need'])} MiB, still more than "
-        f"the {format_mb(big['locked'])} MiB locked (the decode scratch, which the block size does not touch). "
-        f"The fix reserves {format_mb(big['with_fix'])} MiB instead of {format_mb(small['with_fix'])} MiB, because "
-        f"every continuation buffer is rounded up to a whole block.")
+print(f"2,080-token blocks: first failing prompt {big['first_failing']:,} (16-token blocks: {small['first_failing']:,}); "
+      f"the fix reserves {format_mb(big['with_fix'])} MiB (16-token blocks: {format_mb(small['with_fix'])} MiB)")
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The crash comes **earlier** with 2,080-token blocks, and the fix reserves **more**. A prompt longer than one
+# step's `max_num_batched_tokens` gets a first chunk cut back to a whole number of blocks (one 2,080-token
+# block: the scheduler ends every chunk but the last on a block boundary), so its second chunk already
+# dequantizes the cached first chunk and needs more than the locked decode scratch, which the block size does
+# not touch. With 16-token blocks the first chunk is a full step, and the crash needs more than
+# `CONTINUATION_DECODE_THRESHOLD` new tokens after it. The fix reserves more because every continuation
+# buffer is rounded up to a whole block. The table and the line above give the sizes.
+#
+# </details>
 
 # %% [markdown]
 # ## 6 · What else the bug report says, checked
@@ -651,9 +660,9 @@ import warnings
 from tqlab.core.provenance import load_recorded
 from tqlab.strategies.fixes import make_strategy_engine
 
-src = load_recorded("seed_sources")
+src = load_recorded("report_sources")
 br = src["bug_report"]
-show_md(f"*From `data/seed_sources.json`: {src.provenance['command'][:120]}…*")
+show_md(f"*From `data/report_sources.json`: {src.provenance['command'][:120]}…*")
 prompt_text = br["prompt"]["unit"] * br["prompt"]["repeat"] + br["prompt"]["suffix"]
 # Tokenizer-free count: every word and every punctuation mark is at least one token for a BPE
 # vocabulary in which these common English words are whole tokens; the chat template adds a few more.
@@ -727,6 +736,7 @@ from tqlab.core.hardware import GPUS
 from tqlab.vllm.deployment import deployment_from_vllm
 from tqlab.vllm.hf_config import read_hf_config
 from tqlab.vllm.hybrid import hybrid_attention_block_size
+from tqlab.lab.presets import turboquant_presets
 
 REPORT_FLAGS = {"gpu_memory_utilization": 0.92, "mamba_ssm_cache_dtype": "float16"}  # quoted from the command line
 REPORT_COMMENTS = {"cached buffers": ("~16MB at 8K", 8 * 1024, 16), "shared buffer": ("saves 60× memory", None, 60)}
@@ -765,10 +775,9 @@ assert ssm_rows[1][2] == format_mb(crash.current_bytes) + " MiB"  # the lock doe
 
 # (3) the two comments: the dequant buffers at 8K cached tokens, per preset rank, and the layers sharing them
 cmt_rows = []
-for name in list_presets():
+TQ_STARTED, TQ_REFUSED = turboquant_presets()  # TurboQuant-only presets vLLM starts, and those it refuses
+for name in TQ_STARTED:
     c = EngineConfig.from_preset(name)
-    if not c.is_turboquant:
-        continue
     at_8k = analysis.continuation_bytes(c, REPORT_COMMENTS["cached buffers"][1])
     cmt_rows.append((name, c.num_kv_heads_per_rank, c.head_dim, format_mb(at_8k) + " MiB"))
 show_md(markdown_table(("preset (one rank)", "KV heads", "head_dim", "K + V dequant buffers at 8K cached"), cmt_rows))
@@ -786,9 +795,9 @@ assert "qwen3-32b" in sixteen and dep.config.num_hidden_layers == REPORT_COMMENT
 # (4) the second model: BF16 weights, no AWQ. Whether a deployment crashes depends on its attention shapes
 # and batch limits only: the locked decode scratch (max_num_seqs rows) against the continuation buffers.
 crash_rows = []
-for name in list_presets():
+for name in TQ_STARTED:
     c = EngineConfig.from_preset(name)
-    if c.is_turboquant and c.moe is None:
+    if c.moe is None:
         lock_c = analysis.locked_bytes(c, fix=False)
         first_c = first_failing_prompt(c, lock_c)
         crash_rows.append((name, c.max_num_seqs, format_mb(lock_c) + " MiB",
@@ -807,7 +816,7 @@ assert PRESET in crashing and len(crashing) >= len(crash_rows) - 1
 # (vLLM raises it until one attention page holds a Mamba state page), and with it the fix's reservation and
 # the first failing prompt — but never the locked decode scratch. On this Nemotron-H-like config the
 # default float32 state gives blocks longer than a 4,096-token chunk, a case tqlab says it does not model;
-# the report's float16 halves the state and the block. (3) The "~16MB at 8K" comment is the size for 4 KV
+# the report's float16 halves the state and about halves the block. (3) The "~16MB at 8K" comment is the size for 4 KV
 # heads of 128 on a rank — Qwen3-32B at TP 2, for one — and "60×" is the number of layers one shared buffer
 # replaces: Qwen3-32B's 64 layers minus the 4 boundary layers vLLM 0.33 keeps off TurboQuant. For the
 # report's model the saving is its 8 attention layers, 8×. (4) No: the crash needs TurboQuant, chunked

@@ -56,7 +56,7 @@ import torch
 
 from tqlab.lab.environment import show_environment
 
-ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -74,8 +74,8 @@ from tqlab.lab import plots_startup
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
 from tqlab.lab.display import markdown_table, show_error, show_md
-from tqlab.core.config import EngineConfig, list_presets, load_preset
-from tqlab.core.consumers.registry import turboquant_only
+from tqlab.core.config import EngineConfig, load_preset
+from tqlab.lab.presets import refusal_summary, turboquant_presets
 from tqlab.engine import LLMEngine
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
@@ -448,7 +448,9 @@ print("max_model_len prompt: served with the fix, refused without it")
 
 # %%
 cost = []
-TQ_PRESETS = [n for n in list_presets() if turboquant_only(EngineConfig.from_preset(n))]  # notebook 10: the others
+TQ_PRESETS, TQ_REFUSED = turboquant_presets()  # TurboQuant-only presets vLLM starts (notebook 10: the others)
+for name, why in TQ_REFUSED.items():  # a preset vLLM's start-up validation refuses reserves nothing: it never starts
+    print(f"{name}: not started by vLLM 0.33, so no reservation: {refusal_summary(why)}")
 for name in TQ_PRESETS:
     c = EngineConfig.from_preset(name)
     res = plan_bytes(reservation_plan(c)) * c.num_ubatches
@@ -506,9 +508,8 @@ print(f"largest reservation: {biggest['name']} ({format_mb(biggest['res'])} MiB 
 # dequantize the cache. vLLM 0.33 sends it through the decode kernel, one query row per new
 # token, and that kernel allocates its own scratch: the chunk asks the workspace for
 # nothing, so the reservation does not need to cover it. tqlab's backend does the same
-# with private `torch.empty` buffers. One visible consequence *without* the fix: a prompt
-# one chunk plus `CONTINUATION_DECODE_THRESHOLD` tokens long survives, because its second
-# chunk is short; one token more and the second chunk dequantizes and crashes.
+# with private `torch.empty` buffers. That has a visible consequence *without* the fix, for the
+# length of the shortest prompt that crashes.
 #
 # **Predict, then run.** Where does `first_failing_prompt` put the first failure of the unfixed
 # engine, in chunks and threshold? What happens to the prompt one token shorter — and which call
@@ -599,10 +600,12 @@ print("\n".join(f"predict: {n}" for n in pred.notes))
 # %% [markdown]
 # #### A prefix-cache hit after the lock
 #
-# **Predict, then run.** With chunked prefill off the plan is the decode call alone, so
-# the fixed workspace is the decode scratch. A prefix-cache hit covers whole blocks: a
-# request at the predicted bound whose cached part is whole blocks is served; one more
-# cached block, and the same number of new tokens, is refused *with the fix*.
+# With chunked prefill off the plan is the decode call alone, so the fixed workspace is the decode
+# scratch. A prefix-cache hit covers whole blocks.
+#
+# **Predict, then run.** A request within the predicted bound whose cached part (whole blocks, from a
+# prefix-cache hit) is followed by `CONTINUATION_DECODE_THRESHOLD + 1` new tokens: is it served by the
+# *fixed* engine? And with one more cached block and the same new tokens?
 #
 # tqlab's scheduler has no prefix cache, so the cell hands the fixed engine's attention
 # backend the chunk a hit produces (`cached_len` cached tokens, then the new ones), after
@@ -647,6 +650,17 @@ show_md(markdown_table(
          "**refused**"),
     ],
 ))
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# The request whose cached part ends on the last whole block within the predicted bound is served: its
+# dequant buffers fit the decode scratch the fixed workspace locked. One more cached block, with the same new
+# tokens, asks for more than that and is refused **with the fix**, naming `_continuation_prefill`: with chunked
+# prefill off the PR reserves no continuation buffers, and a prefix-cache hit still produces a continuation
+# chunk.
+#
+# </details>
 
 # %% [markdown]
 # The report's own second chunk, produced by a prefix-cache hit instead of by chunking,
@@ -763,8 +777,9 @@ show_md(markdown_table(
 # *lock-on-eager* (`lock_workspace_when_eager=True`, a proposed upstream change, off by
 # default): what would change if eager start-ups locked too.
 #
-# **Predict, then run**: `tqlab.predict.analysis.predict` gives each row's lock and verdict, then the
-# engine runs the report's prompt (on `meta`: same code, shapes only) and must agree.
+# **Predict, then run.** For each of the four start-ups: does the workspace lock, and at what size, and is
+# the report's prompt served? The cell asks `tqlab.predict.analysis.predict` for each row's lock and verdict,
+# then the engine runs the report's prompt (on `meta`: same code, shapes only) and must agree.
 
 # %%
 regimes = {
@@ -795,6 +810,18 @@ show_md(markdown_table(
     ("start-up", "locked (bytes)", "predicted", "shortest failing prompt", f"the engine, {PROMPT_TOKENS:,}-token prompt + 1 decode"),
     regime_rows,
 ))
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# Eager never locks, so the report's prompt is served however large its chunks are (at the price of no CUDA
+# graph replay). CUDA graphs without the fix lock at the decode scratch and the prompt's second chunk is
+# refused, from the shortest failing prompt in the table up. With PR #44053 the lock holds the reservation and
+# the prompt is served. The lock-on-eager variant locks an eager server at whatever warm-up left, and refuses
+# the prompt like the unfixed CUDA-graph server. The predictor and the engine agree on every row (the cell
+# asserts it).
+#
+# </details>
 
 # %% [markdown]
 # ## 8 · Speculative decoding: what the reservation covers
@@ -881,9 +908,9 @@ show_md(markdown_table(("k", "PR #44053", "capture sizes (tokens)", "decode rows
 # %%
 from tqlab.core.provenance import load_recorded
 
-sources = load_recorded("seed_sources")
+sources = load_recorded("report_sources")
 pr = sources["fix_pr"]
-show_md(markdown_table(("", "from the PR's record (data/seed_sources.json)"), [
+show_md(markdown_table(("", "from the PR's record (data/report_sources.json)"), [
     ("PR", f"#{pr['pr']}: {pr['title']}"),
     ("merged", pr["merged"]),
     ("supersedes / fixes", f"PR #{pr['supersedes']} / issue #{pr['fixes']}"),
@@ -909,6 +936,16 @@ show_md(
     f"fix alike** — the fix adds no work to a decode step, which is what an unchanged TPOT needs (tqlab measures "
     f"no GPU time here)."
 )
+
+# %% [markdown]
+# <details><summary>Answer</summary>
+#
+# No. With and without the fix a served request takes the same kernel paths and makes no workspace call that
+# grows anything after the lock: the fix only moves the growth to start-up. That is what an unchanged TPOT
+# needs; the few per cent the PR's benchmark shows in throughput and TTFT come from one before/after pair
+# without a spread (notebook 06 §9), and tqlab measures no GPU time here.
+#
+# </details>
 
 # %% [markdown]
 # ## Summary

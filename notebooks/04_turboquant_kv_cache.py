@@ -48,7 +48,7 @@ import torch
 
 from tqlab.lab.environment import show_environment
 
-ENV = show_environment()  # torch, CUDA or not, vLLM's parity environment or not
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device

@@ -50,6 +50,11 @@
 # `USE_RECORDED` (`auto`: recorded GPU figures when not on CUDA; `always`; `never`); both can also come from
 # environment variables.
 
+# %%
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
+
 # %% tags=["parameters"]
 import os
 
@@ -76,7 +81,7 @@ from tqlab.lab import graph_latency as latency
 from tqlab.lab import memory_budget as mb
 from tqlab.lab import piecewise as pw
 from tqlab.lab import plots_graphs as gplots
-from tqlab.lab.display import fmt_bytes, markdown_table, show_md
+from tqlab.lab.display import fmt_bytes, markdown_table, recording_label, show_md
 from tqlab.lab.recorded import banner_text, has_recorded, jsonable, load_recorded, make_provenance, show_banner
 from tqlab.predict.analysis import decode_capture_rows, decode_rows_at_lock
 
@@ -407,6 +412,9 @@ if ON_CUDA:
 else:
     LIVE.recorded("latency")
     LAT = None
+if REC_LAT:  # the recording's keys ("seed": the bug report's rank) as a reader names them
+    REC_LAT = dict(REC_LAT, results={recording_label(k): v for k, v in REC_LAT["results"].items()},
+                   summary={recording_label(k): v for k, v in (REC_LAT.get("summary") or {}).items()})
 if REC_LAT and (SHOW_RECORDED or not ON_CUDA):
     show_banner(REC_LAT["provenance"])
     gplots.plot_latency(REC_LAT["results"], title=banner_text(REC_LAT["provenance"]).split("\n")[0])
@@ -511,9 +519,11 @@ assert bigger_error is not None and "Workspace is locked" in bigger_error
 # **`lock_workspace()`**. Before all of it, engine start-up runs `determine_available_memory()` — the
 # **profile run**, a dummy forward that builds no TurboQuant metadata, so no attention workspace — and sizes
 # the KV cache as `gpu_memory_utilization × total − (weights + activation peak + non-torch)`
-# (`Worker.determine_available_memory`, `vllm/v1/worker/gpu_worker.py`); then `initialize_kv_cache` creates
-# the metadata builders (**PR #44053's `_reserve_workspace` runs here, after the profile run**) before it
-# allocates the KV cache tensors; then `capture_model`.
+# (`Worker.determine_available_memory`, `vllm/v1/worker/gpu_worker.py`). With CUDA graphs that method also
+# measures the graphs' memory (`GPUModelRunner.profile_cudagraph_memory`), on a minimal KV cache whose
+# metadata builders are built first: **PR #44053's `_reserve_workspace` first runs there, after the profile
+# run** (notebook 03 §3 draws the whole start-up). Then `initialize_kv_cache` builds the real KV cache and the
+# builders again (the same reservation, no growth); then `capture_model`.
 #
 # **Predict, then run.** Replayed on tqlab's manager with the demo's decode buckets, largest first: in which
 # bucket's warm-up does the workspace grow, and does it ever grow inside a capture?

@@ -47,20 +47,18 @@
 # "MB" for the same unit, and is quoted as it is.
 
 # %%
-import platform
 import time
 
 _T0 = time.perf_counter()
 
 import torch
 
-import tqlab
 from tqlab.vllm import vllm_available, vllm_version
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"vLLM importable: {vllm_available()} ({vllm_version() or 'not installed'})"
-)
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
+print(f"vLLM importable in this kernel: {vllm_available()} ({vllm_version() or 'not installed'})")
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -261,13 +259,13 @@ print(f"no manager: reserve_workspace returned {early}; with one: {len(made)} ca
 
 # %%
 if LIVE:
-    seed_rows = []
+    report_rows = []
     for fixed in (False, True):
         v = vt.run_vllm_seed_scenario(config, cached_len=CACHED_LEN, fixed=fixed)
         t = vt.run_seed_scenario(config, cached_len=CACHED_LEN, fixed=fixed)
-        seed_rows.append({"fixed": fixed, "vllm": v.to_dict(), "tqlab": t.to_dict()})
+        report_rows.append({"fixed": fixed, "vllm": v.to_dict(), "tqlab": t.to_dict()})
 else:
-    seed_rows = recorded["test_seed_scenario_table:rows"]
+    report_rows = recorded["test_seed_scenario_table:rows"]
 
 
 def _outcome(d):
@@ -279,9 +277,9 @@ def _outcome(d):
 show_md(markdown_table(
     ["PR #44053", "size at lock", "vLLM 0.33 (its own _continuation_prefill)", "tqlab"],
     [["with" if r["fixed"] else "without", f"{format_mb(r['vllm']['size_at_lock'][0])} MiB",
-      _outcome(r["vllm"]), _outcome(r["tqlab"])] for r in seed_rows],
+      _outcome(r["vllm"]), _outcome(r["tqlab"])] for r in report_rows],
 ))
-unfixed, fixed = (next(r for r in seed_rows if r["fixed"] is f) for f in (False, True))
+unfixed, fixed = (next(r for r in report_rows if r["fixed"] is f) for f in (False, True))
 for side in ("vllm", "tqlab"):
     assert unfixed[side]["cached_len"] == CACHED_LEN
     assert unfixed[side]["error"].endswith(TAIL), unfixed[side]["error"]
@@ -335,7 +333,7 @@ presets_shown = [r["preset"] for r in vt.compare_reservations()] if LIVE else so
     k.endswith(":calls"))
 reservations = {p: (plan_bytes(_vllm_calls(p)), plan_bytes(reservation_plan(EngineConfig.from_preset(p))))
                 for p in presets_shown}
-points = parity_points(reservations, seed_rows)
+points = parity_points(reservations, report_rows)
 fig = plot_parity_side_by_side(points, title=f"tqlab vs vLLM {vllm_version() if LIVE else recorded_prov['vllm'] + ' (recorded)'}"
                                f": {PRESET} scenario at cached_len {CACHED_LEN:,}, reservations per preset")
 plt.show()
@@ -363,7 +361,7 @@ print(f"{len(points)} rows, {len(apart)} apart; the continuation request is {rat
 # %%
 m_trace = vt.run_seed_scenario(config, cached_len=CACHED_LEN, fixed=False)  # always live: tqlab's manager
 traces = [(f"vLLM, {'with' if r['fixed'] else 'without'} the fix{'' if LIVE else ' (recorded)'}", r["vllm"]["trace"])
-          for r in seed_rows] + [("tqlab, without the fix (live)", m_trace.trace)]
+          for r in report_rows] + [("tqlab, without the fix (live)", m_trace.trace)]
 
 
 def _high(trace, name):

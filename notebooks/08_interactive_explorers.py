@@ -39,6 +39,11 @@
 # **Run time.** About 10 s headless on a 2-core CPU box. Three **predict, then run** cells check the
 # explorers' numbers with `assert`s.
 
+# %%
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
+
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
 

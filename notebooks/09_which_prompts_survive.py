@@ -40,19 +40,15 @@
 # Five **predict, then run** cells state a prediction, then check it with an `assert`.
 
 # %%
-import platform
 import time
 
 _T0, _CPU0 = time.perf_counter(), time.process_time()
 
-import torch
 
-import tqlab
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"CUDA available: {torch.cuda.is_available()}"
-)
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -66,8 +62,8 @@ import matplotlib.pyplot as plt
 
 from tqlab.predict import analysis
 from tqlab.predict.analysis import first_failing_prompt, prefill_chunks, safe_max_model_len
-from tqlab.core.config import EngineConfig, list_presets
-from tqlab.core.consumers.registry import turboquant_only
+from tqlab.core.config import EngineConfig
+from tqlab.lab.presets import refusal_summary, turboquant_presets
 from tqlab.engine import LLMEngine
 from tqlab.lab import plots_workspace as plots
 from tqlab.lab import recorded
@@ -78,9 +74,12 @@ from tqlab.core.workspace import WorkspaceLockedError, format_mb
 device = recorded.pick_device(DEVICE)
 PRESET = "nemotron-3-super-120b-a12b"  # the bug report's deployment, one tensor-parallel rank
 T = CONTINUATION_DECODE_THRESHOLD  # vLLM 0.33: a continuation chunk of at most T new tokens runs the decode kernel
-# The presets whose only workspace consumer is TurboQuant (MoE/MLA presets: notebook 10).
-configs = {n: c for n in list_presets() if turboquant_only(c := EngineConfig.from_preset(n))}
+# The presets whose only workspace consumer is TurboQuant and that vLLM starts (MoE/MLA presets: notebook 10).
+started, refused_presets = turboquant_presets()
+configs = {n: EngineConfig.from_preset(n) for n in started}
 print(f"engine device: {device!r}; presets: {', '.join(configs)}")
+for n, why in refused_presets.items():  # vLLM's start-up validation refuses it: no lock, no prompt to survive
+    print(f"left out, vLLM 0.33 does not start it: {n} ({refusal_summary(why)})")
 
 # %% [markdown]
 # ## 1 · What each preset locks
@@ -95,8 +94,8 @@ print(f"engine device: {device!r}; presets: {', '.join(configs)}")
 # `tqlab.predict.analysis.locked_bytes(config, fix=False)` predicts the locked size in closed form
 # from the capture sizes vLLM 0.33 picks (`VllmConfig._set_cudagraph_sizes`).
 #
-# **Predict, then run.** Starting each preset's engine without the fix locks the workspace at
-# exactly the predicted size. The workspace is one buffer shared by every layer and capture
+# **Predict, then run.** Does starting each preset's engine without the fix lock the workspace at
+# exactly the predicted size? The workspace is one buffer shared by every layer and capture
 # runs the largest batch first, so a one-layer engine that captures only a batch of
 # `max_num_seqs` requests locks at the same size, much faster, whenever the largest decode
 # capture holds exactly `max_num_seqs` rows (true of every preset here: the table's third
@@ -221,8 +220,7 @@ show_md(f"Survive every prompt without the fix: **{', '.join(sorted(survivors))}
 # the decode kernel, one query row per new token, with the kernel's own scratch, and asks the
 # workspace for nothing (`TurboQuantAttentionImpl.forward` in
 # `vllm/v1/attention/backends/turboquant_attn.py`; `make parity` checks it against vLLM's own
-# code, and tqlab's backend does the same). So a prompt one chunk plus the threshold long is
-# served; one token more and its second chunk dequantizes.
+# code, and tqlab's backend does the same).
 #
 # **Predict, then run.** On the bug report's preset, does the longest surviving prompt touch the
 # workspace after the lock? Which path does its last chunk take? What does one token more do?

@@ -35,6 +35,9 @@
 #    nothing before the lock;
 # 5. the four latent crashes reading vLLM 0.33's code suggests, each with vLLM's own evidence and verdict.
 #
+# Which consumers vLLM 0.34 adds, moves or drops, and what else changed there for the workspace, is
+# [notebook 12](12_vllm_0_34_what_changed.ipynb).
+#
 # **Hardware.** CPU (default); `DEVICE = "cuda"` or `"meta"` moves the live workspace cells. Every size is
 # computed by the consumer registry (`tqlab.core.consumers`, each module citing vLLM's file and function);
 # section 5 re-runs vLLM's own classes when the parity environment (`.venv-parity`, `bash parity/run.sh`)
@@ -45,19 +48,16 @@
 # The last cell prints the measured time.
 
 # %%
-import platform
 import time
 
 _T0, _CPU0 = time.perf_counter(), time.process_time()
 
 import torch
 
-import tqlab
 
-print(
-    f"tqlab {tqlab.__version__} · torch {torch.__version__} · Python {platform.python_version()} · "
-    f"CUDA available: {torch.cuda.is_available()}"
-)
+from tqlab.lab.environment import show_environment
+
+ENV = show_environment(vllm="0.33")  # the vLLM version this notebook shows; torch, CUDA, its parity environment
 
 # %% tags=["parameters"]
 from tqlab.lab.recorded import check_device
@@ -85,6 +85,7 @@ from tqlab.lab import consumer_cases, recorded
 from tqlab.lab import plots_consumers as pc
 from tqlab.lab.display import markdown_table, show_md
 from tqlab.predict import analysis
+from tqlab.vllm.validation import startup_refusal
 
 device = recorded.pick_device(DEVICE)
 HAS_POINTERS = device != "meta"  # meta tensors have no memory, so no addresses to compare
@@ -202,7 +203,10 @@ plt.show()
 # ## 3 · The five classic cases, with vLLM's real sizes
 #
 # Each of the five classic consumers is a registry module here, so each gets a real size. DCP needs
-# FlashAttention (an unquantized cache) and a DCP group: the Llama with `--kv-cache-dtype auto -tp 2 -dcp 2`.
+# FlashAttention (an unquantized cache) and a DCP group: the Llama with `--kv-cache-dtype auto` and DCP 2. vLLM
+# 0.33 starts DCP for a GQA model only when the tensor-parallel size exceeds the model's KV heads and DCP is at most
+# their quotient (`ModelConfig.verify_with_parallel_config`, `vllm/config/model.py`): Llama-3.1-8B has 8 KV heads,
+# so `-tp 2 -dcp 2` is refused and the cell takes the smallest TP that starts, twice the KV heads.
 # Elastic EP makes no request of its own: it unlocks, re-runs the profile run, warm-up and capture, and locks
 # again (section 5, candidate 3).
 #
@@ -211,29 +215,35 @@ plt.show()
 
 # %%
 llama = cfgs["llama-3.1-8b"]
-dcp = llama.replace(kv_cache_dtype="auto", tensor_parallel_size=llama.tensor_parallel_size * 2,
-                    decode_context_parallel_size=2)
+DCP = 2
+refused_dcp = startup_refusal(llama.replace(kv_cache_dtype="auto", tensor_parallel_size=2, decode_context_parallel_size=DCP))
+assert refused_dcp is not None and "greater than the model's total number of KV heads" in refused_dcp.reason
+print(f"TP 2, DCP {DCP}: vLLM 0.33 refuses it: {refused_dcp.reason.split('. ')[0]}")
+dcp = llama.replace(kv_cache_dtype="auto", tensor_parallel_size=DCP * llama.num_key_value_heads,
+                    decode_context_parallel_size=DCP)
+assert startup_refusal(dcp) is None  # TP 16, DCP 2: started
 dcp_piecewise = dcp.replace(cudagraph_mode="PIECEWISE")
 ds = "deepseek-v3.2"
 cases = [  # (the case, deployment, its table, registry name)
-    ("FlashAttention DCP", "llama-3.1-8b, auto cache, TP 2, DCP 2", analysis.consumer_table(dcp), "flash_attn_dcp"),
+    ("FlashAttention DCP", f"llama-3.1-8b, auto cache, TP {dcp.tensor_parallel_size}, DCP {DCP}",
+     analysis.consumer_table(dcp), "flash_attn_dcp"),
     ("… with PIECEWISE-only graphs", "the same, cudagraph_mode PIECEWISE", analysis.consumer_table(dcp_piecewise),
      "flash_attn_dcp"),
     ("fused MoE", "qwen3-30b-a3b", tables["qwen3-30b-a3b"], "fused_moe"),
     ("sparse attention indexer", ds, tables[ds], "sparse_indexer"),
     ("FlashMLA sparse", ds, tables[ds], "flashmla_sparse"),
 ]
-seed_rows = {}
+case_rows = {}
 for section, where, table, name in cases:
     r = next(r for r in table.rows if r.name == name)
-    seed_rows[section] = r
+    case_rows[section] = r
     show_md(f"- **{section}** ({where}): `{r.consumer}` — phase `{r.phase}`, reserved {format_mb(r.reserved_bytes)} MiB, "
             f"serving at most {format_mb(r.max_runtime_bytes)} MiB, covered: **{r.covered}**")
-assert seed_rows["FlashAttention DCP"].phase == "capture"  # only FULL capture builds DCP's decode metadata
-assert seed_rows["… with PIECEWISE-only graphs"].phase == "none"
-assert not seed_rows["… with PIECEWISE-only graphs"].covered  # latent crash 2 (section 5)
-assert seed_rows["fused MoE"].phase == seed_rows["sparse attention indexer"].phase == "profile_run"
-assert seed_rows["FlashMLA sparse"].phase == "init"  # reserved in FlashMLASparseImpl.__init__
+assert case_rows["FlashAttention DCP"].phase == "capture"  # only FULL capture builds DCP's decode metadata
+assert case_rows["… with PIECEWISE-only graphs"].phase == "none"
+assert not case_rows["… with PIECEWISE-only graphs"].covered  # latent crash 2 (section 5)
+assert case_rows["fused MoE"].phase == case_rows["sparse attention indexer"].phase == "profile_run"
+assert case_rows["FlashMLA sparse"].phase == "init"  # reserved in FlashMLASparseImpl.__init__
 
 # %% [markdown]
 # <details><summary><b>Answer</b> (checked by the cell above)</summary>
@@ -469,8 +479,8 @@ assert "_continuation_prefill" in alone_outcome and alone_engine.dead is not Non
 # would a MoE output at `M` rows alone have locked more?
 
 # %%
-seed = load_recorded("seed_sources")
-said = float(re.search(r"current size is ([\d.]+) MB", seed["bug_report"]["message"]).group(1))
+report_src = load_recorded("report_sources")
+said = float(re.search(r"current size is ([\d.]+) MB", report_src["bug_report"]["message"]).group(1))
 tq_lock = analysis.locked_bytes(report, fix=False)
 min_hidden = tq_lock // (report.max_num_batched_tokens * report.dtype.itemsize) + 1
 assert format_mb(tq_lock) == f"{said:.2f}"  # the report's lock is TurboQuant's decode scratch
@@ -544,7 +554,7 @@ tq_rows = {r.name: r for r in analysis.consumer_table(no_chunk).rows}
 eager_moe = qwen.replace(enforce_eager=True)
 ours = {  # tqlab's registry on each candidate
     1: not tq_rows["turboquant_continuation"].covered and tq_rows["turboquant_continuation"].phase == "none",
-    2: not seed_rows["… with PIECEWISE-only graphs"].covered,
+    2: not case_rows["… with PIECEWISE-only graphs"].covered,
     3: analysis.consumer_table(eager_moe).locked_bytes is None,  # eager start-up: never locked
     4: any(u.consumer.startswith("dots3_note") and "never called" in u.reason for u in UNMODELLED),
 }

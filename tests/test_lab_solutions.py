@@ -9,7 +9,7 @@ import torch
 
 from tqlab.lab.environment import environment, environment_rows
 from tqlab.lab.exercises import check
-from tqlab.lab.solutions import nb01, nb02, nb03, nb04
+from tqlab.lab.solutions import nb01, nb02, nb03, nb04, nb12
 
 R = "nemotron-3-super-120b-a12b"
 TQ = ("turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")
@@ -23,6 +23,26 @@ def test_nb01_references_exact():
     assert nb01.growth_peak(1000, 3000, "free_then_allocate") == 3072
     assert nb01.growth_peak(1000, 3000, "allocate_then_free") == 1024 + 3072
     assert nb01.dbo_slot_sizes([(0, 100), (1, 1000), (0, 50)]) == [256, 1024]
+    # vLLM 0.34's get_retained: the tail survives scratch below its start, not scratch into it, not another key,
+    # not a reallocation; same key and start but another size counts as intact (vLLM compares (key, start))
+    assert nb01.retained_flags([("retained", "kv", 4096), ("scratch", 8192), ("retained", "kv", 4096)], 65536) == [
+        False, True]
+    assert nb01.retained_flags([("retained", "kv", 4096), ("scratch", 61441), ("retained", "kv", 4096)], 65536) == [
+        False, False]
+    assert nb01.retained_flags([("retained", "a", 100), ("retained", "b", 100), ("retained", "a", 100)], 1000) == [
+        False, False, False]
+    assert nb01.retained_flags([("retained", "kv", 1000), ("retained", "kv", 900), ("retained", "kv", 600)], 4096) == [
+        False, True, False]
+    assert nb01.retained_flags([("retained", "kv", 512), ("scratch", 5000), ("retained", "kv", 512)], 4096) == [
+        False, False]
+
+
+def test_nb12_references_exact():
+    assert nb12.new_call_sites(["a.py:f", "b.py:g"], ["b.py:g", "c.py:h", "a.py:f2"]) == ["a.py:f2", "c.py:h"]
+    assert nb12.retained_start(65536, 4096) == 61440 and nb12.retained_start(1000, 100) == 768
+    assert nb12.retained_start(1024, 5000) == 0  # the span grows the slot to exactly its bytes
+    assert [nb12.jit_warmup_before_capture(v, r) for v, r in (("0.33", False), ("0.33", True), ("0.34", False))] == [
+        False, True, True]
 
 
 def test_nb02_nb03_references_exact():
@@ -62,6 +82,8 @@ def _shown_solutions(stem: str) -> dict[str, str]:
         "call_bytes": [([((5,), torch.float16), ((300,), torch.uint8)],)],
         "growth_peak": [(1000, 3000, "free_then_allocate"), (64, 4096, "allocate_then_free")],
         "dbo_slot_sizes": [([(0, 4096), (1, 1024)],), ([(1, 300), (1, 10)],)],
+        "retained_flags": [([("retained", "k", 300), ("scratch", 700), ("retained", "k", 300)], 2048),
+                           ([("scratch", 9000), ("retained", "k", 4000), ("retained", "k", 4100)], 1024)],
     }),
     ("02_reproduce_locked_workspace", nb02, {
         "kv_heads_per_rank": [(2, 8), (8, 2), (8, 1)],
@@ -74,6 +96,11 @@ def _shown_solutions(stem: str) -> dict[str, str]:
         "continuation_alloc_len": [(131072, 16), (1, 16), (100, 33)],
         "reserves_continuation": [(True, 129), (True, 128), (False, 131072)],
         "first_failing_prompt_no_fix": [(4096,), (1024,)],
+    }),
+    ("12_vllm_0_34_what_changed", nb12, {
+        "new_call_sites": [(["a:f"], ["a:f", "b:g"]), (["a:f", "c:h"], [])],
+        "retained_start": [(4096, 1000), (300, 600), (65536, 1)],
+        "jit_warmup_before_capture": [("0.33", False), ("0.34", False), ("0.33", True)],
     }),
     ("04_turboquant_kv_cache", nb04, {
         "slot_bytes": [(p, d) for p in TQ for d in (16, 96, 128)],
@@ -111,7 +138,8 @@ def test_environment_facts():
 
 
 @pytest.mark.parametrize("stem, module", [("01_workspace_buffer_layouts", nb01), ("02_reproduce_locked_workspace", nb02),
-                                          ("03_apply_the_fix", nb03), ("04_turboquant_kv_cache", nb04)])
+                                          ("03_apply_the_fix", nb03), ("04_turboquant_kv_cache", nb04),
+                                          ("12_vllm_0_34_what_changed", nb12)])
 def test_notebook_cases_pass_with_the_shown_solutions(stem, module):
     """Every exercise's own cases (the ``check(...)`` line of the notebook) run through the reference without an
     error, and the solution the notebook shows passes them: an attempted exercise never crashes the lecture."""
@@ -149,3 +177,22 @@ def test_interpreter_store_check_runs_the_triton_kernel_on_cpu():
     assert (r["identical"], r["differing"]) == (True, 0) and r["bytes"] > 0
     with pytest.raises(RuntimeError, match="failed"):
         interpreter_store_check("not_a_preset")
+
+
+def test_show_environment_selects_and_states_the_version(capsys):
+    from tqlab.core import vllm_versions
+    from tqlab.lab.environment import parity_venv_names, show_environment
+
+    try:
+        for name in vllm_versions.SUPPORTED:
+            env = show_environment(vllm=name)
+            assert env["vllm"] == name and vllm_versions.current().name == name
+            assert f"This notebook shows vLLM {name}" in capsys.readouterr().out
+        assert parity_venv_names("0.33") == (".venv-parity",) and parity_venv_names("0.34") == (".venv-parity-0.34",)
+        with pytest.raises(ValueError, match="0.99"):
+            show_environment(vllm="0.99")
+        assert vllm_versions.current().name == vllm_versions.SUPPORTED[-1]  # a bad version leaves the choice
+        rows = environment_rows(dict(environment("0.34"), vllm_parity=None))
+        assert rows[3][0] == "vLLM 0.34 (parity env)" and rows[3][1] == "not found"
+    finally:
+        vllm_versions.reset()

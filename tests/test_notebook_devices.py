@@ -21,7 +21,7 @@ SUPPORTED = {
     "01": ("cpu", "cuda", "meta"), "02": ("cpu", "cuda", "meta"), "03": ("cpu", "cuda", "meta"),
     "04": ("cpu", "cuda"), "05": ("auto", "cpu", "cuda"), "06": ("auto", "cpu", "cuda"), "07": ("cpu",),
     "08": ("meta", "cpu", "cuda"), "09": ("meta", "cpu", "cuda"),
-    "10": ("cpu", "cuda", "meta"), "11": ("cpu", "cuda"),
+    "10": ("cpu", "cuda", "meta"), "11": ("cpu", "cuda"), "12": ("cpu", "meta"),
 }
 
 

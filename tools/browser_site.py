@@ -4,8 +4,9 @@ Serves ``DIR`` (``build/site/html`` from ``make site``) on ``127.0.0.1`` with Py
 ``http.server`` and opens it in Debian's chromium through Playwright, with every request
 that leaves ``127.0.0.1`` blocked (the site must work offline). It checks:
 
-* **a page**: ``index.html`` links every notebook page found in ``DIR`` (``NN_*.html``), and each
-  notebook page loads without a JavaScript error and shows its title;
+* **a page**: ``index.html`` links every page found in ``DIR`` (``NN_*.html``: the notebooks and the glossary),
+  and each page loads without a JavaScript error and shows its title (the glossary, :data:`TEXT_PAGES`: a title
+  and a table, no figure);
 * **a figure**: on each notebook page, every image of a cell output loads (``naturalWidth > 0``)
   and there is at least one;
 * **a widget**: on each page that carries saved widget state, every saved widget view is rendered
@@ -37,6 +38,11 @@ JS_WIDGETS = """() => ({
   loading: (document.body.innerText.match(/Loading widget/g) || []).length,
   images: Array.from(document.querySelectorAll('.cell_output .jupyter-widgets img')).map(i => i.naturalWidth),
 })"""
+
+
+#: Pages of the site built from Markdown, not from an executed notebook (tools/build_site.py TEXT_PAGES):
+#: checked for a title and a table instead of figures.
+TEXT_PAGES = ("00_glossary.html",)
 
 
 @dataclass
@@ -84,6 +90,13 @@ def check_page(page, base: str, name: str, out: Path, timeout_s: float) -> PageR
     page.goto(f"{base}/{name}", wait_until="load")
     if not page.locator("h1").count():
         rep.problems.append("no title (h1)")
+    if name in TEXT_PAGES:  # a Markdown page (the glossary): a title and a table, no cell outputs
+        if not page.locator("table").count():
+            rep.problems.append("no table on a text page")
+        page.screenshot(path=str(out / f"site-{Path(name).stem}.png"), full_page=True)
+        rep.screenshots.append(f"site-{Path(name).stem}.png")
+        rep.status = "fail" if rep.problems else "pass"
+        return rep
     figs = _poll(page, JS_FIGURES, lambda v: all(f["w"] > 0 for f in v), timeout_s)
     rep.figures = sum(1 for f in figs if not f["inWidget"])
     broken = [f["src"] for f in figs if f["w"] == 0]

@@ -19,7 +19,8 @@ Steps, each failing with one clear line:
    standalone ``dist/embed.js`` (plus its licence) served from the site's ``_static/``: the
    widgets render offline, with no CDN.
 3. **Sphinx + MyST-NB** (the ``site`` extra of pyproject.toml): ``docs/`` (``conf.py``,
-   ``index.md``) and the executed notebooks are copied into ``<out>/src`` and rendered to
+   ``index.md``), the Markdown pages of ``notebooks/`` (:data:`TEXT_PAGES`: the glossary the notebooks link)
+   and the executed notebooks are copied into ``<out>/src`` and rendered to
    ``<out>/html`` with ``nb_execution_mode = "off"``: nothing is executed twice.
 
 Exit status: 0 built, 1 the Sphinx build failed, 2 an input is missing, stale or failed.
@@ -108,12 +109,22 @@ def fetch_html_manager(cache: Path) -> dict[str, Path]:
     return out
 
 
+#: Markdown pages of notebooks/ that go on the site beside the executed notebooks (the notebooks link them).
+TEXT_PAGES = ("00_glossary.md",)
+
+
 def assemble(src: Path, executed_dir: Path, names: list[str], js: dict[str, Path]) -> None:
-    """Lay out the Sphinx source folder ``src``: docs/, the executed notebooks, the widget JS in _static/."""
+    """Lay out the Sphinx source folder ``src``: docs/, the :data:`TEXT_PAGES` of notebooks/, the executed
+    notebooks, the widget JS in _static/. ``FileNotFoundError`` naming a text page that is missing."""
     if src.exists():
         shutil.rmtree(src)
     shutil.copytree(DOCS_DIR, src)
     (src / "_static").mkdir(exist_ok=True)
+    for page in TEXT_PAGES:
+        path = rn.NOTEBOOK_DIR / page
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: a page the site lists (TEXT_PAGES) is missing")
+        shutil.copy2(path, src / page)
     for name in names:
         shutil.copy2(executed_dir / name, src / name)
     for name, path in js.items():

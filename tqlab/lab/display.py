@@ -4,7 +4,8 @@ One of each: :func:`fmt_bytes` (one unit rule, :func:`byte_unit`), :func:`markdo
 :func:`text_table` (the same cell rule, two renderings), :func:`show_md`,
 :func:`show_error`, :func:`progress` (a live bar in a live notebook, a text
 line in headless runs), :func:`debug_workspace_log` (collect the
-``TQLAB_DEBUG_WORKSPACE=1`` lines of ``tqlab.core.workspace``).
+``TQLAB_DEBUG_WORKSPACE=1`` lines of ``tqlab.core.workspace``), :func:`recording_label` (the name a reader sees
+for a recording's internal shape key).
 Nothing here imports matplotlib or ipywidgets.
 """
 
@@ -27,6 +28,7 @@ __all__ = [
     "live_frontend",
     "markdown_table",
     "progress",
+    "recording_label",
     "show_error",
     "show_md",
     "text_table",
@@ -271,3 +273,18 @@ def debug_workspace_log(echo: bool = True) -> Iterator[list[str]]:
             os.environ.pop("TQLAB_DEBUG_WORKSPACE", None)
         else:
             os.environ["TQLAB_DEBUG_WORKSPACE"] = old_env
+
+
+RECORDING_LABELS: dict[str, str] = {
+    "seed": "bug report's rank",
+    "seed_per_rank": "bug report's rank",
+    "seed_tp8_rank": "bug report's rank",
+    "llama3.1-8b": "llama-3.1-8b",
+}
+"""The recordings' internal shape keys (``data/turboquant_*.json``, ``data/cuda_graphs_latency.json``: the bug
+report's deployment, one tensor-parallel rank of 8) and the names the notebooks show for them."""
+
+
+def recording_label(key: str) -> str:
+    """The name a reader sees for a recording's shape key (:data:`RECORDING_LABELS`), else ``key`` unchanged."""
+    return RECORDING_LABELS.get(key, key)

@@ -32,6 +32,9 @@ class ExerciseResult:
     passed: bool
     failures: list = field(default_factory=list)
 
+    def _ipython_display_(self) -> None:
+        """Shown as the last line of a cell: nothing more, :func:`check` already printed the result."""
+
     def __str__(self) -> str:
         if not self.attempted:
             return f"{self.name}: not attempted yet (the function still raises NotImplementedError)"

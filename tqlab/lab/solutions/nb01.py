@@ -3,7 +3,9 @@
 * :func:`view_offsets` — where each view of one ``get_simultaneous`` call starts (``compute_layout``);
 * :func:`call_bytes` — the bytes the call needs (``compute_layout(...).total_bytes``);
 * :func:`growth_peak` — the workspace peak while one slot grows, per growth policy (``WorkspaceManager`` on meta);
-* :func:`dbo_slot_sizes` — the slot sizes after requests in given ubatch slots (``ubatch_context``).
+* :func:`dbo_slot_sizes` — the slot sizes after requests in given ubatch slots (``ubatch_context``);
+* :func:`retained_flags` — the ``intact`` flags of vLLM 0.34's ``get_retained`` calls between scratch requests
+  (``WorkspaceManager(vllm_version="0.34")``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 from tqlab.core.workspace import WorkspaceManager, compute_layout, ubatch_context
 
-__all__ = ["call_bytes", "dbo_slot_sizes", "growth_peak", "view_offsets"]
+__all__ = ["call_bytes", "dbo_slot_sizes", "growth_peak", "retained_flags", "view_offsets"]
 
 
 def view_offsets(shapes_and_dtypes: Sequence[tuple[tuple[int, ...], torch.dtype]]) -> list[int]:
@@ -44,3 +46,19 @@ def dbo_slot_sizes(requests: Sequence[tuple[int, int]], num_ubatches: int = 2) -
         with ubatch_context(slot):
             m.get_simultaneous(((nbytes,), torch.uint8))
     return m.sizes_bytes()
+
+
+def retained_flags(calls: Sequence[tuple], initial_bytes: int) -> list[bool]:
+    """The ``intact`` flag of each ``get_retained`` in ``calls`` on one slot of vLLM 0.34's manager that first
+    grew to ``initial_bytes`` (one uint8 scratch request). ``calls``: ``("scratch", nbytes)`` (a
+    ``get_simultaneous`` of one uint8 view) or ``("retained", key, nbytes)`` (``get_retained(key, (nbytes,),
+    torch.uint8)``), in order (vLLM 0.34 ``WorkspaceManager.get_retained``, ``vllm/v1/worker/workspace.py``)."""
+    m = WorkspaceManager("meta", vllm_version="0.34")
+    m.get_simultaneous(((initial_bytes,), torch.uint8))
+    flags = []
+    for call in calls:
+        if call[0] == "scratch":
+            m.get_simultaneous(((call[1],), torch.uint8))
+        else:
+            flags.append(m.get_retained(call[1], (call[2],), torch.uint8)[1])
+    return flags
