@@ -235,8 +235,10 @@ def decode_attention(query, cache, block_tables, seq_lens, spec: TurboQuantSpec,
     nw = num_warps or gd.launch_warps(bsz * hk * mid_out.shape[2],
                                       torch.cuda.get_device_properties(cache.device).multi_processor_count)
     fa = spec.field_addresses(d, bs)
-    # the tensor's bytes as one flat run from its first byte (vLLM's tensor is contiguous: nb * block bytes)
-    base = cache.as_strided((nb * cache.stride(0),), (1,), cache.storage_offset())
+    # the tensor's bytes as one flat run from its first byte to its last (whole 32-bit words; any strides, e.g. a
+    # layer's view of a larger allocation); the kernel indexes it with the tensor's own strides
+    span = 1 + sum((n - 1) * st for n, st in zip(cache.shape, cache.stride()))
+    base = cache.as_strided((span // 4 * 4,), (1,), cache.storage_offset())
     kern = _decode_vllm_kernel[(bsz, hk, mid_out.shape[2])](
         query, base.view(torch.uint16), base.view(torch.int32), block_tables, seq_lens, mid_out,
         scale * tk._LOG2E, 1.0 / math.sqrt(d), nb, mid_out.shape[2],
