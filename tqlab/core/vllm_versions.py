@@ -79,6 +79,10 @@ class VllmVersion:
             ``CacheConfig.resolved_gpu_memory_utilization`` gives 1.0 with the extensible KV cache, which
             ``VllmConfig`` turns on by default on CUDA when nothing it lists rules it out (a KV connector's legacy IPC
             or custom pool, elastic EP, ...), else 0.92: tqlab takes the plain deployment's 1.0.
+        startup_validation_modelled: whether tqlab models the release's start-up validation (the attention
+            backend names, each backend's ``validate_configuration``, the selector's priorities:
+            :mod:`tqlab.vllm.validation`). 0.33: yes. 0.34: no (its backend enum and ``TRITON_MLA``'s checks differ),
+            so under 0.34 tqlab answers no ``refused`` and the verdict is ``partial``.
         startup_rules_modelled: everything tqlab answers about start-up (capture sizes, the workspace each capture
             and warm-up step asks of every consumer, the lock) is this release's. False for 0.34: its capture sizes
             and decode rows are modelled (:mod:`tqlab.core.vllm_rules`), and so are TurboQuant's one-token rows in V2's
@@ -98,6 +102,7 @@ class VllmVersion:
     decode_graphs_in_requests: bool = False
     gpu_memory_utilization: float = 0.92
     startup_rules_modelled: bool = True
+    startup_validation_modelled: bool = True
 
     @property
     def slug(self) -> str:
@@ -155,6 +160,7 @@ VERSIONS: dict[str, VllmVersion] = {
         decode_graphs_in_requests=True,
         gpu_memory_utilization=1.0,
         startup_rules_modelled=False,
+        startup_validation_modelled=False,
         added_consumers=(
             "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:QwenGatedDeltaNetAttention._forward_flashinfer_prefill",
             "models/kimi_k3/nvidia/kda.py:KimiK3DeltaAttention.__init__",

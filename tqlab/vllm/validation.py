@@ -31,6 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tqlab.core import vllm_versions
 from tqlab.core.consumers.arch_table import reachable_families
 from tqlab.core.consumers.backends import (
     ATTENTION_BACKEND_NAMES,
@@ -244,6 +245,8 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
     tqlab's :data:`~tqlab.core.consumers.backends.BACKENDS` does not hold (ROCm, XPU, CPU, DeepSeek-V4's, ...) is
     not judged here."""
     facts = StartupFacts() if facts is None else facts
+    if not vllm_versions.current().startup_validation_modelled:  # 0.34's checks are not 0.33's: never guess a refusal
+        return None
     # EngineArgs.create_engine_config's order: ModelConfig (dtype), ParallelConfig, the attention config, then
     # VllmConfig (ModelConfig.verify_with_parallel_config), then each layer's backend at model load
     if facts.model_type in FLOAT16_NOT_SUPPORTED and str(config.dtype) == "torch.float16":

@@ -173,7 +173,9 @@ def unmodelled(config: "EngineConfig") -> list[dict[str, str]]:
         out.append({"consumer": f"start-up ({version}, {version.model_runner})", "reason": (
             "its capture sizes and decode rows are modelled, but not every consumer's requests in Model Runner V2's "
             "JIT warm-up steps (warmup_kernels, before capture) and PIECEWISE captures (which build attention "
-            "metadata): the lock may be larger than tqlab says (tqlab.core.vllm_versions)")})
+            "metadata): the lock may be larger than tqlab says (tqlab.core.vllm_versions)"
+            + ("" if version.startup_validation_modelled else "; nor its start-up validation, so a deployment this "
+               "release refuses to start is not named as refused"))})
     backend = unmodelled_backend(config)
     if backend is not None:  # a real vLLM backend tqlab does not model (ROCm, CPU, DeepSeek-V4's, B12X...): never ok
         out.append({"consumer": f"attention backend {config.attention_backend}", "reason": backend})
