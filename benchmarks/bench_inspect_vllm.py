@@ -1,14 +1,17 @@
-"""How long ``tqlab inspect-vllm`` takes to answer, in fresh processes (issue 19's target: under 3 s on the CPU box).
+"""How long ``tqlab inspect-vllm`` takes to answer, in fresh processes (issue 30's target: a median of at most
+0.4 s on the CPU box; issue 19's was 3 s).
 
 The question: the Kimi-K2.6 config.json (``model_type kimi_k2``, MLA, 384 experts) with
-``vllm serve K -tp 4``. Two figures, each the minimum and median over ``--repeats`` fresh
+``vllm serve K -tp 4``. Three figures, each the minimum and median over ``--repeats`` fresh
 processes:
 
-* ``import_torch``: ``python -c "import torch"`` alone (the floor of an answer: the shapes are torch dtypes);
+* ``python_startup``: ``python -c pass`` (the floor of any answer);
+* ``import_torch``: ``python -c "import torch"`` alone (what an answer would cost if it imported torch: it does
+  not, the shapes are counted in torch-free dtypes, ``tqlab.core.dtypes``);
 * ``computed``: ``python -m tqlab inspect-vllm`` answering the question.
 
-The exit status is 1 when the computed answer's median misses 3 s. Wall time depends on the box's load:
-run it on a quiet machine.
+The exit status is 1 when the computed answer's median misses 0.4 s. Wall time depends on the box's load
+(``load_average`` is recorded): run it on a quiet machine.
 
 Usage::
 
@@ -33,7 +36,8 @@ KIMI_K26 = dict(model_type="kimi_k2", hidden_size=7168, num_attention_heads=64, 
                 qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, q_lora_rank=1536,
                 max_position_embeddings=262144, n_routed_experts=384, num_experts_per_tok=8,
                 moe_intermediate_size=2048, n_shared_experts=1, torch_dtype="bfloat16")
-TARGET_S = 3.0
+TARGET_S = 0.4
+"""Issue 30: ``inspect-vllm`` is arithmetic on a config; its median answer within 0.4 s (``python -c pass`` ~0.05 s)."""
 
 
 _ANSWERED = (0, 3, 4, 5)
@@ -81,9 +85,11 @@ def main(argv: list[str] | None = None) -> int:
         env = {**os.environ, "PYTHONPATH": str(ROOT)}
         cmd = [sys.executable, "-m", "tqlab", "inspect-vllm", "--config", str(cfg), "--args", "vllm serve K -tp 4"]
         out = {
+            "python_startup": _time([sys.executable, "-c", "pass"], env, a.repeats),
             "import_torch": _time([sys.executable, "-c", "import torch"], env, a.repeats),
             "computed": _time(cmd, env, a.repeats),
         }
+    out["target_median_s"] = TARGET_S
     out["load_average"] = os.getloadavg()[0]
     from tqlab.core.provenance import make_provenance
 

@@ -12,14 +12,15 @@ set -u
 OUT=${OUT:?set OUT}; ANCHORS=${ANCHORS:?set ANCHORS}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 TQLAB_VLLM_ANCHORS=$PWD/$ANCHORS TQLAB_GPU_RECORD=$OUT/vllm_checks.jsonl
 export TQLAB_COMMIT=${TQLAB_COMMIT:-unknown}
+PRESETS=${PRESETS:-turboquant_3bit_nc,turboquant_k3v4_nc,turboquant_4bit_nc,turboquant_k8v4}
 log() { echo "== $(date -u +%H:%M:%S) $*"; }
 log "device"; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 python3 -c 'import torch, triton; print("torch", torch.__version__, "triton", triton.__version__)'
 log "anchor bench: tqlab on vLLM's tensor"
-timeout 240 python3 "$ANCHORS/bench_vllm_tq.py" --all --tqlab . --commit "$TQLAB_COMMIT" \
+timeout ${BENCH_S:-300} python3 "$ANCHORS/bench_vllm_tq.py" --all --preset "$PRESETS" --tqlab . --commit "$TQLAB_COMMIT" \
   --out "$OUT/vllm_tensor.jsonl" > "$OUT/vllm_tensor.log" 2>&1; echo "exit $?"; tail -n 32 "$OUT/vllm_tensor.log"
 log "anchor bench: tqlab on block-SoA"
-timeout 150 python3 "$ANCHORS/bench_vllm_tq.py" --all --tqlab . --tqlab-layout block_soa --no-dequant --no-breakdown \
+timeout 150 python3 "$ANCHORS/bench_vllm_tq.py" --all --preset "$PRESETS" --tqlab . --tqlab-layout block_soa --no-dequant --no-breakdown \
   --commit "$TQLAB_COMMIT" --out "$OUT/block_soa.jsonl" > "$OUT/block_soa.log" 2>&1; echo "exit $?"
 tail -n 14 "$OUT/block_soa.log"
 log "GPU tests: beside vLLM's kernels"

@@ -621,8 +621,8 @@ assert hit_engine.locked_bytes == pred.locked_fixed
 def prefix_hit_chunk(cached_len: int, new_tokens: int):
     """Run one layer's attention for a chunk after a prefix-cache hit of ``cached_len`` tokens (meta)."""
     c, dev = hit_engine.config, torch.device("meta")
-    q = torch.empty(new_tokens, c.num_heads_per_rank, c.head_dim, dtype=c.dtype, device=dev)
-    kv = torch.empty(new_tokens, c.num_kv_heads_per_rank, c.head_dim, dtype=c.dtype, device=dev)
+    q = torch.empty(new_tokens, c.num_heads_per_rank, c.head_dim, dtype=c.torch_dtype, device=dev)
+    kv = torch.empty(new_tokens, c.num_kv_heads_per_rank, c.head_dim, dtype=c.torch_dtype, device=dev)
     block_row = torch.zeros(hit_engine.max_blocks_per_seq, dtype=torch.int32, device=dev)
     return hit_engine.backend.forward_prefill(q, kv, kv, hit_engine.runner.kv_caches[0], block_row, cached_len)
 

@@ -275,7 +275,7 @@ print(f"packed cache {tuple(cache.shape)} uint8 = {fmt_bytes(cache.numel())}; "
       f"dequantized K relative error {rel_k:.3f}")
 
 mid, out, lse = ws.get_simultaneous(*decode_workspace_shapes(1, hq, D, cfg.tq_max_kv_splits_for_cuda_graph, cfg.dtype))
-q = torch.randn(1, hq, D, generator=g).to(device, cfg.dtype)
+q = torch.randn(1, hq, D, generator=g).to(device, cfg.torch_dtype)
 decode_attention(q, cache, block_row[None], torch.tensor([n_tok], device=device), spec, D**-0.5, mid, out, lse)
 print(f"decode: mid_out {tuple(mid.shape)} f32, output {tuple(out.shape)} {out.dtype}, lse {tuple(lse.shape)}; "
       f"workspace now {fmt_bytes(ws.size_bytes())}")

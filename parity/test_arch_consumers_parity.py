@@ -19,6 +19,7 @@ from pathlib import Path
 from unittest import mock
 
 import pytest
+from tqlab.core.dtypes import as_torch
 import torch
 
 from tqlab.core.consumers.arch_table import DATA_DIR
@@ -33,7 +34,7 @@ class _Recorder:
 
     def get_simultaneous(self, *specs):
         self.calls.append(tuple((tuple(s), d) for s, d in specs))
-        return [torch.empty(s, dtype=d, device="meta") for s, d in specs]
+        return [torch.empty(s, dtype=as_torch(d), device="meta") for s, d in specs]
 
 
 def _gen():

@@ -1,10 +1,12 @@
-"""CUDA graph capture sizes: vLLM 0.33's own ``VllmConfig._set_cudagraph_sizes`` vs ``tqlab.predict.analysis.capture_sizes``.
+"""CUDA graph capture sizes: the installed vLLM's own ``VllmConfig._set_cudagraph_sizes`` vs tqlab's rule for that release.
 
 vLLM's method runs on a minimal stand-in ``self`` (the pattern of vLLM's own unit tests:
-``SimpleNamespace`` configs) holding vLLM's real ``CompilationConfig``; then, as
+``SimpleNamespace`` configs) holding vLLM's real ``CompilationConfig``. vLLM 0.33: then, as
 ``CompilationConfig.resolve_cudagraph_mode_and_sizes`` does for the V1 model runner when decode
-graphs are FULL and ``1 + k > 1``, vLLM's ``adjust_cudagraph_sizes_for_spec_decode``. Random
-configs on CPU; both sides must give the same list or both raise ``ValueError``.
+graphs are FULL and ``1 + k > 1``, vLLM's ``adjust_cudagraph_sizes_for_spec_decode``. vLLM 0.34: the method
+ends in ``_split_cudagraph_capture_sizes`` (token sizes and decode request counts), and the decode graphs' request
+counts are vLLM's ``decode_cudagraph_capture_shapes`` of them, as ``CudaGraphManager._init_candidates`` takes them.
+Random configs on CPU; both sides must give the same lists or both raise ``ValueError``.
 """
 
 from __future__ import annotations
@@ -15,14 +17,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tqlab.predict.analysis import capture_sizes
+import vllm
+
+from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
+from tqlab.core.vllm_rules import FULL_DECODE_MODES, cudagraph_mode, decode_capture_rows
+from tqlab.predict.analysis import capture_sizes
+
+VERSION = vllm_versions.get(".".join(vllm.__version__.split(".")[:2]))
 
 MODES = ["NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"]
 
 
-def vllm_capture_sizes(cfg: EngineConfig) -> list[int]:
-    """vLLM 0.33's final capture sizes for ``cfg`` (raises what vLLM raises)."""
+def vllm_capture_sizes(cfg: EngineConfig, with_decode_rows: bool = False):
+    """The installed vLLM's final capture sizes for ``cfg`` (raises what vLLM raises); with ``with_decode_rows`` (0.34)
+    also the request counts of its FULL uniform-decode graphs (``()`` when the resolved mode has none)."""
     from vllm.config import CompilationConfig, VllmConfig
     from vllm.config.compilation import CUDAGraphMode
 
@@ -45,17 +54,27 @@ def vllm_capture_sizes(cfg: EngineConfig) -> list[int]:
             setattr(fake, name, getattr(VllmConfig, name).__get__(fake))
     VllmConfig._set_cudagraph_sizes(fake)
     mode = CUDAGraphMode.NONE if cfg.enforce_eager else cc.cudagraph_mode
-    if mode != CUDAGraphMode.NONE and mode.decode_mode() == CUDAGraphMode.FULL and q > 1:
+    if (hasattr(cc, "adjust_cudagraph_sizes_for_spec_decode") and mode != CUDAGraphMode.NONE
+            and mode.decode_mode() == CUDAGraphMode.FULL and q > 1):
         cc.adjust_cudagraph_sizes_for_spec_decode(q)  # vLLM 0.33 (0.34 has no such step: SPLIT_DECODE below)
-    return list(cc.cudagraph_capture_sizes)
+    if not with_decode_rows:
+        return list(cc.cudagraph_capture_sizes)
+    from vllm.config.compilation import decode_cudagraph_capture_max_tokens, decode_cudagraph_capture_shapes
+
+    rows = ()
+    if cudagraph_mode(cfg) in FULL_DECODE_MODES and cc.cudagraph_mode != CUDAGraphMode.NONE:
+        shapes = decode_cudagraph_capture_shapes(cc.decode_cudagraph_capture_request_sizes or [],
+                                                 {q: cfg.max_num_seqs}, decode_cudagraph_capture_max_tokens(cc))
+        rows = tuple(n for n, _ in shapes)
+    return list(cc.cudagraph_capture_sizes), rows
 
 
 SPLIT_DECODE = not hasattr(__import__("vllm.config", fromlist=["CompilationConfig"]).CompilationConfig,
                            "adjust_cudagraph_sizes_for_spec_decode")
 """vLLM 0.34: ``VllmConfig._split_cudagraph_capture_sizes`` keeps token sizes for prefill graphs and request counts
 (``decode_cudagraph_capture_request_sizes``) for decode graphs; with speculative decoding the token sizes are no
-longer multiples of ``1 + k``. tqlab's ``capture_sizes`` is vLLM 0.33's rule: compared on 0.34 only without
-speculative decoding (``test_spec_decode_capture_sizes_differ_on_0_34`` pins the difference)."""
+longer multiples of ``1 + k``. tqlab's rule follows the release (``VllmVersion.decode_graphs_in_requests``)."""
+assert SPLIT_DECODE == VERSION.decode_graphs_in_requests, "the version home disagrees with the installed vLLM"
 
 
 @st.composite
@@ -84,16 +103,19 @@ def _outcome(fn, cfg):
 
 @settings(max_examples=400)
 @given(configs())
-@pytest.mark.skipif(SPLIT_DECODE, reason="tqlab's capture_sizes is vLLM 0.33's rule; 0.34's split prefill/decode "
-                    "capture sizes are not modelled (VllmVersion.startup_rules_modelled, parity/README.md 'vLLM 0.34')")
 def test_capture_sizes_equal_vllms(cfg):
-    assert _outcome(capture_sizes, cfg) == _outcome(vllm_capture_sizes, cfg)
+    if not SPLIT_DECODE:
+        assert _outcome(lambda c: capture_sizes(c, VERSION), cfg) == _outcome(vllm_capture_sizes, cfg)
+        return
+    ours = _outcome(lambda c: (list(capture_sizes(c, VERSION)), decode_capture_rows(c, VERSION)), cfg)
+    theirs = _outcome(lambda c: vllm_capture_sizes(c, with_decode_rows=True), cfg)
+    assert ours == theirs
 
 
 @pytest.mark.skipif(not SPLIT_DECODE, reason="vLLM 0.33 rounds capture sizes to 1 + k (compared above)")
 def test_spec_decode_capture_sizes_differ_on_0_34():
-    """max_num_seqs 4, k = 3: vLLM 0.33 (and tqlab) capture [4, 8, 16, 24, 32] tokens; 0.34 captures prefill
-    graphs at [1, 2, 4, 8, 16, 24, 32] tokens and decode graphs at [1, 2, 4] requests."""
+    """max_num_seqs 4, k = 3: vLLM 0.33 (and tqlab's 0.33 rule) capture [4, 8, 16, 24, 32] tokens; 0.34 (and tqlab's
+    0.34 rule) captures prefill graphs at [1, 2, 4, 8, 16, 24, 32] tokens and decode graphs at [1, 2, 4] requests."""
     from vllm.config import CompilationConfig, VllmConfig
     from vllm.config.compilation import CUDAGraphMode
 
@@ -109,7 +131,8 @@ def test_spec_decode_capture_sizes_differ_on_0_34():
         setattr(fake, name, getattr(VllmConfig, name).__get__(fake))
     VllmConfig._set_cudagraph_sizes(fake)
     assert (cc.cudagraph_capture_sizes, cc.decode_cudagraph_capture_request_sizes) == ([1, 2, 4, 8, 16, 24, 32], [1, 2, 4])
-    assert list(capture_sizes(cfg)) == [4, 8, 16, 24, 32]
+    assert list(capture_sizes(cfg, "0.33")) == [4, 8, 16, 24, 32]
+    assert (list(capture_sizes(cfg, "0.34")), decode_capture_rows(cfg, "0.34")) == ([1, 2, 4, 8, 16, 24, 32], (1, 2, 4))
 
 
 @pytest.mark.skipif(not SPLIT_DECODE, reason="vLLM 0.33: compared by test_capture_sizes_equal_vllms")
@@ -118,7 +141,7 @@ def test_spec_decode_capture_sizes_differ_on_0_34():
     ("FULL_AND_PIECEWISE", [1, 2], [1], [1, 2]),
 ])
 def test_one_seq_capture_sizes_on_0_34(mode, vllm_tokens, vllm_requests, tqlab):
-    """max_num_seqs 1, max_num_batched_tokens 8: where 0.34's split rule and tqlab's 0.33 rule part."""
+    """max_num_seqs 1, max_num_batched_tokens 8: where 0.34's split rule and the 0.33 rule part (``tqlab``: 0.33's)."""
     from vllm.config import CompilationConfig, VllmConfig
     from vllm.config.compilation import CUDAGraphMode
 
@@ -134,7 +157,7 @@ def test_one_seq_capture_sizes_on_0_34(mode, vllm_tokens, vllm_requests, tqlab):
     assert (cc.cudagraph_capture_sizes, cc.decode_cudagraph_capture_request_sizes) == (vllm_tokens, vllm_requests)
     cfg = EngineConfig(num_attention_heads=8, num_key_value_heads=8, head_dim=128, max_num_seqs=1,
                        max_num_batched_tokens=8, cudagraph_mode=mode)
-    assert list(capture_sizes(cfg)) == tqlab
+    assert list(capture_sizes(cfg, "0.33")) == tqlab and list(capture_sizes(cfg, "0.34")) == vllm_tokens
 
 
 @pytest.mark.parametrize("kw, expected", [
@@ -148,6 +171,6 @@ def test_one_seq_capture_sizes_on_0_34(mode, vllm_tokens, vllm_requests, tqlab):
 ])
 def test_the_issue_cases_equal_vllms(kw, expected):
     if SPLIT_DECODE and kw.get("num_speculative_tokens"):
-        pytest.skip("vLLM 0.34 splits decode capture sizes (test_spec_decode_capture_sizes_differ_on_0_34)")
+        expected = [1, 2, 4, 8, 16, 24, 32]  # vLLM 0.34 keeps the token grid (decode graphs counted in requests)
     cfg = EngineConfig(num_attention_heads=8, num_key_value_heads=8, head_dim=128, **kw)
-    assert vllm_capture_sizes(cfg) == expected == list(capture_sizes(cfg))
+    assert vllm_capture_sizes(cfg) == expected == list(capture_sizes(cfg, VERSION))

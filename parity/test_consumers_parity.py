@@ -23,6 +23,7 @@ import types
 from unittest import mock
 
 import pytest
+from tqlab.core.dtypes import as_torch
 import torch
 
 from tqlab.core.config import EngineConfig
@@ -55,7 +56,7 @@ class Recorder:
         self.calls.append(tuple((tuple(s), d) for s, d in specs))
         if self.stop:
             raise _Stop
-        return [torch.empty(s, dtype=d, device="meta") for s, d in specs]
+        return [torch.empty(s, dtype=as_torch(d), device="meta") for s, d in specs]
 
 
 def _count(name: str) -> None:

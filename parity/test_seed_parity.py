@@ -16,6 +16,7 @@ import re
 import torch
 
 from tqlab.core.config import EngineConfig
+from tqlab.core.dtypes import torch_call
 from tqlab.core.reservation import continuation_workspace_shapes, decode_workspace_shapes
 from tqlab.vllm import WorkspaceTracer, run_seed_scenario, run_vllm_seed_scenario
 from tqlab.core.workspace import WorkspaceManager
@@ -31,7 +32,7 @@ def seed_config(**overrides) -> EngineConfig:
 
 
 def _request(manager, reqs):
-    return manager.get_simultaneous(*reqs)
+    return manager.get_simultaneous(*torch_call(reqs))  # vLLM's manager takes torch dtypes only
 
 
 def test_vllm_manager_raises_the_seed_assertion_with_seed_shapes(vws, record):

@@ -20,7 +20,8 @@ vLLM 0.34 (only Model Runner V2, ``v1/worker/gpu/model_runner.py``): ``GPUModelR
 ``capture_model`` ends in ``lock_workspace`` after ``cudagraph_manager.capture``.
 
 So PR #44053's reservation runs after the profile run and before capture and the lock;
-tqlab's engine records the same order (``tqlab.engine.llm_engine.STARTUP_PHASES``).
+tqlab's engine records the same order (``tqlab.engine.llm_engine.startup_phases`` of the installed release; vLLM
+0.34's ``Worker._compile_or_warm_up_model`` runs ``warmup_kernels`` before ``capture_model``: the ``jit_warmup`` phase).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
 from tqlab.engine import LLMEngine
-from tqlab.engine.llm_engine import STARTUP_PHASES
+from tqlab.engine.llm_engine import startup_phases
 
 VLLM = Path(importlib.util.find_spec("vllm").origin).parent
 VERSION = vllm_versions.get(".".join(importlib.metadata.version("vllm").split(".")[:2]))
@@ -111,8 +112,13 @@ def test_vllm_reserves_after_the_profile_run_and_locks_after_capture(record):
     tq = _calls("v1/attention/backends/turboquant_attn.py", "TurboQuantMetadataBuilder", "__init__")
     assert "_reserve_workspace" in {n for _, n in tq}
     vllm_order = ["init_workspace", "load_model", "profile_run", "build_backend", "capture", "lock"]
-    assert [name for name, _ in STARTUP_PHASES] == vllm_order
-    engine = LLMEngine(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), fix=True, device="meta")
+    warm = _calls(worker, "Worker", "_compile_or_warm_up_model")
+    if VERSION.jit_warmup_always:  # V2's JIT warm-up, before capture_model, on every deployment
+        assert _first(warm, "warmup_kernels") < _first(warm, "capture_model")
+        vllm_order.insert(vllm_order.index("capture"), "jit_warmup")
+    assert [name for name, _ in startup_phases(VERSION)] == vllm_order
+    with vllm_versions.using(VERSION):
+        engine = LLMEngine(EngineConfig.from_preset("nemotron-3-super-120b-a12b"), fix=True, device="meta")
     assert [p.name for p in engine.phases] == vllm_order
     record("vllm_order", vllm_order)
     record("engine_phases", [p.name for p in engine.phases])

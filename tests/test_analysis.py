@@ -291,7 +291,7 @@ def test_prediction_json_is_the_documented_object():
         "safe_max_model_len_alone": 4225, "safe_max_model_len_any_schedule": 656, "fixed_safe_any_schedule": 131072,
         "locked_source": "capture", "turboquant_consumers": True, "notes": [],
         "lock_set_by": "turboquant_attn.py:_decode_attention", "gpu": "H200", "partial": False,
-        "unsized": [], "verdict_covers": A.ANY_SCHEDULE, "refusal": None,
+        "unsized": [], "verdict_covers": A.ANY_SCHEDULE, "refusal": None, "vllm_version": "0.33",
     }
 
 

@@ -74,6 +74,17 @@ def test_one_loader_per_version_refuses_an_unknown_one():
         AT.arch_table(0.33)
 
 
+def test_the_default_table_follows_the_runs_version():
+    from tqlab.core import vllm_versions
+
+    try:
+        vllm_versions.select("0.34")
+        assert AT.arch_table() is AT.arch_table("0.34") and "MistralLarge4ForCausalLM" in AT.arch_table()["architectures"]
+    finally:
+        vllm_versions.reset()
+    assert AT.arch_table() is AT.arch_table(vllm_versions.DEFAULT)
+
+
 @pytest.mark.parametrize("arch", TEXT_GENERATION)
 def test_no_text_generation_architecture_is_ok_while_it_reaches_an_unsized_consumer(arch):
     row = TABLE["architectures"][arch]

@@ -7,6 +7,7 @@ import json
 import pytest
 import torch
 
+from tqlab.core import dtypes
 from tqlab.core.config import KV_CACHE_DTYPES, PRESET_DIR, EngineConfig, list_presets, load_preset, parse_dtype
 
 NEMOTRON = "nemotron-3-super-120b-a12b"
@@ -25,7 +26,7 @@ def test_defaults_match_the_issue_and_vllm():
     assert (c.max_model_len, c.max_num_seqs, c.max_num_batched_tokens) == (8192, 256, 8192)
     assert c.enable_chunked_prefill is True
     assert c.block_size == 16
-    assert c.dtype is torch.bfloat16
+    assert c.dtype is dtypes.bfloat16 and c.torch_dtype is torch.bfloat16
     assert c.kv_cache_dtype == "auto"
     assert c.tq_max_kv_splits_for_cuda_graph == 32
     assert c.enable_dbo is False and c.num_ubatches == 1
@@ -68,8 +69,10 @@ def test_kv_cache_dtypes():
     ],
 )
 def test_dtype_names_are_accepted(name, expected):
-    assert parse_dtype(name) is expected
-    assert EngineConfig(**HEADS, dtype=name).dtype is expected
+    # the torch-free stand-in (issue 30: plan and inspect-vllm never import torch), equal to torch's dtype
+    assert parse_dtype(name) is dtypes.standin(expected) and parse_dtype(name) == expected
+    c = EngineConfig(**HEADS, dtype=name)
+    assert type(c.dtype) is dtypes.DType and c.dtype == expected and c.torch_dtype is expected
 
 
 @pytest.mark.parametrize("bad", ["int8", torch.int8, torch.float64, None, 16, "float8"])
@@ -287,7 +290,7 @@ def test_nemotron_preset_is_the_bug_report_deployment():
     assert (c.max_num_seqs, c.max_model_len, c.max_num_batched_tokens) == (4, 131072, 4096)
     assert c.enable_chunked_prefill is True
     assert c.kv_cache_dtype == "turboquant_3bit_nc"
-    assert c.dtype is torch.bfloat16
+    assert c.dtype is dtypes.bfloat16 and c.torch_dtype is torch.bfloat16
     assert c.block_size == 16
     assert c.tq_max_kv_splits_for_cuda_graph == 32
     assert load_preset(NEMOTRON)["default_prompt_tokens"] == 8192
@@ -306,7 +309,7 @@ def test_pr_44053_preset_is_the_fix_prs_unit_test():
     assert (c.num_heads_per_rank, c.num_kv_heads_per_rank) == (8, 4)
     assert (c.max_num_seqs, c.block_size, c.max_model_len, c.max_num_batched_tokens) == (16, 32, 8192, 4096)
     assert c.tq_max_kv_splits_for_cuda_graph == 4
-    assert c.dtype is torch.float16
+    assert c.dtype is dtypes.float16 and c.torch_dtype is torch.float16
     assert c.enable_chunked_prefill is True
 
 

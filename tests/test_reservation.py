@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tqlab.core.reservation as res
+from tqlab.core import dtypes
 from tqlab.core.config import EngineConfig
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
@@ -138,10 +139,11 @@ def test_plan_for_pr_44053_unit_test_is_exactly_the_issues():
         (((16, 8, 4, 129), f32), ((16, 8, 128), f16), ((16, 8), f32)),
         (((1, 4, 8192, 128), f16), ((1, 4, 8192, 128), f16)),
     ]
-    # shapes are tuples of plain ints, dtypes torch.dtype
+    # shapes are tuples of plain ints, dtypes the torch-free stand-ins (issue 30: the predictor never imports torch)
+    D = dtypes.DType
     assert _types(plan) == [
-        [(tuple, (int,) * 4, torch.dtype), (tuple, (int,) * 3, torch.dtype), (tuple, (int,) * 2, torch.dtype)],
-        [(tuple, (int,) * 4, torch.dtype)] * 2,
+        [(tuple, (int,) * 4, D), (tuple, (int,) * 3, D), (tuple, (int,) * 2, D)],
+        [(tuple, (int,) * 4, D)] * 2,
     ]
     assert [compute_layout(call).total_bytes for call in plan] == [PR_LOCKED, 16 * MiB]
     assert plan_bytes(plan) == 16 * MiB

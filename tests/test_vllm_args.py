@@ -96,7 +96,7 @@ def test_serve_lines_parse_as_vllm(line, expected):
 
 def test_notes_for_prefixes_and_a_boolean_word_as_model():
     assert parse_serve_args("vllm serve M --max-num-seq 4")[1] == [
-        "--max-num-seq read as --max-num-seqs: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)"]
+        "--max-num-seq read as --max-num-seqs: vLLM's parser accepts unique prefixes (argparse allow_abbrev)"]
     assert parse_serve_args("vllm serve --enable-chunked-prefill false")[1] == [
         "model 'false': vLLM reads a word after a boolean flag as the model name (booleans take no value)"]
 
@@ -595,7 +595,7 @@ def test_deployment_from_preset_says_which_fields_the_line_set():
     assert d.sources["tensor_parallel_size"] == "flag --tensor-parallel-size"
     assert d.sources["max_model_len"] == "preset nemotron-3-super-120b-a12b"
     assert d.notes == ["preset nemotron-3-super-120b-a12b",
-                       "--max-num-seq read as --max-num-seqs: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)",
+                       "--max-num-seq read as --max-num-seqs: vLLM's parser accepts unique prefixes (argparse allow_abbrev)",
                        "vLLM flags with no effect on the workspace: --enable-lora"]
     with pytest.raises(ValueError, match="unknown preset 'nope'"):
         deployment_from_preset("vllm serve M", "nope")

@@ -16,8 +16,10 @@ def _clean(monkeypatch):
 
 
 def test_supported_and_default():
-    assert vv.SUPPORTED == ("0.33", "0.34")
-    assert vv.DEFAULT == "0.34" and vv.current() is vv.VERSIONS["0.34"]
+    """The default is the newest version whose start-up rules are modelled (0.33 while 0.34's are partial)."""
+    assert vv.SUPPORTED == ("0.33", "0.34") and vv.NEWEST == "0.34"
+    assert not vv.VERSIONS["0.34"].startup_rules_modelled
+    assert vv.DEFAULT == "0.33" and vv.current() is vv.VERSIONS["0.33"]
 
 
 @pytest.mark.parametrize("text", ["0.34", "0.34.0", "v0.34", " 0.34 "])
@@ -54,6 +56,7 @@ def test_what_differs():
     assert v33.view_alignment == v34.view_alignment == 256
     assert v34.release == "0.34.0" and v33.release == "0.33.0"
     assert (v33.startup_rules_modelled, v34.startup_rules_modelled) == (True, False)
+    assert (v33.decode_graphs_in_requests, v34.decode_graphs_in_requests) == (False, True)
 
 
 def test_data_files_are_named_by_version():

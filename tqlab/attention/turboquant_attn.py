@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import Protocol
 
+from tqlab.core.dtypes import as_torch
 import torch
 import torch.nn.functional as F
 
@@ -35,6 +36,7 @@ from tqlab.core.reservation import (
     reserve_workspace,
 )
 from tqlab.core.workspace import WorkspaceManager
+from tqlab.turboquant.spec import kv_cache_bytes_per_token  # noqa: F401  (re-exported: tqlab.attention)
 
 __all__ = [
     "AttentionMetadata",
@@ -175,7 +177,7 @@ class Fp16KVCache:
         self.num_kv_heads = config.num_kv_heads_per_rank
         self.head_dim = config.head_dim
         self.block_size = config.block_size
-        self.dtype = config.dtype
+        self.dtype = config.torch_dtype
 
     def allocate(self, num_blocks: int, device: torch.device) -> torch.Tensor:
         return torch.zeros(
@@ -364,7 +366,7 @@ class TurboQuantAttentionBackend:
         if use_workspace and self.uses_workspace:
             mid_out, output, lse = self.workspace.get_simultaneous(*shapes)
         else:
-            mid_out, output, lse = (torch.empty(s, dtype=d, device=query.device) for s, d in shapes)
+            mid_out, output, lse = (torch.empty(s, dtype=as_torch(d), device=query.device) for s, d in shapes)
         self.cache_format.decode(query, cache, block_tables, seq_lens, self.scale, mid_out, output, lse)
         return output
 
@@ -413,7 +415,7 @@ class TurboQuantAttentionBackend:
         if self.uses_workspace:
             k_buf, v_buf = self.workspace.get_simultaneous(*shapes)
         else:  # not TurboQuant's backend in vLLM: the buffers are this call's own
-            k_buf, v_buf = (torch.empty(s, dtype=d, device=query.device) for s, d in shapes)
+            k_buf, v_buf = (torch.empty(s, dtype=as_torch(d), device=query.device) for s, d in shapes)
         self.cache_format.dequant(cache, block_table_row, cached_len, k_buf, v_buf)
         if query.device.type == "meta":  # shapes only: skip the O(context) cat, mask and SDPA shape arithmetic
             return self._sdpa(query, key, value, cached_len=cached_len)
@@ -448,7 +450,3 @@ class TurboQuantAttentionBackend:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         return out[0].transpose(0, 1)
 
-
-def kv_cache_bytes_per_token(config: EngineConfig) -> int:
-    """KV-cache bytes one token costs on one rank, all layers, in the configured cache format."""
-    return make_kv_cache_format(config).bytes_per_token() * config.num_hidden_layers

@@ -19,6 +19,7 @@ from tqlab.cli.options import (
     _write_json,
     exit_by_verdict,
     request_options,
+    vllm_option,
     ways_out_report,
 )
 
@@ -34,6 +35,7 @@ from tqlab.cli.options import (
 @click.option("--gpu", type=GpuName(), default="H200", show_default=True, help=GPU_HELP)
 @click.option("--gpu-memory-gib", type=float, default=None,
               help="GPU memory in GiB, for vLLM's default batch limits (wins over --gpu's)")
+@vllm_option
 @click.option("--demo", is_flag=True, help="also run the crashing chunk through vLLM's own classes on CPU (needs vLLM)")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the report as JSON ('-': standard output, then only the JSON)")
@@ -46,7 +48,7 @@ def inspect_vllm_cmd(engine_args, model_config, preset, prompt_tokens, max_token
     prompt needs, whether it overflows the locked size with and without the
     fix, and the safe max_model_len. vLLM itself is only needed for --demo.
     "--json -" writes the report to standard output, and nothing else. Bad
-    input (a flag vLLM 0.33 does not know, a bad value, a bad config.json
+    input (a flag the --vllm release does not know, a bad value, a bad config.json
     field, --gpu-memory-gib that is not a finite number > 0, a --json path in
     a missing folder) is a one-line usage error (exit 2). --json never writes
     under data/ or over a trace record, nor over an existing file without
@@ -115,7 +117,8 @@ def _add_ways_out(report: dict, max_tokens: int) -> None:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="also write the merged report as JSON ('-': standard output, then only the JSON)")
 @force_option
-def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path, force) -> None:
+@vllm_option(recorded=True)
+def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path, force, vllm) -> None:
     """Merge the vLLM plugin's per-process records in TRACE_DIR; hold them against the prediction.
 
     Run vLLM with TQLAB_VLLM_TRACE=TRACE_DIR (tqlab installed in vLLM's environment):
@@ -135,7 +138,7 @@ def trace_report_cmd(trace_dir, model_config, preset, engine_args, json_path, fo
     if preset is not None:
         _check_preset(preset)
     try:
-        report = trace_report(trace_dir, engine_args, model_config, preset=preset)
+        report = trace_report(trace_dir, engine_args, model_config, preset=preset, vllm=vllm)
     except (ValueError, TypeError) as e:
         raise click.UsageError(str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     if json_path is not None:

@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from tqlab.core import vllm_versions
 from tqlab.core.config import CUDAGRAPH_MODES, KV_CACHE_DTYPES, EngineConfig, field_help, load_preset
 
 MiB = 1 << 20
@@ -150,6 +151,34 @@ def ways_out_report(config: EngineConfig, *, crashed: bool, locked_bytes: int | 
 
     ways = ways_out(config, locked_bytes=locked_bytes, max_tokens=max_tokens)
     return [w.to_json() for w in ways], way_out_lines(ways, crashed=crashed)
+
+
+def _select_vllm(ctx, param, value):
+    """``--vllm``'s callback: choose the run's release once, before any other option is read (the flag table,
+    the rules and the data all follow it); no ``--vllm`` goes back to ``$TQLAB_VLLM_VERSION`` / the default."""
+    try:
+        return vllm_versions.select(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--vllm") from None
+
+
+def vllm_option(f=None, *, recorded: bool = False):
+    """``--vllm 0.33|0.34`` (:func:`tqlab.core.vllm_versions.select`), shared by ``plan``, ``inspect-vllm``, ``repro``
+    and ``trace-report``. ``recorded`` (``trace-report``): the value is passed to the command (None when not given:
+    the release the records name) instead of being selected for the run."""
+    help_ = (f"the vLLM release to model ({', '.join(vllm_versions.SUPPORTED)}; default "
+             + ("the release the records ran, " if recorded else "")
+             + f"${vllm_versions.ENV}, else {vllm_versions.DEFAULT}, the newest whose start-up rules tqlab models; "
+             f"{vllm_versions.NEWEST}'s verdicts are partial)")
+    kw = dict(expose_value=True) if recorded else dict(is_eager=True, expose_value=False, callback=_select_vllm)
+    deco = click.option("--vllm", "vllm", type=click.Choice(vllm_versions.SUPPORTED), default=None,
+                        metavar="VERSION", help=help_, **kw)
+    return deco if f is None else deco(f)
+
+
+def version_line() -> str:
+    """The first line of every report: the release modelled (:func:`tqlab.core.vllm_versions.describe`)."""
+    return vllm_versions.describe()
 
 
 def _console():

@@ -22,6 +22,8 @@ from tqlab.cli.options import (
     exit_by_verdict,
     request_max_tokens,
     request_options,
+    version_line,
+    vllm_option,
     ways_out_report,
 )
 
@@ -31,6 +33,7 @@ from tqlab.cli.options import (
 @click.option("--json", "json_path", type=str, default=None,
               help="write the prediction as JSON to FILE ('-': stdout, which then holds only the JSON)")
 @force_option
+@vllm_option
 @_override_options
 def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> None:
     """The fix's reservation per consumer per rank, its share of the KV cache, and the unfixed limit.
@@ -64,7 +67,7 @@ def plan(preset, prompt_tokens, max_tokens, json_path, force, **overrides) -> No
         _write_json(obj, json_path)
     if json_path != "-":
         console = _console()
-        for line in lines + ([f"[yellow]note[/] {capped}"] if capped else []):
+        for line in [version_line(), *lines] + ([f"[yellow]note[/] {capped}"] if capped else []):
             console.print(line)
     exit_by_verdict(obj)
 
@@ -80,6 +83,7 @@ def _print_refusal(pred, config: EngineConfig, json_path) -> None:
     if json_path != "-":
         console = _console()
         console.print(refusal_line(pred), markup=False, highlight=False)
+        console.print(version_line(), markup=False, highlight=False)
         console.print(f"config {_config_line(config)}", markup=False, highlight=False)
     exit_by_verdict(obj)
 
@@ -114,7 +118,7 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
     from rich.table import Table
 
     from tqlab.core.reservation import plan_bytes, reservation_plan
-    from tqlab.core.workspace import compute_layout, format_mb
+    from tqlab.core.workspace_layout import compute_layout, format_mb
 
     calls = reservation_plan(config) if pred.turboquant_consumers else []  # none on an attention-free class
     names = ["split-KV decode scratch (max_num_seqs rows)", "continuation-prefill dequant buffers (max_model_len - 1 cached)"]
@@ -145,16 +149,20 @@ def _plan_lines(config: EngineConfig, pred, decode_refusal: dict | None = None) 
 
     out += consumer_lines(pred)
     if pred.locked_bytes is None:
-        out.append("without the fix: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph "
+        out.append("without the fix: the workspace is never locked (vLLM locks only at the end of CUDA graph "
                    "capture), so no prompt hits the locked-workspace assertion")
         return out + [verdict_line(pred)]
     bad = pred.first_failing_prompt_tokens
-    survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
-                f"every prompt crashes at its first decode step ({decode_refusal['caller']} asks "
-                f"{decode_refusal['required_bytes']:,} bytes); without decode steps (--max-tokens 1) the longest prompt "
-                f"that survives is {bad - 1 if bad else config.max_model_len - 1} tokens" if decode_refusal else
-                f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
-                else "every prompt up to max_model_len survives its prefill")
+    if decode_refusal:  # the bounds count the decode steps: ask the prefill alone (--max-tokens 1) for the rest
+        alone = _predict(config, max_tokens=1).first_failing_prompt_tokens
+        survives = (f"every prompt crashes at its first decode step ({decode_refusal['caller']} asks "
+                    f"{decode_refusal['required_bytes']:,} bytes); without decode steps (--max-tokens 1) "
+                    + ("every prompt crashes too: another consumer overflows the lock" if alone == 1 else
+                       f"the longest prompt that survives is {alone - 1 if alone else config.max_model_len - 1} tokens"))
+    else:
+        survives = ("every prompt crashes: another consumer overflows the lock (see the verdict)" if bad == 1 else
+                    f"longest prompt that survives: {bad - 1} tokens (a {bad}-token prompt crashes)" if bad is not None
+                    else "every prompt up to max_model_len survives its prefill")
     out.append(
         f"without the fix the workspace locks at {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB): "
         + survives + f"; verdict: {pred.verdict}" + (" (PARTIAL: unmodelled consumers)" if pred.partial else "")

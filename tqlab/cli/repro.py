@@ -10,6 +10,7 @@ import click
 from tqlab.core.config import EngineConfig, load_preset
 
 from tqlab.cli.options import (
+    EXIT_CODES,
     _build_config,
     _config_line,
     _console,
@@ -17,6 +18,8 @@ from tqlab.cli.options import (
     _predict,
     request_max_tokens,
     request_options,
+    version_line,
+    vllm_option,
 )
 
 _CPU_BYTES_LIMIT = 4 << 30  # a CPU run that would build more than this goes to meta
@@ -75,10 +78,10 @@ def _pick_device(device: str, config: EngineConfig, prompt_tokens: int, max_toke
 
 
 def _describe(pred) -> str:
-    from tqlab.core.workspace import format_mb
+    from tqlab.core.workspace_layout import format_mb
 
     if pred.verdict == "never_locked":
-        return "completes: the workspace is never locked (vLLM 0.33 locks only at the end of CUDA graph capture)"
+        return "completes: the workspace is never locked (vLLM locks only at the end of CUDA graph capture)"
     # vLLM's own message, quoted: its "MB" is 2**20 bytes (MiB, the unit of tqlab's other lines)
     what = (f"locked-workspace assertion: {pred.first_refused_call['caller']} requires "
             f"{format_mb(pred.first_refused_call['required_bytes'])} MB, current size is "
@@ -95,16 +98,18 @@ def _describe(pred) -> str:
               help="reserve the worst case before capture (vLLM PR #44053)")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda", "meta"]), default="auto", show_default=True,
               help="auto: cpu, or meta (shapes only) when a CPU run would exceed ~4 GiB or ~30 s")
+@vllm_option
 @_override_options
 def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     """Walk the engine lifecycle and send one prompt; check the run against tqlab.predict.analysis.predict.
 
-    Exit status 0 when the run behaves as predicted (crash, completes, or never locked), 1 otherwise.
+    Exit status 0 when the run behaves as predicted (crash, completes, or never locked), 1 otherwise;
+    5 when vLLM refuses to start the deployment (its reason is printed, the engine is not run).
     With --preset, the preset's own max_num_seqs and max_num_batched_tokens (plan and inspect-vllm take
     vLLM's defaults for --gpu instead); give them as flags to replay a server.
     """
     from tqlab.engine import LLMEngine
-    from tqlab.core.workspace import format_mb
+    from tqlab.core.workspace_layout import format_mb
 
     console = _console()
     if device == "cuda":
@@ -117,10 +122,16 @@ def repro(preset, prompt_tokens, max_tokens, fix, device, **overrides) -> None:
     if prompt_tokens is None:
         prompt_tokens = load_preset(preset).get("default_prompt_tokens", 8192) if preset else 8192
     max_tokens, capped = request_max_tokens(config, prompt_tokens, max_tokens)
+    console.print(f"[bold]release[/] {version_line()}")
     console.print(f"[bold]config[/] {_config_line(config)}")
     if capped:
         console.print(f"[yellow]note[/] {capped}")
     pred = _predict(config, prompt_tokens=prompt_tokens, max_tokens=max_tokens, fix=fix)
+    if pred.verdict == "refused":  # vLLM would not start it: there is no lifecycle to replay
+        from tqlab.predict.consumer_text import refusal_line
+
+        console.print(refusal_line(pred), markup=False, highlight=False)  # vLLM's reason holds "[...]" lists
+        sys.exit(EXIT_CODES["refused"])
     console.print(f"[bold]prediction[/] prompt of {prompt_tokens} tokens, fix={'on' if fix else 'off'}: {_describe(pred)}")
     device = _pick_device(device, config, prompt_tokens, max_tokens, fix, console)
 
@@ -180,7 +191,7 @@ def _failure_text(e: BaseException) -> str:
 def _serve_one(engine, prompt_tokens: int, max_tokens: int, console) -> bool:
     """Send the one request and step until done; print the outcome. Returns whether it crashed."""
     from tqlab.engine import EngineDeadError
-    from tqlab.core.workspace import format_mb
+    from tqlab.core.workspace_layout import format_mb
 
     console.print(f"[bold]request[/] {prompt_tokens}-token prompt, max_tokens={max_tokens}")
     try:

@@ -15,10 +15,9 @@ import dataclasses
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # pragma: no cover - torch is imported lazily so `tqlab --help` stays fast
-    import torch
+from tqlab.core import dtypes
 
 __all__ = [
     "CUDAGRAPH_MODES",
@@ -107,12 +106,12 @@ _FIELD_HELP = {
     "kv_cache_dtype": "KV-cache format as vLLM names it: auto, float16, fp8, ... or a TurboQuant preset",
     "tq_max_kv_splits_for_cuda_graph": "split-KV decode splits S, vLLM's attention_config field (count)",
     "enable_dbo": "dual-batch overlap: 2 workspace ubatch slots instead of 1",
-    "enforce_eager": "no CUDA graph capture; in vLLM 0.33 the workspace is then never locked",
+    "enforce_eager": "no CUDA graph capture; vLLM then never locks the workspace",
     "cudagraph_capture_sizes": "explicit capture sizes (tokens per captured batch); replace vLLM's default list",
     "num_speculative_tokens": "draft tokens k per step (--speculative-config); uniform decode query length is 1 + k",
-    "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM 0.33's, FULL_AND_PIECEWISE)",
+    "cudagraph_mode": "NONE, PIECEWISE, FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE (default: vLLM's, FULL_AND_PIECEWISE)",
     "max_cudagraph_capture_size": "largest capture size (tokens); default min(2 * max_num_seqs * (1 + k), 512)",
-    "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, not vLLM 0.33): lock after an eager start-up too",
+    "lock_workspace_when_eager": "variant 'lock-on-eager' (a proposed upstream change, unreleased): lock after an eager start-up too",
     "max_num_scheduled_tokens": "tokens the scheduler issues per step, the prefill chunk size (default: max_num_batched_tokens)",
     "enable_prefix_caching": "prefix caching (vLLM's default on): a cache hit starts a prompt with whole blocks cached",
     "mamba_block_aligned_split": "hybrid model with prefix caching on: prefill chunks that are not a prompt's last end on a block boundary",
@@ -156,20 +155,20 @@ _DTYPE_NAMES = {
 }
 
 
-def parse_dtype(value: Any) -> "torch.dtype":
-    """A model dtype from a ``torch.dtype`` or a name (``'bfloat16'``, ``'fp16'``, ...).
+def parse_dtype(value: Any) -> dtypes.DType:
+    """A model dtype from a ``torch.dtype``, its stand-in or a name (``'bfloat16'``, ``'fp16'``, ...), as the
+    torch-free stand-in :class:`tqlab.core.dtypes.DType` (equal to the torch dtype of the same name; convert
+    with :func:`tqlab.core.dtypes.as_torch` where a tensor is made). Never imports torch.
 
     Raises ``ValueError`` naming the value if it is not bf16, fp16 or fp32.
     """
-    import torch
-
-    if isinstance(value, torch.dtype):
-        dt = value
+    if dtypes.is_dtype(value):
+        dt = dtypes.standin(value)
     elif isinstance(value, str) and value.lower().removeprefix("torch.") in _DTYPE_NAMES:
-        dt = getattr(torch, _DTYPE_NAMES[value.lower().removeprefix("torch.")])
+        dt = dtypes.by_name(_DTYPE_NAMES[value.lower().removeprefix("torch.")])
     else:
         raise ValueError(f"dtype must be bfloat16, float16 or float32 (a torch.dtype or its name), got {value!r}")
-    if dt not in (torch.bfloat16, torch.float16, torch.float32):
+    if dt not in (dtypes.bfloat16, dtypes.float16, dtypes.float32):
         raise ValueError(f"dtype must be bfloat16, float16 or float32, got {dt}")
     return dt
 
@@ -181,7 +180,8 @@ class EngineConfig:
     Model shape (whole model, before tensor parallelism):
         num_attention_heads, num_key_value_heads, head_dim: required.
         num_hidden_layers: layers that use this attention backend (1).
-        dtype: model dtype, ``torch.dtype`` or name (``bfloat16``).
+        dtype: model dtype, ``torch.dtype`` or name (``bfloat16``); stored as its torch-free stand-in
+        (:class:`tqlab.core.dtypes.DType`, ``== torch.bfloat16``; :attr:`torch_dtype` is torch's own).
     Parallelism:
         tensor_parallel_size (1); enable_dbo (False: 1 ubatch slot, True: 2).
     Scheduler (vLLM defaults):
@@ -193,13 +193,13 @@ class EngineConfig:
         block_size (16 tokens per KV-cache block), kv_cache_dtype (``auto`` or a
         TurboQuant preset), tq_max_kv_splits_for_cuda_graph (32: the fixed
         number of split-KV decode splits, vLLM's ``attention_config`` field).
-    Capture (vLLM 0.33 semantics, see :mod:`tqlab.core.vllm_rules`):
-        enforce_eager (False). True: no capture; vLLM 0.33 then never locks the
+    Capture (vLLM's semantics per release, see :mod:`tqlab.core.vllm_rules`):
+        enforce_eager (False). True: no capture; vLLM then never locks the
         workspace (``gpu_worker.py`` ``compile_or_warm_up_model`` skips
         ``capture_model``, the only ``lock_workspace()`` of the serving path).
         cudagraph_capture_sizes (None: vLLM's default list,
         :func:`tqlab.core.vllm_rules.capture_sizes`), in tokens per captured batch.
-        cudagraph_mode (None: vLLM 0.33's default ``FULL_AND_PIECEWISE``; or
+        cudagraph_mode (None: vLLM's default ``FULL_AND_PIECEWISE``; or
         one of :data:`CUDAGRAPH_MODES`; ``NONE`` captures nothing and never locks).
         max_cudagraph_capture_size (None: vLLM's default ceiling).
         lock_workspace_when_eager (False): the named variant "lock-on-eager", a
@@ -455,6 +455,11 @@ class EngineConfig:
         ``turboquant_backend_on_unquantized`` (never a vLLM deployment). False: no workspace call of theirs,
         no reservation (PR #44053's fix lives in TurboQuant's metadata builder), nothing to overflow."""
         return self.is_turboquant or self.turboquant_backend_on_unquantized
+
+    @property
+    def torch_dtype(self):
+        """The model dtype as a ``torch.dtype`` (imports torch): for code that makes a tensor in it."""
+        return dtypes.as_torch(self.dtype)
 
     def kv_bytes_per_token_per_rank(self) -> int:
         """Unquantized (model dtype) K+V bytes per token on one rank, all layers."""

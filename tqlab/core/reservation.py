@@ -28,22 +28,16 @@ backend by ``parity/``).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import torch
-
+from tqlab.core import dtypes
+from tqlab.core.dtypes import DType
 from tqlab.core.hardware import gpu_target
-from tqlab.core.workspace import (
-    WorkspaceManager,
-    compute_layout,
-    current_workspace_manager,
-    is_workspace_manager_initialized,
-    positive_int,
-    round_up,
-)
+from tqlab.core.workspace_layout import compute_layout, positive_int, round_up
 
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
+    from tqlab.core.workspace import WorkspaceManager
 
 __all__ = [
     "CONTINUATION_DECODE_THRESHOLD",
@@ -66,8 +60,10 @@ CONTINUATION_DECODE_THRESHOLD = 128
 """vLLM's ``_CONTINUATION_DECODE_THRESHOLD``: continuation chunks of at most this
 many new tokens use the split-KV decode kernel; longer ones dequantize the cache."""
 
-Shapes = tuple[tuple[tuple[int, ...], torch.dtype], ...]
-"""One ``get_simultaneous`` call: a tuple of ``(shape, dtype)`` pairs."""
+Shapes = tuple[tuple[tuple[int, ...], DType], ...]
+"""One ``get_simultaneous`` call: a tuple of ``(shape, dtype)`` pairs. The dtypes are torch-free stand-ins
+(:mod:`tqlab.core.dtypes`, equal to the torch dtype of the same name): these shapes are counted by the
+predictor without torch, and the workspace manager turns them into torch's dtypes when it makes the views."""
 
 
 def decode_workspace_shapes(
@@ -75,7 +71,7 @@ def decode_workspace_shapes(
     num_heads: int,
     head_dim: int,
     num_kv_splits: int,
-    output_dtype: torch.dtype,
+    output_dtype: Any,
 ) -> Shapes:
     """Workspace views of one split-KV decode call.
 
@@ -85,23 +81,24 @@ def decode_workspace_shapes(
         num_heads: query heads on this rank ``Hq``.
         head_dim: ``D``.
         num_kv_splits: ``S``, vLLM's ``tq_max_kv_splits_for_cuda_graph``.
-        output_dtype: the model dtype.
+        output_dtype: the model dtype (a ``torch.dtype`` or its :mod:`tqlab.core.dtypes` stand-in).
 
     Returns:
         ``(((B, Hq, S, D + 1), float32), ((B, Hq, D), output_dtype), ((B, Hq), float32))``:
         per-split partial outputs with their log-sum-exp in the last column,
-        the reduced output, and the final log-sum-exp.
+        the reduced output, and the final log-sum-exp; every dtype a :class:`~tqlab.core.dtypes.DType`.
+        Raises ``ValueError`` for a non-positive size, ``TypeError`` for an ``output_dtype`` that is no dtype.
     """
     b = positive_int("batch_size", batch_size, 0)
     h = positive_int("num_heads", num_heads)
     d = positive_int("head_dim", head_dim)
     s = positive_int("num_kv_splits", num_kv_splits)
-    if not isinstance(output_dtype, torch.dtype):
-        raise TypeError(f"output_dtype must be a torch.dtype, got {output_dtype!r}")
+    if not dtypes.is_dtype(output_dtype):
+        raise TypeError(f"output_dtype must be a torch.dtype (or a tqlab.core.dtypes.DType), got {output_dtype!r}")
     return (
-        ((b, h, s, d + 1), torch.float32),
-        ((b, h, d), output_dtype),
-        ((b, h), torch.float32),
+        ((b, h, s, d + 1), dtypes.float32),
+        ((b, h, d), dtypes.standin(output_dtype)),
+        ((b, h), dtypes.float32),
     )
 
 
@@ -203,7 +200,7 @@ def continuation_workspace_shapes(cached_len: int, num_kv_heads: int, head_dim: 
     d = positive_int("head_dim", head_dim)
     bs = positive_int("block_size", block_size)
     shape = (1, hk, round_up(c, bs), d)
-    return ((shape, torch.float16), (shape, torch.float16))
+    return ((shape, dtypes.float16), (shape, dtypes.float16))
 
 
 @dataclass(frozen=True)
@@ -281,7 +278,7 @@ def plan_bytes(plan: list[Shapes]) -> int:
 
 
 def reserve_workspace(
-    config: "EngineConfig", manager: WorkspaceManager | None = None, *, decode_batch: int | None = None
+    config: "EngineConfig", manager: "WorkspaceManager | None" = None, *, decode_batch: int | None = None
 ) -> list[Shapes]:
     """Make the reservation calls on ``manager`` (default: the current one), in the caller's ubatch slot.
 
@@ -298,6 +295,8 @@ def reserve_workspace(
     (``if not is_workspace_manager_initialized(): return``). Raises ``WorkspaceLockedError`` if
     the manager is locked and too small (reserve before locking).
     """
+    from tqlab.core.workspace import current_workspace_manager, is_workspace_manager_initialized  # torch: real views
+
     if manager is None and not is_workspace_manager_initialized():
         return []  # vLLM: no manager yet (e.g. a builder made outside a worker) -> no reservation
     m = current_workspace_manager() if manager is None else manager

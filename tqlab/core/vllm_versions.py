@@ -21,18 +21,28 @@ rules that differ between releases live here under one name; the rest of the pac
   the sparse indexer's rows are the same rule in both (``get_max_prefill_buffer_size``:
   ``max_model_len * 8 * factor``, factor 5 up to 256 Ki tokens, else 2).
 
+* **Capture sizes.** 0.33 rounds every capture size up to a multiple of ``1 + k`` for the V1 runner
+  (``CompilationConfig.adjust_cudagraph_sizes_for_spec_decode``); 0.34's ``VllmConfig._split_cudagraph_capture_sizes``
+  keeps prefill graphs in tokens and decode graphs in requests (:attr:`VllmVersion.decode_graphs_in_requests`;
+  the rules: :mod:`tqlab.core.vllm_rules`).
+
 Chosen once per run: :func:`select` (the CLI's ``--vllm``), else ``$TQLAB_VLLM_VERSION``, else
-:data:`DEFAULT` (the newest). Pure Python; imports nothing from tqlab (the lowest layer of ``tqlab.core``).
+:data:`DEFAULT`: the newest version whose start-up rules tqlab models (:attr:`VllmVersion.startup_rules_modelled`);
+:data:`NEWEST` may be newer, and a run that selects it gets ``partial`` answers where the rules are missing.
+Pure Python; imports nothing from tqlab (the lowest layer of ``tqlab.core``).
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 from pathlib import Path
 
 __all__ = [
-    "DEFAULT", "ENV", "SUPPORTED", "VERSIONS", "VllmVersion", "current", "get", "reset", "select",
+    "BUG_REPORT", "DEFAULT", "ENV", "NEWEST", "SUPPORTED", "VERSIONS", "VllmVersion", "current", "describe", "get", "reset", "select",
+    "using",
 ]
 
 ENV = "TQLAB_VLLM_VERSION"
@@ -58,12 +68,27 @@ class VllmVersion:
         view_alignment: bytes every workspace view starts at (256 in both; named ``_VIEW_ALIGNMENT`` in 0.34).
         added_consumers / removed_consumers: CUDA workspace call sites (``path:function`` under ``vllm/``) new
             in this release / gone since the previous one (from the two censuses).
-        startup_rules_modelled: tqlab's start-up rules (``tqlab.core.vllm_rules``: capture sizes, decode rows at
-            the lock) are this release's. False for 0.34: ``VllmConfig._split_cudagraph_capture_sizes``
-            (``vllm/config/vllm.py``) keeps prefill graphs in tokens and decode graphs in requests
-            (``decode_cudagraph_capture_request_sizes``), and ``adjust_cudagraph_sizes_for_spec_decode`` is gone;
-            an answer that depends on them must say it is 0.33's rule (``parity/test_capture_sizes_parity.py``
-            pins where they part).
+        decode_graphs_in_requests: ``VllmConfig._set_cudagraph_sizes`` ends in ``_split_cudagraph_capture_sizes``
+            (``vllm/config/vllm.py``, 0.34): prefill graphs at token counts, FULL decode graphs at request counts
+            (``decode_cudagraph_capture_request_sizes``), no ``adjust_cudagraph_sizes_for_spec_decode``; every
+            capture (PIECEWISE too) builds attention metadata (``CudaGraphManager.capture``,
+            ``vllm/v1/worker/gpu/cudagraph_utils.py``). False: 0.33's V1 rules (sizes rounded to ``1 + k``;
+            ``vllm/v1/worker/gpu_model_runner.py`` ``_dummy_run``).
+        gpu_memory_utilization: what ``--gpu-memory-utilization`` resolves to when not given. 0.33: 0.92
+            (``CacheConfig``, ``vllm/config/cache.py``). 0.34: the flag defaults to None and
+            ``CacheConfig.resolved_gpu_memory_utilization`` gives 1.0 with the extensible KV cache, which
+            ``VllmConfig`` turns on by default on CUDA when nothing it lists rules it out (a KV connector's legacy IPC
+            or custom pool, elastic EP, ...), else 0.92: tqlab takes the plain deployment's 1.0.
+        startup_validation_modelled: whether tqlab models the release's start-up validation (the attention
+            backend names, each backend's ``validate_configuration``, the selector's priorities:
+            :mod:`tqlab.vllm.validation`). 0.33: yes. 0.34: no (its backend enum and ``TRITON_MLA``'s checks differ),
+            so under 0.34 tqlab answers no ``refused`` and the verdict is ``partial``.
+        startup_rules_modelled: everything tqlab answers about start-up (capture sizes, the workspace each capture
+            and warm-up step asks of every consumer, the lock) is this release's. False for 0.34: its capture sizes
+            and decode rows are modelled (:mod:`tqlab.core.vllm_rules`), and so are TurboQuant's one-token rows in V2's
+            JIT warm-up and PIECEWISE captures (``one_token_rows_before_lock``), but the other consumers' requests
+            there are not replayed, so a 0.34 answer is ``partial``
+            (:func:`tqlab.core.consumers.registry.unmodelled` names it).
     """
 
     name: str
@@ -74,7 +99,10 @@ class VllmVersion:
     view_alignment: int = 256
     added_consumers: tuple[str, ...] = ()
     removed_consumers: tuple[str, ...] = ()
+    decode_graphs_in_requests: bool = False
+    gpu_memory_utilization: float = 0.92
     startup_rules_modelled: bool = True
+    startup_validation_modelled: bool = True
 
     @property
     def slug(self) -> str:
@@ -129,7 +157,10 @@ VERSIONS: dict[str, VllmVersion] = {
         runners=("v1/worker/gpu/model_runner.py",),
         jit_warmup_always=True,
         manager_methods=(*_MANAGER_0_33, "get_retained"),
+        decode_graphs_in_requests=True,
+        gpu_memory_utilization=1.0,
         startup_rules_modelled=False,
+        startup_validation_modelled=False,
         added_consumers=(
             "model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py:QwenGatedDeltaNetAttention._forward_flashinfer_prefill",
             "models/kimi_k3/nvidia/kda.py:KimiK3DeltaAttention.__init__",
@@ -148,8 +179,16 @@ VERSIONS: dict[str, VllmVersion] = {
 SUPPORTED: tuple[str, ...] = tuple(VERSIONS)
 """``("0.33", "0.34")``."""
 
-DEFAULT = SUPPORTED[-1]
-"""The newest supported version: what a run uses unless told otherwise."""
+NEWEST = SUPPORTED[-1]
+"""The newest supported version (``--vllm``'s choices end with it)."""
+
+DEFAULT = [name for name, v in VERSIONS.items() if v.startup_rules_modelled][-1]
+"""What a run uses unless told otherwise: the newest version whose start-up rules tqlab models (0.34's are not yet:
+:attr:`VllmVersion.startup_rules_modelled`), so an unchosen run never gets an answer built on missing rules."""
+
+BUG_REPORT = "0.33"
+"""The release the bug-report path is modelled on: ``repro`` / ``LLMEngine(fix=False)`` under it is "vLLM 0.33 without
+PR #44053", the behaviour of the v0.20 report (under another release, that release with the reservation removed)."""
 
 _selected: VllmVersion | None = None
 
@@ -197,3 +236,28 @@ def reset() -> None:
     """Forget :func:`select`'s choice (tests and notebooks)."""
     global _selected
     _selected = None
+
+
+def describe(version: "str | VllmVersion | None" = None) -> str:
+    """One line naming the release an answer models and what that means for its verdict (every report's first
+    lines: ``plan``, ``inspect-vllm``, ``repro``, ``trace-report``). ``version`` None: :func:`current`."""
+    v = get(version)
+    if v.startup_rules_modelled:
+        newer = "" if v.name == NEWEST else (
+            f"; --vllm {NEWEST} models vLLM {NEWEST}, whose start-up is partly modelled")
+        return f"vLLM {v.name} ({v.release}) rules{newer}"
+    return (f"vLLM {v.name} ({v.release}) rules: start-up partly modelled (Model Runner V2's JIT warm-up and PIECEWISE "
+            "captures, consumer by consumer), so a verdict is at best partial")
+
+
+@contextmanager
+def using(version: "str | VllmVersion | None") -> Iterator[VllmVersion]:
+    """Run a block under ``version`` (None: the current choice) and restore the previous choice after it, also on
+    error (``trace-report`` checks records against the release they recorded). ``ValueError`` as :func:`get`."""
+    global _selected
+    chosen, before = get(version), _selected
+    _selected = chosen
+    try:
+        yield chosen
+    finally:
+        _selected = before

@@ -58,6 +58,7 @@ from typing import Iterator, Sequence
 import torch
 
 from tqlab.core import vllm_versions
+from tqlab.core.dtypes import as_torch
 from tqlab.core.workspace_layout import (
     ALIGNMENT,
     MAX_BYTES,
@@ -124,7 +125,7 @@ class WorkspaceManager(WorkspaceSlots):
             peak = old + new). The second exists to measure the difference.
         vllm_version: the vLLM release whose manager API this one has (``"0.33"``, ``"0.34"``; see
             :mod:`tqlab.core.vllm_versions`); ``None`` (default) takes the run's version
-            (:func:`tqlab.core.vllm_versions.current`, the newest unless chosen). Only 0.34 on has
+            (:func:`tqlab.core.vllm_versions.current`, :data:`~tqlab.core.vllm_versions.DEFAULT` unless chosen). Only 0.34 on has
             :meth:`get_retained`.
 
     Raises:
@@ -270,7 +271,7 @@ class WorkspaceManager(WorkspaceSlots):
             buf = self._empty
         self._forget_retained_below(slot, lay.total_bytes)
         views = [
-            buf[off : off + n].view(dt).view(shape)
+            buf[off : off + n].view(as_torch(dt)).view(shape)
             for shape, dt, n, off in zip(lay.shapes, lay.dtypes, lay.nbytes, lay.offsets)
         ]
         if key is not None:
@@ -324,7 +325,7 @@ class WorkspaceManager(WorkspaceSlots):
         start = (buf.numel() - num_bytes) // ALIGNMENT * ALIGNMENT
         intact = self._retained[slot] == (key, start)
         self._retained[slot] = (key, start)
-        return buf[start : start + num_bytes].view(dtype).view(lay.shapes[0]), intact
+        return buf[start : start + num_bytes].view(as_torch(dtype)).view(lay.shapes[0]), intact
 
     def retained_span(self, ubatch: int = 0, lane: int = 0) -> tuple | None:
         """``(key, start)`` of the span slot ``(ubatch, lane)``'s last ``get_retained`` handed out, or None once a

@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+from tqlab.core.dtypes import is_dtype
+
+if TYPE_CHECKING:  # pragma: no cover - torch only where a real tensor is made (tqlab.core.dtypes)
+    import torch
 
 __all__ = [
     "ALIGNMENT", "MAX_BYTES", "MiB", "WorkspaceEvent", "WorkspaceLayout", "WorkspaceLockedError",
@@ -78,14 +81,15 @@ class WorkspaceLayout:
 
     Attributes:
         shapes: the validated shapes, as tuples of ints.
-        dtypes: the requested ``torch.dtype`` of each view.
+        dtypes: the requested dtype of each view, as given (a ``torch.dtype`` or its torch-free
+            stand-in :class:`tqlab.core.dtypes.DType`; the bytes are the same for both).
         nbytes: bytes each view really uses (``numel * itemsize``).
         offsets: byte offset of each view; every offset is a multiple of 256.
         total_bytes: bytes the call needs, ``sum(round_up(nbytes_i, 256))``.
     """
 
     shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[torch.dtype, ...]
+    dtypes: tuple[Any, ...]
     nbytes: tuple[int, ...]
     offsets: tuple[int, ...]
     total_bytes: int
@@ -97,7 +101,7 @@ class WorkspaceLayout:
 
 
 def _validate_shape(index: int, shape: object) -> tuple[int, ...]:
-    if not isinstance(shape, (tuple, list, torch.Size)):
+    if not isinstance(shape, (tuple, list)):  # torch.Size is a tuple
         raise TypeError(
             f"request {index}: shape must be a tuple or list of ints, got "
             f"{type(shape).__name__} {shape!r}"
@@ -138,12 +142,13 @@ def _validate_shape(index: int, shape: object) -> tuple[int, ...]:
     return tuple(dims)
 
 
-def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], torch.dtype]]) -> WorkspaceLayout:
+def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], Any]]) -> WorkspaceLayout:
     """Validate ``(shape, dtype)`` requests and compute their byte layout.
 
     Pure function: allocates nothing. Raises ``TypeError`` for a request that
     is not a ``(shape, dtype)`` pair, a shape that is not a tuple/list, a
-    non-integer dimension or a dtype that is not a ``torch.dtype``;
+    non-integer dimension or a dtype that is neither a ``torch.dtype`` nor a
+    :class:`tqlab.core.dtypes.DType` (the two give the same bytes; torch is not imported);
     ``ValueError`` for a negative dimension or one above 2**63 - 1, a shape
     whose sizes' running product reaches 2**64 or whose contiguous strides
     exceed 2**63 - 1 (even with a zero dimension: torch's size and stride
@@ -159,8 +164,8 @@ def compute_layout(shapes_and_dtypes: Sequence[tuple[Sequence[int], torch.dtype]
         if not isinstance(req, (tuple, list)) or len(req) != 2:
             raise TypeError(f"request {i}: expected a (shape, dtype) pair, got {req!r}")
         shape, dtype = req
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"request {i}: dtype must be a torch.dtype, got {dtype!r}")
+        if not is_dtype(dtype):
+            raise TypeError(f"request {i}: dtype must be a torch.dtype (or a tqlab.core.dtypes.DType), got {dtype!r}")
         dims = _validate_shape(i, shape)
         numel = 1
         for d in dims:
@@ -199,7 +204,7 @@ def _meminfo_bytes(*fields: str) -> dict[str, int] | None:
         return None
 
 
-def allocator_headroom(device: torch.device) -> tuple[int, bool, str] | None:
+def allocator_headroom(device: "torch.device") -> tuple[int, bool, str] | None:
     """How many bytes an allocation on ``device`` can get, known before freeing anything.
 
     Returns ``(limit_bytes, per_allocation, source)`` or None when the allocator
@@ -209,6 +214,8 @@ def allocator_headroom(device: torch.device) -> tuple[int, bool, str] | None:
     it is what all allocations together may take *on top of* the bytes freed.
     """
     if device.type == "cuda":
+        import torch
+
         free, _total = torch.cuda.mem_get_info(device)
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return free + cached, False, "torch.cuda.mem_get_info() free + the caching allocator's unused blocks"

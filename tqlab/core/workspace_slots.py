@@ -27,6 +27,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from tqlab.core.dtypes import DType, as_torch
 from tqlab.core.workspace_layout import WorkspaceEvent, WorkspaceLockedError, format_mb
 
 __all__ = [
@@ -352,7 +353,8 @@ class WorkspaceSlots:
         shape=..., dtype=...")``; refused after the lock like :meth:`get_persistent_resource`.
         """
         factory = torch.zeros if zero_init else torch.empty
-        t = self.get_persistent_resource((torch.Tensor, key), lambda: factory(shape, dtype=dtype, device=self._device))
+        dt = as_torch(dtype) if isinstance(dtype, DType) else dtype  # a torch-free stand-in becomes torch's dtype
+        t = self.get_persistent_resource((torch.Tensor, key), lambda: factory(shape, dtype=dt, device=self._device))
         if t.shape != shape or t.dtype != dtype:
             raise ValueError(
                 f"Persistent workspace {key!r} has shape={t.shape}, dtype={t.dtype}; requested shape={shape}, dtype={dtype}."

@@ -11,7 +11,7 @@ workspace size after it, in ``engine.phases``):
    nothing here (the *undercount* of the bug report); the fused-MoE scratch at ``M = max_num_batched_tokens``
    and the sparse indexer's and Triton MLA's reservations do
 4. ``build_backend``   — ``TurboQuantMetadataBuilder``; with the fix its ``_reserve_workspace()``
-   grows the workspace here (vLLM PR #44053). vLLM 0.33 creates the builders in
+   grows the workspace here (vLLM PR #44053). vLLM creates the builders in
    ``GPUModelRunner.initialize_kv_cache`` → ``initialize_metadata_builders``, i.e. *after* the profile run
    (first inside ``determine_available_memory``'s ``profile_cudagraph_memory``, again in
    ``GPUWorker.initialize_from_config``)
@@ -20,14 +20,14 @@ workspace size after it, in ``engine.phases``):
    ``enforce_eager`` or ``cudagraph_mode`` NONE; PIECEWISE captures pass no attention
    metadata, so only the MoE layers ask the workspace there
 6. ``lock``            — ``lock_workspace()`` on this engine's manager, at the end of capture as in
-   vLLM 0.33's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
+   vLLM's ``GPUModelRunner.capture_model``: an eager (or NONE) start-up never locks
    (``GPUWorker.compile_or_warm_up_model`` skips capture), unless the named variant
    ``lock_workspace_when_eager`` is on; :attr:`LLMEngine.slot_sizer` says which call set the size
 7. serving             — ``add_request`` / ``step`` / ``generate``; every step the other consumers ask at
    that step's shapes (MoE at ``M`` = the step's tokens)
 
 Consumers other than TurboQuant are stand-ins (:mod:`tqlab.engine.consumer_standins`) that ask vLLM's
-shapes with vLLM's caller names. The engine follows vLLM 0.33's rules (:mod:`tqlab.core.vllm_rules`) and
+shapes with vLLM's caller names. The engine follows the run's release's rules (:mod:`tqlab.core.vllm_rules`) and
 stores no prediction: the predictor (:mod:`tqlab.predict`) stands beside it on the same rules, and
 ``tqlab repro`` and the tests compare the two from outside.
 
@@ -45,10 +45,18 @@ from typing import Callable
 
 import torch
 
+from tqlab.core import vllm_versions
 from tqlab.core.workspace_layout import cdiv
 from tqlab.attention import TurboQuantAttentionBackend, TurboQuantMetadataBuilder
 from tqlab.core.config import EngineConfig
-from tqlab.core.vllm_rules import capture_sizes, cudagraph_mode, decode_capture_sizes, locks_workspace
+from tqlab.core.vllm_rules import (
+    capture_sizes,
+    cudagraph_mode,
+    decode_capture_sizes,
+    jit_warmup_decode_rows,
+    locks_workspace,
+    piecewise_capture_one_token_rows,
+)
 from tqlab.engine.consumer_standins import ConsumerStandIns, SlotSizer, StepShape, slot_sizer
 from tqlab.engine.cuda_graph import CUDAGraphDecodeRunner
 from tqlab.engine.model_runner import ModelRunner
@@ -70,7 +78,8 @@ class EngineDeadError(RuntimeError):
         )
 
 
-#: The start-up phases in vLLM 0.33's order, each with the vLLM call it mirrors
+#: The start-up phases every modelled release runs, in vLLM's order, each with the vLLM call it mirrors (the V1 runner's
+#: names; :func:`startup_phases` adds the release's own)
 #: (``vllm/v1/engine/core.py`` ``EngineCore._initialize_kv_caches`` calls the worker's
 #: ``determine_available_memory``, then ``initialize_from_config``, then ``compile_or_warm_up_model``).
 #: ``parity/test_startup_order_parity.py`` checks this order against vLLM's source.
@@ -83,6 +92,20 @@ STARTUP_PHASES: tuple[tuple[str, str], ...] = (
     ("capture", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model"),
     ("lock", "vllm/v1/worker/gpu_model_runner.py GPUModelRunner.capture_model -> lock_workspace"),
 )
+
+#: Model Runner V2's JIT warm-up, between the builders and capture where the release always runs V2
+#: (:attr:`tqlab.core.vllm_versions.VllmVersion.jit_warmup_always`).
+JIT_WARMUP_PHASE = ("jit_warmup", "vllm/v1/worker/gpu_worker.py Worker._compile_or_warm_up_model -> warmup_kernels "
+                                  "(vllm/v1/worker/gpu/warmup.py), before capture_model")
+
+
+def startup_phases(vllm=None) -> tuple[tuple[str, str], ...]:
+    """:data:`STARTUP_PHASES` of release ``vllm`` (None: the run's), with :data:`JIT_WARMUP_PHASE` before ``capture``
+    where it runs; ``parity/test_startup_order_parity.py`` checks it against the installed vLLM's source."""
+    if not vllm_versions.get(vllm).jit_warmup_always:
+        return STARTUP_PHASES
+    at = [name for name, _ in STARTUP_PHASES].index("capture")
+    return (*STARTUP_PHASES[:at], JIT_WARMUP_PHASE, *STARTUP_PHASES[at:])
 
 
 @dataclass
@@ -150,7 +173,7 @@ class LLMEngine:
     ):
         self.config = config
         self.fix = fix
-        capture_sizes(config)  # ValueError where vLLM 0.33 refuses the capture sizes, before anything is built
+        capture_sizes(config)  # ValueError where vLLM refuses the capture sizes, before anything is built
         ConsumerStandIns.check(config)  # ValueError where a consumer cannot size this config, likewise
         try:
             self.device = torch.device(device)
@@ -201,9 +224,10 @@ class LLMEngine:
         with self._phase("profile_run", f"dummy prefill of {profile_tokens} fresh tokens") as ctx:
             self.runner.profile_run(profile_tokens)
             ctx.add(self.standins.profile_run())
-        # vLLM 0.33: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
+        # vLLM: initialize_kv_cache -> initialize_metadata_builders -> builder __init__, after the profile run.
         note = ("with _reserve_workspace() (PR #44053)" if fix
-                else "no reservation: vLLM 0.33 without PR #44053 (the v0.20 report's path)")
+                else f"no reservation: {vllm_versions.current()} without PR #44053"
+                + (" (the v0.20 report's path)" if vllm_versions.current().name == vllm_versions.BUG_REPORT else ""))
         with self._phase("build_backend", note) as ctx:
             self.builder = TurboQuantMetadataBuilder(config, self.workspace, reserve=fix,
                                                      decode_batch=decode_batch_reservation)
@@ -214,12 +238,13 @@ class LLMEngine:
         if after_profile is not None:
             with self._phase("after_profile", getattr(after_profile, "__name__", "hook")):
                 after_profile(self)
+        self._jit_warmup_phase()
         self._capture_phase()
         if before_lock is not None:
             with self._phase("before_lock", getattr(before_lock, "__name__", "hook")):
                 before_lock(self)
         if not locks_workspace(config):
-            with self._phase("lock", "skipped: vLLM 0.33 locks only at the end of capture_model; the workspace can grow"):
+            with self._phase("lock", "skipped: vLLM locks only at the end of capture_model; the workspace can grow"):
                 pass
             return
         with self._phase("lock", "lock_workspace(): growth is now an error") as ctx:
@@ -241,8 +266,23 @@ class LLMEngine:
         note = (f"{mode}: {len(all_sizes)} size(s) up to {all_sizes[-1] if all_sizes else 0} tokens; "
                 f"decode graphs at {len(sizes)} size(s), {1 + config.num_speculative_tokens} token(s) per row, largest first")
         with self._phase("capture", note) as ctx:
+            pw_rows = piecewise_capture_one_token_rows(config)  # V2: PIECEWISE dummies carry attention metadata
+            if pw_rows:
+                self.runner.dummy_decode(pw_rows)
             self.captures = self.runner.capture_model(sizes)
             ctx.add(self.standins.capture(all_sizes if mode != "FULL_DECODE_ONLY" else (), sizes))
+
+    def _jit_warmup_phase(self) -> None:
+        """Model Runner V2's JIT warm-up before capture (``warmup_kernels``, ``vllm/v1/worker/gpu/warmup.py``; only
+        where the release always runs V2): its decode steps of one-token rows (:func:`jit_warmup_decode_rows`; with
+        ``k > 0`` the steps without draft tokens, at most 2 rows). The other consumers' requests in it are not
+        replayed (the version home says so: ``VllmVersion.startup_rules_modelled``)."""
+        rows = jit_warmup_decode_rows(self.config)
+        if not rows:
+            return
+        rows = rows if self.config.num_speculative_tokens == 0 else min(2, rows)
+        with self._phase("jit_warmup", f"V2 warmup_kernels: decode steps of {rows} one-token row(s)"):
+            self.runner.dummy_decode(rows)
 
     def _install_cuda_graphs(self) -> None:
         self.runner.decode_runner = CUDAGraphDecodeRunner(self.runner)
@@ -253,7 +293,7 @@ class LLMEngine:
 
     @property
     def locked_bytes(self) -> int | None:
-        """Size of ubatch slot 0 at the lock (bytes); None when start-up did not lock (vLLM 0.33 eager)."""
+        """Size of ubatch slot 0 at the lock (bytes); None when start-up did not lock (an eager vLLM)."""
         return self.workspace.size_bytes(0) if self.workspace.is_locked() else None
 
     # -- serving ------------------------------------------------------------ #

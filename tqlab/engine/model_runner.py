@@ -53,7 +53,7 @@ class TinyModel:
         # Weights and activations in the model dtype, except on CPU, where bf16/fp16
         # matmuls are slow: float32 there (K/V are still stored in the cache format,
         # and workspace views keep the model dtype).
-        dt = torch.float32 if device.type == "cpu" else config.dtype
+        dt = torch.float32 if device.type == "cpu" else config.torch_dtype
         self.compute_dtype = dt
         g = torch.Generator().manual_seed(seed)
 

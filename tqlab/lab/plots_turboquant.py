@@ -195,7 +195,6 @@ def workspace_vs_cache(cached_lens: Sequence[int], num_kv_heads: int, head_dim: 
     """Per cached length: bytes of the two fp16 continuation-prefill workspace buffers
     (``tqlab.core.reservation.continuation_workspace_shapes``) and of the packed slots they are
     dequantized from (``cached_len * Hk * slot_bytes``)."""
-    import torch
 
     from tqlab.core.reservation import continuation_workspace_shapes
 
@@ -203,7 +202,7 @@ def workspace_vs_cache(cached_lens: Sequence[int], num_kv_heads: int, head_dim: 
     out = []
     for n in cached_lens:
         shapes = continuation_workspace_shapes(n, num_kv_heads, head_dim, block_size)
-        ws = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size() for shape, dt in shapes)
+        ws = sum(math.prod(shape) * dt.itemsize for shape, dt in shapes)
         out.append({"cached_len": n, "workspace_bytes": ws, "packed_bytes": n * num_kv_heads * spec.slot_bytes(head_dim)})
     return out
 

@@ -1,13 +1,15 @@
-"""The one predictor of a deployment, as vLLM 0.33 runs it: the lock, the verdict, the first failing prompt.
+"""The one predictor of a deployment, as vLLM runs it: the lock, the verdict, the first failing prompt.
 
-Every answer is computed from an :class:`~tqlab.core.config.EngineConfig`, vLLM 0.33's rules in
+The release is the run's (:func:`tqlab.core.vllm_versions.current`); where releases differ the rules say so.
+
+Every answer is computed from an :class:`~tqlab.core.config.EngineConfig`, the release's rules in
 :mod:`tqlab.core.vllm_rules` (capture sizes, the lock, the Mamba split: the same functions the
 engine calls, side by side with it) and the consumers' shape functions in
 :mod:`tqlab.core.reservation`. ``tqlab repro``, ``tqlab plan``, ``tqlab inspect-vllm``, the planner
 widget and the notebooks all read one :class:`Prediction` from :func:`predict`; its
 :meth:`Prediction.to_json` is the one JSON builder. Bytes everywhere.
 
-vLLM 0.33 facts mirrored here (the rules themselves are in :mod:`tqlab.core.vllm_rules`):
+vLLM facts mirrored here (the rules themselves are in :mod:`tqlab.core.vllm_rules`):
 
 * what capture asks of the workspace: only FULL uniform-decode captures build attention
   metadata (``GPUModelRunner._dummy_run``, ``vllm/v1/worker/gpu_model_runner.py``); a dummy batch has
@@ -30,6 +32,7 @@ import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tqlab.core import vllm_versions
 from tqlab.core.consumers import registry as consumer_registry
 from tqlab.core.consumers.base import StartUp
 from tqlab.core.notes import Note, NoteKind
@@ -43,13 +46,15 @@ from tqlab.core.vllm_rules import (
     decode_rows_at_lock,
     locks_workspace,
     mamba_block_aligned_split,
+    one_token_rows_before_lock,
 )
-from tqlab.core.workspace import positive_int
+from tqlab.core.workspace_layout import positive_int
 from tqlab.vllm.validation import facts_from_sources, startup_refusal
 from tqlab.predict.prompts import (
     any_schedule_cached_len,
     continuation_bytes,
     decode_bytes,
+    decode_step_refused,
     decode_uses_workspace,
     first_failing_prompt,
     first_refused_call,
@@ -74,6 +79,7 @@ __all__ = [
     "decode_capture_rows",
     "decode_capture_sizes",
     "decode_rows_at_lock",
+    "decode_step_refused",
     "decode_uses_workspace",
     "first_failing_prompt",
     "first_refused_call",
@@ -104,9 +110,10 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     TurboQuant's, and every other consumer's ``reserved_bytes`` (:func:`consumer_table`).
     TurboQuant without the fix: decode views at :func:`decode_rows_at_lock` rows when ``k = 0``
     (the FULL decode capture runs ``_decode_attention``), else 0 (no capture asks the workspace
-    for anything). With the fix (PR #44053): at least the largest call of
+    for anything); where V2's JIT warm-up runs first (vLLM 0.34), at least its decode rows
+    (:func:`~tqlab.core.vllm_rules.one_token_rows_before_lock`). With the fix (PR #44053): at least the largest call of
     :func:`tqlab.core.reservation.reservation_plan`. ``None`` for an eager or ``cudagraph_mode``
-    NONE start-up in vLLM 0.33 (unless ``lock_workspace_when_eager``).
+    NONE start-up (unless ``lock_workspace_when_eager``).
 
     Slot (ubatch 0, lane 0): vLLM 0.33 keys a slot by ``dbo_current_ubatch_id() * num_lanes + lane``
     (``vllm/v1/worker/workspace.py`` ``WorkspaceManager._get_workspace_id``); a builder's or impl's
@@ -120,8 +127,8 @@ def locked_bytes(config: "EngineConfig", *, fix: bool) -> int | None:
     others = max((r.reserved_bytes for r in _other_rows(config)), default=0)
     if not consumer_registry.turboquant_active(config):  # vLLM runs another backend: no TurboQuant call, no reservation
         return others
-    rows = decode_rows_at_lock(config)
-    unfixed = decode_bytes(config, rows) if rows and config.num_speculative_tokens == 0 else 0
+    rows = one_token_rows_before_lock(config)  # FULL decode captures (k = 0) and V2's JIT warm-up
+    unfixed = decode_bytes(config, rows) if rows else 0
     return max(others, max(unfixed, plan_bytes(reservation_plan(config))) if fix else unfixed)
 
 
@@ -166,11 +173,13 @@ class Prediction:
     ``_continuation_prefill`` / ``_decode_attention`` for TurboQuant (the method, as before) and the
     call site as vLLM's assertion names it (``file.py:function``) for any other consumer.
     ``first_failing_prompt_tokens``: TurboQuant's shortest prompt whose prefill overflows, or 1 when
-    another consumer overflows (every request reaches it). ``safe_max_model_len_alone`` /
-    ``_any_schedule``: the largest ``max_model_len`` (capped at the configured one) whose requests
-    all fit ``locked_bytes``, prefilled alone / under any chunking (:func:`safe_max_model_len`);
-    None when no length is safe -- in particular when another consumer overflows the lock at every
-    length (a note says so); ``fixed_safe_any_schedule``: the same against ``locked_bytes_with_fix``.
+    another consumer overflows (every request reaches it) or when every request's first decode step does
+    (:func:`decode_step_refused`: the requests make ``max_tokens - 1`` decode steps; ``max_tokens`` 1 asks the
+    prefill alone). ``safe_max_model_len_alone`` / ``_any_schedule``: the largest ``max_model_len`` (capped at the
+    configured one) whose requests all fit ``locked_bytes``, prefilled alone / under any chunking
+    (:func:`safe_max_model_len`), then decoded; None when no length is safe -- in particular when another consumer
+    overflows the lock at every length (a note says so) or every request's first decode step does;
+    ``fixed_safe_any_schedule``: the same against ``locked_bytes_with_fix``.
     ``locked_source``: one of :data:`LOCKED_SOURCES`. ``turboquant_consumers``:
     :func:`~tqlab.core.consumers.registry.turboquant_active`. ``notes``:
     :class:`~tqlab.core.notes.Note` s (each with a kind) about the prediction, a ``not_modelled`` one
@@ -178,7 +187,8 @@ class Prediction:
     :func:`consumer_table`'s JSON (``consumers``, ``consumers_locked_bytes`` = the largest reservation
     before the lock with the fix as shipped, ``unmodelled``). ``gpu``: the GPU target
     (:func:`tqlab.core.hardware.gpu_target`). ``partial`` (property, and a JSON key): ``unmodelled`` is not
-    empty, so ``"ok"`` means "ok as far as the modelled consumers go".
+    empty, so ``"ok"`` means "ok as far as the modelled consumers go". ``vllm_version``: the release whose rules
+    made it (``"0.33"``; :func:`tqlab.core.vllm_versions.current` when built).
     """
 
     capture_sizes: tuple[int, ...]
@@ -204,6 +214,7 @@ class Prediction:
     unsized: tuple[dict[str, str], ...] = ()
     verdict_covers: str = ""
     refusal: Mapping[str, str] | None = None
+    vllm_version: str = field(default_factory=lambda: vllm_versions.current().name)
 
     @property
     def partial(self) -> bool:
@@ -241,6 +252,7 @@ class Prediction:
             "unsized": [dict(u) for u in self.unsized],
             "verdict_covers": self.verdict_covers,
             "refusal": None if self.refusal is None else dict(self.refusal),
+            "vllm_version": self.vllm_version,
         }
 
     def dumps(self) -> str:
@@ -251,7 +263,7 @@ def _prediction_notes(config: "EngineConfig") -> tuple[Note, ...]:
     """What the numbers do not show: no consumer at all, or where PR #44053's reservation leaves a gap."""
     if not consumer_registry.turboquant_active(config):
         return (Note(NoteKind.NO_CONSUMER, f"kv_cache_dtype={config.kv_cache_dtype!r}: no TurboQuant workspace "
-                     "consumer (vLLM 0.33 runs TurboQuant's backend only for a turboquant_* cache)", "kv_cache_dtype"),)
+                     "consumer (vLLM runs TurboQuant's backend only for a turboquant_* cache)", "kv_cache_dtype"),)
     notes = []
     if not config.enable_chunked_prefill or config.max_num_batched_tokens <= CONTINUATION_DECODE_THRESHOLD:
         notes.append(Note(NoteKind.RESERVATION_GAP,
@@ -269,7 +281,7 @@ def _prediction_notes(config: "EngineConfig") -> tuple[Note, ...]:
 def _eager_decode_note(config: "EngineConfig", locked: int | None) -> list[Note]:
     """A note when a decode batch larger than any captured one overflows ``locked`` (the verdict is per request).
 
-    vLLM 0.33 captures decode batches up to :func:`decode_rows_at_lock` requests; a batch of more (up to
+    vLLM captures decode batches up to :func:`decode_rows_at_lock` requests; a batch of more (up to
     ``max_num_seqs``) runs eagerly after the lock, and ``turboquant_attn.py`` ``_decode_attention`` asks
     ``(B, Hq, S, D + 1)`` at ``B`` rows. Without PR #44053 nothing reserved ``max_num_seqs`` rows. Only for
     ``num_speculative_tokens == 0`` (with ``k`` tokens the rows and the drafter's passes differ)."""
@@ -283,6 +295,18 @@ def _eager_decode_note(config: "EngineConfig", locked: int | None) -> list[Note]
                  f"turboquant_attn.py:_decode_attention for {decode_bytes(config, lo):,} bytes or more > {locked:,} "
                  "locked: it crashes even though each request alone is ok (PR #44053 reserves max_num_seqs rows)",
                  "max_num_seqs")]
+
+
+def _decode_step_note(config: "EngineConfig", locked: int | None, max_tokens: int) -> list[Note]:
+    """A note when every request's first decode step overflows ``locked`` (:func:`decode_step_refused`): then no
+    prompt is short enough and no ``max_model_len`` is safe; ``--max-tokens 1`` asks the prefill alone."""
+    if not decode_step_refused(config, locked, max_tokens):
+        return []
+    who = "_decode_attention" + (" (drafter)" if config.num_speculative_tokens else "")
+    return [Note(NoteKind.RESERVATION_GAP,
+                 f"every request's first decode step asks turboquant_attn.py:{who} for {decode_bytes(config, 1):,} "
+                 f"bytes (one row) > {locked:,} locked: every prompt crashes there, whatever its length, so no "
+                 "max_model_len is safe (--max-tokens 1 asks about the prefill alone)")]
 
 
 def _eager_decode_rows(config: "EngineConfig", locked: int | None) -> int | None:
@@ -307,7 +331,7 @@ def _locked(config: "EngineConfig", fix: bool, measured: int | None) -> tuple[in
         locked = locked_bytes(config, fix=fix)
         return locked, locked_bytes(config, fix=True), "capture" if locked is not None else "never_locked"
     positive_int("locked_bytes", measured, 0)
-    if not locks_workspace(config):  # eager / cudagraph_mode NONE: vLLM 0.33 never locks, whatever was measured
+    if not locks_workspace(config):  # eager / cudagraph_mode NONE: vLLM never locks, whatever was measured
         return None, None, "never_locked"
     fixed = max(measured, locked_bytes(config.replace(lock_workspace_when_eager=True), fix=True))
     return (fixed if fix else measured), fixed, "measured"
@@ -318,11 +342,13 @@ def _uncovered(rows, locked: int | None) -> list[consumer_registry.ConsumerRow]:
     return [] if locked is None else [r for r in rows if r.max_runtime_bytes > locked]
 
 
-def _safe(config: "EngineConfig", locked: int | None, schedule: str, rows) -> int | None:
-    """:func:`safe_max_model_len` against ``locked``; None when another consumer overflows it at any length."""
+def _safe(config: "EngineConfig", locked: int | None, schedule: str, rows, max_tokens: int) -> int | None:
+    """:func:`safe_max_model_len` against ``locked``; None when another consumer overflows it at any length, or when
+    every request's first decode step does (:func:`decode_step_refused`; ``max_tokens`` 1, no decode step, asks the
+    prefill-only bound)."""
     if locked is None:
         return config.max_model_len
-    if _uncovered(rows, locked):
+    if _uncovered(rows, locked) or decode_step_refused(config, locked, max_tokens):
         return None
     return safe_max_model_len(config, locked, schedule=schedule)
 
@@ -370,12 +396,13 @@ def _first_refused(config: "EngineConfig", n: int, locked: int | None, max_token
     return min(events, key=lambda e: e[:2])[2] if events else None
 
 
-def _first_failing(config: "EngineConfig", locked: int | None, rows) -> int | None:
+def _first_failing(config: "EngineConfig", locked: int | None, rows, max_tokens: int) -> int | None:
     """Shortest failing prompt: TurboQuant's (:func:`first_failing_prompt`, its prefill alone), or 1 when another
-    consumer overflows ``locked`` (every request reaches it: in its first step, or its first decode)."""
+    consumer overflows ``locked`` (every request reaches it: in its first step, or its first decode) or when every
+    request's first decode step does (:func:`decode_step_refused`, ``max_tokens >= 2``)."""
     if locked is None:
         return None
-    if _uncovered(rows, locked):
+    if _uncovered(rows, locked) or decode_step_refused(config, locked, max_tokens):
         return 1
     return first_failing_prompt(config, locked)
 
@@ -439,11 +466,11 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
                              f"max_model_len {config.max_model_len} (vLLM rejects the request)")
     table = consumer_table(config)
     rows = tuple(r for r in table.rows if r.name not in consumer_registry.TURBOQUANT)
-    first_bad = _first_failing(config, locked, rows)
+    first_bad = _first_failing(config, locked, rows, max_tokens)
     n = prompt_tokens if prompt_tokens is not None else (first_bad or 1)
     refused = _first_refused(config, n, locked, max_tokens, rows)
     if refused is None and prompt_tokens is None:  # the deployment's verdict covers any schedule vLLM can produce
-        refused = _busy_server_refusal(config, locked, _safe(config, locked, "any", rows))
+        refused = _busy_server_refusal(config, locked, _safe(config, locked, "any", rows, max_tokens))
     unsized = tuple(table.unmodelled)
     verdict = "never_locked" if locked is None else ("crash" if refused else ("partial" if unsized else "ok"))
     return Prediction(
@@ -451,11 +478,12 @@ def predict(config: "EngineConfig", prompt_tokens: int | None = None, *, max_tok
         verdict=verdict, first_failing_prompt_tokens=first_bad, first_refused_call=refused,
         locked_bytes_with_fix=with_fix, cudagraph_mode=cudagraph_mode(config), fix=fix,
         prompt_tokens=prompt_tokens, sources=dict(sources or {}),
-        safe_max_model_len_alone=_safe(config, locked, "alone", rows),
-        safe_max_model_len_any_schedule=_safe(config, locked, "any", rows),
-        fixed_safe_any_schedule=_safe(config, with_fix, "any", rows), locked_source=source,
+        safe_max_model_len_alone=_safe(config, locked, "alone", rows, max_tokens),
+        safe_max_model_len_any_schedule=_safe(config, locked, "any", rows, max_tokens),
+        fixed_safe_any_schedule=_safe(config, with_fix, "any", rows, max_tokens), locked_source=source,
         turboquant_consumers=consumer_registry.turboquant_active(config),
-        notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked) + _eager_decode_note(config, locked)),
+        notes=_prediction_notes(config) + tuple(_other_notes(config, table, locked) + _eager_decode_note(config, locked)
+                                                + _decode_step_note(config, locked, max_tokens)),
         consumers=table.to_dict(), gpu=config.gpu,
         lock_set_by=None if source == "measured" else lock_set_by(config, locked, fix=fix, table=table),
         unsized=unsized,
@@ -515,8 +543,8 @@ def lock_set_by(config: "EngineConfig", locked: int | None, *, fix: bool, table=
     table = consumer_table(config) if table is None else table
     candidates = []
     if consumer_registry.turboquant_active(config):
-        rows = decode_rows_at_lock(config)
-        if rows and config.num_speculative_tokens == 0:
+        rows = one_token_rows_before_lock(config)
+        if rows:
             candidates.append((decode_bytes(config, rows), "turboquant_attn.py:_decode_attention"))
         if fix:
             candidates += [(r.reserved_bytes, r.consumer) for r in table.rows if r.name in consumer_registry.TURBOQUANT]
@@ -528,6 +556,6 @@ def consumer_table(config: "EngineConfig") -> consumer_registry.ConsumerTable:
     """Every active workspace consumer of ``config`` (:mod:`tqlab.core.consumers`), with start-up as resolved here
     (:func:`cudagraph_mode`, :func:`locks_workspace`): ``consumers`` rows (``consumer``, ``phase``,
     ``reserved_bytes``, ``max_runtime_bytes``, ``covered``), ``locked_bytes`` = the largest reservation before the
-    lock (vLLM 0.33 as shipped, PR #44053 included), ``unmodelled``."""
+    lock (vLLM as shipped, PR #44053 included), ``unmodelled``."""
     startup = StartUp(cudagraph_mode(config), locks_workspace(config))
     return consumer_registry.consumer_table(config, startup)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from tqlab.core.config import EngineConfig
 from tqlab.core.notes import Note, NoteKind
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, continuation_workspace_shapes
-from tqlab.core.workspace import compute_layout, format_mb
+from tqlab.core.workspace_layout import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.consumers import ConsumerReport, request_prediction
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tqlab.core.hardware import gpu_target
-from tqlab.core.workspace import format_mb
+from tqlab.core.workspace_layout import format_mb
 
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.predict.analysis import Prediction
@@ -67,7 +67,7 @@ def consumer_lines(pred: "Prediction") -> list[str]:
 
 def _lock_line(pred: "Prediction") -> str:
     if pred.locked_bytes is None:
-        return "lock: never (vLLM 0.33 locks only at the end of CUDA graph capture)"
+        return "lock: never (vLLM locks only at the end of CUDA graph capture)"
     fix = "with" if pred.fix else "without"
     who = pred.lock_set_by or ("measured" if pred.locked_source == "measured" else "no request before the lock")
     line = f"lock {fix} the fix: {pred.locked_bytes:,} bytes ({format_mb(pred.locked_bytes)} MiB), set by {who}"
@@ -94,7 +94,8 @@ def _which_prompt(pred: "Prediction") -> str:
     if (pred.first_refused_call or {}).get("schedule"):  # a busy server's schedule, named in the parentheses
         return " -- for the deployment on a busy server"
     n = pred.first_failing_prompt_tokens
-    if n is None:  # no prefill overflows: the refused call is the decode step every prompt makes
+    if n is None or (pred.first_refused_call or {}).get("caller", "").startswith("_decode_attention"):
+        # no prefill overflows, or every prompt's first decode step does: the decode step every prompt makes
         return " -- for the deployment: the decode step every prompt makes (shown for a 1-token prompt)"
     return (" -- for every prompt: another consumer overflows the lock" if n == 1 else
             f" -- for the deployment: its shortest failing prompt ({n:,} tokens, alone), not necessarily one you asked "

@@ -5,7 +5,7 @@ The deployment's numbers (locks, first failing prompt, safe lengths, verdict) ar
 :class:`~tqlab.predict.analysis.Prediction`'s. Per prompt it does compute: each TurboQuant consumer's largest
 call (:func:`request_prediction`: the chunk and decode shapes of :mod:`tqlab.core.reservation`, their bytes, and
 whether they fit each lock), and the first refused call as a :class:`ConsumerNeed`
-(:func:`_first_refused_need`, from :func:`tqlab.predict.analysis.first_refused_call`; another consumer's, from
+(:func:`tqlab.predict.analysis.first_refused_call`, the one rule, shown by :func:`_tq_need`; another consumer's, from
 :func:`tqlab.predict.analysis.predict` per prompt: :func:`other_request_prediction`). It arranges that per
 consumer (:class:`ConsumerReport`) and formats it.
 """
@@ -20,7 +20,7 @@ from tqlab.core.consumers import registry as consumer_registry
 from tqlab.core.consumers.base import StartUp
 from tqlab.core.notes import Note
 from tqlab.core.reservation import chunk_workspace_request, decode_workspace_shapes
-from tqlab.core.workspace import compute_layout, format_mb
+from tqlab.core.workspace_layout import compute_layout, format_mb
 from tqlab.predict import analysis
 from tqlab.predict.analysis import Prediction
 from tqlab.predict.consumer_text import consumer_lines, safe_len_line, verdict_head, verdict_line
@@ -177,10 +177,10 @@ class ConsumerReport:
         if src == "measured":
             return "measured"
         if src == "never_locked" and self.measured_locked_bytes is not None:
-            return (f"vLLM 0.33 locks only at the end of CUDA graph capture, which this deployment (enforce_eager / "
+            return (f"vLLM locks only at the end of CUDA graph capture, which this deployment (enforce_eager / "
                     f"cudagraph_mode NONE) never runs: the measured {self.measured_locked_bytes:,} bytes are never locked")
         if src == "never_locked":
-            return "vLLM 0.33 locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE"
+            return "vLLM locks only at the end of CUDA graph capture: enforce_eager / cudagraph_mode NONE"
         who = self.prediction.lock_set_by
         if who is not None and who != "turboquant_attn.py:_decode_attention":
             return f"the largest request before the lock: {who}"
@@ -300,13 +300,12 @@ def _decode_shapes(config: EngineConfig):
                                    config.tq_max_kv_splits_for_cuda_graph, config.dtype)
 
 
-def _first_refused_need(config: EngineConfig, n: int, locked, locked_unfixed, locked_fixed,
-                        max_tokens: int = 2) -> ConsumerNeed | None:
-    """The first TurboQuant call refused at ``locked`` bytes as a :class:`ConsumerNeed`, or None; its
-    ``fits_unfixed``/``fits_fixed`` say whether it fits each locked size (a call refused without the fix may fit
-    with it). Which call: :func:`tqlab.predict.analysis.first_refused_call` (the rule; the deployment-wide order
-    over every consumer is ``analysis._first_refused``, which calls it too)."""
-    call = analysis.first_refused_call(config, n, locked, max_tokens=max_tokens)
+def _tq_need(config: EngineConfig, n: int, call: dict[str, Any] | None, locked_unfixed,
+             locked_fixed) -> ConsumerNeed | None:
+    """TurboQuant's first refused call of a prompt of ``n`` tokens, ``call`` (the dict of
+    :func:`tqlab.predict.analysis.first_refused_call`, the one rule; ``analysis._first_refused`` orders it among
+    every consumer's), as a :class:`ConsumerNeed` with its shapes, or None; ``fits_unfixed``/``fits_fixed`` say
+    whether it fits each locked size (a call refused without the fix may fit with it). No walk of its own."""
     if call is None:
         return None
     b = call["required_bytes"]
@@ -331,8 +330,8 @@ def request_prediction(config: EngineConfig, n: int, locked_unfixed: int | None,
         return RequestPrediction(n, (), 0, False, False, rejected=rejected)
     best = _consumer_needs(config, n, locked_unfixed, locked_fixed, max_tokens)
     needs = tuple(best[k] for k in (DECODE, SHORT_CHUNK, DEQUANT_CHUNK) if k in best)
-    first_u = _first_refused_need(config, n, locked_unfixed, locked_unfixed, locked_fixed, max_tokens)
-    first_f = _first_refused_need(config, n, locked_fixed, locked_unfixed, locked_fixed, max_tokens)
+    first_u, first_f = (_tq_need(config, n, analysis.first_refused_call(config, n, locked, max_tokens=max_tokens),
+                                 locked_unfixed, locked_fixed) for locked in (locked_unfixed, locked_fixed))
     return RequestPrediction(
         n, needs, max((x.nbytes for x in needs), default=0), first_u is not None, first_f is not None,
         first_refused_unfixed=first_u, first_refused_fixed=first_f,

@@ -1,8 +1,10 @@
 """The KV-cache pool one GPU really holds, and the workspace's share of it (the one "share of the KV cache").
 
-vLLM 0.33 sizes the KV cache from what the profile run leaves (``Worker.determine_available_memory``,
+vLLM sizes the KV cache from what the profile run leaves (``Worker.determine_available_memory``,
 ``vllm/v1/worker/gpu_worker.py``): ``gpu_memory_utilization × total memory − (weights + activation peak +
-non-torch memory)``; ``gpu_memory_utilization`` defaults to 0.92 (``CacheConfig``, ``vllm/config/cache.py``).
+non-torch memory)``; ``gpu_memory_utilization`` defaults to the release's
+(:attr:`tqlab.core.vllm_versions.VllmVersion.gpu_memory_utilization`: 0.92 in 0.33; 1.0 in 0.34, whose extensible
+KV cache is sized from measured memory, which this arithmetic approximates).
 Its layers are not all TurboQuant: for a dense model ``EngineArgs.create_engine_config``
 (``vllm/engine/arg_utils.py``) adds ``TurboQuantConfig.get_boundary_skip_layers``
 (``vllm/model_executor/layers/quantization/turboquant/config.py``: the first and last ``min(2, L // 2)``
@@ -20,17 +22,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tqlab.attention import kv_cache_bytes_per_token
 from tqlab.core.config import EngineConfig, load_preset
+from tqlab.core import vllm_versions
 from tqlab.core.hardware import gpu_target
 from tqlab.core.reservation import plan_bytes, reservation_plan
+from tqlab.turboquant.spec import kv_cache_bytes_per_token
 
 __all__ = ["ASSUMED_ACTIVATION_BYTES", "DEFAULT_GPU_MEMORY_UTILIZATION", "KvPool", "boundary_layers", "kv_bytes_per_token",
            "kv_pool", "preset_weight_bytes"]
 
 GiB = 2**30
-#: vLLM 0.33's ``CacheConfig.gpu_memory_utilization`` default.
-DEFAULT_GPU_MEMORY_UTILIZATION = 0.92
+#: The default release's ``--gpu-memory-utilization`` default (:attr:`tqlab.core.vllm_versions.VllmVersion.gpu_memory_utilization`;
+#: :func:`kv_pool` takes the run's release's).
+DEFAULT_GPU_MEMORY_UTILIZATION = vllm_versions.get(vllm_versions.DEFAULT).gpu_memory_utilization
 #: The profile run's activation peak when none is given (an assumption; ~1.2 GiB for an 8B model at 8,192 tokens).
 ASSUMED_ACTIVATION_BYTES = 1 * GiB
 
@@ -52,7 +56,7 @@ def boundary_layers(num_layers: int, *, hybrid: bool) -> int:
 def kv_bytes_per_token(config: EngineConfig, *, hybrid: bool | None = None) -> tuple[int, int]:
     """``(bytes one token costs on one rank over all its layers, boundary layers)``, as vLLM 0.33 lays them out.
 
-    TurboQuant layers in the cache format (:func:`tqlab.attention.kv_cache_bytes_per_token` of one layer),
+    TurboQuant layers in the cache format (:func:`tqlab.turboquant.spec.kv_cache_bytes_per_token` of one layer),
     :func:`boundary_layers` in the model dtype (K and V, ``num_kv_heads_per_rank x head_dim`` each); a config
     that is not TurboQuant has no boundary layers. ``hybrid`` defaults to ``config.mamba_block_aligned_split``.
     """
@@ -105,7 +109,7 @@ class KvPool:
 
 
 def kv_pool(config: EngineConfig, *, hybrid: bool | None = None, gpu: str | None = None,
-            utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION, weight_bytes: int | None = None,
+            utilization: float | None = None, weight_bytes: int | None = None,
             activation_bytes: int | None = None) -> KvPool:
     """The KV pool of one rank of ``config`` on ``gpu`` (default ``config.gpu``) and the workspace's share of it.
 
@@ -114,6 +118,8 @@ def kv_pool(config: EngineConfig, *, hybrid: bool | None = None, gpu: str | None
     attention layers. Raises ``ValueError`` for a ``utilization`` outside (0, 1], unknown weights (see
     :func:`preset_weight_bytes`), or a pool of no bytes (weights + activations over the budget).
     """
+    if utilization is None:  # the run's release's default (0.33: 0.92; 0.34: 1.0, the extensible KV cache)
+        utilization = vllm_versions.current().gpu_memory_utilization
     if not 0 < utilization <= 1:
         raise ValueError(f"utilization must be in (0, 1], got {utilization!r}")
     target = gpu_target(gpu or config.gpu)

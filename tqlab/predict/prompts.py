@@ -19,7 +19,7 @@ from tqlab.core.reservation import (
     continuation_workspace_shapes,
     decode_workspace_shapes,
 )
-from tqlab.core.workspace import compute_layout, positive_int
+from tqlab.core.workspace_layout import compute_layout, positive_int
 from tqlab.core.workspace_layout import cdiv
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +29,7 @@ __all__ = [
     "any_schedule_cached_len",
     "continuation_bytes",
     "decode_bytes",
+    "decode_step_refused",
     "decode_uses_workspace",
     "first_failing_prompt",
     "first_refused_call",
@@ -67,6 +68,15 @@ def decode_uses_workspace(config: "EngineConfig") -> bool:
     (``SpecDecodeBaseProposer.propose``) through ``_decode_attention``.
     """
     return turboquant_active(config) and config.num_speculative_tokens != 1
+
+
+def decode_step_refused(config: "EngineConfig", locked: int | None, max_tokens: int) -> bool:
+    """Whether every request's first decode step is refused at ``locked`` bytes: it makes one
+    (``max_tokens >= 2``: vLLM finishes a request of ``max_tokens`` 1 after its prefill), that step asks the workspace
+    (:func:`decode_uses_workspace`), and one row of split-KV decode scratch (:func:`decode_bytes`, independent of the
+    prompt's length) exceeds the lock. Then no prompt length is safe."""
+    return (locked is not None and max_tokens >= 2 and decode_uses_workspace(config)
+            and decode_bytes(config, 1) > locked)
 
 
 # --------------------------------------------------------------------------- #
@@ -288,9 +298,8 @@ def first_refused_call(config: "EngineConfig", prompt_tokens: int, locked: int |
     if hit is not None:
         return {"caller": "_continuation_prefill", "required_bytes": continuation_bytes(config, hit[0]),
                 "current_bytes": locked, "cached_len": hit[0], "q_len": hit[1]}
-    need = decode_bytes(config, 1)
-    if max_tokens >= 2 and decode_uses_workspace(config) and need > locked:
+    if decode_step_refused(config, locked, max_tokens):
         caller = "_decode_attention" + (" (drafter)" if config.num_speculative_tokens else "")
-        return {"caller": caller, "required_bytes": need, "current_bytes": locked,
+        return {"caller": caller, "required_bytes": decode_bytes(config, 1), "current_bytes": locked,
                 "cached_len": prompt_tokens, "q_len": 1}
     return None

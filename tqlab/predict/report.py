@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence, TextIO
 
+from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
 from tqlab.core.notes import NoteKind
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD
@@ -35,7 +36,6 @@ from tqlab.predict.consumers import (
     chunk_shapes,
     consumer_report,
 )
-from tqlab.vllm.cpu_harness import run_vllm_seed_scenario
 from tqlab.vllm.deployment import deployment_from_preset, deployment_from_vllm
 from tqlab.vllm.tracer import vllm_available, vllm_version
 
@@ -54,7 +54,13 @@ def _demo(config: EngineConfig, pred: ConsumerReport, report: dict[str, Any], te
     elif pred.first_failing_prompt is None:
         report["demo"] = None
         text.append("demo skipped: no prompt up to max_model_len overflows without the fix")
+    elif "continuation" not in analysis.prompt_workspace_chunks(config, pred.first_failing_prompt):
+        report["demo"] = None
+        text.append("demo skipped: the first failing prompt crashes in a decode step, not in a continuation chunk "
+                    "(the demo replays a continuation prefill)")
     else:
+        from tqlab.vllm.cpu_harness import run_vllm_seed_scenario  # torch: only --demo runs vLLM's classes
+
         cached, q = analysis.prompt_workspace_chunks(config, pred.first_failing_prompt)["continuation"]
         runs = [False] + ([True] if pred.locked_fixed <= 1 << 30 else [])
         res = [run_vllm_seed_scenario(config, cached_len=cached, q_len=q, fixed=f) for f in runs]
@@ -114,7 +120,8 @@ def inspect_vllm(
     ``notes`` included; per request ``verdict``, ``rejected``,
     ``first_refused_unfixed``/``_fixed``; ``max_num_batched_tokens`` and
     ``max_num_batched_tokens_source``: where it came from, as in ``sources`` ("flag --...",
-    "vLLM default ...", "preset ..."), ``sources`` (every field's origin), ``vllm_version`` (None without vLLM), ``text`` (what
+    "vLLM default ...", "preset ..."), ``sources`` (every field's origin), ``vllm_version`` (the release modelled,
+    ``"0.33"``: :func:`tqlab.core.vllm_versions.current`), ``vllm_installed`` (the installed vLLM, None without), ``text`` (what
     was printed) and ``demo`` (list of :meth:`ScenarioResult.to_dict`, or None)
     when asked. Raises ``ValueError`` when not exactly one of
     ``model_config``/``preset`` is given, or for bad arguments.
@@ -134,8 +141,8 @@ def inspect_vllm(
     sources = {**dep.sources, "max_num_batched_tokens": source}
     first = analysis.predict(config, sources=sources, locked_bytes=locked_bytes, startup=dep.startup)
     if first.verdict == "refused":  # vLLM does not start it: its reason, first, and nothing sized
-        report = {**first.to_json(), "prediction": None, "vllm_version": vllm_version(), "demo": None}
-        report["text"] = "\n".join([refusal_line(first), *(f"note: {n}" for n in dep.notes)])
+        report = {**first.to_json(), "prediction": None, "vllm_installed": vllm_version(), "demo": None}
+        report["text"] = "\n".join([refusal_line(first), vllm_versions.describe(), *(f"note: {n}" for n in dep.notes)])
         _emit(report, json_path, sys.stdout if out is None else out, quiet)
         return report
     pred = consumer_report(config, prompt_tokens, locked_bytes=locked_bytes, max_num_batched_tokens_source=source,
@@ -146,8 +153,10 @@ def inspect_vllm(
     if note is not None:
         pred.notes.append(note)
     report: dict[str, Any] = first.to_json()
-    report.update({"prediction": pred.to_dict(), "vllm_version": vllm_version()})
-    text = [pred.format()]
+    report.update({"prediction": pred.to_dict(), "vllm_installed": vllm_version()})
+    text = pred.format().split("\n")  # the verdict (and its indented lines) first, then the release it holds for
+    at = next((i for i, line in enumerate(text) if i and not line.startswith("  ")), len(text))
+    text.insert(at, vllm_versions.describe())
     if demo:
         _demo(config, pred, report, text)
     report["text"] = "\n".join(text)

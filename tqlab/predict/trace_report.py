@@ -21,10 +21,11 @@ from typing import Any, Mapping, Sequence
 
 from rich.markup import escape as _markup_escape
 
+from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
 from tqlab.core.consumers.registry import TURBOQUANT
 from tqlab.core.reservation import plan_bytes, reservation_plan
-from tqlab.core.workspace import format_mb
+from tqlab.core.workspace_layout import format_mb
 from tqlab.predict import analysis
 from tqlab.predict import trace_checks
 from tqlab.predict.report import DECODE, DEQUANT_CHUNK
@@ -340,13 +341,31 @@ def _deployment_problems(records: Sequence[Mapping[str, Any]], config: EngineCon
     return out
 
 
+def recorded_version(records: Sequence[Mapping[str, Any]], vllm: str | None = None) -> str:
+    """The release to check ``records`` against: ``vllm`` when given, else the one release every record names
+    (``vllm_version``, written by the plugin: :mod:`tqlab.vllm.trace_record`) when tqlab models it, else the run's
+    (:func:`tqlab.core.vllm_versions.current`; :func:`_deployment_problems` then names the records' versions)."""
+    if vllm is not None:
+        return vllm_versions.get(vllm).name
+    named = {str(r.get("vllm_version")) for r in records}
+    if len(named) == 1:
+        try:
+            return vllm_versions.get(named.pop()).name
+        except ValueError:
+            pass
+    return vllm_versions.current().name
+
+
 def trace_report(trace_dir: str | os.PathLike, engine_args: str | Sequence[str] | None = None,
-                 model_config: str | os.PathLike | None = None, *, preset: str | None = None) -> dict[str, Any]:
+                 model_config: str | os.PathLike | None = None, *, preset: str | None = None,
+                 vllm: str | None = None) -> dict[str, Any]:
     """Merge the records in ``trace_dir``; with a deployment (``model_config`` or ``preset`` plus
-    ``engine_args``, as ``inspect-vllm`` reads them) compare them with the prediction.
+    ``engine_args``, as ``inspect-vllm`` reads them) compare them with the prediction of the release the records
+    ran (:func:`recorded_version`; ``vllm`` overrides it, and records of another release are then disagreements).
 
     Returns ``{"rows", "warnings", "ranks_agree", "rank_differences", "record_problems", "vllm_versions",
-    "prediction", "verdict"}`` (JSON types; ``prediction``/``verdict`` None without a deployment).
+    "vllm_version", "prediction", "verdict"}`` (JSON types; ``vllm_version``: the release checked against;
+    ``prediction``/``verdict`` None without a deployment).
     ``record_problems``: the records disagree with each other (:func:`trace_checks.record_problems`);
     with a deployment they, and every record field contradicting it, count as disagreements.
     Raises ``ValueError`` (one line) for a missing folder, a folder without records, or a bad deployment.
@@ -354,6 +373,13 @@ def trace_report(trace_dir: str | os.PathLike, engine_args: str | Sequence[str] 
     records, warnings = load_trace_dir(trace_dir)
     if not records:
         raise ValueError(f"no tqlab trace record in {str(trace_dir)!r} (set TQLAB_VLLM_TRACE={trace_dir} for vLLM)")
+    with vllm_versions.using(recorded_version(records, vllm)) as version:
+        out = _trace_report(records, warnings, engine_args, model_config, preset)
+    out["vllm_version"] = version.name
+    return out
+
+
+def _trace_report(records, warnings, engine_args, model_config, preset) -> dict[str, Any]:
     config = _deployment(engine_args, model_config, preset)
     rows = [rank_row(r) for r in records]
     diffs = rank_differences(rows)
@@ -412,7 +438,8 @@ def render(report: Mapping[str, Any]) -> list[Any]:
                 if c in r["consumers"] else "-" for c in consumers]
         refused = "\n".join(_refusal_cell(x) for x in r["refused"]) or "none"
         t.add_row(escape(r["rank"]), escape(r["event"]), *[_mb(b) for b in locks], *cons, refused)
-    out: list[Any] = [f"[yellow]warning: {escape(w)}[/]" for w in report["warnings"]]
+    out: list[Any] = [escape(f"checked against {vllm_versions.describe(report.get('vllm_version'))}")]
+    out += [f"[yellow]warning: {escape(w)}[/]" for w in report["warnings"]]
     out.append(t)
     if len(largest) > len(consumers):
         out.append(f"{len(largest) - len(consumers)} more consumer(s) with smaller requests: see --json")

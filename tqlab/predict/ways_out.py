@@ -3,7 +3,7 @@
 A crash verdict without the fix leaves a user four moves, all vLLM's own: a vLLM release that carries PR #44053
 (``TurboQuantMetadataBuilder._reserve_workspace``), a ``--max-model-len`` no prompt overflows, prefill chunks of at
 most 128 tokens (``--max-num-batched-tokens``, so every continuation chunk takes the decode kernel, which asks no
-workspace), and ``--enforce-eager`` (vLLM 0.33 never locks the workspace without CUDA graphs). :func:`ways_out`
+workspace), and ``--enforce-eager`` (vLLM never locks the workspace without CUDA graphs). :func:`ways_out`
 offers each only when :func:`tqlab.predict.analysis.predict` -- the one predictor -- gives the changed deployment
 ``ok`` or ``never_locked``; what it costs is said with it.
 
@@ -133,7 +133,7 @@ def ways_out(config: "EngineConfig", *, locked_bytes: int | None = None, max_tok
     if not config.enforce_eager:
         p = _checked(config, {"enforce_eager": True}, locked_bytes=locked_bytes, max_tokens=max_tokens)
         if p is not None:
-            out.append(WayOut("run without CUDA graphs (vLLM 0.33 locks the workspace only at the end of graph "
+            out.append(WayOut("run without CUDA graphs (vLLM locks the workspace only at the end of graph "
                               "capture)", "--enforce-eager", p.verdict, p.partial,
                               "every decode step launches its kernels one by one: slower decode, most at small batches"))
     return out

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
+from tqlab.core.dtypes import as_torch
 import torch
 
 from tqlab.predict.analysis import prefill_chunks, prompt_chunks, unfixed_locked_bytes
@@ -163,13 +164,13 @@ def _replay_once(config: EngineConfig, trace: Sequence[TraceCall], ws: Workspace
                 measure()
             cur_step = call.step
             act = None
-            act = torch.empty((call.activation_tokens, hidden), dtype=config.dtype, device=dev)
+            act = torch.empty((call.activation_tokens, hidden), dtype=config.torch_dtype, device=dev)
         # The previous layer's views are dropped when ``views`` is rebound, after the new call returns.
         t = time.perf_counter()
         if ws is not None:
             views = ws.get_simultaneous(*call.shapes)
         else:
-            views = [torch.empty(s, dtype=d, device=dev) for s, d in call.shapes]
+            views = [torch.empty(s, dtype=as_torch(d), device=dev) for s, d in call.shapes]
         times.append(time.perf_counter() - t)
     del act  # the request is over; the workspace (if any) and the last views stay
     if dev.type == "cuda":
@@ -384,7 +385,7 @@ def workspace_call_overhead(device: str | torch.device = "cpu", number: int = 20
             return m.get_simultaneous(*r)
 
         def empty(r=r):
-            return [torch.empty(s, dtype=d, device=dev) for s, d in r]
+            return [torch.empty(s, dtype=as_torch(d), device=dev) for s, d in r]
 
         for fn in (hot, cold, empty):
             for _ in range(200):

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from tqlab.core.config import EngineConfig
+from tqlab.core.dtypes import as_torch
 from tqlab.engine import LLMEngine
 from tqlab.engine.workspace_client import set_workspace
 from tqlab.core.reservation import CONTINUATION_DECODE_THRESHOLD, chunk_workspace_request
@@ -161,7 +162,7 @@ class FallbackWorkspace:
             caller = err.caller
             lay = compute_layout(shapes_and_dtypes)
             dev = self.manager.device
-            out = [torch.empty(s, dtype=d, device=dev) for s, d in zip(lay.shapes, lay.dtypes)]
+            out = [torch.empty(s, dtype=as_torch(d), device=dev) for s, d in zip(lay.shapes, lay.dtypes)]
             n = sum(lay.nbytes)
             self.fallback_calls += 1
             self.fallback_bytes_total += n

@@ -25,21 +25,12 @@ Public API (what the engine calls)::
 Every op takes ``backend="auto" | "torch" | "triton"``.  Reference pieces for teaching:
 :mod:`.codebook` (Hadamard, Lloyd-Max), :mod:`.quant` (vector <-> slot bytes),
 :mod:`.accuracy` (error measurements). Plots of all this live in :mod:`tqlab.lab.plots_turboquant`.
+
+The format (:mod:`.spec`) is torch-free and imported with the package; the ops and the reference pieces
+(torch, numpy) are imported on first use of their name (PEP 562 ``__getattr__``), so reading a
+deployment's cache format (``tqlab inspect-vllm``, ``tqlab plan``) never imports torch.
 """
 
-from tqlab.turboquant.codebook import LloydMaxCodebook, hadamard, lloyd_max, lloyd_max_standard
-from tqlab.turboquant.ops import dequant_kv, decode_attention, reduce_splits, resolve_backend, split_bounds, store_kv, triton_available
-from tqlab.turboquant.quant import (
-    decode_keys,
-    decode_slots,
-    decode_values,
-    encode_keys,
-    encode_slots,
-    encode_values,
-    key_journey,
-    pack_indices,
-    unpack_indices,
-)
 from tqlab.turboquant.spec import TQ_PRESETS, SlotField, TurboQuantSpec, fp16_slot_bytes, get_spec, kv_cache_shape
 
 __all__ = [
@@ -70,3 +61,27 @@ __all__ = [
     "decode_slots",
     "key_journey",
 ]
+
+_LAZY = {
+    **dict.fromkeys(("LloydMaxCodebook", "hadamard", "lloyd_max", "lloyd_max_standard"), "codebook"),
+    **dict.fromkeys(("dequant_kv", "decode_attention", "reduce_splits", "resolve_backend", "split_bounds", "store_kv",
+                     "triton_available"), "ops"),
+    **dict.fromkeys(("decode_keys", "decode_slots", "decode_values", "encode_keys", "encode_slots", "encode_values",
+                     "key_journey", "pack_indices", "unpack_indices"), "quant"),
+}
+"""Names the package exports from a module that imports torch: imported on first use."""
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tqlab.turboquant' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"tqlab.turboquant.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -379,8 +379,9 @@ def decode_attention(
 
     Mirrors vLLM 0.33's ``triton_turboquant_decode_attention`` (``_tq_decode_stage1`` per split, then
     ``_fwd_kernel_stage2``'s reduction; ``vllm/v1/attention/ops/triton_turboquant_decode.py``) on vLLM's
-    slot order.  Kernels (``backend="triton"``): on CUDA the fast kernel (``_triton_fast``) for the rotated
-    presets in vLLM's order; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
+    slot order.  Kernels (``backend="triton"``): on CUDA, on vLLM's tensor, the Gluon decode that reads it
+    (``_gluon_vllm_decode``: 3/4-bit rotated presets, D 128, GQA <= 8, sm_80+, Triton >= 3.6), else the fast kernel
+    (``_triton_fast``) for the rotated presets; on a block-SoA cache (``spec.cache_layout == "block_soa"``) the block-SoA decode
     (``_triton_soa``, every preset; for the rotated presets with D 128 and GQA <= 8 on sm_80+ and Triton >= 3.6 the
     Gluon decode ``_gluon_decode``, issue 20 round 5; the rule: ``routing``) where ``block_size % 16 == 0``,
     ``D % 32 == 0`` and the cache is 16-byte aligned, else the portable kernel (``_triton_kernels``), which also
@@ -427,7 +428,8 @@ def decode_attention(
 def decode_kernel_name(query, cache, spec, backend: str = "auto") -> str:
     """Which kernel :func:`decode_attention` runs for this query ``(B, Hq, D)``, cache and spec (no launch; the rule
     reads nothing else): ``"torch"`` (the reference), ``"portable"``
-    (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"block_soa"`` (``_triton_soa``) or ``"gluon"``
+    (``_triton_kernels``), ``"fast"`` (``_triton_fast``), ``"gluon_vllm"`` (``_gluon_vllm_decode``), ``"block_soa"``
+    (``_triton_soa``) or ``"gluon"``
     (``_gluon_decode``); the rule: :mod:`tqlab.turboquant.routing`.  Benchmarks record it next to their timings.
 
     Raises:

@@ -266,6 +266,25 @@ def key4_pair_ptx(spec: TurboQuantSpec, d: int) -> str:
     return "\n".join(lines)
 
 
+def key3_nibble_pair_ptx(spec: TurboQuantSpec, d: int) -> str:
+    """:func:`key4_pair_ptx` for 3-bit keys spread to 4-bit pitch (code ``j`` of a 32-bit word at bits ``4j .. 4j + 2``,
+    bit ``4j + 3`` zero: ``_gluon_vllm_decode._spread`` of vLLM's 3-bit stream): ``$4`` (= ``$5``) one word -> ``$0 ..
+    $3``, the fp16 centroids of codes ``2m, 2m + 1`` as one half2 each.  A code is a ``prmt`` byte selector of the
+    8-entry table as it stands (``prmt`` reads the low 16 bits of the selector): 5 instructions per 4 codes."""
+    if spec.key_bits != 3:
+        raise ValueError(f"key3_nibble_pair_ptx reads 3-bit codes; {spec.name} has {spec.key_bits}-bit keys")
+    h = _fp16_bits(lloyd_max(3, d).centroids)
+    lo, hi = [x & 0xFF for x in h], [x >> 8 for x in h]
+    lines = ["{", ".reg .b32 q, l, h;"]
+    for quad in range(2):  # codes 4 quad .. 4 quad + 3 of the word
+        lines += ["mov.b32 q, $4;"] if quad == 0 else ["shr.b32 q, $4, 16;"]
+        for tab, out in ((lo, "l"), (hi, "h")):
+            lines += [f"prmt.b32 {out}, {_word(tab[:4])}, {_word(tab[4:8])}, q;"]
+        lines += [f"prmt.b32 ${2 * quad}, l, h, 0x5140;", f"prmt.b32 ${2 * quad + 1}, l, h, 0x7362;"]
+    lines.append("}")
+    return "\n".join(lines)
+
+
 VALUE_PAIR_SHIFT = (0, 4, 8, 4)
 """``s`` of :func:`planes_value_pair_ptx` for code ``j % 4`` of a quad."""
 PLANES_VALUE_PAIR_ASM = tl.constexpr(planes_value_pair_ptx())

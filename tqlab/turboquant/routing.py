@@ -1,7 +1,11 @@
 """Which kernel serves a Triton-backend ``ops.decode_attention`` call: the routing rule in one place.
 
-* vLLM's slot order: the fast kernel (``_triton_fast``) for the rotated presets on CUDA, else the portable one
-  (``_triton_kernels``, also the interpreter's and fp8 keys').
+* vLLM's tensor (``"vllm"`` layout): the Gluon decode that reads it (``_gluon_vllm_decode``, issue 34) for 3- and
+  4-bit MSE keys and values (3bit_nc, k3v4_nc, 4bit_nc) with ``head_dim`` 128, a GQA group of at most 8, blocks of
+  16k tokens on an sm_80+ GPU with Gluon (:func:`gluon_available`) -- measured 2.4-3.4x faster than the fast kernel
+  on the H200 (``benchmarks/NOTES_turboquant.md``, issue 34 round 2) --; else the fast kernel (``_triton_fast``)
+  for the rotated presets on CUDA, else the portable one (``_triton_kernels``, also the interpreter's and fp8
+  keys').
 * block-SoA (``cache_layout="block_soa"``) with 16-byte aligned fields (``_triton_soa.use_soa``): the Gluon decode
   (``_gluon_decode``, issue 20 round 5) where ``_gluon_decode.use_gluon`` holds -- a rotated preset (3bit_nc,
   k3v4_nc, 4bit_nc), ``head_dim`` 128, a GQA group of at most 8, an sm_80+ GPU -- and Triton >= 3.6 ships Gluon
@@ -23,7 +27,7 @@ from tqlab.turboquant.spec import TurboQuantSpec
 __all__ = ["decode_kernels", "decode_kernel_name", "gluon_available"]
 
 KERNEL_NAMES = {"_triton_kernels": "portable", "_triton_fast": "fast", "_triton_soa": "block_soa",
-                "_gluon_decode": "gluon"}
+                "_gluon_decode": "gluon", "_gluon_vllm_decode": "gluon_vllm"}
 
 
 MIN_GLUON_TRITON = (3, 6)  # the H200's Triton, the only one the Gluon decode was measured and tested with
@@ -50,6 +54,11 @@ def decode_kernels(spec: TurboQuantSpec, dev: torch.device, query: torch.Tensor,
     from tqlab.turboquant import _triton_kernels as tk
 
     kernels = tf if tf.use_fast(spec, dev) else tk  # fast kernels for rotated keys on CUDA (issue 20)
+    if spec.cache_layout == "vllm" and kernels is tf and gluon_available():
+        from tqlab.turboquant import _gluon_vllm_decode as gv
+
+        if gv.use_gluon_vllm(spec, cache, query.shape[-1], query.shape[1] // cache.shape[1]):
+            kernels = gv  # 4-bit keys and values on vLLM's tensor (issue 34)
     if spec.cache_layout == "block_soa":
         from tqlab.turboquant import _triton_soa as ts
 
@@ -66,6 +75,6 @@ def decode_kernels(spec: TurboQuantSpec, dev: torch.device, query: torch.Tensor,
 
 
 def decode_kernel_name(query: torch.Tensor, cache: torch.Tensor, spec: TurboQuantSpec) -> str:
-    """``"portable"``, ``"fast"``, ``"block_soa"`` or ``"gluon"``: the kernel :func:`decode_kernels` picks (the
+    """``"portable"``, ``"fast"``, ``"gluon_vllm"``, ``"block_soa"`` or ``"gluon"``: the kernel :func:`decode_kernels` picks (the
     Triton side of :func:`tqlab.turboquant.ops.decode_kernel_name`, with its argument order)."""
     return KERNEL_NAMES[decode_kernels(spec, query.device, query, cache).__name__.rsplit(".", 1)[-1]]

@@ -50,8 +50,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tqlab.core.config import EngineConfig
 
 __all__ = [
+    "kv_cache_bytes_per_token",
     "CACHE_LAYOUTS",
     "CODE_ORDERS",
     "TurboQuantSpec",
@@ -365,3 +370,16 @@ def kv_cache_shape(
     if spec.cache_layout == "vllm":
         return (num_blocks, block_size, num_kv_heads, spec.slot_bytes(head_dim))
     return (num_blocks, num_kv_heads, block_size, spec.slot_bytes(head_dim))
+
+
+def kv_cache_bytes_per_token(config: "EngineConfig") -> int:
+    """KV-cache bytes one token costs on one rank, all layers, in ``config``'s cache format (torch-free).
+
+    A TurboQuant cache (``config.is_turboquant``): ``Hk x slot_bytes(D)`` per layer (:meth:`TurboQuantSpec.slot_bytes`);
+    otherwise K and V in the model dtype, ``2 x Hk x D x itemsize``; times ``num_hidden_layers``. The engine's
+    cache formats (``tqlab.attention.turboquant_attn``'s ``TurboQuantKVCache`` / ``Fp16KVCache``) lay out the same
+    bytes; ``tqlab.attention`` re-exports this function.
+    """
+    hk, d = config.num_kv_heads_per_rank, config.head_dim
+    per_layer = hk * get_spec(config.kv_cache_dtype).slot_bytes(d) if config.is_turboquant else 2 * hk * d * config.dtype.itemsize
+    return per_layer * config.num_hidden_layers

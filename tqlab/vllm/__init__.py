@@ -14,7 +14,8 @@ which reads the deployments built here.
   (a preset's server limits from vLLM's defaults for the GPU)
 
 vLLM is imported lazily, only by functions whose names say ``vllm``; ``import tqlab.vllm``
-works without it. Bytes everywhere; "MB" in text means 2**20 bytes, as in vLLM's messages.
+works without it. ``cpu_harness.py`` (torch) is imported on first use of one of its names, so reading a
+deployment never imports torch. Bytes everywhere; "MB" in text means 2**20 bytes, as in vLLM's messages.
 """
 
 from __future__ import annotations
@@ -29,20 +30,6 @@ from tqlab.vllm.tracer import (
     uninstall_vllm_hook,
     vllm_available,
     vllm_version,
-)
-from tqlab.vllm.cpu_harness import (
-    PARITY_RESULTS,
-    ScenarioResult,
-    compare_managers,
-    compare_reservations,
-    demo_steps,
-    fake_vllm_configs,
-    load_parity_results,
-    run_seed_scenario,
-    run_vllm_seed_scenario,
-    vllm_cpu_patches,
-    vllm_prefill_chunk_requests,
-    vllm_reservation_calls,
 )
 from tqlab.vllm.hf_config import HFConfigError, ModelShape, read_hf_config
 from tqlab.vllm.deployment import (
@@ -89,3 +76,18 @@ __all__ = [
     "vllm_reservation_calls",
     "vllm_version",
 ]
+
+_CPU_HARNESS = ("PARITY_RESULTS", "ScenarioResult", "compare_managers", "compare_reservations", "demo_steps",
+                "fake_vllm_configs", "load_parity_results", "run_seed_scenario", "run_vllm_seed_scenario",
+                "vllm_cpu_patches", "vllm_prefill_chunk_requests", "vllm_reservation_calls")
+"""The names exported from ``cpu_harness.py``, which imports torch: imported on first use (PEP 562)."""
+
+
+def __getattr__(name: str):
+    if name not in _CPU_HARNESS:
+        raise AttributeError(f"module 'tqlab.vllm' has no attribute {name!r}")
+    from tqlab.vllm import cpu_harness
+
+    value = getattr(cpu_harness, name)
+    globals()[name] = value
+    return value

@@ -16,6 +16,7 @@ import torch
 
 from tqlab.core.workspace_layout import cdiv
 from tqlab.core.config import EngineConfig
+from tqlab.core.dtypes import torch_call
 from tqlab.core.reservation import (
     CONTINUATION_DECODE_THRESHOLD,
     continuation_workspace_shapes,
@@ -106,7 +107,7 @@ def fake_vllm_configs(config: EngineConfig) -> tuple[Any, Any]:
     parallel = SimpleNamespace(tensor_parallel_size=config.tensor_parallel_size, decode_context_parallel_size=1)
     model = SimpleNamespace(
         max_model_len=config.max_model_len,
-        dtype=config.dtype,
+        dtype=config.torch_dtype,
         use_mla=False,
         model_arch_config=SimpleNamespace(
             total_num_attention_heads=config.num_attention_heads,
@@ -245,8 +246,8 @@ def _vllm_prefill_chunk(impl: Any, config: EngineConfig, cached_len: int, q_len:
         seq_lens=lens, seq_lens_cpu=lens,
         block_table=torch.zeros(1, cdiv(seq, config.block_size), dtype=torch.int32),
     )
-    q = torch.zeros(q_len, config.num_heads_per_rank, config.head_dim, dtype=config.dtype)
-    kv = torch.zeros(q_len, config.num_kv_heads_per_rank, config.head_dim, dtype=config.dtype)
+    q = torch.zeros(q_len, config.num_heads_per_rank, config.head_dim, dtype=config.torch_dtype)
+    kv = torch.zeros(q_len, config.num_kv_heads_per_rank, config.head_dim, dtype=config.torch_dtype)
     kv_cache = torch.empty(1, config.block_size, config.num_kv_heads_per_rank, 1, dtype=torch.uint8)
     return impl._prefill_attention(q, kv, kv, kv_cache, md, None, None)
 
@@ -292,7 +293,7 @@ def run_vllm_seed_scenario(
                 vllm_config, spec = fake_vllm_configs(config)
                 tq.TurboQuantMetadataBuilder(spec, ["model.layers.0.self_attn.attn"], vllm_config, torch.device("cpu"))
             impl = _bare_vllm_impl(tq, config)
-            query = torch.zeros(config.max_num_seqs, config.num_heads_per_rank, config.head_dim, dtype=config.dtype)
+            query = torch.zeros(config.max_num_seqs, config.num_heads_per_rank, config.head_dim, dtype=config.torch_dtype)
             before = tracer.total_requests
             _run_until_kernel(tracer, lambda: impl._decode_attention(query, None, None, None, None))
             if tracer.total_requests == before:
@@ -340,8 +341,9 @@ def vllm_prefill_chunk_requests(config: EngineConfig, cached_len: int, q_len: in
 
 
 def _request(manager: Any, reqs: tuple) -> list[torch.Tensor]:
-    """The one call site :func:`compare_managers` drives both managers through (their named caller)."""
-    return manager.get_simultaneous(*reqs)
+    """The one call site :func:`compare_managers` drives both managers through (their named caller); the dtypes
+    as torch's, which vLLM's manager needs (tqlab's takes either)."""
+    return manager.get_simultaneous(*torch_call(reqs))
 
 
 def demo_steps(config: EngineConfig | None = None, cached_len: int | None = None) -> list[tuple]:

@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
+from tqlab.core import dtypes
 from tqlab.core.config import check_kv_cache_dtype, is_turboquant, parse_dtype
 from tqlab.core.hardware import batch_defaults, gpu_target
 from tqlab.core.notes import NoteKind
@@ -65,7 +64,7 @@ def _model_dtype(shape: ModelShape, d: DeploymentDraft) -> None:
         return
     cfg = shape.dtype or "bfloat16"
     if cfg.removeprefix("torch.") in ("float32", "float"):
-        d.set("dtype", torch.bfloat16, "derived: config.json torch_dtype float32 -> bfloat16 (vLLM --dtype auto)")
+        d.set("dtype", dtypes.bfloat16, "derived: config.json torch_dtype float32 -> bfloat16 (vLLM --dtype auto)")
         d.note(NoteKind.DERIVED, "--dtype auto: the fp32 checkpoint is served in bfloat16", "dtype")
         return
     try:
@@ -191,7 +190,7 @@ def _default_sources(d: DeploymentDraft) -> None:
     """Fields nobody set: vLLM's default (tqlab's variants: off, they are not vLLM)."""
     for name in sorted(_field_names() - set(d.sources(_field_names()))):
         d.set_source(name, "vLLM default")
-    d.set_source("lock_workspace_when_eager", "tqlab variant, off: vLLM 0.33 never locks the workspace in eager mode")
+    d.set_source("lock_workspace_when_eager", "tqlab variant, off: vLLM never locks the workspace in eager mode")
     d.set_source("turboquant_backend_on_unquantized",
                  "tqlab teaching variant, off: a vLLM deployment runs TurboQuant's backend only for a TurboQuant cache")
 

@@ -1,4 +1,4 @@
-"""The ``vllm serve`` command line, parsed as vLLM 0.33 parses it, from flags generated out of vLLM itself.
+"""The ``vllm serve`` command line, parsed as the run's vLLM release parses it, from flags generated out of vLLM itself.
 
 The flags are data: ``vllm_0_33_flags.json``, written by ``parity/gen_vllm_flags.py``
 from vLLM's own ``vllm serve`` parser and checked by ``parity/test_vllm_flags_parity.py``.
@@ -26,14 +26,16 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqlab.core import vllm_versions
+
 __all__ = ["ENV_KEY", "ENV_SIZES", "FLAGS_FILE", "VllmArgsError", "env_flag", "human_readable_int", "human_readable_int_or_auto", "lax_int",
            "parse_serve_args", "split_serve_line", "vllm_flags"]
 
-FLAGS_FILE = Path(__file__).with_name("vllm_0_33_flags.json")
+FLAGS_FILE = vllm_versions.get(vllm_versions.DEFAULT).flags_file  # the default release's; vllm_flags() reads the run's
 
 
 class VllmArgsError(ValueError):
-    """A ``vllm serve`` line that vLLM 0.33 would refuse (or tqlab cannot read); one line, naming the flag."""
+    """A ``vllm serve`` line that vLLM would refuse (or tqlab cannot read); one line, naming the flag."""
 
 
 # --------------------------------------------------------------------------- #
@@ -145,12 +147,19 @@ _TYPES = {
 # --------------------------------------------------------------------------- #
 
 
-@functools.lru_cache(maxsize=1)
-def vllm_flags() -> dict[str, Any]:
-    """The generated table of ``vllm serve`` flags (``vllm_0_33_flags.json``): ``{"vllm_version", "flags": [...]}``."""
-    table = json.loads(FLAGS_FILE.read_text())
+def vllm_flags(vllm: "str | None" = None) -> dict[str, Any]:
+    """The generated table of ``vllm serve`` flags of release ``vllm`` (None: the run's,
+    :func:`tqlab.core.vllm_versions.current`; the file is its ``flags_file``, ``vllm_<v>_flags.json``):
+    ``{"vllm_version", "flags": [...]}``."""
+    return _flag_table(vllm_versions.get(vllm).name)
+
+
+@functools.lru_cache(maxsize=None)
+def _flag_table(name: str) -> dict[str, Any]:
+    path = vllm_versions.get(name).flags_file
+    table = json.loads(path.read_text())
     if not isinstance(table, dict) or not isinstance(table.get("flags"), list):
-        raise RuntimeError(f"{FLAGS_FILE}: not a flag table; regenerate it with parity/gen_vllm_flags.py")
+        raise RuntimeError(f"{path}: not a flag table; regenerate it with parity/gen_vllm_flags.py")
     return table
 
 
@@ -170,9 +179,14 @@ class _Parser(argparse.ArgumentParser):
         raise VllmArgsError(f"vllm serve: {message}")
 
 
-@functools.lru_cache(maxsize=1)
 def _serve_parser() -> _Parser:
-    table = vllm_flags()
+    """``vllm serve``'s parser for the run's release."""
+    return _serve_parser_for(vllm_versions.current().name)
+
+
+@functools.lru_cache(maxsize=None)
+def _serve_parser_for(name: str) -> _Parser:
+    table = vllm_flags(name)
     p = _Parser(prog="vllm serve", add_help=False, allow_abbrev=table.get("allow_abbrev", True),
                 argument_default=argparse.SUPPRESS, exit_on_error=False)
     p.add_argument("model_tag", nargs="?")
@@ -194,9 +208,13 @@ def _serve_parser() -> _Parser:
     return p
 
 
-@functools.lru_cache(maxsize=1)
 def _option_strings() -> tuple[str, ...]:
-    return tuple(sorted(o for f in vllm_flags()["flags"] for o in f["options"]))
+    return _option_strings_for(vllm_versions.current().name)
+
+
+@functools.lru_cache(maxsize=None)
+def _option_strings_for(name: str) -> tuple[str, ...]:
+    return tuple(sorted(o for f in vllm_flags(name)["flags"] for o in f["options"]))
 
 
 def _preprocess(argv: list[str]) -> list[str]:
@@ -403,7 +421,7 @@ def _unknown_flag_error(extra: list[str]) -> VllmArgsError:
 
 
 def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str, Any], list[str]]:
-    """Parse a ``vllm serve`` line like vLLM 0.33 -> ``({dest: value} of the flags given, notes)``.
+    """Parse a ``vllm serve`` line like vLLM -> ``({dest: value} of the flags given, notes)``.
 
     ``engine_args``: a shell-quoted string (multi-line with ``\\`` continuations, leading
     ``NAME=value`` environment words: :func:`split_serve_line`; they come back under
@@ -437,7 +455,7 @@ def parse_serve_args(engine_args: str | Sequence[str] | None) -> tuple[dict[str,
         if name.startswith("--") and name not in opts and "." not in name:
             full = [o for o in opts if o.startswith(name)]
             if len(full) == 1:
-                notes.append(f"{name} read as {full[0]}: vLLM 0.33's parser accepts unique prefixes (argparse allow_abbrev)")
+                notes.append(f"{name} read as {full[0]}: vLLM's parser accepts unique prefixes (argparse allow_abbrev)")
     given = vars(ns)
     _check_config_keys(given)
     if env:

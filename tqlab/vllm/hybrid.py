@@ -10,8 +10,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
-
 from tqlab.core.config import is_turboquant, parse_dtype, step_token_budget
 from tqlab.core.notes import NoteKind
 from tqlab.core.workspace_layout import cdiv, round_up
@@ -30,7 +28,7 @@ SPLIT_FLAGS = ("--enable-prefix-caching", "--mamba-cache-mode")
 """Flags read for a hybrid model: they decide :func:`apply_mamba_split` (otherwise no effect on the workspace)."""
 
 
-def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype: torch.dtype, tp: int,
+def hybrid_attention_block_size(shape: ModelShape, *, kv_cache_dtype: str, dtype: Any, tp: int,
                                 block_size: int = 16, mamba_cache_dtype: str = "auto",
                                 mamba_ssm_cache_dtype: str = "auto", num_speculative_tokens: int = 0) -> tuple[int, str] | None:
     """vLLM 0.33's attention block size for a hybrid model, or None when config.json has no Mamba state.

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from tqlab.core.workspace import format_mb
+from tqlab.core.workspace_layout import format_mb
 
 
 @dataclass

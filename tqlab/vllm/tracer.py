@@ -42,12 +42,14 @@ def vllm_version() -> str | None:
 
     ``vllm.__version__`` when this process already imported vLLM (the code that actually
     runs: a source checkout on ``sys.path`` may differ from the installed package's
-    metadata), else the installed package's metadata (no import).
+    metadata), else the installed package's metadata (no import); None when ``vllm`` cannot be imported.
     """
     mod = sys.modules.get("vllm")
     imported = getattr(mod, "__version__", None) if mod is not None else None
     if isinstance(imported, str) and imported:
         return imported
+    if not vllm_available():  # nothing to run (and no ~60 ms scan of every installed package's metadata)
+        return None
     try:
         from importlib.metadata import PackageNotFoundError, version
     except ImportError:  # pragma: no cover

@@ -31,6 +31,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
+from tqlab.core import vllm_versions
 from tqlab.core.consumers.arch_table import previously_supported, reachable_families
 from tqlab.core.consumers.backends import (
     ATTENTION_BACKEND_NAMES,
@@ -248,6 +249,8 @@ def startup_refusal(config: "EngineConfig", facts: StartupFacts | None = None) -
     tqlab's :data:`~tqlab.core.consumers.backends.BACKENDS` does not hold (ROCm, XPU, CPU, DeepSeek-V4's, ...) is
     not judged here."""
     facts = StartupFacts() if facts is None else facts
+    if not vllm_versions.current().startup_validation_modelled:  # 0.34's checks are not 0.33's: never guess a refusal
+        return None
     old_arch = previously_supported(config.architecture) if config.architecture and not facts.auto_model else None
     if old_arch is not None:  # ModelConfig.__post_init__ resolves the architecture before the dtype
         return Refusal(f"Model architecture {config.architecture} was supported in vLLM until v{old_arch}, and is not "

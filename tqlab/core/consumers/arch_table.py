@@ -29,7 +29,7 @@ __all__ = ["DATA_DIR", "EXPERT_COUNT_KEYS", "FAMILY", "arch_row", "arch_table", 
            "reachable_families", "unsized"]
 
 DATA_DIR = Path(__file__).resolve().parents[3] / "data"
-DEFAULT_VLLM = "0.33"
+DEFAULT_VLLM = None  # the run's version (tqlab.core.vllm_versions.current)
 
 EXPERT_COUNT_KEYS = ("n_routed_experts", "num_experts", "num_local_experts")
 """config.json keys vLLM's model classes read as the routed-expert count (``FusedMoEFactory(num_experts=...)``):
@@ -55,26 +55,31 @@ _SITE_REASONS = (
 )
 
 
-@lru_cache(maxsize=None)
-def arch_table(vllm: str = DEFAULT_VLLM) -> dict[str, Any]:
-    """The architecture -> consumers table of vLLM ``vllm`` (``"0.33"``): the JSON of
+def arch_table(vllm: "str | None" = DEFAULT_VLLM) -> dict[str, Any]:
+    """The architecture -> consumers table of vLLM ``vllm`` (``"0.34"``; None: the run's version,
+    :func:`tqlab.core.vllm_versions.current`): the JSON of
     ``data/vllm_<major>_<minor>_arch_consumers.json`` (keys ``provenance``, ``vllm_version``, ``tables``,
     ``markers``, ``architectures``), at the path :mod:`tqlab.core.vllm_versions` names. Raises ``ValueError`` (one
     line) for a version tqlab does not model or one with no table."""
-    path = vllm_versions.get(vllm).architectures_file  # ValueError (one line) for a version tqlab does not model
+    return _arch_table(vllm_versions.get(vllm).name)  # ValueError (one line) for a version tqlab does not model
+
+
+@lru_cache(maxsize=None)
+def _arch_table(vllm: str) -> dict[str, Any]:
+    path = vllm_versions.get(vllm).architectures_file
     if not path.is_file():
         raise ValueError(f"no architecture table for vLLM {vllm} ({path.name}): run parity/gen_arch_consumers.py "
                          "in that version's parity environment")
     return json.loads(path.read_text(encoding="utf-8"))
 
 
-def arch_row(architecture: str, vllm: str = DEFAULT_VLLM) -> dict[str, Any] | None:
+def arch_row(architecture: str, vllm: "str | None" = DEFAULT_VLLM) -> dict[str, Any] | None:
     """The table's row for ``architecture`` (``config.json`` ``architectures[0]``), or None when vLLM's registry
     does not list it."""
     return arch_table(vllm)["architectures"].get(architecture)
 
 
-def expert_count_keys(architecture: str | None, vllm: str = DEFAULT_VLLM) -> tuple[str, ...]:
+def expert_count_keys(architecture: str | None, vllm: "str | None" = DEFAULT_VLLM) -> tuple[str, ...]:
     """The :data:`EXPERT_COUNT_KEYS` the architecture's model code reads (all of them for an unknown one); none
     for an architecture whose class builds no fused MoE (a ``num_local_experts`` in a Llama config.json is not
     read by ``LlamaForCausalLM``, so it neither adds experts nor makes their other fields required)."""
@@ -104,14 +109,14 @@ consumers run where vLLM's ``Attention`` layer runs (the selector picks the back
 ``MLAAttention`` runs, the indexer where ``SparseAttnIndexer`` runs, the experts' where ``FusedMoEFactory`` runs."""
 
 
-def previously_supported(architecture: str, vllm: str = DEFAULT_VLLM) -> str | None:
+def previously_supported(architecture: str, vllm: "str | None" = DEFAULT_VLLM) -> str | None:
     """The last vLLM version that ran ``architecture`` when vLLM ``vllm`` refuses it by name
     (``model_executor/models/registry.py`` ``_PREVIOUSLY_SUPPORTED_MODELS``, e.g. ``MPTForCausalLM`` -> ``"0.28.0"``),
     else None."""
     return arch_table(vllm).get("previously_supported", {}).get(architecture)
 
 
-def reachable_families(config: "EngineConfig", vllm: str = DEFAULT_VLLM) -> frozenset[str] | None:
+def reachable_families(config: "EngineConfig", vllm: "str | None" = DEFAULT_VLLM) -> frozenset[str] | None:
     """The layer families ``config.architecture``'s model class builds (markers, and the families of the
     modelled call sites it reaches), or None when the table cannot restrict anything (no architecture, one
     outside the registry, layers chosen at run time): then every consumer the fields activate is sized."""
@@ -126,7 +131,7 @@ def _site_reason(path: str) -> str:
     return next(r for prefix, r in _SITE_REASONS if path.startswith(prefix) or prefix == "models/")
 
 
-def unsized(config: "EngineConfig", vllm: str = DEFAULT_VLLM) -> list[dict[str, str]]:
+def unsized(config: "EngineConfig", vllm: "str | None" = DEFAULT_VLLM) -> list[dict[str, str]]:
     """``[{"consumer", "reason"}]``: the consumers ``config.architecture``'s model code reaches that tqlab cannot size.
 
     ``architecture`` None (a deployment described by its fields, not by a config.json): nothing from the table.
@@ -144,7 +149,7 @@ def unsized(config: "EngineConfig", vllm: str = DEFAULT_VLLM) -> list[dict[str, 
                  "class, so tqlab cannot tell which workspace consumers run"}]
     row = arch_row(arch, vllm)
     if row is None:
-        return [{"consumer": f"model class of {arch}", "reason": f"{arch} is not in vLLM {vllm}'s model registry "
+        return [{"consumer": f"model class of {arch}", "reason": f"{arch} is not in vLLM {vllm_versions.get(vllm).name}'s model registry "
                  "(vllm/model_executor/models/registry.py): tqlab cannot tell which workspace consumers its layers reach"}]
     if row.get("markers") is None:
         return [{"consumer": f"{row['module']}.{row['class']}", "reason": row.get("why") or "layers unknown statically"}]

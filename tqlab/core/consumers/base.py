@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from tqlab.core.workspace import compute_layout
+from tqlab.core.workspace_layout import compute_layout
 
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig

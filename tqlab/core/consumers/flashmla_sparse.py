@@ -23,9 +23,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tqlab.core import dtypes
 from tqlab.core.consumers.backends import DS_MLA_CACHE_FORMATS, attention_backend
 from tqlab.core.consumers.base import Consumer, ConsumerSizes, StartUp
-from tqlab.core.workspace import round_up
+from tqlab.core.workspace_layout import round_up
 
 if TYPE_CHECKING:  # pragma: no cover
     from tqlab.core.config import EngineConfig
@@ -44,9 +45,7 @@ def sparse_mla_prefill_workspace_factor(max_model_len: int) -> int:
 def flashmla_sparse_workspace_specs(num_heads: int, kv_lora_rank: int, qk_rope_head_dim: int, kv_cache_dtype: str,
                                     max_num_batched_tokens: int, max_model_len: int, factor: int | None = None):
     """``FlashMLASparseImpl.workspace_specs`` (one ``get_simultaneous`` call) for ``num_heads`` query heads per rank."""
-    import torch
-
-    bf16 = torch.bfloat16
+    bf16 = dtypes.bfloat16
     quantized = kv_cache_dtype not in ("auto", "bfloat16", "float16")
     q_head_size = kv_lora_rank + qk_rope_head_dim
     if kv_cache_dtype == "fp8_ds_mla" and qk_rope_head_dim == 0:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tqlab.core import dtypes
 from tqlab.core.consumers.backends import mla_prefill_backend
 from tqlab.core.consumers.base import Consumer, ConsumerSizes, StartUp
 from tqlab.core.hardware import gpu_target
@@ -31,10 +32,8 @@ FLASHINFER_WORKSPACE_BUFFER_SIZE = 394 * 1024 * 1024
 
 
 def flashinfer_workspace_call(nbytes: int = FLASHINFER_WORKSPACE_BUFFER_SIZE):
-    """``(((nbytes,), torch.uint8),)``: the one reservation of both prefill backends."""
-    import torch
-
-    return (((nbytes,), torch.uint8),)
+    """``(((nbytes,), uint8),)``: the one reservation of both prefill backends."""
+    return (((nbytes,), dtypes.uint8),)
 
 
 class _MLAPrefill(Consumer):

@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from tqlab.core.consumers.arch_table import FAMILY, reachable_families
 from tqlab.core.consumers.arch_table import unsized as arch_unsized
-from tqlab.core.consumers.backends import attention_backend
+from tqlab.core import vllm_versions
+from tqlab.core.consumers.backends import attention_backend, unmodelled_backend
 from tqlab.core.consumers.base import Consumer, StartUp
 from tqlab.core.consumers.flash_attn_dcp import FlashAttentionDCP
 from tqlab.core.consumers.flashmla_sparse import FlashMLASparse
@@ -173,11 +174,27 @@ def turboquant_only(config: "EngineConfig") -> bool:
 
 
 def unmodelled(config: "EngineConfig") -> list[dict[str, str]]:
-    """``[{"consumer", "reason"}]`` of the consumers ``config`` would use that tqlab does not size: those vLLM's model
+    """``[{"consumer", "reason"}]`` of the consumers ``config`` would use that tqlab does not size: the start-up of a
+    release whose start-up rules are only partly modelled
+    (:attr:`~tqlab.core.vllm_versions.VllmVersion.startup_rules_modelled`), those vLLM's model
     code reaches for ``config.architecture`` and no registry entry sizes (:func:`tqlab.core.consumers.arch_table.unsized`:
-    an architecture outside vLLM's registry, an unread field, a model-specific call site), then those
-    :data:`UNMODELLED` applies to as far as the fields tell (the experts class, a backend tqlab does not size)."""
+    an architecture outside vLLM's registry, an unread field, a model-specific call site), then a pinned
+    ``--attention-backend`` of vLLM's enum that tqlab does not model
+    (:func:`tqlab.core.consumers.backends.unmodelled_backend`: its validation and its workspace requests are not
+    replayed), then those :data:`UNMODELLED` applies to as far as the fields tell (the experts class, a backend
+    tqlab does not size)."""
     out = arch_unsized(config)
+    version = vllm_versions.current()
+    if not version.startup_rules_modelled:  # never a silent ok on a release whose start-up is only partly modelled
+        out.append({"consumer": f"start-up ({version}, {version.model_runner})", "reason": (
+            "its capture sizes and decode rows are modelled, but not every consumer's requests in Model Runner V2's "
+            "JIT warm-up steps (warmup_kernels, before capture) and PIECEWISE captures (which build attention "
+            "metadata): the lock may be larger than tqlab says (tqlab.core.vllm_versions)"
+            + ("" if version.startup_validation_modelled else "; nor its start-up validation, so a deployment this "
+               "release refuses to start is not named as refused"))})
+    backend = unmodelled_backend(config)
+    if backend is not None:  # a real vLLM backend tqlab does not model (ROCm, CPU, DeepSeek-V4's, B12X...): never ok
+        out.append({"consumer": f"attention backend {config.attention_backend}", "reason": backend})
     for u in UNMODELLED:
         if u.applies is not None and u.applies(config):
             reason = unmodelled_reason(config) if u.consumer.startswith("modular_kernel") else u.reason

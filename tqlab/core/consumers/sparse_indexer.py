@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tqlab.core import dtypes
 from tqlab.core.consumers.base import Consumer, ConsumerSizes, StartUp
 from tqlab.core.consumers.flashmla_sparse import sparse_mla_prefill_workspace_factor
 
@@ -37,10 +38,8 @@ def max_prefill_buffer_size(max_model_len: int, factor: int | None = None) -> in
 
 def indexer_profile_call(total_seq_lens: int, head_dim: int):
     """The profile-run reservation: K values fp8, scales uint8 (4 bytes per row), 1 MiB top-k scratch."""
-    import torch
-
-    return (((total_seq_lens, head_dim), torch.float8_e4m3fn), ((total_seq_lens, 4), torch.uint8),
-            ((RADIX_TOPK_WORKSPACE_SIZE,), torch.uint8))
+    return (((total_seq_lens, head_dim), dtypes.float8_e4m3fn), ((total_seq_lens, 4), dtypes.uint8),
+            ((RADIX_TOPK_WORKSPACE_SIZE,), dtypes.uint8))
 
 
 def profile_call(config: "EngineConfig"):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tqlab.core import dtypes
 from tqlab.core.consumers.backends import attention_backend
 from tqlab.core.consumers.base import Consumer, ConsumerSizes, StartUp
 from tqlab.core.hardware import gpu_target
@@ -38,10 +39,8 @@ def num_kv_splits(max_seq_len: int, sm_count: int) -> int:
 
 def attn_logits_call(max_decode_rows: int, q_num_heads: int, kv_lora_rank: int, max_model_len: int, sm_count: int):
     """``_reserve_attn_logits_workspace``'s call: ``(((rows, heads, splits, kv_lora_rank + 1), float32),)``."""
-    import torch
-
     splits = num_kv_splits(max_model_len, sm_count)
-    return (((max_decode_rows, q_num_heads, splits, kv_lora_rank + 1), torch.float32),)
+    return (((max_decode_rows, q_num_heads, splits, kv_lora_rank + 1), dtypes.float32),)
 
 
 def reservation_call(config: "EngineConfig"):
