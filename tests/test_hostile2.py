@@ -136,3 +136,18 @@ def test_unknown_config_keys_and_speculative_method_are_a_one_line_usage_error()
                                 "\"num_speculative_tokens\": 2}'")
     assert (given["compilation_config"], given["attention_config"], given["speculative_config"]["method"]) == (
         {"cudagraph_mode": "FULL"}, {"backend": "FLASH_ATTN"}, "eagle")
+
+
+def test_plan_on_an_attention_free_class_prints_no_kv_share():
+    """A TurboQuant cache dtype on MambaForCausalLM has no layer to apply to: plan says so instead of a KV-pool share
+    of TurboQuant layers the class never builds (the verdict is ok at a 0-byte lock)."""
+    from click.testing import CliRunner
+
+    from tqlab.cli import app
+
+    r = CliRunner().invoke(app, ["plan", "--num-attention-heads", "32", "--num-key-value-heads", "8", "--head-dim", "128",
+                                 "--architecture", "MambaForCausalLM", "--kv-cache-dtype", "turboquant_4bit_nc"])
+    assert r.exit_code == 0, r.output
+    assert ("workspace share of the KV cache: none (this model class builds no attention layer, so the TurboQuant "
+            "cache dtype has no layer to apply to)") in " ".join(r.output.split())
+    assert "verdict without the fix: ok" in r.output

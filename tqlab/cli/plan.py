@@ -92,6 +92,11 @@ def _share_line(config: EngineConfig) -> str:
     """The workspace's share of the KV pool one GPU holds (tqlab.predict.kv_pool), or why it is unknown."""
     from tqlab.predict.kv_pool import kv_pool
 
+    from tqlab.core.consumers.registry import turboquant_active
+
+    if config.has_turboquant_consumers and not turboquant_active(config):  # an attention-free class (Mamba)
+        return ("workspace share of the KV cache: none (this model class builds no attention layer, so the "
+                "TurboQuant cache dtype has no layer to apply to)")
     try:
         k = kv_pool(config)
     except ValueError as exc:

@@ -184,7 +184,7 @@ class ConsumerReport:
         who = self.prediction.lock_set_by
         if who is not None and who != "turboquant_attn.py:_decode_attention":
             return f"the largest request before the lock: {who}"
-        if who is None and not self.config.has_turboquant_consumers:
+        if who is None and not consumer_registry.turboquant_active(self.config):
             return "no modelled consumer asks the workspace before the lock"
         if k > 0:
             return (f"decode at the largest captured batch; with {k} speculative tokens its {1 + k}-token rows "

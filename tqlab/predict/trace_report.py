@@ -23,7 +23,7 @@ from rich.markup import escape as _markup_escape
 
 from tqlab.core import vllm_versions
 from tqlab.core.config import EngineConfig
-from tqlab.core.consumers.registry import TURBOQUANT
+from tqlab.core.consumers.registry import TURBOQUANT, turboquant_active
 from tqlab.core.reservation import plan_bytes, reservation_plan
 from tqlab.core.workspace_layout import format_mb
 from tqlab.predict import analysis
@@ -216,7 +216,7 @@ def consumer_bounds(config: EngineConfig) -> dict[str, int]:
     and its serve-time request, keyed by its call site (:func:`consumer_name`).
     """
     bounds = {}
-    if config.has_turboquant_consumers:
+    if turboquant_active(config):  # a TurboQuant cache on a class that builds Attention layers
         bounds = {DECODE: analysis.decode_bytes(config, config.max_num_seqs),
                   DEQUANT_CHUNK: analysis.continuation_bytes(config, max(1, config.max_model_len - 1)),
                   RESERVATION: plan_bytes(reservation_plan(config))}
