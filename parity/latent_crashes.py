@@ -76,13 +76,7 @@ def check_flash_attn_dcp_piecewise() -> dict:
         with mock.patch.object(fa, "current_workspace_manager", ws.current_workspace_manager):
             impl.forward(None, torch.zeros(4, 8, 128), torch.zeros(4, 2, 128), torch.zeros(4, 2, 128),
                          torch.zeros(2, 2, 16, 256), None, torch.zeros(4, 8 * 128))  # profile run / PIECEWISE capture
-            size_at_lock = ws.current_workspace_manager()._workspace_size_bytes(ws.current_workspace_manager()._current_workspaces[0])
-            ws.lock_workspace()
-            error = None
-            try:
-                _decode_on_real_manager(fa, impl)
-            except AssertionError as e:
-                error = str(e)
+            size_at_lock, error = _lock_then_decode(ws, fa, impl)
     finally:
         ws.reset_workspace_manager()
     ok = metadata_rule and capture_rule and piecewise_ctx == 0 and size_at_lock == 0 and error is not None
@@ -136,16 +130,7 @@ def _check_flash_attn_dcp_jit_warmup() -> dict:
                 _decode_on_real_manager(fa, impl)
             except _KernelReached:
                 pass
-            m = ws.current_workspace_manager()
-            size_at_lock = m._workspace_size_bytes(m._current_workspaces[0])
-            ws.lock_workspace()
-            error = None
-            try:
-                _decode_on_real_manager(fa, impl)
-            except AssertionError as e:
-                error = str(e)
-            except _KernelReached:
-                pass
+            size_at_lock, error = _lock_then_decode(ws, fa, impl, passed=_KernelReached)
     finally:
         ws.reset_workspace_manager()
     reached = jit_default is True and warmup_before_capture and decode_steps and size_at_lock > 0 and error is None
@@ -158,6 +143,21 @@ def _check_flash_attn_dcp_jit_warmup() -> dict:
                          "slot_bytes_at_lock": size_at_lock, "first_dcp_decode_after_lock": error},
             "limits": "with the defaults only: with --kernel-config enable_jit_warmup=false V2's PIECEWISE capture path "
                       "is not checked; the warm-up's decode is vLLM's forward on CPU, not the whole warmup_kernels"}
+
+
+def _lock_then_decode(ws, fa, impl, passed: type[BaseException] | tuple = ()) -> tuple[int, str | None]:
+    """``(slot 0's bytes at the lock, vLLM's assertion text or None)``: lock vLLM's workspace, then run one DCP
+    decode on it; an exception of type ``passed`` (the kernel reached) counts as no refusal."""
+    m = ws.current_workspace_manager()
+    size_at_lock = m._workspace_size_bytes(m._current_workspaces[0])
+    ws.lock_workspace()
+    try:
+        _decode_on_real_manager(fa, impl)
+    except AssertionError as e:
+        return size_at_lock, str(e)
+    except passed:
+        pass
+    return size_at_lock, None
 
 
 def _decode_on_real_manager(fa, impl) -> None:
